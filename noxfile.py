@@ -1,0 +1,38 @@
+"""Developer sessions. Every session installs under constraints.txt, which pins the CPU torch build."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["lint", "tests"]
+
+CONSTRAINTS = ("-c", "constraints.txt")
+PACKAGES = ("-e", "packages/ckpt-tools[test]", "-e", "packages/trainer[test]")
+
+
+def install(session: nox.Session, *extra: str) -> None:
+    session.install(*CONSTRAINTS, *PACKAGES, *extra)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Unit, CLI and multi-process (gloo) tests."""
+    install(session)
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and format check."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over both packages."""
+    install(session, "mypy>=1.10")
+    session.run("mypy")

@@ -1,0 +1,1 @@
+"""The `ckpt` command line: `app.py` registers one module per command."""

@@ -1,0 +1,26 @@
+"""The `ckpt` root command: it only registers the command modules."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="ckpt",
+    help="Inspect, verify, convert, compare and publish training checkpoints.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register() -> None:
+    # Each command module exposes `register(app)`; importing them here keeps this file a table.
+    from ckpt_tools.cli import commands
+
+    for module in commands.MODULES:
+        module.register(app)
+
+
+def main() -> None:
+    _register()
+    app()

@@ -1,0 +1,7 @@
+"""The list of command modules the root registers. Add a module here to add a command."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+MODULES: list[ModuleType] = []

@@ -1,0 +1,38 @@
+"""One output object with human, json and quiet modes.
+
+Data goes to stdout; progress and notes go to stderr. The library itself never prints.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+
+
+class Output:
+    def __init__(self, *, as_json: bool = False, quiet: bool = False) -> None:
+        self.as_json = as_json
+        self.quiet = quiet
+        self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
+        self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+
+    @property
+    def interactive(self) -> bool:
+        """Progress bars only for a human at a terminal."""
+        return not (self.as_json or self.quiet) and self.err.is_terminal
+
+    def json(self, data: Any) -> None:
+        sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+    def print(self, *objects: Any) -> None:
+        """Human-readable data on stdout (suppressed in json and quiet modes)."""
+        if not (self.as_json or self.quiet):
+            self.out.print(*objects)
+
+    def note(self, message: str) -> None:
+        """A remark for the human on stderr."""
+        if not (self.as_json or self.quiet):
+            self.err.print(message)

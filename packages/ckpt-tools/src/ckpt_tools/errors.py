@@ -1,0 +1,47 @@
+"""Typed errors of ckpt-tools.
+
+Every error carries one line that names the problem and the fix, so the CLI can print it as is and a
+library caller can show it to a user without a traceback. The CLI maps `CheckpointError` to exit 1.
+"""
+
+from __future__ import annotations
+
+
+class CheckpointError(Exception):
+    """Base class: something about a checkpoint (or a request about one) is wrong."""
+
+
+class NotACheckpointError(CheckpointError):
+    """The path exists but holds none of the files of a checkpoint."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The path does not exist."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A file of the checkpoint is truncated, malformed or inconsistent with the rest."""
+
+
+class UnsupportedVersionError(CheckpointError):
+    """`training_step.json` was written by a newer, unknown format version."""
+
+
+class LegacyCheckpointError(CheckpointError):
+    """An older layout that cannot be resumed (its weights may still be loadable)."""
+
+
+class UnsafePickleError(CorruptCheckpointError):
+    """A pickle (DCP `.metadata`) asked for a class outside the allow-list: refused, never executed."""
+
+
+class ResumeRefusedError(CheckpointError):
+    """The checkpoint cannot be resumed under the current configuration."""
+
+
+class OutputExistsError(CheckpointError):
+    """An output would overwrite existing files without `overwrite=True`."""
+
+
+class PublishError(CheckpointError):
+    """Publishing to the Hub or to an fsspec target failed; nothing local was deleted."""

@@ -1,0 +1,82 @@
+"""Every directory and file name of the on-disk format, in one place.
+
+The trainer never spells a file name itself: it asks this module. `docs/format.md` is the spec;
+the names here are its single source of truth.
+"""
+
+from __future__ import annotations
+
+import re
+
+CHECKPOINTS_DIR = "checkpoints"
+LAST = "last"
+STEP_DIGITS = 6
+
+PRETRAINED_MODEL_DIR = "pretrained_model"
+TRAINING_STATE_DIR = "training_state"
+
+# pretrained_model/
+POLICY_CONFIG = "config.json"
+TRAIN_CONFIG = "train_config.json"
+MODEL_SAFETENSORS = "model.safetensors"
+MODEL_INDEX = "model.safetensors.index.json"
+MODEL_DCP_DIR = "pytorch_model_fsdp_0"
+ADAPTER_SAFETENSORS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_DCP_DIR = "adapter_model_fsdp_0"
+PREPROCESSOR = "policy_preprocessor"
+POSTPROCESSOR = "policy_postprocessor"
+MODEL_CARD = "README.md"
+
+# training_state/
+TRAINING_STEP = "training_step.json"
+RNG_STATE = "rng_state.safetensors"
+SCHEDULER_STATE = "scheduler_state.json"
+SCALER_STATE = "scaler_state.json"
+OPTIMIZER_SAFETENSORS = "optimizer_state.safetensors"
+OPTIMIZER_PARAM_GROUPS = "optimizer_param_groups.json"
+OPTIMIZER_DCP_DIR = "optimizer_0"
+
+# DCP directories
+DCP_METADATA = ".metadata"
+DCP_SHARD_SUFFIX = ".distcp"
+
+# A step directory being written carries this prefix until it is complete and renamed.
+TMP_PREFIX = ".tmp-"
+
+_STEP_NAME = re.compile(rf"^\d{{{STEP_DIGITS},}}$")
+
+
+def step_dir_name(step: int) -> str:
+    """Zero-padded step name (`005000`), so that a plain sort is a numeric sort."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return f"{step:0{STEP_DIGITS}d}"
+
+
+def is_step_dir_name(name: str) -> bool:
+    return bool(_STEP_NAME.match(name))
+
+
+def processor_config_name(processor: str) -> str:
+    """`policy_preprocessor.json`."""
+    return f"{processor}.json"
+
+
+def processor_step_name(processor: str, index: int) -> str:
+    """`policy_preprocessor_step_0.safetensors`: the tensors of one processor step."""
+    return f"{processor}_step_{index}.safetensors"
+
+
+def sharded_model_name(index: int, total: int) -> str:
+    """`model-00001-of-00003.safetensors`, the name transformers and huggingface_hub expect."""
+    return f"model-{index:05d}-of-{total:05d}.safetensors"
+
+
+def join(*parts: str) -> str:
+    """Join path parts with '/', valid for local paths and fsspec URLs alike."""
+    head, *rest = parts
+    out = head.rstrip("/")
+    for part in rest:
+        out = f"{out}/{part.strip('/')}"
+    return out
