@@ -1,0 +1,36 @@
+"""ckpt-tools: the checkpoint format of multi-GPU PyTorch training, as a library.
+
+`import ckpt_tools` stays cheap (no torch import): public names load lazily on first use, so metadata
+commands answer in well under a second.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "CheckpointError": "ckpt_tools.errors",
+    "CorruptCheckpointError": "ckpt_tools.errors",
+    "LegacyCheckpointError": "ckpt_tools.errors",
+    "UnsupportedVersionError": "ckpt_tools.errors",
+    "TrainingStep": "ckpt_tools.meta",
+    "Topology": "ckpt_tools.meta",
+    "SamplerPosition": "ckpt_tools.meta",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ckpt_tools' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return __all__
