@@ -20,6 +20,10 @@ _EXPORTS: dict[str, str] = {
     "TrainingStep": "ckpt_tools.meta",
     "Topology": "ckpt_tools.meta",
     "SamplerPosition": "ckpt_tools.meta",
+    "RunShape": "ckpt_tools.resume",
+    "ResumePlan": "ckpt_tools.resume",
+    "plan_resume": "ckpt_tools.resume",
+    "ResumeRefusedError": "ckpt_tools.errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -62,7 +62,7 @@ def resolve_model_dir(path: str | os.PathLike[str]) -> tuple[str | None, str]:
     if fs.exists(f"{inner}/{layout.CHECKPOINTS_DIR}/{layout.LAST}"):
         base = read_last(layout.join(base, layout.CHECKPOINTS_DIR))
         inner = resolve(base)[1]
-    elif inner.rsplit("/", 1)[-1] == layout.LAST and fs.isfile(inner):
+    elif inner.rsplit("/", 1)[-1] == layout.LAST:
         base = read_last(base.rsplit("/", 1)[0])
         inner = resolve(base)[1]
     if inner.rsplit("/", 1)[-1] == layout.PRETRAINED_MODEL_DIR:
