@@ -59,7 +59,7 @@ def test_hsdp_topology_change_is_described():
 
 def test_peft_mismatch_is_refused():
     shape = RunShape(Topology(1, 4), batch_size=2, grad_accum_steps=1, mixed_precision="no", peft=True)
-    with pytest.raises(ResumeRefusedError, match="--policy.path"):
+    with pytest.raises(ResumeRefusedError, match=r"--policy\.path"):
         plan_resume(SAVED, shape)
 
 
