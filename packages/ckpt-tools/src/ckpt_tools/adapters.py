@@ -119,3 +119,14 @@ def merge_adapter_dir(
     config = json.loads(storage.read_text(layout.join(adapter_dir, layout.ADAPTER_CONFIG)))
     adapter = load_safetensors(storage.read_bytes(layout.join(adapter_dir, layout.ADAPTER_SAFETENSORS)))
     return merge_lora(load_model_state_dict(base_path), adapter, config)
+
+
+def base_model_path(adapter_path: str | os.PathLike[str]) -> str | None:
+    """The base model an adapter was trained on, as recorded in its `adapter_config.json`."""
+    import json
+
+    from ckpt_tools import layout, storage
+
+    _, adapter_dir = storage.resolve_model_dir(adapter_path)
+    config = json.loads(storage.read_text(layout.join(adapter_dir, layout.ADAPTER_CONFIG)))
+    return config.get("base_model_name_or_path") or None

@@ -13,6 +13,12 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _root() -> None:
+    """Inspect, verify, convert, compare and publish training checkpoints."""
+    # A callback keeps `ckpt` a command group even while only one command is registered.
+
+
 def _register() -> None:
     # Each command module exposes `register(app)`; importing them here keeps this file a table.
     from ckpt_tools.cli import commands

@@ -4,4 +4,6 @@ from __future__ import annotations
 
 from types import ModuleType
 
-MODULES: list[ModuleType] = []
+from ckpt_tools.cli import merge_adapter
+
+MODULES: list[ModuleType] = [merge_adapter]
