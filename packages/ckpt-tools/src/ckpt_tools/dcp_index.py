@@ -1,0 +1,331 @@
+"""A DCP checkpoint directory as a chunk table, read without torch.
+
+torch's DCP writes one `.metadata` pickle (every tensor's shape, dtype and saved chunks, and where each
+chunk lies: file, offset, length) plus `.distcp` files holding the chunks. This module turns the
+metadata into plain frozen dataclasses through the restricted unpickler, so `ckpt inspect` answers
+without importing torch, and locates each chunk's raw element bytes inside its `torch.save` record so
+conversion can copy them by offset instead of loading tensors.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zipfile
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from ckpt_tools import layout, storage
+from ckpt_tools.dtypes import ITEMSIZE, SAFETENSORS_TO_TORCH, nbytes, safetensors_code
+from ckpt_tools.errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    NotACheckpointError,
+    UnsafePickleError,
+)
+from ckpt_tools.safe_pickle import (
+    BytesStorageMetadata,
+    Metadata,
+    TensorStorageMetadata,
+    load_tensor_record,
+    restricted_loads,
+)
+
+
+@dataclass(frozen=True)
+class ChunkEntry:
+    """One saved piece of a tensor: its box in the full tensor and its record in a `.distcp` file.
+
+    `file_offset`/`length` delimit the whole record (a torch.save archive, or raw bytes when
+    `length` equals the chunk's byte count); `transforms` lists DCP storage transforms (compression
+    extensions), empty for plain records.
+    """
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    file: str
+    file_offset: int
+    length: int
+    transforms: tuple[str, ...] = ()
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for dim in self.sizes:
+            count *= dim
+        return count
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """A tensor of the checkpoint: full shape, safetensors dtype code and its chunks."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    chunks: tuple[ChunkEntry, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes(self.dtype, self.shape)
+
+
+@dataclass(frozen=True)
+class ObjectEntry:
+    """A non-tensor item (torch stores it as pickled bytes): listed, never unpickled here."""
+
+    name: str
+    file: str
+    file_offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class DcpIndex:
+    """The chunk table of one DCP directory.
+
+    `paths` maps each flattened key to its path in the nested state dict that was saved (DCP's
+    planner data): `("model", "encoder.weight")` for a key saved under a `{"model": ...}` wrapper.
+    """
+
+    path: str
+    tensors: dict[str, TensorEntry]
+    objects: dict[str, ObjectEntry]
+    paths: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(entry.nbytes for entry in self.tensors.values())
+
+
+def read_dcp_index(path: str | os.PathLike[str]) -> DcpIndex:
+    """Read a DCP directory's `.metadata` into a chunk table; never reads tensor data.
+
+    Raises CheckpointNotFoundError (no such path), NotACheckpointError (no `.metadata`),
+    CorruptCheckpointError (bad pickle, missing or truncated `.distcp` file) and UnsafePickleError
+    (the pickle names a class outside DCP's metadata classes).
+    """
+    root = os.fspath(path).rstrip("/")
+    fs, inner = storage.resolve(root)
+    if not fs.exists(inner):
+        raise CheckpointNotFoundError(f"{root}: no such file or directory")
+    meta_path = f"{inner}/{layout.DCP_METADATA}"
+    if not fs.isdir(inner) or not fs.exists(meta_path):
+        raise NotACheckpointError(
+            f"{root} has no {layout.DCP_METADATA} file: not a DCP checkpoint directory "
+            "(pass the directory torch.distributed.checkpoint saved into)"
+        )
+    with fs.open(meta_path, "rb") as handle:
+        metadata = restricted_loads(handle.read(), what=f"{root}/{layout.DCP_METADATA}")
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
+        raise CorruptCheckpointError(f"{root}/{layout.DCP_METADATA} does not hold DCP Metadata")
+    index = _build_index(root, metadata)
+    _check_files(fs, inner, root, index)
+    return index
+
+
+def _build_index(root: str, metadata: Metadata) -> DcpIndex:
+    locations = _storage_locations(root, metadata.storage_data)
+    tensors: dict[str, TensorEntry] = {}
+    objects: dict[str, ObjectEntry] = {}
+    for name, item in metadata.state_dict_metadata.items():
+        if isinstance(item, TensorStorageMetadata):
+            tensors[name] = _tensor_entry(root, name, item, locations)
+        elif isinstance(item, BytesStorageMetadata):
+            info = _location(root, locations, name, None)
+            objects[name] = ObjectEntry(name, info.relative_path, int(info.offset), int(info.length))
+        else:
+            raise CorruptCheckpointError(f"{root}: entry {name!r} has an unknown metadata type")
+    planner = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
+    paths = {key: tuple(str(p) for p in value) for key, value in planner.items() if isinstance(value, tuple)}
+    return DcpIndex(root, tensors, objects, paths)
+
+
+def _storage_locations(root: str, storage_data: Any) -> dict[tuple[str, tuple[int, ...] | None], Any]:
+    if not isinstance(storage_data, dict):
+        raise CorruptCheckpointError(f"{root}/{layout.DCP_METADATA} has no storage table")
+    table = {}
+    for key, info in storage_data.items():
+        offset = None if key.offset is None else tuple(int(x) for x in key.offset)
+        table[(str(key.fqn), offset)] = info
+    return table
+
+
+def _location(root: str, table: dict, name: str, offsets: tuple[int, ...] | None) -> Any:
+    info = table.get((name, offsets))
+    if info is None or info.relative_path is None or info.offset is None or info.length is None:
+        where = "" if offsets is None else f" chunk at {list(offsets)}"
+        raise CorruptCheckpointError(f"{root}: {name!r}{where} has no storage record in .metadata")
+    return info
+
+
+def _tensor_entry(root: str, name: str, item: TensorStorageMetadata, table: dict) -> TensorEntry:
+    dtype_name = getattr(item.properties, "dtype", None)
+    try:
+        dtype = safetensors_code(str(dtype_name))
+    except ValueError:
+        raise CorruptCheckpointError(
+            f"{root}: tensor {name!r} has dtype {dtype_name}, which safetensors cannot hold"
+        ) from None
+    chunks = []
+    for chunk in item.chunks or ():
+        offsets = tuple(int(x) for x in chunk.offsets)
+        info = _location(root, table, name, offsets)
+        chunks.append(
+            ChunkEntry(
+                offsets=offsets,
+                sizes=tuple(int(x) for x in chunk.sizes),
+                file=str(info.relative_path),
+                file_offset=int(info.offset),
+                length=int(info.length),
+                transforms=tuple(info.transform_descriptors or ()),
+            )
+        )
+    return TensorEntry(name, tuple(int(x) for x in item.size), dtype, tuple(chunks))
+
+
+def _check_files(fs: Any, inner: str, root: str, index: DcpIndex) -> None:
+    """Every referenced `.distcp` file exists and is long enough for its records."""
+    needed: dict[str, int] = {}
+    records = [(c.file, c.file_offset + c.length) for t in index.tensors.values() for c in t.chunks]
+    records += [(o.file, o.file_offset + o.length) for o in index.objects.values()]
+    for file, end in records:
+        needed[file] = max(needed.get(file, 0), end)
+    sizes = {
+        entry["name"].rstrip("/").rsplit("/", 1)[-1]: int(entry.get("size") or 0)
+        for entry in fs.ls(inner, detail=True)
+    }
+    for file, end in sorted(needed.items()):
+        if file not in sizes:
+            raise CorruptCheckpointError(f"{root}/{file} is missing; .metadata references it")
+        if sizes[file] < end:
+            raise CorruptCheckpointError(
+                f"{root}/{file} is truncated: {sizes[file]} bytes, .metadata needs {end}; "
+                "the save was interrupted, use another checkpoint"
+            )
+
+
+# --- model keys ----------------------------------------------------------------------------------
+
+_MODEL_ROOTS = ("model",)
+_OPTIMIZER_ROOTS = ("optim", "optimizer", "optimizer_state", "state", "param_groups")
+
+
+def model_tensors(index: DcpIndex) -> dict[str, TensorEntry]:
+    """The model weights of a DCP checkpoint, under their model state-dict names.
+
+    A plain model save keeps every tensor. A save of `{"model": ..., "optim": ...}` (accelerate's
+    `save_state`, torch's `get_state_dict` pair) keeps only the tensors under `model`, with that
+    wrapper removed; optimizer state is never returned. A save holding only optimizer state raises.
+    """
+    nested = {name: index.paths.get(name, (name,)) for name in index.tensors}
+    model = {name: path for name, path in nested.items() if len(path) > 1 and path[0] in _MODEL_ROOTS}
+    if model:
+        return {".".join(path[1:]): index.tensors[name] for name, path in model.items()}
+    if nested and all(len(path) > 1 and path[0] in _OPTIMIZER_ROOTS for path in nested.values()):
+        raise NotACheckpointError(
+            f"{index.path} holds optimizer state only, no model weights: convert the model's "
+            f"DCP directory ({layout.MODEL_DCP_DIR}/) instead"
+        )
+    return dict(index.tensors)
+
+
+# --- chunk records -------------------------------------------------------------------------------
+
+_LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
+_LOCAL_MAGIC = b"PK\x03\x04"
+
+
+@dataclass(frozen=True)
+class ChunkData:
+    """Where a chunk's element bytes lie in its file: C-contiguous, little-endian, `length` bytes."""
+
+    offset: int
+    length: int
+
+
+def locate_chunk_data(handle: IO[bytes], chunk: ChunkEntry, dtype: str, where: str) -> ChunkData | None:
+    """Find the raw bytes of `chunk` inside its open `.distcp` file, reading only small headers.
+
+    Returns None when the record is not a plain contiguous tensor of the expected dtype (a transform,
+    a non-contiguous view, a tensor subclass): the caller then loads that chunk with torch.
+    Raises CorruptCheckpointError when the record is damaged.
+    """
+    want = chunk.numel * ITEMSIZE[dtype]
+    if chunk.transforms:
+        return None
+    if chunk.length == want:  # a raw (non torch.save) record
+        return ChunkData(chunk.file_offset, want)
+    try:
+        with zipfile.ZipFile(_Slice(handle, chunk.file_offset, chunk.length)) as archive:
+            return _locate_in_archive(archive, handle, chunk, dtype, want, where)
+    except (zipfile.BadZipFile, EOFError, struct.error) as exc:
+        raise CorruptCheckpointError(f"{where}: chunk record is damaged ({exc})") from None
+
+
+def _locate_in_archive(
+    archive: zipfile.ZipFile, handle: IO[bytes], chunk: ChunkEntry, dtype: str, want: int, where: str
+) -> ChunkData | None:
+    names = {info.filename.split("/", 1)[-1]: info for info in archive.infolist()}
+    pickled = names.get("data.pkl")
+    byteorder = names.get("byteorder")
+    if pickled is None:
+        raise CorruptCheckpointError(f"{where}: chunk record has no data.pkl")
+    if byteorder is not None and archive.read(byteorder).strip() != b"little":
+        return None
+    try:
+        record = load_tensor_record(archive.read(pickled), what=f"{where} (tensor record)")
+    except UnsafePickleError:
+        return None
+    info = names.get(f"data/{record.storage.key}")
+    itemsize = ITEMSIZE[dtype]
+    if (
+        info is None
+        or info.compress_type != zipfile.ZIP_STORED
+        or record.storage.dtype != SAFETENSORS_TO_TORCH[dtype]
+        or record.shape != chunk.sizes
+        or not _is_contiguous(record.shape, record.stride)
+        or (record.storage_offset + chunk.numel) * itemsize > info.file_size
+    ):
+        return None
+    handle.seek(chunk.file_offset + info.header_offset)
+    magic, *_rest, name_len, extra_len = _LOCAL_HEADER.unpack(handle.read(_LOCAL_HEADER.size))
+    if magic != _LOCAL_MAGIC:
+        raise CorruptCheckpointError(f"{where}: chunk record has a bad zip entry header")
+    start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+    return ChunkData(chunk.file_offset + start + record.storage_offset * itemsize, want)
+
+
+def _is_contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    expected = 1
+    for dim, step in zip(reversed(shape), reversed(stride), strict=True):
+        if dim != 1 and step != expected:
+            return False
+        expected *= dim
+    return True
+
+
+class _Slice:
+    """A read-only, seekable window [start, start+length) of an open file, for zipfile."""
+
+    def __init__(self, handle: IO[bytes], start: int, length: int) -> None:
+        self._handle, self._start, self._length, self._pos = handle, start, length, 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._length}[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        left = max(0, self._length - self._pos)
+        size = left if size is None or size < 0 else min(size, left)
+        self._handle.seek(self._start + self._pos)
+        data = self._handle.read(size)
+        self._pos += len(data)
+        return data

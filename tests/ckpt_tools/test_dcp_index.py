@@ -1,0 +1,138 @@
+"""DCP metadata as a chunk table: shapes, dtypes, chunk locations, model-key extraction, bad inputs."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from ckpt_tools.dcp_index import locate_chunk_data, model_tensors, read_dcp_index
+from ckpt_tools.dtypes import SAFETENSORS_TO_TORCH
+from ckpt_tools.errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    NotACheckpointError,
+    UnsafePickleError,
+)
+
+
+def _save(path, state) -> str:
+    dcp.save(state, checkpoint_id=str(path), no_dist=True)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, torch.Tensor]]:
+    tensors = {
+        "enc.weight": torch.randn(5, 3),
+        "enc.bias": torch.randn(5).to(torch.bfloat16),
+        "steps": torch.arange(6, dtype=torch.int32),
+        "mask": torch.tensor([True, False, True]),
+    }
+    return _save(tmp_path_factory.mktemp("plain"), {**tensors, "note": "hello"}), tensors
+
+
+def test_index_lists_tensors_and_objects(plain) -> None:
+    path, tensors = plain
+    index = read_dcp_index(path)
+    assert set(index.tensors) == set(tensors)
+    assert set(index.objects) == {"note"}
+    assert index.tensors["enc.weight"].shape == (5, 3)
+    assert index.tensors["enc.weight"].dtype == "F32"
+    assert index.tensors["enc.bias"].dtype == "BF16"
+    assert index.tensors["mask"].dtype == "BOOL"
+    assert index.tensors["enc.weight"].nbytes == 60
+    assert index.total_bytes == sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def test_chunk_bytes_located_by_offset_equal_torch(plain) -> None:
+    path, tensors = plain
+    index = read_dcp_index(path)
+    for name, entry in index.tensors.items():
+        (chunk,) = entry.chunks
+        with open(os.path.join(path, chunk.file), "rb") as handle:
+            span = locate_chunk_data(handle, chunk, entry.dtype, name)
+            assert span is not None
+            handle.seek(span.offset)
+            raw = bytearray(handle.read(span.length))
+        dtype = getattr(torch, SAFETENSORS_TO_TORCH[entry.dtype])
+        got = torch.frombuffer(raw, dtype=dtype).reshape(entry.shape)
+        assert torch.equal(got, tensors[name])
+
+
+def test_index_needs_no_torch(plain) -> None:
+    code = (
+        "import sys; from ckpt_tools.dcp_index import read_dcp_index; "
+        f"i = read_dcp_index({plain[0]!r}); assert 'torch' not in sys.modules; print(len(i.tensors))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "4"
+
+
+def test_reads_through_fsspec_memory(plain) -> None:
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    for name in os.listdir(plain[0]):
+        fs.pipe(f"/dcpmem/{name}", Path(plain[0], name).read_bytes())
+    index = read_dcp_index("memory://dcpmem")
+    assert index.tensors["enc.weight"].shape == (5, 3)
+
+
+def test_model_keys_from_combined_checkpoint(tmp_path) -> None:
+    weight = torch.randn(4, 2)
+    state = {
+        "model": {"model.layer.weight": weight, "head.bias": torch.zeros(2)},
+        "optim": {"state": {"head.bias": {"exp_avg": torch.ones(2)}}},
+    }
+    index = read_dcp_index(_save(tmp_path / "c", state))
+    assert set(model_tensors(index)) == {"model.layer.weight", "head.bias"}
+    optim_only = read_dcp_index(_save(tmp_path / "o", {"state": {"w": {"exp_avg": weight}}}))
+    with pytest.raises(NotACheckpointError, match="optimizer state only"):
+        model_tensors(optim_only)
+
+
+def test_missing_path(tmp_path) -> None:
+    with pytest.raises(CheckpointNotFoundError):
+        read_dcp_index(tmp_path / "nope")
+
+
+def test_directory_without_metadata(tmp_path) -> None:
+    with pytest.raises(NotACheckpointError, match=r"\.metadata"):
+        read_dcp_index(tmp_path)
+
+
+def test_truncated_shard_is_named(tmp_path) -> None:
+    path = _save(tmp_path / "t", {"w": torch.randn(64, 64)})
+    shard = next(n for n in os.listdir(path) if n.endswith(".distcp"))
+    with open(os.path.join(path, shard), "r+b") as handle:
+        handle.truncate(100)
+    with pytest.raises(CorruptCheckpointError, match=f"{shard} is truncated"):
+        read_dcp_index(path)
+
+
+def test_truncated_metadata(tmp_path) -> None:
+    path = _save(tmp_path / "m", {"w": torch.randn(2)})
+    meta = Path(path, ".metadata")
+    meta.write_bytes(meta.read_bytes()[: meta.stat().st_size // 3])
+    with pytest.raises(CorruptCheckpointError, match="truncated or damaged"):
+        read_dcp_index(path)
+
+
+def test_malicious_metadata_is_refused_and_not_executed(tmp_path) -> None:
+    target = tmp_path / "created"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {target}",))
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(UnsafePickleError):
+        read_dcp_index(tmp_path)
+    assert not target.exists()

@@ -1,0 +1,96 @@
+"""The restricted unpickler reads real DCP metadata and refuses everything else without running it."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from ckpt_tools.errors import CorruptCheckpointError, UnsafePickleError
+from ckpt_tools.safe_pickle import (
+    Metadata,
+    TensorStorageMetadata,
+    load_tensor_record,
+    restricted_loads,
+)
+
+
+class _CreatesFile:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+@pytest.fixture(scope="module")
+def metadata_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    path = tmp_path_factory.mktemp("dcp")
+    state = {"w": torch.randn(3, 5), "n": torch.arange(4), "h": torch.ones(2, dtype=torch.bfloat16), "x": 7}
+    dcp.save(state, checkpoint_id=str(path), no_dist=True)
+    return (path / ".metadata").read_bytes()
+
+
+def test_reads_real_metadata_into_stand_ins(metadata_bytes: bytes) -> None:
+    metadata = restricted_loads(metadata_bytes)
+    assert isinstance(metadata, Metadata)
+    entry = metadata.state_dict_metadata["w"]
+    assert isinstance(entry, TensorStorageMetadata)
+    assert entry.size == (3, 5)
+    assert entry.properties.dtype == "float32"
+    assert metadata.state_dict_metadata["h"].properties.dtype == "bfloat16"
+    assert [tuple(c.sizes) for c in entry.chunks] == [(3, 5)]
+    assert "torch.distributed.checkpoint.metadata" not in type(metadata).__module__
+
+
+def test_refuses_code_execution_without_running_it(tmp_path) -> None:
+    target = tmp_path / "pwned"
+    payload = pickle.dumps({"state_dict_metadata": _CreatesFile(str(target))})
+    with pytest.raises(UnsafePickleError, match=r"(posix|os)\.system"):
+        restricted_loads(payload)
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("name", ["builtins.eval", "subprocess.Popen", "torch._utils._rebuild_tensor_v2"])
+def test_refuses_other_globals_naming_them(name: str) -> None:
+    module, attr = name.rsplit(".", 1)
+    payload = b"\x80\x04c" + f"{module}\n{attr}\n".encode() + b")R."
+    with pytest.raises(UnsafePickleError, match=name.replace(".", r"\.")):
+        restricted_loads(payload)
+
+
+def test_truncated_pickle_is_corrupt_not_unsafe(metadata_bytes: bytes) -> None:
+    with pytest.raises(CorruptCheckpointError) as info:
+        restricted_loads(metadata_bytes[: len(metadata_bytes) // 2])
+    assert not isinstance(info.value, UnsafePickleError)
+
+
+def test_persistent_ids_are_refused_in_metadata() -> None:
+    class P(pickle.Pickler):
+        def persistent_id(self, obj):
+            return "x" if obj == "s" else None
+
+    import io
+
+    buf = io.BytesIO()
+    P(buf).dump(["s"])
+    with pytest.raises(UnsafePickleError):
+        restricted_loads(buf.getvalue())
+
+
+def test_tensor_record_matches_torch_save(tmp_path) -> None:
+    import zipfile
+
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    torch.save(base[1:3], tmp_path / "t.pt")
+    with zipfile.ZipFile(tmp_path / "t.pt") as archive:
+        name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+        record = load_tensor_record(archive.read(name))
+    assert record.shape == (2, 6)
+    assert record.stride == (6, 1)
+    assert record.storage_offset == 6
+    assert record.storage.dtype == "float32"
+    assert record.storage.numel == 24
