@@ -1,0 +1,40 @@
+"""`ckpt verify PATH`: exit 0 with an OK summary, or exit 1 listing every problem found."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+
+from ckpt_tools.cli.errors import EXIT_FAILURE, run_guarded
+from ckpt_tools.cli.output import Output
+from ckpt_tools.verify import VerifyReport, verify_checkpoint
+
+
+def verify(
+    path: Path = typer.Argument(..., help="Step directory, checkpoints/last, output_dir or model directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON document instead of text."),
+) -> None:
+    """Check that a checkpoint is complete and self-consistent (metadata only, no tensor data)."""
+    out = Output(as_json=as_json)
+    report = run_guarded(lambda: verify_checkpoint(str(path)))
+    if as_json:
+        out.json(report.to_dict())
+    else:
+        _print(out, report)
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def _print(out: Output, report: VerifyReport) -> None:
+    if report.ok:
+        out.print(f"OK: {escape(report.path)} ({len(report.checked)} checks passed)")
+        return
+    out.print(f"FAILED: {escape(report.path)}: {len(report.problems)} problem(s)")
+    for problem in report.problems:
+        out.print(f"  - {escape(problem)}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("verify")(verify)

@@ -1,0 +1,229 @@
+"""A metadata-only description of a checkpoint: what `ckpt inspect` prints and `--json` returns.
+
+Everything here comes from JSON files, safetensors headers and DCP `.metadata`; no tensor byte is read
+and torch is never imported, so describing a 100 GB checkpoint takes as long as describing a tiny one.
+`verify` and `diff` reuse the same discovery of which stored tensor groups a checkpoint has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckpt_tools import layout, storage
+from ckpt_tools.dcp_index import DcpIndex, model_tensors, read_dcp_index
+from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError
+from ckpt_tools.meta import TrainingStep
+from ckpt_tools.safetensors_io import read_safetensors_header
+
+SAFETENSORS = "safetensors"
+SHARDED_SAFETENSORS = "sharded safetensors"
+DCP = "dcp"
+
+MODEL = "model"
+ADAPTER = "adapter"
+OPTIMIZER = "optimizer"
+
+
+@dataclass(frozen=True)
+class TensorSummary:
+    """One stored tensor as its metadata describes it (the full, unsharded shape)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class TensorGroup:
+    """The tensors of one stored component (model, adapter, optimizer) in one format.
+
+    `path` is the file or directory holding them: a `.safetensors` file, a sharded index, or a DCP
+    directory. `objects` counts DCP entries that are not tensors (pickled Python values).
+    """
+
+    role: str
+    format: str
+    path: str
+    tensors: tuple[TensorSummary, ...]
+    objects: int = 0
+
+    @property
+    def label(self) -> str:
+        """`safetensors`, `dcp`, `adapter safetensors`, `optimizer dcp`, ..."""
+        return self.format if self.role == MODEL else f"{self.role} {self.format}"
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "format": self.format,
+            "label": self.label,
+            "path": self.path,
+            "num_tensors": len(self.tensors),
+            "num_objects": self.objects,
+            "total_bytes": self.total_bytes,
+            "tensors": [
+                {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes}
+                for t in self.tensors
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class CheckpointDescription:
+    """What a checkpoint holds. `training_step` is None for a bare model directory."""
+
+    path: str
+    model_dir: str
+    step_dir: str | None
+    training_step: TrainingStep | None
+    groups: tuple[TensorGroup, ...] = field(default_factory=tuple)
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        return tuple(group.label for group in self.groups)
+
+    @property
+    def weights(self) -> TensorGroup | None:
+        """The group a reader loads the model from: safetensors first (cheapest), then DCP; adapter
+        weights when the checkpoint holds no full model."""
+        for role in (MODEL, ADAPTER):
+            for group in self.groups:
+                if group.role == role:
+                    return group
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        step = self.training_step
+        return {
+            "path": self.path,
+            "model_dir": self.model_dir,
+            "step_dir": self.step_dir,
+            "step": step.step if step else None,
+            "training_step": step.to_dict() if step else None,
+            "topology": step.topology.describe() if step else None,
+            "effective_batch": batch_factorization(step) if step else None,
+            "effective_batch_size": step.effective_batch_size if step else None,
+            "mixed_precision": step.mixed_precision if step else None,
+            "checkpoint_format": step.checkpoint_format if step else None,
+            "formats": list(self.formats),
+            "groups": [group.to_dict() for group in self.groups],
+        }
+
+
+def batch_factorization(step: TrainingStep) -> str:
+    """`8 x 4 x 2 = 64`: batch_size x dp_world_size x grad_accum_steps = samples per update."""
+    return f"{step.batch_size} x {step.dp_world_size} x {step.grad_accum_steps} = {step.effective_batch_size}"
+
+
+def describe_checkpoint(path: str | os.PathLike[str]) -> CheckpointDescription:
+    """Describe a step directory, `checkpoints/last`, an output_dir, a model directory or a single
+    `.safetensors` file, from metadata alone."""
+    text = os.fspath(path)
+    fs, inner = storage.resolve(text)
+    if fs.isfile(inner) and text.endswith(".safetensors"):
+        group = safetensors_group(MODEL, text)
+        return CheckpointDescription(text, text, None, None, (group,))
+    step_dir, model_dir = storage.resolve_model_dir(text)
+    step = storage.read_training_step(step_dir) if step_dir and _has_training_step(step_dir) else None
+    groups = tuple(read_group(location) for location in locate_groups(model_dir, step_dir))
+    if not groups and step is None:
+        raise NotACheckpointError(
+            f"{text} holds no model weights ({layout.MODEL_SAFETENSORS}, {layout.MODEL_DCP_DIR}/, "
+            f"{layout.ADAPTER_SAFETENSORS}) and no {layout.TRAINING_STATE_DIR}/; pass a step directory, "
+            f"checkpoints/{layout.LAST} or a {layout.PRETRAINED_MODEL_DIR}/ directory"
+        )
+    return CheckpointDescription(text, model_dir, step_dir, step, groups)
+
+
+def _has_training_step(step_dir: str) -> bool:
+    return storage.exists(layout.join(step_dir, layout.TRAINING_STATE_DIR))
+
+
+@dataclass(frozen=True)
+class GroupLocation:
+    """Where one tensor group of a checkpoint lives, before anything in it is read."""
+
+    role: str
+    format: str
+    path: str
+
+
+def locate_groups(model_dir: str, step_dir: str | None) -> list[GroupLocation]:
+    """Every tensor group present, in the order a reader prefers them."""
+    state_dir = layout.join(step_dir, layout.TRAINING_STATE_DIR) if step_dir else None
+    candidates = [
+        GroupLocation(MODEL, SAFETENSORS, layout.join(model_dir, layout.MODEL_SAFETENSORS)),
+        GroupLocation(MODEL, SHARDED_SAFETENSORS, layout.join(model_dir, layout.MODEL_INDEX)),
+        GroupLocation(MODEL, DCP, layout.join(model_dir, layout.MODEL_DCP_DIR)),
+        GroupLocation(ADAPTER, SAFETENSORS, layout.join(model_dir, layout.ADAPTER_SAFETENSORS)),
+        GroupLocation(ADAPTER, DCP, layout.join(model_dir, layout.ADAPTER_DCP_DIR)),
+    ]
+    if state_dir:
+        candidates += [
+            GroupLocation(OPTIMIZER, SAFETENSORS, layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS)),
+            GroupLocation(OPTIMIZER, DCP, layout.join(state_dir, layout.OPTIMIZER_DCP_DIR)),
+        ]
+    return [location for location in candidates if storage.exists(location.path)]
+
+
+def read_group(location: GroupLocation) -> TensorGroup:
+    """The tensor summaries of one group, from its headers or `.metadata`."""
+    return _READERS[location.format](location.role, location.path)
+
+
+def safetensors_group(role: str, path: str) -> TensorGroup:
+    header = read_safetensors_header(path)
+    return TensorGroup(role, SAFETENSORS, path, _summaries_from_header(header.tensors.values()))
+
+
+def sharded_safetensors_group(role: str, index_path: str) -> TensorGroup:
+    """All tensors of the shards a `model.safetensors.index.json` names, read from their headers."""
+    tensors: list[TensorSummary] = []
+    for shard in sorted(set(read_weight_map(index_path).values())):
+        header = read_safetensors_header(layout.join(index_path.rsplit("/", 1)[0], shard))
+        tensors.extend(_summaries_from_header(header.tensors.values()))
+    return TensorGroup(role, SHARDED_SAFETENSORS, index_path, tuple(sorted(tensors, key=lambda t: t.name)))
+
+
+def dcp_group(role: str, dcp_dir: str) -> TensorGroup:
+    """Model and adapter groups list tensors under their model names (DCP's `model.` wrapper
+    removed), so they compare with safetensors; optimizer groups list the keys as saved."""
+    return dcp_group_from_index(role, read_dcp_index(dcp_dir))
+
+
+def dcp_group_from_index(role: str, index: DcpIndex) -> TensorGroup:
+    entries = index.tensors if role == OPTIMIZER else model_tensors(index)
+    tensors = tuple(
+        TensorSummary(name, entry.dtype, entry.shape, entry.nbytes) for name, entry in sorted(entries.items())
+    )
+    return TensorGroup(role, DCP, index.path, tensors, objects=len(index.objects))
+
+
+def read_weight_map(index_path: str) -> dict[str, str]:
+    """`weight_map` of a sharded-safetensors index: tensor name -> shard file name."""
+    try:
+        data = json.loads(storage.read_bytes(index_path))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpointError(f"{index_path} is not valid JSON ({exc}); the file is damaged") from exc
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CorruptCheckpointError(f"{index_path}: expected a 'weight_map' object of tensor -> file name")
+    return weight_map
+
+
+def _summaries_from_header(infos: Any) -> tuple[TensorSummary, ...]:
+    return tuple(
+        TensorSummary(info.name, info.dtype, info.shape, info.nbytes)
+        for info in sorted(infos, key=lambda i: i.name)
+    )
+
+
+_READERS = {SAFETENSORS: safetensors_group, SHARDED_SAFETENSORS: sharded_safetensors_group, DCP: dcp_group}

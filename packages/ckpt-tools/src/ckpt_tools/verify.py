@@ -1,0 +1,371 @@
+"""`ckpt verify`: is a checkpoint complete and self-consistent, from metadata alone?
+
+Every check runs even after one fails, so a damaged checkpoint is explained in one pass: the files its
+`checkpoint_format` requires, the JSON side files, every safetensors header (byte ranges inside the
+file), every DCP chunk table (chunks tile each tensor without gaps or overlaps, records lie inside
+their `.distcp` files without sharing bytes), and agreement of names, shapes and dtypes between the
+formats when a checkpoint holds more than one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ckpt_tools import layout, storage
+from ckpt_tools.dcp_index import ChunkEntry, DcpIndex, TensorEntry, read_dcp_index
+from ckpt_tools.errors import CheckpointError, NotACheckpointError
+from ckpt_tools.inspect import (
+    ADAPTER,
+    DCP,
+    MODEL,
+    OPTIMIZER,
+    SAFETENSORS,
+    SHARDED_SAFETENSORS,
+    GroupLocation,
+    TensorGroup,
+    dcp_group_from_index,
+    locate_groups,
+    read_group,
+    read_weight_map,
+)
+from ckpt_tools.meta import TrainingStep
+from ckpt_tools.safetensors_io import read_safetensors_header
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """`checked` names what passed; `problems` holds one line per problem found (empty when OK)."""
+
+    path: str
+    checked: tuple[str, ...]
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "ok": self.ok,
+            "checked": list(self.checked),
+            "problems": list(self.problems),
+        }
+
+
+class _Findings:
+    """Collects problems instead of stopping at the first one."""
+
+    def __init__(self) -> None:
+        self.checked: list[str] = []
+        self.problems: list[str] = []
+
+    def run(self, what: str, func: Callable[..., T], *args: Any) -> T | None:
+        """Run one check; a CheckpointError becomes a problem, success records `what`."""
+        try:
+            result = func(*args)
+        except CheckpointError as exc:
+            self.problems.append(" ".join(str(exc).split()))
+            return None
+        self.checked.append(what)
+        return result
+
+    def extend(self, what: str, problems: Iterable[str]) -> None:
+        found = list(problems)
+        self.problems.extend(found)
+        if not found:
+            self.checked.append(what)
+
+
+def verify_checkpoint(path: str | os.PathLike[str]) -> VerifyReport:
+    """Check a step directory, `last`, an output_dir, a model directory or one `.safetensors` file.
+
+    Raises only when there is nothing to verify (missing path, not a checkpoint); every other
+    problem is listed in the report.
+    """
+    text = os.fspath(path)
+    findings = _Findings()
+    fs, inner = storage.resolve(text)
+    if fs.isfile(inner) and text.endswith(".safetensors"):
+        findings.run(f"{text}: safetensors header", read_safetensors_header, text)
+        return VerifyReport(text, tuple(findings.checked), tuple(findings.problems))
+    step_dir, model_dir = storage.resolve_model_dir(text)
+    state_dir = layout.join(step_dir, layout.TRAINING_STATE_DIR) if step_dir else None
+    has_state = state_dir is not None and storage.exists(state_dir)
+    locations = locate_groups(model_dir, step_dir)
+    if not locations and not has_state:
+        raise NotACheckpointError(
+            f"{text} holds no model weights and no {layout.TRAINING_STATE_DIR}/: nothing to verify; pass a "
+            f"step directory, checkpoints/{layout.LAST} or a {layout.PRETRAINED_MODEL_DIR}/ directory"
+        )
+    if state_dir and not has_state and text.rstrip("/") != model_dir.rstrip("/"):
+        findings.problems.append(f"{state_dir} is missing: the step directory is incomplete")
+    step = (
+        _verify_training_state(findings, step_dir, state_dir)
+        if has_state and step_dir and state_dir
+        else None
+    )
+    groups = _verify_groups(findings, locations)
+    _check_required(findings, step, locations, model_dir, state_dir)
+    _verify_side_files(findings, model_dir, locations)
+    _compare_formats(findings, groups)
+    root = (step_dir or model_dir).rstrip("/") + "/"
+    checked = tuple(item.removeprefix(root) for item in findings.checked)
+    return VerifyReport(text, checked, tuple(findings.problems))
+
+
+# --- training state --------------------------------------------------------------------------------
+
+
+def _verify_training_state(findings: _Findings, step_dir: str, state_dir: str) -> TrainingStep | None:
+    step = None
+    if _require(findings, layout.join(state_dir, layout.TRAINING_STEP), "the step directory is incomplete"):
+        step = findings.run(layout.TRAINING_STEP, storage.read_training_step, step_dir)
+    rng = layout.join(state_dir, layout.RNG_STATE)
+    if storage.exists(rng):
+        findings.run(layout.RNG_STATE, read_safetensors_header, rng)
+    else:
+        findings.problems.append(f"{rng} is missing: a resume could not restore the random state")
+    for name in (layout.SCHEDULER_STATE, layout.SCALER_STATE, layout.OPTIMIZER_PARAM_GROUPS):
+        _check_json_if_present(findings, layout.join(state_dir, name))
+    if step is not None and step.mixed_precision == "fp16":
+        _require(
+            findings, layout.join(state_dir, layout.SCALER_STATE), "an fp16 run needs its loss-scaler state"
+        )
+    return step
+
+
+def _check_required(
+    findings: _Findings,
+    step: TrainingStep | None,
+    locations: list[GroupLocation],
+    model_dir: str,
+    state_dir: str | None,
+) -> None:
+    """The files `checkpoint_format` (and the topology, for the optimizer) say must exist."""
+    present = {(loc.role, loc.format) for loc in locations}
+    if step is None:
+        if not any(loc.role in (MODEL, ADAPTER) for loc in locations):
+            findings.problems.append(f"{model_dir} holds no model weights")
+        return
+    role = ADAPTER if step.peft else MODEL
+    fmt = step.checkpoint_format
+    if fmt in ("safetensors", "safetensors_dcp") and not present & {
+        (role, SAFETENSORS),
+        (role, SHARDED_SAFETENSORS),
+    }:
+        name = layout.ADAPTER_SAFETENSORS if step.peft else layout.MODEL_SAFETENSORS
+        findings.problems.append(f"{layout.join(model_dir, name)} is missing; checkpoint_format is {fmt!r}")
+    if fmt in ("dcp", "safetensors_dcp") and (role, DCP) not in present:
+        name = layout.ADAPTER_DCP_DIR if step.peft else layout.MODEL_DCP_DIR
+        findings.problems.append(f"{layout.join(model_dir, name)}/ is missing; checkpoint_format is {fmt!r}")
+    if state_dir is not None:
+        _check_optimizer_files(findings, step, present, state_dir)
+
+
+def _check_optimizer_files(findings: _Findings, step: TrainingStep, present: set, state_dir: str) -> None:
+    if (OPTIMIZER, DCP) in present:
+        return
+    if step.topology.is_sharded:
+        findings.problems.append(
+            f"{layout.join(state_dir, layout.OPTIMIZER_DCP_DIR)}/ is missing; a sharded run "
+            f"({step.topology.describe()}) stores its optimizer as DCP shards"
+        )
+        return
+    _require(findings, layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS), "the optimizer state is missing")
+    _require(
+        findings, layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS), "the optimizer state is missing"
+    )
+
+
+def _verify_side_files(findings: _Findings, model_dir: str, locations: list[GroupLocation]) -> None:
+    for name in (layout.POLICY_CONFIG, layout.TRAIN_CONFIG, layout.ADAPTER_CONFIG):
+        _check_json_if_present(findings, layout.join(model_dir, name))
+    if any(loc.role == ADAPTER for loc in locations):
+        _require(findings, layout.join(model_dir, layout.ADAPTER_CONFIG), "adapter weights need their config")
+
+
+def _require(findings: _Findings, path: str, why: str) -> bool:
+    """Record a problem when `path` is missing; return whether it exists."""
+    if storage.exists(path):
+        return True
+    findings.problems.append(f"{path} is missing: {why}")
+    return False
+
+
+def _check_json_if_present(findings: _Findings, path: str) -> None:
+    if not storage.exists(path):
+        return
+    try:
+        json.loads(storage.read_bytes(path))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        findings.problems.append(f"{path} is not valid JSON ({exc})")
+        return
+    findings.checked.append(path.rsplit("/", 1)[-1])
+
+
+# --- tensor groups ---------------------------------------------------------------------------------
+
+
+def _verify_groups(findings: _Findings, locations: list[GroupLocation]) -> list[TensorGroup]:
+    groups = []
+    for location in locations:
+        if location.format == DCP:
+            group = None
+            index = findings.run(f"{location.path}: .metadata and files", read_dcp_index, location.path)
+            if index is not None:
+                group = findings.run(f"{location.path}: keys", dcp_group_from_index, location.role, index)
+                findings.extend(f"{location.path}: chunks", dcp_index_problems(index))
+        else:
+            group = findings.run(f"{location.path}: headers", read_group, location)
+        if location.format == SHARDED_SAFETENSORS:
+            findings.extend(f"{location.path}: weight map", _weight_map_problems(location.path))
+        if group is not None:
+            groups.append(group)
+    return groups
+
+
+def dcp_index_problems(index: DcpIndex) -> list[str]:
+    """Every chunk-table problem of a DCP directory: coverage, bounds, and records sharing bytes."""
+    problems: list[str] = []
+    for entry in index.tensors.values():
+        problems += chunk_coverage_problems(entry, index.path)
+    problems += _record_overlap_problems(index)
+    return problems
+
+
+def chunk_coverage_problems(entry: TensorEntry, where: str) -> list[str]:
+    """The chunks of a tensor must lie inside its shape and tile it exactly once."""
+    label = f"{where}: tensor {entry.name!r} {list(entry.shape)}"
+    problems = []
+    inside = []
+    for chunk in entry.chunks:
+        if not _chunk_inside(chunk, entry.shape):
+            problems.append(
+                f"{label}: chunk at offsets {list(chunk.offsets)} sizes {list(chunk.sizes)} lies outside the tensor"
+            )
+        else:
+            inside.append(chunk)
+    overlaps = _overlapping_pairs(inside)
+    problems += [
+        f"{label}: chunks at offsets {list(a.offsets)} and {list(b.offsets)} overlap" for a, b in overlaps
+    ]
+    total = math.prod(entry.shape)
+    covered = sum(chunk.numel for chunk in inside)
+    if covered < total or (overlaps and covered == total):
+        problems.append(
+            f"{label}: chunks leave a gap (they hold {covered} of {total} elements, counting overlaps)"
+        )
+    return problems
+
+
+def _chunk_inside(chunk: ChunkEntry, shape: tuple[int, ...]) -> bool:
+    if len(chunk.offsets) != len(shape) or len(chunk.sizes) != len(shape):
+        return False
+    return all(
+        o >= 0 and s >= 0 and o + s <= d for o, s, d in zip(chunk.offsets, chunk.sizes, shape, strict=True)
+    )
+
+
+def _overlapping_pairs(chunks: list[ChunkEntry]) -> list[tuple[ChunkEntry, ChunkEntry]]:
+    """Pairs of non-empty chunks whose boxes intersect; sorted on the first dimension so only
+    neighbours along it are compared."""
+    boxes = sorted((c for c in chunks if c.numel), key=lambda c: c.offsets)
+    pairs = []
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            if a.offsets and b.offsets[0] >= a.offsets[0] + a.sizes[0]:
+                break
+            if all(
+                bo < ao + asz and ao < bo + bsz
+                for ao, asz, bo, bsz in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True)
+            ):
+                pairs.append((a, b))
+    return pairs
+
+
+def _record_overlap_problems(index: DcpIndex) -> list[str]:
+    """Two records in one `.distcp` file must not share bytes."""
+    records: dict[str, list[tuple[int, int, str]]] = {}
+    for entry in index.tensors.values():
+        for chunk in entry.chunks:
+            label = f"{entry.name!r} chunk {list(chunk.offsets)}"
+            records.setdefault(chunk.file, []).append(
+                (chunk.file_offset, chunk.file_offset + chunk.length, label)
+            )
+    for obj in index.objects.values():
+        records.setdefault(obj.file, []).append(
+            (obj.file_offset, obj.file_offset + obj.length, repr(obj.name))
+        )
+    problems = []
+    for file, spans in sorted(records.items()):
+        spans.sort()
+        reach, holder = 0, ""
+        for begin, end, label in spans:
+            if begin < reach:
+                problems.append(f"{index.path}/{file}: the records of {holder} and {label} overlap")
+            if end > reach:
+                reach, holder = end, label
+    return problems
+
+
+def _weight_map_problems(index_path: str) -> list[str]:
+    """Each tensor of the index lives in the shard it names, and each shard tensor is indexed."""
+    try:
+        weight_map = read_weight_map(index_path)
+    except CheckpointError:
+        return []  # already reported when the group was read
+    base = index_path.rsplit("/", 1)[0]
+    problems = []
+    for shard in sorted(set(weight_map.values())):
+        try:
+            header = read_safetensors_header(layout.join(base, shard))
+        except CheckpointError as exc:
+            problems.append(" ".join(str(exc).split()))
+            continue
+        listed = {name for name, file in weight_map.items() if file == shard}
+        problems += [
+            f"{index_path}: {name!r} is not in {shard}" for name in sorted(listed - set(header.tensors))
+        ]
+        problems += [
+            f"{index_path}: {shard} holds {name!r}, which the index does not list"
+            for name in sorted(set(header.tensors) - listed)
+        ]
+    return problems
+
+
+def _compare_formats(findings: _Findings, groups: list[TensorGroup]) -> None:
+    """Two groups of the same role (model safetensors and model DCP) must hold the same tensors."""
+    by_role: dict[str, list[TensorGroup]] = {}
+    for group in groups:
+        by_role.setdefault(group.role, []).append(group)
+    for role, same in by_role.items():
+        if role == OPTIMIZER:
+            continue  # safetensors and DCP optimizer state use different key schemes
+        for other in same[1:]:
+            findings.extend(f"{same[0].label} and {other.label} agree", _group_differences(same[0], other))
+
+
+def _group_differences(a: TensorGroup, b: TensorGroup) -> list[str]:
+    left = {t.name: t for t in a.tensors}
+    right = {t.name: t for t in b.tensors}
+    problems = [
+        f"{name!r} is in {a.label} but not in {b.label}" for name in sorted(left.keys() - right.keys())
+    ]
+    problems += [
+        f"{name!r} is in {b.label} but not in {a.label}" for name in sorted(right.keys() - left.keys())
+    ]
+    for name in sorted(left.keys() & right.keys()):
+        x, y = left[name], right[name]
+        if (x.shape, x.dtype) != (y.shape, y.dtype):
+            problems.append(
+                f"{name!r} is {x.dtype}{list(x.shape)} in {a.label} but {y.dtype}{list(y.shape)} in {b.label}"
+            )
+    return problems
