@@ -26,6 +26,10 @@ _EXPORTS: dict[str, str] = {
     "ResumeRefusedError": "ckpt_tools.errors",
     "merge_lora": "ckpt_tools.adapters",
     "merge_adapter_dir": "ckpt_tools.adapters",
+    "PublishError": "ckpt_tools.errors",
+    "PublishResult": "ckpt_tools.publish",
+    "publish_model": "ckpt_tools.publish",
+    "select_publish_files": "ckpt_tools.publish",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,52 @@
+"""`ckpt push PATH REPO_ID`: publish a model directory to the Hub, or copy it to an fsspec target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+
+from ckpt_tools.cli.errors import run_guarded
+from ckpt_tools.cli.output import Output
+
+
+def push(
+    path: Path = typer.Argument(..., help="Step directory, checkpoints/last, pretrained_model/ or converted model."),
+    repo_id: str = typer.Argument(
+        ..., help="Hub repo id (namespace/name), or an fsspec URL / local path (s3://bucket/prefix, ./out)."
+    ),
+    private: bool = typer.Option(False, "--private", help="Create the Hub repo as private."),
+    revision: str | None = typer.Option(None, "--revision", help="Branch to commit to (created if missing)."),
+    commit_message: str | None = typer.Option(None, "--commit-message", help="Hub commit message."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Publish the weights, configs, processor files and a model card; never DCP shards or training state.
+
+    The Hub token comes from HF_TOKEN or `hf auth login`; HF_ENDPOINT selects another Hub.
+    """
+    out = Output(as_json=as_json)
+
+    def body() -> None:
+        from ckpt_tools.publish import publish_model
+
+        if not out.interactive:  # the client's upload bars are for a human at a terminal
+            from huggingface_hub.utils import disable_progress_bars
+
+            disable_progress_bars()
+        result = publish_model(
+            str(path), repo_id, private=private, revision=revision, commit_message=commit_message
+        )
+        if as_json:
+            out.json(result.to_dict())
+            return
+        commit = f" (commit {result.commit_oid[:12]})" if result.commit_oid else ""
+        out.print(f"published {len(result.files)} files to {escape(result.url)}{commit}")
+        for name in result.files:
+            out.print(f"  {escape(name)}")
+
+    run_guarded(body)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("push")(push)

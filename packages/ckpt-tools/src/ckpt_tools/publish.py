@@ -1,0 +1,333 @@
+"""Publish a model directory to the Hugging Face Hub or to any fsspec target.
+
+Only what a user of the model needs leaves the machine: the safetensors weights (single file, or shards
+with their index), a PEFT adapter, the policy and training configs, the processor files and a model
+card. DCP shards, optimizer, RNG and other training state never do. A Hub publish is one commit; a
+failed publish raises `PublishError` with one line and deletes nothing local.
+
+Tokens come from huggingface_hub's usual places (`HF_TOKEN`, the login cache) unless passed in, and are
+never logged, put in an error message or written to the card.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ckpt_tools import layout, storage
+from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, PublishError
+from ckpt_tools.model_card import gather_card_info, render_model_card
+
+logger = logging.getLogger(__name__)
+
+_SINGLE_FILES = (
+    layout.MODEL_SAFETENSORS,
+    layout.ADAPTER_SAFETENSORS,
+    layout.ADAPTER_CONFIG,
+    layout.POLICY_CONFIG,
+    layout.TRAIN_CONFIG,
+    layout.MODEL_CARD,
+)
+_PROCESSOR_PREFIXES = (layout.PREPROCESSOR, layout.POSTPROCESSOR)
+# Text files small enough to scan for a leaked token before they are uploaded.
+_TEXT_SUFFIXES = (".json", ".md", ".yaml", ".yml", ".txt")
+_TEXT_SCAN_LIMIT = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """Where the model went: the repo (or target) URL, the Hub commit id, the files in repo order."""
+
+    url: str
+    commit_oid: str | None
+    files: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def is_fsspec_target(repo_id: str) -> bool:
+    """A URL (`s3://bucket/prefix`, `memory://x`) or a local path; a Hub repo id is `namespace/name`."""
+    return "://" in repo_id or repo_id.startswith(("/", "./", "../", "~"))
+
+
+def select_publish_files(model_dir: str | os.PathLike[str]) -> list[str]:
+    """Names (relative to `model_dir`) of the files a user of the model needs, sorted.
+
+    Raises `PublishError` for a directory holding only DCP shards (run `ckpt convert` first) and
+    `CorruptCheckpointError` for a shard index naming a missing shard.
+    """
+    root = os.fspath(model_dir).rstrip("/")
+    fs, inner = storage.resolve(root)
+    entries = {entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry["type"] for entry in fs.ls(inner, detail=True)}
+    present = {name for name, kind in entries.items() if kind == "file"}
+    selected = {name for name in present if name in _SINGLE_FILES or name.startswith(_PROCESSOR_PREFIXES)}
+    if layout.MODEL_INDEX in present:
+        selected |= {layout.MODEL_INDEX, *_index_shards(root, present)}
+    if not selected & {layout.MODEL_SAFETENSORS, layout.MODEL_INDEX, layout.ADAPTER_SAFETENSORS}:
+        raise _no_weights_error(root, entries)
+    return sorted(selected)
+
+
+def publish_model(
+    path: str | os.PathLike[str],
+    repo_id: str,
+    *,
+    private: bool = False,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    token: str | None = None,
+    endpoint: str | None = None,
+    extra_card_info: dict[str, Any] | None = None,
+) -> PublishResult:
+    """Publish the model at `path` (a step dir, its `pretrained_model/`, `last`, or a converted model
+    dir) to the Hub repo `repo_id`, or copy it to `repo_id` when that is an fsspec URL or local path.
+
+    A model card is generated unless the directory has its own `README.md`. Not collective: the trainer
+    calls it from the main rank behind its own barrier.
+    """
+    step_dir, model_dir = storage.resolve_model_dir(path)
+    names = select_publish_files(model_dir)
+    uploads: dict[str, str | bytes] = {name: layout.join(model_dir, name) for name in names}
+    if layout.MODEL_CARD not in uploads:
+        info = gather_card_info(step_dir, model_dir, names, extra_card_info)
+        uploads[layout.MODEL_CARD] = render_model_card(info, repo_id).encode()
+    if is_fsspec_target(repo_id):
+        if private or revision:
+            raise PublishError(f"--private and --revision apply to Hub repos only, not to {repo_id}")
+        return _publish_fsspec(uploads, repo_id)
+    message = commit_message or _default_message(step_dir)
+    return _publish_hub(uploads, repo_id, private, revision, message, token, endpoint)
+
+
+# --- Hub --------------------------------------------------------------------------------------------
+
+
+def _publish_hub(
+    uploads: dict[str, str | bytes],
+    repo_id: str,
+    private: bool,
+    revision: str | None,
+    message: str,
+    token: str | None,
+    endpoint: str | None,
+) -> PublishResult:
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    from ckpt_tools import __version__
+
+    api = HfApi(endpoint=endpoint, token=token, library_name="ckpt-tools", library_version=__version__)
+    _refuse_token_in_files(uploads, token or api.token or _cached_token())
+    logger.info("publishing %d files to %s on %s", len(uploads), repo_id, api.endpoint)
+    with _hub_errors(api.endpoint, f"creating repo {repo_id}"):
+        repo_url = _create_repo(api, repo_id, private)
+    if revision and revision != "main" and not revision.startswith("refs/"):
+        with _hub_errors(api.endpoint, f"creating branch {revision}"):
+            api.create_branch(repo_id, branch=revision, exist_ok=True)
+    operations = [
+        CommitOperationAdd(path_in_repo=name, path_or_fileobj=_local_or_bytes(source))
+        for name, source in sorted(uploads.items())
+    ]
+    with _hub_errors(api.endpoint, f"committing to {repo_id}"):
+        commit = api.create_commit(repo_id, operations, commit_message=message, revision=revision)
+    logger.info("published %s at commit %s", repo_id, commit.oid)
+    return PublishResult(url=repo_url, commit_oid=commit.oid, files=sorted(uploads))
+
+
+def _create_repo(api: Any, repo_id: str, private: bool) -> str:
+    from huggingface_hub.errors import HfUriError
+
+    try:
+        return str(api.create_repo(repo_id, private=True if private else None, exist_ok=True))
+    except HfUriError:
+        # A token that may write but not create gets 401/403 from create; the client then finds the repo
+        # exists but, on an endpoint other than huggingface.co, fails to spell its URL. The repo is there.
+        return f"{api.endpoint}/{repo_id}"
+
+
+@contextmanager
+def _hub_errors(endpoint: str, action: str) -> Iterator[None]:
+    """Turn the client's failures into one-line `PublishError`s.
+
+    The cause is dropped on purpose: the client's exceptions carry the request, and with it the
+    Authorization header, which must never reach a traceback or a log.
+    """
+    try:
+        yield
+    except Exception as exc:
+        mapped = _map_hub_failure(exc, endpoint, action)
+        if mapped is None:
+            raise
+        logger.debug("publish failed while %s: %s", action, type(exc).__name__)
+        raise mapped from None
+
+
+def _map_hub_failure(exc: BaseException, endpoint: str, action: str) -> PublishError | None:
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError
+
+    if isinstance(exc, HFValidationError):
+        return PublishError(
+            f"{action}: not a Hub repo id (namespace/name), nor a URL or a path starting with / or ./"
+        )
+    for err in _cause_chain(exc):
+        if isinstance(err, HfHubHTTPError):
+            status = err.response.status_code if err.response is not None else None
+            if status in (401, 403):
+                return PublishError(
+                    f"not authorized while {action} on {endpoint} (HTTP {status}): set HF_TOKEN or run "
+                    "`hf auth login` with a write token; nothing was deleted"
+                )
+            if status is not None and status >= 500:
+                return PublishError(
+                    f"Hub server error (HTTP {status}) while {action} on {endpoint}; retry later; "
+                    "nothing was deleted"
+                )
+            detail = " ".join((err.server_message or "").split())
+            return PublishError(
+                f"the Hub refused {action} (HTTP {status}{': ' + detail if detail else ''}); nothing was deleted"
+            )
+        if isinstance(err, _transport_errors()):
+            return PublishError(
+                f"cannot reach {endpoint} while {action} ({type(err).__name__}): check the network / "
+                "HF_ENDPOINT; nothing was deleted"
+            )
+    return None
+
+
+def _cause_chain(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and what it wraps (an LFS upload failure arrives as a RuntimeError around it)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """Connection-level errors of whichever HTTP library this huggingface_hub uses."""
+    kinds: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for name, attr in (("httpx2", "TransportError"), ("httpx", "TransportError"), ("requests", "ConnectionError")):
+        try:
+            kinds.append(getattr(importlib.import_module(name), attr))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(kinds)
+
+
+def _cached_token() -> str | None:
+    from huggingface_hub import get_token
+
+    return get_token()
+
+
+def _refuse_token_in_files(uploads: dict[str, str | bytes], token: str | None) -> None:
+    """A config that captured the token (an env dump, a copied CLI line) must not be published."""
+    if not token or len(token) < 8:
+        return
+    for name, source in uploads.items():
+        if not name.endswith(_TEXT_SUFFIXES):
+            continue
+        data = source if isinstance(source, bytes) else _read_small(source)
+        if data is not None and token.encode() in data:
+            raise PublishError(f"{name} contains your Hub token; remove it from the file before publishing")
+
+
+def _read_small(path: str) -> bytes | None:
+    fs, inner = storage.resolve(path)
+    return storage.read_bytes(path) if fs.size(inner) <= _TEXT_SCAN_LIMIT else None
+
+
+def _local_or_bytes(source: str | bytes) -> str | bytes:
+    """A local file uploads from its path (streamed); a file on another fsspec store is read first."""
+    if isinstance(source, bytes) or "://" not in source:
+        return source
+    return storage.read_bytes(source)
+
+
+def _default_message(step_dir: str | None) -> str:
+    if step_dir is None:
+        return "Upload model with ckpt-tools"
+    return f"Upload model from step {step_dir.rstrip('/').rsplit('/', 1)[-1]} with ckpt-tools"
+
+
+# --- fsspec -----------------------------------------------------------------------------------------
+
+
+def _publish_fsspec(uploads: dict[str, str | bytes], target: str) -> PublishResult:
+    """Copy every file under a temporary name first, then rename them all into place, so a failed
+    copy leaves no half-written file under a final name and replaces nothing."""
+    fs, root = storage.resolve(target)
+    tag = f"{layout.TMP_PREFIX}{uuid.uuid4().hex[:8]}-"
+    staged: list[tuple[str, str]] = []
+    try:
+        fs.makedirs(root, exist_ok=True)
+        for name, source in sorted(uploads.items()):
+            staged.append((f"{root}/{tag}{name}", f"{root}/{name}"))
+            _write(fs, staged[-1][0], source)
+        for tmp, final in staged:
+            fs.mv(tmp, final)
+    except OSError as exc:
+        _remove_quietly(fs, [tmp for tmp, _ in staged])
+        raise PublishError(f"cannot write to {target}: {exc}; nothing local was deleted") from exc
+    logger.info("published %d files to %s", len(staged), target)
+    return PublishResult(url=target, commit_oid=None, files=sorted(uploads))
+
+
+def _write(fs: Any, dest: str, source: str | bytes) -> None:
+    with fs.open(dest, "wb") as out:
+        if isinstance(source, bytes):
+            out.write(source)
+            return
+        with storage.open_file(source, "rb") as src:
+            while chunk := src.read(64 * 1024 * 1024):
+                out.write(chunk)
+
+
+def _remove_quietly(fs: Any, paths: list[str]) -> None:
+    for path in paths:
+        try:
+            if fs.exists(path):
+                fs.rm(path)
+        except OSError:
+            logger.warning("could not remove the temporary file %s", path)
+
+
+# --- selection helpers ------------------------------------------------------------------------------
+
+
+def _index_shards(model_dir: str, present: set[str]) -> set[str]:
+    index_path = layout.join(model_dir, layout.MODEL_INDEX)
+    try:
+        weight_map = json.loads(storage.read_text(index_path))["weight_map"]
+        shards = set(weight_map.values())
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptCheckpointError(
+            f"{index_path} is not a safetensors index ({exc}); re-run `ckpt convert`"
+        ) from exc
+    missing = sorted(shards - present)
+    if missing:
+        raise CorruptCheckpointError(
+            f"{index_path} names {missing[0]}, which is missing; re-run `ckpt convert` to rewrite the shards"
+        )
+    return shards
+
+
+def _no_weights_error(model_dir: str, entries: dict[str, str]) -> Exception:
+    dcp_dirs = [name for name in (layout.MODEL_DCP_DIR, layout.ADAPTER_DCP_DIR) if entries.get(name) == "directory"]
+    if dcp_dirs:
+        return PublishError(
+            f"{model_dir} holds only DCP shards ({dcp_dirs[0]}/), which the Hub cannot load: "
+            f"run `ckpt convert {model_dir}` first and publish its output"
+        )
+    return NotACheckpointError(
+        f"{model_dir} has no model weights ({layout.MODEL_SAFETENSORS}, {layout.MODEL_INDEX} or "
+        f"{layout.ADAPTER_SAFETENSORS}); pass a step directory or a converted model directory"
+    )

@@ -1,0 +1,284 @@
+"""A small Hugging Face Hub-compatible HTTP server for the publishing tests.
+
+It implements the endpoints huggingface_hub uses to create a model repo and commit files to it
+(`/work/shared/HUB-FACTS.md` lists what the client sends), keeps repos, commits and LFS objects in
+memory, and can be told to fail a route with a given status. It runs on 127.0.0.1 with a random port
+in a background thread, so the real client (`HfApi(endpoint=server.url)`) runs end to end with no
+network. The client must run with `HF_HUB_DISABLE_XET=1` (set before huggingface_hub is imported).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+# Files the server stores through LFS: what the Hub would route to LFS (binary, or large).
+_LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".npy")
+_LFS_MIN_SIZE = 10 * 1024 * 1024
+
+
+@dataclass
+class Commit:
+    oid: str
+    branch: str
+    summary: str
+    files: list[str]
+
+
+@dataclass
+class Repo:
+    repo_id: str
+    private: bool
+    branches: dict[str, dict[str, bytes]] = field(default_factory=lambda: {"main": {}})
+    commits: list[Commit] = field(default_factory=list)
+
+
+@dataclass
+class Request:
+    """One request as the server saw it; `authorization` is the raw header, for token checks."""
+
+    method: str
+    path: str
+    route: str
+    authorization: str | None
+
+
+@dataclass
+class HubState:
+    repos: dict[str, Repo] = field(default_factory=dict)
+    lfs: dict[str, bytes] = field(default_factory=dict)
+    requests: list[Request] = field(default_factory=list)
+    failures: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class HubError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# (method, regex over the path, route name). The route name is what `HubServer.fail` takes.
+_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    ("POST", re.compile(r"^/api/repos/create$"), "create"),
+    ("POST", re.compile(r"^/api/validate-yaml$"), "validate_yaml"),
+    ("GET", re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)$"), "repo_info"),
+    ("POST", re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/preupload/(?P<rev>[^/]+)$"), "preupload"),
+    ("POST", re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/commit/(?P<rev>[^/]+)$"), "commit"),
+    ("POST", re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/branch/(?P<rev>[^/]+)$"), "branch"),
+    ("POST", re.compile(r"^/(?P<repo>[^/]+/[^/]+)\.git/info/lfs/objects/batch$"), "lfs_batch"),
+    ("PUT", re.compile(r"^/lfs-upload/(?P<oid>[0-9a-f]{64})$"), "lfs_upload"),
+    ("POST", re.compile(r"^/lfs-verify/(?P<oid>[0-9a-f]{64})$"), "lfs_verify"),
+]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
+        pass
+
+    def do_POST(self) -> None:
+        self._dispatch()
+
+    def do_PUT(self) -> None:
+        self._dispatch()
+
+    def do_GET(self) -> None:
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        path = urlsplit(self.path).path
+        body = self._read_body()
+        route, params = _match(self.command, path)
+        state = self.server.state
+        with state.lock:
+            state.requests.append(Request(self.command, path, route, self.headers.get("Authorization")))
+            forced = state.failures.get(route)
+        try:
+            if forced is not None:
+                raise HubError(forced, f"forced {forced} on {route}")
+            if route == "unknown":
+                raise HubError(404, f"no such endpoint: {self.command} {path}")
+            handler = getattr(self, f"_{route}")
+            with state.lock:
+                status, payload = handler(params, body)
+        except HubError as exc:
+            status, payload = exc.status, {"error": str(exc)}
+        self._reply(status, payload)
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+
+    def _reply(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _repo(self, repo_id: str) -> Repo:
+        repo = self.server.state.repos.get(repo_id)
+        if repo is None:
+            raise HubError(404, f"repository {repo_id} not found")
+        return repo
+
+    # --- routes (called under the state lock) -------------------------------------------------------
+
+    def _create(self, params: dict[str, str], body: bytes) -> tuple[int, Any]:
+        data = json.loads(body)
+        repo_id = f"{data.get('organization') or 'user'}/{data['name']}"
+        url = f"{self.server.url}/{repo_id}"
+        if repo_id in self.server.state.repos:
+            return 409, {"error": "You already created this model repo", "url": url}
+        private = data.get("visibility") == "private" or bool(data.get("private"))
+        self.server.state.repos[repo_id] = Repo(repo_id=repo_id, private=private)
+        return 200, {"url": url, "name": repo_id}
+
+    def _repo_info(self, params: dict[str, str], body: bytes) -> tuple[int, Any]:
+        # The client asks this when create answers 401/403 with exist_ok: the repo may exist already.
+        repo = self._repo(params["repo"])
+        sha = repo.commits[-1].oid if repo.commits else None
+        return 200, {"id": repo.repo_id, "private": repo.private, "sha": sha}
+
+    def _validate_yaml(self, params: dict[str, str], body: bytes) -> tuple[int, Any]:
+        return 200, {"errors": [], "warnings": []}
+
+    def _branch(self, params: dict[str, str], body: bytes) -> tuple[int, Any]:
+        repo = self._repo(params["repo"])
+        branch = unquote(params["rev"])
+        if branch in repo.branches:
+            raise HubError(409, f"branch {branch} already exists")
+        repo.branches[branch] = dict(repo.branches["main"])
+        return 200, {}
+
+    def _preupload(self, params: dict[str, str], body: bytes) -> tuple[int, Any]:
+        self._repo(params["repo"])
+        files = []
+        for entry in json.loads(body)["files"]:
+            sample = base64.b64decode(entry["sample"])
+            lfs = entry["path"].endswith(_LFS_SUFFIXES) or b"\0" in sample or entry["size"] >= _LFS_MIN_SIZE
+            files.append({"path": entry["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False})
+        return 200, {"files": files}
+
+    def _lfs_batch(self, params: dict[str, str], body: bytes) -> tuple[int, Any]:
+        self._repo(params["repo"])
+        objects = []
+        for obj in json.loads(body)["objects"]:
+            reply: dict[str, Any] = {"oid": obj["oid"], "size": int(obj["size"])}
+            if obj["oid"] not in self.server.state.lfs:
+                reply["actions"] = {
+                    "upload": {"href": f"{self.server.url}/lfs-upload/{obj['oid']}"},
+                    "verify": {"href": f"{self.server.url}/lfs-verify/{obj['oid']}"},
+                }
+            objects.append(reply)
+        return 200, {"transfer": "basic", "objects": objects}
+
+    def _lfs_upload(self, params: dict[str, str], body: bytes) -> tuple[int, Any]:
+        if hashlib.sha256(body).hexdigest() != params["oid"]:
+            raise HubError(400, "uploaded bytes do not match the oid")
+        self.server.state.lfs[params["oid"]] = body
+        return 200, {}
+
+    def _lfs_verify(self, params: dict[str, str], body: bytes) -> tuple[int, Any]:
+        data = json.loads(body)
+        stored = self.server.state.lfs.get(params["oid"])
+        if stored is None or len(stored) != data["size"]:
+            raise HubError(404, f"LFS object {params['oid']} missing or of the wrong size")
+        return 200, {}
+
+    def _commit(self, params: dict[str, str], body: bytes) -> tuple[int, Any]:
+        repo = self._repo(params["repo"])
+        branch = unquote(params["rev"])
+        if branch not in repo.branches:
+            raise HubError(404, f"revision {branch} not found")
+        lines = [json.loads(line) for line in body.splitlines() if line.strip()]
+        header = next(line["value"] for line in lines if line["key"] == "header")
+        files: dict[str, bytes] = {}
+        for line in lines:
+            value = line["value"]
+            if line["key"] == "file":
+                files[value["path"]] = base64.b64decode(value["content"])
+            elif line["key"] == "lfsFile":
+                data = self.server.state.lfs.get(value["oid"])
+                if data is None or len(data) != value["size"]:
+                    raise HubError(400, f"LFS object for {value['path']} was never uploaded")
+                files[value["path"]] = data
+        repo.branches[branch].update(files)
+        oid = hashlib.sha1(body).hexdigest()
+        repo.commits.append(Commit(oid, branch, header["summary"], sorted(files)))
+        url = f"{self.server.url}/{repo.repo_id}/commit/{oid}"
+        return 200, {"commitUrl": url, "commitOid": oid, "success": True}
+
+
+def _match(method: str, path: str) -> tuple[str, dict[str, str]]:
+    for route_method, pattern, name in _ROUTES:
+        found = pattern.match(path)
+        if found and method == route_method:
+            return name, found.groupdict()
+    return "unknown", {}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, state: HubState) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.state = state
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class HubServer:
+    """Start with `with HubServer() as hub:`; point the client at `hub.url`."""
+
+    def __init__(self) -> None:
+        self.state = HubState()
+        self._server = _Server(self.state)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return self._server.url
+
+    def __enter__(self) -> HubServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def fail(self, route: str, status: int) -> None:
+        """Answer every request to `route` (a name from `_ROUTES`) with `status` from now on."""
+        with self.state.lock:
+            self.state.failures[route] = status
+
+    def repo(self, repo_id: str) -> Repo:
+        return self.state.repos[repo_id]
+
+    def files(self, repo_id: str, branch: str = "main") -> dict[str, bytes]:
+        return dict(self.state.repos[repo_id].branches[branch])
+
+    def routes(self) -> list[str]:
+        return [request.route for request in self.state.requests]
