@@ -1,0 +1,536 @@
+"""Streaming conversion between DCP shard directories and safetensors, with bounded memory.
+
+Every other tool (torch's `dcp_to_torch_save`, accelerate's `merge_fsdp_weights`) loads the whole
+model into RAM before writing it. Here the safetensors header is computed from the DCP chunk table
+first, then each tensor's bytes are copied from its chunks, in file order, straight out of the `.distcp`
+records (`dcp_index.locate_chunk_data`). Bytes that need no change never pass through Python; a dtype
+cast works block by block; only a tensor whose chunks are not row ranges (split along an inner
+dimension) is assembled in memory, one tensor at a time. torch is imported only for those two cases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import IO, Any
+
+from ckpt_tools import layout, storage
+from ckpt_tools.dcp_index import ChunkEntry, TensorEntry, locate_chunk_data, model_tensors, read_dcp_index
+from ckpt_tools.dtypes import FLOATING, ITEMSIZE, SAFETENSORS_TO_TORCH, USER_DTYPES
+from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, OutputExistsError
+from ckpt_tools.safetensors_writer import COPY_BLOCK, SafetensorsStreamWriter, TensorSpec, aligned_order
+
+Progress = Callable[[int], None]
+"""Called with the number of output bytes just written (for a progress bar)."""
+
+SAFETENSORS_METADATA = {"format": "pt"}  # transformers refuses files without it
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_MAX_OPEN_FILES = 64
+
+
+@dataclass(frozen=True)
+class ConversionResult:
+    """What a conversion wrote. `files` are final paths; `index_file` is set for sharded output."""
+
+    source: str
+    files: tuple[str, ...]
+    index_file: str | None
+    num_tensors: int
+    total_bytes: int
+    dtype: str | None
+    deleted_source: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__, files=list(self.files))
+
+
+def parse_size(text: str | int) -> int:
+    """`5GB` -> 5_000_000_000 (decimal, as the Hub counts), `2GiB` -> 2**31, `1000` -> 1000 bytes."""
+    if isinstance(text, int):
+        return text
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"--max-shard-size {text!r} is not a size; use e.g. 5GB, 500MB or 2GiB")
+    size = int(float(match.group(1)) * _UNITS[(match.group(2) or "B").upper()])
+    if size <= 0:
+        raise ValueError(f"--max-shard-size {text!r} must be positive")
+    return size
+
+
+# --- DCP -> safetensors --------------------------------------------------------------------------
+
+
+def convert_dcp_to_safetensors(
+    path: str | os.PathLike[str],
+    output: str | os.PathLike[str] | None = None,
+    *,
+    dtype: str | None = None,
+    max_shard_size: str | int | None = None,
+    delete_dcp: bool = False,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> ConversionResult:
+    """Convert the DCP model (or PEFT adapter) shards of a checkpoint into safetensors, streaming.
+
+    `path`: a step directory, `checkpoints/last`, a `pretrained_model/`, or a bare DCP directory
+    (accelerate's `pytorch_model_fsdp_0/` included). `output`: the directory to write into; default
+    beside the shards. `dtype`: `bf16`/`fp16`/`fp32`/`fp64` casts floating tensors, others untouched.
+    `max_shard_size` (`5GB`): write `model-0000k-of-0000n.safetensors` plus the index transformers
+    reads. Only model weights are written (a combined model+optimizer DCP keeps its `model` part).
+    Files are written under temporary names, re-read and checked against the DCP metadata, then
+    renamed; `delete_dcp` removes the shards only after that. Peak memory stays at a copy buffer
+    (or the largest tensor split along an inner dimension), whatever the model size.
+    """
+    source, stem = _find_dcp_source(path)
+    out_dir = os.fspath(output).rstrip("/") if output is not None else source.rsplit("/", 1)[0]
+    target = _target_dtype(dtype)
+    index = read_dcp_index(source)
+    tensors = model_tensors(index)
+    if not tensors:
+        raise NotACheckpointError(f"{source} holds no model tensors; nothing to convert")
+    for entry in tensors.values():
+        _check_chunks(source, entry)
+    shards = _plan_shards(tensors, target, stem, parse_size(max_shard_size) if max_shard_size else None)
+    _check_outputs(out_dir, stem, overwrite)
+    paths = _write_shards(source, out_dir, tensors, shards, target, progress)
+    index_file = _write_index(out_dir, tensors, shards, target) if len(shards) > 1 else None
+    _remove_stale(out_dir, stem, {name for name, _ in shards})
+    if delete_dcp:
+        storage.remove_tree(source)
+    total = sum(spec.nbytes for _, specs in shards for spec in specs)
+    return ConversionResult(source, tuple(paths), index_file, len(tensors), total, target, delete_dcp)
+
+
+def _find_dcp_source(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """(DCP directory, output stem `model` or `adapter_model`)."""
+    text = os.fspath(path).rstrip("/")
+    if storage.exists(layout.join(text, layout.DCP_METADATA)):
+        source = text if "://" in text else storage.resolve(text)[1]
+    else:
+        _, model_dir = storage.resolve_model_dir(text)
+        candidates = [layout.join(model_dir, name) for name in (layout.ADAPTER_DCP_DIR, layout.MODEL_DCP_DIR)]
+        found = [c for c in candidates if storage.exists(layout.join(c, layout.DCP_METADATA))]
+        if not found:
+            raise NotACheckpointError(
+                f"{text} has no DCP shards ({layout.MODEL_DCP_DIR}/ or {layout.ADAPTER_DCP_DIR}/ with a "
+                f"{layout.DCP_METADATA}); it needs no conversion, or pass the DCP directory itself"
+            )
+        source = found[0]
+    is_adapter = source.rsplit("/", 1)[-1] == layout.ADAPTER_DCP_DIR
+    return source, _stem(layout.ADAPTER_SAFETENSORS if is_adapter else layout.MODEL_SAFETENSORS)
+
+
+def _stem(file_name: str) -> str:
+    return file_name.removesuffix(".safetensors")
+
+
+def _target_dtype(dtype: str | None) -> str | None:
+    if dtype is None:
+        return None
+    code = USER_DTYPES.get(dtype.lower())
+    if code is None:
+        raise ValueError(f"--dtype {dtype!r} is not one of {', '.join(USER_DTYPES)}")
+    return code
+
+
+def _out_dtype(entry: TensorEntry, target: str | None) -> str:
+    return target if target is not None and entry.dtype in FLOATING else entry.dtype
+
+
+def _check_chunks(source: str, entry: TensorEntry) -> None:
+    """Chunks lie inside the tensor and add up to it, so the output has no holes (checked before the
+    first byte is written)."""
+    total = 0
+    for chunk in entry.chunks:
+        inside = len(chunk.offsets) == len(entry.shape) == len(chunk.sizes) and all(
+            o >= 0 and o + s <= d for o, s, d in zip(chunk.offsets, chunk.sizes, entry.shape, strict=True)
+        )
+        if not inside:
+            raise CorruptCheckpointError(f"{source}: a chunk of {entry.name!r} lies outside its shape")
+        total += chunk.numel
+    expected = entry.nbytes // ITEMSIZE[entry.dtype]
+    if total != expected:
+        raise CorruptCheckpointError(
+            f"{source}: the chunks of {entry.name!r} hold {total} elements, the tensor has {expected}"
+        )
+
+
+def _plan_shards(
+    tensors: dict[str, TensorEntry], target: str | None, stem: str, max_size: int | None
+) -> list[tuple[str, list[TensorSpec]]]:
+    """Greedy split in name order (as huggingface_hub does); a tensor larger than the limit gets its own
+    shard. Inside a file, tensors are in aligned order."""
+    specs = [TensorSpec(name, _out_dtype(e, target), e.shape) for name, e in sorted(tensors.items())]
+    groups: list[list[TensorSpec]] = [[]]
+    size = 0
+    for spec in specs:
+        if max_size is not None and groups[-1] and size + spec.nbytes > max_size:
+            groups.append([])
+            size = 0
+        groups[-1].append(spec)
+        size += spec.nbytes
+    if len(groups) == 1:
+        return [(f"{stem}.safetensors", aligned_order(groups[0]))]
+    if stem != _stem(layout.MODEL_SAFETENSORS):
+        raise ValueError("adapters are written as one file (PEFT reads no index); drop --max-shard-size")
+    return [(layout.sharded_model_name(i + 1, len(groups)), aligned_order(g)) for i, g in enumerate(groups)]
+
+
+def _sharded_name(stem: str) -> re.Pattern[str]:
+    return re.compile(rf"^{re.escape(stem)}-\d{{5}}-of-\d{{5}}\.safetensors$")
+
+
+def _existing_outputs(out_dir: str, stem: str) -> list[str]:
+    fs, inner = storage.resolve(out_dir)
+    if not fs.isdir(inner):
+        return []
+    pattern = _sharded_name(stem)
+    names = {entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(inner, detail=False)}
+    fixed = {f"{stem}.safetensors", f"{stem}.safetensors.index.json"}
+    return sorted(n for n in names if n in fixed or pattern.match(n))
+
+
+def _check_outputs(out_dir: str, stem: str, overwrite: bool) -> None:
+    existing = _existing_outputs(out_dir, stem)
+    if existing and not overwrite:
+        raise OutputExistsError(
+            f"{layout.join(out_dir, existing[0])} already exists; pass --overwrite to replace it"
+        )
+
+
+def _remove_stale(out_dir: str, stem: str, written: set[str]) -> None:
+    """After an overwrite, drop the files of the other layout (old shards, old index or single file)."""
+    fs, inner = storage.resolve(out_dir)
+    for name in _existing_outputs(out_dir, stem):
+        if name not in written and not (len(written) > 1 and name == f"{stem}.safetensors.index.json"):
+            fs.rm(f"{inner}/{name}")
+
+
+def _write_shards(
+    source: str,
+    out_dir: str,
+    tensors: dict[str, TensorEntry],
+    shards: list[tuple[str, list[TensorSpec]]],
+    target: str | None,
+    progress: Progress | None,
+) -> list[str]:
+    """Write every shard under a temporary name, check each, then rename them all."""
+    storage.makedirs(out_dir)
+    writers: list[SafetensorsStreamWriter] = []
+    try:
+        with _OpenFiles(source) as files:
+            for file_name, specs in shards:
+                writer = SafetensorsStreamWriter(layout.join(out_dir, file_name), specs, SAFETENSORS_METADATA)
+                writers.append(writer)
+                for spec in specs:
+                    _write_tensor(writer, tensors[spec.name], spec.dtype, files, progress)
+                writer.close()
+                _check_written(writer.tmp_path, specs)
+    except BaseException:
+        for writer in writers:
+            writer.discard()
+        raise
+    for writer in writers:
+        writer.commit()
+    return [writer.path for writer in writers]
+
+
+def _check_written(path: str, specs: Sequence[TensorSpec]) -> None:
+    """Re-read the header just written: names, dtypes, shapes and byte counts as planned."""
+    from ckpt_tools.safetensors_io import read_safetensors_header
+
+    header = read_safetensors_header(path)
+    got = {name: (i.dtype, i.shape, i.nbytes) for name, i in header.tensors.items()}
+    want = {s.name: (s.dtype, s.shape, s.nbytes) for s in specs}
+    if got != want:
+        raise CorruptCheckpointError(f"{path}: the written header does not match the DCP metadata")
+
+
+def _write_index(
+    out_dir: str,
+    tensors: dict[str, TensorEntry],
+    shards: list[tuple[str, list[TensorSpec]]],
+    target: str | None,
+) -> str:
+    """`model.safetensors.index.json` in the layout transformers and huggingface_hub read."""
+    weight_map = {spec.name: file_name for file_name, specs in shards for spec in specs}
+    total = sum(spec.nbytes for _, specs in shards for spec in specs)
+    document = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    path = layout.join(out_dir, layout.MODEL_INDEX)
+    tmp = layout.join(out_dir, layout.TMP_PREFIX + layout.MODEL_INDEX)
+    storage.write_text(tmp, json.dumps(document, indent=2) + "\n")
+    fs, inner = storage.resolve(tmp)
+    fs.mv(inner, storage.resolve(path)[1])
+    return path
+
+
+class _OpenFiles:
+    """Open `.distcp` files by name, a bounded number at a time (a 1000-rank checkpoint has 1000)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self._open: dict[str, IO[bytes]] = {}
+
+    def get(self, name: str) -> IO[bytes]:
+        handle = self._open.get(name)
+        if handle is None:
+            if len(self._open) >= _MAX_OPEN_FILES:
+                self._open.pop(next(iter(self._open))).close()
+            handle = storage.open_file(layout.join(self.source, name), "rb")
+            self._open[name] = handle
+        return handle
+
+    def __enter__(self) -> _OpenFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._open.values():
+            handle.close()
+
+
+def _write_tensor(
+    writer: SafetensorsStreamWriter,
+    entry: TensorEntry,
+    out_dtype: str,
+    files: _OpenFiles,
+    progress: Progress | None,
+) -> None:
+    ordered = _row_ordered_chunks(entry)
+    if ordered is None:
+        _write_assembled(writer, entry, out_dtype, files, progress)
+        return
+    for chunk in ordered:
+        where = f"{files.source}/{chunk.file} ({entry.name} at {list(chunk.offsets)})"
+        handle = files.get(chunk.file)
+        span = locate_chunk_data(handle, chunk, entry.dtype, where)
+        out_bytes = chunk.numel * ITEMSIZE[out_dtype]
+        if span is None:
+            writer.write(_tensor_bytes(_load_chunk(handle, chunk, where).to(_torch_dtype(out_dtype))))
+        elif out_dtype == entry.dtype:
+            writer.copy_from(handle, span.offset, span.length)
+        else:
+            _write_cast(writer, handle, span.offset, span.length, entry.dtype, out_dtype)
+        if progress is not None:
+            progress(out_bytes)
+
+
+def _row_ordered_chunks(entry: TensorEntry) -> list[ChunkEntry] | None:
+    """The chunks in file order when each is a run of whole rows and together they tile the tensor
+    (FSDP and HSDP shard dim 0, so this is the common case); None otherwise."""
+    strides = _strides(entry.shape)
+    placed = []
+    for chunk in entry.chunks:
+        if chunk.numel == 0:
+            continue
+        if not _is_row_run(chunk, entry.shape):
+            return None
+        placed.append((sum(o * s for o, s in zip(chunk.offsets, strides, strict=True)), chunk))
+    placed.sort(key=lambda item: item[0])
+    position = 0
+    for start, chunk in placed:
+        if start != position:
+            return None
+        position += chunk.numel
+    return [chunk for _, chunk in placed]
+
+
+def _is_row_run(chunk: ChunkEntry, shape: tuple[int, ...]) -> bool:
+    """The chunk's box is one contiguous range of the row-major tensor."""
+    dims = list(zip(chunk.sizes, shape, strict=True))
+    first = next((i for i, (size, _) in enumerate(dims) if size != 1), len(dims))
+    return all(size == full for size, full in dims[first + 1 :])
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return strides[::-1]
+
+
+def _write_cast(
+    writer: SafetensorsStreamWriter, handle: IO[bytes], offset: int, length: int, src: str, dst: str
+) -> None:
+    """Cast block by block: memory stays at one block whatever the tensor size."""
+    import torch
+
+    block = COPY_BLOCK - COPY_BLOCK % ITEMSIZE[src]
+    handle.seek(offset)
+    for start in range(0, length, block):
+        raw = bytearray(handle.read(min(block, length - start)))
+        values = torch.frombuffer(raw, dtype=_torch_dtype(src)) if raw else torch.empty(0)
+        writer.write(_tensor_bytes(values.to(_torch_dtype(dst))))
+
+
+def _write_assembled(
+    writer: SafetensorsStreamWriter,
+    entry: TensorEntry,
+    out_dtype: str,
+    files: _OpenFiles,
+    progress: Progress | None,
+) -> None:
+    """A tensor split along an inner dimension: assemble it in memory (this tensor only), then write."""
+    import torch
+
+    full = torch.empty(entry.shape, dtype=_torch_dtype(out_dtype))
+    for chunk in entry.chunks:
+        if chunk.numel == 0:
+            continue
+        where = f"{files.source}/{chunk.file} ({entry.name} at {list(chunk.offsets)})"
+        handle = files.get(chunk.file)
+        box = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True))
+        full[box].copy_(_read_chunk(handle, chunk, entry.dtype, where))
+    writer.write(_tensor_bytes(full))
+    if progress is not None:
+        progress(entry.nbytes // ITEMSIZE[entry.dtype] * ITEMSIZE[out_dtype])
+
+
+def _read_chunk(handle: IO[bytes], chunk: ChunkEntry, dtype: str, where: str) -> Any:
+    import torch
+
+    span = locate_chunk_data(handle, chunk, dtype, where)
+    if span is None:
+        return _load_chunk(handle, chunk, where)
+    handle.seek(span.offset)
+    raw = bytearray(handle.read(span.length))
+    return torch.frombuffer(raw, dtype=_torch_dtype(dtype)).reshape(chunk.sizes) if raw else torch.empty(0)
+
+
+def _load_chunk(handle: IO[bytes], chunk: ChunkEntry, where: str) -> Any:
+    """torch's own `weights_only` loader, for records the offset reader does not handle."""
+    import io
+
+    import torch
+
+    if chunk.transforms:
+        raise CorruptCheckpointError(
+            f"{where} was saved with storage transforms {list(chunk.transforms)}; convert it with "
+            "torch.distributed.checkpoint.format_utils.dcp_to_torch_save instead"
+        )
+    handle.seek(chunk.file_offset)
+    record = io.BytesIO(handle.read(chunk.length))
+    try:
+        tensor = torch.load(record, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CorruptCheckpointError(f"{where}: unreadable chunk record ({exc})") from None
+    if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != chunk.sizes:
+        raise CorruptCheckpointError(f"{where}: chunk record does not hold a tensor of shape {chunk.sizes}")
+    return tensor
+
+
+def _torch_dtype(code: str) -> Any:
+    import torch
+
+    return getattr(torch, SAFETENSORS_TO_TORCH[code])
+
+
+def _tensor_bytes(tensor: Any) -> memoryview:
+    import torch
+
+    flat = tensor.detach().contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+
+
+# --- safetensors -> DCP --------------------------------------------------------------------------
+
+
+def convert_safetensors_to_dcp(
+    path: str | os.PathLike[str],
+    output: str | os.PathLike[str] | None = None,
+    *,
+    overwrite: bool = False,
+) -> ConversionResult:
+    """Turn `model.safetensors` (or a sharded set with its index, or `adapter_model.safetensors`) into
+    a DCP directory that a sharded run loads onto any topology (to start FSDP2 from published weights).
+
+    `path`: a model directory, a step directory or a `.safetensors` file. `output`: the DCP directory;
+    default `pytorch_model_fsdp_0/` (`adapter_model_fsdp_0/` for an adapter) beside the input. Tensors
+    are memory-mapped, not read into RAM. Written under a temporary name and renamed when complete.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    files, default_out = _find_safetensors_source(path)
+    out = os.fspath(output).rstrip("/") if output is not None else default_out
+    if storage.exists(out) and not overwrite:
+        raise OutputExistsError(f"{out} already exists; pass --overwrite to replace it")
+    parent, name = out.rsplit("/", 1)
+    tmp = layout.join(parent, layout.TMP_PREFIX + name)
+    storage.remove_tree(tmp)
+    with _mapped_tensors(files) as state:
+        try:
+            dcp.save(state, checkpoint_id=tmp, no_dist=True)
+        except BaseException:
+            storage.remove_tree(tmp)
+            raise
+        count, total = len(state), sum(t.numel() * t.element_size() for t in state.values())
+    storage.remove_tree(out)
+    fs, inner_tmp = storage.resolve(tmp)
+    fs.mv(inner_tmp, storage.resolve(out)[1], recursive=True)
+    return ConversionResult(files[0], (out,), None, count, total, None, False)
+
+
+def _find_safetensors_source(path: str | os.PathLike[str]) -> tuple[list[str], str]:
+    """(safetensors files to read, default DCP output directory)."""
+    from ckpt_tools.inspect import read_weight_map
+
+    text = os.fspath(path).rstrip("/")
+    if text.endswith(".safetensors"):
+        model_dir, name = text.rsplit("/", 1) if "/" in text else (".", text)
+        dcp_name = layout.ADAPTER_DCP_DIR if name == layout.ADAPTER_SAFETENSORS else layout.MODEL_DCP_DIR
+        return [text], layout.join(model_dir, dcp_name)
+    _, model_dir = storage.resolve_model_dir(text)
+    index = layout.join(model_dir, layout.MODEL_INDEX)
+    if storage.exists(index):
+        shards = sorted(set(read_weight_map(index).values()))
+        return [layout.join(model_dir, s) for s in shards], layout.join(model_dir, layout.MODEL_DCP_DIR)
+    for file_name, dcp_name in (
+        (layout.MODEL_SAFETENSORS, layout.MODEL_DCP_DIR),
+        (layout.ADAPTER_SAFETENSORS, layout.ADAPTER_DCP_DIR),
+    ):
+        if storage.exists(layout.join(model_dir, file_name)):
+            return [layout.join(model_dir, file_name)], layout.join(model_dir, dcp_name)
+    raise NotACheckpointError(
+        f"{text} has no {layout.MODEL_SAFETENSORS}, {layout.MODEL_INDEX} or {layout.ADAPTER_SAFETENSORS}"
+    )
+
+
+@contextmanager
+def _mapped_tensors(files: list[str]) -> Iterator[dict[str, Any]]:
+    """Every tensor of the files as a CPU tensor over a private memory map (local) or read bytes.
+    A map is released with the last tensor viewing it."""
+    import mmap
+
+    import torch
+
+    from ckpt_tools.safetensors_io import read_safetensors_header
+
+    state: dict[str, Any] = {}
+    try:
+        for file in files:
+            header = read_safetensors_header(file)
+            fs, inner = storage.resolve(file)
+            if storage.is_local(fs):
+                with open(inner, "rb") as handle:
+                    buffer: Any = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+            else:
+                buffer = bytearray(storage.read_bytes(file))
+            for name, info in header.tensors.items():
+                count = info.nbytes // ITEMSIZE[info.dtype]
+                dtype = _torch_dtype(info.dtype)
+                start = header.data_start + info.data_offsets[0]
+                flat = (
+                    torch.frombuffer(buffer, dtype=dtype, count=count, offset=start)
+                    if count
+                    else torch.empty(0, dtype=dtype)
+                )
+                state[name] = flat.reshape(info.shape)
+        yield state
+    finally:
+        state.clear()
