@@ -68,7 +68,9 @@ def test_publish_uploads_the_model_files_in_one_commit(tmp_path, hub, caplog, ca
 
 
 def test_published_card_is_a_valid_model_card_describing_the_run(tmp_path, hub):
-    publish_model(make_step_dir(tmp_path), REPO, token=TOKEN, endpoint=hub.url, extra_card_info={"final_loss": 0.0421})
+    publish_model(
+        make_step_dir(tmp_path), REPO, token=TOKEN, endpoint=hub.url, extra_card_info={"final_loss": 0.0421}
+    )
 
     text = hub.files(REPO)["README.md"].decode()
     card = ModelCard(text)
@@ -207,7 +209,9 @@ def test_a_config_holding_the_token_is_not_published(tmp_path, hub):
 
 def _ckpt(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     ckpt = Path(sys.executable).parent / "ckpt"
-    return subprocess.run([str(ckpt), *args], env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [str(ckpt), *args], env={**os.environ, **env}, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_cli_push_reads_endpoint_and_token_from_the_environment(tmp_path, hub):

@@ -66,7 +66,9 @@ def select_publish_files(model_dir: str | os.PathLike[str]) -> list[str]:
     """
     root = os.fspath(model_dir).rstrip("/")
     fs, inner = storage.resolve(root)
-    entries = {entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry["type"] for entry in fs.ls(inner, detail=True)}
+    entries = {
+        entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry["type"] for entry in fs.ls(inner, detail=True)
+    }
     present = {name for name, kind in entries.items() if kind == "file"}
     selected = {name for name in present if name in _SINGLE_FILES or name.startswith(_PROCESSOR_PREFIXES)}
     if layout.MODEL_INDEX in present:
@@ -214,7 +216,11 @@ def _cause_chain(exc: BaseException) -> Iterator[BaseException]:
 def _transport_errors() -> tuple[type[BaseException], ...]:
     """Connection-level errors of whichever HTTP library this huggingface_hub uses."""
     kinds: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for name, attr in (("httpx2", "TransportError"), ("httpx", "TransportError"), ("requests", "ConnectionError")):
+    for name, attr in (
+        ("httpx2", "TransportError"),
+        ("httpx", "TransportError"),
+        ("requests", "ConnectionError"),
+    ):
         try:
             kinds.append(getattr(importlib.import_module(name), attr))
         except (ImportError, AttributeError):
@@ -253,9 +259,12 @@ def _local_or_bytes(source: str | bytes) -> str | bytes:
 
 
 def _default_message(step_dir: str | None) -> str:
-    if step_dir is None:
-        return "Upload model with ckpt-tools"
-    return f"Upload model from step {step_dir.rstrip('/').rsplit('/', 1)[-1]} with ckpt-tools"
+    if step_dir is not None and "://" not in step_dir:
+        step_dir = os.path.realpath(step_dir)  # `last` -> 005000
+    name = (step_dir or "").rstrip("/").rsplit("/", 1)[-1]
+    if layout.is_step_dir_name(name):
+        return f"Upload model from step {name} with ckpt-tools"
+    return "Upload model with ckpt-tools"
 
 
 # --- fsspec -----------------------------------------------------------------------------------------
@@ -321,7 +330,9 @@ def _index_shards(model_dir: str, present: set[str]) -> set[str]:
 
 
 def _no_weights_error(model_dir: str, entries: dict[str, str]) -> Exception:
-    dcp_dirs = [name for name in (layout.MODEL_DCP_DIR, layout.ADAPTER_DCP_DIR) if entries.get(name) == "directory"]
+    dcp_dirs = [
+        name for name in (layout.MODEL_DCP_DIR, layout.ADAPTER_DCP_DIR) if entries.get(name) == "directory"
+    ]
     if dcp_dirs:
         return PublishError(
             f"{model_dir} holds only DCP shards ({dcp_dirs[0]}/), which the Hub cannot load: "
