@@ -24,8 +24,9 @@ from ckpt_tools.dtypes import FLOATING, ITEMSIZE, SAFETENSORS_TO_TORCH, USER_DTY
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, OutputExistsError
 from ckpt_tools.safetensors_writer import COPY_BLOCK, SafetensorsStreamWriter, TensorSpec, aligned_order
 
-Progress = Callable[[int], None]
-"""Called with the number of output bytes just written (for a progress bar)."""
+Progress = Callable[[int, int], None]
+"""Called as `progress(bytes_written_so_far, total_bytes)` while a conversion writes (a progress bar)."""
+_Advance = Callable[[int], None]
 
 SAFETENSORS_METADATA = {"format": "pt"}  # transformers refuses files without it
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
@@ -98,13 +99,27 @@ def convert_dcp_to_safetensors(
         _check_chunks(source, entry)
     shards = _plan_shards(tensors, target, stem, parse_size(max_shard_size) if max_shard_size else None)
     _check_outputs(out_dir, stem, overwrite)
-    paths = _write_shards(source, out_dir, tensors, shards, target, progress)
-    index_file = _write_index(out_dir, tensors, shards, target) if len(shards) > 1 else None
+    total = sum(spec.nbytes for _, specs in shards for spec in specs)
+    paths = _write_shards(source, out_dir, tensors, shards, _advance(progress, total))
+    index_file = _write_index(out_dir, shards) if len(shards) > 1 else None
     _remove_stale(out_dir, stem, {name for name, _ in shards})
     if delete_dcp:
         storage.remove_tree(source)
-    total = sum(spec.nbytes for _, specs in shards for spec in specs)
     return ConversionResult(source, tuple(paths), index_file, len(tensors), total, target, delete_dcp)
+
+
+def _advance(progress: Progress | None, total: int) -> _Advance | None:
+    if progress is None:
+        return None
+    done = 0
+
+    def advance(count: int) -> None:
+        nonlocal done
+        done += count
+        progress(done, total)
+
+    progress(0, total)
+    return advance
 
 
 def _find_dcp_source(path: str | os.PathLike[str]) -> tuple[str, str]:
@@ -217,8 +232,7 @@ def _write_shards(
     out_dir: str,
     tensors: dict[str, TensorEntry],
     shards: list[tuple[str, list[TensorSpec]]],
-    target: str | None,
-    progress: Progress | None,
+    progress: _Advance | None,
 ) -> list[str]:
     """Write every shard under a temporary name, check each, then rename them all."""
     storage.makedirs(out_dir)
@@ -252,12 +266,7 @@ def _check_written(path: str, specs: Sequence[TensorSpec]) -> None:
         raise CorruptCheckpointError(f"{path}: the written header does not match the DCP metadata")
 
 
-def _write_index(
-    out_dir: str,
-    tensors: dict[str, TensorEntry],
-    shards: list[tuple[str, list[TensorSpec]]],
-    target: str | None,
-) -> str:
+def _write_index(out_dir: str, shards: list[tuple[str, list[TensorSpec]]]) -> str:
     """`model.safetensors.index.json` in the layout transformers and huggingface_hub read."""
     weight_map = {spec.name: file_name for file_name, specs in shards for spec in specs}
     total = sum(spec.nbytes for _, specs in shards for spec in specs)
@@ -299,7 +308,7 @@ def _write_tensor(
     entry: TensorEntry,
     out_dtype: str,
     files: _OpenFiles,
-    progress: Progress | None,
+    progress: _Advance | None,
 ) -> None:
     ordered = _row_ordered_chunks(entry)
     if ordered is None:
@@ -374,7 +383,7 @@ def _write_assembled(
     entry: TensorEntry,
     out_dtype: str,
     files: _OpenFiles,
-    progress: Progress | None,
+    progress: _Advance | None,
 ) -> None:
     """A tensor split along an inner dimension: assemble it in memory (this tensor only), then write."""
     import torch

@@ -1,0 +1,112 @@
+"""`ckpt convert PATH`: DCP shards to safetensors (or `--to dcp` back), streaming, on CPU.
+
+The body is one call to `ckpt_tools.convert`; this file only parses flags and shows progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+
+from ckpt_tools.cli.errors import run_guarded
+from ckpt_tools.cli.output import Output
+
+_TARGETS = ("safetensors", "dcp")
+
+
+def convert(
+    path: Annotated[
+        str,
+        typer.Argument(help="Step directory, checkpoints/last, pretrained_model/, or a DCP directory."),
+    ],
+    output: Annotated[
+        str | None, typer.Option("--output", "-o", help="Output directory (default: beside the shards).")
+    ] = None,
+    dtype: Annotated[
+        str | None, typer.Option(help="Cast floating tensors: bf16, fp16, fp32 (integers untouched).")
+    ] = None,
+    max_shard_size: Annotated[
+        str | None, typer.Option(help="Split into model-0000k-of-0000n.safetensors + index, e.g. 5GB.")
+    ] = None,
+    delete_dcp: Annotated[
+        bool, typer.Option(help="Remove the DCP shards once the output is written and checked.")
+    ] = False,
+    overwrite: Annotated[bool, typer.Option(help="Replace existing output files.")] = False,
+    to: Annotated[
+        str, typer.Option("--to", help="Target format: safetensors (default) or dcp.")
+    ] = "safetensors",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the result as JSON; no progress bar.")
+    ] = False,
+) -> None:
+    """Convert DCP shards into model.safetensors (or a sharded set), with memory bounded by a buffer."""
+    out = Output(as_json=as_json)
+    if to not in _TARGETS:
+        raise typer.BadParameter(f"--to {to!r}: choose one of {', '.join(_TARGETS)}")
+
+    def body() -> dict[str, Any]:
+        from ckpt_tools import convert as lib
+
+        try:
+            if to == "dcp":
+                if dtype or max_shard_size or delete_dcp:
+                    raise ValueError("--dtype, --max-shard-size and --delete-dcp apply to DCP -> safetensors")
+                return lib.convert_safetensors_to_dcp(path, output, overwrite=overwrite).to_dict()
+            with _progress(out) as progress:
+                result = lib.convert_dcp_to_safetensors(
+                    path,
+                    output,
+                    dtype=dtype,
+                    max_shard_size=max_shard_size,
+                    delete_dcp=delete_dcp,
+                    overwrite=overwrite,
+                    progress=progress,
+                )
+            return result.to_dict()
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+
+    result = run_guarded(body)
+    if as_json:
+        out.json(result)
+    else:
+        _report(out, result)
+
+
+def _report(out: Output, result: dict[str, Any]) -> None:
+    from ckpt_tools.cli.inspect import human_bytes
+
+    for file in result["files"]:
+        out.print(f"wrote {file}")
+    if result["index_file"]:
+        out.print(f"wrote {result['index_file']}")
+    out.print(f"{result['num_tensors']} tensors, {human_bytes(result['total_bytes'])}")
+    if result["deleted_source"]:
+        out.note(f"removed {result['source']}")
+
+
+@contextmanager
+def _progress(out: Output) -> Iterator[Callable[[int, int], None] | None]:
+    """A bytes / throughput / ETA bar on a terminal; nothing in --json mode or when piped."""
+    if not out.interactive:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=out.err, transient=True) as bar:
+        task = bar.add_task("convert", total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("convert")(convert)
