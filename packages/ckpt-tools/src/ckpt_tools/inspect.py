@@ -92,9 +92,9 @@ class CheckpointDescription:
 
     @property
     def weights(self) -> TensorGroup | None:
-        """The group a reader loads the model from: safetensors first (cheapest), then DCP; adapter
-        weights when the checkpoint holds no full model."""
-        for role in (MODEL, ADAPTER):
+        """The group a reader loads tensors from: safetensors first (cheapest), then DCP; adapter
+        weights when the checkpoint holds no full model; optimizer state for a bare `optimizer_0/`."""
+        for role in (MODEL, ADAPTER, OPTIMIZER):
             for group in self.groups:
                 if group.role == role:
                     return group
@@ -124,13 +124,15 @@ def batch_factorization(step: TrainingStep) -> str:
 
 
 def describe_checkpoint(path: str | os.PathLike[str]) -> CheckpointDescription:
-    """Describe a step directory, `checkpoints/last`, an output_dir, a model directory or a single
-    `.safetensors` file, from metadata alone."""
+    """Describe a step directory, `checkpoints/last`, an output_dir, a model directory, a single
+    `.safetensors` file or a DCP directory, from metadata alone."""
     text = os.fspath(path)
     fs, inner = storage.resolve(text)
     if fs.isfile(inner) and text.endswith(".safetensors"):
-        group = safetensors_group(MODEL, text)
-        return CheckpointDescription(text, text, None, None, (group,))
+        return CheckpointDescription(text, text, None, None, (safetensors_group(MODEL, text),))
+    if fs.isdir(inner) and fs.exists(f"{inner}/{layout.DCP_METADATA}"):
+        role = OPTIMIZER if inner.rsplit("/", 1)[-1] == layout.OPTIMIZER_DCP_DIR else MODEL
+        return CheckpointDescription(text, text, None, None, (dcp_group(role, text),))
     step_dir, model_dir = storage.resolve_model_dir(text)
     step = storage.read_training_step(step_dir) if step_dir and _has_training_step(step_dir) else None
     groups = tuple(read_group(location) for location in locate_groups(model_dir, step_dir))
