@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import httpx2
@@ -234,3 +235,18 @@ def test_cli_push_reads_endpoint_and_token_from_the_environment(tmp_path, hub):
     assert failed.stderr.startswith("error: Hub server error (HTTP 503)")
     assert failed.stderr.count("\n") == 1
     _assert_no_token(failed.stdout, failed.stderr)
+
+
+def test_a_model_on_an_fsspec_store_publishes_to_the_hub(tmp_path, hub):
+    step_dir = make_step_dir(tmp_path)
+    store = f"memory://store-{uuid.uuid4().hex}/act"
+    publish_model(step_dir, store)  # now a bare model directory on memory://
+
+    result = publish_model(store, REPO, endpoint=hub.url)
+
+    assert result.files == sorted(SINGLE_FILES)
+    arrived = hub.files(REPO)
+    assert hashlib.sha256(arrived[layout.MODEL_SAFETENSORS]).hexdigest() == sha256(
+        _model_dir(step_dir) / layout.MODEL_SAFETENSORS
+    )
+    assert hub.repo(REPO).commits[0].summary == "Upload model with ckpt-tools"
