@@ -1,0 +1,70 @@
+"""Checkpoints through ckpt-tools only: this module builds the inputs, ckpt_tools writes every file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ckpt_tools
+from ckpt_tools import SamplerPosition, Topology, TrainingStep, layout
+from trainer.config.parse import encode_config
+from trainer.config.train import TrainConfig
+from trainer.data.processors import Processor
+from trainer.errors import ConfigError
+
+
+def checkpoints_dir(output_dir: str) -> str:
+    return layout.join(output_dir, layout.CHECKPOINTS_DIR)
+
+
+def check_fresh_output_dir(config: TrainConfig) -> None:
+    """A new run must not mix its checkpoints with an older run's."""
+    if not config.resume and ckpt_tools.latest_step_dir(config.output_dir) is not None:
+        raise ConfigError(
+            f"--output_dir={config.output_dir} already holds checkpoints: choose another --output_dir, "
+            "or continue that run with --resume=true"
+        )
+
+
+def training_step(
+    config: TrainConfig, topology: Topology, step: int, position: tuple[int, int]
+) -> TrainingStep:
+    return TrainingStep(
+        step=step,
+        dp_world_size=topology.dp_world_size,
+        batch_size=config.batch_size,
+        grad_accum_steps=config.accelerator.gradient_accumulation.steps,
+        mixed_precision=config.accelerator.mixed_precision,
+        topology=topology,
+        checkpoint_format=config.checkpoint_format,
+        sampler=SamplerPosition(epoch=position[0], offset=position[1]),
+        seed=config.seed,
+    )
+
+
+def save(
+    config: TrainConfig,
+    state: TrainingStep,
+    *,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    scaler: Any,
+    preprocessor: Processor,
+    postprocessor: Processor,
+) -> str:
+    """Collective: call on all ranks. Returns the step directory written."""
+    processors = {
+        layout.PREPROCESSOR: ckpt_tools.ProcessorState(*preprocessor.state()),
+        layout.POSTPROCESSOR: ckpt_tools.ProcessorState(*postprocessor.state()),
+    }
+    return ckpt_tools.save_checkpoint(
+        checkpoints_dir(config.output_dir),
+        state,
+        model=model,
+        optimizer=optimizer,
+        policy_config=config.policy.to_dict(),
+        train_config=encode_config(config),
+        processors=processors,
+        scheduler=scheduler,
+        scaler=scaler,
+    )

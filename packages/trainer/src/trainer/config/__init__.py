@@ -1,0 +1,1 @@
+"""Configuration: plain dataclasses, parsed from dotted flags and JSON files by draccus."""

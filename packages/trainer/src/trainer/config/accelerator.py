@@ -1,0 +1,206 @@
+"""Accelerator configuration: plain values that mirror accelerate's objects.
+
+accelerate is imported only inside the `build_*()` methods, so parsing or validating a config never
+imports the engine. distributed/factory.py is the one caller of these builders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.errors import ConfigError
+
+MIXED_PRECISION = ("no", "fp16", "bf16")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _dtype(name: str | None) -> Any:
+    import torch
+
+    return None if name is None else getattr(torch, name)
+
+
+@dataclass
+class MixedPrecisionPolicyConfig:
+    """torch's FSDP2 `MixedPrecisionPolicy` fields, applied to every FSDP unit.
+
+    When any field is set, the policy is built from these fields alone and replaces the one derived
+    from `--accelerator.mixed_precision`.
+    """
+
+    param_dtype: str | None = None
+    """Dtype of the all-gathered parameters used in forward/backward (float32, bfloat16, float16)."""
+    reduce_dtype: str | None = None
+    """Dtype of the gradient reduce-scatter; unset follows param_dtype on torch < 2.15."""
+    output_dtype: str | None = None
+    """Dtype the outputs of each unit's forward are cast to; unset leaves them as computed."""
+    cast_forward_inputs: bool | None = None
+    """Cast each unit's floating-point forward inputs to param_dtype (torch's default: true)."""
+
+    def __post_init__(self) -> None:
+        for name in ("param_dtype", "reduce_dtype", "output_dtype"):
+            value = getattr(self, name)
+            if value is not None and value not in DTYPES:
+                raise ConfigError(
+                    f"--accelerator.fsdp.mixed_precision_policy.{name}={value!r} is not one of {', '.join(DTYPES)}"
+                )
+        if self.is_set and self.param_dtype is None:
+            raise ConfigError(
+                "--accelerator.fsdp.mixed_precision_policy.* replaces the policy derived from "
+                "--accelerator.mixed_precision, so it needs param_dtype too: set "
+                "--accelerator.fsdp.mixed_precision_policy.param_dtype"
+            )
+
+    @property
+    def is_set(self) -> bool:
+        return any(
+            v is not None
+            for v in (self.param_dtype, self.reduce_dtype, self.output_dtype, self.cast_forward_inputs)
+        )
+
+    def effective_reduce_dtype(self) -> str | None:
+        """What torch will reduce gradients in when reduce_dtype is unset (changed in torch 2.15)."""
+        if self.reduce_dtype is not None or self.param_dtype is None:
+            return self.reduce_dtype
+        import torch
+
+        major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+        return self.param_dtype if (major, minor) < (2, 15) else "float32"
+
+    def build(self) -> Any:
+        """torch's MixedPrecisionPolicy, or None when the policy follows --accelerator.mixed_precision."""
+        if not self.is_set:
+            return None
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        kwargs: dict[str, Any] = {
+            "param_dtype": _dtype(self.param_dtype),
+            "reduce_dtype": _dtype(self.reduce_dtype),
+            "output_dtype": _dtype(self.output_dtype),
+        }
+        if self.cast_forward_inputs is not None:
+            kwargs["cast_forward_inputs"] = self.cast_forward_inputs
+        return MixedPrecisionPolicy(**kwargs)
+
+
+@dataclass
+class FsdpConfig:
+    """FSDP2 settings, used when the run is sharded (`--parallelism.dp_shard` > 1)."""
+
+    wrap_modules: list[str] | None = None
+    """Module class names that become FSDP units; overrides the policy's `_fsdp_wrap_modules`."""
+    min_num_params: int | None = None
+    """Wrap every module with more parameters than this instead of by class name."""
+    reshard_after_forward: bool = True
+    """Free each unit's gathered parameters after forward (false keeps them resident until backward)."""
+    cpu_offload: bool = False
+    """Keep parameters, gradients and optimizer state on CPU."""
+    ignored_modules: str | None = None
+    """Regex (full match) of module paths kept unsharded."""
+    mixed_precision_policy: MixedPrecisionPolicyConfig = field(default_factory=MixedPrecisionPolicyConfig)
+
+    def __post_init__(self) -> None:
+        if self.wrap_modules is not None and self.min_num_params is not None:
+            raise ConfigError(
+                "--accelerator.fsdp.wrap_modules and --accelerator.fsdp.min_num_params both choose the FSDP "
+                "units: set only one of them"
+            )
+        if self.min_num_params is not None and self.min_num_params < 1:
+            raise ConfigError(f"--accelerator.fsdp.min_num_params must be >= 1, got {self.min_num_params}")
+        if self.ignored_modules is not None:
+            import re
+
+            try:
+                re.compile(self.ignored_modules)
+            except re.error as exc:
+                raise ConfigError(
+                    f"--accelerator.fsdp.ignored_modules={self.ignored_modules!r} is not a valid regex ({exc})"
+                ) from None
+
+    def build_plugin(
+        self, wrap_modules: tuple[str, ...] | None, min_num_params: int | None, on_cpu: bool
+    ) -> Any:
+        """accelerate's FSDP2 plugin for a resolved wrap plan (class names, else size-based)."""
+        from accelerate.utils import FullyShardedDataParallelPlugin
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+        # Pinned host memory needs an accelerator: on a CPU-only machine pinning fails.
+        offload = CPUOffloadPolicy(pin_memory=not on_cpu) if self.cpu_offload else OffloadPolicy()
+        by_class = wrap_modules is not None
+        return FullyShardedDataParallelPlugin(
+            fsdp_version=2,
+            auto_wrap_policy="transformer_based_wrap" if by_class else "size_based_wrap",
+            transformer_cls_names_to_wrap=list(wrap_modules) if by_class else None,
+            min_num_params=None if by_class else min_num_params,
+            reshard_after_forward=self.reshard_after_forward,
+            cpu_offload=offload,
+            ignored_modules=self.ignored_modules,
+            mixed_precision_policy=self.mixed_precision_policy.build(),
+            state_dict_type="SHARDED_STATE_DICT",
+        )
+
+
+@dataclass
+class GradientAccumulationConfig:
+    """Micro-batches summed before each optimizer update."""
+
+    steps: int = 1
+    """Loop steps per optimizer update."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"--accelerator.gradient_accumulation.steps must be >= 1, got {self.steps}")
+
+    def build_plugin(self) -> Any:
+        from accelerate.utils import GradientAccumulationPlugin
+
+        # The loop, not the dataloader's end, decides when to sync: `--steps` counts loop steps.
+        return GradientAccumulationPlugin(num_steps=self.steps, sync_with_dataloader=False)
+
+
+@dataclass
+class DdpConfig:
+    """torch DistributedDataParallel knobs, used when the run is replicated but not sharded."""
+
+    find_unused_parameters: bool = False
+    """Search the autograd graph for parameters that got no gradient (slower; needed by some policies)."""
+    bucket_cap_mb: int = 25
+    """Gradient all-reduce bucket size."""
+    gradient_as_bucket_view: bool = False
+    """Let gradients alias the communication buckets (saves memory)."""
+    static_graph: bool = False
+    """The set of used parameters is the same every step."""
+
+    def build_kwargs(self) -> Any:
+        from accelerate.utils import DistributedDataParallelKwargs
+
+        return DistributedDataParallelKwargs(
+            find_unused_parameters=self.find_unused_parameters,
+            bucket_cap_mb=self.bucket_cap_mb,
+            gradient_as_bucket_view=self.gradient_as_bucket_view,
+            static_graph=self.static_graph,
+        )
+
+
+@dataclass
+class AcceleratorConfig:
+    """Precision, accumulation and the data-parallel wrappers' settings."""
+
+    mixed_precision: str = "no"
+    """Autocast dtype during training: no, fp16 (with a loss scaler) or bf16."""
+    gradient_accumulation: GradientAccumulationConfig = field(default_factory=GradientAccumulationConfig)
+    fsdp: FsdpConfig = field(default_factory=FsdpConfig)
+    ddp: DdpConfig = field(default_factory=DdpConfig)
+
+    def __post_init__(self) -> None:
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise ConfigError(
+                f"--accelerator.mixed_precision={self.mixed_precision!r} is not one of {', '.join(MIXED_PRECISION)}"
+            )
+        mpp = self.fsdp.mixed_precision_policy
+        if "float16" in (mpp.param_dtype, mpp.reduce_dtype) and self.mixed_precision != "fp16":
+            raise ConfigError(
+                "float16 parameters in --accelerator.fsdp.mixed_precision_policy need a loss scaler: "
+                "set --accelerator.mixed_precision=fp16"
+            )

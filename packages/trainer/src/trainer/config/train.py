@@ -1,0 +1,124 @@
+"""The run's configuration: a tree of per-component configs whose field paths are the CLI flags.
+
+`train_config.json` (saved with every checkpoint) is `encode(config)`, and parsing it back with no
+other flag reproduces the run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.config.accelerator import AcceleratorConfig
+from trainer.config.parallelism import ParallelismConfig
+from trainer.data.dataset import DatasetConfig
+from trainer.errors import ConfigError
+from trainer.policies import PolicyConfig
+from trainer.policies.act import ACTConfig
+
+CHECKPOINT_FORMATS = ("safetensors", "dcp", "safetensors_dcp")
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW."""
+
+    lr: float = 1e-3
+    """Peak learning rate."""
+    weight_decay: float = 1e-4
+    """Decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam moment coefficients."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    grad_clip_norm: float = 10.0
+    """Clip the global gradient norm before each update; 0 disables clipping."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"--optimizer.lr must be > 0, got {self.lr}")
+        if self.grad_clip_norm < 0:
+            raise ConfigError(f"--optimizer.grad_clip_norm must be >= 0, got {self.grad_clip_norm}")
+
+    def build(self, params: Any) -> Any:
+        import torch
+
+        return torch.optim.AdamW(
+            params, lr=self.lr, weight_decay=self.weight_decay, betas=tuple(self.betas), eps=self.eps
+        )
+
+
+@dataclass
+class SchedulerConfig:
+    """Learning-rate schedule, stepped once per loop step whatever the process count."""
+
+    type: str = "cosine"
+    """cosine (linear warmup, cosine decay to min_lr_ratio) or constant."""
+    warmup_steps: int = 20
+    """Linear warmup from 0 over this many loop steps."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of the peak (cosine)."""
+
+    def __post_init__(self) -> None:
+        if self.type not in ("cosine", "constant"):
+            raise ConfigError(f"--scheduler.type={self.type!r} is not one of cosine, constant")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"--scheduler.warmup_steps must be >= 0, got {self.warmup_steps}")
+
+    def build(self, optimizer: Any, total_steps: int) -> Any:
+        import torch
+
+        def factor(step: int) -> float:
+            if step < self.warmup_steps:
+                return (step + 1) / (self.warmup_steps + 1)
+            if self.type == "constant":
+                return 1.0
+            progress = min(1.0, (step - self.warmup_steps) / max(1, total_steps - self.warmup_steps))
+            return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+@dataclass
+class TrainConfig:
+    """`trainer train`: everything a run needs, and nothing read from elsewhere."""
+
+    policy: PolicyConfig = field(default_factory=ACTConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    accelerator: AcceleratorConfig = field(default_factory=AcceleratorConfig)
+    checkpoint_format: str = "safetensors"
+    """safetensors (gathered weights), dcp (sharded weights) or safetensors_dcp (both); sharded runs only
+    for the last two."""
+    batch_size: int = 32
+    """Samples per rank per loop step."""
+    steps: int = 300
+    """Loop steps (micro-batches), not optimizer updates."""
+    save_freq: int = 150
+    """Save a checkpoint every this many loop steps (and always at the end)."""
+    log_freq: int = 25
+    """Log reduced metrics every this many loop steps."""
+    seed: int = 1000
+    """Seeds the policy's initialization, dropout and the sample order."""
+    output_dir: str = "outputs/train"
+    """Run directory: checkpoints/, metrics.jsonl, loss_curve.png."""
+    job_name: str = "pendulum_act"
+    """Name shown in the banner and the metrics."""
+    resume: bool = False
+    """Continue the run saved under output_dir (give --config_path of its train_config.json)."""
+
+    # Not a dataclass field (draccus reserves the name for its own config-file flag): the CLI sets it
+    # on the instance from `--config_path`, for resume to find the checkpoint it came from.
+    config_path = None
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_format not in CHECKPOINT_FORMATS:
+            raise ConfigError(
+                f"--checkpoint_format={self.checkpoint_format!r} is not one of {', '.join(CHECKPOINT_FORMATS)}"
+            )
+        for name in ("batch_size", "steps", "save_freq", "log_freq"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")

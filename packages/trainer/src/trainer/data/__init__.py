@@ -1,0 +1,1 @@
+"""The embedded sim task, its demonstration dataset, the global-order sampler and the processors."""

@@ -1,0 +1,64 @@
+"""Pre/post-processors: normalization with dataset statistics, kept beside the weights.
+
+The preprocessor maps raw observations (and, in training, target actions) to zero mean and unit
+variance; the postprocessor maps the policy's actions back to torques. Their statistics are saved with
+every checkpoint, so a policy loaded for evaluation sees inputs on the scale it was trained on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trainer.data.dataset import ACTION_KEY, OBS_KEY
+
+PREPROCESSOR_KEYS = (OBS_KEY, ACTION_KEY)
+POSTPROCESSOR_KEYS = (ACTION_KEY,)
+
+
+class Normalize:
+    """One processor step: `(x - mean) / std` per feature (or its inverse)."""
+
+    def __init__(
+        self, stats: dict[str, dict[str, torch.Tensor]], keys: tuple[str, ...], inverse: bool
+    ) -> None:
+        self.stats = {key: stats[key] for key in keys}
+        self.inverse = inverse
+
+    def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = dict(batch)
+        for key, s in self.stats.items():
+            if key in out:
+                mean, std = s["mean"].to(out[key].device), s["std"].to(out[key].device)
+                out[key] = out[key] * std + mean if self.inverse else (out[key] - mean) / std
+        return out
+
+    def config(self) -> dict[str, Any]:
+        return {"type": "unnormalize" if self.inverse else "normalize", "features": sorted(self.stats)}
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f"{key}.{name}": t.contiguous() for key, s in self.stats.items() for name, t in s.items()}
+
+
+class Processor:
+    """An ordered list of steps; its state is (config, one tensor dict per step)."""
+
+    def __init__(self, steps: list[Normalize]) -> None:
+        self.steps = steps
+
+    def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        for step in self.steps:
+            batch = step(batch)
+        return batch
+
+    def state(self) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
+        return {"steps": [step.config() for step in self.steps]}, [step.tensors() for step in self.steps]
+
+
+def build_processors(stats: dict[str, dict[str, torch.Tensor]]) -> tuple[Processor, Processor]:
+    """(preprocessor, postprocessor) for a dataset's statistics."""
+    return (
+        Processor([Normalize(stats, PREPROCESSOR_KEYS, inverse=False)]),
+        Processor([Normalize(stats, POSTPROCESSOR_KEYS, inverse=True)]),
+    )

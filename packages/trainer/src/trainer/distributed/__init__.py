@@ -1,0 +1,1 @@
+"""Topology resolution, the accelerate factory and the FSDP wrap plan."""

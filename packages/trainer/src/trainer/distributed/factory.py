@@ -1,0 +1,136 @@
+"""The one place that configures accelerate: environment guard, Accelerator construction, prepare().
+
+Everything accelerate-specific that the loop needs is built here from the config, so the loop has no
+branch on the topology. The CPU FSDP adapter (`_engage_fsdp_on_cpu`) is the only code that reaches
+into accelerate's state; tests/trainer/test_accelerate_canaries.py pins the internals it relies on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ckpt_tools import Topology
+from trainer.config.train import TrainConfig
+from trainer.distributed.wrap import WrapPlan, check_tied_weights, register_forward_methods
+from trainer.errors import ConfigError
+
+ALLOW_ENV = "TRAINER_ALLOW_ACCELERATE_ENV"
+GUARDED_VARS = (
+    "ACCELERATE_USE_FSDP",
+    "ACCELERATE_USE_PARALLELISM_CONFIG",
+    "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+    "ACCELERATE_MIXED_PRECISION",
+)
+GUARDED_PREFIXES = ("FSDP_", "PARALLELISM_CONFIG_")
+# Values a plain `accelerate launch` (no config file) exports; they change nothing, so they pass.
+INERT_VALUES = {
+    "ACCELERATE_USE_FSDP": "false",
+    "ACCELERATE_USE_PARALLELISM_CONFIG": "false",
+    "ACCELERATE_MIXED_PRECISION": "no",
+    "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "1",
+}
+
+
+def _guarded(name: str) -> bool:
+    return name in GUARDED_VARS or name.startswith(GUARDED_PREFIXES)
+
+
+def check_accelerate_env(environ: Mapping[str, str] = os.environ) -> None:
+    """Refuse accelerate configuration variables: they would silently override the run's flags."""
+    if environ.get(ALLOW_ENV) == "1":
+        return
+    found = sorted(
+        name
+        for name, value in environ.items()
+        if _guarded(name) and INERT_VALUES.get(name) != value.strip().lower()
+    )
+    if found:
+        raise ConfigError(
+            f"accelerate configuration variables are set ({', '.join(found)}) and would override this run's "
+            f"flags: unset them and use --parallelism.* / --accelerator.* instead, or set {ALLOW_ENV}=1"
+        )
+
+
+@contextlib.contextmanager
+def _no_leaked_env() -> Iterator[None]:
+    """`Accelerator.__init__` exports ACCELERATE_USE_FSDP (and FSDP_* for some plugin fields); drop
+    them afterwards so they neither trip the guard of a later run in this process nor switch
+    accelerate's FSDP1-style code paths (clip_grad_norm_) on for an FSDP2 model."""
+    before = {name: value for name, value in os.environ.items() if _guarded(name)}
+    try:
+        yield
+    finally:
+        for name in [n for n in os.environ if _guarded(n)]:
+            if name not in before:
+                del os.environ[name]
+        os.environ.update(before)
+
+
+def build_accelerator(config: TrainConfig, topology: Topology, wrap_plan: WrapPlan | None) -> Any:
+    """Collective: call on all ranks. The Accelerator for this run (it also joins the process group)."""
+    import torch
+    from accelerate import Accelerator
+
+    check_accelerate_env()
+    acc = config.accelerator
+    on_cpu = not torch.cuda.is_available()
+    if acc.mixed_precision == "fp16" and on_cpu:
+        raise ConfigError(
+            "--accelerator.mixed_precision=fp16 needs a GPU (no CPU loss scaler): use bf16 or no"
+        )
+    kwargs: dict[str, Any] = {
+        "mixed_precision": acc.mixed_precision,
+        "gradient_accumulation_plugin": acc.gradient_accumulation.build_plugin(),
+        "step_scheduler_with_optimizer": False,
+        "kwargs_handlers": [acc.ddp.build_kwargs()],
+    }
+    with _no_leaked_env():
+        if not topology.is_sharded:
+            return Accelerator(**kwargs)
+        assert wrap_plan is not None  # resolved by the caller for every sharded run
+        plugin = acc.fsdp.build_plugin(wrap_plan.class_names, wrap_plan.min_num_params, on_cpu)
+        parallelism = _parallelism_config(topology)
+        if not on_cpu:
+            return Accelerator(**kwargs, fsdp_plugin=plugin, parallelism_config=parallelism)
+        accelerator = Accelerator(**kwargs)
+        _engage_fsdp_on_cpu(accelerator, plugin, parallelism)
+        return accelerator
+
+
+def _parallelism_config(topology: Topology) -> Any:
+    from accelerate.parallelism_config import ParallelismConfig
+
+    return ParallelismConfig(dp_replicate_size=topology.dp_replicate, dp_shard_size=topology.dp_shard)
+
+
+def _engage_fsdp_on_cpu(accelerator: Any, plugin: Any, parallelism: Any) -> None:
+    """The CPU FSDP adapter. accelerate 1.15 ignores an FSDP plugin on CPU (it wraps DDP) and refuses an
+    HSDP ParallelismConfig there, although torch's FSDP2 runs on CPU with gloo. Setting what
+    `AcceleratorState` would have set on a GPU (distributed type FSDP, the plugin with its mixed
+    precision, the parallelism config and its device mesh) makes `prepare()` run its FSDP2 path
+    unchanged: fully_shard on the 1-D or 2-D (dp_replicate, dp_shard) mesh."""
+    from accelerate.utils import DistributedType
+
+    state = accelerator.state
+    if state.mixed_precision != "no":
+        plugin.set_mixed_precision(state.mixed_precision)
+    state.distributed_type = DistributedType.FSDP
+    state.fsdp_plugin = plugin
+    state.parallelism_config = parallelism
+    state.device_mesh = parallelism.build_device_mesh("cpu")
+
+
+def prepare(
+    accelerator: Any, policy: Any, optimizer: Any, scheduler: Any, wrap_plan: WrapPlan | None
+) -> tuple:
+    """Collective: call on all ranks. One `prepare()` of model, optimizer and scheduler; on a sharded
+    run the tied-weight check runs first and the policy's extra entry points are registered after."""
+    if wrap_plan is not None:
+        check_tied_weights(policy, wrap_plan)
+    model, optimizer, scheduler = accelerator.prepare(policy, optimizer, scheduler)
+    if wrap_plan is not None:
+        register_forward_methods(model)
+    return model, optimizer, scheduler

@@ -1,0 +1,98 @@
+"""The FSDP wrap plan: which modules become FSDP units, checked against the policy before sharding.
+
+The plan is the policy's `_fsdp_wrap_modules`, overridden by `--accelerator.fsdp.wrap_modules` or
+`--accelerator.fsdp.min_num_params`. Tied parameters that the plan would place in different units are
+an error here, at start, naming them: torch would otherwise fail at the first forward.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from torch import nn
+
+from trainer.config.accelerator import FsdpConfig
+from trainer.errors import WrapPlanError
+
+
+@dataclass(frozen=True)
+class WrapPlan:
+    """Units by class name, or by size (every module above `min_num_params` parameters)."""
+
+    class_names: tuple[str, ...] | None = None
+    min_num_params: int | None = None
+
+    def describe(self) -> str:
+        if self.class_names is not None:
+            return "by class: " + ", ".join(self.class_names)
+        return f"by size: modules with > {self.min_num_params} parameters"
+
+
+def resolve_wrap_plan(policy: nn.Module, fsdp: FsdpConfig) -> WrapPlan:
+    """The plan for a sharded run; a policy with neither a declaration nor a flag is refused."""
+    if fsdp.min_num_params is not None:
+        return WrapPlan(min_num_params=fsdp.min_num_params)
+    names = tuple(fsdp.wrap_modules or getattr(policy, "_fsdp_wrap_modules", ()) or ())
+    if not names:
+        raise WrapPlanError(
+            f"{type(policy).__name__} declares no _fsdp_wrap_modules, so a sharded run would not know its "
+            "FSDP units: set --accelerator.fsdp.wrap_modules=[ClassName,...] or "
+            "--accelerator.fsdp.min_num_params=N"
+        )
+    present = {type(m).__name__ for m in policy.modules()}
+    missing = [name for name in names if name not in present]
+    if missing:
+        raise WrapPlanError(
+            f"wrap module class(es) {', '.join(missing)} not found in {type(policy).__name__} (its classes: "
+            f"{', '.join(sorted(present))}): fix --accelerator.fsdp.wrap_modules"
+        )
+    return WrapPlan(class_names=names)
+
+
+def unit_roots(model: nn.Module, plan: WrapPlan) -> list[str]:
+    """Module paths that become FSDP units under `plan`; "" (the root) is always one."""
+    roots = [""]
+    for name, module in model.named_modules():
+        if not name:
+            continue
+        if plan.class_names is not None:
+            wrapped = type(module).__name__ in plan.class_names
+        else:
+            wrapped = sum(p.numel() for p in module.parameters()) > (plan.min_num_params or 0)
+        if wrapped:
+            roots.append(name)
+    return roots
+
+
+def check_tied_weights(model: nn.Module, plan: WrapPlan) -> None:
+    """Refuse parameters shared by modules that the plan puts in different FSDP units."""
+    roots = unit_roots(model, plan)
+    names_by_param: dict[int, list[str]] = defaultdict(list)
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names_by_param[id(param)].append(name)
+    for names in names_by_param.values():
+        units = {_owning_unit(name, roots) for name in names}
+        if len(units) > 1:
+            raise WrapPlanError(
+                f"tied parameters {', '.join(names)} would be split across FSDP units "
+                f"{', '.join(repr(u or '<root>') for u in sorted(units))}: untie them, or choose wrap units "
+                "that keep them together (--accelerator.fsdp.wrap_modules)"
+            )
+
+
+def _owning_unit(param_name: str, roots: list[str]) -> str:
+    module_path = param_name.rpartition(".")[0]
+    best = ""
+    for root in roots:
+        if root and (module_path == root or module_path.startswith(root + ".")) and len(root) > len(best):
+            best = root
+    return best
+
+
+def register_forward_methods(model: nn.Module) -> None:
+    """Let `_fsdp_forward_methods` (e.g. select_action) gather the sharded parameters like forward."""
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    for name in getattr(model, "_fsdp_forward_methods", ()):
+        register_fsdp_forward_method(model, name)

@@ -1,0 +1,15 @@
+"""Typed errors of the trainer.
+
+Every error is one line that names the problem and the fix (the flag to change), so the CLI prints it
+as is and exits 1 without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """The configuration cannot run: a flag, a combination of flags, or the launch environment."""
+
+
+class WrapPlanError(ConfigError):
+    """The FSDP wrap plan cannot shard this policy (no wrap units, or tied weights split across units)."""

@@ -1,0 +1,230 @@
+"""The training loop: one code path for a single process, DDP, FSDP2 and HSDP.
+
+Nothing here branches on the rank or the topology. Collectives (prepare, metric reductions, checkpoint
+saves, the evaluation rollouts of a sharded policy) run on every rank; main-rank output goes through
+the logger that `make_logger` hands out. Resume slots in at the two marked points.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer import checkpointing
+from trainer.config.train import TrainConfig
+from trainer.data import sim
+from trainer.data.dataset import OBS_KEY, load_dataset
+from trainer.data.processors import build_processors
+from trainer.data.sampler import GlobalOrderSampler
+from trainer.distributed.factory import build_accelerator, check_accelerate_env, prepare
+from trainer.distributed.topology import check_checkpoint_format, launch_world_size, resolve_topology
+from trainer.distributed.wrap import resolve_wrap_plan
+from trainer.errors import ConfigError
+from trainer.metrics import make_logger
+from trainer.policies import build_policy
+
+EVAL_SEED_BASE = 10_000
+
+
+@dataclass
+class RunSummary:
+    """What a finished run reports (every rank gets the same values)."""
+
+    steps: int
+    first_loss: float
+    final_loss: float
+    policy_return: float
+    random_return: float
+    last_checkpoint: str | None
+
+
+def seed_everything(seed: int) -> None:
+    """The same seed on every rank: identical initial weights before DDP/FSDP take over."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def train(config: TrainConfig) -> RunSummary:
+    """Collective: call on all ranks. Runs `config.steps` loop steps and returns the summary."""
+    topology = resolve_topology(config.parallelism, launch_world_size())
+    check_checkpoint_format(config.checkpoint_format, topology)
+    check_accelerate_env()
+    checkpointing.check_fresh_output_dir(config)
+    _record_effective_precision(config)
+    seed_everything(config.seed)
+    dataset = load_dataset(config.dataset)
+    policy = build_policy(config.policy, dataset.obs_dim, dataset.action_dim)
+    wrap_plan = resolve_wrap_plan(policy, config.accelerator.fsdp) if topology.is_sharded else None
+    preprocessor, postprocessor = build_processors(dataset.stats())
+    accelerator = build_accelerator(config, topology, wrap_plan)
+    sampler = GlobalOrderSampler(
+        len(dataset), config.batch_size, topology.dp_world_size, accelerator.process_index, config.seed
+    )
+    optimizer = config.optimizer.build(policy.parameters())
+    scheduler = config.scheduler.build(optimizer, config.steps)
+
+    # ---- Resume, phase 1 (before prepare): restore the step, the RNG and the sampler position. ----
+    start_step = _resume_before_prepare(config)
+
+    model, optimizer, scheduler = prepare(accelerator, policy, optimizer, scheduler, wrap_plan)
+
+    # ---- Resume, phase 2 (after prepare): load model/optimizer/scheduler state (ckpt_tools). ----
+
+    logger = make_logger(accelerator.is_main_process, config.output_dir, config.steps, start_step)
+    logger.banner(_banner(config, topology, wrap_plan, accelerator, len(dataset)))
+    losses, last_checkpoint = [], None
+    window_loss, window_steps, window_start = (
+        torch.zeros((), device=accelerator.device),
+        0,
+        time.perf_counter(),
+    )
+    model.train()
+    for step in range(start_step + 1, config.steps + 1):
+        batch = preprocessor(dataset.gather(sampler.next_indices(), config.policy.chunk_size))
+        batch = {key: value.to(accelerator.device) for key, value in batch.items()}
+        loss, grad_norm = _train_step(accelerator, model, optimizer, batch, config.optimizer.grad_clip_norm)
+        scheduler.step()
+        window_loss += loss
+        window_steps += 1
+        logger.advance()
+        if step % config.log_freq == 0 or step == config.steps:
+            loss = float(accelerator.reduce(window_loss / window_steps, reduction="mean"))
+            elapsed = time.perf_counter() - window_start
+            losses.append(loss)
+            logger.log(
+                {
+                    "step": step,
+                    "loss": loss,
+                    "grad_norm": grad_norm,
+                    "lr": scheduler.get_last_lr()[0],
+                    "samples_per_s": window_steps * sampler.global_batch / elapsed,
+                    "epoch": sampler.position[0],
+                }
+            )
+            window_loss.zero_()
+            window_steps, window_start = 0, time.perf_counter()
+        if step % config.save_freq == 0 or step == config.steps:
+            state = checkpointing.training_step(config, topology, step, sampler.position)
+            last_checkpoint = checkpointing.save(
+                config,
+                state,
+                model=accelerator.unwrap_model(model),
+                optimizer=optimizer,
+                scheduler=scheduler,
+                scaler=accelerator.scaler,
+                preprocessor=preprocessor,
+                postprocessor=postprocessor,
+            )
+            logger.note(f"checkpoint {last_checkpoint}")
+    returns = evaluate(accelerator, model, preprocessor, postprocessor, config)
+    summary = RunSummary(
+        steps=config.steps,
+        first_loss=losses[0] if losses else float("nan"),
+        final_loss=losses[-1] if losses else float("nan"),
+        policy_return=returns[0],
+        random_return=returns[1],
+        last_checkpoint=last_checkpoint,
+    )
+    logger.note(
+        f"evaluation over {config.dataset.eval_episodes}+ episodes: policy return {returns[0]:.1f}, "
+        f"random policy return {returns[1]:.1f}; loss {summary.first_loss:.4f} -> {summary.final_loss:.4f}",
+        event="summary",
+        **summary.__dict__,
+    )
+    logger.close()
+    accelerator.wait_for_everyone()
+    return summary
+
+
+def _record_effective_precision(config: TrainConfig) -> None:
+    """Write torch's effective reduce dtype into the config, so train_config.json explains the run
+    whatever torch version reads it later."""
+    mpp = config.accelerator.fsdp.mixed_precision_policy
+    if mpp.is_set:
+        mpp.reduce_dtype = mpp.effective_reduce_dtype()
+
+
+def _resume_before_prepare(config: TrainConfig) -> int:
+    """Phase 1 of the two-phase resume: the step to continue after. Fresh runs start at 0."""
+    if config.resume:
+        raise ConfigError(
+            "--resume=true is not available in this build of the trainer yet: start a fresh run "
+            "(a new --output_dir), or load the weights with ckpt_tools.load_model_state_dict"
+        )
+    return 0
+
+
+def _train_step(
+    accelerator: Any, model: Any, optimizer: Any, batch: dict[str, torch.Tensor], clip: float
+) -> tuple[torch.Tensor, float]:
+    """One micro-batch; the optimizer updates when accelerate says the accumulation is complete."""
+    grad_norm = float("nan")
+    with accelerator.accumulate(model):
+        loss, _ = model(batch)
+        accelerator.backward(loss)
+        if accelerator.sync_gradients and clip > 0:
+            norm = accelerator.clip_grad_norm_(model.parameters(), clip)
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        optimizer.step()
+        optimizer.zero_grad()
+    return loss.detach().float(), grad_norm
+
+
+@torch.no_grad()
+def evaluate(
+    accelerator: Any, model: Any, preprocessor: Any, postprocessor: Any, config: TrainConfig
+) -> tuple[float, float]:
+    """Collective: call on all ranks. Mean return of the policy and of random torques on the same
+    start states; the episodes are split across ranks (every rank runs as many, since a sharded
+    policy's select_action gathers parameters with the others)."""
+    world, rank = accelerator.num_processes, accelerator.process_index
+    per_rank = -(-config.dataset.eval_episodes // world)
+    policy = accelerator.unwrap_model(model)
+    policy.eval()
+    device = accelerator.device
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        batch = preprocessor({OBS_KEY: torch.from_numpy(obs)[None].to(device)})
+        action = policy.select_action(batch[OBS_KEY]).float()
+        return postprocessor({"action": action})["action"][0].cpu().numpy()
+
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    for i in range(per_rank):
+        seed = EVAL_SEED_BASE + rank * per_rank + i
+        totals[0] += sim.rollout(act, seed)[2]
+        totals[1] += sim.rollout(sim.random_controller(seed), seed)[2]
+        totals[2] += 1
+    policy.train()
+    totals = accelerator.reduce(totals, reduction="sum")
+    count = max(float(totals[2]), 1.0)
+    return float(totals[0]) / count, float(totals[1]) / count
+
+
+def _banner(config: TrainConfig, topology: Any, wrap_plan: Any, accelerator: Any, samples: int) -> list[str]:
+    accum = config.accelerator.gradient_accumulation.steps
+    effective = config.batch_size * topology.dp_world_size * accum
+    lines = [
+        f"job {config.job_name}: {config.policy.type} policy, {topology.describe()} "
+        f"({accelerator.num_processes} processes, {accelerator.distributed_type.value}, device {accelerator.device})",
+        f"effective batch size {effective} = batch_size {config.batch_size} x dp_world_size "
+        f"{topology.dp_world_size} x grad_accum {accum}",
+        f"{config.steps} loop steps, {config.steps // accum} optimizer updates, dataset {samples} samples, "
+        f"mixed precision {config.accelerator.mixed_precision}, checkpoints {config.checkpoint_format} "
+        f"every {config.save_freq} steps in {config.output_dir}",
+    ]
+    if wrap_plan is not None:
+        mpp = config.accelerator.fsdp.mixed_precision_policy
+        effective_policy = (
+            f"param_dtype={mpp.param_dtype} reduce_dtype={mpp.effective_reduce_dtype()} "
+            f"output_dtype={mpp.output_dtype}"
+            if mpp.is_set
+            else f"from --accelerator.mixed_precision={config.accelerator.mixed_precision}"
+        )
+        lines.append(f"FSDP units {wrap_plan.describe()}; mixed precision policy {effective_policy}")
+    return lines

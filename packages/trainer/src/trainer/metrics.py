@@ -1,0 +1,117 @@
+"""Run output on the main rank: banner, log lines, a progress bar, metrics.jsonl and loss_curve.png.
+
+Non-main ranks get a `NullLogger` with the same methods, so the loop calls the logger on every rank
+and never branches on the rank itself.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+METRICS_FILE = "metrics.jsonl"
+LOSS_CURVE_FILE = "loss_curve.png"
+
+
+class MetricsLogger:
+    """Writes every record to `<output_dir>/metrics.jsonl` and shows it on the console."""
+
+    def __init__(self, output_dir: str, total_steps: int, start_step: int) -> None:
+        self.dir = Path(output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / METRICS_FILE
+        self.console = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+        self.losses: list[tuple[int, float]] = []
+        self.progress: Progress | None = None
+        if self.console.is_terminal:
+            self.progress = Progress(
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=self.console,
+            )
+            self.task = self.progress.add_task("train", total=total_steps, completed=start_step)
+            self.progress.start()
+
+    def banner(self, lines: list[str]) -> None:
+        for line in lines:
+            self.console.print(line)
+        self._append({"event": "start", "banner": lines, "time": time.time()})
+
+    def log(self, record: dict[str, Any]) -> None:
+        if "loss" in record and "step" in record:
+            self.losses.append((record["step"], record["loss"]))
+        self._append({"event": "train", **record})
+        parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()]
+        self.console.print(" ".join(parts))
+
+    def note(self, message: str, **record: Any) -> None:
+        self.console.print(message)
+        if record:
+            self._append(record)
+
+    def advance(self, steps: int = 1) -> None:
+        if self.progress is not None:
+            self.progress.advance(self.task, steps)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        self._plot()
+
+    def _append(self, record: dict[str, Any]) -> None:
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def _plot(self) -> None:
+        if not self.losses:
+            return
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        steps = [s for s, _ in self.losses]
+        losses = [v for _, v in self.losses]
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.plot(steps, losses)
+        ax.set_xlabel("loop step")
+        ax.set_ylabel("loss (mean over ranks)")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(self.dir / LOSS_CURVE_FILE, dpi=100)
+        plt.close(fig)
+
+
+class NullLogger:
+    """What the other ranks get: the same calls, no output."""
+
+    def banner(self, lines: list[str]) -> None:
+        pass
+
+    def log(self, record: dict[str, Any]) -> None:
+        pass
+
+    def note(self, message: str, **record: Any) -> None:
+        pass
+
+    def advance(self, steps: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def make_logger(
+    is_main: bool, output_dir: str, total_steps: int, start_step: int
+) -> MetricsLogger | NullLogger:
+    """The one rank gate for run output."""
+    return MetricsLogger(output_dir, total_steps, start_step) if is_main else NullLogger()

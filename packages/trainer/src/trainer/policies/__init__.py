@@ -1,0 +1,6 @@
+"""Built-in policies; importing this package registers their `--policy.type` names."""
+
+from trainer.policies import act, mlp  # noqa: F401  (registration)
+from trainer.policies.base import Policy, PolicyConfig, build_policy, register_import_path
+
+__all__ = ["Policy", "PolicyConfig", "build_policy", "register_import_path"]

@@ -1,0 +1,108 @@
+"""The policy interface and the policy type registry.
+
+A policy is an `nn.Module` built from its config and the dataset's feature sizes. It returns
+`(loss, metrics)` from `forward(batch)` and an action from `select_action(obs)`. Two class attributes
+tell the engine how to shard it: `_fsdp_wrap_modules` (class names that become FSDP units) and
+`_fsdp_forward_methods` (entry points other than `forward` that need the sharded parameters gathered).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import draccus
+import torch
+from torch import nn
+
+from trainer.errors import ConfigError
+
+
+@dataclass
+class PolicyConfig(draccus.ChoiceRegistry):
+    """Base of every policy config; `--policy.type` picks the subclass."""
+
+    dropout: float = 0.1
+    """Dropout probability inside the policy (0 makes a run deterministic across topologies)."""
+    dtype: str | None = None
+    """Cast the policy's parameters to this dtype; autocast stays owned by --accelerator.mixed_precision."""
+    obs_dim: int = 0
+    """Observation size; 0 takes it from the dataset (the saved config.json records the value)."""
+    action_dim: int = 0
+    """Action size; 0 takes it from the dataset."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"--policy.dropout must be in [0, 1), got {self.dropout}")
+        if self.dtype not in (None, "float32", "bfloat16", "float16"):
+            raise ConfigError(f"--policy.dtype={self.dtype!r} is not one of float32, bfloat16, float16")
+
+    @property
+    def type(self) -> str:
+        return self.get_choice_name(type(self))
+
+    @property
+    def chunk_size(self) -> int:
+        """Actions predicted per observation."""
+        return 1
+
+    def policy_class(self) -> type[Policy]:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        """The policy's `config.json`: its type and every field."""
+        return {"type": self.type, **dataclasses.asdict(self)}
+
+
+class Policy(nn.Module):
+    """Base class of the policies the engine trains."""
+
+    _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ()
+    _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action",)
+
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__()
+        self.config = config
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        raise NotImplementedError
+
+    def select_action(self, obs: torch.Tensor) -> torch.Tensor:
+        """The next action for a batch of (normalized) observations."""
+        raise NotImplementedError
+
+
+def build_policy(config: PolicyConfig, obs_dim: int, action_dim: int) -> Policy:
+    """Fill the feature sizes the config left open, then build the policy in its dtype."""
+    config.obs_dim = config.obs_dim or obs_dim
+    config.action_dim = config.action_dim or action_dim
+    policy = config.policy_class()(config)
+    if config.dtype is not None:
+        policy.to(getattr(torch, config.dtype))
+    return policy
+
+
+def register_import_path(type_name: str) -> None:
+    """Make `--policy.type=package.module:ConfigClass` usable: import it and register it under that name.
+
+    The name stays the import path, so a saved train_config.json finds the same class again.
+    """
+    if ":" not in type_name or type_name in PolicyConfig.get_known_choices():
+        return
+    module_name, _, class_name = type_name.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(
+            f"--policy.type={type_name!r}: cannot import {class_name} from {module_name} ({exc}); "
+            "give module.path:ConfigClass of an importable PolicyConfig subclass"
+        ) from None
+    if not (isinstance(cls, type) and issubclass(cls, PolicyConfig)):
+        raise ConfigError(f"--policy.type={type_name!r} names {cls!r}, which is not a PolicyConfig subclass")
+    PolicyConfig.register_subclass(type_name, cls)
+
+
+def known_types() -> list[str]:
+    return sorted(PolicyConfig.get_known_choices())

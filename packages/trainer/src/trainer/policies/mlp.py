@@ -1,0 +1,69 @@
+"""MLP: a plain behaviour-cloning baseline that maps an observation to one action."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer.data.dataset import ACTION_KEY, OBS_KEY
+from trainer.errors import ConfigError
+from trainer.policies.base import Policy, PolicyConfig
+
+
+@PolicyConfig.register_subclass("mlp")
+@dataclass
+class MLPConfig(PolicyConfig):
+    """Multi-layer perceptron."""
+
+    hidden_dim: int = 128
+    """Width of each hidden block."""
+    blocks: int = 2
+    """Hidden blocks (each one an FSDP wrap unit)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.blocks < 1 or self.hidden_dim < 1:
+            raise ConfigError("--policy.blocks and --policy.hidden_dim must be >= 1")
+
+    def policy_class(self) -> type[Policy]:
+        return MLPPolicy
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, dim: int, dropout: float) -> None:
+        super().__init__()
+        self.linear = nn.Linear(dim, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(F.gelu(self.linear(x)))
+
+
+class MLPPolicy(Policy):
+    _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("MLPBlock",)
+    _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action",)
+
+    def __init__(self, config: MLPConfig) -> None:
+        super().__init__(config)
+        self.inp = nn.Linear(config.obs_dim, config.hidden_dim)
+        self.blocks = nn.ModuleList(MLPBlock(config.hidden_dim, config.dropout) for _ in range(config.blocks))
+        self.out = nn.Linear(config.hidden_dim, config.action_dim)
+
+    def _predict(self, obs: torch.Tensor) -> torch.Tensor:
+        x = self.inp(obs)
+        for block in self.blocks:
+            x = block(x)
+        return self.out(x)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        pred = self._predict(batch[OBS_KEY])
+        loss = F.l1_loss(pred, batch[ACTION_KEY][:, 0])
+        return loss, {}
+
+    @torch.no_grad()
+    def select_action(self, obs: torch.Tensor) -> torch.Tensor:
+        return self._predict(obs)
