@@ -32,5 +32,7 @@ def run_torchrun(
     result = subprocess.run(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
     )
-    assert result.returncode == 0, f"torchrun {script} ({nproc} procs) exited {result.returncode}:\n{result.stdout}"
+    assert result.returncode == 0, (
+        f"torchrun {script} ({nproc} procs) exited {result.returncode}:\n{result.stdout}"
+    )
     return result

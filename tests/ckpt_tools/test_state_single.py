@@ -1,0 +1,217 @@
+"""Single-process saves and resumes: the files the format names, and an exact round trip."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import ckpt_tools
+from ckpt_tools import layout, state, storage
+from ckpt_tools.errors import LegacyCheckpointError
+from helpers.tiny_run import (
+    assert_same_optimizer_state,
+    assert_same_tensors,
+    make_run,
+    save,
+    tiny_model,
+    train,
+    training_step,
+)
+
+
+@pytest.fixture
+def trained():
+    model, optimizer, scheduler = make_run()
+    train(model, optimizer, scheduler, 2)
+    return model, optimizer, scheduler
+
+
+def test_save_writes_the_files_of_the_format(tmp_path, trained):
+    model, optimizer, scheduler = trained
+    processors = {
+        layout.PREPROCESSOR: state.ProcessorState({"steps": ["normalize"]}, [{"mean": torch.arange(3.0)}]),
+    }
+    final = save(tmp_path / "checkpoints", 5, model, optimizer, scheduler, processors=processors)
+
+    assert final == str(tmp_path / "checkpoints" / "000005")
+    assert os.readlink(tmp_path / "checkpoints" / "last") == "000005"
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["000005", "last"]  # no .tmp- leftovers
+    model_dir = tmp_path / "checkpoints" / "000005" / "pretrained_model"
+    assert sorted(os.listdir(model_dir)) == [
+        "config.json",
+        "model.safetensors",
+        "policy_preprocessor.json",
+        "policy_preprocessor_step_0.safetensors",
+        "train_config.json",
+    ]
+    assert sorted(os.listdir(model_dir.parent / "training_state")) == [
+        "optimizer_param_groups.json",
+        "optimizer_state.safetensors",
+        "rng_state.safetensors",
+        "scheduler_state.json",
+        "training_step.json",
+    ]
+    weights = load_file(model_dir / "model.safetensors")
+    assert weights.keys() == model.state_dict().keys()
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    groups = json.loads((model_dir.parent / "training_state" / "optimizer_param_groups.json").read_text())
+    assert groups[0]["params"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert ckpt_tools.read_training_step(tmp_path) == training_step(5)
+
+
+def test_resume_restores_model_optimizer_and_scheduler_exactly(tmp_path, trained):
+    model, optimizer, scheduler = trained
+    save(tmp_path / "checkpoints", 2, model, optimizer, scheduler)
+    resumed = make_run(seed=1)  # different initial weights: everything must come from the files
+
+    ckpt_tools.load_training_state(tmp_path, model=resumed[0], optimizer=resumed[1], scheduler=resumed[2])
+
+    assert_same_tensors(model.state_dict(), resumed[0].state_dict())
+    assert_same_optimizer_state(optimizer.state_dict(), resumed[1].state_dict())
+    assert scheduler.state_dict() == resumed[2].state_dict()
+    train(model, optimizer, scheduler, 2)
+    train(*resumed, 2)
+    assert_same_tensors(dict(model.named_parameters()), dict(resumed[0].named_parameters()))
+
+
+def test_optimizer_safetensors_round_trips_a_state_dict(tmp_path, trained):
+    model, optimizer, scheduler = trained
+    save(tmp_path, 2, model, optimizer, scheduler)
+    _, fresh_optimizer, _ = make_run()
+    osd = state.read_optimizer_safetensors(str(tmp_path / "000002" / "training_state"), fresh_optimizer)
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    expected = get_optimizer_state_dict(model, optimizer)
+    assert osd["param_groups"] == expected["param_groups"]
+    assert isinstance(osd["param_groups"][0]["betas"], tuple)
+    for fqn, entry in expected["state"].items():
+        assert all(torch.equal(v, osd["state"][fqn][k]) for k, v in entry.items())
+
+
+def test_scaler_state_round_trips(tmp_path, trained):
+    model, optimizer, scheduler = trained
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=7)
+    scaler.scale(torch.ones(()))  # the scale exists from the first scale() on
+    scaler.update(512.0)
+    save(tmp_path, 3, model, optimizer, scheduler, scaler=scaler)
+    assert (
+        json.loads((tmp_path / "000003" / "training_state" / "scaler_state.json").read_text())["scale"]
+        == 512.0
+    )
+    restored = torch.amp.GradScaler("cpu")
+    ckpt_tools.load_training_state(tmp_path / "000003", model=tiny_model(), scaler=restored)
+    assert restored.state_dict() == scaler.state_dict()
+
+
+@pytest.mark.parametrize("checkpoint_format", ["dcp", "safetensors_dcp"])
+def test_dcp_formats_from_one_process(tmp_path, trained, checkpoint_format):
+    model, optimizer, scheduler = trained
+    save(tmp_path, 4, model, optimizer, scheduler, ts=training_step(4, checkpoint_format))
+    model_dir = tmp_path / "000004" / "pretrained_model"
+    assert (model_dir / "pytorch_model_fsdp_0" / ".metadata").is_file()
+    assert (model_dir / "model.safetensors").exists() == (checkpoint_format == "safetensors_dcp")
+    resumed = make_run(seed=3)
+    ckpt_tools.load_training_state(tmp_path / "last", model=resumed[0], optimizer=resumed[1])
+    assert_same_tensors(model.state_dict(), resumed[0].state_dict())
+
+
+def test_rng_state_restores_every_generator(tmp_path):
+    storage.makedirs(tmp_path / "000001" / "training_state")
+    (tmp_path / "000001" / "pretrained_model").mkdir()
+    state.save_rng_state(tmp_path / "000001", rank=0, world_size=1)
+    expected = (random.random(), np.random.rand(), torch.rand(3))
+
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    state.load_rng_state(tmp_path / "000001", rank=0, world_size=1)
+
+    assert (random.random(), np.random.rand()) == expected[:2]
+    assert torch.equal(torch.rand(3), expected[2])
+
+
+def test_extra_ranks_get_distinct_reproducible_rng_streams(tmp_path):
+    storage.makedirs(tmp_path / "000001" / "training_state")
+    (tmp_path / "000001" / "pretrained_model").mkdir()
+    state.save_rng_state(tmp_path / "000001", rank=0, world_size=1)
+
+    def draws(rank: int) -> tuple[float, float, torch.Tensor]:
+        state.load_rng_state(tmp_path / "000001", rank=rank, world_size=3)
+        return random.random(), np.random.rand(), torch.rand(2)
+
+    rank0, rank1, rank1_again, rank2 = draws(0), draws(1), draws(1), draws(2)
+    assert rank1[:2] == rank1_again[:2] and torch.equal(rank1[2], rank1_again[2])
+    assert len({rank0[0], rank1[0], rank2[0]}) == 3
+    assert not torch.equal(rank0[2], rank1[2]) and not torch.equal(rank1[2], rank2[2])
+
+
+def test_crash_mid_save_leaves_last_on_the_previous_step(tmp_path, trained, monkeypatch):
+    model, optimizer, scheduler = trained
+    save(tmp_path, 1, model, optimizer, scheduler)
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(state, "_write_side_files", crash)
+    with pytest.raises(OSError, match="disk full"):
+        save(tmp_path, 2, model, optimizer, scheduler)
+    assert os.readlink(tmp_path / "last") == "000001"
+    assert not (tmp_path / "000002").exists()
+    assert (tmp_path / ".tmp-000002" / "pretrained_model" / "model.safetensors").exists()  # partial
+    assert ckpt_tools.latest_step_dir(tmp_path) == str(tmp_path / "000001")
+
+    monkeypatch.undo()
+    save(tmp_path, 2, model, optimizer, scheduler)  # the next save clears the leftovers
+    assert sorted(os.listdir(tmp_path)) == ["000001", "000002", "last"]
+    assert ckpt_tools.read_training_step(tmp_path / "last").step == 2
+
+
+def test_saving_the_same_step_again_replaces_it(tmp_path, trained):
+    model, optimizer, scheduler = trained
+    save(tmp_path, 2, model, optimizer, scheduler)
+    train(model, optimizer, scheduler, 1)
+    save(tmp_path, 2, model, optimizer, scheduler)
+    assert sorted(os.listdir(tmp_path)) == ["000002", "last"]
+    loaded = ckpt_tools.load_model_state_dict(tmp_path / "last")
+    assert all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
+
+
+def test_memory_store_gets_a_text_last_pointer():
+    model, optimizer, scheduler = make_run()
+    train(model, optimizer, scheduler, 1)
+    root = "memory://state-single/run/checkpoints"
+    final = save(root, 7, model, optimizer, scheduler)
+
+    assert final == f"{root}/000007"
+    assert storage.read_text(f"{root}/last").strip() == "000007"
+    assert ckpt_tools.latest_step_dir("memory://state-single/run") == final
+    loaded = ckpt_tools.load_model_state_dict("memory://state-single/run")
+    assert all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
+    resumed = make_run(seed=5)
+    ckpt_tools.load_training_state(f"{root}/last", model=resumed[0], optimizer=resumed[1])
+    assert_same_optimizer_state(optimizer.state_dict(), resumed[1].state_dict())
+    storage.remove_tree("memory://state-single")
+
+
+def test_sharded_run_without_dcp_optimizer_is_refused_as_legacy(tmp_path, trained):
+    model, optimizer, scheduler = trained
+    final = save(tmp_path, 2, model, optimizer, scheduler)
+    step_file = os.path.join(final, "training_state", "training_step.json")
+    with open(step_file) as handle:
+        data = json.load(handle)
+    data.update(dp_world_size=2, topology={**data["topology"], "dp_shard": 2})
+    with open(step_file, "w") as handle:
+        json.dump(data, handle)
+    with pytest.raises(LegacyCheckpointError, match="optimizer_0"):
+        ckpt_tools.load_training_state(final, model=tiny_model(), optimizer=make_run()[1])
+
+
+def test_unknown_processor_name_is_refused_before_writing(tmp_path, trained):
+    model, optimizer, scheduler = trained
+    with pytest.raises(ValueError, match="policy_preprocessor"):
+        save(tmp_path, 2, model, optimizer, scheduler, processors={"tokenizer": state.ProcessorState({}, [])})
+    assert not tmp_path.joinpath(".tmp-000002").exists()
