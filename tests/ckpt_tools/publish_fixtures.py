@@ -34,8 +34,9 @@ def _json(path: Path, data: object) -> None:
 
 
 def make_step_dir(root: Path, *, weights: str = "single", with_dcp: bool = True) -> Path:
-    """`root/checkpoints/000010` of a 2x2 HSDP run: weights are "single", "sharded", "adapter" or
-    "dcp_only"; training state, DCP shards and optimizer state sit beside them as a real run leaves them."""
+    """`root/checkpoints/000010` of a 2x2 HSDP run: weights are "single", "sharded", "adapter",
+    "dcp_only" (stand-in shard files) or "none"; training state, DCP shards and optimizer state sit
+    beside them as a real run leaves them."""
     step_dir = root / layout.CHECKPOINTS_DIR / layout.step_dir_name(STEP)
     model = step_dir / layout.PRETRAINED_MODEL_DIR
     state = step_dir / layout.TRAINING_STATE_DIR
@@ -107,3 +108,16 @@ SINGLE_FILES = [
 def snapshot(root: Path) -> dict[str, str]:
     """Every file under `root` with its sha256: a publish must leave this unchanged."""
     return {str(p.relative_to(root)): sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def save_real_dcp(model_dir: Path) -> dict[str, np.ndarray]:
+    """Write `pytorch_model_fsdp_0/` with torch's own DCP writer (single process); return the tensors."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    state = tensors(5)
+    dcp.save(
+        {name: torch.from_numpy(value) for name, value in state.items()},
+        checkpoint_id=str(model_dir / layout.MODEL_DCP_DIR),
+    )
+    return state

@@ -34,6 +34,13 @@ def convert(
     delete_dcp: Annotated[
         bool, typer.Option(help="Remove the DCP shards once the output is written and checked.")
     ] = False,
+    push_to_hub: Annotated[
+        str | None,
+        typer.Option(
+            "--push-to-hub",
+            help="Then publish the model to this Hub repo (or fsspec URL); --delete-dcp waits for both.",
+        ),
+    ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace existing output files.")] = False,
     to: Annotated[
         str, typer.Option("--to", help="Target format: safetensors (default) or dcp.")
@@ -52,8 +59,10 @@ def convert(
 
         try:
             if to == "dcp":
-                if dtype or max_shard_size or delete_dcp:
-                    raise ValueError("--dtype, --max-shard-size and --delete-dcp apply to DCP -> safetensors")
+                if dtype or max_shard_size or delete_dcp or push_to_hub:
+                    raise ValueError(
+                        "--dtype, --max-shard-size, --delete-dcp and --push-to-hub apply to DCP -> safetensors"
+                    )
                 return lib.convert_safetensors_to_dcp(path, output, overwrite=overwrite).to_dict()
             with _progress(out) as progress:
                 result = lib.convert_dcp_to_safetensors(
@@ -61,13 +70,15 @@ def convert(
                     output,
                     dtype=dtype,
                     max_shard_size=max_shard_size,
-                    delete_dcp=delete_dcp,
+                    delete_dcp=delete_dcp and not push_to_hub,
                     overwrite=overwrite,
                     progress=progress,
                 )
-            return result.to_dict()
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
+        if push_to_hub:
+            return _push_then_delete(out, result, output, push_to_hub, delete_dcp)
+        return result.to_dict()
 
     result = run_guarded(body)
     if as_json:
@@ -86,6 +97,24 @@ def _report(out: Output, result: dict[str, Any]) -> None:
     out.print(f"{result['num_tensors']} tensors, {human_bytes(result['total_bytes'])}")
     if result["deleted_source"]:
         out.note(f"removed {result['source']}")
+    if result.get("published"):
+        published = result["published"]
+        out.print(f"published {len(published['files'])} files to {published['url']}")
+
+
+def _push_then_delete(
+    out: Output, result: Any, output: str | None, repo_id: str, delete_dcp: bool
+) -> dict[str, Any]:
+    """Publish the converted model; the DCP shards are deleted only once both conversion (written and
+    checked) and publish succeeded, so a failed upload leaves the checkpoint as it was."""
+    from ckpt_tools import storage
+    from ckpt_tools.cli.push import publish
+
+    model_dir = output or result.source.rstrip("/").rsplit("/", 1)[0]  # default output: beside the shards
+    published = publish(out, model_dir, repo_id)
+    if delete_dcp:
+        storage.remove_tree(result.source)
+    return dict(result.to_dict(), deleted_source=delete_dcp, published=published.to_dict())
 
 
 @contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
@@ -10,9 +11,14 @@ from rich.markup import escape
 from ckpt_tools.cli.errors import run_guarded
 from ckpt_tools.cli.output import Output
 
+if TYPE_CHECKING:
+    from ckpt_tools.publish import PublishResult
+
 
 def push(
-    path: Path = typer.Argument(..., help="Step directory, checkpoints/last, pretrained_model/ or converted model."),
+    path: Path = typer.Argument(
+        ..., help="Step directory, checkpoints/last, pretrained_model/ or converted model."
+    ),
     repo_id: str = typer.Argument(
         ..., help="Hub repo id (namespace/name), or an fsspec URL / local path (s3://bucket/prefix, ./out)."
     ),
@@ -28,24 +34,35 @@ def push(
     out = Output(as_json=as_json)
 
     def body() -> None:
-        from ckpt_tools.publish import publish_model
-
-        if not out.interactive:  # the client's upload bars are for a human at a terminal
-            from huggingface_hub.utils import disable_progress_bars
-
-            disable_progress_bars()
-        result = publish_model(
-            str(path), repo_id, private=private, revision=revision, commit_message=commit_message
-        )
+        options = {"private": private, "revision": revision, "commit_message": commit_message}
+        result = publish(out, str(path), repo_id, **options)
         if as_json:
             out.json(result.to_dict())
-            return
-        commit = f" (commit {result.commit_oid[:12]})" if result.commit_oid else ""
-        out.print(f"published {len(result.files)} files to {escape(result.url)}{commit}")
-        for name in result.files:
-            out.print(f"  {escape(name)}")
+        else:
+            report(out, result)
 
     run_guarded(body)
+
+
+def publish(out: Output, path: str, repo_id: str, **options: Any) -> PublishResult:
+    """`publish_model`, with the client's upload bars shown only to a human at a terminal.
+
+    Shared with `ckpt convert --push-to-hub`.
+    """
+    from ckpt_tools.publish import publish_model
+
+    if not out.interactive:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    return publish_model(path, repo_id, **options)
+
+
+def report(out: Output, result: PublishResult) -> None:
+    commit = f" (commit {result.commit_oid[:12]})" if result.commit_oid else ""
+    out.print(f"published {len(result.files)} files to {escape(result.url)}{commit}")
+    for name in result.files:
+        out.print(f"  {escape(name)}")
 
 
 def register(app: typer.Typer) -> None:
