@@ -9,7 +9,7 @@ import uuid
 import fsspec
 import pytest
 from huggingface_hub import ModelCard
-from publish_fixtures import SINGLE_FILES, make_step_dir, sha256, snapshot
+from publish_fixtures import SINGLE_FILES, make_step_dir, sha256, snapshot, tensors
 
 from ckpt_tools import PublishError, layout, publish_model, select_publish_files
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError
@@ -156,3 +156,21 @@ def test_card_leaves_out_what_the_run_does_not_say(tmp_path):
 
     assert card.data.library_name == "ckpt-tools" and card.data.license is None
     assert "| Steps |" not in card.text and "# Policy" in card.text
+
+
+def test_the_cards_loading_instructions_work_on_a_published_sharded_model(tmp_path):
+    import torch
+
+    import ckpt_tools
+
+    step_dir = make_step_dir(tmp_path / "run", weights="sharded")
+    target = tmp_path / "published"
+    publish_model(step_dir, str(target))
+    assert "ckpt_tools.load_model_state_dict(model_dir)" in (target / "README.md").read_text()
+
+    loaded = ckpt_tools.load_model_state_dict(str(target))
+
+    expected = tensors(0)
+    assert sorted(loaded) == sorted(expected)
+    for name, value in expected.items():
+        assert torch.equal(loaded[name], torch.from_numpy(value)), name

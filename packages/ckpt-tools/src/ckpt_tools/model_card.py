@@ -121,7 +121,10 @@ def _load_snippet(repo_id: str, adapter: bool) -> str:
         lines.append("from huggingface_hub import snapshot_download")
     lines += ["import ckpt_tools", "", fetch, "state_dict = ckpt_tools.load_model_state_dict(model_dir)"]
     if adapter:
-        lines.append("# the adapter's tensors: apply them to the base policy with peft (adapter_config.json)")
+        lines.append(
+            "# the adapter's tensors under PEFT's names; or the base weights with the LoRA folded in:"
+        )
+        lines.append("merged = ckpt_tools.merge_adapter_dir(base_model_dir, model_dir)")
     else:
         lines.append("policy.load_state_dict(state_dict)  # a policy built from config.json")
     lines.append("```")
