@@ -36,3 +36,13 @@ def typecheck(session: nox.Session) -> None:
     """mypy over both packages."""
     install(session, "mypy>=1.10")
     session.run("mypy")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Conversion benchmark: ckpt convert vs a copy, torch's dcp_to_torch_save, accelerate's merge.
+
+    Pass options after `--`, e.g. `nox -s bench -- --size-mb 1600 --repeat 3`.
+    """
+    install(session)
+    session.run("python", "benchmarks/bench_convert.py", *session.posargs)
