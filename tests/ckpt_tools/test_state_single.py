@@ -180,11 +180,12 @@ def test_saving_the_same_step_again_replaces_it(tmp_path, trained):
     assert all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
 
 
-def test_memory_store_gets_a_text_last_pointer():
+@pytest.mark.parametrize("checkpoint_format", ["safetensors", "dcp"])
+def test_memory_store_gets_a_text_last_pointer(checkpoint_format):
     model, optimizer, scheduler = make_run()
     train(model, optimizer, scheduler, 1)
     root = "memory://state-single/run/checkpoints"
-    final = save(root, 7, model, optimizer, scheduler)
+    final = save(root, 7, model, optimizer, scheduler, ts=training_step(7, checkpoint_format))
 
     assert final == f"{root}/000007"
     assert storage.read_text(f"{root}/last").strip() == "000007"

@@ -238,7 +238,7 @@ def quiet_single_process() -> Iterator[None]:
 
 def _dcp_writer(path: str) -> dcp.StorageWriter:
     if "://" in path:
-        from torch.distributed.checkpoint import FsspecWriter
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # not re-exported
 
         return FsspecWriter(path)
     return dcp.FileSystemWriter(path)
@@ -247,7 +247,7 @@ def _dcp_writer(path: str) -> dcp.StorageWriter:
 def dcp_reader(path: str) -> dcp.StorageReader:
     """A DCP reader for a local directory or an fsspec URL."""
     if "://" in path:
-        from torch.distributed.checkpoint import FsspecReader
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader  # not re-exported
 
         return FsspecReader(path)
     return dcp.FileSystemReader(path)
@@ -294,12 +294,17 @@ def read_optimizer_safetensors(state_dir: str, optimizer: torch.optim.Optimizer 
             state.setdefault(owner, {})[name] = tensor
         else:
             groups[int(owner)][name] = tensor
-    current = optimizer.param_groups if optimizer is not None else []
-    for group, live in zip(groups, current, strict=False):
+    if optimizer is not None:
+        _restore_tuples(groups, optimizer.param_groups)
+    return {"state": state, "param_groups": groups}
+
+
+def _restore_tuples(groups: list[dict[str, Any]], like: list[dict[str, Any]]) -> None:
+    """Turn lists back into tuples where `like` (the live optimizer's groups) holds a tuple."""
+    for group, live in zip(groups, like, strict=False):
         for key, value in group.items():
             if isinstance(value, list) and isinstance(live.get(key), tuple):
                 group[key] = tuple(value)
-    return {"state": state, "param_groups": groups}
 
 
 # ---------------------------------------------------------------------------------------------- RNG
@@ -482,8 +487,10 @@ def _load_optimizer(
             "the checkpoint is incomplete: resume from an earlier step"
         )
     osd = read_optimizer_safetensors(state_dir, optimizer)
+    before = [dict(group) for group in optimizer.param_groups]
     options = StateDictOptions(full_state_dict=is_sharded(model))
     set_optimizer_state_dict(model, optimizer, osd, options=options)
+    _restore_tuples(optimizer.param_groups, before)  # torch's full-state path flattens tuples to lists
 
 
 def _read_json(path: str) -> Any:
