@@ -10,7 +10,7 @@ import draccus
 
 from trainer.config.train import TrainConfig
 from trainer.errors import ConfigError
-from trainer.policies.base import known_types, register_import_path
+from trainer.policies.base import PolicyConfig, known_types, register_import_path
 
 _CONFIG_FLAG = "--config_path"
 
@@ -19,6 +19,10 @@ def parse_config(args: Sequence[str]) -> TrainConfig:
     """Flags override the `--config_path` file, which overrides the defaults."""
     config_path, rest = _split_config_path(list(args))
     policy_type = _policy_type(rest, config_path)
+    if policy_type is None and any(arg.startswith("--policy.") for arg in rest):
+        # draccus needs the choice named before its fields: `--policy.dim=32` means the default type.
+        policy_type = PolicyConfig.default_choice_name() or "act"
+        rest.insert(0, f"--policy.type={policy_type}")
     if policy_type is not None:
         register_import_path(policy_type)
         if policy_type not in known_types():

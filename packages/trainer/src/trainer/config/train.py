@@ -24,7 +24,7 @@ CHECKPOINT_FORMATS = ("safetensors", "dcp", "safetensors_dcp")
 class OptimizerConfig:
     """AdamW."""
 
-    lr: float = 1e-3
+    lr: float = 2e-3
     """Peak learning rate."""
     weight_decay: float = 1e-4
     """Decoupled weight decay."""
@@ -95,11 +95,11 @@ class TrainConfig:
     for the last two."""
     batch_size: int = 32
     """Samples per rank per loop step."""
-    steps: int = 300
+    steps: int = 500
     """Loop steps (micro-batches), not optimizer updates."""
-    save_freq: int = 150
+    save_freq: int = 250
     """Save a checkpoint every this many loop steps (and always at the end)."""
-    log_freq: int = 25
+    log_freq: int = 50
     """Log reduced metrics every this many loop steps."""
     seed: int = 1000
     """Seeds the policy's initialization, dropout and the sample order."""

@@ -35,6 +35,8 @@ class DatasetConfig:
     """Seeds the episodes' start states (independent of the run's --seed)."""
     cache_dir: str | None = None
     """Where the generated episodes are cached; default $TRAINER_CACHE or ~/.cache/trainer."""
+    noise: float = 0.5
+    """Std of the torque noise executed (not recorded) while demonstrating, so the data covers recoveries."""
     eval_episodes: int = 8
     """Episodes rolled out at the end to compare the policy with a random one (split across ranks)."""
 
@@ -43,12 +45,14 @@ class DatasetConfig:
             raise ConfigError(f"--dataset.type={self.type!r} is not one of {', '.join(DATASET_TYPES)}")
         if self.episodes < 1:
             raise ConfigError(f"--dataset.episodes must be >= 1, got {self.episodes}")
+        if self.noise < 0:
+            raise ConfigError(f"--dataset.noise must be >= 0, got {self.noise}")
         if self.eval_episodes < 0:
             raise ConfigError(f"--dataset.eval_episodes must be >= 0, got {self.eval_episodes}")
 
     def cache_path(self) -> Path:
         root = self.cache_dir or os.environ.get("TRAINER_CACHE") or Path.home() / ".cache" / "trainer"
-        return Path(root) / f"{self.type}_v1_ep{self.episodes}_seed{self.seed}.npz"
+        return Path(root) / f"{self.type}_v1_ep{self.episodes}_seed{self.seed}_noise{self.noise:g}.npz"
 
 
 class DemonstrationDataset:
@@ -104,7 +108,7 @@ def _generate(config: DatasetConfig) -> dict[str, np.ndarray]:
     observations, actions, episode_last = [], [], []
     count = 0
     for episode in range(config.episodes):
-        obs, act, _ = sim.rollout(sim.expert_action, seed=config.seed * 100_003 + episode)
+        obs, act, _ = sim.rollout(sim.expert_action, seed=config.seed * 100_003 + episode, noise=config.noise)
         observations.append(obs)
         actions.append(act)
         count += len(obs)

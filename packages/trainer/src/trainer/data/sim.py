@@ -40,20 +40,26 @@ def expert_action(obs: np.ndarray) -> np.ndarray:
     return np.array([np.clip(torque, -MAX_TORQUE, MAX_TORQUE)], dtype=np.float32)
 
 
-def rollout(controller: Controller, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """One full episode from the start state that `seed` draws: (observations, actions, return)."""
+def rollout(controller: Controller, seed: int, noise: float = 0.0) -> tuple[np.ndarray, np.ndarray, float]:
+    """One full episode from the start state that `seed` draws: (observations, actions, return).
+
+    With `noise` > 0 the executed torque is perturbed (Gaussian, seeded) while the recorded action
+    stays the controller's: demonstrations then also cover the states a slightly wrong policy
+    reaches, and show how to recover from them (DART-style noise injection).
+    """
     import gymnasium as gym
 
     env = gym.make(ENV_ID, max_episode_steps=EPISODE_STEPS)
     obs, _ = env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
     observations, actions, total = [], [], 0.0
     for _ in range(EPISODE_STEPS):
-        action = np.asarray(controller(np.asarray(obs, dtype=np.float32)), dtype=np.float32).reshape(
-            ACTION_DIM
-        )
+        action = np.asarray(controller(np.asarray(obs, dtype=np.float32)), dtype=np.float32)
+        action = action.reshape(ACTION_DIM)
         observations.append(np.asarray(obs, dtype=np.float32))
         actions.append(action)
-        obs, reward, terminated, truncated, _ = env.step(np.clip(action, -MAX_TORQUE, MAX_TORQUE))
+        executed = action + noise * rng.standard_normal(ACTION_DIM).astype(np.float32)
+        obs, reward, terminated, truncated, _ = env.step(np.clip(executed, -MAX_TORQUE, MAX_TORQUE))
         total += float(reward)
         if terminated or truncated:
             break

@@ -82,6 +82,8 @@ def build_accelerator(config: TrainConfig, topology: Topology, wrap_plan: WrapPl
             "--accelerator.mixed_precision=fp16 needs a GPU (no CPU loss scaler): use bf16 or no"
         )
     kwargs: dict[str, Any] = {
+        # accelerate only treats a CPU-only torchrun launch as distributed (gloo) when told `cpu=True`.
+        "cpu": on_cpu,
         "mixed_precision": acc.mixed_precision,
         "gradient_accumulation_plugin": acc.gradient_accumulation.build_plugin(),
         "step_scheduler_with_optimizer": False,
@@ -112,11 +114,15 @@ def _engage_fsdp_on_cpu(accelerator: Any, plugin: Any, parallelism: Any) -> None
     `AcceleratorState` would have set on a GPU (distributed type FSDP, the plugin with its mixed
     precision, the parallelism config and its device mesh) makes `prepare()` run its FSDP2 path
     unchanged: fully_shard on the 1-D or 2-D (dp_replicate, dp_shard) mesh."""
+    from accelerate.state import PartialState
     from accelerate.utils import DistributedType
 
     state = accelerator.state
     if state.mixed_precision != "no":
         plugin.set_mixed_precision(state.mixed_precision)
+    # Every later `AcceleratorState()` copies PartialState's shared dict over its own, as accelerate
+    # itself arranges at the end of AcceleratorState.__init__: set the type in both.
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
     state.distributed_type = DistributedType.FSDP
     state.fsdp_plugin = plugin
     state.parallelism_config = parallelism

@@ -25,19 +25,19 @@ from trainer.policies.base import Policy, PolicyConfig
 class ACTConfig(PolicyConfig):
     """Action-chunking transformer."""
 
-    dim: int = 64
+    dim: int = 32
     """Model width."""
     heads: int = 4
     """Attention heads."""
-    ffn_dim: int = 128
+    ffn_dim: int = 64
     """Feed-forward hidden width."""
     encoder_layers: int = 2
     """Encoder depth."""
-    decoder_layers: int = 2
+    decoder_layers: int = 1
     """Decoder depth."""
     context_tokens: int = 2
     """Learned tokens the encoder attends over beside the observation token."""
-    chunk: int = 10
+    chunk: int = 5
     """Actions predicted per observation."""
 
     def __post_init__(self) -> None:
@@ -135,7 +135,9 @@ class ACTPolicy(Policy):
         tokens = torch.cat([self.obs_proj(obs)[:, None], self.context.expand(b, -1, -1)], dim=1)
         for layer in self.encoder:
             tokens = layer(tokens)
-        x = self.queries.expand(b, -1, -1)
+        # Each action query starts from the encoded observation: a direct path from state to action
+        # that the cross-attention then refines.
+        x = self.queries.expand(b, -1, -1) + tokens[:, :1]
         for layer in self.decoder:
             x = layer(x, tokens)
         return self.head(x)

@@ -1,0 +1,167 @@
+"""Two-phase resume (DESIGN.md section 6): the trainer's side, over ckpt_tools' plan and loaders.
+
+Phase 1 (`before_prepare`) runs on the plain, freshly built policy: it finds the checkpoint, reads its
+`training_step.json`, judges the current run against it (`ckpt_tools.plan_resume`: refused, warned,
+sample-exact), checks that the saved weights fit the model, and restores the RNG and the sampler's
+position. No weights are loaded then: whatever the format, they go in after `prepare()`, where DCP
+shards are resharded straight onto the current topology (`after_prepare`, phase 2).
+
+Every failure that the user can fix (a legacy or foreign checkpoint, a refused change, a damaged file)
+becomes one `ConfigError` line naming the checkpoint, never a torch traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import ckpt_tools
+from ckpt_tools import ResumePlan, RunShape, Topology, layout
+from trainer.config.train import TrainConfig
+from trainer.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a run starts: `step_dir` is None for a fresh start (step 0)."""
+
+    step_dir: str | None
+    plan: ResumePlan | None
+    message: str
+
+    @property
+    def start_step(self) -> int:
+        return self.plan.step if self.plan is not None else 0
+
+
+FRESH = ResumePoint(step_dir=None, plan=None, message="")
+
+
+def saved_config_path(output_dir: str) -> str | None:
+    """`train_config.json` of the run's latest checkpoint (`checkpoints/last`), or None before the
+    first save: what `--resume=true --output_dir=DIR` starts from when no --config_path is given."""
+    step_dir = ckpt_tools.latest_step_dir(output_dir)
+    if step_dir is None:
+        return None
+    return layout.join(step_dir, layout.PRETRAINED_MODEL_DIR, layout.TRAIN_CONFIG)
+
+
+def find_checkpoint(config: TrainConfig) -> str | None:
+    """The step directory a `--resume=true` run continues from.
+
+    `--config_path` inside a checkpoint (`<step>/pretrained_model/train_config.json`, `last` included)
+    names it; otherwise it is `checkpoints/last` under `--output_dir`, and None when that run has not
+    saved yet (the caller then starts fresh, so a crash before the first save also recovers).
+    """
+    if config.config_path is not None:
+        model_dir = os.path.dirname(os.path.abspath(os.fspath(config.config_path)))
+        if os.path.basename(model_dir) == layout.PRETRAINED_MODEL_DIR:
+            step_dir = os.path.dirname(model_dir)
+            if os.path.basename(step_dir) == layout.LAST:
+                return ckpt_tools.latest_step_dir(os.path.dirname(step_dir))
+            return step_dir
+    return ckpt_tools.latest_step_dir(config.output_dir)
+
+
+def before_prepare(
+    config: TrainConfig, topology: Topology, model: Any, sampler: Any, rank: int, world_size: int
+) -> ResumePoint:
+    """Phase 1: plan the resume, restore RNG and sampler position. Reads files only (no collective);
+    every rank computes the same plan. Call after the policy is built and before `prepare()`."""
+    if not config.resume:
+        return FRESH
+    step_dir = find_checkpoint(config)
+    if step_dir is None:
+        return ResumePoint(
+            None,
+            None,
+            f"--resume=true: no checkpoint under {config.output_dir} yet, starting a fresh run",
+        )
+    with _refusals(step_dir):
+        saved = ckpt_tools.read_training_step(step_dir)
+        plan = ckpt_tools.plan_resume(saved, _run_shape(config, topology))
+        _check_weights_fit(step_dir, model)
+        ckpt_tools.load_rng_state(step_dir, rank, world_size)
+    sampler.set_position(plan.sampler.epoch, plan.sampler.offset)
+    lines = [
+        f"resuming from {step_dir} at step {plan.step} (epoch {plan.sampler.epoch}, "
+        f"sample offset {plan.sampler.offset})"
+    ]
+    if plan.warning is not None:
+        lines.append(f"warning: {plan.warning}")
+    return ResumePoint(step_dir, plan, "\n".join(lines))
+
+
+def after_prepare(point: ResumePoint, *, model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> None:
+    """Phase 2. Collective: call on all ranks after `prepare()`. Loads model, optimizer, scheduler and
+    loss-scaler state into the prepared objects, resharding onto the current topology."""
+    if point.step_dir is None:
+        return
+    with _refusals(point.step_dir):
+        ckpt_tools.load_training_state(
+            point.step_dir,
+            model=model,
+            optimizer=getattr(optimizer, "optimizer", optimizer),  # accelerate's wrapper holds the real one
+            scheduler=getattr(scheduler, "scheduler", scheduler),
+            scaler=scaler,
+        )
+
+
+def _run_shape(config: TrainConfig, topology: Topology) -> RunShape:
+    return RunShape(
+        topology=topology,
+        batch_size=config.batch_size,
+        grad_accum_steps=config.accelerator.gradient_accumulation.steps,
+        mixed_precision=config.accelerator.mixed_precision,
+        peft=_peft_enabled(config),
+    )
+
+
+def _peft_enabled(config: TrainConfig) -> bool:
+    peft = getattr(config, "peft", None)
+    return bool(getattr(peft, "method_type", None))
+
+
+def _check_weights_fit(step_dir: str, model: Any) -> None:
+    """Compare the saved weights' names and shapes (metadata only) with the freshly built model, so a
+    checkpoint of another architecture is refused before any collective load starts."""
+    weights = ckpt_tools.describe_checkpoint(step_dir).weights
+    if weights is None:
+        raise ckpt_tools.CorruptCheckpointError(f"{step_dir} holds no model weights; resume an earlier step")
+    saved = {t.name: tuple(t.shape) for t in weights.tensors}
+    wanted = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    missing, unexpected = sorted(wanted.keys() - saved.keys()), sorted(saved.keys() - wanted.keys())
+    resized = sorted(name for name in wanted.keys() & saved.keys() if wanted[name] != saved[name])
+    if missing or unexpected or resized:
+        first = (
+            f"missing {missing[0]}"
+            if missing
+            else f"unexpected {unexpected[0]}"
+            if unexpected
+            else f"{resized[0]} is {list(saved[resized[0]])} there but {list(wanted[resized[0]])} here"
+        )
+        raise ckpt_tools.ResumeRefusedError(
+            f"its weights do not fit this policy ({len(missing)} missing, {len(unexpected)} unexpected, "
+            f"{len(resized)} resized; {first}); resume with the policy settings it was saved with "
+            "(its train_config.json)"
+        )
+
+
+@contextlib.contextmanager
+def _refusals(step_dir: str) -> Iterator[None]:
+    """Turn a checkpoint problem (typed ckpt_tools error, or torch's DCP load failure) into one line."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except ckpt_tools.CheckpointError as exc:
+        raise ConfigError(f"cannot resume from {step_dir}: {exc}") from None
+    except CheckpointException as exc:  # a BaseException: per-rank failures of dcp.load
+        first = " ".join(str(exc).split())[:300]
+        raise ConfigError(
+            f"cannot resume from {step_dir}: its DCP shards do not load into this run ({first}); "
+            "check the checkpoint with `ckpt verify` and resume with the settings it was saved with"
+        ) from None
