@@ -44,6 +44,10 @@ _EXPORTS: dict[str, str] = {
     "ConversionResult": "ckpt_tools.convert",
     "convert_dcp_to_safetensors": "ckpt_tools.convert",
     "convert_safetensors_to_dcp": "ckpt_tools.convert",
+    "CheckpointDescription": "ckpt_tools.inspect",
+    "describe_checkpoint": "ckpt_tools.inspect",
+    "VerifyReport": "ckpt_tools.verify",
+    "verify_checkpoint": "ckpt_tools.verify",
 }
 
 __all__ = sorted(_EXPORTS)

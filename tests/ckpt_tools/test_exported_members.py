@@ -1,0 +1,100 @@
+"""The public surface of `ckpt_tools` is exactly this list, every name resolves, and importing the
+package or running the metadata commands never imports torch (which alone takes ~2 s here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from report_fixtures import write_step_dir
+
+import ckpt_tools
+
+# Adding a name here is a decision about the stable API the trainer and evaluation pipelines use.
+PUBLIC = {
+    # errors
+    "CheckpointError",
+    "CorruptCheckpointError",
+    "LegacyCheckpointError",
+    "UnsupportedVersionError",
+    "ResumeRefusedError",
+    "PublishError",
+    # training_step.json schema
+    "TrainingStep",
+    "Topology",
+    "SamplerPosition",
+    # saving and resuming
+    "ProcessorState",
+    "save_checkpoint",
+    "load_training_state",
+    "save_rng_state",
+    "load_rng_state",
+    "read_training_step",
+    "latest_step_dir",
+    "RunShape",
+    "ResumePlan",
+    "plan_resume",
+    # evaluation pipelines: open, describe, check, load
+    "Checkpoint",
+    "open_checkpoint",
+    "load_model_state_dict",
+    "load_processors",
+    "CheckpointDescription",
+    "describe_checkpoint",
+    "VerifyReport",
+    "verify_checkpoint",
+    # adapters, conversion, publishing
+    "merge_lora",
+    "merge_adapter_dir",
+    "ConversionResult",
+    "convert_dcp_to_safetensors",
+    "convert_safetensors_to_dcp",
+    "PublishResult",
+    "publish_model",
+    "select_publish_files",
+}
+
+
+def test_all_is_exactly_the_public_list() -> None:
+    assert set(ckpt_tools.__all__) == PUBLIC
+    assert ckpt_tools.__all__ == sorted(ckpt_tools.__all__)
+    assert dir(ckpt_tools) == ckpt_tools.__all__
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_every_public_name_resolves(name: str) -> None:
+    member = getattr(ckpt_tools, name)
+    assert getattr(member, "__name__", name) == name
+
+
+def test_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'layout_internals'"):
+        _ = ckpt_tools.layout_internals
+
+
+def _modules_after(code: str) -> set[str]:
+    """Run `code` in a fresh interpreter and return the top-level modules it imported (on stderr, so
+    a command's own output on stdout stays apart)."""
+    probe = f"{code}\nimport sys\nprint(' '.join({{m.split('.')[0] for m in sys.modules}}), file=sys.stderr)"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return set(result.stderr.split())
+
+
+def test_import_does_not_import_torch() -> None:
+    modules = _modules_after("import ckpt_tools; ckpt_tools.TrainingStep; ckpt_tools.describe_checkpoint")
+    assert "torch" not in modules and "safetensors" not in modules
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_metadata_commands_do_not_import_torch(tmp_path: Path, command: str) -> None:
+    step_dir = write_step_dir(tmp_path, "safetensors_dcp", dp_shard=2)
+    code = (
+        "import sys\nfrom ckpt_tools.cli.app import main\n"
+        f"sys.argv = ['ckpt', {command!r}, {str(step_dir)!r}, '--json']\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code"
+    )
+    modules = _modules_after(code)
+    assert "torch" not in modules and "numpy" not in modules
