@@ -172,6 +172,9 @@ def test_optimizer_files_follow_the_topology(tmp_path: Path) -> None:
     optimizer.rmdir()
     only_problem(step_dir, "optimizer_0/ is missing; a sharded run (FSDP2 2)")
 
+    save_file({"state/w/exp_avg": torch.zeros(2)}, str(state_dir(step_dir) / layout.OPTIMIZER_SAFETENSORS))
+    only_problem(step_dir, "gathered optimizer_state.safetensors from a sharded run", "weights still load")
+
     step_dir = write_step_dir(tmp_path / "single", "safetensors")
     (state_dir(step_dir) / layout.OPTIMIZER_PARAM_GROUPS).unlink()
     only_problem(step_dir, "optimizer_param_groups.json is missing")

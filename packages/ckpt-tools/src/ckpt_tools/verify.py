@@ -173,6 +173,12 @@ def _check_required(
 def _check_optimizer_files(findings: _Findings, step: TrainingStep, present: set, state_dir: str) -> None:
     if (OPTIMIZER, DCP) in present:
         return
+    if step.topology.is_sharded and storage.exists(layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS)):
+        findings.problems.append(
+            f"{state_dir} holds a gathered {layout.OPTIMIZER_SAFETENSORS} from a sharded run (an older "
+            "release's layout): it cannot be resumed; its weights still load (--policy.path)"
+        )
+        return
     if step.topology.is_sharded:
         findings.problems.append(
             f"{layout.join(state_dir, layout.OPTIMIZER_DCP_DIR)}/ is missing; a sharded run "
