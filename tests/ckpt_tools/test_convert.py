@@ -208,3 +208,19 @@ def test_bad_inputs(tmp_path: Path) -> None:
         convert_dcp_to_safetensors(tmp_path / "missing")
     with pytest.raises(NotACheckpointError, match="no DCP shards"):
         convert_dcp_to_safetensors(tmp_path)
+
+
+def test_fsspec_memory_store(dcp_runs) -> None:
+    import fsspec
+    from safetensors.torch import load
+
+    fs = fsspec.filesystem("memory")
+    source = dcp_runs(2) / "fsdp"
+    for file in source.iterdir():
+        fs.pipe(f"/convert-test/pretrained_model/{layout.MODEL_DCP_DIR}/{file.name}", file.read_bytes())
+    result = convert_dcp_to_safetensors("memory://convert-test")
+    assert result.files == (f"memory://convert-test/pretrained_model/{layout.MODEL_SAFETENSORS}",)
+    _assert_equal(
+        load(fs.cat(f"/convert-test/pretrained_model/{layout.MODEL_SAFETENSORS}")), _reference(source)
+    )
+    fs.rm("/convert-test", recursive=True)
