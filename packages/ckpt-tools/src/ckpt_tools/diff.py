@@ -8,6 +8,7 @@ model size. Either side may be in any format: a safetensors checkpoint diffs aga
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import warnings
@@ -125,9 +126,9 @@ def diff_checkpoints(
 
 def _diff_one(left: TensorSource, right: TensorSource, name: str, atol: float) -> TensorDiff:
     x, y = left.tensors[name], right.tensors[name]
-    base = {"name": name, "dtype_a": x.dtype, "dtype_b": y.dtype, "shape_a": x.shape, "shape_b": y.shape}
+    shape_changed = TensorDiff(name, SHAPE_CHANGED, x.dtype, y.dtype, x.shape, y.shape)
     if x.shape != y.shape:
-        return TensorDiff(status=SHAPE_CHANGED, **base)
+        return shape_changed
     max_abs, max_rel = value_difference(left.load(name), right.load(name))
     if x.dtype != y.dtype:
         status = DTYPE_CHANGED
@@ -135,7 +136,7 @@ def _diff_one(left: TensorSource, right: TensorSource, name: str, atol: float) -
         status = EQUAL
     else:
         status = DIFFERENT
-    return TensorDiff(status=status, max_abs=max_abs, max_rel=max_rel, **base)
+    return dataclasses.replace(shape_changed, status=status, max_abs=max_abs, max_rel=max_rel)
 
 
 def value_difference(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
