@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer import checkpointing
+from trainer import checkpointing, resume
 from trainer.config.train import TrainConfig
 from trainer.data import sim
 from trainer.data.dataset import OBS_KEY, load_dataset
@@ -24,7 +24,6 @@ from trainer.data.sampler import GlobalOrderSampler
 from trainer.distributed.factory import build_accelerator, check_accelerate_env, prepare
 from trainer.distributed.topology import check_checkpoint_format, launch_world_size, resolve_topology
 from trainer.distributed.wrap import resolve_wrap_plan
-from trainer.errors import ConfigError
 from trainer.metrics import make_logger
 from trainer.policies import build_policy
 
@@ -70,14 +69,26 @@ def train(config: TrainConfig) -> RunSummary:
     scheduler = config.scheduler.build(optimizer, config.steps)
 
     # ---- Resume, phase 1 (before prepare): restore the step, the RNG and the sampler position. ----
-    start_step = _resume_before_prepare(config)
+    resume_point = resume.before_prepare(
+        config, topology, policy, sampler, accelerator.process_index, accelerator.num_processes
+    )
+    start_step = resume_point.start_step
 
     model, optimizer, scheduler = prepare(accelerator, policy, optimizer, scheduler, wrap_plan)
 
     # ---- Resume, phase 2 (after prepare): load model/optimizer/scheduler state (ckpt_tools). ----
+    resume.after_prepare(
+        resume_point,
+        model=accelerator.unwrap_model(model),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=accelerator.scaler,
+    )
 
     logger = make_logger(accelerator.is_main_process, config.output_dir, config.steps, start_step)
     logger.banner(_banner(config, topology, wrap_plan, accelerator, len(dataset)))
+    if resume_point.message:
+        logger.note(resume_point.message, event="resume", step=start_step, changes=resume_point.changes)
     losses, last_checkpoint = [], None
     window_loss, window_steps, window_start = (
         torch.zeros((), device=accelerator.device),
@@ -148,16 +159,6 @@ def _record_effective_precision(config: TrainConfig) -> None:
     mpp = config.accelerator.fsdp.mixed_precision_policy
     if mpp.is_set:
         mpp.reduce_dtype = mpp.effective_reduce_dtype()
-
-
-def _resume_before_prepare(config: TrainConfig) -> int:
-    """Phase 1 of the two-phase resume: the step to continue after. Fresh runs start at 0."""
-    if config.resume:
-        raise ConfigError(
-            "--resume=true is not available in this build of the trainer yet: start a fresh run "
-            "(a new --output_dir), or load the weights with ckpt_tools.load_model_state_dict"
-        )
-    return 0
 
 
 def _train_step(

@@ -36,6 +36,11 @@ class ResumePoint:
     def start_step(self) -> int:
         return self.plan.step if self.plan is not None else 0
 
+    @property
+    def changes(self) -> list[str]:
+        """The settings that differ from the saved run (empty when it continues exactly)."""
+        return list(self.plan.changes) if self.plan is not None else []
+
 
 FRESH = ResumePoint(step_dir=None, plan=None, message="")
 

@@ -16,7 +16,8 @@ _CONFIG_FLAG = "--config_path"
 
 
 def parse_config(args: Sequence[str]) -> TrainConfig:
-    """Flags override the `--config_path` file, which overrides the defaults."""
+    """Flags override the `--config_path` file, which overrides the defaults. With `--resume=true` and
+    no `--config_path`, the file is the train_config.json of `--output_dir`'s last checkpoint, if any."""
     config_path, rest = _split_config_path(list(args))
     policy_type = _policy_type(rest, config_path)
     if policy_type is None and any(arg.startswith("--policy.") for arg in rest):
@@ -40,6 +41,13 @@ def parse_config(args: Sequence[str]) -> TrainConfig:
             raise cause from None
         raise ConfigError(f"invalid configuration: {' '.join(str(exc).split())}") from None
     config.config_path = config_path
+    if config.resume and config_path is None:
+        # `--resume=true --output_dir=DIR` alone continues that run from its own saved config.
+        from trainer.resume import saved_config_path
+
+        saved = saved_config_path(config.output_dir)
+        if saved is not None:
+            return parse_config([f"{_CONFIG_FLAG}={saved}", *args])
     return config
 
 

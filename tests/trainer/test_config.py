@@ -1,0 +1,190 @@
+"""Every validation error is raised at start, in one line that names the flag and the fix."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+from trainer.config.parallelism import ParallelismConfig
+from trainer.config.parse import encode_config, parse_config
+from trainer.distributed.factory import ALLOW_ENV, check_accelerate_env
+from trainer.distributed.topology import check_checkpoint_format, resolve_topology
+from trainer.distributed.wrap import WrapPlan, check_tied_weights, resolve_wrap_plan, unit_roots
+from trainer.errors import ConfigError, WrapPlanError
+from trainer.policies import build_policy
+from trainer.policies.mlp import MLPConfig
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--policy.type=nope"], r"--policy.type='nope' is unknown: choose one of act, mlp"),
+        (["--policy.type=no.such.module:Cfg"], r"cannot import Cfg from no.such.module"),
+        (["--parallelism.cp_size=2"], r"--parallelism.cp_size=2 is not supported"),
+        (["--parallelism.tp_size=2"], r"--parallelism.tp_size=2 is not supported"),
+        (["--parallelism.dp_shard=0"], r"--parallelism.dp_shard must be >= 1 or -1"),
+        (
+            ["--accelerator.fsdp.wrap_modules=[ACTEncoderLayer]", "--accelerator.fsdp.min_num_params=100"],
+            r"wrap_modules and --accelerator.fsdp.min_num_params both choose",
+        ),
+        (["--accelerator.fsdp.mixed_precision_policy.reduce_dtype=float32"], r"needs param_dtype too"),
+        (
+            ["--accelerator.fsdp.mixed_precision_policy.param_dtype=float16"],
+            r"float16 parameters .* set --accelerator.mixed_precision=fp16",
+        ),
+        (["--accelerator.fsdp.ignored_modules=("], r"not a valid regex"),
+        (["--accelerator.mixed_precision=fp8"], r"--accelerator.mixed_precision='fp8' is not one of"),
+        (["--accelerator.gradient_accumulation.steps=0"], r"gradient_accumulation.steps must be >= 1"),
+        (["--checkpoint_format=zip"], r"--checkpoint_format='zip' is not one of"),
+        (["--batch_size=0"], r"--batch_size must be >= 1"),
+        (["--policy.dim=30", "--policy.heads=4"], r"--policy.dim=30 must be divisible by --policy.heads=4"),
+        (["--dataset.type=atari"], r"--dataset.type='atari' is not one of pendulum"),
+        (["--no_such_flag=1"], r"unrecognized arguments: --no_such_flag"),
+    ],
+)
+def test_invalid_flags_are_one_line_errors(args: list[str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as info:
+        parse_config(args)
+    assert "\n" not in str(info.value)
+
+
+def test_json_round_trip_reproduces_the_config(tmp_path) -> None:
+    config = parse_config(
+        ["--policy.type=mlp", "--policy.blocks=3", "--steps=7", "--parallelism.dp_shard=-1"]
+    )
+    path = tmp_path / "train_config.json"
+    path.write_text(json.dumps(encode_config(config)))
+    again = parse_config([f"--config_path={path}"])
+    assert encode_config(again) == encode_config(config)
+    assert again.config_path == str(path)
+    assert parse_config([f"--config_path={path}", "--steps=9"]).steps == 9
+
+
+@dataclass
+class CustomConfig(MLPConfig):
+    """A user's policy config, known to the trainer only by its import path."""
+
+
+def test_policy_registered_by_import_path() -> None:
+    name = f"{__name__}:CustomConfig"
+    config = parse_config([f"--policy.type={name}", "--policy.blocks=1"])
+    assert type(config.policy) is CustomConfig
+    assert config.policy.to_dict()["type"] == name
+    assert type(parse_config([f"--policy.type={name}"]).policy) is CustomConfig
+    with pytest.raises(ConfigError, match="is not a PolicyConfig subclass"):
+        parse_config([f"--policy.type={__name__}:_Block"])
+
+
+def test_policy_fields_without_type_mean_the_default_policy() -> None:
+    assert parse_config(["--policy.dim=16", "--policy.heads=2"]).policy.dim == 16
+
+
+@pytest.mark.parametrize(
+    ("replicate", "shard", "world", "expected"),
+    [(1, 1, 1, (1, 1)), (1, 1, 4, (4, 1)), (1, -1, 4, (1, 4)), (2, -1, 4, (2, 2)), (2, 2, 4, (2, 2))],
+)
+def test_topology_resolution(replicate: int, shard: int, world: int, expected: tuple[int, int]) -> None:
+    topo = resolve_topology(ParallelismConfig(dp_replicate=replicate, dp_shard=shard), world)
+    assert (topo.dp_replicate, topo.dp_shard) == expected
+
+
+def test_degrees_not_matching_world_name_every_degree() -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_topology(ParallelismConfig(dp_replicate=2, dp_shard=3), 4)
+    message = str(info.value)
+    for part in ("dp_replicate=2", "dp_shard=3", "cp_size=1", "tp_size=1", "= 6", "4 processes"):
+        assert part in message
+
+
+def test_dp_shard_fill_needs_divisible_world() -> None:
+    with pytest.raises(
+        ConfigError, match=r"dp_shard=-1 cannot fill the world: world size 4 is not divisible"
+    ):
+        resolve_topology(ParallelismConfig(dp_replicate=3, dp_shard=-1), 4)
+
+
+@pytest.mark.parametrize("fmt", ["dcp", "safetensors_dcp"])
+def test_dcp_formats_need_a_sharded_run(fmt: str) -> None:
+    ddp = resolve_topology(ParallelismConfig(), 2)
+    with pytest.raises(ConfigError, match=rf"--checkpoint_format={fmt} needs a sharded run \(DDP 2 is not\)"):
+        check_checkpoint_format(fmt, ddp)
+    check_checkpoint_format(fmt, resolve_topology(ParallelismConfig(dp_shard=2), 2))
+
+
+def test_env_guard_names_the_variables() -> None:
+    env = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "PARALLELISM_CONFIG_DP_SHARD_SIZE": "2"}
+    with pytest.raises(ConfigError) as info:
+        check_accelerate_env(env)
+    for name in env:
+        assert name in str(info.value)
+    assert ALLOW_ENV in str(info.value)
+    for name in ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "ACCELERATE_MIXED_PRECISION"):
+        with pytest.raises(ConfigError, match=name):
+            check_accelerate_env({name: "4" if "STEPS" in name else "bf16"})
+
+
+def test_env_guard_allows_plain_launcher_values_and_the_override() -> None:
+    # what `accelerate launch` without a config exports
+    check_accelerate_env({"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_USE_FSDP": "false", "PATH": "/bin"})
+    check_accelerate_env({"ACCELERATE_USE_FSDP": "true", ALLOW_ENV: "1"})
+
+
+def _policy(policy_type: str = "act"):
+    return build_policy(parse_config([f"--policy.type={policy_type}"]).policy, 3, 1)
+
+
+def test_wrap_plan_from_policy_flag_or_size() -> None:
+    policy = _policy()
+    fsdp = parse_config([]).accelerator.fsdp
+    assert resolve_wrap_plan(policy, fsdp) == WrapPlan(class_names=("ACTEncoderLayer", "ACTDecoderLayer"))
+    fsdp.wrap_modules = ["ACTEncoderLayer"]
+    assert unit_roots(policy, resolve_wrap_plan(policy, fsdp)) == ["", "encoder.0", "encoder.1"]
+    fsdp.wrap_modules, fsdp.min_num_params = None, 5000
+    assert resolve_wrap_plan(policy, fsdp) == WrapPlan(min_num_params=5000)
+    fsdp.wrap_modules, fsdp.min_num_params = ["Nope"], None
+    with pytest.raises(WrapPlanError, match=r"wrap module class\(es\) Nope not found in ACTPolicy"):
+        resolve_wrap_plan(policy, fsdp)
+
+
+class _NoUnits(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(2, 2)
+
+
+def test_policy_without_wrap_units_is_refused_under_fsdp() -> None:
+    with pytest.raises(WrapPlanError, match=r"_NoUnits declares no _fsdp_wrap_modules.*--accelerator.fsdp"):
+        resolve_wrap_plan(_NoUnits(), parse_config([]).accelerator.fsdp)
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+
+class _Tied(nn.Module):
+    _fsdp_wrap_modules = ("_Block",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = _Block(), _Block()
+        self.second.proj.weight = self.first.proj.weight
+
+
+def test_tied_weights_split_across_units_are_named() -> None:
+    model = _Tied()
+    with pytest.raises(WrapPlanError) as info:
+        check_tied_weights(model, WrapPlan(class_names=("_Block",)))
+    assert "first.proj.weight, second.proj.weight" in str(info.value)
+    assert "'first'" in str(info.value) and "'second'" in str(info.value)
+    check_tied_weights(model, WrapPlan(class_names=("_Tied",)))  # one unit holds both: fine
+
+
+def test_policy_dtype_casts_parameters_only() -> None:
+    config = parse_config(["--policy.type=mlp", "--policy.dtype=bfloat16"]).policy
+    assert {p.dtype for p in build_policy(config, 3, 1).parameters()} == {torch.bfloat16}

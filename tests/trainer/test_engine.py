@@ -1,0 +1,136 @@
+"""The engine in one process: checkpoints through ckpt_tools, metrics, bf16, gradient accumulation."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import ckpt_tools
+from conftest import tiny_args
+from trainer.config.parse import parse_config
+from trainer.data.dataset import DatasetConfig, load_dataset
+from trainer.data.sampler import GlobalOrderSampler
+from trainer.errors import ConfigError
+from trainer.loop import train
+
+
+def test_single_process_run_writes_checkpoints_and_metrics(tmp_path, dataset_cache, clean_accelerate) -> None:
+    out = tmp_path / "run"
+    args = tiny_args(
+        str(out),
+        dataset_cache,
+        "--policy.type=mlp",
+        "--steps=60",
+        "--log_freq=20",
+        "--save_freq=30",
+        "--batch_size=32",
+    )
+    summary = train(parse_config(args))
+    assert summary.last_checkpoint == str(out / "checkpoints" / "000060")
+    assert ckpt_tools.latest_step_dir(str(out)).endswith("000060")
+    step = ckpt_tools.read_training_step(summary.last_checkpoint)
+    assert (step.step, step.dp_world_size, step.batch_size, step.checkpoint_format) == (
+        60,
+        1,
+        32,
+        "safetensors",
+    )
+    assert (step.sampler.epoch, step.sampler.offset) == (2, 60 * 32 - 2 * 800 // 32 * 32)
+    model_dir = out / "checkpoints" / "000060" / "pretrained_model"
+    for name in ("model.safetensors", "config.json", "train_config.json", "policy_preprocessor.json"):
+        assert (model_dir / name).is_file(), name
+    assert json.loads((model_dir / "config.json").read_text())["obs_dim"] == 3
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r.get("event") == "train"]
+    assert len(losses) == 3 and losses[-1] < 0.8 * losses[0]
+    assert (out / "loss_curve.png").stat().st_size > 0
+
+
+def test_train_config_json_alone_reproduces_the_run(tmp_path, dataset_cache, clean_accelerate) -> None:
+    first = train(parse_config(tiny_args(str(tmp_path / "a"), dataset_cache, "--policy.dropout=0")))
+    saved = os.path.join(first.last_checkpoint, "pretrained_model", "train_config.json")
+    config = parse_config([f"--config_path={saved}", f"--output_dir={tmp_path / 'b'}"])
+    clean_accelerate_between_runs()
+    second = train(config)
+    a = ckpt_tools.load_model_state_dict(first.last_checkpoint)
+    b = ckpt_tools.load_model_state_dict(second.last_checkpoint)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_existing_checkpoints_are_not_mixed_with_a_new_run(tmp_path, dataset_cache, clean_accelerate) -> None:
+    args = tiny_args(str(tmp_path), dataset_cache, "--policy.type=mlp", "--steps=2")
+    train(parse_config(args))
+    clean_accelerate_between_runs()
+    with pytest.raises(ConfigError, match="already holds checkpoints"):
+        train(parse_config(args))
+
+
+def test_bf16_mixed_precision_runs(tmp_path, dataset_cache, clean_accelerate) -> None:
+    summary = train(
+        parse_config(tiny_args(str(tmp_path), dataset_cache, "--accelerator.mixed_precision=bf16"))
+    )
+    state = ckpt_tools.load_model_state_dict(summary.last_checkpoint)
+    assert {t.dtype for t in state.values()} == {torch.float32}  # autocast: fp32 master weights
+    assert torch.isfinite(torch.tensor(summary.final_loss))
+
+
+def test_gradient_accumulation_gives_the_same_update(tmp_path, dataset_cache, clean_accelerate) -> None:
+    """batch 8 x accum 1 (one step) and batch 4 x accum 2 (two steps) see the same 8 samples."""
+    common = [
+        "--policy.type=mlp",
+        "--policy.dropout=0",
+        "--scheduler.type=constant",
+        "--scheduler.warmup_steps=0",
+    ]
+    one = train(
+        parse_config(tiny_args(str(tmp_path / "a"), dataset_cache, *common, "--steps=1", "--batch_size=8"))
+    )
+    clean_accelerate_between_runs()
+    accum = ["--steps=2", "--batch_size=4", "--accelerator.gradient_accumulation.steps=2"]
+    two = train(parse_config(tiny_args(str(tmp_path / "b"), dataset_cache, *common, *accum)))
+    a = ckpt_tools.load_model_state_dict(one.last_checkpoint)
+    b = ckpt_tools.load_model_state_dict(two.last_checkpoint)
+    initial = _initial_weights(dataset_cache)
+    for key in a:
+        assert not torch.equal(a[key], initial[key]), f"{key} was not updated"
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+def _initial_weights(cache: str) -> dict[str, torch.Tensor]:
+    from trainer.loop import seed_everything
+    from trainer.policies import build_policy
+
+    config = parse_config(["--policy.type=mlp", f"--dataset.cache_dir={cache}"])
+    seed_everything(config.seed)
+    return build_policy(config.policy, 3, 1).state_dict()
+
+
+def clean_accelerate_between_runs() -> None:
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_sampler_order_is_global_and_split_by_rank(dataset_cache) -> None:
+    single = GlobalOrderSampler(100, batch_size=8, dp_world_size=1, dp_rank=0, seed=3)
+    ranks = [GlobalOrderSampler(100, batch_size=4, dp_world_size=2, dp_rank=r, seed=3) for r in range(2)]
+    for _ in range(30):  # crosses epochs: 100 // 8 = 12 steps per epoch
+        assert torch.equal(single.next_indices(), torch.cat([s.next_indices() for s in ranks]))
+        assert single.position == ranks[0].position == ranks[1].position
+    resumed = GlobalOrderSampler(100, batch_size=8, dp_world_size=1, dp_rank=0, seed=3)
+    resumed.set_position(*single.position)
+    assert torch.equal(resumed.next_indices(), single.next_indices())
+
+
+def test_dataset_is_cached_and_chunks_pad_at_episode_end(tmp_path) -> None:
+    config = DatasetConfig(episodes=2, cache_dir=str(tmp_path))
+    dataset = load_dataset(config)
+    assert config.cache_path().is_file() and len(dataset) == 400
+    again = load_dataset(config)
+    assert torch.equal(again.observations, dataset.observations)
+    batch = dataset.gather(torch.tensor([0, 198, 199]), chunk_size=3)
+    assert batch["action_is_pad"].tolist() == [[False] * 3, [False, False, True], [False, True, True]]
+    assert torch.equal(batch["action"][2, 2], dataset.actions[199])
