@@ -23,7 +23,7 @@ from trainer.data.processors import build_processors
 from trainer.data.sampler import GlobalOrderSampler
 from trainer.distributed.factory import build_accelerator, check_accelerate_env, prepare
 from trainer.distributed.topology import check_checkpoint_format, launch_world_size, resolve_topology
-from trainer.distributed.wrap import resolve_wrap_plan
+from trainer.distributed.wrap import describe_parameters, resolve_wrap_plan
 from trainer.metrics import make_logger
 from trainer.policies import build_policy
 
@@ -86,7 +86,9 @@ def train(config: TrainConfig) -> RunSummary:
     )
 
     logger = make_logger(accelerator.is_main_process, config.output_dir, config.steps, start_step)
-    logger.banner(_banner(config, topology, wrap_plan, accelerator, len(dataset)))
+    logger.banner(
+        [*_banner(config, topology, wrap_plan, accelerator, len(dataset)), describe_parameters(model)]
+    )
     if resume_point.message:
         logger.note(resume_point.message, event="resume", step=start_step, changes=resume_point.changes)
     losses, last_checkpoint = [], None

@@ -11,6 +11,7 @@ import draccus
 from trainer.config.train import TrainConfig
 from trainer.errors import ConfigError
 from trainer.policies.base import PolicyConfig, known_types, register_import_path
+from trainer.pretrained import policy_defaults
 
 _CONFIG_FLAG = "--config_path"
 
@@ -19,6 +20,20 @@ def parse_config(args: Sequence[str]) -> TrainConfig:
     """Flags override the `--config_path` file, which overrides the defaults. With `--resume=true` and
     no `--config_path`, the file is the train_config.json of `--output_dir`'s last checkpoint, if any."""
     config_path, rest = _split_config_path(list(args))
+    with policy_defaults(rest, config_path) as defaults_path:  # `--policy.path`'s config.json
+        config = _parse(rest, defaults_path)
+    config.config_path = config_path
+    if config.resume and config_path is None:
+        # `--resume=true --output_dir=DIR` alone continues that run from its own saved config.
+        from trainer.resume import saved_config_path
+
+        saved = saved_config_path(config.output_dir)
+        if saved is not None:
+            return parse_config([f"{_CONFIG_FLAG}={saved}", *args])
+    return config
+
+
+def _parse(rest: list[str], config_path: str | None) -> TrainConfig:
     policy_type = _policy_type(rest, config_path)
     if policy_type is None and any(arg.startswith("--policy.") for arg in rest):
         # draccus needs the choice named before its fields: `--policy.dim=32` means the default type.
@@ -40,14 +55,6 @@ def parse_config(args: Sequence[str]) -> TrainConfig:
         if isinstance(cause, ConfigError):
             raise cause from None
         raise ConfigError(f"invalid configuration: {' '.join(str(exc).split())}") from None
-    config.config_path = config_path
-    if config.resume and config_path is None:
-        # `--resume=true --output_dir=DIR` alone continues that run from its own saved config.
-        from trainer.resume import saved_config_path
-
-        saved = saved_config_path(config.output_dir)
-        if saved is not None:
-            return parse_config([f"{_CONFIG_FLAG}={saved}", *args])
     return config
 
 

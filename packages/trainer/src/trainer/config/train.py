@@ -12,6 +12,7 @@ from typing import Any
 
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.parallelism import ParallelismConfig
+from trainer.config.peft import PeftConfig
 from trainer.data.dataset import DatasetConfig
 from trainer.errors import ConfigError
 from trainer.policies import PolicyConfig
@@ -90,6 +91,7 @@ class TrainConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     accelerator: AcceleratorConfig = field(default_factory=AcceleratorConfig)
+    peft: PeftConfig = field(default_factory=PeftConfig)
     checkpoint_format: str = "safetensors"
     """safetensors (gathered weights), dcp (sharded weights) or safetensors_dcp (both); sharded runs only
     for the last two."""

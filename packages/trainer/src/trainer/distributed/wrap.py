@@ -96,3 +96,12 @@ def register_forward_methods(model: nn.Module) -> None:
 
     for name in getattr(model, "_fsdp_forward_methods", ()):
         register_fsdp_forward_method(model, name)
+
+
+def describe_parameters(model: nn.Module) -> str:
+    """How the prepared parameters are laid out: DTensor placements on a sharded run."""
+    param = next(model.parameters())
+    placements = getattr(param, "placements", None)
+    if placements is None:
+        return f"parameters: plain tensors ({type(model).__name__})"
+    return f"parameters: DTensor placements {tuple(placements)} on mesh {param.device_mesh.mesh_dim_names}"

@@ -118,6 +118,7 @@ class ACTDecoderLayer(nn.Module):
 class ACTPolicy(Policy):
     _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("ACTEncoderLayer", "ACTDecoderLayer")
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action",)
+    _peft_target_modules: ClassVar[tuple[str, ...]] = ("q", "kv", "out")  # every attention projection
 
     def __init__(self, config: ACTConfig) -> None:
         super().__init__(config)

@@ -32,6 +32,9 @@ class PolicyConfig(draccus.ChoiceRegistry):
     """Observation size; 0 takes it from the dataset (the saved config.json records the value)."""
     action_dim: int = 0
     """Action size; 0 takes it from the dataset."""
+    path: str | None = None
+    """Start from this pretrained policy: a local model or step directory, or a Hub repo id (its
+    config.json supplies the other policy fields; flags still override them)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.dropout < 1.0:

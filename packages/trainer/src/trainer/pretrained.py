@@ -1,0 +1,127 @@
+"""`--policy.path`: start from a pretrained policy, read through ckpt-tools.
+
+The path is a local step directory, `pretrained_model/` or converted model directory, or a Hub repo id
+(downloaded with huggingface_hub when online). Its `config.json` supplies the policy's fields at parse
+time (flags still override them); its weights go into the freshly built policy before PEFT wrapping and
+`prepare()`. A PEFT checkpoint is usable too: its adapter is merged into the base it records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import ckpt_tools
+from ckpt_tools import layout
+from trainer.errors import ConfigError
+
+_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+_PATH_FLAG = "--policy.path="
+
+
+def resolve(path: str) -> str:
+    """A local directory (or fsspec URL) holding the policy: `path` itself, or its Hub snapshot."""
+    if "://" in path or os.path.exists(path):
+        return path
+    if not _REPO_ID.match(path):
+        raise ConfigError(f"--policy.path={path}: no such directory; give a model or step directory")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(path, repo_type="model")
+    except Exception as exc:  # offline, unknown repo, no access: all end the run the same way
+        raise ConfigError(
+            f"--policy.path={path}: not a local directory, and the Hub repo could not be downloaded "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); check the path or repo id, "
+            "or download it first and pass the local directory"
+        ) from None
+
+
+def base_policy_config(path: str) -> dict[str, Any]:
+    """The saved policy config (`config.json`) at `path`, with `path` recorded."""
+    with _checkpoint_errors(path):
+        config = ckpt_tools.open_checkpoint(resolve(path)).policy_config()
+    if not isinstance(config.get("type"), str):
+        raise ConfigError(f"--policy.path={path}: its config.json names no policy type")
+    return {**config, "path": path}
+
+
+@contextlib.contextmanager
+def policy_defaults(args: list[str], config_path: str | None) -> Iterator[str | None]:
+    """The config file to parse with: `config_path` unchanged without a `--policy.path` flag, else a
+    temporary copy whose policy section is the base's config.json (a `--config_path` file's own policy
+    fields of the same type win over it, flags win over both)."""
+    path = next((a.removeprefix(_PATH_FLAG) for a in reversed(args) if a.startswith(_PATH_FLAG)), None)
+    if path is None:
+        yield config_path
+        return
+    data = _read_json_file(config_path) if config_path is not None else {}
+    base = base_policy_config(path)
+    own = data.get("policy") if isinstance(data.get("policy"), dict) else {}
+    same_type = own.get("type") == base["type"]
+    data["policy"] = {**base, **(own if same_type else {}), "path": path}
+    explicit = next((a.split("=", 1)[1] for a in reversed(args) if a.startswith("--policy.type=")), None)
+    if explicit is not None and explicit != base["type"]:
+        raise ConfigError(
+            f"--policy.type={explicit} but --policy.path={path} holds a {base['type']} policy: drop --policy.type"
+        )
+    with tempfile.TemporaryDirectory(prefix="trainer-config-") as tmp:
+        merged = os.path.join(tmp, "train_config.json")
+        with open(merged, "w", encoding="utf-8") as handle:
+            json.dump(data, handle)
+        yield merged
+
+
+def load_weights(policy: Any, path: str) -> None:
+    """Copy the pretrained weights at `path` into `policy` (every rank reads them; nothing is shared)."""
+    local = resolve(path)
+    with _checkpoint_errors(path):
+        checkpoint = ckpt_tools.open_checkpoint(local)
+        if "safetensors" in checkpoint.formats or "dcp" in checkpoint.formats:
+            state = ckpt_tools.load_model_state_dict(local)
+        else:
+            state = ckpt_tools.merge_adapter_dir(resolve(_adapter_base(checkpoint.model_dir, path)), local)
+    missing, unexpected = policy.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        first = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
+        raise ConfigError(
+            f"--policy.path={path}: its weights do not fit the {type(policy).__name__} built from the flags "
+            f"({len(missing)} missing, {len(unexpected)} unexpected; {first}): drop the --policy.* flags "
+            "that change its shape"
+        )
+
+
+def _adapter_base(model_dir: str, path: str) -> str:
+    """The base model a PEFT checkpoint records in `adapter_config.json`."""
+    adapter_config = _read_json_file(layout.join(model_dir, layout.ADAPTER_CONFIG))
+    base = adapter_config.get("base_model_name_or_path")
+    if not isinstance(base, str) or not base:
+        raise ConfigError(
+            f"--policy.path={path} is an adapter that does not record its base model: merge it first "
+            "with `ckpt merge-adapter --base BASE` and pass the merged directory"
+        )
+    return base
+
+
+def _read_json_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read it as JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return data
+
+
+@contextlib.contextmanager
+def _checkpoint_errors(path: str) -> Iterator[None]:
+    try:
+        yield
+    except ckpt_tools.CheckpointError as exc:
+        raise ConfigError(f"--policy.path={path}: {exc}") from None

@@ -1,0 +1,119 @@
+"""Real multi-process training runs (gloo): DDP 2, FSDP2 2 (bf16) and 4, HSDP 2x2.
+
+Each configuration is launched once per session through the real CLI; the tests read what it left:
+exit code, banner, checkpoints (through ckpt_tools), metrics.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import ckpt_tools
+from helpers.launch import run_torchrun
+
+pytestmark = pytest.mark.distributed
+
+SCRIPT = Path(__file__).parent / "scripts" / "train_cli.py"
+
+RUNS: dict[str, tuple[int, list[str]]] = {
+    "ddp2": (2, []),
+    "fsdp2_bf16": (
+        2,
+        [
+            "--parallelism.dp_shard=2",
+            "--accelerator.mixed_precision=bf16",
+            "--checkpoint_format=dcp",
+            "--dataset.eval_episodes=2",
+        ],
+    ),
+    "fsdp4": (4, ["--parallelism.dp_shard=-1", "--checkpoint_format=safetensors_dcp"]),
+    "hsdp2x2": (4, ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--checkpoint_format=dcp"]),
+}
+EXPECTED = {
+    "ddp2": ((2, 1), "DDP 2"),
+    "fsdp2_bf16": ((1, 2), "FSDP2 2"),
+    "fsdp4": ((1, 4), "FSDP2 4"),
+    "hsdp2x2": ((2, 2), "HSDP 2x2"),
+}
+
+
+@pytest.fixture(scope="session")
+def train_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
+    """Launch every configuration once: name -> (output_dir, combined output)."""
+    root = tmp_path_factory.mktemp("train_runs")
+    cache = root / "dataset_cache"
+    results = {}
+    for name, (nproc, flags) in RUNS.items():
+        out = root / name
+        common = [
+            f"--output_dir={out}",
+            f"--dataset.cache_dir={cache}",
+            "--dataset.episodes=4",
+            "--dataset.eval_episodes=0",
+            "--steps=4",
+            "--log_freq=2",
+            "--save_freq=2",
+            "--batch_size=8",
+        ]
+        results[name] = (out, run_torchrun(SCRIPT, nproc, *common, *flags, timeout=240).stdout)
+    return results
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_run_trains_and_checkpoints(train_runs, name: str) -> None:
+    out, log = train_runs[name]
+    (replicate, shard), describe = EXPECTED[name]
+    assert f"{describe} (" in log
+    assert (
+        f"effective batch size {8 * replicate * shard} = batch_size 8 x dp_world_size {replicate * shard}"
+        in log
+    )
+    last = ckpt_tools.latest_step_dir(str(out))
+    assert last is not None and last.endswith("000004")
+    step = ckpt_tools.read_training_step(last)
+    assert (step.topology.dp_replicate, step.topology.dp_shard) == (replicate, shard)
+    assert (step.sampler.epoch, step.sampler.offset) == (0, 4 * 8 * replicate * shard)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["000002", "000004", "last"]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r.get("event") == "train"] == [2, 4]  # main rank only
+
+
+@pytest.mark.parametrize(
+    ("name", "placements"),
+    [
+        ("fsdp2_bf16", "(Shard(dim=0),) on mesh ('dp_shard_cp',)"),
+        ("fsdp4", "(Shard(dim=0),) on mesh ('dp_shard_cp',)"),
+        ("hsdp2x2", "(Replicate(), Shard(dim=0)) on mesh ('dp_replicate', 'dp_shard_cp')"),
+    ],
+)
+def test_sharded_runs_shard_for_real(train_runs, name: str, placements: str) -> None:
+    out, log = train_runs[name]
+    assert f"parameters: DTensor placements {placements}" in log
+    state_dir = out / "checkpoints" / "000004" / "training_state"
+    assert (state_dir / "optimizer_0" / ".metadata").is_file()  # sharded: the optimizer is always DCP
+    assert not (state_dir / "optimizer_state.safetensors").exists()
+
+
+def test_ddp_writes_plain_safetensors(train_runs) -> None:
+    out, log = train_runs["ddp2"]
+    assert "parameters: plain tensors (DistributedDataParallel)" in log
+    step_dir = out / "checkpoints" / "000004"
+    assert (step_dir / "pretrained_model" / "model.safetensors").is_file()
+    assert (step_dir / "training_state" / "optimizer_state.safetensors").is_file()
+
+
+def test_checkpoint_formats(train_runs) -> None:
+    model = {name: train_runs[name][0] / "checkpoints" / "000004" / "pretrained_model" for name in RUNS}
+    assert (model["fsdp2_bf16"] / "pytorch_model_fsdp_0" / ".metadata").is_file()
+    assert not (model["fsdp2_bf16"] / "model.safetensors").exists()
+    assert (model["fsdp4"] / "pytorch_model_fsdp_0" / ".metadata").is_file()
+    assert (model["fsdp4"] / "model.safetensors").is_file()
+
+
+def test_sharded_select_action_evaluates_on_every_rank(train_runs) -> None:
+    out, _ = train_runs["fsdp2_bf16"]
+    summary = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
+    assert summary["event"] == "summary" and summary["policy_return"] < 0 and summary["random_return"] < 0
