@@ -1,0 +1,91 @@
+"""`trainer train` under torchrun, with the fault hooks the resume tests need (patched in here, so the
+trainer itself carries no test code).
+
+Hook flags come first and are removed before the trainer parses the rest:
+  --hook-slow-save=SECONDS      rank 0 sleeps while writing a checkpoint's side files (the other ranks
+                                wait at the save's barrier): saving must not deadlock when rank 0 is slow.
+  --hook-kill-train=RANK:CALLS  RANK SIGKILLs itself at the start of its CALLS-th training step.
+  --hook-kill-save=RANK:STEP    RANK SIGKILLs itself inside the save of step STEP, after the weights and
+                                optimizer shards are written and before the step is committed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import ckpt_tools.state as state
+import trainer.loop as loop
+from ckpt_tools import layout
+from trainer.cli import main
+
+RANK = int(os.environ.get("RANK", "0"))
+
+
+def _die() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def slow_save(seconds: float) -> None:
+    write_side_files = state._write_side_files
+
+    def slow(*args, **kwargs):
+        time.sleep(seconds)
+        return write_side_files(*args, **kwargs)
+
+    state._write_side_files = slow
+
+
+def kill_in_training(rank: int, calls: int) -> None:
+    train_step = loop._train_step
+    count = 0
+
+    def step(*args, **kwargs):
+        nonlocal count
+        count += 1
+        if rank == RANK and count == calls:
+            print(f"hook: rank {RANK} killed at its training step call {calls}", flush=True)
+            _die()
+        return train_step(*args, **kwargs)
+
+    loop._train_step = step
+
+
+def kill_in_save(rank: int, step: int) -> None:
+    save_rng_state = state.save_rng_state
+    tmp_name = layout.TMP_PREFIX + layout.step_dir_name(step)
+
+    def save_rng(step_dir, *args, **kwargs):
+        if rank == RANK and os.fspath(step_dir).rstrip("/").endswith(tmp_name):
+            print(f"hook: rank {RANK} killed inside the save of step {step}", flush=True)
+            _die()
+        return save_rng_state(step_dir, *args, **kwargs)
+
+    state.save_rng_state = save_rng
+
+
+HOOKS = {
+    "--hook-slow-save": slow_save,
+    "--hook-kill-train": kill_in_training,
+    "--hook-kill-save": kill_in_save,
+}
+
+
+def install_hooks(args: list[str]) -> list[str]:
+    rest = []
+    for arg in args:
+        name, _, value = arg.partition("=")
+        if name in HOOKS:
+            numbers = [float(v) if "." in v else int(v) for v in value.split(":")]
+            HOOKS[name](*numbers)
+        else:
+            rest.append(arg)
+    return rest
+
+
+if __name__ == "__main__":
+    main(["train", *install_hooks(sys.argv[1:])])
