@@ -20,8 +20,28 @@ import torch
 from ckpt_tools.errors import CheckpointError
 
 PEFT_PREFIX = "base_model.model."
+ADAPTER_NAME = "default"  # the adapter peft creates when none is named; dropped from saved keys
 _LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<which>[AB])\.weight$")
 _UNSUPPORTED = {"use_dora": "DoRA", "lora_bias": "LoRA bias", "use_qalora": "QA-LoRA"}
+
+
+def peft_key(name: str, adapter_name: str = ADAPTER_NAME) -> str:
+    """The key peft saves a trainable parameter under (what `peft.get_peft_model_state_dict` returns).
+
+    The adapter name is dropped after a `lora_*` segment (`q.lora_A.default.weight` -> `q.lora_A.weight`),
+    and a full-training copy is saved under its module's own name (`head.modules_to_save.default.weight`
+    -> `head.weight`), so an adapter file reads the same whatever the adapter was called in training.
+    """
+    parts = name.split(".")
+    out: list[str] = []
+    for index, part in enumerate(parts):
+        previous = parts[index - 1] if index else ""
+        if part == adapter_name and (previous.startswith("lora_") or previous == "modules_to_save"):
+            continue
+        if part == "modules_to_save" and parts[index + 1 : index + 2] == [adapter_name]:
+            continue
+        out.append(part)
+    return ".".join(out)
 
 
 def merge_lora(
@@ -107,17 +127,16 @@ def _require(base: Mapping[str, torch.Tensor], name: str, adapter_key: str) -> N
 def merge_adapter_dir(
     base_path: str | os.PathLike[str], adapter_path: str | os.PathLike[str]
 ) -> dict[str, torch.Tensor]:
-    """Load a base model (any format ckpt-tools reads) and an adapter directory, return merged weights."""
+    """Load a base model and an adapter checkpoint (any format ckpt-tools reads, the adapter's DCP
+    shards included), return merged weights: what an evaluation pipeline loads into a plain policy."""
     import json
-
-    from safetensors.torch import load as load_safetensors
 
     from ckpt_tools import layout, storage
     from ckpt_tools.loading import load_model_state_dict
 
     _, adapter_dir = storage.resolve_model_dir(adapter_path)
     config = json.loads(storage.read_text(layout.join(adapter_dir, layout.ADAPTER_CONFIG)))
-    adapter = load_safetensors(storage.read_bytes(layout.join(adapter_dir, layout.ADAPTER_SAFETENSORS)))
+    adapter = load_model_state_dict(adapter_dir)
     return merge_lora(load_model_state_dict(base_path), adapter, config)
 
 

@@ -36,7 +36,13 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from ckpt_tools import layout, storage
-from ckpt_tools.errors import CorruptCheckpointError, LegacyCheckpointError, NotACheckpointError
+from ckpt_tools.adapters import peft_key
+from ckpt_tools.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    LegacyCheckpointError,
+    NotACheckpointError,
+)
 from ckpt_tools.meta import TrainingStep
 from ckpt_tools.storage import latest_step_dir, read_training_step
 
@@ -103,6 +109,7 @@ def save_checkpoint(
     scheduler: Any = None,
     scaler: Any = None,
     process_group: dist.ProcessGroup | None = None,
+    adapter_config: Mapping[str, Any] | None = None,
 ) -> str:
     """Collective: call on all ranks. Write `<checkpoints_dir>/<step:06d>/` and move `last` to it.
 
@@ -112,6 +119,11 @@ def save_checkpoint(
     The optimizer is DCP (`optimizer_0/`) on a sharded model, else `optimizer_state.safetensors` +
     `optimizer_param_groups.json`. `processors` keys are `layout.PREPROCESSOR` / `layout.POSTPROCESSOR`.
     Every rank's RNG state is gathered into `rng_state.safetensors`. Returns the final step directory.
+
+    A PEFT run passes `adapter_config` (peft's config as JSON, `base_model_name_or_path` included): the
+    weights saved are then only the trainable ones, under peft's key names (`peft_key`), as
+    `adapter_model.safetensors` and/or `adapter_model_fsdp_0/` by the same format rule, beside
+    `adapter_config.json`; the frozen base is not written.
     """
     group = _Group(process_group)
     _check_processors(processors)
@@ -122,11 +134,17 @@ def save_checkpoint(
         storage.makedirs(layout.join(tmp, layout.PRETRAINED_MODEL_DIR))
         storage.makedirs(layout.join(tmp, layout.TRAINING_STATE_DIR))
     group.barrier()
-    _save_model(layout.join(tmp, layout.PRETRAINED_MODEL_DIR), model, training_step.checkpoint_format, group)
+    model_dir = layout.join(tmp, layout.PRETRAINED_MODEL_DIR)
+    if adapter_config is None:
+        _save_model(model_dir, model, training_step.checkpoint_format, group)
+    else:
+        _save_adapter(model_dir, model, training_step.checkpoint_format, group)
     _save_optimizer(layout.join(tmp, layout.TRAINING_STATE_DIR), model, optimizer, group)
     save_rng_state(tmp, group.rank, group.world_size, process_group=process_group)
     if group.is_main:
-        _write_side_files(tmp, training_step, policy_config, train_config, processors, scheduler, scaler)
+        _write_side_files(
+            tmp, training_step, policy_config, train_config, processors, scheduler, scaler, adapter_config
+        )
     group.barrier()  # every rank's shards are on disk before the directory becomes visible
     final = layout.join(root, layout.step_dir_name(training_step.step))
     if group.is_main:
@@ -154,6 +172,30 @@ def _save_model(model_dir: str, model: nn.Module, checkpoint_format: str, group:
         _dcp_save(get_model_state_dict(model), layout.join(model_dir, layout.MODEL_DCP_DIR), group)
 
 
+def adapter_keys(model: nn.Module) -> dict[str, str]:
+    """Trainable parameter name -> the key its tensor has in an adapter file (peft's naming)."""
+    return {name: peft_key(name) for name, param in model.named_parameters() if param.requires_grad}
+
+
+def _save_adapter(model_dir: str, model: nn.Module, checkpoint_format: str, group: _Group) -> None:
+    keys = adapter_keys(model)
+    if not keys:
+        raise ValueError("adapter_config was given but the model has no trainable parameters to save")
+    if checkpoint_format in ("safetensors", "safetensors_dcp"):
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+        full = get_model_state_dict(model, options=options)  # collective gather of the trainable part
+        if group.is_main:
+            adapter = {keys[name]: full[name] for name in keys}
+            write_safetensors(layout.join(model_dir, layout.ADAPTER_SAFETENSORS), adapter, {"format": "pt"})
+    if checkpoint_format in ("dcp", "safetensors_dcp"):
+        sharded = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=True))
+        _dcp_save(
+            {keys[name]: sharded[name] for name in keys},
+            layout.join(model_dir, layout.ADAPTER_DCP_DIR),
+            group,
+        )
+
+
 def _save_optimizer(
     state_dir: str, model: nn.Module, optimizer: torch.optim.Optimizer, group: _Group
 ) -> None:
@@ -177,10 +219,13 @@ def _write_side_files(
     processors: Mapping[str, ProcessorState] | None,
     scheduler: Any,
     scaler: Any,
+    adapter_config: Mapping[str, Any] | None = None,
 ) -> None:
     model_dir = layout.join(step_dir, layout.PRETRAINED_MODEL_DIR)
     state_dir = layout.join(step_dir, layout.TRAINING_STATE_DIR)
     _write_json(layout.join(model_dir, layout.POLICY_CONFIG), policy_config)
+    if adapter_config is not None:
+        _write_json(layout.join(model_dir, layout.ADAPTER_CONFIG), dict(adapter_config))
     _write_json(layout.join(model_dir, layout.TRAIN_CONFIG), train_config)
     for name, processor in (processors or {}).items():
         _write_json(layout.join(model_dir, layout.processor_config_name(name)), processor.config)
@@ -434,6 +479,9 @@ def load_training_state(
 def _load_model(model_dir: str, model: nn.Module, group: _Group) -> None:
     from ckpt_tools.loading import read_safetensors_model, validate_dcp_metadata
 
+    if storage.exists(layout.join(model_dir, layout.ADAPTER_CONFIG)):
+        _load_adapter(model_dir, model, group)
+        return
     dcp_dir = layout.join(model_dir, layout.MODEL_DCP_DIR)
     has_dcp = storage.exists(layout.join(dcp_dir, layout.DCP_METADATA))
     has_full = storage.exists(layout.join(model_dir, layout.MODEL_SAFETENSORS)) or storage.exists(
@@ -459,6 +507,46 @@ def _load_model(model_dir: str, model: nn.Module, group: _Group) -> None:
             f"{model_dir} holds no model weights ({layout.MODEL_SAFETENSORS}, {layout.MODEL_INDEX} or "
             f"{layout.MODEL_DCP_DIR}/); the checkpoint is incomplete"
         )
+
+
+def _load_adapter(model_dir: str, model: nn.Module, group: _Group) -> None:
+    """Load a PEFT checkpoint's adapter into the model's trainable parameters (the base stays as built)."""
+    from ckpt_tools.loading import read_safetensors, validate_dcp_metadata
+
+    keys = adapter_keys(model)
+    dcp_dir = layout.join(model_dir, layout.ADAPTER_DCP_DIR)
+    has_dcp = storage.exists(layout.join(dcp_dir, layout.DCP_METADATA))
+    has_file = storage.exists(layout.join(model_dir, layout.ADAPTER_SAFETENSORS))
+    sharded = is_sharded(model)
+    if has_dcp and (sharded or not has_file):
+        validate_dcp_metadata(dcp_dir)
+        local = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=True))
+        state = {keys[name]: local[name] for name in keys}
+        with quiet_single_process():
+            dcp.load(
+                state,
+                storage_reader=dcp_reader(dcp_dir),
+                process_group=group.pg,
+                no_dist=not group.distributed,
+            )
+        full_state = False
+    elif has_file:
+        state, _ = read_safetensors(layout.join(model_dir, layout.ADAPTER_SAFETENSORS))
+        full_state = sharded
+    else:
+        raise NotACheckpointError(
+            f"{model_dir} has {layout.ADAPTER_CONFIG} but no adapter weights ({layout.ADAPTER_SAFETENSORS} or "
+            f"{layout.ADAPTER_DCP_DIR}/); the checkpoint is incomplete"
+        )
+    missing = sorted(key for key in keys.values() if key not in state)
+    if missing or len(state) != len(keys):
+        raise CheckpointError(
+            f"{model_dir}: the adapter holds {len(state)} tensors, this model trains {len(keys)} "
+            f"(first missing: {missing[0] if missing else 'none'}); build the model with the --peft "
+            "settings the adapter was trained with"
+        )
+    options = StateDictOptions(full_state_dict=full_state, strict=False)
+    set_model_state_dict(model, {name: state[key] for name, key in keys.items()}, options=options)
 
 
 def _load_optimizer(

@@ -10,6 +10,7 @@ from trainer.config.parse import encode_config
 from trainer.config.train import TrainConfig
 from trainer.data.processors import Processor
 from trainer.errors import ConfigError
+from trainer.peft import adapter_config
 
 
 def checkpoints_dir(output_dir: str) -> str:
@@ -38,6 +39,7 @@ def training_step(
         checkpoint_format=config.checkpoint_format,
         sampler=SamplerPosition(epoch=position[0], offset=position[1]),
         seed=config.seed,
+        peft=config.peft.enabled,
     )
 
 
@@ -67,4 +69,5 @@ def save(
         processors=processors,
         scheduler=scheduler,
         scaler=scaler,
+        adapter_config=adapter_config(model, config),
     )

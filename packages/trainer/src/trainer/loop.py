@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer import checkpointing, resume
+from trainer import checkpointing, peft, resume
 from trainer.config.train import TrainConfig
 from trainer.data import sim
 from trainer.data.dataset import OBS_KEY, load_dataset
@@ -59,13 +59,14 @@ def train(config: TrainConfig) -> RunSummary:
     seed_everything(config.seed)
     dataset = load_dataset(config.dataset)
     policy = build_policy(config.policy, dataset.obs_dim, dataset.action_dim)
+    policy = peft.start_policy(policy, config, topology.is_sharded)  # --policy.path weights, --peft adapters
     wrap_plan = resolve_wrap_plan(policy, config.accelerator.fsdp) if topology.is_sharded else None
     preprocessor, postprocessor = build_processors(dataset.stats())
     accelerator = build_accelerator(config, topology, wrap_plan)
     sampler = GlobalOrderSampler(
         len(dataset), config.batch_size, topology.dp_world_size, accelerator.process_index, config.seed
     )
-    optimizer = config.optimizer.build(policy.parameters())
+    optimizer = config.optimizer.build(peft.trainable_parameters(policy))
     scheduler = config.scheduler.build(optimizer, config.steps)
 
     # ---- Resume, phase 1 (before prepare): restore the step, the RNG and the sampler position. ----

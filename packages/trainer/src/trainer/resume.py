@@ -22,6 +22,7 @@ import ckpt_tools
 from ckpt_tools import ResumePlan, RunShape, Topology, layout
 from trainer.config.train import TrainConfig
 from trainer.errors import ConfigError
+from trainer.peft import saved_weight_shapes
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ def _check_weights_fit(step_dir: str, model: Any) -> None:
     if weights is None:
         raise ckpt_tools.CorruptCheckpointError(f"{step_dir} holds no model weights; resume an earlier step")
     saved = {t.name: tuple(t.shape) for t in weights.tensors}
-    wanted = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    wanted = saved_weight_shapes(model)  # the adapter's names and shapes on a PEFT model
     missing, unexpected = sorted(wanted.keys() - saved.keys()), sorted(saved.keys() - wanted.keys())
     resized = sorted(name for name in wanted.keys() & saved.keys() if wanted[name] != saved[name])
     if missing or unexpected or resized:

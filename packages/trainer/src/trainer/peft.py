@@ -1,0 +1,161 @@
+"""PEFT fine-tuning: the policy a run trains, its adapter config, and the checks that keep FSDP2 happy.
+
+`start_policy` loads `--policy.path` weights into the freshly built policy and, with `--peft.method_type`,
+wraps it with peft: the base is frozen, the adapters (and `--peft.full_training_modules` copies) train.
+Everything else runs unchanged on the PEFT model: its module names gain a `base_model.model.` prefix,
+the policy's wrap classes and `_fsdp_forward_methods` are still found through it, so the frozen base is
+sharded together with the adapters.
+
+Dtypes: peft keeps adapters in fp32 over a bf16/fp16 base, while full-training copies keep the base
+dtype. FSDP2 requires one dtype for the trainable parameters of a unit, so with mixed precision on every
+trainable parameter is upcast to fp32 (the frozen base keeps its dtype; the mixed-precision policy casts
+for compute). Without mixed precision the one combination that cannot work is refused at start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer import pretrained
+from trainer.config.train import TrainConfig
+from trainer.errors import ConfigError
+
+ADAPTER = "default"  # peft's adapter name when none is given
+PEFT_PREFIX = "base_model.model."
+_OPTIONAL_PREFIX = r"(?:base_model\.model\.)?"
+
+
+def start_policy(policy: nn.Module, config: TrainConfig, is_sharded: bool) -> nn.Module:
+    """The module the run trains: `--policy.path` weights loaded, then LoRA applied with `--peft.*`.
+
+    Call on every rank before the wrap plan, the optimizer and `prepare()`.
+    """
+    if config.policy.path is not None:
+        pretrained.load_weights(policy, config.policy.path)
+    if not config.peft.enabled:
+        return policy
+    _check_dtypes(policy, config, is_sharded)
+    model = _wrap(policy, config)
+    if _mixed_precision(config):
+        for param in model.parameters():
+            if param.requires_grad and param.dtype != torch.float32:
+                param.data = param.data.float()
+    if is_sharded:
+        _adapt_ignored_modules(model, config)
+    return model
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """What the optimizer updates: every parameter of a plain policy, the adapters of a PEFT one."""
+    return [param for param in model.parameters() if param.requires_grad]
+
+
+def adapter_config(model: Any, config: TrainConfig) -> dict[str, Any] | None:
+    """`adapter_config.json` of a PEFT run (peft's own fields, base model recorded); None otherwise."""
+    if not config.peft.enabled:
+        return None
+    data = model.peft_config[ADAPTER].to_dict()
+    data["base_model_name_or_path"] = _base_reference(config.policy.path)
+    return json.loads(json.dumps(data, default=_jsonable))
+
+
+def saved_weight_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """Names and shapes the model's checkpoint holds: the adapter (peft's keys) on a PEFT model."""
+    if getattr(model, "peft_config", None) is None:
+        return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    from peft import get_peft_model_state_dict
+
+    return {name: tuple(tensor.shape) for name, tensor in get_peft_model_state_dict(model).items()}
+
+
+def _wrap(policy: nn.Module, config: TrainConfig) -> nn.Module:
+    from peft import get_peft_model
+
+    targets = list(config.peft.target_modules or getattr(policy, "_peft_target_modules", ()) or ())
+    if not targets:
+        raise ConfigError(
+            f"{type(policy).__name__} declares no _peft_target_modules: set --peft.target_modules=[name,...] "
+            f"(its linear layers: {', '.join(_linear_names(policy)[:8])})"
+        )
+    for name in config.peft.full_training_modules or ():
+        if not any(m == name or m.endswith("." + name) for m, _ in policy.named_modules()):
+            raise ConfigError(
+                f"--peft.full_training_modules names {name!r}, which {type(policy).__name__} does not have "
+                f"(its modules include {', '.join(_linear_names(policy)[:8])})"
+            )
+    try:
+        return get_peft_model(policy, config.peft.build(targets))
+    except ValueError as exc:  # peft: "Target modules {...} not found in the base model"
+        raise ConfigError(
+            f"--peft.target_modules={targets} does not fit {type(policy).__name__} ({' '.join(str(exc).split())[:160]}); "
+            f"its linear layers: {', '.join(_linear_names(policy)[:8])}"
+        ) from None
+
+
+def _linear_names(policy: nn.Module) -> list[str]:
+    return [name for name, module in policy.named_modules() if isinstance(module, nn.Linear)]
+
+
+def _mixed_precision(config: TrainConfig) -> bool:
+    acc = config.accelerator
+    return acc.mixed_precision != "no" or acc.fsdp.mixed_precision_policy.is_set
+
+
+def _check_dtypes(policy: nn.Module, config: TrainConfig, is_sharded: bool) -> None:
+    """Refuse the combination FSDP2 cannot shard: trainable fp32 adapters next to low-precision
+    full-training copies in one unit, which only happens without mixed precision."""
+    base_dtype = next(policy.parameters()).dtype
+    low_precision_copies = config.peft.full_training_modules and base_dtype != torch.float32
+    if is_sharded and low_precision_copies and not _mixed_precision(config):
+        raise ConfigError(
+            f"--peft.full_training_modules on a {base_dtype} base (--policy.dtype) would shard fp32 adapters "
+            "and low-precision copies together, and FSDP2 needs one dtype per unit: set "
+            "--accelerator.mixed_precision=bf16 (every trainable parameter is then kept in fp32)"
+        )
+
+
+def _adapt_ignored_modules(model: nn.Module, config: TrainConfig) -> None:
+    """Let `--accelerator.fsdp.ignored_modules` match with or without the `base_model.model.` prefix
+    (the regex is rewritten in place, so train_config.json records what accelerate matched), refuse a
+    pattern that matches nothing, and one that would leave trainable parameters out of FSDP (their
+    gradients would then never be averaged across ranks)."""
+    fsdp = config.accelerator.fsdp
+    if fsdp.ignored_modules is None:
+        return
+    if not fsdp.ignored_modules.startswith(_OPTIONAL_PREFIX):
+        fsdp.ignored_modules = f"{_OPTIONAL_PREFIX}(?:{fsdp.ignored_modules})"
+    pattern = re.compile(fsdp.ignored_modules)
+    matched = [(name, m) for name, m in model.named_modules() if name and pattern.fullmatch(name)]
+    if not matched:
+        examples = [name.removeprefix(PEFT_PREFIX) for name, _ in model.named_modules()][2:6]
+        raise ConfigError(
+            f"--accelerator.fsdp.ignored_modules={fsdp.ignored_modules!r} matches no module of the PEFT model "
+            f"(names like {', '.join(examples)}, each also under {PEFT_PREFIX!r}): fix the regex"
+        )
+    trainable = [
+        f"{name}.{pname}" for name, m in matched for pname, p in m.named_parameters() if p.requires_grad
+    ]
+    if trainable:
+        raise ConfigError(
+            f"--accelerator.fsdp.ignored_modules keeps trainable parameters out of FSDP ({trainable[0]}), whose "
+            "gradients would not be averaged across ranks: ignore only frozen modules"
+        )
+
+
+def _base_reference(path: str | None) -> str | None:
+    """The base model as recorded in adapter_config.json: an absolute local path, a URL or a repo id."""
+    if path is None or "://" in path or not os.path.exists(path):
+        return path
+    return os.path.realpath(path)  # `last` resolved: the base must not move under the adapter
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    raise TypeError(f"cannot write {type(value).__name__} to adapter_config.json")
