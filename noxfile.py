@@ -46,3 +46,24 @@ def bench(session: nox.Session) -> None:
     """
     install(session)
     session.run("python", "benchmarks/bench_convert.py", *session.posargs)
+
+
+DEMO_OUTPUT = "outputs/demo"
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Train the default policy on the embedded dataset with 2 processes (FSDP2, DCP checkpoints),
+    then inspect and convert the last checkpoint. Extra trainer flags go after `--`."""
+    import shutil
+
+    install(session)
+    shutil.rmtree(DEMO_OUTPUT, ignore_errors=True)  # a fresh run each time (the trainer refuses to mix)
+    session.run(
+        "torchrun", "--standalone", "--nproc-per-node=2", "-m", "trainer.cli", "train",
+        "--parallelism.dp_shard=2", "--checkpoint_format=dcp", "--job_name=demo",
+        f"--output_dir={DEMO_OUTPUT}", *session.posargs,
+        env={"OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    session.run("ckpt", "inspect", f"{DEMO_OUTPUT}/checkpoints/last")
+    session.run("ckpt", "convert", f"{DEMO_OUTPUT}/checkpoints/last")
