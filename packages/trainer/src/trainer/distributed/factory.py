@@ -92,7 +92,8 @@ def build_accelerator(config: TrainConfig, topology: Topology, wrap_plan: WrapPl
     with _no_leaked_env():
         if not topology.is_sharded:
             return Accelerator(**kwargs)
-        assert wrap_plan is not None  # resolved by the caller for every sharded run
+        if wrap_plan is None:
+            raise ValueError("a sharded run needs its wrap plan (distributed.wrap.resolve_wrap_plan)")
         plugin = acc.fsdp.build_plugin(wrap_plan.class_names, wrap_plan.min_num_params, on_cpu)
         parallelism = _parallelism_config(topology)
         if not on_cpu:
