@@ -196,6 +196,8 @@ def _check_files(fs: Any, inner: str, root: str, index: DcpIndex) -> None:
         for entry in fs.ls(inner, detail=True)
     }
     for file, end in sorted(needed.items()):
+        if file not in sizes and fs.exists(f"{inner}/{file}"):  # a record in a subdirectory
+            sizes[file] = int(fs.size(f"{inner}/{file}"))
         if file not in sizes:
             raise CorruptCheckpointError(f"{root}/{file} is missing; .metadata references it")
         if sizes[file] < end:
