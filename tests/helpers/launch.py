@@ -5,11 +5,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 
 def run_torchrun(
-    script: str | os.PathLike[str], nproc: int, *args: str, timeout: float = 240, check: bool = True
+    script: str | os.PathLike[str],
+    nproc: int,
+    *args: str,
+    timeout: float = 240,
+    check: bool = True,
+    torchrun_args: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
     """Run `torchrun --standalone --nproc-per-node=nproc script *args` and return the finished process.
 
@@ -17,6 +23,7 @@ def run_torchrun(
     engineers running suites in parallel never collide. OMP_NUM_THREADS=1 keeps N processes on 2 cores
     from oversubscribing. Asserts exit code 0 with the combined output in the message, so a failing
     rank's traceback shows in the test report; `check=False` returns a failed launch instead (crash tests).
+    `torchrun_args` go to the launcher itself (e.g. `--max-restarts=1`).
     """
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     command = [
@@ -26,6 +33,7 @@ def run_torchrun(
         "--standalone",
         "--rdzv-endpoint=localhost:0",
         f"--nproc-per-node={nproc}",
+        *torchrun_args,
         os.fspath(Path(script)),
         *args,
     ]

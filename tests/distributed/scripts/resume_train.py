@@ -7,6 +7,8 @@ Hook flags come first and are removed before the trainer parses the rest:
   --hook-kill-train=RANK:CALLS  RANK SIGKILLs itself at the start of its CALLS-th training step.
   --hook-kill-save=RANK:STEP    RANK SIGKILLs itself inside the save of step STEP, after the weights and
                                 optimizer shards are written and before the step is committed.
+Kills happen only in torchrun's first attempt (TORCHELASTIC_RESTART_COUNT=0), so a launch under
+`--max-restarts` recovers by itself.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ckpt_tools import layout
 from trainer.cli import main
 
 RANK = int(os.environ.get("RANK", "0"))
+FIRST_ATTEMPT = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 
 
 def _die() -> None:
@@ -34,6 +37,7 @@ def slow_save(seconds: float) -> None:
     write_side_files = state._write_side_files
 
     def slow(*args, **kwargs):
+        print(f"hook: rank {RANK} writes the side files {seconds} s late", flush=True)
         time.sleep(seconds)
         return write_side_files(*args, **kwargs)
 
@@ -47,7 +51,7 @@ def kill_in_training(rank: int, calls: int) -> None:
     def step(*args, **kwargs):
         nonlocal count
         count += 1
-        if rank == RANK and count == calls:
+        if FIRST_ATTEMPT and rank == RANK and count == calls:
             print(f"hook: rank {RANK} killed at its training step call {calls}", flush=True)
             _die()
         return train_step(*args, **kwargs)
@@ -60,7 +64,7 @@ def kill_in_save(rank: int, step: int) -> None:
     tmp_name = layout.TMP_PREFIX + layout.step_dir_name(step)
 
     def save_rng(step_dir, *args, **kwargs):
-        if rank == RANK and os.fspath(step_dir).rstrip("/").endswith(tmp_name):
+        if FIRST_ATTEMPT and rank == RANK and os.fspath(step_dir).rstrip("/").endswith(tmp_name):
             print(f"hook: rank {RANK} killed inside the save of step {step}", flush=True)
             _die()
         return save_rng_state(step_dir, *args, **kwargs)

@@ -20,17 +20,27 @@ def parse_config(args: Sequence[str]) -> TrainConfig:
     """Flags override the `--config_path` file, which overrides the defaults. With `--resume=true` and
     no `--config_path`, the file is the train_config.json of `--output_dir`'s last checkpoint, if any."""
     config_path, rest = _split_config_path(list(args))
+    if config_path is None:
+        config_path = _auto_resume_config_path(rest)
     with policy_defaults(rest, config_path) as defaults_path:  # `--policy.path`'s config.json
         config = _parse(rest, defaults_path)
     config.config_path = config_path
-    if config.resume and config_path is None:
-        # `--resume=true --output_dir=DIR` alone continues that run from its own saved config.
-        from trainer.resume import saved_config_path
-
-        saved = saved_config_path(config.output_dir)
-        if saved is not None:
-            return parse_config([f"{_CONFIG_FLAG}={saved}", *args])
     return config
+
+
+def _auto_resume_config_path(args: list[str]) -> str | None:
+    """`--resume=true --output_dir=DIR` alone continues that run from its own saved config: the
+    train_config.json of its last checkpoint (None before the first save: a fresh start)."""
+    values = {}
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in ("--resume", "--output_dir"):
+            values[name] = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+    if values.get("--resume", "").lower() not in ("true", "1", "yes"):
+        return None
+    from trainer.resume import saved_config_path
+
+    return saved_config_path(values.get("--output_dir", TrainConfig.output_dir))
 
 
 def _parse(rest: list[str], config_path: str | None) -> TrainConfig:

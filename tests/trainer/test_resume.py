@@ -1,0 +1,251 @@
+"""Resume in one process, without a launch: finding the checkpoint, the saved config under new flags,
+phase 1 (plan, warning, RNG, sampler) and phase 2 (model, optimizer, scheduler, loss scaler), and
+the one-line refusals of legacy, future and foreign checkpoints.
+
+The multi-process behaviour (bit-exactness, resharding, crashes) is in tests/distributed/test_resume.py.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ckpt_tools import Topology
+from ckpt_tools.loading import read_safetensors
+from trainer import checkpointing, resume
+from trainer.config.parse import parse_config
+from trainer.data.dataset import load_dataset
+from trainer.data.processors import build_processors
+from trainer.data.sampler import GlobalOrderSampler
+from trainer.errors import ConfigError
+from trainer.policies import build_policy
+
+SINGLE = Topology()
+
+
+def flags(out: Path, cache: str, *extra: str) -> list[str]:
+    return [
+        "--policy.type=mlp",
+        "--policy.hidden_dim=16",
+        "--dataset.episodes=1",
+        f"--dataset.cache_dir={cache}",
+        "--batch_size=8",
+        "--steps=10",
+        f"--output_dir={out}",
+        *extra,
+    ]
+
+
+class Parts:
+    """What train() builds before prepare(), without an Accelerator."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.config = parse_config(args)
+        self.dataset = load_dataset(self.config.dataset)
+        self.policy = build_policy(self.config.policy, self.dataset.obs_dim, self.dataset.action_dim)
+        self.optimizer = self.config.optimizer.build(self.policy.parameters())
+        self.scheduler = self.config.scheduler.build(self.optimizer, self.config.steps)
+        self.sampler = GlobalOrderSampler(len(self.dataset), self.config.batch_size, 1, 0, self.config.seed)
+        self.scaler = torch.amp.GradScaler("cpu", init_scale=256.0, growth_interval=3)
+
+    def train_steps(self, steps: int) -> None:
+        pre, _ = build_processors(self.dataset.stats())
+        for _ in range(steps):
+            batch = pre(self.dataset.gather(self.sampler.next_indices(), self.config.policy.chunk_size))
+            loss, _ = self.policy(batch)
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad()
+            self.scheduler.step()
+
+    def save(self, step: int) -> str:
+        pre, post = build_processors(self.dataset.stats())
+        state = checkpointing.training_step(self.config, SINGLE, step, self.sampler.position)
+        return checkpointing.save(
+            self.config,
+            state,
+            model=self.policy,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            scaler=self.scaler,
+            preprocessor=pre,
+            postprocessor=post,
+        )
+
+
+@pytest.fixture
+def keep_rng():
+    """Phase 1 sets the process's global RNG streams: put them back for the tests that follow."""
+    python, numpy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng():
+        yield
+    random.setstate(python)
+    np.random.set_state(numpy)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, keep_rng_module) -> tuple[Parts, str]:
+    """A run that trained 3 steps and saved (step 3 is `last`); its objects as they were at the save."""
+    root = tmp_path_factory.mktemp("resume_run")
+    parts = Parts(flags(root / "run", str(root / "cache")))
+    parts.train_steps(3)
+    return parts, parts.save(3)
+
+
+@pytest.fixture(scope="module")
+def keep_rng_module():
+    python, numpy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng():
+        yield
+    random.setstate(python)
+    np.random.set_state(numpy)
+
+
+def copy_run(saved_dir: str, tmp_path: Path) -> Path:
+    """A private copy of the saved run's output_dir (tests that damage files)."""
+    out = tmp_path / "copy"
+    shutil.copytree(Path(saved_dir).parent.parent, out, symlinks=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------- finding it
+
+
+def test_resume_with_only_output_dir_uses_the_saved_config_and_flags_override(saved):
+    parts, step_dir = saved
+    out = parts.config.output_dir
+    config = parse_config(["--resume=true", f"--output_dir={out}", "--batch_size=4"])
+    assert config.policy.hidden_dim == 16 and config.steps == 10  # from train_config.json, not defaults
+    assert config.batch_size == 4  # the command line wins
+    assert resume.find_checkpoint(config) == step_dir
+
+
+def test_config_path_through_last_names_the_step(saved):
+    parts, step_dir = saved
+    via_last = (
+        Path(parts.config.output_dir) / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
+    )
+    config = parse_config(["--resume=true", f"--config_path={via_last}"])
+    assert resume.find_checkpoint(config) == step_dir
+
+
+def test_resume_before_the_first_save_starts_fresh(tmp_path, saved):
+    parts, _ = saved
+    config = parse_config(flags(tmp_path / "new", parts.config.dataset.cache_dir, "--resume=true"))
+    point = resume.before_prepare(config, SINGLE, parts.policy, parts.sampler, 0, 1)
+    assert point.step_dir is None and point.start_step == 0
+    assert "no checkpoint under" in point.message and "starting a fresh run" in point.message
+
+
+# -------------------------------------------------------------------------------------- phase 1
+
+
+def fresh_parts(saved_parts: Parts, *extra: str) -> Parts:
+    out = saved_parts.config.output_dir
+    return Parts(["--resume=true", f"--output_dir={out}", *extra])
+
+
+def test_phase1_restores_sampler_and_rng_and_is_silent_when_nothing_changed(saved, keep_rng):
+    parts, step_dir = saved
+    new = fresh_parts(parts)
+    point = resume.before_prepare(new.config, SINGLE, new.policy, new.sampler, 0, 1)
+    assert point.step_dir == step_dir and point.start_step == 3
+    assert new.sampler.position == parts.sampler.position == (0, 24)
+    assert point.changes == [] and "warning" not in point.message
+    saved_rng, _ = read_safetensors(f"{step_dir}/training_state/rng_state.safetensors")
+    assert torch.equal(torch.get_rng_state(), saved_rng["rank0/torch"])
+
+
+def test_changed_global_batch_warns_once_about_sample_exactness(saved, keep_rng):
+    parts, _ = saved
+    new = fresh_parts(parts, "--batch_size=4")
+    point = resume.before_prepare(new.config, SINGLE, new.policy, new.sampler, 0, 1)
+    assert point.changes == [
+        "batch_size 8 -> 4",
+        "effective batch 8 -> 4 (the learning rate is not rescaled)",
+    ]
+    assert point.message.count("warning:") == 1
+    assert "global batch changed" in point.message
+    assert new.sampler.position == (0, 24)  # same sample offset, grouped into smaller steps
+
+
+# -------------------------------------------------------------------------------------- phase 2
+
+
+def test_phase2_restores_model_optimizer_scheduler_and_scaler(saved, keep_rng):
+    parts, _ = saved
+    new = fresh_parts(parts)
+    point = resume.before_prepare(new.config, SINGLE, new.policy, new.sampler, 0, 1)
+    resume.after_prepare(
+        point, model=new.policy, optimizer=new.optimizer, scheduler=new.scheduler, scaler=new.scaler
+    )
+    for (name, got), want in zip(
+        new.policy.state_dict().items(), parts.policy.state_dict().values(), strict=True
+    ):
+        assert torch.equal(got, want), name
+    assert new.scheduler.state_dict() == parts.scheduler.state_dict()
+    assert new.scheduler.get_last_lr() == parts.scheduler.get_last_lr()
+    assert new.scaler.state_dict() == parts.scaler.state_dict()
+    got, want = new.optimizer.state_dict(), parts.optimizer.state_dict()
+    assert got["param_groups"] == want["param_groups"]
+    for index, entry in want["state"].items():
+        for key, value in entry.items():
+            assert torch.equal(got["state"][index][key], value), (index, key)
+
+
+# ------------------------------------------------------------------------------------- refusals
+
+
+def rewrite_training_step(out: Path, edit) -> None:
+    path = out / "checkpoints" / "000003" / "training_state" / "training_step.json"
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def refusal(parts: Parts, out: Path, *extra: str) -> str:
+    new = Parts(["--resume=true", f"--output_dir={out}", *extra])
+    with pytest.raises(ConfigError) as caught:
+        point = resume.before_prepare(new.config, SINGLE, new.policy, new.sampler, 0, 1)
+        resume.after_prepare(
+            point, model=new.policy, optimizer=new.optimizer, scheduler=new.scheduler, scaler=None
+        )
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("cannot resume from ")
+    return message
+
+
+def test_legacy_checkpoint_is_refused_in_one_line(saved, tmp_path, keep_rng):
+    out = copy_run(saved[1], tmp_path)
+    rewrite_training_step(out, lambda data: data.pop("format_version"))
+    assert "older release and cannot be resumed" in refusal(saved[0], out)
+
+
+def test_future_format_version_is_refused(saved, tmp_path, keep_rng):
+    out = copy_run(saved[1], tmp_path)
+    rewrite_training_step(out, lambda data: data.update(format_version=99))
+    assert "upgrade ckpt-tools" in refusal(saved[0], out)
+
+
+def test_sharded_checkpoint_with_a_gathered_optimizer_is_refused(saved, tmp_path, keep_rng):
+    """An older release's sharded checkpoint: full optimizer state instead of optimizer_0/."""
+
+    def sharded(data):
+        data.update(dp_world_size=2)
+        data["topology"].update(dp_shard=2)
+
+    out = copy_run(saved[1], tmp_path)
+    rewrite_training_step(out, sharded)
+    assert "cannot be resumed" in refusal(saved[0], out)
+
+
+def test_weights_of_another_architecture_are_refused_before_loading(saved, tmp_path, keep_rng):
+    message = refusal(saved[0], Path(saved[0].config.output_dir), "--policy.hidden_dim=8")
+    assert "do not fit this policy" in message and "resized" in message
