@@ -520,6 +520,8 @@ def _load_adapter(model_dir: str, model: nn.Module, group: _Group) -> None:
     sharded = is_sharded(model)
     if has_dcp and (sharded or not has_file):
         validate_dcp_metadata(dcp_dir)
+        saved = set(dcp_reader(dcp_dir).read_metadata().state_dict_metadata)
+        _check_adapter_keys(model_dir, saved, keys)
         local = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=True))
         state = {keys[name]: local[name] for name in keys}
         with quiet_single_process():
@@ -532,21 +534,27 @@ def _load_adapter(model_dir: str, model: nn.Module, group: _Group) -> None:
         full_state = False
     elif has_file:
         state, _ = read_safetensors(layout.join(model_dir, layout.ADAPTER_SAFETENSORS))
+        _check_adapter_keys(model_dir, set(state), keys)
         full_state = sharded
     else:
         raise NotACheckpointError(
             f"{model_dir} has {layout.ADAPTER_CONFIG} but no adapter weights ({layout.ADAPTER_SAFETENSORS} or "
             f"{layout.ADAPTER_DCP_DIR}/); the checkpoint is incomplete"
         )
-    missing = sorted(key for key in keys.values() if key not in state)
-    if missing or len(state) != len(keys):
-        raise CheckpointError(
-            f"{model_dir}: the adapter holds {len(state)} tensors, this model trains {len(keys)} "
-            f"(first missing: {missing[0] if missing else 'none'}); build the model with the --peft "
-            "settings the adapter was trained with"
-        )
     options = StateDictOptions(full_state_dict=full_state, strict=False)
     set_model_state_dict(model, {name: state[key] for name, key in keys.items()}, options=options)
+
+
+def _check_adapter_keys(model_dir: str, saved: set[str], keys: dict[str, str]) -> None:
+    """The adapter must hold exactly the model's trainable tensors, so none is silently left as built."""
+    wanted = set(keys.values())
+    if saved != wanted:
+        first = sorted(wanted - saved) or sorted(saved - wanted)
+        raise CheckpointError(
+            f"{model_dir}: the adapter holds {len(saved)} tensors, this model trains {len(wanted)} "
+            f"({first[0]} is in only one of them); build the model with the --peft settings the "
+            "adapter was trained with"
+        )
 
 
 def _load_optimizer(
