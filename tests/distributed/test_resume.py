@@ -1,0 +1,272 @@
+"""Two-phase resume on real gloo process groups: bit-exact on the same topology, within fp32 rounding
+across topologies, after crashes, in every checkpoint format.
+
+One uninterrupted reference run R (FSDP2 on 4 ranks, DCP, 6 steps, saves at 3 and 6, rank 0 slowed
+down inside every save) is launched once per session; every other run resumes from one of its
+checkpoints or from a checkpoint of a run that did. Runs are launched lazily and cached, so a test
+only pays for the launches it needs.
+
+The tiny policy has no dropout, and the dataset (one 200-sample episode) is shorter than the 6 x 64
+samples consumed, so step 4 starts the sampler's second epoch right after the step-3 checkpoint.
+
+Tolerance across topologies (RTOL): the global batch is unchanged, so every run sees the same samples
+and the same learning rate; only the order of fp32 additions differs (per-rank means then a mean
+across ranks, reduce-scatter vs all-reduce of gradients, a 2-D mesh's two-stage reduction). Each sum
+carries relative rounding of order n * 2**-24 (~6e-8 per add); after three AdamW updates the measured
+loss differences are ~1e-7 relative, so 1e-5 leaves two orders of margin and still catches a wrong
+sample, step or learning rate (which move the loss by > 1e-3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import ckpt_tools
+from ckpt_tools.loading import read_dcp_full, read_safetensors
+from helpers.launch import run_torchrun
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+
+SCRIPT = Path(__file__).parent / "scripts" / "resume_train.py"
+RTOL = 1e-5
+
+COMMON = [
+    "--policy.type=mlp",
+    "--policy.hidden_dim=16",
+    "--policy.dropout=0",
+    "--dataset.episodes=1",
+    "--dataset.eval_episodes=0",
+    "--steps=6",
+    "--save_freq=3",
+    "--log_freq=1",
+    "--scheduler.warmup_steps=2",
+    "--seed=7",
+]
+FSDP4 = ["--parallelism.dp_shard=4", "--batch_size=16", "--checkpoint_format=dcp"]
+# Topologies resumed from R's step 3, each with the same global batch of 64 samples.
+TOPOLOGIES = {
+    "fsdp2x2ranks": (
+        2,
+        ["--parallelism.dp_shard=2", "--batch_size=32", "--checkpoint_format=safetensors_dcp"],
+    ),
+    "hsdp2x2": (
+        4,
+        ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--checkpoint_format=safetensors"],
+    ),
+    "ddp2": (
+        2,
+        [
+            "--parallelism.dp_replicate=2",
+            "--parallelism.dp_shard=1",
+            "--batch_size=32",
+            "--checkpoint_format=safetensors",
+        ],
+    ),
+    "single": (1, ["--parallelism.dp_shard=1", "--batch_size=64", "--checkpoint_format=safetensors"]),
+}
+
+
+class Runs:
+    """Launch each named run at most once per session and keep its output."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.logs: dict[str, str] = {}
+        self.common = [*COMMON, f"--dataset.cache_dir={root / 'dataset-cache'}"]
+
+    def launch(self, name: str, nproc: int, *args: str, out: Path | None = None, check: bool = True) -> Path:
+        """Run `name` (output in `out`, default root/name) unless it already ran; return `out`."""
+        out = out or self.root / name
+        if name not in self.logs:
+            result = run_torchrun(SCRIPT, nproc, *args, f"--output_dir={out}", timeout=120, check=check)
+            self.logs[name] = result.stdout
+            (self.root / f"{name}.log").write_text(result.stdout)
+            if not check:
+                assert result.returncode != 0, f"{name} was expected to fail:\n{result.stdout}"
+        return out
+
+    def reference(self) -> Path:
+        """R: FSDP2 x4, uninterrupted; rank 0 writes the side files 1 s late in every save."""
+        return self.launch("R", 4, "--hook-slow-save=1.0", *self.common, *FSDP4)
+
+    def from_reference(self, name: str) -> Path:
+        """Resume R's step 3 on another topology, saving at steps 4 and 6."""
+        nproc, flags = TOPOLOGIES[name]
+        return self.launch(name, nproc, *resume_from(self.reference(), 3), "--save_freq=2", *flags)
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("resume"))
+
+
+def resume_from(out: Path, step: int) -> list[str]:
+    config = out / "checkpoints" / f"{step:06d}" / "pretrained_model" / "train_config.json"
+    return ["--resume=true", f"--config_path={config}"]
+
+
+def step_dir(out: Path, step: int) -> Path:
+    return out / "checkpoints" / f"{step:06d}"
+
+
+def metrics(out: Path) -> dict[int, dict]:
+    """Each step's training record; a step logged again after a resume keeps the later record."""
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in records if r.get("event") == "train"}
+
+
+def resume_notes(out: Path) -> list[dict]:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r.get("event") == "resume"]
+
+
+def ckpt_verify(path: Path) -> subprocess.CompletedProcess[str]:
+    ckpt = Path(sys.executable).with_name("ckpt")
+    return subprocess.run([str(ckpt), "verify", str(path)], capture_output=True, text=True, timeout=60)
+
+
+def optimizer_state(step: Path) -> dict[str, torch.Tensor]:
+    state_dir = step / "training_state"
+    if (state_dir / "optimizer_0").is_dir():
+        return read_dcp_full(str(state_dir / "optimizer_0"))
+    return read_safetensors(str(state_dir / "optimizer_state.safetensors"))[0]
+
+
+def assert_bit_identical(a: Path, b: Path) -> None:
+    """Model weights and optimizer state of two step directories, bit for bit."""
+    for load in (ckpt_tools.load_model_state_dict, optimizer_state):
+        got, want = load(a), load(b)
+        assert got.keys() == want.keys()
+        for key, tensor in want.items():
+            assert got[key].dtype == tensor.dtype and torch.equal(got[key], tensor), key
+
+
+def assert_same_losses(got: Path, want: Path, steps: range, rtol: float = 0.0) -> None:
+    """Per-step losses (exactly, or within rtol) and learning rates (exactly: the scheduler resumed)."""
+    a, b = metrics(got), metrics(want)
+    for step in steps:
+        assert a[step]["lr"] == b[step]["lr"], step
+        if rtol == 0.0:
+            assert a[step]["loss"] == b[step]["loss"], step
+        else:
+            assert a[step]["loss"] == pytest.approx(b[step]["loss"], rel=rtol, abs=0), step
+
+
+# ------------------------------------------------------------------------------- same topology
+
+
+def test_slow_rank0_save_completes_and_verifies(runs):
+    out = runs.reference()
+    assert runs.logs["R"].count("hook: rank 0 writes the side files") == 2
+    for step in (3, 6):
+        assert ckpt_verify(step_dir(out, step)).returncode == 0
+    assert os.readlink(out / "checkpoints" / "last") == "000006"
+
+
+def test_crash_in_training_then_auto_resume_is_bit_exact(runs):
+    reference = runs.reference()
+    crashed = runs.launch("X1", 4, "--hook-kill-train=3:5", *runs.common, *FSDP4, check=False)
+    assert "hook: rank 3 killed at its training step call 5" in runs.logs["X1"]
+    verified = ckpt_verify(crashed / "checkpoints" / "last")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert os.readlink(crashed / "checkpoints" / "last") == "000003"
+
+    runs.launch("A1", 4, "--resume=true", out=crashed)  # and --output_dir: the saved config is found
+    assert f"resuming from {step_dir(crashed, 3)} at step 3" in runs.logs["A1"]
+    assert "warning:" not in runs.logs["A1"]  # same topology and batch: nothing to warn about
+    assert_bit_identical(step_dir(crashed, 6), step_dir(reference, 6))
+    assert_same_losses(crashed, reference, range(1, 7))
+
+
+def test_crash_inside_save_keeps_last_and_resumes_bit_exact(runs):
+    reference = runs.reference()
+    args = ["--resume=true", *runs.common, *FSDP4]  # what a torchrun --max-restarts relaunch repeats
+    crashed = runs.launch("X2", 4, "--hook-kill-save=1:6", *args, check=False)
+    log = runs.logs["X2"]
+    assert "no checkpoint under" in log and "starting a fresh run" in log
+    assert "hook: rank 1 killed inside the save of step 6" in log
+    assert (crashed / "checkpoints" / ".tmp-000006").is_dir()  # the interrupted save, never committed
+    assert not step_dir(crashed, 6).exists()
+    assert os.readlink(crashed / "checkpoints" / "last") == "000003"
+    assert ckpt_verify(crashed / "checkpoints" / "last").returncode == 0
+
+    runs.launch("A2", 4, *args, out=crashed)
+    assert_bit_identical(step_dir(crashed, 6), step_dir(reference, 6))
+    assert_same_losses(crashed, reference, range(1, 7))
+    assert not (crashed / "checkpoints" / ".tmp-000006").exists()
+
+
+# ---------------------------------------------------------------------------- changed topology
+
+
+@pytest.mark.parametrize("name", list(TOPOLOGIES))
+def test_changed_topology_matches_uninterrupted_run(runs, name):
+    out = runs.from_reference(name)
+    assert_same_losses(out, runs.reference(), range(4, 7), rtol=RTOL)
+    got = ckpt_tools.load_model_state_dict(step_dir(out, 6))
+    want = ckpt_tools.load_model_state_dict(step_dir(runs.reference(), 6))
+    for key, tensor in want.items():
+        torch.testing.assert_close(got[key], tensor, rtol=1e-4, atol=1e-6)
+    [note] = resume_notes(out)
+    assert note["step"] == 3 and any(change.startswith("topology FSDP2 4 -> ") for change in note["changes"])
+    assert "the data order is unchanged" in runs.logs[name]
+    assert "global batch changed" not in runs.logs[name]
+
+
+def test_hsdp_ddp_fsdp2_loss_parity(runs):
+    """Same global batch, same samples: the three data-parallel engines agree step by step."""
+    fsdp2, hsdp, ddp = (metrics(runs.from_reference(n)) for n in ("fsdp2x2ranks", "hsdp2x2", "ddp2"))
+    for step in range(4, 7):
+        losses = [fsdp2[step]["loss"], hsdp[step]["loss"], ddp[step]["loss"]]
+        assert max(losses) - min(losses) <= RTOL * abs(losses[0]), (step, losses)
+
+
+# ----------------------------------------------------------------------------- formats, precision
+
+
+@pytest.mark.parametrize(
+    ("source", "nproc"),
+    [
+        ("fsdp2x2ranks", 2),  # safetensors_dcp: weights from the DCP shards
+        ("hsdp2x2", 4),  # safetensors from a sharded run: full weights + DCP optimizer
+    ],
+)
+def test_each_format_resumes_bit_exact(runs, source, nproc):
+    """dcp is resumed by the crash tests; these resume the step-4 checkpoints of the topology runs."""
+    origin = runs.from_reference(source)
+    out = runs.launch(f"{source}-again", nproc, *resume_from(origin, 4))
+    assert_bit_identical(step_dir(out, 6), step_dir(origin, 6))
+    assert_same_losses(out, origin, range(5, 7))
+
+
+def test_ddp_checkpoint_resumes_into_fsdp2(runs):
+    """A non-sharded checkpoint (model.safetensors + optimizer_state.safetensors) into FSDP2."""
+    origin = runs.from_reference("ddp2")
+    assert (step_dir(origin, 4) / "training_state" / "optimizer_state.safetensors").is_file()
+    flags = ["--parallelism.dp_replicate=1", "--parallelism.dp_shard=2"]
+    out = runs.launch("ddp2-to-fsdp2", 2, *resume_from(origin, 4), *flags)
+    assert "topology DDP 2 -> FSDP2 2" in runs.logs["ddp2-to-fsdp2"]
+    assert_same_losses(out, origin, range(5, 7), rtol=RTOL)
+
+
+def test_bf16_with_dropout_resumes_bit_exact(runs):
+    """bf16 autocast under FSDP2, with dropout on: exact only if every rank's RNG stream is restored."""
+    flags = [
+        *runs.common,
+        "--policy.dropout=0.1",
+        "--accelerator.mixed_precision=bf16",
+        "--parallelism.dp_shard=2",
+        "--batch_size=8",
+        "--checkpoint_format=dcp",
+    ]
+    straight = runs.launch("bf16", 2, *flags)
+    out = runs.launch("bf16-resumed", 2, *resume_from(straight, 3))
+    assert_bit_identical(step_dir(out, 6), step_dir(straight, 6))
+    assert_same_losses(out, straight, range(4, 7))
