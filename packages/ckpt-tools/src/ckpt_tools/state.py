@@ -183,7 +183,7 @@ def _save_adapter(model_dir: str, model: nn.Module, checkpoint_format: str, grou
         raise ValueError("adapter_config was given but the model has no trainable parameters to save")
     if checkpoint_format in ("safetensors", "safetensors_dcp"):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-        full = get_model_state_dict(model, options=options)  # collective gather of the trainable part
+        full: dict[str, Any] = get_model_state_dict(model, options=options)  # collective: trainable part
         if group.is_main:
             adapter = {keys[name]: full[name] for name in keys}
             write_safetensors(layout.join(model_dir, layout.ADAPTER_SAFETENSORS), adapter, {"format": "pt"})
@@ -518,6 +518,7 @@ def _load_adapter(model_dir: str, model: nn.Module, group: _Group) -> None:
     has_dcp = storage.exists(layout.join(dcp_dir, layout.DCP_METADATA))
     has_file = storage.exists(layout.join(model_dir, layout.ADAPTER_SAFETENSORS))
     sharded = is_sharded(model)
+    state: dict[str, Any]
     if has_dcp and (sharded or not has_file):
         validate_dcp_metadata(dcp_dir)
         saved = set(dcp_reader(dcp_dir).read_metadata().state_dict_metadata)

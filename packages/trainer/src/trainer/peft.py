@@ -77,7 +77,7 @@ def saved_weight_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
 def _wrap(policy: nn.Module, config: TrainConfig) -> nn.Module:
     from peft import get_peft_model
 
-    targets = list(config.peft.target_modules or getattr(policy, "_peft_target_modules", ()) or ())
+    targets = list(config.peft.target_modules or ()) or list(getattr(policy, "_peft_target_modules", ()))
     if not targets:
         raise ConfigError(
             f"{type(policy).__name__} declares no _peft_target_modules: set --peft.target_modules=[name,...] "

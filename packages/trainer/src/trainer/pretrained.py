@@ -62,7 +62,8 @@ def policy_defaults(args: list[str], config_path: str | None) -> Iterator[str | 
         return
     data = _read_json_file(config_path) if config_path is not None else {}
     base = base_policy_config(path)
-    own = data.get("policy") if isinstance(data.get("policy"), dict) else {}
+    own = data.get("policy")
+    own = own if isinstance(own, dict) else {}
     same_type = own.get("type") == base["type"]
     data["policy"] = {**base, **(own if same_type else {}), "path": path}
     explicit = next((a.split("=", 1)[1] for a in reversed(args) if a.startswith("--policy.type=")), None)

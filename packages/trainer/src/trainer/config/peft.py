@@ -22,7 +22,7 @@ class PeftConfig:
     """LORA trains low-rank adapters beside the frozen weights; unset trains the whole policy."""
     r: int = 16
     """LoRA rank: the inner size of each adapter pair A (r x in) and B (out x r)."""
-    alpha: float = 32.0
+    alpha: int = 32
     """LoRA scale numerator: the adapter's output is multiplied by alpha / r."""
     dropout: float = 0.0
     """Dropout on the adapter's input."""
