@@ -83,6 +83,14 @@ def test_frozen_base_is_untouched_and_only_adapters_train(runs, case, run, step)
     for name, tensor in frozen.items():
         want = base[base_name(name)].to(tensor.dtype)
         assert torch.equal(tensor, want), name
+    held = set(seen["frozen_layout"].values())
+    if case == "ddp2":
+        assert held == {"full"}
+    elif run == "bf16":  # only the ignored module (matched without the PEFT prefix) is kept whole
+        full = {n for n, how in seen["frozen_layout"].items() if how == "full"}
+        assert full == {"base_model.model.obs_proj.weight", "base_model.model.obs_proj.bias"}
+    else:  # FSDP2 / HSDP: every rank holds only its share of the frozen base
+        assert held == {"shard"}
     if run == "bf16":  # bf16 base stays bf16; every trainable parameter (adapter and head copy) is fp32
         assert {t.dtype for t in frozen.values()} == {torch.bfloat16}
         assert set(trainable.values()) == {torch.float32}

@@ -42,13 +42,22 @@ TINY_ACT = [
 SPY_DIR: list[str] = []
 
 
+def _held(param: torch.Tensor) -> str:
+    placements = getattr(param, "placements", ())
+    return "shard" if any(p.is_shard() for p in placements) else "full"
+
+
 def spy_save(save):
     def wrapped(config, state, *, model, **kwargs):
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if dist.get_rank() == 0:
-            trainable = {n: p.dtype for n, p in model.named_parameters() if p.requires_grad}
+            params = dict(model.named_parameters())
+            trainable = {n: p.dtype for n, p in params.items() if p.requires_grad}
+            # how each frozen parameter is held on this rank: "shard" (a DTensor split across ranks) or "full"
+            layout = {n: _held(p) for n, p in params.items() if not p.requires_grad}
             os.makedirs(SPY_DIR[0], exist_ok=True)
-            torch.save({"state": full, "trainable": trainable}, f"{SPY_DIR[0]}/{state.step}.pt")
+            record = {"state": full, "trainable": trainable, "frozen_layout": layout}
+            torch.save(record, f"{SPY_DIR[0]}/{state.step}.pt")
         return save(config, state, model=model, **kwargs)
 
     return wrapped
