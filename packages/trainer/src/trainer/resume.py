@@ -98,6 +98,11 @@ def before_prepare(
     ]
     if plan.warning is not None:
         lines.append(f"warning: {plan.warning}")
+    if plan.step >= config.steps:
+        lines.append(
+            f"nothing left to train: the checkpoint is at step {plan.step} of --steps={config.steps}; "
+            "raise --steps to continue training"
+        )
     return ResumePoint(step_dir, plan, "\n".join(lines))
 
 
@@ -122,13 +127,8 @@ def _run_shape(config: TrainConfig, topology: Topology) -> RunShape:
         batch_size=config.batch_size,
         grad_accum_steps=config.accelerator.gradient_accumulation.steps,
         mixed_precision=config.accelerator.mixed_precision,
-        peft=_peft_enabled(config),
+        peft=config.peft.enabled,
     )
-
-
-def _peft_enabled(config: TrainConfig) -> bool:
-    peft = getattr(config, "peft", None)
-    return bool(getattr(peft, "method_type", None))
 
 
 def _check_weights_fit(step_dir: str, model: Any) -> None:
