@@ -81,11 +81,15 @@ class Runs:
         self.logs: dict[str, str] = {}
         self.common = [*COMMON, f"--dataset.cache_dir={root / 'dataset-cache'}"]
 
-    def launch(self, name: str, nproc: int, *args: str, out: Path | None = None, check: bool = True) -> Path:
+    def launch(
+        self, name: str, nproc: int, *args: str, out: Path | None = None, check: bool = True, **launcher
+    ) -> Path:
         """Run `name` (output in `out`, default root/name) unless it already ran; return `out`."""
         out = out or self.root / name
         if name not in self.logs:
-            result = run_torchrun(SCRIPT, nproc, *args, f"--output_dir={out}", timeout=120, check=check)
+            result = run_torchrun(
+                SCRIPT, nproc, *args, f"--output_dir={out}", timeout=120, check=check, **launcher
+            )
             self.logs[name] = result.stdout
             (self.root / f"{name}.log").write_text(result.stdout)
             if not check:
@@ -203,6 +207,30 @@ def test_crash_inside_save_keeps_last_and_resumes_bit_exact(runs):
     assert not (crashed / "checkpoints" / ".tmp-000006").exists()
 
 
+def test_torchrun_max_restarts_recovers_without_a_person(runs, monkeypatch):
+    """A rank killed inside a save under `torchrun --max-restarts=1`: the relaunch repeats the same
+    command, which finds `last` (the step before the interrupted save) and finishes the run."""
+    # torchrun shares its rendezvous TCPStore with the workers by default, and a relaunched worker can
+    # read the dead attempt's gloo address from it (pytorch/pytorch#135712): docs/resume.md says so.
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    flags = [
+        "--resume=true",
+        *runs.common,
+        "--parallelism.dp_shard=2",
+        "--batch_size=32",
+        "--checkpoint_format=safetensors",  # gathered weights + DCP optimizer, resumed by the relaunch
+    ]
+    out = runs.launch("restarts", 2, "--hook-kill-save=1:6", *flags, torchrun_args=["--max-restarts=1"])
+    log = runs.logs["restarts"]
+    assert "hook: rank 1 killed inside the save of step 6" in log
+    assert f"resuming from {step_dir(out, 3)} at step 3" in log
+    assert (step_dir(out, 3) / "pretrained_model" / "model.safetensors").is_file()
+    assert (step_dir(out, 3) / "training_state" / "optimizer_0").is_dir()
+    assert os.readlink(out / "checkpoints" / "last") == "000006"
+    assert ckpt_verify(out / "checkpoints" / "last").returncode == 0
+    assert_same_losses(out, runs.reference(), range(1, 7), rtol=RTOL)  # FSDP2 x2 vs the x4 reference
+
+
 # ---------------------------------------------------------------------------- changed topology
 
 
@@ -231,17 +259,13 @@ def test_hsdp_ddp_fsdp2_loss_parity(runs):
 # ----------------------------------------------------------------------------- formats, precision
 
 
-@pytest.mark.parametrize(
-    ("source", "nproc"),
-    [
-        ("fsdp2x2ranks", 2),  # safetensors_dcp: weights from the DCP shards
-        ("hsdp2x2", 4),  # safetensors from a sharded run: full weights + DCP optimizer
-    ],
-)
-def test_each_format_resumes_bit_exact(runs, source, nproc):
-    """dcp is resumed by the crash tests; these resume the step-4 checkpoints of the topology runs."""
-    origin = runs.from_reference(source)
-    out = runs.launch(f"{source}-again", nproc, *resume_from(origin, 4))
+def test_safetensors_dcp_resumes_bit_exact(runs):
+    """Every format resumes: dcp in the crash tests, safetensors from a sharded run (full weights +
+    DCP optimizer) in the max-restarts test, non-sharded safetensors in the DDP -> FSDP2 test, and
+    safetensors_dcp (weights read from its DCP shards) here, from the FSDP2 x2 run's step 4."""
+    origin = runs.from_reference("fsdp2x2ranks")
+    assert (step_dir(origin, 4) / "pretrained_model" / "model.safetensors").is_file()
+    out = runs.launch("fsdp2x2ranks-again", 2, *resume_from(origin, 4))
     assert_bit_identical(step_dir(out, 6), step_dir(origin, 6))
     assert_same_losses(out, origin, range(5, 7))
 
