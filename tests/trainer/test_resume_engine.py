@@ -249,3 +249,17 @@ def test_sharded_checkpoint_with_a_gathered_optimizer_is_refused(saved, tmp_path
 def test_weights_of_another_architecture_are_refused_before_loading(saved, tmp_path, keep_rng):
     message = refusal(saved[0], Path(saved[0].config.output_dir), "--policy.hidden_dim=8")
     assert "do not fit this policy" in message and "resized" in message
+
+
+def test_cli_reports_a_refused_resume_in_one_line(saved, tmp_path, keep_rng, clean_accelerate, capsys):
+    """Through `trainer train`: exit 1 and one `error:` line, no traceback."""
+    from trainer.cli import main
+
+    out = copy_run(saved[1], tmp_path)
+    rewrite_training_step(out, lambda data: data.pop("format_version"))
+    with pytest.raises(SystemExit) as exited:
+        main(["train", "--resume=true", f"--output_dir={out}"])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(f"error: cannot resume from {out}/checkpoints/000003: ")
