@@ -54,7 +54,7 @@ DEMO_OUTPUT = "outputs/demo"
 @nox.session
 def demo(session: nox.Session) -> None:
     """Train the default policy on the embedded dataset with 2 processes (FSDP2, DCP checkpoints),
-    then inspect and convert the last checkpoint. Extra trainer flags go after `--`."""
+    then inspect, convert and verify the last checkpoint. Extra trainer flags go after `--`."""
     import shutil
 
     install(session)
@@ -67,3 +67,4 @@ def demo(session: nox.Session) -> None:
     )  # fmt: skip
     session.run("ckpt", "inspect", f"{DEMO_OUTPUT}/checkpoints/last")
     session.run("ckpt", "convert", f"{DEMO_OUTPUT}/checkpoints/last")
+    session.run("ckpt", "verify", f"{DEMO_OUTPUT}/checkpoints/last")
