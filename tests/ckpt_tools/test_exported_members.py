@@ -54,6 +54,7 @@ PUBLIC = {
     "PublishResult",
     "publish_model",
     "select_publish_files",
+    "is_fsspec_target",
 }
 
 

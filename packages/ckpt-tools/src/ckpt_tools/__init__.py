@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "PublishResult": "ckpt_tools.publish",
     "publish_model": "ckpt_tools.publish",
     "select_publish_files": "ckpt_tools.publish",
+    "is_fsspec_target": "ckpt_tools.publish",
     "ConversionResult": "ckpt_tools.convert",
     "convert_dcp_to_safetensors": "ckpt_tools.convert",
     "convert_safetensors_to_dcp": "ckpt_tools.convert",

@@ -13,3 +13,7 @@ class ConfigError(ValueError):
 
 class WrapPlanError(ConfigError):
     """The FSDP wrap plan cannot shard this policy (no wrap units, or tied weights split across units)."""
+
+
+class PublishFailedError(ConfigError):
+    """The end-of-training publish failed on the main rank; every rank raises it, the checkpoints stay."""

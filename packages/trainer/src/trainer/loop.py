@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer import checkpointing, peft, resume
+from trainer import checkpointing, peft, publishing, resume
 from trainer.config.train import TrainConfig
 from trainer.data import sim
 from trainer.data.dataset import OBS_KEY, load_dataset
@@ -53,6 +53,7 @@ def train(config: TrainConfig) -> RunSummary:
     """Collective: call on all ranks. Runs `config.steps` loop steps and returns the summary."""
     topology = resolve_topology(config.parallelism, launch_world_size())
     check_checkpoint_format(config.checkpoint_format, topology)
+    publishing.check_publish_config(config)
     check_accelerate_env()
     checkpointing.check_fresh_output_dir(config)
     _record_effective_precision(config)
@@ -151,7 +152,10 @@ def train(config: TrainConfig) -> RunSummary:
         event="summary",
         **summary.__dict__,
     )
-    logger.close()
+    try:
+        publishing.publish_final(config, summary, accelerator, logger)  # --policy.push_to_hub
+    finally:
+        logger.close()
     accelerator.wait_for_everyone()
     return summary
 

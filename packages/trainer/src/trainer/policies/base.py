@@ -19,6 +19,9 @@ from torch import nn
 
 from trainer.errors import ConfigError
 
+# PolicyConfig fields that say where a run publishes, not what the policy is.
+PUBLISH_FIELDS = ("push_to_hub", "repo_id", "private")
+
 
 @dataclass
 class PolicyConfig(draccus.ChoiceRegistry):
@@ -35,12 +38,23 @@ class PolicyConfig(draccus.ChoiceRegistry):
     path: str | None = None
     """Start from this pretrained policy: a local model or step directory, or a Hub repo id (its
     config.json supplies the other policy fields; flags still override them)."""
+    push_to_hub: bool = False
+    """Publish the final checkpoint's model, processors, configs and a model card to --policy.repo_id
+    at the end of training (docs/publishing.md)."""
+    repo_id: str | None = None
+    """Hub repo (`namespace/name`) or fsspec target (`s3://bucket/prefix`, a local path) to publish to."""
+    private: bool = False
+    """Create the Hub repo private (an existing repo keeps its visibility)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"--policy.dropout must be in [0, 1), got {self.dropout}")
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ConfigError(f"--policy.dtype={self.dtype!r} is not one of float32, bfloat16, float16")
+        if self.push_to_hub and not self.repo_id:
+            raise ConfigError(
+                "--policy.push_to_hub=true needs --policy.repo_id=namespace/name (or an fsspec URL)"
+            )
 
     @property
     def type(self) -> str:
@@ -55,8 +69,13 @@ class PolicyConfig(draccus.ChoiceRegistry):
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:
-        """The policy's `config.json`: its type and every field."""
-        return {"type": self.type, **dataclasses.asdict(self)}
+        """The policy's `config.json`: its type and every field but the publish settings, which belong
+        to the run (train_config.json): a run started from a published model with --policy.path must
+        not publish over that model's repo."""
+        fields = dataclasses.asdict(self)
+        for name in PUBLISH_FIELDS:
+            fields.pop(name)
+        return {"type": self.type, **fields}
 
 
 class Policy(nn.Module):

@@ -1,0 +1,143 @@
+"""End-of-training publish: `--policy.push_to_hub=true --policy.repo_id=namespace/name`.
+
+The run's last checkpoint, saved collectively at the final step, is published with
+`ckpt_tools.publish_model`: the model (or a PEFT run's adapter), the processors, config.json,
+train_config.json and a model card carrying the final loss. A checkpoint holding only DCP shards
+(`--checkpoint_format=dcp`) is converted to safetensors in place first, as `ckpt convert` would,
+so every checkpoint format publishes. The main rank alone converts and uploads; the outcome is then
+broadcast, so all ranks finish together or all raise the same one-line `PublishFailedError`.
+A failed publish deletes nothing: the checkpoints stay, and `ckpt push` publishes them later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import ckpt_tools
+from trainer.config.train import TrainConfig
+from trainer.errors import ConfigError, PublishFailedError
+
+# How long the other ranks wait for the main rank's upload: a large model over a slow link takes far
+# longer than the process group's default collective timeout.
+UPLOAD_TIMEOUT = timedelta(hours=6)
+# Checkpoint weight formats (`ckpt_tools.Checkpoint.formats`) the Hub can load as they are.
+_LOADABLE_FORMATS = {"safetensors", "adapter_safetensors"}
+
+
+def check_publish_config(config: TrainConfig) -> None:
+    """Refuse at start what would fail at the end of a long run: a malformed Hub repo id, no Hub
+    token in huggingface_hub's usual places (HF_TOKEN, `hf auth login`), --policy.private for an
+    fsspec target."""
+    policy = config.policy
+    if not policy.push_to_hub or policy.repo_id is None:
+        return
+    if ckpt_tools.is_fsspec_target(policy.repo_id):
+        if policy.private:
+            raise ConfigError(
+                f"--policy.private applies to Hub repos only, not to --policy.repo_id={policy.repo_id}"
+            )
+        return
+    from huggingface_hub import get_token
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(policy.repo_id)
+    except HFValidationError as exc:
+        raise ConfigError(f"--policy.repo_id={policy.repo_id}: {' '.join(str(exc).split())}") from None
+    if "/" not in policy.repo_id:
+        raise ConfigError(f"--policy.repo_id={policy.repo_id} needs a namespace: give namespace/name")
+    if get_token() is None:
+        raise ConfigError(
+            "--policy.push_to_hub=true needs a Hub token with write access: set HF_TOKEN or run `hf auth login`"
+        )
+
+
+def publish_final(config: TrainConfig, summary: Any, accelerator: Any, logger: Any) -> None:
+    """Collective: call on all ranks after the final checkpoint is saved.
+
+    Publishes `summary.last_checkpoint` when --policy.push_to_hub is set. Raises `PublishFailedError`
+    on every rank when the main rank's publish failed.
+    """
+    if not config.policy.push_to_hub:
+        return
+    with _outcome_channel() as share:  # opened before the upload, while every rank is here
+        error = share(_publish_on_main(config, summary, logger) if accelerator.is_main_process else None)
+    if error is not None:
+        raise PublishFailedError(error)
+
+
+def _publish_on_main(config: TrainConfig, summary: Any, logger: Any) -> str | None:
+    """Convert a DCP-only checkpoint, then publish it. Returns None, or the one-line failure."""
+    from huggingface_hub.utils import disable_progress_bars
+
+    step_dir, repo_id = summary.last_checkpoint, config.policy.repo_id
+    disable_progress_bars()  # a run's log gets one line per publish, not upload bars
+    try:
+        if not _LOADABLE_FORMATS & set(ckpt_tools.open_checkpoint(step_dir).formats):
+            logger.note(f"converting the DCP shards of {step_dir} to safetensors for publishing")
+            ckpt_tools.convert_dcp_to_safetensors(step_dir)
+        logger.note(f"publishing {step_dir} to {repo_id}")
+        result = ckpt_tools.publish_model(
+            step_dir,
+            repo_id,
+            private=config.policy.private,
+            endpoint=os.environ.get("HF_ENDPOINT"),  # read now, not when huggingface_hub was imported
+            extra_card_info=_card_extras(config, summary),
+        )
+    except Exception as exc:  # any failure must reach the other ranks, or they wait for ever
+        # Not chained: a client exception carries the request, Authorization header included.
+        detail = str(exc) if isinstance(exc, ckpt_tools.CheckpointError) else f"{type(exc).__name__}: {exc}"
+        private = " --private" if config.policy.private else ""
+        return (
+            f"publishing {step_dir} to {repo_id} failed: {' '.join(detail.split())}; publish the intact "
+            f"checkpoint later with `ckpt push {step_dir} {repo_id}{private}`"
+        )
+    commit = f" at commit {result.commit_oid}" if result.commit_oid else ""
+    logger.note(
+        f"published {len(result.files)} files to {result.url}{commit}",
+        event="publish",
+        url=result.url,
+        commit=result.commit_oid,
+        files=result.files,
+    )
+    return None
+
+
+def _card_extras(config: TrainConfig, summary: Any) -> dict[str, Any]:
+    """What the run knows beyond its files: the final loss, and the evaluation returns when it ran."""
+    extras: dict[str, Any] = {}
+    if not math.isnan(summary.final_loss):
+        extras["final_loss"] = summary.final_loss
+    if config.dataset.eval_episodes > 0:
+        extras["Evaluation return (policy / random torques)"] = (
+            f"{summary.policy_return:.1f} / {summary.random_return:.1f}"
+        )
+    return extras
+
+
+@contextlib.contextmanager
+def _outcome_channel() -> Iterator[Callable[[str | None], str | None]]:
+    """A function that returns the main rank's outcome on every rank. It broadcasts over a gloo group
+    created here, before the main rank starts uploading, with a timeout that outlasts the upload."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        yield lambda outcome: outcome
+        return
+    group = dist.new_group(backend="gloo", timeout=UPLOAD_TIMEOUT)
+
+    def share(outcome: str | None) -> str | None:
+        box = [outcome]
+        dist.broadcast_object_list(box, src=0, group=group)
+        return box[0]
+
+    try:
+        yield share
+    finally:
+        dist.destroy_process_group(group)
