@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+import torch
+from report_fixtures import run_ckpt, tiny_model_state, write_step_dir
+from safetensors.torch import load_file
 
 from ckpt_tools import storage
 from ckpt_tools.errors import CorruptCheckpointError
+from ckpt_tools.verify import verify_checkpoint
 
 
 def write_step(root, step: int, marker: str) -> str:
@@ -81,3 +86,162 @@ def test_a_last_naming_something_else_is_corrupt(tmp_path):
 def test_point_last_refuses_a_non_step_name(tmp_path):
     with pytest.raises(ValueError, match="not a step directory name"):
         storage.point_last(tmp_path, ".tmp-000001")
+
+
+# --- replacing a step: `last` names a complete step at every moment --------------------------------
+
+_MUTATIONS = ("_rename_dir", "point_last", "remove_last", "remove_tree")
+
+
+class _Crash(Exception):
+    """The process dies here: nothing after this point of the commit runs."""
+
+
+def _crash_at(monkeypatch: pytest.MonkeyPatch, when: int) -> None:
+    """Make the `when`-th directory or pointer mutation of the commit raise before it happens."""
+    count = [0]
+    for name in _MUTATIONS:
+
+        def mutation(*args, _real=getattr(storage, name), **kwargs):  # type: ignore[no-untyped-def]
+            count[0] += 1
+            if count[0] == when:
+                raise _Crash
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(storage, name, mutation)
+
+
+def _stage(root: Path, step: int, seed: int) -> str:
+    """A complete step written as `.tmp-<step>`, ready for `commit_step_dir`."""
+    staged = write_step_dir(root.parent / f"stage-{seed}", step=step, state=tiny_model_state(seed))
+    tmp = storage.begin_step_dir(root, step)
+    os.rmdir(tmp)
+    os.rename(staged, tmp)
+    return tmp
+
+
+def _last_state(root: Path) -> dict[str, torch.Tensor] | None:
+    """The weights of the step `last` names, after checking that step verifies; None without `last`."""
+    if not storage.has_last(root):
+        return None
+    step_dir = storage.read_last(root)
+    report = verify_checkpoint(step_dir)
+    assert report.ok, report.problems
+    return load_file(f"{step_dir}/pretrained_model/model.safetensors")
+
+
+@pytest.mark.parametrize("earlier_step", [True, False])
+def test_a_crash_while_replacing_the_last_step_leaves_last_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, earlier_step: bool
+) -> None:
+    """Resumed from step 3 while `last -> 000006`: the new step 6 replaces the old one."""
+    seen = set()
+    for when in range(1, 20):
+        root = tmp_path / f"crash-{when}" / "checkpoints"
+        if earlier_step:
+            storage.commit_step_dir(_stage(root, 3, seed=3), root, 3)
+        storage.commit_step_dir(_stage(root, 6, seed=6), root, 6)
+        tmp = _stage(root, 6, seed=60)
+        _crash_at(monkeypatch, when)
+        try:
+            storage.commit_step_dir(tmp, root, 6)
+            finished = True
+        except _Crash:
+            finished = False
+        monkeypatch.undo()
+        state = _last_state(root)
+        seen.add(None if state is None else _seed_of(state))
+        # the run restarts and saves step 6 again: that save completes and cleans up after the crash
+        storage.commit_step_dir(_stage(root, 6, seed=60), root, 6)
+        assert torch.equal(_last_state(root)["encoder.weight"], tiny_model_state(60)["encoder.weight"])
+        assert sorted(os.listdir(root)) == (["000003"] if earlier_step else []) + ["000006", "last"]
+        if finished:
+            break
+    assert finished and when >= 5
+    # a crash mid-replacement fell back to step 3 (or to no `last`), never to a missing directory
+    assert seen == ({3, 6, 60} if earlier_step else {None, 6, 60})
+
+
+def _seed_of(state: dict[str, torch.Tensor]) -> int:
+    """Which staged step these weights came from."""
+    weight = state["encoder.weight"]
+    return next(seed for seed in (3, 6, 60) if torch.equal(weight, tiny_model_state(seed)["encoder.weight"]))
+
+
+def test_replacing_a_step_that_last_does_not_name_keeps_last_until_the_end(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    storage.commit_step_dir(_stage(root, 3, seed=3), root, 3)
+    storage.commit_step_dir(_stage(root, 6, seed=6), root, 6)
+    storage.commit_step_dir(_stage(root, 3, seed=60), root, 3)  # resumed from 2, say
+    assert os.readlink(root / "last") == "000003"
+    assert torch.equal(_last_state(root)["encoder.weight"], tiny_model_state(60)["encoder.weight"])
+
+
+def test_step_back_skips_an_incomplete_step(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    storage.commit_step_dir(_stage(root, 3, seed=3), root, 3)
+    storage.commit_step_dir(_stage(root, 4, seed=4), root, 4)
+    storage.commit_step_dir(_stage(root, 6, seed=6), root, 6)
+    (root / "000004" / "training_state" / "rng_state.safetensors").unlink()  # damaged by hand
+    tmp = _stage(root, 6, seed=60)
+    with pytest.MonkeyPatch.context() as patch:
+        _crash_at(patch, 3)  # after `last` stepped back and the old step 6 was set aside
+        with pytest.raises(_Crash):
+            storage.commit_step_dir(tmp, root, 6)
+    assert os.readlink(root / "last") == "000003"
+
+
+# --- readers follow `last` only to a complete step beside it ---------------------------------------
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """An output_dir with one complete step, and a complete step of another run next to it."""
+    root = tmp_path / "run" / "checkpoints"
+    storage.commit_step_dir(_stage(root, 5, seed=3), root, 5)
+    other = tmp_path / "other"
+    write_step_dir(other, step=5, state=tiny_model_state(6))
+    (root / ".tmp-000007").mkdir()
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize(
+    ("target", "fragment"),
+    [
+        ("/etc", "'/etc', which is not a step directory inside"),
+        ("../../other/000005", "'../../other/000005', which is not a step directory inside"),
+        (".tmp-000007", "'.tmp-000007', which is not a step directory inside"),
+        ("000009", "names 000009, which does not exist"),
+    ],
+)
+def test_readers_refuse_a_last_leading_elsewhere(run_dir: Path, target: str, fragment: str) -> None:
+    last = run_dir / "checkpoints" / "last"
+    last.unlink()
+    last.symlink_to(target)
+    for path in (run_dir, run_dir / "checkpoints", last, last / "pretrained_model"):
+        with pytest.raises(CorruptCheckpointError, match=fragment):
+            storage.resolve_model_dir(path)
+    with pytest.raises(CorruptCheckpointError, match=fragment):
+        storage.latest_step_dir(run_dir)
+    result = run_ckpt("verify", last / "pretrained_model")
+    assert result.exit_code == 1 and fragment in " ".join(result.output.split())
+
+
+def test_a_hand_made_absolute_link_inside_the_directory_is_followed(run_dir: Path) -> None:
+    checkpoints = run_dir / "checkpoints"
+    (checkpoints / "last").unlink()
+    (checkpoints / "last").symlink_to(checkpoints / "000005")
+    assert storage.latest_step_dir(run_dir) == f"{checkpoints}/000005"
+    assert storage.resolve_model_dir(checkpoints / "last" / "pretrained_model") == (
+        f"{checkpoints}/000005",
+        f"{checkpoints}/000005/pretrained_model",
+    )
+
+
+def test_a_text_pointer_to_a_tmp_directory_is_refused() -> None:
+    root = "memory://storage-commit-tmp/checkpoints"
+    storage.makedirs(f"{root}/.tmp-000004")
+    storage.write_text(f"{root}/last", ".tmp-000004\n")
+    with pytest.raises(CorruptCheckpointError, match="not a step directory"):
+        storage.latest_step_dir(root)
+    storage.remove_tree("memory://storage-commit-tmp")

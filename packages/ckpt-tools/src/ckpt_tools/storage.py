@@ -12,7 +12,8 @@ import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from ckpt_tools.errors import CheckpointNotFoundError
+from ckpt_tools import layout
+from ckpt_tools.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 
 if TYPE_CHECKING:
     from ckpt_tools.meta import TrainingStep
@@ -51,24 +52,18 @@ def open_file(path: str | os.PathLike[str], mode: str = "rb", **kwargs: Any) -> 
 
 
 def resolve_model_dir(path: str | os.PathLike[str]) -> tuple[str | None, str]:
-    """Accept a step directory, `checkpoints/last`, a run's output_dir or a `pretrained_model/`.
+    """Accept a step directory, `checkpoints/last`, a run's output_dir, its `checkpoints/` directory
+    or a `pretrained_model/`.
 
     Returns `(step_dir, pretrained_model_dir)`; `step_dir` is None for a bare model directory
-    (a converted or downloaded one). Raises `CheckpointNotFoundError` for a missing path.
+    (a converted or downloaded one). Raises `CheckpointNotFoundError` for a missing path and
+    `CorruptCheckpointError` for a `last` that `read_last` refuses.
     """
-    from ckpt_tools import layout
-
-    text = os.fspath(path).rstrip("/")
+    text = follow_last(path)
     fs, inner = resolve(text)
     if not fs.exists(inner):
         raise CheckpointNotFoundError(f"{text}: no such file or directory")
     base = text if "://" in text else inner
-    if fs.exists(f"{inner}/{layout.CHECKPOINTS_DIR}/{layout.LAST}"):
-        base = read_last(layout.join(base, layout.CHECKPOINTS_DIR))
-        inner = resolve(base)[1]
-    elif inner.rsplit("/", 1)[-1] == layout.LAST:
-        base = read_last(base.rsplit("/", 1)[0])
-        inner = resolve(base)[1]
     if inner.rsplit("/", 1)[-1] == layout.PRETRAINED_MODEL_DIR:
         return base.rsplit("/", 1)[0], base
     if fs.isdir(f"{inner}/{layout.PRETRAINED_MODEL_DIR}"):
@@ -76,25 +71,78 @@ def resolve_model_dir(path: str | os.PathLike[str]) -> tuple[str | None, str]:
     return None, base
 
 
+def follow_last(path: str | os.PathLike[str]) -> str:
+    """`path` with the `last` pointer it goes through replaced by the step directory `last` names.
+
+    An output_dir (holding `checkpoints/last`) and a `checkpoints/` directory become that step; a path
+    through `last` (`checkpoints/last`, `checkpoints/last/pretrained_model`) has the pointer replaced,
+    so every reader gets `read_last`'s checks. Any other path comes back unchanged.
+    """
+    text = os.fspath(path).rstrip("/")
+    for root in (layout.join(text, layout.CHECKPOINTS_DIR), text):
+        if has_last(root):
+            return read_last(root)
+    parts = text.split("/")
+    for i in range(1, len(parts)):
+        root = "/".join(parts[:i])
+        if parts[i] == layout.LAST and root and has_last(root):
+            return layout.join(read_last(root), *parts[i + 1 :])
+    return text
+
+
+def has_last(checkpoints_dir: str | os.PathLike[str]) -> bool:
+    """Whether `checkpoints_dir` holds a `last` pointer (a link, even a dangling one, or a text file)."""
+    fs, inner = resolve(checkpoints_dir)
+    last = f"{inner.rstrip('/')}/{layout.LAST}"
+    if is_local(fs) and os.path.islink(last):
+        return True
+    return bool(fs.isfile(last))
+
+
 def read_last(checkpoints_dir: str | os.PathLike[str]) -> str:
     """Path of the step that `checkpoints/last` names: a relative symlink, or a text file on stores
-    without links."""
-    from ckpt_tools import layout
+    without links.
 
+    Readers follow `last` only to an existing step directory directly inside `checkpoints_dir`:
+    a pointer to a `.tmp-` directory (a save in progress), a hand-made link leaving the directory
+    (`last -> /etc`, `last -> ../other/000005`) or to a missing step raises `CorruptCheckpointError`.
+    """
     root = os.fspath(checkpoints_dir).rstrip("/")
     last = layout.join(root, layout.LAST)
     fs, inner = resolve(last)
     if is_local(fs) and os.path.islink(inner):
-        name = os.readlink(inner).rstrip("/")
-        if "://" not in last and not layout.is_step_dir_name(name):
-            return os.path.realpath(last)  # a link someone made by hand, to anywhere
+        name = _link_step_name(inner)
+    elif fs.isdir(inner):
+        raise CorruptCheckpointError(
+            f"{last} is a directory, not a pointer (copied with links followed?); pass a step directory, "
+            f"or replace it with a link: ln -sfn <step, e.g. 005000> {last}"
+        )
     else:
         name = read_text(last).strip()
     if not layout.is_step_dir_name(name):
-        from ckpt_tools.errors import CorruptCheckpointError
+        raise CorruptCheckpointError(
+            f"{last} points to {name!r}, which is not a step directory inside {root}; readers follow it "
+            f"only to a complete step beside it: repoint it (ln -sfn <step, e.g. 005000> {last})"
+        )
+    step = layout.join(root, name)
+    if not fs.isdir(resolve(step)[1]):
+        raise CorruptCheckpointError(
+            f"{last} names {name}, which does not exist; repoint it at a complete step "
+            f"(ln -sfn <step> {last}) or pass a step directory"
+        )
+    return step
 
-        raise CorruptCheckpointError(f"{last} names {name!r}, which is not a step directory")
-    return layout.join(root, name)
+
+def _link_step_name(link: str) -> str:
+    """The step a local `last` link names. A hand-made link holding a path (`/abs/checkpoints/005000`,
+    `./005000`) counts when it lands directly inside the link's own directory; otherwise the target
+    text is returned as is, for the caller to refuse."""
+    target = os.readlink(link).rstrip("/")
+    parent = os.path.dirname(link)
+    landed = os.path.normpath(os.path.join(parent, target))
+    if os.path.realpath(os.path.dirname(landed)) == os.path.realpath(parent):
+        return os.path.basename(landed)
+    return target
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
@@ -131,8 +179,6 @@ def tmp_step_dir(checkpoints_dir: str | os.PathLike[str], step: int) -> str:
     The name is deterministic so every rank of a collective save computes the same one; readers never
     take a `.tmp-` directory for a step because it does not match `layout.is_step_dir_name`.
     """
-    from ckpt_tools import layout
-
     return layout.join(os.fspath(checkpoints_dir), layout.TMP_PREFIX + layout.step_dir_name(step))
 
 
@@ -149,24 +195,74 @@ def commit_step_dir(tmp_dir: str, checkpoints_dir: str | os.PathLike[str], step:
     """Rename a complete temporary step directory to its final name, then move `last` to it.
 
     The order is what makes a crash harmless: until the rename the step does not exist for readers,
-    and `last` moves only after the rename. An existing directory of the same step (a save repeated
-    after a resume) is set aside first and deleted once `last` has moved. Returns the final path.
+    and `last` moves only after the rename. Replacing an existing directory of the same step (a save
+    repeated after resuming from an earlier step) takes five steps, each leaving `last` on a complete
+    step (or absent) if the process dies right after it:
+    1. when `last` names that step, it moves to the newest other complete step (is removed if none);
+    2. the old directory is renamed aside to `.tmp-old-<step>`;
+    3. the new one is renamed in; 4. `last` moves to it; 5. the old one is deleted.
+    Returns the final path.
     """
-    from ckpt_tools import layout
-
+    root = os.fspath(checkpoints_dir).rstrip("/")
     name = layout.step_dir_name(step)
-    final = layout.join(os.fspath(checkpoints_dir), name)
+    final = layout.join(root, name)
+    old = layout.join(root, f"{layout.TMP_PREFIX}old-{name}")
     fs, final_inner = resolve(final)
-    old = None
     if fs.exists(final_inner):
-        old = layout.join(os.fspath(checkpoints_dir), f"{layout.TMP_PREFIX}old-{name}")
+        if _last_may_name(root, name):
+            _step_back_last(root, name)
         remove_tree(old)
         _rename_dir(fs, final_inner, resolve(old)[1])
     _rename_dir(fs, resolve(tmp_dir)[1], final_inner)
-    point_last(checkpoints_dir, name)
-    if old is not None:
-        remove_tree(old)
+    point_last(root, name)
+    remove_tree(old)  # also the leftover of a replacement that crashed before this point
     return final
+
+
+def _last_may_name(root: str, name: str) -> bool:
+    """Whether `last` could lead to step `name` while it is swapped (a broken `last` might)."""
+    if not has_last(root):
+        return False
+    try:
+        return read_last(root).rsplit("/", 1)[-1] == name
+    except CheckpointError:
+        return True
+
+
+def _step_back_last(root: str, name: str) -> None:
+    """Point `last` at the newest step other than `name` that verifies, or remove it when none does."""
+    from ckpt_tools.verify import verify_checkpoint  # verify reads through this module
+
+    fs, inner = resolve(root)
+    steps = sorted(
+        (entry for entry in _child_names(fs, inner) if layout.is_step_dir_name(entry) and entry != name),
+        key=int,
+        reverse=True,
+    )
+    for candidate in steps:
+        try:
+            complete = verify_checkpoint(layout.join(root, candidate)).ok
+        except CheckpointError:
+            complete = False
+        if complete:
+            point_last(root, candidate)
+            return
+    remove_last(root)
+
+
+def _child_names(fs: fsspec.AbstractFileSystem, inner: str) -> list[str]:
+    return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(inner, detail=False)]
+
+
+def remove_last(checkpoints_dir: str | os.PathLike[str]) -> None:
+    """Delete the `last` pointer (one unlink or object delete); a missing one is not an error."""
+    root = os.fspath(checkpoints_dir).rstrip("/")
+    fs, inner = resolve(layout.join(root, layout.LAST))
+    if is_local(fs):
+        if os.path.lexists(inner):
+            os.remove(inner)
+    elif fs.isfile(inner):
+        fs.rm(inner)
 
 
 def _rename_dir(fs: fsspec.AbstractFileSystem, src: str, dst: str) -> None:
@@ -183,8 +279,6 @@ def point_last(checkpoints_dir: str | os.PathLike[str], step_name: str) -> None:
     moved over the old one with `os.replace`, so a reader sees either the old or the new target. Stores
     without links get a text file holding the step name (one object write, atomic on object stores).
     """
-    from ckpt_tools import layout
-
     if not layout.is_step_dir_name(step_name):
         raise ValueError(f"{step_name!r} is not a step directory name")
     root = os.fspath(checkpoints_dir).rstrip("/")
@@ -209,22 +303,15 @@ def latest_step_dir(path: str | os.PathLike[str]) -> str | None:
     Returns None when no checkpoint has been committed yet (no `last`), so a trainer can ask before
     the first save without catching errors.
     """
-    from ckpt_tools import layout
-
     root = os.fspath(path).rstrip("/")
-    fs, inner = resolve(root)
-    if fs.exists(f"{inner}/{layout.CHECKPOINTS_DIR}"):
-        root, inner = layout.join(root, layout.CHECKPOINTS_DIR), f"{inner}/{layout.CHECKPOINTS_DIR}"
-    last = f"{inner}/{layout.LAST}"
-    if not fs.exists(last) and not (is_local(fs) and os.path.islink(last)):
-        return None
-    return read_last(root)
+    if exists(layout.join(root, layout.CHECKPOINTS_DIR)):
+        root = layout.join(root, layout.CHECKPOINTS_DIR)
+    return read_last(root) if has_last(root) else None
 
 
 def read_training_step(path: str | os.PathLike[str]) -> TrainingStep:
     """Read `training_state/training_step.json` of a step directory, `last`, an output_dir or a
     `pretrained_model/` inside a step directory."""
-    from ckpt_tools import layout
     from ckpt_tools.errors import NotACheckpointError
     from ckpt_tools.meta import TrainingStep
 
