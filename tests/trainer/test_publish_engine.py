@@ -119,6 +119,23 @@ def test_a_peft_run_publishes_its_adapter_to_an_fsspec_target(
     assert "peft" in ModelCard(published["README.md"].decode()).data.tags
 
 
+def test_a_resumed_run_publishes_when_it_finishes(tmp_path, dataset_cache, clean_accelerate) -> None:
+    from accelerate.state import AcceleratorState
+
+    target, out = tmp_path / "release", tmp_path / "run"
+    push = ["--policy.type=mlp", "--policy.push_to_hub=true", f"--policy.repo_id={target}"]
+    train(parse_config(tiny_args(str(out), dataset_cache, *push, "--steps=2")))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    saved = out / "checkpoints" / "000002" / "pretrained_model" / "train_config.json"
+
+    resumed = train(parse_config([f"--config_path={saved}", "--resume=true", "--steps=4"]))  # no push flag
+
+    assert resumed.last_checkpoint.endswith("000004")
+    model_dir = Path(resumed.last_checkpoint) / "pretrained_model"
+    assert (target / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
+    assert "| Steps | 4 |" in (target / "README.md").read_text()
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

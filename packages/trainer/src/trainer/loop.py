@@ -152,10 +152,8 @@ def train(config: TrainConfig) -> RunSummary:
         event="summary",
         **summary.__dict__,
     )
-    try:
-        publishing.publish_final(config, summary, accelerator, logger)  # --policy.push_to_hub
-    finally:
-        logger.close()
+    logger.close()  # the loss curve first: a failed publish ends the process
+    publishing.publish_final(config, summary, accelerator, logger)  # --policy.push_to_hub
     accelerator.wait_for_everyone()
     return summary
 
