@@ -136,3 +136,16 @@ def test_malicious_metadata_is_refused_and_not_executed(tmp_path) -> None:
     with pytest.raises(UnsafePickleError):
         read_dcp_index(tmp_path)
     assert not target.exists()
+
+
+def test_file_problems_are_all_listed_when_not_checked_on_read(tmp_path) -> None:
+    from ckpt_tools.dcp_index import dcp_file_problems
+
+    path = _save(tmp_path / "t", {"w": torch.randn(64, 64)})
+    shard = next(n for n in os.listdir(path) if n.endswith(".distcp"))
+    os.remove(os.path.join(path, shard))
+    index = read_dcp_index(path, check_files=False)
+    assert index.tensors["w"].shape == (64, 64)
+    assert dcp_file_problems(index) == [f"{path}/{shard} is missing; .metadata references it"]
+    with pytest.raises(CorruptCheckpointError, match=f"{shard} is missing"):
+        read_dcp_index(path)

@@ -215,3 +215,100 @@ def test_nothing_to_verify_raises(tmp_path: Path) -> None:
         verify_checkpoint(tmp_path / "missing")
     with pytest.raises(NotACheckpointError):
         verify_checkpoint(tmp_path)
+
+
+def test_every_bad_dcp_file_is_listed(fsdp_step: Path, tmp_path: Path) -> None:
+    step_dir = copy_checkpoint(fsdp_step, tmp_path)
+    dcp_dir = model_dir(step_dir) / layout.MODEL_DCP_DIR
+    (dcp_dir / "__0_0.distcp").unlink()
+    (dcp_dir / "__1_0.distcp").write_bytes((dcp_dir / "__1_0.distcp").read_bytes()[:50])
+    problems = verify_checkpoint(step_dir).problems
+    assert len(problems) == 2, problems
+    assert "__0_0.distcp is missing; .metadata references it" in problems[0]
+    assert "__1_0.distcp is truncated: 50 bytes" in problems[1]
+
+
+def _write_processor(model: Path, name: str, steps: list[int]) -> None:
+    (model / layout.processor_config_name(name)).write_text(json.dumps({"steps": len(steps)}))
+    for index in steps:
+        save_file({"mean": torch.zeros(3)}, str(model / layout.processor_step_name(name, index)))
+
+
+def test_processor_steps_are_numbered_without_gaps(tmp_path: Path) -> None:
+    step_dir = write_step_dir(tmp_path, "safetensors")
+    model = model_dir(step_dir)
+    _write_processor(model, layout.PREPROCESSOR, [0, 1])
+    _write_processor(model, layout.POSTPROCESSOR, [])
+    report = verify_checkpoint(step_dir)
+    assert report.ok, report.problems
+    assert "policy_preprocessor_step_1.safetensors" in report.checked
+
+    _write_processor(model, layout.PREPROCESSOR, [0, 3])
+    (model / layout.processor_step_name(layout.PREPROCESSOR, 1)).unlink()
+    (model / layout.processor_config_name(layout.POSTPROCESSOR)).unlink()
+    _write_processor(model, layout.POSTPROCESSOR, [0])
+    (model / layout.processor_config_name(layout.POSTPROCESSOR)).unlink()
+    problems = verify_checkpoint(step_dir).problems
+    assert sorted(problems) == sorted(
+        [
+            f"{model}/policy_preprocessor_step_1.safetensors is missing: policy_preprocessor steps must be "
+            "numbered 0..3 without gaps",
+            f"{model}/policy_preprocessor_step_2.safetensors is missing: policy_preprocessor steps must be "
+            "numbered 0..3 without gaps",
+            f"{model}/policy_postprocessor.json is missing: 1 policy_postprocessor step file(s) have no config",
+        ]
+    )
+
+
+def test_damaged_processor_step_file(tmp_path: Path) -> None:
+    step_dir = write_step_dir(tmp_path, "safetensors")
+    _write_processor(model_dir(step_dir), layout.PREPROCESSOR, [0])
+    step_file = model_dir(step_dir) / layout.processor_step_name(layout.PREPROCESSOR, 0)
+    step_file.write_bytes(step_file.read_bytes()[:-4])
+    only_problem(step_dir, "policy_preprocessor_step_0.safetensors", "truncated")
+
+
+def test_config_files_must_be_json_objects(tmp_path: Path) -> None:
+    step_dir = write_step_dir(tmp_path, "safetensors")
+    (model_dir(step_dir) / layout.POLICY_CONFIG).write_text("[1, 2]")
+    (model_dir(step_dir) / layout.TRAIN_CONFIG).write_text('"act"')
+    (state_dir(step_dir) / layout.OPTIMIZER_PARAM_GROUPS).write_text("{}")
+    problems = verify_checkpoint(step_dir).problems
+    assert sorted(problems) == sorted(
+        [
+            f"{model_dir(step_dir)}/config.json must hold an object, not list; the file is damaged",
+            f"{model_dir(step_dir)}/train_config.json must hold an object, not str; the file is damaged",
+            f"{state_dir(step_dir)}/optimizer_param_groups.json must hold a list, not dict; the file is damaged",
+        ]
+    )
+
+
+def test_adapter_files_come_together(tmp_path: Path) -> None:
+    step_dir = write_step_dir(tmp_path, "safetensors")
+    config = model_dir(step_dir) / layout.ADAPTER_CONFIG
+    config.write_text(json.dumps({"peft_type": "LORA"}))
+    only_problem(step_dir, "adapter_config.json has no adapter weights beside it")
+    save_file(
+        {"base_model.model.a.lora_A.weight": torch.zeros(2, 2)},
+        str(config.parent / layout.ADAPTER_SAFETENSORS),
+    )
+    assert verify_checkpoint(step_dir).ok
+    config.unlink()
+    only_problem(step_dir, "adapter_config.json is missing: adapter weights need their config")
+
+
+def test_last_of_a_run_must_name_a_complete_step(tmp_path: Path) -> None:
+    checkpoints = tmp_path / layout.CHECKPOINTS_DIR
+    step_dir = write_step_dir(checkpoints, "safetensors")
+    last = checkpoints / layout.LAST
+    last.symlink_to(step_dir.name)
+    for path in (tmp_path, checkpoints, last):
+        report = verify_checkpoint(path)
+        assert report.ok and "last names a step directory inside checkpoints/" in report.checked, path
+    (state_dir(step_dir) / layout.RNG_STATE).unlink()
+    only_problem(tmp_path, "rng_state.safetensors is missing")
+    last.unlink()
+    last.symlink_to(".tmp-000005")
+    only_problem(tmp_path, "'.tmp-000005', which is not a step directory inside")
+    result = run_ckpt("verify", tmp_path)
+    assert result.exit_code == 1 and "1 problem(s)" in result.stdout

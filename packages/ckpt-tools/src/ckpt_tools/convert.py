@@ -202,11 +202,8 @@ def _sharded_name(stem: str) -> re.Pattern[str]:
 
 
 def _existing_outputs(out_dir: str, stem: str) -> list[str]:
-    fs, inner = storage.resolve(out_dir)
-    if not fs.isdir(inner):
-        return []
     pattern = _sharded_name(stem)
-    names = {entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(inner, detail=False)}
+    names = storage.list_names(out_dir)
     fixed = {f"{stem}.safetensors", f"{stem}.safetensors.index.json"}
     return sorted(n for n in names if n in fixed or pattern.match(n))
 

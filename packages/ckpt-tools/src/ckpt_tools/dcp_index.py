@@ -98,12 +98,13 @@ class DcpIndex:
         return sum(entry.nbytes for entry in self.tensors.values())
 
 
-def read_dcp_index(path: str | os.PathLike[str]) -> DcpIndex:
+def read_dcp_index(path: str | os.PathLike[str], *, check_files: bool = True) -> DcpIndex:
     """Read a DCP directory's `.metadata` into a chunk table; never reads tensor data.
 
     Raises CheckpointNotFoundError (no such path), NotACheckpointError (no `.metadata`),
-    CorruptCheckpointError (bad pickle, missing or truncated `.distcp` file) and UnsafePickleError
-    (the pickle names a class outside DCP's metadata classes).
+    CorruptCheckpointError (bad pickle, or with `check_files` the first missing or truncated `.distcp`
+    file) and UnsafePickleError (the pickle names a class outside DCP's metadata classes). `ckpt verify`
+    passes `check_files=False` and lists every bad file with `dcp_file_problems`.
     """
     root = os.fspath(path).rstrip("/")
     fs, inner = storage.resolve(root)
@@ -120,7 +121,9 @@ def read_dcp_index(path: str | os.PathLike[str]) -> DcpIndex:
     if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
         raise CorruptCheckpointError(f"{root}/{layout.DCP_METADATA} does not hold DCP Metadata")
     index = _build_index(root, metadata)
-    _check_files(fs, inner, root, index)
+    problems = dcp_file_problems(index) if check_files else []
+    if problems:
+        raise CorruptCheckpointError(problems[0])
     return index
 
 
@@ -184,8 +187,9 @@ def _tensor_entry(root: str, name: str, item: TensorStorageMetadata, table: dict
     return TensorEntry(name, tuple(int(x) for x in item.size), dtype, tuple(chunks))
 
 
-def _check_files(fs: Any, inner: str, root: str, index: DcpIndex) -> None:
-    """Every referenced `.distcp` file exists and is long enough for its records."""
+def dcp_file_problems(index: DcpIndex) -> list[str]:
+    """One line per referenced `.distcp` file that is missing or shorter than its furthest record."""
+    fs, inner = storage.resolve(index.path)
     needed: dict[str, int] = {}
     records = [(c.file, c.file_offset + c.length) for t in index.tensors.values() for c in t.chunks]
     records += [(o.file, o.file_offset + o.length) for o in index.objects.values()]
@@ -195,16 +199,18 @@ def _check_files(fs: Any, inner: str, root: str, index: DcpIndex) -> None:
         entry["name"].rstrip("/").rsplit("/", 1)[-1]: int(entry.get("size") or 0)
         for entry in fs.ls(inner, detail=True)
     }
+    problems = []
     for file, end in sorted(needed.items()):
         if file not in sizes and fs.exists(f"{inner}/{file}"):  # a record in a subdirectory
             sizes[file] = int(fs.size(f"{inner}/{file}"))
         if file not in sizes:
-            raise CorruptCheckpointError(f"{root}/{file} is missing; .metadata references it")
-        if sizes[file] < end:
-            raise CorruptCheckpointError(
-                f"{root}/{file} is truncated: {sizes[file]} bytes, .metadata needs {end}; "
+            problems.append(f"{index.path}/{file} is missing; .metadata references it")
+        elif sizes[file] < end:
+            problems.append(
+                f"{index.path}/{file} is truncated: {sizes[file]} bytes, .metadata needs {end}; "
                 "the save was interrupted, use another checkpoint"
             )
+    return problems
 
 
 # --- model keys ----------------------------------------------------------------------------------

@@ -150,6 +150,14 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return isinstance(fs, LocalFileSystem)
 
 
+def list_names(path: str | os.PathLike[str]) -> list[str]:
+    """Names of the entries directly inside a directory, sorted; empty when it is not a directory."""
+    fs, inner = resolve(path)
+    if not fs.isdir(inner):
+        return []
+    return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(inner, detail=False))
+
+
 def makedirs(path: str | os.PathLike[str]) -> None:
     fs, inner = resolve(path)
     fs.makedirs(inner, exist_ok=True)
@@ -233,9 +241,8 @@ def _step_back_last(root: str, name: str) -> None:
     """Point `last` at the newest step other than `name` that verifies, or remove it when none does."""
     from ckpt_tools.verify import verify_checkpoint  # verify reads through this module
 
-    fs, inner = resolve(root)
     steps = sorted(
-        (entry for entry in _child_names(fs, inner) if layout.is_step_dir_name(entry) and entry != name),
+        (entry for entry in list_names(root) if layout.is_step_dir_name(entry) and entry != name),
         key=int,
         reverse=True,
     )
@@ -248,10 +255,6 @@ def _step_back_last(root: str, name: str) -> None:
             point_last(root, candidate)
             return
     remove_last(root)
-
-
-def _child_names(fs: fsspec.AbstractFileSystem, inner: str) -> list[str]:
-    return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(inner, detail=False)]
 
 
 def remove_last(checkpoints_dir: str | os.PathLike[str]) -> None:

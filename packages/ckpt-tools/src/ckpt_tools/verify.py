@@ -3,8 +3,9 @@
 Every check runs even after one fails, so a damaged checkpoint is explained in one pass: the files its
 `checkpoint_format` requires, the JSON side files, every safetensors header (byte ranges inside the
 file), every DCP chunk table (chunks tile each tensor without gaps or overlaps, records lie inside
-their `.distcp` files without sharing bytes), and agreement of names, shapes and dtypes between the
-formats when a checkpoint holds more than one.
+their `.distcp` files without sharing bytes, each missing or short file named), processor step files,
+adapter files, agreement of names, shapes and dtypes between the formats when a checkpoint holds more
+than one, and the `last` pointer a path goes through.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ckpt_tools import layout, storage
-from ckpt_tools.dcp_index import ChunkEntry, DcpIndex, TensorEntry, read_dcp_index
-from ckpt_tools.errors import CheckpointError, NotACheckpointError
+from ckpt_tools.dcp_index import ChunkEntry, DcpIndex, TensorEntry, dcp_file_problems, read_dcp_index
+from ckpt_tools.errors import CheckpointError, CorruptCheckpointError, NotACheckpointError
 from ckpt_tools.inspect import (
     ADAPTER,
     DCP,
@@ -72,7 +74,7 @@ class _Findings:
         try:
             result = func(*args)
         except CheckpointError as exc:
-            self.problems.append(" ".join(str(exc).split()))
+            self.problems.append(_one_line(exc))
             return None
         self.checked.append(what)
         return result
@@ -92,11 +94,17 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> VerifyReport:
     """
     text = os.fspath(path)
     findings = _Findings()
-    fs, inner = storage.resolve(text)
-    if fs.isfile(inner) and text.endswith(".safetensors"):
-        findings.run(f"{text}: safetensors header", read_safetensors_header, text)
+    try:
+        target = storage.follow_last(text)
+    except CorruptCheckpointError as exc:  # `last` leads nowhere a reader may go: that is the finding
+        return VerifyReport(text, (), (_one_line(exc),))
+    if target != text.rstrip("/"):
+        findings.checked.append(f"{layout.LAST} names a step directory inside {layout.CHECKPOINTS_DIR}/")
+    fs, inner = storage.resolve(target)
+    if fs.isfile(inner) and target.endswith(".safetensors"):
+        findings.run(f"{target}: safetensors header", read_safetensors_header, target)
         return VerifyReport(text, tuple(findings.checked), tuple(findings.problems))
-    step_dir, model_dir = storage.resolve_model_dir(text)
+    step_dir, model_dir = storage.resolve_model_dir(target)
     state_dir = layout.join(step_dir, layout.TRAINING_STATE_DIR) if step_dir else None
     has_state = state_dir is not None and storage.exists(state_dir)
     locations = locate_groups(model_dir, step_dir)
@@ -105,7 +113,7 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> VerifyReport:
             f"{text} holds no model weights and no {layout.TRAINING_STATE_DIR}/: nothing to verify; pass a "
             f"step directory, checkpoints/{layout.LAST} or a {layout.PRETRAINED_MODEL_DIR}/ directory"
         )
-    if state_dir and not has_state and text.rstrip("/") != model_dir.rstrip("/"):
+    if state_dir and not has_state and target != model_dir.rstrip("/"):
         findings.problems.append(f"{state_dir} is missing: the step directory is incomplete")
     step = (
         _verify_training_state(findings, step_dir, state_dir)
@@ -133,8 +141,12 @@ def _verify_training_state(findings: _Findings, step_dir: str, state_dir: str) -
         findings.run(layout.RNG_STATE, read_safetensors_header, rng)
     else:
         findings.problems.append(f"{rng} is missing: a resume could not restore the random state")
-    for name in (layout.SCHEDULER_STATE, layout.SCALER_STATE, layout.OPTIMIZER_PARAM_GROUPS):
-        _check_json_if_present(findings, layout.join(state_dir, name))
+    for name, kind in (
+        (layout.SCHEDULER_STATE, dict),
+        (layout.SCALER_STATE, dict),
+        (layout.OPTIMIZER_PARAM_GROUPS, list),
+    ):
+        _check_json_if_present(findings, layout.join(state_dir, name), kind)
     if step is not None and step.mixed_precision == "fp16":
         _require(
             findings, layout.join(state_dir, layout.SCALER_STATE), "an fp16 run needs its loss-scaler state"
@@ -193,9 +205,45 @@ def _check_optimizer_files(findings: _Findings, step: TrainingStep, present: set
 
 def _verify_side_files(findings: _Findings, model_dir: str, locations: list[GroupLocation]) -> None:
     for name in (layout.POLICY_CONFIG, layout.TRAIN_CONFIG, layout.ADAPTER_CONFIG):
-        _check_json_if_present(findings, layout.join(model_dir, name))
-    if any(loc.role == ADAPTER for loc in locations):
+        _check_json_if_present(findings, layout.join(model_dir, name), dict)
+    has_adapter = any(loc.role == ADAPTER for loc in locations)
+    if has_adapter:
         _require(findings, layout.join(model_dir, layout.ADAPTER_CONFIG), "adapter weights need their config")
+    elif storage.exists(layout.join(model_dir, layout.ADAPTER_CONFIG)):
+        findings.problems.append(
+            f"{layout.join(model_dir, layout.ADAPTER_CONFIG)} has no adapter weights beside it "
+            f"({layout.ADAPTER_SAFETENSORS} or {layout.ADAPTER_DCP_DIR}/): the adapter is incomplete"
+        )
+    names = storage.list_names(model_dir)
+    for processor in (layout.PREPROCESSOR, layout.POSTPROCESSOR):
+        _verify_processor(findings, model_dir, processor, names)
+
+
+def _verify_processor(findings: _Findings, model_dir: str, processor: str, names: list[str]) -> None:
+    """A processor is `<name>.json` plus `<name>_step_0..N-1.safetensors`, numbered without gaps."""
+    config_name = layout.processor_config_name(processor)
+    pattern = re.compile(rf"^{re.escape(processor)}_step_(\d+)\.safetensors$")
+    indices = sorted(int(match[1]) for name in names if (match := pattern.match(name)))
+    if config_name not in names:
+        if indices:
+            findings.problems.append(
+                f"{layout.join(model_dir, config_name)} is missing: {len(indices)} {processor} step "
+                "file(s) have no config"
+            )
+        return
+    _check_json_if_present(findings, layout.join(model_dir, config_name), dict)
+    gaps = sorted(set(range(indices[-1] + 1)) - set(indices)) if indices else []
+    findings.extend(
+        f"{processor} steps",
+        (
+            f"{layout.join(model_dir, layout.processor_step_name(processor, index))} is missing: "
+            f"{processor} steps must be numbered 0..{indices[-1]} without gaps"
+            for index in gaps
+        ),
+    )
+    for index in indices:
+        name = layout.processor_step_name(processor, index)
+        findings.run(name, read_safetensors_header, layout.join(model_dir, name))
 
 
 def _require(findings: _Findings, path: str, why: str) -> bool:
@@ -206,15 +254,26 @@ def _require(findings: _Findings, path: str, why: str) -> bool:
     return False
 
 
-def _check_json_if_present(findings: _Findings, path: str) -> None:
+def _check_json_if_present(findings: _Findings, path: str, kind: type[dict] | type[list]) -> None:
+    """A JSON side file, when present, parses to the kind the format gives it (object or list)."""
     if not storage.exists(path):
         return
     try:
-        json.loads(storage.read_bytes(path))
+        data = json.loads(storage.read_bytes(path))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         findings.problems.append(f"{path} is not valid JSON ({exc})")
         return
+    if not isinstance(data, kind):
+        expected = "an object" if kind is dict else "a list"
+        findings.problems.append(
+            f"{path} must hold {expected}, not {type(data).__name__}; the file is damaged"
+        )
+        return
     findings.checked.append(path.rsplit("/", 1)[-1])
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
 
 
 # --- tensor groups ---------------------------------------------------------------------------------
@@ -225,8 +284,9 @@ def _verify_groups(findings: _Findings, locations: list[GroupLocation]) -> list[
     for location in locations:
         if location.format == DCP:
             group = None
-            index = findings.run(f"{location.path}: .metadata and files", read_dcp_index, location.path)
+            index = findings.run(f"{location.path}: .metadata", _read_index_only, location.path)
             if index is not None:
+                findings.extend(f"{location.path}: files", dcp_file_problems(index))
                 group = findings.run(f"{location.path}: keys", dcp_group_from_index, location.role, index)
                 findings.extend(f"{location.path}: chunks", dcp_index_problems(index))
         else:
@@ -236,6 +296,11 @@ def _verify_groups(findings: _Findings, locations: list[GroupLocation]) -> list[
         if group is not None:
             groups.append(group)
     return groups
+
+
+def _read_index_only(path: str) -> DcpIndex:
+    """The chunk table without the file checks, which `dcp_file_problems` lists one by one."""
+    return read_dcp_index(path, check_files=False)
 
 
 def dcp_index_problems(index: DcpIndex) -> list[str]:
@@ -334,7 +399,7 @@ def _weight_map_problems(index_path: str) -> list[str]:
         try:
             header = read_safetensors_header(layout.join(base, shard))
         except CheckpointError as exc:
-            problems.append(" ".join(str(exc).split()))
+            problems.append(_one_line(exc))
             continue
         listed = {name for name, file in weight_map.items() if file == shard}
         problems += [
