@@ -117,7 +117,7 @@ def load_processors(path: str | os.PathLike[str]) -> dict[str, ProcessorState]:
         config_path = layout.join(model_dir, layout.processor_config_name(name))
         if not storage.exists(config_path):
             continue
-        steps = []
+        steps: list[dict[str, torch.Tensor]] = []
         while storage.exists(
             step_path := layout.join(model_dir, layout.processor_step_name(name, len(steps)))
         ):

@@ -47,7 +47,8 @@ def gather_card_info(
     """Read what the run's files say; `extra` (from the trainer) overrides them."""
     policy = _read_json(layout.join(model_dir, layout.POLICY_CONFIG))
     train = _read_json(layout.join(model_dir, layout.TRAIN_CONFIG))
-    train_policy = train.get("policy") if isinstance(train.get("policy"), dict) else {}
+    section = train.get("policy")
+    train_policy: dict[str, Any] = section if isinstance(section, dict) else {}
     step = _read_training_step(step_dir)
     extra = dict(extra or {})
     tags = extra.get("tags") or policy.get("tags") or train_policy.get("tags") or ()

@@ -126,7 +126,8 @@ def _publish_hub(
     from ckpt_tools import __version__
 
     api = HfApi(endpoint=endpoint, token=token, library_name="ckpt-tools", library_version=__version__)
-    _refuse_token_in_files(uploads, token or api.token or _cached_token())
+    api_token = api.token if isinstance(api.token, str) else None  # True means "the cached one"
+    _refuse_token_in_files(uploads, token or api_token or _cached_token())
     logger.info("publishing %d files to %s on %s", len(uploads), repo_id, api.endpoint)
     with _hub_errors(api.endpoint, f"creating repo {repo_id}"):
         repo_url = _create_repo(api, repo_id, private)

@@ -165,7 +165,7 @@ def _check_processors(processors: Mapping[str, ProcessorState] | None) -> None:
 
 def _save_model(model_dir: str, model: nn.Module, checkpoint_format: str, group: _Group) -> None:
     if checkpoint_format in ("safetensors", "safetensors_dcp"):
-        full = get_model_state_dict(model, options=_FULL_ON_MAIN)  # collective gather on a sharded model
+        full: dict[str, Any] = get_model_state_dict(model, options=_FULL_ON_MAIN)  # collective gather
         if group.is_main:
             write_safetensors(layout.join(model_dir, layout.MODEL_SAFETENSORS), full, {"format": "pt"})
     if checkpoint_format in ("dcp", "safetensors_dcp"):
@@ -500,7 +500,7 @@ def _load_model(model_dir: str, model: nn.Module, group: _Group) -> None:
             )
         set_model_state_dict(model, state)
     elif has_full:
-        full = read_safetensors_model(model_dir)
+        full: dict[str, Any] = read_safetensors_model(model_dir)
         set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=sharded))
     else:
         raise NotACheckpointError(
