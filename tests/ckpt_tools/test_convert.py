@@ -68,8 +68,14 @@ def test_hsdp_dcp_converts_bit_exact(dcp_runs, tmp_path: Path) -> None:
 
 def test_inner_dimension_shards_are_assembled(dcp_runs, tmp_path: Path) -> None:
     source = dcp_runs(2) / "colshard"
-    result = convert_dcp_to_safetensors(source, tmp_path)
+    calls: list[tuple[int, int]] = []
+    result = convert_dcp_to_safetensors(
+        source, tmp_path, progress=lambda done, total: calls.append((done, total))
+    )
     _assert_equal(load_file(result.files[0]), _reference(source))
+    # progress counts the assembled tensors too: it climbs from 0 to every byte written
+    assert calls[0] == (0, result.total_bytes) and calls[-1] == (result.total_bytes, result.total_bytes)
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)
 
 
 def test_bf16_export_casts_floats_only(dcp_runs, tmp_path: Path) -> None:

@@ -108,9 +108,10 @@ def convert_dcp_to_safetensors(
     return ConversionResult(source, tuple(paths), index_file, len(tensors), total, target, delete_dcp)
 
 
-def _advance(progress: Progress | None, total: int) -> _Advance | None:
+def _advance(progress: Progress | None, total: int) -> _Advance:
+    """Count written bytes into `progress`; a no-op without one."""
     if progress is None:
-        return None
+        return lambda count: None
     done = 0
 
     def advance(count: int) -> None:
@@ -229,7 +230,7 @@ def _write_shards(
     out_dir: str,
     tensors: dict[str, TensorEntry],
     shards: list[tuple[str, list[TensorSpec]]],
-    progress: _Advance | None,
+    progress: _Advance,
 ) -> list[str]:
     """Write every shard under a temporary name, check each, then rename them all."""
     storage.makedirs(out_dir)
@@ -283,6 +284,10 @@ class _OpenFiles:
         self.source = source
         self._open: dict[str, IO[bytes]] = {}
 
+    def chunk(self, entry: TensorEntry, chunk: ChunkEntry) -> tuple[IO[bytes], str]:
+        """The open file holding `chunk`, and how errors name the chunk."""
+        return self.get(chunk.file), f"{self.source}/{chunk.file} ({entry.name} at {list(chunk.offsets)})"
+
     def get(self, name: str) -> IO[bytes]:
         handle = self._open.get(name)
         if handle is None:
@@ -301,29 +306,23 @@ class _OpenFiles:
 
 
 def _write_tensor(
-    writer: SafetensorsStreamWriter,
-    entry: TensorEntry,
-    out_dtype: str,
-    files: _OpenFiles,
-    progress: _Advance | None,
+    writer: SafetensorsStreamWriter, entry: TensorEntry, out_dtype: str, files: _OpenFiles, progress: _Advance
 ) -> None:
     ordered = _row_ordered_chunks(entry)
     if ordered is None:
-        _write_assembled(writer, entry, out_dtype, files, progress)
+        writer.write(_tensor_bytes(_assemble(entry, out_dtype, files)))
+        progress(entry.nbytes // ITEMSIZE[entry.dtype] * ITEMSIZE[out_dtype])
         return
     for chunk in ordered:
-        where = f"{files.source}/{chunk.file} ({entry.name} at {list(chunk.offsets)})"
-        handle = files.get(chunk.file)
+        handle, where = files.chunk(entry, chunk)
         span = locate_chunk_data(handle, chunk, entry.dtype, where)
-        out_bytes = chunk.numel * ITEMSIZE[out_dtype]
         if span is None:
             writer.write(_tensor_bytes(_load_chunk(handle, chunk, where).to(_torch_dtype(out_dtype))))
         elif out_dtype == entry.dtype:
             writer.copy_from(handle, span.offset, span.length)
         else:
             _write_cast(writer, handle, span.offset, span.length, entry.dtype, out_dtype)
-        if progress is not None:
-            progress(out_bytes)
+        progress(chunk.numel * ITEMSIZE[out_dtype])
 
 
 def _row_ordered_chunks(entry: TensorEntry) -> list[ChunkEntry] | None:
@@ -375,27 +374,18 @@ def _write_cast(
         writer.write(_tensor_bytes(values.to(_torch_dtype(dst))))
 
 
-def _write_assembled(
-    writer: SafetensorsStreamWriter,
-    entry: TensorEntry,
-    out_dtype: str,
-    files: _OpenFiles,
-    progress: _Advance | None,
-) -> None:
-    """A tensor split along an inner dimension: assemble it in memory (this tensor only), then write."""
+def _assemble(entry: TensorEntry, out_dtype: str, files: _OpenFiles) -> Any:
+    """A tensor split along an inner dimension, assembled in memory (this tensor only)."""
     import torch
 
     full = torch.empty(entry.shape, dtype=_torch_dtype(out_dtype))
     for chunk in entry.chunks:
         if chunk.numel == 0:
             continue
-        where = f"{files.source}/{chunk.file} ({entry.name} at {list(chunk.offsets)})"
-        handle = files.get(chunk.file)
+        handle, where = files.chunk(entry, chunk)
         box = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True))
         full[box].copy_(_read_chunk(handle, chunk, entry.dtype, where))
-    writer.write(_tensor_bytes(full))
-    if progress is not None:
-        progress(entry.nbytes // ITEMSIZE[entry.dtype] * ITEMSIZE[out_dtype])
+    return full
 
 
 def _read_chunk(handle: IO[bytes], chunk: ChunkEntry, dtype: str, where: str) -> Any:

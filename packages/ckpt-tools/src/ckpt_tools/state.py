@@ -273,6 +273,14 @@ def _dcp_save(state_dict: dict[str, Any], path: str, group: _Group) -> None:
         )
 
 
+def _dcp_load(state_dict: dict[str, Any], path: str, group: _Group) -> None:
+    """Collective: fill `state_dict` in place from a DCP directory, resharding onto its tensors."""
+    with quiet_single_process():
+        dcp.load(
+            state_dict, storage_reader=dcp_reader(path), process_group=group.pg, no_dist=not group.distributed
+        )
+
+
 @contextlib.contextmanager
 def quiet_single_process() -> Iterator[None]:
     """Silence DCP's warning that it runs without a process group: in one process that is the intent."""
@@ -491,13 +499,7 @@ def _load_model(model_dir: str, model: nn.Module, group: _Group) -> None:
     if has_dcp and (sharded or not has_full):
         validate_dcp_metadata(dcp_dir)
         state = get_model_state_dict(model)
-        with quiet_single_process():
-            dcp.load(
-                state,
-                storage_reader=dcp_reader(dcp_dir),
-                process_group=group.pg,
-                no_dist=not group.distributed,
-            )
+        _dcp_load(state, dcp_dir, group)
         set_model_state_dict(model, state)
     elif has_full:
         full: dict[str, Any] = read_safetensors_model(model_dir)
@@ -525,13 +527,7 @@ def _load_adapter(model_dir: str, model: nn.Module, group: _Group) -> None:
         _check_adapter_keys(model_dir, saved, keys)
         local = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=True))
         state = {keys[name]: local[name] for name in keys}
-        with quiet_single_process():
-            dcp.load(
-                state,
-                storage_reader=dcp_reader(dcp_dir),
-                process_group=group.pg,
-                no_dist=not group.distributed,
-            )
+        _dcp_load(state, dcp_dir, group)
         full_state = False
     elif has_file:
         state, _ = read_safetensors(layout.join(model_dir, layout.ADAPTER_SAFETENSORS))
@@ -567,10 +563,7 @@ def _load_optimizer(
     if storage.exists(layout.join(dcp_dir, layout.DCP_METADATA)):
         validate_dcp_metadata(dcp_dir)
         osd = get_optimizer_state_dict(model, optimizer)
-        with quiet_single_process():
-            dcp.load(
-                osd, storage_reader=dcp_reader(dcp_dir), process_group=group.pg, no_dist=not group.distributed
-            )
+        _dcp_load(osd, dcp_dir, group)
         set_optimizer_state_dict(model, optimizer, osd)
         return
     if saved.topology.is_sharded:
