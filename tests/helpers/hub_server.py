@@ -176,7 +176,9 @@ class _Handler(BaseHTTPRequestHandler):
         for entry in json.loads(body)["files"]:
             sample = base64.b64decode(entry["sample"])
             lfs = entry["path"].endswith(_LFS_SUFFIXES) or b"\0" in sample or entry["size"] >= _LFS_MIN_SIZE
-            files.append({"path": entry["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False})
+            files.append(
+                {"path": entry["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False}
+            )
         return 200, {"files": files}
 
     def _lfs_batch(self, params: dict[str, str], body: bytes) -> tuple[int, Any]:
