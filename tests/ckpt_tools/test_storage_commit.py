@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 from report_fixtures import run_ckpt, tiny_model_state, write_step_dir
-from safetensors.torch import load_file
+from safetensors.torch import load
 
 from ckpt_tools import storage
 from ckpt_tools.errors import CorruptCheckpointError
@@ -111,33 +113,47 @@ def _crash_at(monkeypatch: pytest.MonkeyPatch, when: int) -> None:
         monkeypatch.setattr(storage, name, mutation)
 
 
-def _stage(root: Path, step: int, seed: int) -> str:
-    """A complete step written as `.tmp-<step>`, ready for `commit_step_dir`."""
-    staged = write_step_dir(root.parent / f"stage-{seed}", step=step, state=tiny_model_state(seed))
+def _stage(root: str | Path, step: int, seed: int) -> str:
+    """A complete step written as `.tmp-<step>` under `root` (local or `memory://`), ready to commit."""
+    scratch = Path(tempfile.mkdtemp())
+    staged = write_step_dir(scratch, step=step, state=tiny_model_state(seed))
     tmp = storage.begin_step_dir(root, step)
-    os.rmdir(tmp)
-    os.rename(staged, tmp)
+    fs, inner = storage.resolve(tmp)
+    fs.rm(inner, recursive=True)
+    fs.put(str(staged), inner, recursive=True)
+    shutil.rmtree(scratch)
     return tmp
 
 
-def _last_state(root: Path) -> dict[str, torch.Tensor] | None:
+def _last_state(root: str | Path) -> dict[str, torch.Tensor] | None:
     """The weights of the step `last` names, after checking that step verifies; None without `last`."""
     if not storage.has_last(root):
         return None
     step_dir = storage.read_last(root)
     report = verify_checkpoint(step_dir)
     assert report.ok, report.problems
-    return load_file(f"{step_dir}/pretrained_model/model.safetensors")
+    return load(storage.read_bytes(f"{step_dir}/pretrained_model/model.safetensors"))
 
 
+def _seed_of(state: dict[str, torch.Tensor] | None) -> int | None:
+    """Which staged step these weights came from (None: there is no `last`)."""
+    if state is None:
+        return None
+    weight = state["encoder.weight"]
+    return next(seed for seed in (3, 6, 60) if torch.equal(weight, tiny_model_state(seed)["encoder.weight"]))
+
+
+@pytest.mark.parametrize("store", ["local", "memory"])
 @pytest.mark.parametrize("earlier_step", [True, False])
 def test_a_crash_while_replacing_the_last_step_leaves_last_complete(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, earlier_step: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, earlier_step: bool, store: str
 ) -> None:
-    """Resumed from step 3 while `last -> 000006`: the new step 6 replaces the old one."""
+    """Resumed from step 3 while `last -> 000006`: the new step 6 replaces the old one. The commit
+    is cut before each of its mutations in turn; `last` must always lead to a step that verifies."""
     seen = set()
     for when in range(1, 20):
-        root = tmp_path / f"crash-{when}" / "checkpoints"
+        base = f"memory://{tmp_path.name}-{when}" if store == "memory" else str(tmp_path / f"crash-{when}")
+        root = f"{base}/checkpoints"
         if earlier_step:
             storage.commit_step_dir(_stage(root, 3, seed=3), root, 3)
         storage.commit_step_dir(_stage(root, 6, seed=6), root, 6)
@@ -149,23 +165,17 @@ def test_a_crash_while_replacing_the_last_step_leaves_last_complete(
         except _Crash:
             finished = False
         monkeypatch.undo()
-        state = _last_state(root)
-        seen.add(None if state is None else _seed_of(state))
+        seen.add(_seed_of(_last_state(root)))
         # the run restarts and saves step 6 again: that save completes and cleans up after the crash
         storage.commit_step_dir(_stage(root, 6, seed=60), root, 6)
-        assert torch.equal(_last_state(root)["encoder.weight"], tiny_model_state(60)["encoder.weight"])
-        assert sorted(os.listdir(root)) == (["000003"] if earlier_step else []) + ["000006", "last"]
+        assert _seed_of(_last_state(root)) == 60
+        assert storage.list_names(root) == (["000003"] if earlier_step else []) + ["000006", "last"]
+        storage.remove_tree(base)
         if finished:
             break
     assert finished and when >= 5
     # a crash mid-replacement fell back to step 3 (or to no `last`), never to a missing directory
     assert seen == ({3, 6, 60} if earlier_step else {None, 6, 60})
-
-
-def _seed_of(state: dict[str, torch.Tensor]) -> int:
-    """Which staged step these weights came from."""
-    weight = state["encoder.weight"]
-    return next(seed for seed in (3, 6, 60) if torch.equal(weight, tiny_model_state(seed)["encoder.weight"]))
 
 
 def test_replacing_a_step_that_last_does_not_name_keeps_last_until_the_end(tmp_path: Path) -> None:
