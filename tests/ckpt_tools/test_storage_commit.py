@@ -255,3 +255,12 @@ def test_a_text_pointer_to_a_tmp_directory_is_refused() -> None:
     with pytest.raises(CorruptCheckpointError, match="not a step directory"):
         storage.latest_step_dir(root)
     storage.remove_tree("memory://storage-commit-tmp")
+
+
+def test_a_directory_link_named_last_elsewhere_in_a_path_is_no_pointer(tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    step_dir = write_step_dir(disk / "run" / "checkpoints", step=5)
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "mnt" / "last").symlink_to(disk)
+    via_mount = tmp_path / "mnt" / "last" / "run" / "checkpoints" / step_dir.name
+    assert storage.resolve_model_dir(via_mount) == (str(via_mount), f"{via_mount}/pretrained_model")

@@ -75,8 +75,9 @@ def follow_last(path: str | os.PathLike[str]) -> str:
     """`path` with the `last` pointer it goes through replaced by the step directory `last` names.
 
     An output_dir (holding `checkpoints/last`) and a `checkpoints/` directory become that step; a path
-    through `last` (`checkpoints/last`, `checkpoints/last/pretrained_model`) has the pointer replaced,
-    so every reader gets `read_last`'s checks. Any other path comes back unchanged.
+    ending in `last`, or going through `checkpoints/last` (`checkpoints/last/pretrained_model`), has
+    the pointer replaced, so every reader gets `read_last`'s checks. Any other path comes back
+    unchanged (a directory link that happens to be called `last`, `/mnt/last/run/...`, is no pointer).
     """
     text = os.fspath(path).rstrip("/")
     for root in (layout.join(text, layout.CHECKPOINTS_DIR), text):
@@ -85,7 +86,8 @@ def follow_last(path: str | os.PathLike[str]) -> str:
     parts = text.split("/")
     for i in range(1, len(parts)):
         root = "/".join(parts[:i])
-        if parts[i] == layout.LAST and root and has_last(root):
+        inside = i == len(parts) - 1 or parts[i - 1] == layout.CHECKPOINTS_DIR  # not `/mnt/last/...`
+        if parts[i] == layout.LAST and root and inside and has_last(root):
             return layout.join(read_last(root), *parts[i + 1 :])
     return text
 
