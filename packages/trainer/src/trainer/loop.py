@@ -59,7 +59,7 @@ def train(config: TrainConfig) -> RunSummary:
     _record_effective_precision(config)
     seed_everything(config.seed)
     dataset = load_dataset(config.dataset)
-    policy = build_policy(config.policy, dataset.obs_dim, dataset.action_dim)
+    policy: torch.nn.Module = build_policy(config.policy, dataset.obs_dim, dataset.action_dim)
     policy = peft.start_policy(policy, config, topology.is_sharded)  # --policy.path weights, --peft adapters
     wrap_plan = resolve_wrap_plan(policy, config.accelerator.fsdp) if topology.is_sharded else None
     preprocessor, postprocessor = build_processors(dataset.stats())
@@ -93,7 +93,8 @@ def train(config: TrainConfig) -> RunSummary:
     )
     if resume_point.message:
         logger.note(resume_point.message, event="resume", step=start_step, changes=resume_point.changes)
-    losses, last_checkpoint = [], None
+    losses: list[float] = []
+    last_checkpoint: str | None = None
     window_loss, window_steps, window_start = (
         torch.zeros((), device=accelerator.device),
         0,
@@ -109,13 +110,13 @@ def train(config: TrainConfig) -> RunSummary:
         window_steps += 1
         logger.advance()
         if step % config.log_freq == 0 or step == config.steps:
-            loss = float(accelerator.reduce(window_loss / window_steps, reduction="mean"))
+            mean_loss = float(accelerator.reduce(window_loss / window_steps, reduction="mean"))
             elapsed = time.perf_counter() - window_start
-            losses.append(loss)
+            losses.append(mean_loss)
             logger.log(
                 {
                     "step": step,
-                    "loss": loss,
+                    "loss": mean_loss,
                     "grad_norm": grad_norm,
                     "lr": scheduler.get_last_lr()[0],
                     "samples_per_s": window_steps * sampler.global_batch / elapsed,

@@ -131,7 +131,7 @@ class FsdpConfig:
         return FullyShardedDataParallelPlugin(
             fsdp_version=2,
             auto_wrap_policy="transformer_based_wrap" if by_class else "size_based_wrap",
-            transformer_cls_names_to_wrap=list(wrap_modules) if by_class else None,
+            transformer_cls_names_to_wrap=list(wrap_modules) if wrap_modules is not None else None,
             min_num_params=None if by_class else min_num_params,
             reshard_after_forward=self.reshard_after_forward,
             cpu_offload=offload,

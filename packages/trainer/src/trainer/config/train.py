@@ -46,7 +46,11 @@ class OptimizerConfig:
         import torch
 
         return torch.optim.AdamW(
-            params, lr=self.lr, weight_decay=self.weight_decay, betas=tuple(self.betas), eps=self.eps
+            params,
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            betas=(self.betas[0], self.betas[1]),
+            eps=self.eps,
         )
 
 
@@ -112,11 +116,10 @@ class TrainConfig:
     resume: bool = False
     """Continue the run saved under output_dir (give --config_path of its train_config.json)."""
 
-    # Not a dataclass field (draccus reserves the name for its own config-file flag): the CLI sets it
-    # on the instance from `--config_path`, for resume to find the checkpoint it came from.
-    config_path = None
-
     def __post_init__(self) -> None:
+        # Not a dataclass field (draccus reserves the name for its own config-file flag): the CLI sets it
+        # on the instance from `--config_path`, for resume to find the checkpoint it came from.
+        self.config_path: str | None = None
         if self.checkpoint_format not in CHECKPOINT_FORMATS:
             raise ConfigError(
                 f"--checkpoint_format={self.checkpoint_format!r} is not one of {', '.join(CHECKPOINT_FORMATS)}"

@@ -125,7 +125,7 @@ def _write_atomically(path: Path, arrays: dict[str, np.ndarray]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, **arrays)
+            np.savez(handle, allow_pickle=False, **arrays)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

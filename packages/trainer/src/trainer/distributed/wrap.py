@@ -11,6 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from trainer.config.accelerator import FsdpConfig
 from trainer.errors import WrapPlanError
@@ -101,7 +102,8 @@ def register_forward_methods(model: nn.Module) -> None:
 def describe_parameters(model: nn.Module) -> str:
     """How the prepared parameters are laid out: DTensor placements on a sharded run."""
     param = next(model.parameters())
-    placements = getattr(param, "placements", None)
-    if placements is None:
+    if not isinstance(param, DTensor):
         return f"parameters: plain tensors ({type(model).__name__})"
-    return f"parameters: DTensor placements {tuple(placements)} on mesh {param.device_mesh.mesh_dim_names}"
+    return (
+        f"parameters: DTensor placements {tuple(param.placements)} on mesh {param.device_mesh.mesh_dim_names}"
+    )

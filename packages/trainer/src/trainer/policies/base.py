@@ -8,6 +8,7 @@ tell the engine how to shard it: `_fsdp_wrap_modules` (class names that become F
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import importlib
 from dataclasses import dataclass
@@ -65,7 +66,7 @@ class PolicyConfig(draccus.ChoiceRegistry):
         """Actions predicted per observation."""
         return 1
 
-    def policy_class(self) -> type[Policy]:
+    def policy_class(self) -> builtins.type[Policy]:  # `type` here is the property above
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:
