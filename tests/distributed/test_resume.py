@@ -60,16 +60,18 @@ TOPOLOGIES = {
         4,
         ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--checkpoint_format=safetensors"],
     ),
-    "ddp2": (
-        2,
-        [
-            "--parallelism.dp_replicate=2",
-            "--parallelism.dp_shard=1",
-            "--batch_size=32",
-            "--checkpoint_format=safetensors",
-        ],
-    ),
-    "single": (1, ["--parallelism.dp_shard=1", "--batch_size=64", "--checkpoint_format=safetensors"]),
+    # Non-sharded: R's saved --checkpoint_format=dcp turns into safetensors by itself (one log line).
+    "ddp2": (2, ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=1", "--batch_size=32"]),
+    "single": (1, ["--parallelism.dp_shard=1", "--batch_size=64"]),
+}
+
+
+# What each of them saves.
+TOPOLOGY_FORMATS = {
+    "fsdp2x2ranks": "safetensors_dcp",
+    "hsdp2x2": "safetensors",
+    "ddp2": "safetensors",
+    "single": "safetensors",
 }
 
 
@@ -246,6 +248,9 @@ def test_changed_topology_matches_uninterrupted_run(runs, name):
     assert note["step"] == 3 and any(change.startswith("topology FSDP2 4 -> ") for change in note["changes"])
     assert "the data order is unchanged" in runs.logs[name]
     assert "global batch changed" not in runs.logs[name]
+    switched = "--checkpoint_format=dcp of the saved config needs a sharded run" in runs.logs[name]
+    assert switched == (name in ("ddp2", "single"))
+    assert ckpt_tools.read_training_step(step_dir(out, 6)).checkpoint_format == TOPOLOGY_FORMATS[name]
 
 
 def test_hsdp_ddp_fsdp2_loss_parity(runs):
@@ -294,3 +299,4 @@ def test_bf16_with_dropout_resumes_bit_exact(runs):
     out = runs.launch("bf16-resumed", 2, *resume_from(straight, 3))
     assert_bit_identical(step_dir(out, 6), step_dir(straight, 6))
     assert_same_losses(out, straight, range(4, 7))
+

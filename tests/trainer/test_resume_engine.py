@@ -19,7 +19,7 @@ import torch
 from ckpt_tools import Topology
 from ckpt_tools.loading import read_safetensors
 from trainer import checkpointing, resume
-from trainer.config.parse import parse_config
+from trainer.config.parse import encode_config, parse_config
 from trainer.data.dataset import load_dataset
 from trainer.data.processors import build_processors
 from trainer.data.sampler import GlobalOrderSampler
@@ -142,6 +142,42 @@ def test_resume_before_the_first_save_starts_fresh(tmp_path, saved):
     point = resume.before_prepare(config, SINGLE, parts.policy, parts.sampler, 0, 1)
     assert point.step_dir is None and point.start_step == 0
     assert "no checkpoint under" in point.message and "starting a fresh run" in point.message
+
+
+def dcp_run_config(tmp_path: Path) -> Path:
+    """The train_config.json an FSDP2 run with DCP checkpoints saves."""
+    config = parse_config(["--parallelism.dp_shard=2", "--checkpoint_format=dcp"])
+    path = tmp_path / "train_config.json"
+    path.write_text(json.dumps(encode_config(config)))
+    return path
+
+
+def test_dcp_format_from_the_saved_config_becomes_safetensors_on_a_non_sharded_resume(tmp_path):
+    saved = dcp_run_config(tmp_path)
+    for topology in (SINGLE, Topology(dp_replicate=2)):
+        config = parse_config(["--resume=true", f"--config_path={saved}", "--parallelism.dp_shard=1"])
+        note = resume.settle_checkpoint_format(config, topology)
+        assert config.checkpoint_format == "safetensors"
+        assert note == (
+            "--checkpoint_format=dcp of the saved config needs a sharded run; "
+            f"this {topology.describe()} run saves --checkpoint_format=safetensors"
+        )
+
+
+def test_dcp_format_is_kept_on_a_sharded_resume_and_refused_when_typed_on_a_non_sharded_one(tmp_path):
+    saved = dcp_run_config(tmp_path)
+    sharded = parse_config(["--resume=true", f"--config_path={saved}"])
+    assert resume.settle_checkpoint_format(sharded, Topology(dp_shard=2)) == ""
+    assert sharded.checkpoint_format == "dcp"
+    for args in (
+        ["--resume=true", "--checkpoint_format=dcp"],  # chosen on the command line
+        [],  # not a resume: the saved config is the new run's own choice
+    ):
+        config = parse_config([f"--config_path={saved}", "--parallelism.dp_shard=1", *args])
+        with pytest.raises(
+            ConfigError, match=r"--checkpoint_format=dcp needs a sharded run \(single process"
+        ):
+            resume.settle_checkpoint_format(config, SINGLE)
 
 
 # -------------------------------------------------------------------------------------- phase 1

@@ -22,7 +22,7 @@ from trainer.data.dataset import OBS_KEY, load_dataset
 from trainer.data.processors import build_processors
 from trainer.data.sampler import GlobalOrderSampler
 from trainer.distributed.factory import build_accelerator, check_accelerate_env, prepare
-from trainer.distributed.topology import check_checkpoint_format, launch_world_size, resolve_topology
+from trainer.distributed.topology import launch_world_size, resolve_topology
 from trainer.distributed.wrap import describe_parameters, resolve_wrap_plan
 from trainer.metrics import make_logger
 from trainer.policies import build_policy
@@ -52,7 +52,7 @@ def seed_everything(seed: int) -> None:
 def train(config: TrainConfig) -> RunSummary:
     """Collective: call on all ranks. Runs `config.steps` loop steps and returns the summary."""
     topology = resolve_topology(config.parallelism, launch_world_size())
-    check_checkpoint_format(config.checkpoint_format, topology)
+    format_note = resume.settle_checkpoint_format(config, topology)  # DCP resumed unsharded: safetensors
     publishing.check_publish_config(config)
     check_accelerate_env()
     checkpointing.check_fresh_output_dir(config)
@@ -93,6 +93,8 @@ def train(config: TrainConfig) -> RunSummary:
     )
     if resume_point.message:
         logger.note(resume_point.message, event="resume", step=start_step, changes=resume_point.changes)
+    if format_note:
+        logger.note(format_note)
     losses: list[float] = []
     last_checkpoint: str | None = None
     window_loss, window_steps, window_start = (

@@ -21,6 +21,7 @@ from typing import Any
 import ckpt_tools
 from ckpt_tools import ResumePlan, RunShape, Topology, layout
 from trainer.config.train import TrainConfig
+from trainer.distributed.topology import check_checkpoint_format
 from trainer.errors import ConfigError
 from trainer.peft import saved_weight_shapes
 
@@ -53,6 +54,22 @@ def saved_config_path(output_dir: str) -> str | None:
     if step_dir is None:
         return None
     return layout.join(step_dir, layout.PRETRAINED_MODEL_DIR, layout.TRAIN_CONFIG)
+
+
+def settle_checkpoint_format(config: TrainConfig, topology: Topology) -> str:
+    """A DCP run resumed on DDP or one process saves `safetensors` from then on, when its DCP format
+    came from the saved config rather than a flag; returns the line that says so ("" when nothing
+    changed). An explicit DCP `--checkpoint_format` on a non-sharded run is still refused."""
+    saved = config.checkpoint_format
+    from_saved_config = config.resume and "checkpoint_format" not in config.flags_given
+    if from_saved_config and saved != "safetensors" and not topology.is_sharded:
+        config.checkpoint_format = "safetensors"
+        return (
+            f"--checkpoint_format={saved} of the saved config needs a sharded run; this "
+            f"{topology.describe()} run saves --checkpoint_format=safetensors"
+        )
+    check_checkpoint_format(config.checkpoint_format, topology)
+    return ""
 
 
 def find_checkpoint(config: TrainConfig) -> str | None:

@@ -22,9 +22,11 @@ def parse_config(args: Sequence[str]) -> TrainConfig:
     config_path, rest = _split_config_path(list(args))
     if config_path is None:
         config_path = _auto_resume_config_path(rest)
+    flags_given = frozenset(arg[2:].partition("=")[0] for arg in rest if arg.startswith("--"))
     with policy_defaults(rest, config_path) as defaults_path:  # `--policy.path`'s config.json
         config = _parse(rest, defaults_path)
     config.config_path = config_path
+    config.flags_given = flags_given
     return config
 
 

@@ -98,7 +98,7 @@ class TrainConfig:
     peft: PeftConfig = field(default_factory=PeftConfig)
     checkpoint_format: str = "safetensors"
     """safetensors (gathered weights), dcp (sharded weights) or safetensors_dcp (both); sharded runs only
-    for the last two."""
+    for the last two (a resumed run's saved dcp format becomes safetensors on a non-sharded run)."""
     batch_size: int = 32
     """Samples per rank per loop step."""
     steps: int = 500
@@ -117,9 +117,12 @@ class TrainConfig:
     """Continue the run saved under output_dir (give --config_path of its train_config.json)."""
 
     def __post_init__(self) -> None:
-        # Not a dataclass field (draccus reserves the name for its own config-file flag): the CLI sets it
-        # on the instance from `--config_path`, for resume to find the checkpoint it came from.
+        # Not dataclass fields (so neither flags nor train_config.json entries): config/parse.py sets
+        # them from the command line. `config_path` is the `--config_path` file (draccus reserves the
+        # name for its own flag), which resume follows to its checkpoint; `flags_given` are the dotted
+        # names typed as flags, so a value that came from a saved config can be told from a chosen one.
         self.config_path: str | None = None
+        self.flags_given: frozenset[str] = frozenset()
         if self.checkpoint_format not in CHECKPOINT_FORMATS:
             raise ConfigError(
                 f"--checkpoint_format={self.checkpoint_format!r} is not one of {', '.join(CHECKPOINT_FORMATS)}"
