@@ -299,4 +299,3 @@ def test_bf16_with_dropout_resumes_bit_exact(runs):
     out = runs.launch("bf16-resumed", 2, *resume_from(straight, 3))
     assert_bit_identical(step_dir(out, 6), step_dir(straight, 6))
     assert_same_losses(out, straight, range(4, 7))
-
