@@ -29,6 +29,7 @@ import pytest
 import torch
 
 import ckpt_tools
+from ckpt_tools import layout
 from ckpt_tools.loading import read_dcp_full, read_safetensors
 from helpers.launch import run_torchrun
 
@@ -297,5 +298,22 @@ def test_bf16_with_dropout_resumes_bit_exact(runs):
     ]
     straight = runs.launch("bf16", 2, *flags)
     out = runs.launch("bf16-resumed", 2, *resume_from(straight, 3))
+    assert_bit_identical(step_dir(out, 6), step_dir(straight, 6))
+    assert_same_losses(out, straight, range(4, 7))
+
+
+def test_fp16_loss_scaler_state_resumes_bit_exact(runs):
+    """fp16 autocast with a loss scaler on CPU (the factory's CPU fp16 adapter), DDP 2: the scaler's
+    scale and growth tracker are saved with every checkpoint and restored on resume."""
+    flags = [*runs.common, "--accelerator.mixed_precision=fp16", "--parallelism.dp_replicate=2"]
+    straight = runs.launch("fp16", 2, *flags, "--batch_size=8")
+    out = runs.launch("fp16-resumed", 2, *resume_from(straight, 3))
+
+    def scaler(run: Path, step: int) -> dict:
+        return json.loads((step_dir(run, step) / "training_state" / layout.SCALER_STATE).read_text())
+
+    assert scaler(straight, 3)["_growth_tracker"] == 3  # one unskipped update per step so far
+    assert scaler(out, 6) == scaler(straight, 6) and scaler(out, 6)["_growth_tracker"] == 6
+    assert "mixed precision fp16" in runs.logs["fp16-resumed"]
     assert_bit_identical(step_dir(out, 6), step_dir(straight, 6))
     assert_same_losses(out, straight, range(4, 7))

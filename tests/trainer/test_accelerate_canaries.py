@@ -1,7 +1,8 @@
-"""Canaries: the accelerate internals the CPU FSDP adapter (distributed/factory.py) relies on.
+"""Canaries: the accelerate internals the CPU adapters (distributed/factory.py) rely on.
 
 If an accelerate upgrade changes one of these, this file fails first and names what moved; then
-revisit `_engage_fsdp_on_cpu` (and drop it if accelerate engages FSDP on CPU by itself).
+revisit `_engage_fsdp_on_cpu` / `_engage_fp16_on_cpu` (and drop them if accelerate engages FSDP or fp16
+on CPU by itself).
 """
 
 from __future__ import annotations
@@ -87,3 +88,20 @@ def test_plugin_takes_fsdp2_fields_and_sets_mixed_precision() -> None:
 def test_accelerator_init_exports_use_fsdp() -> None:
     """Why the factory builds the Accelerator inside `_no_leaked_env`."""
     assert 'os.environ["ACCELERATE_USE_FSDP"] = "true"' in inspect.getsource(Accelerator.__init__)
+
+
+def test_fp16_is_engaged_only_off_cpu_through_two_attributes() -> None:
+    """Why the CPU fp16 adapter exists (accelerate's fp16 branch skips CPU devices), and that setting
+    `native_amp` and `scaler` before prepare() is all that branch does for the training path."""
+    init = inspect.getsource(Accelerator.__init__)
+    branch = init.index('self.state.mixed_precision == "fp16"')
+    assert 'and self.device.type != "cpu"' in init[branch : branch + 120]
+    assert "self.native_amp = True" in init[branch:] and "self.scaler = get_grad_scaler(" in init[branch:]
+    assert "if self.native_amp:" in inspect.getsource(Accelerator.prepare_model)  # forward in autocast
+    assert "scaler = None if self.fp8_backend == FP8BackendType.MSAMP else self.scaler" in inspect.getsource(
+        Accelerator.prepare_optimizer
+    )
+    assert "self.scaler.scale(loss).backward(" in inspect.getsource(Accelerator.backward)
+    unscale = inspect.getsource(Accelerator.unscale_gradients)
+    assert 'if self.native_amp and self.mixed_precision == "fp16":' in unscale
+    assert "self.scaler.unscale_(opt)" in unscale

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 
 import pytest
@@ -11,7 +12,7 @@ from torch import nn
 
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.parse import encode_config, parse_config
-from trainer.distributed.factory import ALLOW_ENV, check_accelerate_env
+from trainer.distributed.factory import ALLOW_ENV, _quiet_mesh_slicing_warning, check_accelerate_env
 from trainer.distributed.topology import check_checkpoint_format, resolve_topology
 from trainer.distributed.wrap import WrapPlan, check_tied_weights, resolve_wrap_plan, unit_roots
 from trainer.errors import ConfigError, WrapPlanError
@@ -131,6 +132,21 @@ def test_env_guard_allows_plain_launcher_values_and_the_override() -> None:
     # what `accelerate launch` without a config exports
     check_accelerate_env({"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_USE_FSDP": "false", "PATH": "/bin"})
     check_accelerate_env({"ACCELERATE_USE_FSDP": "true", ALLOW_ENV: "1"})
+
+
+def test_only_the_mesh_slicing_deprecation_warning_is_silenced() -> None:
+    """torch's warning about accelerate's mesh slicing is noise to the user; every other one stays."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _quiet_mesh_slicing_warning()
+        warnings.warn(
+            "Slicing a flattened dim from root mesh will be deprecated in PT 2.11. "
+            "Users need to bookkeep the flattened mesh directly. ",
+            UserWarning,
+            stacklevel=1,
+        )
+        warnings.warn("Slicing a tensor is fine", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["Slicing a tensor is fine"]
 
 
 def _policy(policy_type: str = "act"):

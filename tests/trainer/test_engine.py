@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 import ckpt_tools
+from ckpt_tools import Topology, layout
 from conftest import tiny_args
 from trainer.config.parse import parse_config
 from trainer.data.dataset import DatasetConfig, load_dataset
 from trainer.data.sampler import GlobalOrderSampler
+from trainer.distributed.factory import build_accelerator
 from trainer.errors import ConfigError
 from trainer.loop import train
 
@@ -75,6 +78,27 @@ def test_bf16_mixed_precision_runs(tmp_path, dataset_cache, clean_accelerate) ->
     state = ckpt_tools.load_model_state_dict(summary.last_checkpoint)
     assert {t.dtype for t in state.values()} == {torch.float32}  # autocast: fp32 master weights
     assert torch.isfinite(torch.tensor(summary.final_loss))
+
+
+def test_fp16_on_cpu_autocasts_in_float16_and_saves_the_scaler(
+    tmp_path, dataset_cache, clean_accelerate
+) -> None:
+    """The factory's CPU fp16 adapter: forward under float16 autocast (fp32 outputs), the optimizer
+    steps through the loss scaler, and every checkpoint holds the scaler's state."""
+    config = parse_config(tiny_args(str(tmp_path), dataset_cache, "--accelerator.mixed_precision=fp16"))
+    accelerator = build_accelerator(config, Topology(), None)
+    net, seen = torch.nn.Sequential(torch.nn.Linear(3, 2)), []
+    net[0].register_forward_hook(lambda module, inputs, output: seen.append(output.dtype))
+    model, optimizer = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    assert model(torch.randn(4, 3)).dtype == torch.float32 and seen == [torch.float16]
+    assert isinstance(accelerator.scaler, torch.amp.GradScaler) and optimizer.scaler is accelerator.scaler
+    clean_accelerate_between_runs()
+
+    summary = train(config)
+    scaler = json.loads((Path(summary.last_checkpoint) / "training_state" / layout.SCALER_STATE).read_text())
+    assert scaler["scale"] == 2.0**16 and scaler["_growth_tracker"] == 4  # 4 updates, none skipped
+    state = ckpt_tools.load_model_state_dict(summary.last_checkpoint)
+    assert {t.dtype for t in state.values()} == {torch.float32}
 
 
 def test_gradient_accumulation_gives_the_same_update(tmp_path, dataset_cache, clean_accelerate) -> None:

@@ -1,14 +1,16 @@
 """The one place that configures accelerate: environment guard, Accelerator construction, prepare().
 
 Everything accelerate-specific that the loop needs is built here from the config, so the loop has no
-branch on the topology. The CPU FSDP adapter (`_engage_fsdp_on_cpu`) is the only code that reaches
-into accelerate's state; tests/trainer/test_accelerate_canaries.py pins the internals it relies on.
+branch on the topology. The CPU adapters (`_engage_fsdp_on_cpu`, `_engage_fp16_on_cpu`) are the only
+code that reaches into accelerate's state; tests/trainer/test_accelerate_canaries.py pins the internals
+they rely on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -25,6 +27,7 @@ GUARDED_VARS = (
     "ACCELERATE_MIXED_PRECISION",
 )
 GUARDED_PREFIXES = ("FSDP_", "PARALLELISM_CONFIG_")
+MESH_SLICING_WARNING = r"Slicing a flattened dim from root mesh will be deprecated"
 # Values a plain `accelerate launch` (no config file) exports; they change nothing, so they pass.
 INERT_VALUES = {
     "ACCELERATE_USE_FSDP": "false",
@@ -75,12 +78,9 @@ def build_accelerator(config: TrainConfig, topology: Topology, wrap_plan: WrapPl
     from accelerate import Accelerator
 
     check_accelerate_env()
+    _quiet_mesh_slicing_warning()
     acc = config.accelerator
     on_cpu = not torch.cuda.is_available()
-    if acc.mixed_precision == "fp16" and on_cpu:
-        raise ConfigError(
-            "--accelerator.mixed_precision=fp16 needs a GPU (no CPU loss scaler): use bf16 or no"
-        )
     kwargs: dict[str, Any] = {
         # accelerate only treats a CPU-only torchrun launch as distributed (gloo) when told `cpu=True`.
         "cpu": on_cpu,
@@ -91,16 +91,26 @@ def build_accelerator(config: TrainConfig, topology: Topology, wrap_plan: WrapPl
     }
     with _no_leaked_env():
         if not topology.is_sharded:
-            return Accelerator(**kwargs)
-        if wrap_plan is None:
-            raise ValueError("a sharded run needs its wrap plan (distributed.wrap.resolve_wrap_plan)")
-        plugin = acc.fsdp.build_plugin(wrap_plan.class_names, wrap_plan.min_num_params, on_cpu)
-        parallelism = _parallelism_config(topology)
-        if not on_cpu:
-            return Accelerator(**kwargs, fsdp_plugin=plugin, parallelism_config=parallelism)
-        accelerator = Accelerator(**kwargs)
-        _engage_fsdp_on_cpu(accelerator, plugin, parallelism)
-        return accelerator
+            accelerator = Accelerator(**kwargs)
+        else:
+            if wrap_plan is None:
+                raise ValueError("a sharded run needs its wrap plan (distributed.wrap.resolve_wrap_plan)")
+            plugin = acc.fsdp.build_plugin(wrap_plan.class_names, wrap_plan.min_num_params, on_cpu)
+            parallelism = _parallelism_config(topology)
+            if not on_cpu:
+                return Accelerator(**kwargs, fsdp_plugin=plugin, parallelism_config=parallelism)
+            accelerator = Accelerator(**kwargs)
+            _engage_fsdp_on_cpu(accelerator, plugin, parallelism)
+    if on_cpu and acc.mixed_precision == "fp16":
+        _engage_fp16_on_cpu(accelerator)
+    return accelerator
+
+
+def _quiet_mesh_slicing_warning() -> None:
+    """accelerate 1.15 slices its flattened `dp_shard_cp` mesh dimension from the root mesh, which
+    torch 2.13 answers with a deprecation warning on every rank at every prepare: nothing the user can
+    act on, so exactly that message is silenced (every other warning still shows)."""
+    warnings.filterwarnings("ignore", message=MESH_SLICING_WARNING, category=UserWarning)
 
 
 def _parallelism_config(topology: Topology) -> Any:
@@ -128,6 +138,18 @@ def _engage_fsdp_on_cpu(accelerator: Any, plugin: Any, parallelism: Any) -> None
     state.fsdp_plugin = plugin
     state.parallelism_config = parallelism
     state.device_mesh = parallelism.build_device_mesh("cpu")
+
+
+def _engage_fp16_on_cpu(accelerator: Any) -> None:
+    """The CPU fp16 adapter. accelerate 1.15 turns fp16 autocast and the loss scaler on only for
+    accelerator devices (on CPU it silently trains in fp32), although torch runs float16 autocast and
+    `GradScaler("cpu")` on CPU. Setting the two attributes its GPU branch sets, before `prepare()`,
+    makes prepare wrap forward in float16 autocast and hand the scaler to the optimizer, and makes
+    `backward` / `clip_grad_norm_` scale and unscale: the loss-scaled fp16 path of a GPU run."""
+    import torch
+
+    accelerator.native_amp = True
+    accelerator.scaler = torch.amp.GradScaler("cpu")
 
 
 def prepare(
