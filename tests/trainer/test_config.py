@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from trainer.config.flags import all_flags, help_text, markdown_table
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.parse import encode_config, parse_config
 from trainer.distributed.factory import ALLOW_ENV, _quiet_mesh_slicing_warning, check_accelerate_env
@@ -204,3 +207,35 @@ def test_tied_weights_split_across_units_are_named() -> None:
 def test_policy_dtype_casts_parameters_only() -> None:
     config = parse_config(["--policy.type=mlp", "--policy.dtype=bfloat16"]).policy
     assert {p.dtype for p in build_policy(config, 3, 1).parameters()} == {torch.bfloat16}
+
+
+def test_docs_flag_table_is_the_one_generated_from_the_config() -> None:
+    """docs/training.md lists every config field with its default: the table is `markdown_table()`."""
+    page = (Path(__file__).parents[2] / "docs" / "training.md").read_text()
+    documented = page.split("<!-- flags:begin -->\n")[1].split("\n<!-- flags:end -->")[0]
+    assert documented == markdown_table(), (
+        "docs/training.md's flag table is stale: regenerate it with "
+        '`python -c "from trainer.config.flags import markdown_table; print(markdown_table())"`'
+    )
+
+
+def test_every_config_field_is_a_documented_flag() -> None:
+    """The walk misses no leaf field, every flag has a meaning, and `trainer train --help` lists them."""
+    names = [flag.name for flag in all_flags()]
+    leaves = set(_leaf_flags(encode_config(parse_config([])), "--"))
+    leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(MLPConfig)}
+    assert leaves | {"--config_path"} == set(names) and len(names) == len(set(names))
+    assert all(flag.meaning for flag in all_flags())
+    help_lines = help_text().splitlines()
+    assert [line.strip().split("=")[0] for line in help_lines[::2]] == names
+
+
+def _leaf_flags(tree: dict, prefix: str) -> list[str]:
+    """Dotted flag names of a train_config.json (what draccus encodes: every field)."""
+    flags = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flags += _leaf_flags(value, f"{prefix}{key}.")
+        else:
+            flags.append(f"{prefix}{key}")
+    return flags

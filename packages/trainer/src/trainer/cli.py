@@ -14,10 +14,14 @@ USAGE = "usage: trainer train [--config_path=FILE] [--policy.type=act|mlp|module
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] != "train" or args[1:2] in (["-h"], ["--help"]):
-        code = 0 if args[1:2] in (["-h"], ["--help"]) else 2
-        print(USAGE + "\nFlags: see docs/training.md.", file=sys.stderr if code else sys.stdout)
-        raise SystemExit(code)
+    if args[:1] == ["train"] and args[1:2] in (["-h"], ["--help"]):
+        from trainer.config.flags import help_text
+
+        print(f"{USAGE}\n\nFlags (default after =; docs/training.md explains them):\n{help_text()}")
+        raise SystemExit(0)
+    if not args or args[0] != "train":
+        print(USAGE + "\nFlags: trainer train --help, or docs/training.md.", file=sys.stderr)
+        raise SystemExit(2)
     from trainer.config.parse import parse_config
     from trainer.errors import ConfigError
     from trainer.loop import train

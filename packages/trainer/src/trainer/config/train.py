@@ -114,7 +114,8 @@ class TrainConfig:
     job_name: str = "pendulum_act"
     """Name shown in the banner and the metrics."""
     resume: bool = False
-    """Continue the run saved under output_dir (give --config_path of its train_config.json)."""
+    """Continue from the checkpoint --config_path names, else from output_dir's latest one (a fresh start
+    before the first save); docs/resume.md."""
 
     def __post_init__(self) -> None:
         # Not dataclass fields (so neither flags nor train_config.json entries): config/parse.py sets

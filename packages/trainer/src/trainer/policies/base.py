@@ -31,7 +31,8 @@ class PolicyConfig(draccus.ChoiceRegistry):
     dropout: float = 0.1
     """Dropout probability inside the policy (0 makes a run deterministic across topologies)."""
     dtype: str | None = None
-    """Cast the policy's parameters to this dtype; autocast stays owned by --accelerator.mixed_precision."""
+    """Cast the policy's parameters to this dtype (float32, bfloat16, float16); autocast stays owned by
+    --accelerator.mixed_precision."""
     obs_dim: int = 0
     """Observation size; 0 takes it from the dataset (the saved config.json records the value)."""
     action_dim: int = 0

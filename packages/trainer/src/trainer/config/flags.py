@@ -1,0 +1,100 @@
+"""Every `trainer train` flag, read from the config dataclasses themselves.
+
+One source for `trainer train --help` and the flag table of docs/training.md (a test keeps the page equal
+to `markdown_table()`), so no flag goes undocumented and no default drifts from the code. A field's
+meaning is its attribute docstring, the text under it in the dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from draccus.wrappers.docstring import get_attribute_docstring
+
+from trainer.config.train import TrainConfig
+from trainer.policies.base import PolicyConfig, known_types
+
+CONFIG_PATH_HELP = (
+    "JSON config file to start from (a checkpoint's train_config.json reproduces its run); flags "
+    "override it. With --resume=true it names the checkpoint to continue (docs/resume.md)."
+)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line flag: its dotted name, default (as typed on the command line) and meaning."""
+
+    name: str
+    default: str
+    meaning: str
+
+
+def all_flags() -> list[Flag]:
+    """Every flag of `trainer train`, in the order of the config tree; `--policy.*` fields of one
+    policy type only are marked with it (e.g. "(act)")."""
+    return [Flag("--config_path", "-", CONFIG_PATH_HELP), *_walk(TrainConfig(), "--")]
+
+
+def markdown_table() -> str:
+    """The flag table of docs/training.md."""
+    lines = ["| flag | default | meaning |", "|---|---|---|"]
+    lines += [f"| `{f.name}` | {f.default} | {_escape(f.meaning)} |" for f in all_flags()]
+    return "\n".join(lines)
+
+
+def help_text() -> str:
+    """The flag list `trainer train --help` prints."""
+    return "\n".join(f"  {f.name}={f.default}\n      {f.meaning}" for f in all_flags())
+
+
+def _walk(config: Any, prefix: str) -> list[Flag]:
+    flags = []
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        name = f"{prefix}{field.name}"
+        if isinstance(value, PolicyConfig):
+            flags += _policy_flags(name, value.type)
+        elif dataclasses.is_dataclass(value):
+            flags += _walk(value, f"{name}.")
+        else:
+            flags.append(Flag(name, _render(value), _meaning(type(config), field.name)))
+    return flags
+
+
+def _policy_flags(name: str, default: str) -> list[Flag]:
+    """`--policy.type`, the fields every policy has, then each built-in type's own fields."""
+    built_in = [t for t in known_types() if ":" not in t]  # not the policies registered by import path
+    choices = f"{', '.join(built_in)}, or module.path:ConfigClass for your own policy"
+    flags = [Flag(f"{name}.type", default, f"Policy to train: {choices}.")]
+    common = {field.name for field in dataclasses.fields(PolicyConfig)}
+    for field in dataclasses.fields(PolicyConfig):
+        flags.append(Flag(f"{name}.{field.name}", _render(field.default), _meaning(PolicyConfig, field.name)))
+    for policy_type in built_in:
+        config = PolicyConfig.get_choice_class(policy_type)()
+        for field in dataclasses.fields(config):
+            if field.name not in common:
+                meaning = f"({policy_type}) {_meaning(type(config), field.name)}"
+                flags.append(Flag(f"{name}.{field.name}", _render(getattr(config, field.name)), meaning))
+    return flags
+
+
+def _meaning(cls: type, name: str) -> str:
+    """The attribute docstring, on one line, from the class that declares the field."""
+    owner = next(c for c in cls.__mro__ if name in getattr(c, "__annotations__", {}))
+    return " ".join(get_attribute_docstring(owner, name).docstring_below.split())
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|")  # a pipe would end the table cell
+
+
+def _render(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple | list):
+        return f"[{','.join(str(v) for v in value)}]"
+    return str(value)
