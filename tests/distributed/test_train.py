@@ -13,6 +13,7 @@ import pytest
 
 import ckpt_tools
 from helpers.launch import run_torchrun
+from helpers.train_flags import tiny_args
 
 pytestmark = pytest.mark.distributed
 
@@ -48,17 +49,8 @@ def train_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path
     results = {}
     for name, (nproc, flags) in RUNS.items():
         out = root / name
-        common = [
-            f"--output_dir={out}",
-            f"--dataset.cache_dir={cache}",
-            "--dataset.episodes=4",
-            "--dataset.eval_episodes=0",
-            "--steps=4",
-            "--log_freq=2",
-            "--save_freq=2",
-            "--batch_size=8",
-        ]
-        results[name] = (out, run_torchrun(SCRIPT, nproc, *common, *flags, timeout=240).stdout)
+        args = tiny_args(str(out), str(cache), *flags)
+        results[name] = (out, run_torchrun(SCRIPT, nproc, *args, timeout=240).stdout)
     return results
 
 

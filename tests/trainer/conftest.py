@@ -6,6 +6,10 @@ import os
 
 import pytest
 
+from helpers.train_flags import tiny_args
+
+__all__ = ["tiny_args"]  # still importable as `from conftest import tiny_args`
+
 
 @pytest.fixture(scope="session")
 def dataset_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
@@ -27,18 +31,3 @@ def clean_accelerate(monkeypatch: pytest.MonkeyPatch):
     AcceleratorState._reset_state(reset_partial_state=True)
     os.environ.clear()
     os.environ.update(saved)
-
-
-def tiny_args(output_dir: str, cache: str, *extra: str) -> list[str]:
-    """A few steps of a small policy, no evaluation: what every engine test needs."""
-    return [
-        f"--output_dir={output_dir}",
-        f"--dataset.cache_dir={cache}",
-        "--dataset.episodes=4",
-        "--dataset.eval_episodes=0",
-        "--steps=4",
-        "--log_freq=2",
-        "--save_freq=2",
-        "--batch_size=8",
-        *extra,
-    ]

@@ -11,7 +11,7 @@ import torch
 
 import ckpt_tools
 from ckpt_tools import Topology, layout
-from conftest import tiny_args
+from helpers.train_flags import tiny_args
 from trainer.config.parse import parse_config
 from trainer.data.dataset import DatasetConfig, load_dataset
 from trainer.data.sampler import GlobalOrderSampler

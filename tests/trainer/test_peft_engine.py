@@ -3,6 +3,7 @@ frozen base, dtypes, ignored_modules), adapter checkpoints through ckpt_tools, a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -13,8 +14,9 @@ import torch
 
 import ckpt_tools
 from ckpt_tools.adapters import peft_key
-from ckpt_tools.meta import Topology, TrainingStep
-from conftest import tiny_args
+from ckpt_tools.meta import TrainingStep
+from helpers import tiny_run
+from helpers.train_flags import tiny_args
 from trainer.config.parse import parse_config
 from trainer.config.peft import PeftConfig
 from trainer.errors import ConfigError
@@ -32,16 +34,8 @@ def tiny_act(seed: int = 0, **overrides) -> torch.nn.Module:
 
 
 def training_step(step: int, checkpoint_format: str = "safetensors", peft: bool = True) -> TrainingStep:
-    return TrainingStep(
-        step=step,
-        dp_world_size=1,
-        batch_size=4,
-        grad_accum_steps=1,
-        mixed_precision="no",
-        topology=Topology(),
-        checkpoint_format=checkpoint_format,
-        peft=peft,
-    )
+    """The one-process step record of helpers.tiny_run, marked as a PEFT run (or not)."""
+    return dataclasses.replace(tiny_run.training_step(step, checkpoint_format), peft=peft)
 
 
 @pytest.fixture(scope="module")

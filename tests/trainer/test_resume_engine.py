@@ -7,9 +7,11 @@ The multi-process behaviour (bit-exactness, resharding, crashes) is in tests/dis
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -80,14 +82,20 @@ class Parts:
         )
 
 
-@pytest.fixture
-def keep_rng():
+@contextlib.contextmanager
+def kept_rng() -> Iterator[None]:
     """Phase 1 sets the process's global RNG streams: put them back for the tests that follow."""
     python, numpy = random.getstate(), np.random.get_state()
     with torch.random.fork_rng():
         yield
     random.setstate(python)
     np.random.set_state(numpy)
+
+
+@pytest.fixture
+def keep_rng():
+    with kept_rng():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +109,8 @@ def saved(tmp_path_factory, keep_rng_module) -> tuple[Parts, str]:
 
 @pytest.fixture(scope="module")
 def keep_rng_module():
-    python, numpy = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng():
+    with kept_rng():
         yield
-    random.setstate(python)
-    np.random.set_state(numpy)
 
 
 def copy_run(saved_dir: str, tmp_path: Path) -> Path:
