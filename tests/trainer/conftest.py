@@ -6,10 +6,6 @@ import os
 
 import pytest
 
-from helpers.train_flags import tiny_args
-
-__all__ = ["tiny_args"]  # still importable as `from conftest import tiny_args`
-
 
 @pytest.fixture(scope="session")
 def dataset_cache(tmp_path_factory: pytest.TempPathFactory) -> str:

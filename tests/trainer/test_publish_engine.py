@@ -11,8 +11,8 @@ import pytest
 from huggingface_hub import ModelCard
 
 import ckpt_tools
-from conftest import tiny_args
 from helpers.hub_server import HubServer
+from helpers.train_flags import tiny_args
 from trainer.cli import main as cli_main
 from trainer.config.parse import parse_config
 from trainer.errors import ConfigError, PublishFailedError
