@@ -452,6 +452,8 @@ def convert_safetensors_to_dcp(
     """
     import torch.distributed.checkpoint as dcp
 
+    from ckpt_tools.state import quiet_single_process
+
     files, default_out = _find_safetensors_source(path)
     out = os.fspath(output).rstrip("/") if output is not None else default_out
     if storage.exists(out) and not overwrite:
@@ -461,7 +463,8 @@ def convert_safetensors_to_dcp(
     storage.remove_tree(tmp)
     with _mapped_tensors(files) as state:
         try:
-            dcp.save(state, checkpoint_id=tmp, no_dist=True)
+            with quiet_single_process():
+                dcp.save(state, checkpoint_id=tmp, no_dist=True)
         except BaseException:
             storage.remove_tree(tmp)
             raise
