@@ -49,6 +49,23 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+@dataclass
+class Run:
+    """Everything a run builds before its first step: prepared objects and where to start."""
+
+    config: TrainConfig
+    topology: Any
+    accelerator: Any
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    sampler: GlobalOrderSampler
+    dataset: Any
+    preprocessor: Any
+    postprocessor: Any
+    start_step: int
+
+
 def train(config: TrainConfig) -> RunSummary:
     """Collective: call on all ranks. Runs `config.steps` loop steps and returns the summary."""
     topology = resolve_topology(config.parallelism, launch_world_size())
@@ -57,6 +74,42 @@ def train(config: TrainConfig) -> RunSummary:
     check_accelerate_env()
     checkpointing.check_fresh_output_dir(config)
     _record_effective_precision(config)
+    run, wrap_plan, resume_point = _build(config, topology)
+    logger = make_logger(run.accelerator.is_main_process, config.output_dir, config.steps, run.start_step)
+    logger.banner(
+        [
+            *_banner(config, topology, wrap_plan, run.accelerator, len(run.dataset)),
+            describe_parameters(run.model),
+        ]
+    )
+    if resume_point.message:
+        logger.note(resume_point.message, event="resume", step=run.start_step, changes=resume_point.changes)
+    if format_note:
+        logger.note(format_note)
+    losses, last_checkpoint = _run_steps(run, logger)
+    returns = evaluate(run.accelerator, run.model, run.preprocessor, run.postprocessor, config)
+    summary = RunSummary(
+        steps=config.steps,
+        first_loss=losses[0] if losses else float("nan"),
+        final_loss=losses[-1] if losses else float("nan"),
+        policy_return=returns[0],
+        random_return=returns[1],
+        last_checkpoint=last_checkpoint,
+    )
+    logger.note(
+        f"evaluation over {config.dataset.eval_episodes}+ episodes: policy return {returns[0]:.1f}, "
+        f"random policy return {returns[1]:.1f}; loss {summary.first_loss:.4f} -> {summary.final_loss:.4f}",
+        event="summary",
+        **summary.__dict__,
+    )
+    logger.close()  # the loss curve first: a failed publish ends the process
+    publishing.publish_final(config, summary, run.accelerator, logger)  # --policy.push_to_hub
+    run.accelerator.wait_for_everyone()
+    return summary
+
+
+def _build(config: TrainConfig, topology: Any) -> tuple[Run, Any, Any]:
+    """Collective. Data, policy, accelerator, optimizer; the two resume phases around `prepare()`."""
     seed_everything(config.seed)
     dataset = load_dataset(config.dataset)
     policy: torch.nn.Module = build_policy(config.policy, dataset.obs_dim, dataset.action_dim)
@@ -74,7 +127,6 @@ def train(config: TrainConfig) -> RunSummary:
     resume_point = resume.before_prepare(
         config, topology, policy, sampler, accelerator.process_index, accelerator.num_processes
     )
-    start_step = resume_point.start_step
 
     model, optimizer, scheduler = prepare(accelerator, policy, optimizer, scheduler, wrap_plan)
 
@@ -86,79 +138,76 @@ def train(config: TrainConfig) -> RunSummary:
         scheduler=scheduler,
         scaler=accelerator.scaler,
     )
-
-    logger = make_logger(accelerator.is_main_process, config.output_dir, config.steps, start_step)
-    logger.banner(
-        [*_banner(config, topology, wrap_plan, accelerator, len(dataset)), describe_parameters(model)]
+    run = Run(
+        config=config,
+        topology=topology,
+        accelerator=accelerator,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        sampler=sampler,
+        dataset=dataset,
+        preprocessor=preprocessor,
+        postprocessor=postprocessor,
+        start_step=resume_point.start_step,
     )
-    if resume_point.message:
-        logger.note(resume_point.message, event="resume", step=start_step, changes=resume_point.changes)
-    if format_note:
-        logger.note(format_note)
+    return run, wrap_plan, resume_point
+
+
+def _run_steps(run: Run, logger: Any) -> tuple[list[float], str | None]:
+    """Collective. The loop steps from `run.start_step`; returns the logged losses and the last save."""
+    config, accelerator, sampler = run.config, run.accelerator, run.sampler
     losses: list[float] = []
     last_checkpoint: str | None = None
-    window_loss, window_steps, window_start = (
-        torch.zeros((), device=accelerator.device),
-        0,
-        time.perf_counter(),
-    )
-    model.train()
-    for step in range(start_step + 1, config.steps + 1):
-        batch = preprocessor(dataset.gather(sampler.next_indices(), config.policy.chunk_size))
+    window_loss = torch.zeros((), device=accelerator.device)
+    window_steps, window_start = 0, time.perf_counter()
+    run.model.train()
+    for step in range(run.start_step + 1, config.steps + 1):
+        batch = run.preprocessor(run.dataset.gather(sampler.next_indices(), config.policy.chunk_size))
         batch = {key: value.to(accelerator.device) for key, value in batch.items()}
-        loss, grad_norm = _train_step(accelerator, model, optimizer, batch, config.optimizer.grad_clip_norm)
-        scheduler.step()
+        loss, grad_norm = _train_step(
+            accelerator, run.model, run.optimizer, batch, config.optimizer.grad_clip_norm
+        )
+        run.scheduler.step()
         window_loss += loss
         window_steps += 1
         logger.advance()
         if step % config.log_freq == 0 or step == config.steps:
             mean_loss = float(accelerator.reduce(window_loss / window_steps, reduction="mean"))
-            elapsed = time.perf_counter() - window_start
             losses.append(mean_loss)
             logger.log(
                 {
                     "step": step,
                     "loss": mean_loss,
                     "grad_norm": grad_norm,
-                    "lr": scheduler.get_last_lr()[0],
-                    "samples_per_s": window_steps * sampler.global_batch / elapsed,
+                    "lr": run.scheduler.get_last_lr()[0],
+                    "samples_per_s": window_steps
+                    * sampler.global_batch
+                    / (time.perf_counter() - window_start),
                     "epoch": sampler.position[0],
                 }
             )
             window_loss.zero_()
             window_steps, window_start = 0, time.perf_counter()
         if step % config.save_freq == 0 or step == config.steps:
-            state = checkpointing.training_step(config, topology, step, sampler.position)
-            last_checkpoint = checkpointing.save(
-                config,
-                state,
-                model=accelerator.unwrap_model(model),
-                optimizer=optimizer,
-                scheduler=scheduler,
-                scaler=accelerator.scaler,
-                preprocessor=preprocessor,
-                postprocessor=postprocessor,
-            )
+            last_checkpoint = _save(run, step)
             logger.note(f"checkpoint {last_checkpoint}")
-    returns = evaluate(accelerator, model, preprocessor, postprocessor, config)
-    summary = RunSummary(
-        steps=config.steps,
-        first_loss=losses[0] if losses else float("nan"),
-        final_loss=losses[-1] if losses else float("nan"),
-        policy_return=returns[0],
-        random_return=returns[1],
-        last_checkpoint=last_checkpoint,
+    return losses, last_checkpoint
+
+
+def _save(run: Run, step: int) -> str:
+    """Collective. One checkpoint of the run at `step`, through ckpt_tools."""
+    state = checkpointing.training_step(run.config, run.topology, step, run.sampler.position)
+    return checkpointing.save(
+        run.config,
+        state,
+        model=run.accelerator.unwrap_model(run.model),
+        optimizer=run.optimizer,
+        scheduler=run.scheduler,
+        scaler=run.accelerator.scaler,
+        preprocessor=run.preprocessor,
+        postprocessor=run.postprocessor,
     )
-    logger.note(
-        f"evaluation over {config.dataset.eval_episodes}+ episodes: policy return {returns[0]:.1f}, "
-        f"random policy return {returns[1]:.1f}; loss {summary.first_loss:.4f} -> {summary.final_loss:.4f}",
-        event="summary",
-        **summary.__dict__,
-    )
-    logger.close()  # the loss curve first: a failed publish ends the process
-    publishing.publish_final(config, summary, accelerator, logger)  # --policy.push_to_hub
-    accelerator.wait_for_everyone()
-    return summary
 
 
 def _record_effective_precision(config: TrainConfig) -> None:
