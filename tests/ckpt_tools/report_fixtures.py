@@ -102,7 +102,7 @@ def fsdp_checkpoint(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
         from helpers.launch import run_torchrun  # tests/ is on sys.path (tests/conftest.py)
 
         out = tmp_path_factory.mktemp("fsdp-run")
-        run_torchrun(_HERE / "report_fsdp_save.py", 2, str(out))
+        run_torchrun(_HERE.parent / "distributed" / "scripts" / "report_fsdp_save.py", 2, str(out))
         _FSDP_RUNS[key] = out / layout.step_dir_name(1)
     return _FSDP_RUNS[key]
 

@@ -88,7 +88,9 @@ def test_bf16_export_casts_floats_only(dcp_runs, tmp_path: Path) -> None:
     assert result.total_bytes == sum(t.numel() * t.element_size() for t in want.values())
 
 
-def test_sharded_output_follows_hub_index_conventions(dcp_runs, tmp_path: Path) -> None:
+def test_sharded_output_follows_hub_index_conventions(
+    dcp_runs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from huggingface_hub import load_torch_model
 
     source = dcp_runs(2) / "fsdp"
@@ -109,6 +111,7 @@ def test_sharded_output_follows_hub_index_conventions(dcp_runs, tmp_path: Path) 
 
     import importlib.util
 
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # the script imports its sibling clean_exit
     spec = importlib.util.spec_from_file_location("convert_make_dcp", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import sys
 
+import clean_exit
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from trainer.config.parallelism import ParallelismConfig
@@ -64,10 +64,7 @@ def main() -> None:
         reference = {"state": full, "names": names, "placements": placements}
         torch.save(reference, os.path.join(out, "reference.pt"))
     accelerator.wait_for_everyone()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # FSDP2 can abort at interpreter exit after all work succeeded
+    clean_exit.leave(barrier=False)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
+import clean_exit
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -105,11 +106,7 @@ def main() -> None:
     write_colshard(out, world)
     if world == 4:
         write_hsdp(out)
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # FSDP2 can abort at interpreter exit after all work succeeded
+    clean_exit.leave()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 
+import clean_exit
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -138,8 +139,4 @@ if __name__ == "__main__":
         SPY_DIR[:] = [f"{OUT}/{CASE}/{run}/spy"]
         train(parse_config(flags))
         reset_accelerate()
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    clean_exit.leave()

@@ -4,8 +4,8 @@ parallel wrappers, a deterministic training step, and the reference dump the tes
 from __future__ import annotations
 
 import os
-import sys
 
+import clean_exit
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -99,8 +99,4 @@ def seed_rng_for_save() -> None:
 
 def finish() -> None:
     """Tear down, then leave without interpreter teardown (FSDP2 can abort a rank at exit)."""
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    clean_exit.leave()

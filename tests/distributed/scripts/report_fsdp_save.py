@@ -7,9 +7,9 @@ Usage: torchrun --nproc-per-node=2 report_fsdp_save.py OUTPUT_DIR
 
 from __future__ import annotations
 
-import os
 import sys
 
+import clean_exit
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -45,10 +45,7 @@ def main(output_dir: str) -> None:
     ckpt_tools.save_checkpoint(
         output_dir, step, model=model, optimizer=optimizer, policy_config={"type": "mlp"}, train_config={}
     )
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # FSDP2 can abort at interpreter exit after all work succeeded
+    clean_exit.leave(barrier=False)
 
 
 if __name__ == "__main__":
