@@ -304,3 +304,27 @@ def test_cli_reports_a_refused_resume_in_one_line(saved, tmp_path, keep_rng, cle
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith(f"error: cannot resume from {out}/checkpoints/000003: ")
+
+
+def test_saved_layout_that_does_not_fit_the_new_world_keeps_its_kind(tmp_path):
+    """The cluster shrank and nobody retyped the layout: a sharded run stays sharded over every rank."""
+    saved = dcp_run_config(tmp_path)
+    config = parse_config(["--resume=true", f"--config_path={saved}"])
+    assert (config.parallelism.dp_replicate, config.parallelism.dp_shard) == (1, 2)
+    note = resume.settle_parallelism(config, world_size=4)
+    assert (config.parallelism.dp_replicate, config.parallelism.dp_shard) == (1, -1)
+    assert note.startswith("the saved --parallelism.dp_replicate=1 --parallelism.dp_shard=2 does not fit 4")
+    assert "this run is FSDP2 4" in note
+    single = parse_config(["--resume=true", f"--config_path={saved}"])
+    assert "this run is single process" in resume.settle_parallelism(single, world_size=1)
+
+
+def test_saved_layout_is_kept_when_it_fits_or_when_typed(tmp_path):
+    saved = dcp_run_config(tmp_path)
+    fits = parse_config(["--resume=true", f"--config_path={saved}"])
+    assert resume.settle_parallelism(fits, world_size=2) == ""
+    typed = parse_config(["--resume=true", f"--config_path={saved}", "--parallelism.dp_shard=3"])
+    assert resume.settle_parallelism(typed, world_size=4) == ""
+    assert typed.parallelism.dp_shard == 3  # resolve_topology then refuses it with every degree named
+    fresh = parse_config([f"--config_path={saved}"])
+    assert resume.settle_parallelism(fresh, world_size=4) == ""

@@ -68,6 +68,7 @@ class Run:
 
 def train(config: TrainConfig) -> RunSummary:
     """Collective: call on all ranks. Runs `config.steps` loop steps and returns the summary."""
+    layout_note = resume.settle_parallelism(config, launch_world_size())  # resumed on another world size
     topology = resolve_topology(config.parallelism, launch_world_size())
     format_note = resume.settle_checkpoint_format(config, topology)  # DCP resumed unsharded: safetensors
     publishing.check_publish_config(config)
@@ -84,8 +85,9 @@ def train(config: TrainConfig) -> RunSummary:
     )
     if resume_point.message:
         logger.note(resume_point.message, event="resume", step=run.start_step, changes=resume_point.changes)
-    if format_note:
-        logger.note(format_note)
+    for note in (layout_note, format_note):
+        if note:
+            logger.note(note)
     losses, last_checkpoint = _run_steps(run, logger)
     returns = evaluate(run.accelerator, run.model, run.preprocessor, run.postprocessor, config)
     summary = RunSummary(
