@@ -163,7 +163,16 @@ def test_wrap_plan_from_policy_flag_or_size() -> None:
     fsdp.wrap_modules = ["ACTEncoderLayer"]
     assert unit_roots(policy, resolve_wrap_plan(policy, fsdp)) == ["", "encoder.0", "encoder.1"]
     fsdp.wrap_modules, fsdp.min_num_params = None, 5000
-    assert resolve_wrap_plan(policy, fsdp) == WrapPlan(min_num_params=5000)
+    with pytest.raises(
+        WrapPlanError, match=r"would make 'encoder' \(ModuleList, \d+ parameters, no forward\)"
+    ):
+        resolve_wrap_plan(policy, fsdp)  # the blocks' list is above the threshold too: fully_shard refuses it
+    fsdp.min_num_params = 10**9
+    assert resolve_wrap_plan(policy, fsdp) == WrapPlan(min_num_params=10**9)
+    sized = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
+    fsdp.min_num_params = 1000
+    plan = resolve_wrap_plan(sized, fsdp)
+    assert unit_roots(sized, plan) == ["", "0"]
     fsdp.wrap_modules, fsdp.min_num_params = ["Nope"], None
     with pytest.raises(WrapPlanError, match=r"wrap module class\(es\) Nope not found in ACTPolicy"):
         resolve_wrap_plan(policy, fsdp)

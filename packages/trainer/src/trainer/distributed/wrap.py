@@ -33,6 +33,7 @@ class WrapPlan:
 def resolve_wrap_plan(policy: nn.Module, fsdp: FsdpConfig) -> WrapPlan:
     """The plan for a sharded run; a policy with neither a declaration nor a flag is refused."""
     if fsdp.min_num_params is not None:
+        _refuse_wrapped_containers(policy, fsdp.min_num_params)
         return WrapPlan(min_num_params=fsdp.min_num_params)
     names = tuple(fsdp.wrap_modules or getattr(policy, "_fsdp_wrap_modules", ()) or ())
     if not names:
@@ -49,6 +50,21 @@ def resolve_wrap_plan(policy: nn.Module, fsdp: FsdpConfig) -> WrapPlan:
             f"{', '.join(sorted(present))}): fix --accelerator.fsdp.wrap_modules"
         )
     return WrapPlan(class_names=names)
+
+
+def _refuse_wrapped_containers(policy: nn.Module, min_num_params: int) -> None:
+    """Size-based wrapping also selects containers (ModuleList, ModuleDict) above the threshold, and
+    `fully_shard` cannot shard a module without a forward: say so at start, not at prepare()."""
+    for name, module in policy.named_modules():
+        has_forward = type(module).forward is not nn.Module.forward
+        size = sum(p.numel() for p in module.parameters())
+        if name and not has_forward and size > min_num_params:
+            raise WrapPlanError(
+                f"--accelerator.fsdp.min_num_params={min_num_params} would make {name!r} "
+                f"({type(module).__name__}, {size} parameters, no forward) an FSDP unit, which fully_shard "
+                "cannot shard: choose units by class with --accelerator.fsdp.wrap_modules=[ClassName,...], "
+                f"or a threshold of at least {size}"
+            )
 
 
 def unit_roots(model: nn.Module, plan: WrapPlan) -> list[str]:
