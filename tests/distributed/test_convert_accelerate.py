@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,12 +16,11 @@ import torch
 from safetensors.torch import load_file
 
 from ckpt_tools import layout
-from helpers.launch import run_torchrun
+from helpers.launch import CKPT_CLI, run_torchrun
 
 pytestmark = pytest.mark.distributed
 
 SCRIPT = Path(__file__).parent / "scripts" / "convert_accelerate_save_state.py"
-CKPT = Path(sys.executable).with_name("ckpt")
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +32,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def ckpt(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([CKPT, *map(str, args)], capture_output=True, text=True, timeout=60)
+    return subprocess.run([CKPT_CLI, *map(str, args)], capture_output=True, text=True, timeout=60)
 
 
 def test_save_state_model_shards_convert_bit_exact(saved: Path, tmp_path: Path) -> None:

@@ -20,13 +20,12 @@ import torch
 from safetensors.torch import load_file
 
 from ckpt_tools import layout
-from helpers.launch import run_torchrun
+from helpers.launch import CKPT_CLI, run_torchrun
 from helpers.train_flags import tiny_args
 
 pytestmark = pytest.mark.distributed
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_observe_start.py"
-CKPT = Path(sys.executable).with_name("ckpt")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +40,7 @@ def started(tmp_path_factory: pytest.TempPathFactory) -> dict:
     model_dir = root / "from_dcp"
     shutil.copytree(published, model_dir)
     convert = subprocess.run(
-        [CKPT, "convert", model_dir, "--to", "dcp", "--json"], capture_output=True, text=True, timeout=120
+        [CKPT_CLI, "convert", model_dir, "--to", "dcp", "--json"], capture_output=True, text=True, timeout=120
     )
     assert convert.returncode == 0, convert.stderr
     (model_dir / layout.MODEL_SAFETENSORS).unlink()  # the run can only read the DCP shards

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,7 +30,7 @@ import torch
 import ckpt_tools
 from ckpt_tools import layout
 from ckpt_tools.loading import read_dcp_full, read_safetensors
-from helpers.launch import run_torchrun
+from helpers.launch import CKPT_CLI, run_torchrun
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -135,8 +134,7 @@ def resume_notes(out: Path) -> list[dict]:
 
 
 def ckpt_verify(path: Path) -> subprocess.CompletedProcess[str]:
-    ckpt = Path(sys.executable).with_name("ckpt")
-    return subprocess.run([str(ckpt), "verify", str(path)], capture_output=True, text=True, timeout=60)
+    return subprocess.run([str(CKPT_CLI), "verify", str(path)], capture_output=True, text=True, timeout=60)
 
 
 def optimizer_state(step: Path) -> dict[str, torch.Tensor]:

@@ -8,6 +8,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+# The installed `ckpt` command beside this interpreter, for tests that run the CLI as a user would.
+CKPT_CLI = Path(sys.executable).with_name("ckpt")
+
 
 def run_torchrun(
     script: str | os.PathLike[str],
