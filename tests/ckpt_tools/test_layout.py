@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ckpt_tools import layout, storage
+from ckpt_tools import layout, locate
 from ckpt_tools.errors import CheckpointNotFoundError, CorruptCheckpointError
 
 
@@ -38,30 +38,30 @@ def make_run(root):
 def test_resolve_accepts_every_entry_point(tmp_path):
     step = make_run(tmp_path)
     expected = (str(step), str(step / "pretrained_model"))
-    assert storage.resolve_model_dir(step) == expected
-    assert storage.resolve_model_dir(step / "pretrained_model") == expected
-    assert storage.resolve_model_dir(tmp_path) == expected
-    assert storage.resolve_model_dir(tmp_path / "checkpoints" / "last") == expected
+    assert locate.resolve_model_dir(step) == expected
+    assert locate.resolve_model_dir(step / "pretrained_model") == expected
+    assert locate.resolve_model_dir(tmp_path) == expected
+    assert locate.resolve_model_dir(tmp_path / "checkpoints" / "last") == expected
 
 
 def test_resolve_bare_model_dir(tmp_path):
-    assert storage.resolve_model_dir(tmp_path) == (None, str(tmp_path))
+    assert locate.resolve_model_dir(tmp_path) == (None, str(tmp_path))
 
 
 def test_resolve_missing_path(tmp_path):
     with pytest.raises(CheckpointNotFoundError, match="no such file"):
-        storage.resolve_model_dir(tmp_path / "nope")
+        locate.resolve_model_dir(tmp_path / "nope")
 
 
 def test_last_as_text_file_on_stores_without_links(tmp_path):
     step = tmp_path / "checkpoints" / "000010"
     (step / "pretrained_model").mkdir(parents=True)
     (tmp_path / "checkpoints" / "last").write_text("000010\n")
-    assert storage.resolve_model_dir(tmp_path)[0] == str(step)
+    assert locate.resolve_model_dir(tmp_path)[0] == str(step)
 
 
 def test_last_naming_garbage_is_corrupt(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last").write_text("../../etc\n")
     with pytest.raises(CorruptCheckpointError, match="not a step directory"):
-        storage.resolve_model_dir(tmp_path)
+        locate.resolve_model_dir(tmp_path)

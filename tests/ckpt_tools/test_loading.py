@@ -12,8 +12,9 @@ import torch
 from safetensors.torch import save_file
 
 import ckpt_tools
-from ckpt_tools import layout, state
+from ckpt_tools import layout
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, UnsafePickleError
+from ckpt_tools.processors import ProcessorState
 from helpers.tiny_run import make_run, save, train, training_step
 
 
@@ -24,7 +25,7 @@ def run_dir(tmp_path_factory):
     model, optimizer, scheduler = make_run()
     train(model, optimizer, scheduler, 1)
     processors = {
-        layout.POSTPROCESSOR: state.ProcessorState(
+        layout.POSTPROCESSOR: ProcessorState(
             {"name": "unnormalize"}, [{"std": torch.full((3,), 2.0)}, {}, {"idx": torch.arange(4)}]
         )
     }

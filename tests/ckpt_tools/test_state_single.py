@@ -12,8 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 import ckpt_tools
-from ckpt_tools import layout, state, storage
+from ckpt_tools import layout, optim_codec, rng, storage
+from ckpt_tools import save as save_module
 from ckpt_tools.errors import LegacyCheckpointError
+from ckpt_tools.processors import ProcessorState
 from helpers.tiny_run import (
     assert_same_optimizer_state,
     assert_same_tensors,
@@ -35,7 +37,7 @@ def trained():
 def test_save_writes_the_files_of_the_format(tmp_path, trained):
     model, optimizer, scheduler = trained
     processors = {
-        layout.PREPROCESSOR: state.ProcessorState({"steps": ["normalize"]}, [{"mean": torch.arange(3.0)}]),
+        layout.PREPROCESSOR: ProcessorState({"steps": ["normalize"]}, [{"mean": torch.arange(3.0)}]),
     }
     final = save(tmp_path / "checkpoints", 5, model, optimizer, scheduler, processors=processors)
 
@@ -84,7 +86,7 @@ def test_optimizer_safetensors_round_trips_a_state_dict(tmp_path, trained):
     model, optimizer, scheduler = trained
     save(tmp_path, 2, model, optimizer, scheduler)
     _, fresh_optimizer, _ = make_run()
-    osd = state.read_optimizer_safetensors(str(tmp_path / "000002" / "training_state"), fresh_optimizer)
+    osd = optim_codec.read_optimizer_safetensors(str(tmp_path / "000002" / "training_state"), fresh_optimizer)
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     expected = get_optimizer_state_dict(model, optimizer)
@@ -124,11 +126,11 @@ def test_dcp_formats_from_one_process(tmp_path, trained, checkpoint_format):
 def test_rng_state_restores_every_generator(tmp_path):
     storage.makedirs(tmp_path / "000001" / "training_state")
     (tmp_path / "000001" / "pretrained_model").mkdir()
-    state.save_rng_state(tmp_path / "000001", rank=0, world_size=1)
+    rng.save_rng_state(tmp_path / "000001", rank=0, world_size=1)
     expected = (random.random(), np.random.rand(), torch.rand(3))
 
     random.seed(9), np.random.seed(9), torch.manual_seed(9)
-    state.load_rng_state(tmp_path / "000001", rank=0, world_size=1)
+    rng.load_rng_state(tmp_path / "000001", rank=0, world_size=1)
 
     assert (random.random(), np.random.rand()) == expected[:2]
     assert torch.equal(torch.rand(3), expected[2])
@@ -137,10 +139,10 @@ def test_rng_state_restores_every_generator(tmp_path):
 def test_extra_ranks_get_distinct_reproducible_rng_streams(tmp_path):
     storage.makedirs(tmp_path / "000001" / "training_state")
     (tmp_path / "000001" / "pretrained_model").mkdir()
-    state.save_rng_state(tmp_path / "000001", rank=0, world_size=1)
+    rng.save_rng_state(tmp_path / "000001", rank=0, world_size=1)
 
     def draws(rank: int) -> tuple[float, float, torch.Tensor]:
-        state.load_rng_state(tmp_path / "000001", rank=rank, world_size=3)
+        rng.load_rng_state(tmp_path / "000001", rank=rank, world_size=3)
         return random.random(), np.random.rand(), torch.rand(2)
 
     rank0, rank1, rank1_again, rank2 = draws(0), draws(1), draws(1), draws(2)
@@ -156,7 +158,7 @@ def test_crash_mid_save_leaves_last_on_the_previous_step(tmp_path, trained, monk
     def crash(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(state, "_write_side_files", crash)
+    monkeypatch.setattr(save_module, "_write_side_files", crash)
     with pytest.raises(OSError, match="disk full"):
         save(tmp_path, 2, model, optimizer, scheduler)
     assert os.readlink(tmp_path / "last") == "000001"
@@ -214,5 +216,5 @@ def test_sharded_run_without_dcp_optimizer_is_refused_as_legacy(tmp_path, traine
 def test_unknown_processor_name_is_refused_before_writing(tmp_path, trained):
     model, optimizer, scheduler = trained
     with pytest.raises(ValueError, match="policy_preprocessor"):
-        save(tmp_path, 2, model, optimizer, scheduler, processors={"tokenizer": state.ProcessorState({}, [])})
+        save(tmp_path, 2, model, optimizer, scheduler, processors={"tokenizer": ProcessorState({}, [])})
     assert not tmp_path.joinpath(".tmp-000002").exists()

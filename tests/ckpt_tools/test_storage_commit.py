@@ -12,13 +12,20 @@ import torch
 from report_fixtures import run_ckpt, tiny_model_state, write_step_dir
 from safetensors.torch import load
 
-from ckpt_tools import storage
+from ckpt_tools import commit, locate, storage
 from ckpt_tools.errors import CorruptCheckpointError
 from ckpt_tools.verify import verify_checkpoint
 
 
+def commit_step(tmp: str, root: str | os.PathLike[str], step: int) -> str:
+    """Commit as a save does: a step `last` falls back to must verify."""
+    return commit.commit_step_dir(
+        tmp, root, step, is_complete=lambda step_dir: verify_checkpoint(step_dir).ok
+    )
+
+
 def write_step(root, step: int, marker: str) -> str:
-    tmp = storage.begin_step_dir(root, step)
+    tmp = commit.begin_step_dir(root, step)
     storage.write_text(f"{tmp}/pretrained_model/marker.txt", marker)
     return tmp
 
@@ -26,54 +33,54 @@ def write_step(root, step: int, marker: str) -> str:
 def test_step_is_invisible_until_committed(tmp_path):
     tmp = write_step(tmp_path, 5000, "a")
     assert os.path.basename(tmp) == ".tmp-005000"
-    assert storage.latest_step_dir(tmp_path) is None
+    assert commit.latest_step_dir(tmp_path) is None
     assert not (tmp_path / "005000").exists()
 
-    final = storage.commit_step_dir(tmp, tmp_path, 5000)
+    final = commit_step(tmp, tmp_path, 5000)
 
     assert final == f"{tmp_path}/005000"
     assert os.readlink(tmp_path / "last") == "005000"  # relative, so the run directory can move
-    assert storage.latest_step_dir(tmp_path) == final
+    assert commit.latest_step_dir(tmp_path) == final
     assert sorted(os.listdir(tmp_path)) == ["005000", "last"]
 
 
 def test_last_moves_only_forward_to_committed_steps(tmp_path):
-    storage.commit_step_dir(write_step(tmp_path, 1, "a"), tmp_path, 1)
+    commit_step(write_step(tmp_path, 1, "a"), tmp_path, 1)
     write_step(tmp_path, 2, "b")  # a save that never completes
-    assert storage.read_last(tmp_path) == f"{tmp_path}/000001"
-    storage.commit_step_dir(write_step(tmp_path, 2, "c"), tmp_path, 2)
-    assert storage.read_last(tmp_path) == f"{tmp_path}/000002"
+    assert commit.read_last(tmp_path) == f"{tmp_path}/000001"
+    commit_step(write_step(tmp_path, 2, "c"), tmp_path, 2)
+    assert commit.read_last(tmp_path) == f"{tmp_path}/000002"
     assert (tmp_path / "last" / "pretrained_model" / "marker.txt").read_text() == "c"
 
 
 def test_begin_clears_a_crashed_save_of_the_same_step(tmp_path):
     tmp = write_step(tmp_path, 3, "partial")
     storage.write_text(f"{tmp}/pretrained_model/stale.bin", "x")
-    tmp = storage.begin_step_dir(tmp_path, 3)
+    tmp = commit.begin_step_dir(tmp_path, 3)
     assert os.listdir(tmp) == []
 
 
 def test_committing_an_existing_step_replaces_it(tmp_path):
-    storage.commit_step_dir(write_step(tmp_path, 4, "old"), tmp_path, 4)
-    storage.commit_step_dir(write_step(tmp_path, 4, "new"), tmp_path, 4)
+    commit_step(write_step(tmp_path, 4, "old"), tmp_path, 4)
+    commit_step(write_step(tmp_path, 4, "new"), tmp_path, 4)
     assert sorted(os.listdir(tmp_path)) == ["000004", "last"]
     assert (tmp_path / "000004" / "pretrained_model" / "marker.txt").read_text() == "new"
 
 
 def test_output_dir_and_file_url_find_the_last_step(tmp_path):
     checkpoints = tmp_path / "checkpoints"
-    storage.commit_step_dir(write_step(checkpoints, 10, "a"), checkpoints, 10)
-    assert storage.latest_step_dir(tmp_path) == f"{checkpoints}/000010"
-    assert storage.read_last(f"file://{checkpoints}") == f"file://{checkpoints}/000010"
-    assert storage.resolve_model_dir(checkpoints / "last")[0] == f"{checkpoints}/000010"
+    commit_step(write_step(checkpoints, 10, "a"), checkpoints, 10)
+    assert commit.latest_step_dir(tmp_path) == f"{checkpoints}/000010"
+    assert commit.read_last(f"file://{checkpoints}") == f"file://{checkpoints}/000010"
+    assert locate.resolve_model_dir(checkpoints / "last")[0] == f"{checkpoints}/000010"
 
 
 def test_memory_store_uses_a_text_pointer():
     root = "memory://storage-commit/checkpoints"
-    assert storage.latest_step_dir(root) is None
-    storage.commit_step_dir(write_step(root, 8, "a"), root, 8)
+    assert commit.latest_step_dir(root) is None
+    commit_step(write_step(root, 8, "a"), root, 8)
     assert storage.read_text(f"{root}/last") == "000008\n"
-    assert storage.latest_step_dir("memory://storage-commit") == f"{root}/000008"
+    assert commit.latest_step_dir("memory://storage-commit") == f"{root}/000008"
     assert storage.read_text(f"{root}/000008/pretrained_model/marker.txt") == "a"
     assert not storage.exists(f"{root}/.tmp-000008")
     storage.remove_tree("memory://storage-commit")
@@ -82,12 +89,12 @@ def test_memory_store_uses_a_text_pointer():
 def test_a_last_naming_something_else_is_corrupt(tmp_path):
     (tmp_path / "last").write_text("../../etc\n")
     with pytest.raises(CorruptCheckpointError, match="not a step directory"):
-        storage.read_last(tmp_path)
+        commit.read_last(tmp_path)
 
 
 def test_point_last_refuses_a_non_step_name(tmp_path):
     with pytest.raises(ValueError, match="not a step directory name"):
-        storage.point_last(tmp_path, ".tmp-000001")
+        commit.point_last(tmp_path, ".tmp-000001")
 
 
 # --- replacing a step: `last` names a complete step at every moment --------------------------------
@@ -104,20 +111,20 @@ def _crash_at(monkeypatch: pytest.MonkeyPatch, when: int) -> None:
     count = [0]
     for name in _MUTATIONS:
 
-        def mutation(*args, _real=getattr(storage, name), **kwargs):  # type: ignore[no-untyped-def]
+        def mutation(*args, _real=getattr(commit, name), **kwargs):  # type: ignore[no-untyped-def]
             count[0] += 1
             if count[0] == when:
                 raise _Crash
             return _real(*args, **kwargs)
 
-        monkeypatch.setattr(storage, name, mutation)
+        monkeypatch.setattr(commit, name, mutation)
 
 
 def _stage(root: str | Path, step: int, seed: int) -> str:
     """A complete step written as `.tmp-<step>` under `root` (local or `memory://`), ready to commit."""
     scratch = Path(tempfile.mkdtemp())
     staged = write_step_dir(scratch, step=step, state=tiny_model_state(seed))
-    tmp = storage.begin_step_dir(root, step)
+    tmp = commit.begin_step_dir(root, step)
     fs, inner = storage.resolve(tmp)
     fs.rm(inner, recursive=True)
     fs.put(str(staged), inner, recursive=True)
@@ -127,9 +134,9 @@ def _stage(root: str | Path, step: int, seed: int) -> str:
 
 def _last_state(root: str | Path) -> dict[str, torch.Tensor] | None:
     """The weights of the step `last` names, after checking that step verifies; None without `last`."""
-    if not storage.has_last(root):
+    if not commit.has_last(root):
         return None
-    step_dir = storage.read_last(root)
+    step_dir = commit.read_last(root)
     report = verify_checkpoint(step_dir)
     assert report.ok, report.problems
     return load(storage.read_bytes(f"{step_dir}/pretrained_model/model.safetensors"))
@@ -155,19 +162,19 @@ def test_a_crash_while_replacing_the_last_step_leaves_last_complete(
         base = f"memory://{tmp_path.name}-{when}" if store == "memory" else str(tmp_path / f"crash-{when}")
         root = f"{base}/checkpoints"
         if earlier_step:
-            storage.commit_step_dir(_stage(root, 3, seed=3), root, 3)
-        storage.commit_step_dir(_stage(root, 6, seed=6), root, 6)
+            commit_step(_stage(root, 3, seed=3), root, 3)
+        commit_step(_stage(root, 6, seed=6), root, 6)
         tmp = _stage(root, 6, seed=60)
         _crash_at(monkeypatch, when)
         try:
-            storage.commit_step_dir(tmp, root, 6)
+            commit_step(tmp, root, 6)
             finished = True
         except _Crash:
             finished = False
         monkeypatch.undo()
         seen.add(_seed_of(_last_state(root)))
         # the run restarts and saves step 6 again: that save completes and cleans up after the crash
-        storage.commit_step_dir(_stage(root, 6, seed=60), root, 6)
+        commit_step(_stage(root, 6, seed=60), root, 6)
         assert _seed_of(_last_state(root)) == 60
         assert storage.list_names(root) == (["000003"] if earlier_step else []) + ["000006", "last"]
         storage.remove_tree(base)
@@ -180,24 +187,24 @@ def test_a_crash_while_replacing_the_last_step_leaves_last_complete(
 
 def test_replacing_a_step_that_last_does_not_name_keeps_last_until_the_end(tmp_path: Path) -> None:
     root = tmp_path / "checkpoints"
-    storage.commit_step_dir(_stage(root, 3, seed=3), root, 3)
-    storage.commit_step_dir(_stage(root, 6, seed=6), root, 6)
-    storage.commit_step_dir(_stage(root, 3, seed=60), root, 3)  # resumed from 2, say
+    commit_step(_stage(root, 3, seed=3), root, 3)
+    commit_step(_stage(root, 6, seed=6), root, 6)
+    commit_step(_stage(root, 3, seed=60), root, 3)  # resumed from 2, say
     assert os.readlink(root / "last") == "000003"
     assert torch.equal(_last_state(root)["encoder.weight"], tiny_model_state(60)["encoder.weight"])
 
 
 def test_step_back_skips_an_incomplete_step(tmp_path: Path) -> None:
     root = tmp_path / "checkpoints"
-    storage.commit_step_dir(_stage(root, 3, seed=3), root, 3)
-    storage.commit_step_dir(_stage(root, 4, seed=4), root, 4)
-    storage.commit_step_dir(_stage(root, 6, seed=6), root, 6)
+    commit_step(_stage(root, 3, seed=3), root, 3)
+    commit_step(_stage(root, 4, seed=4), root, 4)
+    commit_step(_stage(root, 6, seed=6), root, 6)
     (root / "000004" / "training_state" / "rng_state.safetensors").unlink()  # damaged by hand
     tmp = _stage(root, 6, seed=60)
     with pytest.MonkeyPatch.context() as patch:
         _crash_at(patch, 3)  # after `last` stepped back and the old step 6 was set aside
         with pytest.raises(_Crash):
-            storage.commit_step_dir(tmp, root, 6)
+            commit_step(tmp, root, 6)
     assert os.readlink(root / "last") == "000003"
 
 
@@ -208,7 +215,7 @@ def test_step_back_skips_an_incomplete_step(tmp_path: Path) -> None:
 def run_dir(tmp_path: Path) -> Path:
     """An output_dir with one complete step, and a complete step of another run next to it."""
     root = tmp_path / "run" / "checkpoints"
-    storage.commit_step_dir(_stage(root, 5, seed=3), root, 5)
+    commit_step(_stage(root, 5, seed=3), root, 5)
     other = tmp_path / "other"
     write_step_dir(other, step=5, state=tiny_model_state(6))
     (root / ".tmp-000007").mkdir()
@@ -230,9 +237,9 @@ def test_readers_refuse_a_last_leading_elsewhere(run_dir: Path, target: str, fra
     last.symlink_to(target)
     for path in (run_dir, run_dir / "checkpoints", last, last / "pretrained_model"):
         with pytest.raises(CorruptCheckpointError, match=fragment):
-            storage.resolve_model_dir(path)
+            locate.resolve_model_dir(path)
     with pytest.raises(CorruptCheckpointError, match=fragment):
-        storage.latest_step_dir(run_dir)
+        commit.latest_step_dir(run_dir)
     result = run_ckpt("verify", last / "pretrained_model")
     assert result.exit_code == 1 and fragment in " ".join(result.output.split())
 
@@ -241,8 +248,8 @@ def test_a_hand_made_absolute_link_inside_the_directory_is_followed(run_dir: Pat
     checkpoints = run_dir / "checkpoints"
     (checkpoints / "last").unlink()
     (checkpoints / "last").symlink_to(checkpoints / "000005")
-    assert storage.latest_step_dir(run_dir) == f"{checkpoints}/000005"
-    assert storage.resolve_model_dir(checkpoints / "last" / "pretrained_model") == (
+    assert commit.latest_step_dir(run_dir) == f"{checkpoints}/000005"
+    assert locate.resolve_model_dir(checkpoints / "last" / "pretrained_model") == (
         f"{checkpoints}/000005",
         f"{checkpoints}/000005/pretrained_model",
     )
@@ -253,7 +260,7 @@ def test_a_text_pointer_to_a_tmp_directory_is_refused() -> None:
     storage.makedirs(f"{root}/.tmp-000004")
     storage.write_text(f"{root}/last", ".tmp-000004\n")
     with pytest.raises(CorruptCheckpointError, match="not a step directory"):
-        storage.latest_step_dir(root)
+        commit.latest_step_dir(root)
     storage.remove_tree("memory://storage-commit-tmp")
 
 
@@ -263,4 +270,4 @@ def test_a_directory_link_named_last_elsewhere_in_a_path_is_no_pointer(tmp_path:
     (tmp_path / "mnt").mkdir()
     (tmp_path / "mnt" / "last").symlink_to(disk)
     via_mount = tmp_path / "mnt" / "last" / "run" / "checkpoints" / step_dir.name
-    assert storage.resolve_model_dir(via_mount) == (str(via_mount), f"{via_mount}/pretrained_model")
+    assert locate.resolve_model_dir(via_mount) == (str(via_mount), f"{via_mount}/pretrained_model")

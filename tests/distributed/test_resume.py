@@ -29,7 +29,7 @@ import torch
 
 import ckpt_tools
 from ckpt_tools import layout
-from ckpt_tools.loading import read_dcp_full, read_safetensors
+from ckpt_tools.tensor_io import read_dcp_full, read_safetensors
 from helpers.launch import CKPT_CLI, run_torchrun
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]

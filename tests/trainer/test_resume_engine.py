@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ckpt_tools import Topology
-from ckpt_tools.loading import read_safetensors
+from ckpt_tools.tensor_io import read_safetensors
 from trainer import checkpointing, resume
 from trainer.config.parse import encode_config, parse_config
 from trainer.data.dataset import load_dataset

@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 
-import ckpt_tools.state as state
+import ckpt_tools.save as save
 import trainer.loop as loop
 from ckpt_tools import layout
 from trainer.cli import main
@@ -34,14 +34,14 @@ def _die() -> None:
 
 
 def slow_save(seconds: float) -> None:
-    write_side_files = state._write_side_files
+    write_side_files = save._write_side_files
 
     def slow(*args, **kwargs):
         print(f"hook: rank {RANK} writes the side files {seconds} s late", flush=True)
         time.sleep(seconds)
         return write_side_files(*args, **kwargs)
 
-    state._write_side_files = slow
+    save._write_side_files = slow
 
 
 def kill_in_training(rank: int, calls: int) -> None:
@@ -60,7 +60,7 @@ def kill_in_training(rank: int, calls: int) -> None:
 
 
 def kill_in_save(rank: int, step: int) -> None:
-    save_rng_state = state.save_rng_state
+    save_rng_state = save.save_rng_state
     tmp_name = layout.TMP_PREFIX + layout.step_dir_name(step)
 
     def save_rng(step_dir, *args, **kwargs):
@@ -69,7 +69,7 @@ def kill_in_save(rank: int, step: int) -> None:
             _die()
         return save_rng_state(step_dir, *args, **kwargs)
 
-    state.save_rng_state = save_rng
+    save.save_rng_state = save_rng
 
 
 HOOKS = {

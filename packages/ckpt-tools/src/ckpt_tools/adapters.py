@@ -16,8 +16,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch import nn
 
+from ckpt_tools import layout, storage
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.loading import load_model_state_dict
+from ckpt_tools.locate import resolve_model_dir
 
 PEFT_PREFIX = "base_model.model."
 ADAPTER_NAME = "default"  # the adapter peft creates when none is named; dropped from saved keys
@@ -42,6 +46,11 @@ def peft_key(name: str, adapter_name: str = ADAPTER_NAME) -> str:
             continue
         out.append(part)
     return ".".join(out)
+
+
+def adapter_keys(model: nn.Module) -> dict[str, str]:
+    """Trainable parameter name -> the key its tensor has in an adapter file (peft's naming)."""
+    return {name: peft_key(name) for name, param in model.named_parameters() if param.requires_grad}
 
 
 def merge_lora(
@@ -129,23 +138,14 @@ def merge_adapter_dir(
 ) -> dict[str, torch.Tensor]:
     """Load a base model and an adapter checkpoint (any format ckpt-tools reads, the adapter's DCP
     shards included), return merged weights: what an evaluation pipeline loads into a plain policy."""
-    import json
-
-    from ckpt_tools import layout, storage
-    from ckpt_tools.loading import load_model_state_dict
-
-    _, adapter_dir = storage.resolve_model_dir(adapter_path)
-    config = json.loads(storage.read_text(layout.join(adapter_dir, layout.ADAPTER_CONFIG)))
+    _, adapter_dir = resolve_model_dir(adapter_path)
+    config = storage.read_json_object(layout.join(adapter_dir, layout.ADAPTER_CONFIG))
     adapter = load_model_state_dict(adapter_dir)
     return merge_lora(load_model_state_dict(base_path), adapter, config)
 
 
 def base_model_path(adapter_path: str | os.PathLike[str]) -> str | None:
     """The base model an adapter was trained on, as recorded in its `adapter_config.json`."""
-    import json
-
-    from ckpt_tools import layout, storage
-
-    _, adapter_dir = storage.resolve_model_dir(adapter_path)
-    config = json.loads(storage.read_text(layout.join(adapter_dir, layout.ADAPTER_CONFIG)))
+    _, adapter_dir = resolve_model_dir(adapter_path)
+    config = storage.read_json_object(layout.join(adapter_dir, layout.ADAPTER_CONFIG))
     return config.get("base_model_name_or_path") or None

@@ -18,10 +18,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
-from ckpt_tools import layout, storage
+from ckpt_tools import layout, locate, storage
 from ckpt_tools.dcp_index import ChunkEntry, TensorEntry, locate_chunk_data, model_tensors, read_dcp_index
 from ckpt_tools.dtypes import FLOATING, ITEMSIZE, SAFETENSORS_TO_TORCH, USER_DTYPES
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, OutputExistsError
+from ckpt_tools.inspect import read_weight_map
+from ckpt_tools.safetensors_io import read_safetensors_header
 from ckpt_tools.safetensors_writer import COPY_BLOCK, SafetensorsStreamWriter, TensorSpec, aligned_order
 
 Progress = Callable[[int, int], None]
@@ -129,7 +131,7 @@ def _find_dcp_source(path: str | os.PathLike[str]) -> tuple[str, str]:
     if storage.exists(layout.join(text, layout.DCP_METADATA)):
         source = text if "://" in text else storage.resolve(text)[1]
     else:
-        _, model_dir = storage.resolve_model_dir(text)
+        _, model_dir = locate.resolve_model_dir(text)
         candidates = [layout.join(model_dir, name) for name in (layout.ADAPTER_DCP_DIR, layout.MODEL_DCP_DIR)]
         found = [c for c in candidates if storage.exists(layout.join(c, layout.DCP_METADATA))]
         if not found:
@@ -255,8 +257,6 @@ def _write_shards(
 
 def _check_written(path: str, specs: Sequence[TensorSpec]) -> None:
     """Re-read the header just written: names, dtypes, shapes and byte counts as planned."""
-    from ckpt_tools.safetensors_io import read_safetensors_header
-
     header = read_safetensors_header(path)
     got = {name: (i.dtype, i.shape, i.nbytes) for name, i in header.tensors.items()}
     want = {s.name: (s.dtype, s.shape, s.nbytes) for s in specs}
@@ -452,7 +452,7 @@ def convert_safetensors_to_dcp(
     """
     import torch.distributed.checkpoint as dcp
 
-    from ckpt_tools.state import quiet_single_process
+    from ckpt_tools.tensor_io import quiet_single_process  # here, not at the top: it imports torch
 
     files, default_out = _find_safetensors_source(path)
     out = os.fspath(output).rstrip("/") if output is not None else default_out
@@ -477,14 +477,12 @@ def convert_safetensors_to_dcp(
 
 def _find_safetensors_source(path: str | os.PathLike[str]) -> tuple[list[str], str]:
     """(safetensors files to read, default DCP output directory)."""
-    from ckpt_tools.inspect import read_weight_map
-
     text = os.fspath(path).rstrip("/")
     if text.endswith(".safetensors"):
         model_dir, name = text.rsplit("/", 1) if "/" in text else (".", text)
         dcp_name = layout.ADAPTER_DCP_DIR if name == layout.ADAPTER_SAFETENSORS else layout.MODEL_DCP_DIR
         return [text], layout.join(model_dir, dcp_name)
-    _, model_dir = storage.resolve_model_dir(text)
+    _, model_dir = locate.resolve_model_dir(text)
     index = layout.join(model_dir, layout.MODEL_INDEX)
     if storage.exists(index):
         shards = sorted(set(read_weight_map(index).values()))
@@ -507,8 +505,6 @@ def _mapped_tensors(files: list[str]) -> Iterator[dict[str, Any]]:
     import mmap
 
     import torch
-
-    from ckpt_tools.safetensors_io import read_safetensors_header
 
     state: dict[str, Any] = {}
     try:

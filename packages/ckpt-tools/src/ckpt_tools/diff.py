@@ -232,7 +232,7 @@ def _load_dcp_key(dcp_dir: str, key: str, shape: tuple[int, ...], dtype: str) ->
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from ckpt_tools.state import dcp_reader
+    from ckpt_tools.tensor_io import dcp_reader  # here, not at the top: it imports torch
 
     target = torch.empty(shape, dtype=getattr(torch, SAFETENSORS_TO_TORCH[dtype]))
     with warnings.catch_warnings():

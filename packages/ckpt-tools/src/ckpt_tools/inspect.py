@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckpt_tools import layout, storage
+from ckpt_tools import layout, locate, storage
 from ckpt_tools.dcp_index import DcpIndex, model_tensors, read_dcp_index
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError
 from ckpt_tools.meta import TrainingStep
@@ -133,8 +133,8 @@ def describe_checkpoint(path: str | os.PathLike[str]) -> CheckpointDescription:
     if fs.isdir(inner) and fs.exists(f"{inner}/{layout.DCP_METADATA}"):
         role = OPTIMIZER if inner.rsplit("/", 1)[-1] == layout.OPTIMIZER_DCP_DIR else MODEL
         return CheckpointDescription(text, text, None, None, (dcp_group(role, text),))
-    step_dir, model_dir = storage.resolve_model_dir(text)
-    step = storage.read_training_step(step_dir) if step_dir and _has_training_step(step_dir) else None
+    step_dir, model_dir = locate.resolve_model_dir(text)
+    step = locate.read_training_step(step_dir) if step_dir and _has_training_step(step_dir) else None
     groups = tuple(read_group(location) for location in locate_groups(model_dir, step_dir))
     if not groups and step is None:
         raise NotACheckpointError(

@@ -7,7 +7,6 @@ process group needed. Paths go through fsspec, so `memory://` and `file://` URLs
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -15,11 +14,12 @@ from typing import Any
 import torch
 
 from ckpt_tools import layout, storage
-from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError
+from ckpt_tools.errors import NotACheckpointError
+from ckpt_tools.locate import read_training_step, resolve_model_dir
 from ckpt_tools.meta import TrainingStep
-from ckpt_tools.state import ProcessorState, dcp_reader, quiet_single_process
+from ckpt_tools.tensor_io import read_dcp_full, read_safetensors, read_safetensors_model
 
-__all__ = ["Checkpoint", "load_model_state_dict", "load_processors", "open_checkpoint"]
+__all__ = ["Checkpoint", "load_model_state_dict", "open_checkpoint"]
 
 # Names of the weight formats `Checkpoint.formats` reports, in this order.
 SAFETENSORS = "safetensors"  # model.safetensors, or model-0000k-of-0000n.safetensors + index
@@ -44,13 +44,13 @@ class Checkpoint:
             raise NotACheckpointError(
                 f"{self.model_dir} is a model directory without training_state/; open a step directory"
             )
-        return storage.read_training_step(self.step_dir)
+        return read_training_step(self.step_dir)
 
     def policy_config(self) -> dict[str, Any]:
-        return _read_json_object(layout.join(self.model_dir, layout.POLICY_CONFIG))
+        return storage.read_json_object(layout.join(self.model_dir, layout.POLICY_CONFIG))
 
     def train_config(self) -> dict[str, Any]:
-        return _read_json_object(layout.join(self.model_dir, layout.TRAIN_CONFIG))
+        return storage.read_json_object(layout.join(self.model_dir, layout.TRAIN_CONFIG))
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
@@ -59,7 +59,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     Raises `CheckpointNotFoundError` for a missing path and `NotACheckpointError` when the directory
     holds no weights in any format.
     """
-    step_dir, model_dir = storage.resolve_model_dir(path)
+    step_dir, model_dir = resolve_model_dir(path)
     formats = _formats(model_dir)
     if not formats:
         raise NotACheckpointError(
@@ -107,97 +107,3 @@ def load_model_state_dict(
     if dtype is not None:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
     return tensors
-
-
-def load_processors(path: str | os.PathLike[str]) -> dict[str, ProcessorState]:
-    """The policy's pre/post-processors saved with the checkpoint, by name (absent ones left out)."""
-    _, model_dir = storage.resolve_model_dir(path)
-    found = {}
-    for name in (layout.PREPROCESSOR, layout.POSTPROCESSOR):
-        config_path = layout.join(model_dir, layout.processor_config_name(name))
-        if not storage.exists(config_path):
-            continue
-        steps: list[dict[str, torch.Tensor]] = []
-        while storage.exists(
-            step_path := layout.join(model_dir, layout.processor_step_name(name, len(steps)))
-        ):
-            steps.append(read_safetensors(step_path)[0])
-        found[name] = ProcessorState(config=_read_json_object(config_path), step_tensors=steps)
-    return found
-
-
-def read_safetensors(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors and header metadata of one safetensors file, local or through fsspec."""
-    from safetensors import SafetensorError, safe_open
-    from safetensors.torch import load
-
-    from ckpt_tools.safetensors_io import read_safetensors_header
-
-    fs, inner = storage.resolve(path)
-    try:
-        if storage.is_local(fs) and fs.exists(inner):
-            with safe_open(inner, framework="pt") as handle:
-                tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
-                return tensors, handle.metadata() or {}
-        header = read_safetensors_header(path)  # validates, and names the file when it is damaged
-        return load(storage.read_bytes(path)), header.metadata
-    except SafetensorError as exc:
-        raise CorruptCheckpointError(f"{path}: {exc}; the file is damaged, re-copy or re-save it") from exc
-
-
-def read_safetensors_model(model_dir: str) -> dict[str, torch.Tensor]:
-    """`model.safetensors`, or every shard named by `model.safetensors.index.json`."""
-    single = layout.join(model_dir, layout.MODEL_SAFETENSORS)
-    if storage.exists(single):
-        return read_safetensors(single)[0]
-    index_path = layout.join(model_dir, layout.MODEL_INDEX)
-    weight_map = _read_json_object(index_path).get("weight_map")
-    if not isinstance(weight_map, dict):
-        raise CorruptCheckpointError(f"{index_path} has no weight_map object; re-run `ckpt convert`")
-    tensors: dict[str, torch.Tensor] = {}
-    for shard in sorted(set(weight_map.values())):
-        tensors.update(read_safetensors(layout.join(model_dir, shard))[0])
-    missing = sorted(set(weight_map) - set(tensors))
-    if missing:
-        raise CorruptCheckpointError(
-            f"{index_path} names {len(missing)} tensors missing from its shards (first: {missing[0]}); "
-            "re-run `ckpt convert`"
-        )
-    return tensors
-
-
-def validate_dcp_metadata(dcp_dir: str) -> Any:
-    """Read a DCP directory's `.metadata` with the restricted unpickler before torch unpickles it,
-    so a crafted checkpoint is refused (UnsafePickleError) instead of running code."""
-    from ckpt_tools.safe_pickle import restricted_loads
-
-    path = layout.join(dcp_dir, layout.DCP_METADATA)
-    return restricted_loads(storage.read_bytes(path), what=path)
-
-
-def read_dcp_full(dcp_dir: str) -> dict[str, torch.Tensor]:
-    """Every tensor of a DCP directory as one full CPU tensor, in this process alone."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    validate_dcp_metadata(dcp_dir)
-    reader = dcp_reader(dcp_dir)
-    metadata = reader.read_metadata()
-    state: dict[str, Any] = {
-        key: torch.empty(entry.size, dtype=entry.properties.dtype)
-        for key, entry in metadata.state_dict_metadata.items()
-        if isinstance(entry, TensorStorageMetadata)
-    }
-    with quiet_single_process():
-        dcp.load(state, storage_reader=dcp_reader(dcp_dir), no_dist=True)
-    return state
-
-
-def _read_json_object(path: str) -> dict[str, Any]:
-    try:
-        data = json.loads(storage.read_text(path))
-    except json.JSONDecodeError as exc:
-        raise CorruptCheckpointError(f"{path} is not valid JSON ({exc}); the file is damaged") from exc
-    if not isinstance(data, dict):
-        raise CorruptCheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ckpt_tools import layout, storage
+from ckpt_tools import layout, locate, storage
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, PublishError
 from ckpt_tools.model_card import gather_card_info, render_model_card
 
@@ -95,7 +95,7 @@ def publish_model(
     A model card is generated unless the directory has its own `README.md`. Not collective: the trainer
     calls it from the main rank behind its own barrier.
     """
-    step_dir, model_dir = storage.resolve_model_dir(path)
+    step_dir, model_dir = locate.resolve_model_dir(path)
     names = select_publish_files(model_dir)
     uploads: dict[str, str | bytes] = {name: layout.join(model_dir, name) for name in names}
     if layout.MODEL_CARD not in uploads:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ckpt_tools import layout, storage
+from ckpt_tools import commit, layout, locate, storage
 from ckpt_tools.dcp_index import ChunkEntry, DcpIndex, TensorEntry, dcp_file_problems, read_dcp_index
 from ckpt_tools.errors import CheckpointError, CorruptCheckpointError, NotACheckpointError
 from ckpt_tools.inspect import (
@@ -95,7 +95,7 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> VerifyReport:
     text = os.fspath(path)
     findings = _Findings()
     try:
-        target = storage.follow_last(text)
+        target = commit.follow_last(text)
     except CorruptCheckpointError as exc:  # `last` leads nowhere a reader may go: that is the finding
         return VerifyReport(text, (), (_one_line(exc),))
     if target != text.rstrip("/"):
@@ -104,7 +104,7 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> VerifyReport:
     if fs.isfile(inner) and target.endswith(".safetensors"):
         findings.run(f"{target}: safetensors header", read_safetensors_header, target)
         return VerifyReport(text, tuple(findings.checked), tuple(findings.problems))
-    step_dir, model_dir = storage.resolve_model_dir(target)
+    step_dir, model_dir = locate.resolve_model_dir(target)
     state_dir = layout.join(step_dir, layout.TRAINING_STATE_DIR) if step_dir else None
     has_state = state_dir is not None and storage.exists(state_dir)
     locations = locate_groups(model_dir, step_dir)
@@ -135,7 +135,7 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> VerifyReport:
 def _verify_training_state(findings: _Findings, step_dir: str, state_dir: str) -> TrainingStep | None:
     step = None
     if _require(findings, layout.join(state_dir, layout.TRAINING_STEP), "the step directory is incomplete"):
-        step = findings.run(layout.TRAINING_STEP, storage.read_training_step, step_dir)
+        step = findings.run(layout.TRAINING_STEP, locate.read_training_step, step_dir)
     rng = layout.join(state_dir, layout.RNG_STATE)
     if storage.exists(rng):
         findings.run(layout.RNG_STATE, read_safetensors_header, rng)

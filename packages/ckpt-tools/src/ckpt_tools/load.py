@@ -1,0 +1,161 @@
+"""Collective load of a run's state into a prepared model, optimizer, scheduler and scaler (phase 2
+of a resume, docs/resume.md)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from ckpt_tools import layout, storage
+from ckpt_tools.adapters import adapter_keys
+from ckpt_tools.collective import Group, is_sharded
+from ckpt_tools.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    LegacyCheckpointError,
+    NotACheckpointError,
+)
+from ckpt_tools.locate import read_training_step, resolve_model_dir
+from ckpt_tools.meta import TrainingStep
+from ckpt_tools.optim_codec import read_optimizer_safetensors, restore_tuples
+from ckpt_tools.tensor_io import (
+    dcp_load,
+    dcp_reader,
+    read_safetensors,
+    read_safetensors_model,
+    validate_dcp_metadata,
+)
+
+
+def load_training_state(
+    step_dir: str | os.PathLike[str],
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    scaler: Any = None,
+    process_group: dist.ProcessGroup | None = None,
+) -> None:
+    """Collective: call on all ranks after the model and optimizer are prepared (phase 2 of a resume).
+
+    Loads whatever format the step holds into the current topology. DCP shards are resharded by torch
+    (N -> M ranks, FSDP2 <-> HSDP, sharded -> DDP/plain). Safetensors weights and a non-sharded run's
+    `optimizer_state.safetensors` are full state dicts: every rank reads them and keeps its own shard.
+    A sharded run's checkpoint without `optimizer_0/` (an older release's gathered optimizer) is
+    refused with `LegacyCheckpointError`. `step_dir` may also be `last` or an output_dir.
+    """
+    group = Group(process_group)
+    step, model_dir = resolve_model_dir(step_dir)
+    if step is None:
+        raise NotACheckpointError(f"{os.fspath(step_dir)} has no training_state/; pass a step directory")
+    saved = read_training_step(step)
+    state_dir = layout.join(step, layout.TRAINING_STATE_DIR)
+    _load_model(model_dir, model, group)
+    if optimizer is not None:
+        _load_optimizer(state_dir, saved, model, optimizer, group)
+    if scheduler is not None:
+        scheduler.load_state_dict(storage.read_json(layout.join(state_dir, layout.SCHEDULER_STATE)))
+    if scaler is not None and storage.exists(layout.join(state_dir, layout.SCALER_STATE)):
+        scaler.load_state_dict(storage.read_json(layout.join(state_dir, layout.SCALER_STATE)))
+
+
+def _load_model(model_dir: str, model: nn.Module, group: Group) -> None:
+    if storage.exists(layout.join(model_dir, layout.ADAPTER_CONFIG)):
+        _load_adapter(model_dir, model, group)
+        return
+    dcp_dir = layout.join(model_dir, layout.MODEL_DCP_DIR)
+    has_dcp = storage.exists(layout.join(dcp_dir, layout.DCP_METADATA))
+    has_full = storage.exists(layout.join(model_dir, layout.MODEL_SAFETENSORS)) or storage.exists(
+        layout.join(model_dir, layout.MODEL_INDEX)
+    )
+    sharded = is_sharded(model)
+    if has_dcp and (sharded or not has_full):
+        state = get_model_state_dict(model)
+        dcp_load(state, dcp_dir, group.pg, group.distributed)
+        set_model_state_dict(model, state)
+    elif has_full:
+        full: dict[str, Any] = read_safetensors_model(model_dir)
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=sharded))
+    else:
+        raise NotACheckpointError(
+            f"{model_dir} holds no model weights ({layout.MODEL_SAFETENSORS}, {layout.MODEL_INDEX} or "
+            f"{layout.MODEL_DCP_DIR}/); the checkpoint is incomplete"
+        )
+
+
+def _load_adapter(model_dir: str, model: nn.Module, group: Group) -> None:
+    """Load a PEFT checkpoint's adapter into the model's trainable parameters (the base stays as built)."""
+    keys = adapter_keys(model)
+    dcp_dir = layout.join(model_dir, layout.ADAPTER_DCP_DIR)
+    has_dcp = storage.exists(layout.join(dcp_dir, layout.DCP_METADATA))
+    has_file = storage.exists(layout.join(model_dir, layout.ADAPTER_SAFETENSORS))
+    sharded = is_sharded(model)
+    state: dict[str, Any]
+    if has_dcp and (sharded or not has_file):
+        validate_dcp_metadata(dcp_dir)
+        saved = set(dcp_reader(dcp_dir).read_metadata().state_dict_metadata)
+        _check_adapter_keys(model_dir, saved, keys)
+        local = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=True))
+        state = {keys[name]: local[name] for name in keys}
+        dcp_load(state, dcp_dir, group.pg, group.distributed)
+        full_state = False
+    elif has_file:
+        state, _ = read_safetensors(layout.join(model_dir, layout.ADAPTER_SAFETENSORS))
+        _check_adapter_keys(model_dir, set(state), keys)
+        full_state = sharded
+    else:
+        raise NotACheckpointError(
+            f"{model_dir} has {layout.ADAPTER_CONFIG} but no adapter weights ({layout.ADAPTER_SAFETENSORS} or "
+            f"{layout.ADAPTER_DCP_DIR}/); the checkpoint is incomplete"
+        )
+    options = StateDictOptions(full_state_dict=full_state, strict=False)
+    set_model_state_dict(model, {name: state[key] for name, key in keys.items()}, options=options)
+
+
+def _check_adapter_keys(model_dir: str, saved: set[str], keys: dict[str, str]) -> None:
+    """The adapter must hold exactly the model's trainable tensors, so none is silently left as built."""
+    wanted = set(keys.values())
+    if saved != wanted:
+        first = sorted(wanted - saved) or sorted(saved - wanted)
+        raise CheckpointError(
+            f"{model_dir}: the adapter holds {len(saved)} tensors, this model trains {len(wanted)} "
+            f"({first[0]} is in only one of them); build the model with the --peft settings the "
+            "adapter was trained with"
+        )
+
+
+def _load_optimizer(
+    state_dir: str, saved: TrainingStep, model: nn.Module, optimizer: torch.optim.Optimizer, group: Group
+) -> None:
+    dcp_dir = layout.join(state_dir, layout.OPTIMIZER_DCP_DIR)
+    if storage.exists(layout.join(dcp_dir, layout.DCP_METADATA)):
+        osd = get_optimizer_state_dict(model, optimizer)
+        dcp_load(osd, dcp_dir, group.pg, group.distributed)
+        set_optimizer_state_dict(model, optimizer, osd)
+        return
+    if saved.topology.is_sharded:
+        raise LegacyCheckpointError(
+            f"{state_dir} is from a sharded run but has no {layout.OPTIMIZER_DCP_DIR}/ (an older release's "
+            "gathered optimizer state): it cannot be resumed; start a new run from its weights (--policy.path)"
+        )
+    if not storage.exists(layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS)):
+        raise CorruptCheckpointError(
+            f"{state_dir} has neither {layout.OPTIMIZER_DCP_DIR}/ nor {layout.OPTIMIZER_SAFETENSORS}; "
+            "the checkpoint is incomplete: resume from an earlier step"
+        )
+    osd = read_optimizer_safetensors(state_dir, optimizer)
+    before = [dict(group) for group in optimizer.param_groups]
+    options = StateDictOptions(full_state_dict=is_sharded(model))
+    set_optimizer_state_dict(model, optimizer, osd, options=options)
+    restore_tuples(optimizer.param_groups, before)  # torch's full-state path flattens tuples to lists

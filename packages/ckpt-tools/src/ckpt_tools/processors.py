@@ -1,0 +1,62 @@
+"""The policy's pre/post-processors saved beside the weights: a JSON config and one tensor file per
+processor step (`<name>.json`, `<name>_step_<i>.safetensors`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ckpt_tools import layout, storage
+from ckpt_tools.locate import resolve_model_dir
+from ckpt_tools.tensor_io import read_safetensors, write_safetensors
+
+
+@dataclass
+class ProcessorState:
+    """A pre/post-processor of the policy: its JSON config and one tensor dict per processor step.
+
+    Saved as `<name>.json` plus `<name>_step_<i>.safetensors` for every step, an empty file included,
+    so step indices stay dense. Names are `layout.PREPROCESSOR` and `layout.POSTPROCESSOR`.
+    """
+
+    config: dict[str, Any]
+    step_tensors: list[dict[str, torch.Tensor]]
+
+
+def check_processors(processors: Mapping[str, ProcessorState] | None) -> None:
+    """Refuse an unknown processor name before the first byte is written."""
+    for name in processors or {}:
+        if name not in (layout.PREPROCESSOR, layout.POSTPROCESSOR):
+            raise ValueError(
+                f"processor {name!r} is not one of {layout.PREPROCESSOR!r}, {layout.POSTPROCESSOR!r}; "
+                "use the names in ckpt_tools.layout"
+            )
+
+
+def write_processors(model_dir: str, processors: Mapping[str, ProcessorState] | None) -> None:
+    """Write every processor's config and step files into `model_dir` (main rank only)."""
+    for name, processor in (processors or {}).items():
+        storage.write_json(layout.join(model_dir, layout.processor_config_name(name)), processor.config)
+        for index, tensors in enumerate(processor.step_tensors):
+            write_safetensors(layout.join(model_dir, layout.processor_step_name(name, index)), tensors)
+
+
+def load_processors(path: str | os.PathLike[str]) -> dict[str, ProcessorState]:
+    """The policy's pre/post-processors saved with the checkpoint, by name (absent ones left out)."""
+    _, model_dir = resolve_model_dir(path)
+    found = {}
+    for name in (layout.PREPROCESSOR, layout.POSTPROCESSOR):
+        config_path = layout.join(model_dir, layout.processor_config_name(name))
+        if not storage.exists(config_path):
+            continue
+        steps: list[dict[str, torch.Tensor]] = []
+        while storage.exists(
+            step_path := layout.join(model_dir, layout.processor_step_name(name, len(steps)))
+        ):
+            steps.append(read_safetensors(step_path)[0])
+        found[name] = ProcessorState(config=storage.read_json_object(config_path), step_tensors=steps)
+    return found

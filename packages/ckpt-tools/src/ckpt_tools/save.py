@@ -1,0 +1,168 @@
+"""Collective save of a run's state: model (or PEFT adapter), optimizer, RNG, scheduler, scaler,
+processors, configs.
+
+One code path serves a plain model, DDP and FSDP2/HSDP: `torch.distributed.checkpoint.state_dict`
+returns state dicts keyed by parameter names (no `module.` prefix, no optimizer parameter ids)
+whatever the wrapping, with DTensors on a sharded model. Full tensors are gathered where the format
+wants one file (only the main rank of the group writes it); DCP directories are written by every rank.
+
+A step is written under `checkpoints/.tmp-<step>/` and committed when complete (`commit.py`), with
+`verify_checkpoint` as the completeness check of the step `last` falls back to. docs/format.md is the
+spec of every file written here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+)
+
+from ckpt_tools import commit, layout, storage
+from ckpt_tools.adapters import adapter_keys
+from ckpt_tools.collective import Group, is_sharded
+from ckpt_tools.meta import TrainingStep
+from ckpt_tools.optim_codec import write_optimizer_safetensors
+from ckpt_tools.processors import ProcessorState, check_processors, write_processors
+from ckpt_tools.rng import save_rng_state
+from ckpt_tools.tensor_io import dcp_save, write_safetensors
+from ckpt_tools.verify import verify_checkpoint
+
+_FULL_ON_MAIN = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def save_checkpoint(
+    checkpoints_dir: str | os.PathLike[str],
+    training_step: TrainingStep,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    policy_config: dict[str, Any],
+    train_config: dict[str, Any],
+    processors: Mapping[str, ProcessorState] | None = None,
+    scheduler: Any = None,
+    scaler: Any = None,
+    process_group: dist.ProcessGroup | None = None,
+    adapter_config: Mapping[str, Any] | None = None,
+) -> str:
+    """Collective: call on all ranks. Write `<checkpoints_dir>/<step:06d>/` and move `last` to it.
+
+    `model` is the prepared model (plain, DDP-wrapped, or FSDP2/HSDP-sharded). The weights go out in
+    `training_step.checkpoint_format`: `safetensors` gathers the full (fp32 master) weights into
+    `model.safetensors`, `dcp` writes `pytorch_model_fsdp_0/` from every rank, `safetensors_dcp` both.
+    The optimizer is DCP (`optimizer_0/`) on a sharded model, else `optimizer_state.safetensors` +
+    `optimizer_param_groups.json`. `processors` keys are `layout.PREPROCESSOR` / `layout.POSTPROCESSOR`.
+    Every rank's RNG state is gathered into `rng_state.safetensors`. Returns the final step directory.
+
+    A PEFT run passes `adapter_config` (peft's config as JSON, `base_model_name_or_path` included): the
+    weights saved are then only the trainable ones, under peft's key names (`peft_key`), as
+    `adapter_model.safetensors` and/or `adapter_model_fsdp_0/` by the same format rule, beside
+    `adapter_config.json`; the frozen base is not written.
+    """
+    group = Group(process_group)
+    check_processors(processors)
+    root = os.fspath(checkpoints_dir).rstrip("/")
+    tmp = commit.tmp_step_dir(root, training_step.step)
+    if group.is_main:
+        commit.begin_step_dir(root, training_step.step)
+        storage.makedirs(layout.join(tmp, layout.PRETRAINED_MODEL_DIR))
+        storage.makedirs(layout.join(tmp, layout.TRAINING_STATE_DIR))
+    group.barrier()
+    model_dir = layout.join(tmp, layout.PRETRAINED_MODEL_DIR)
+    if adapter_config is None:
+        _save_model(model_dir, model, training_step.checkpoint_format, group)
+    else:
+        _save_adapter(model_dir, model, training_step.checkpoint_format, group)
+    _save_optimizer(layout.join(tmp, layout.TRAINING_STATE_DIR), model, optimizer, group)
+    save_rng_state(tmp, group.rank, group.world_size, process_group=process_group)
+    if group.is_main:
+        _write_side_files(
+            tmp, training_step, policy_config, train_config, processors, scheduler, scaler, adapter_config
+        )
+    group.barrier()  # every rank's shards are on disk before the directory becomes visible
+    final = layout.join(root, layout.step_dir_name(training_step.step))
+    if group.is_main:
+        commit.commit_step_dir(tmp, root, training_step.step, is_complete=_verifies)
+    group.barrier()  # nobody returns (and maybe reads `last`) before the commit
+    return final
+
+
+def _verifies(step_dir: str) -> bool:
+    """The completeness check of a step `last` may fall back to: it verifies."""
+    return verify_checkpoint(step_dir).ok
+
+
+def _save_model(model_dir: str, model: nn.Module, checkpoint_format: str, group: Group) -> None:
+    if checkpoint_format in ("safetensors", "safetensors_dcp"):
+        full: dict[str, Any] = get_model_state_dict(model, options=_FULL_ON_MAIN)  # collective gather
+        if group.is_main:
+            write_safetensors(layout.join(model_dir, layout.MODEL_SAFETENSORS), full, {"format": "pt"})
+    if checkpoint_format in ("dcp", "safetensors_dcp"):
+        dcp_save(
+            get_model_state_dict(model),
+            layout.join(model_dir, layout.MODEL_DCP_DIR),
+            group.pg,
+            group.distributed,
+        )
+
+
+def _save_adapter(model_dir: str, model: nn.Module, checkpoint_format: str, group: Group) -> None:
+    keys = adapter_keys(model)
+    if not keys:
+        raise ValueError("adapter_config was given but the model has no trainable parameters to save")
+    if checkpoint_format in ("safetensors", "safetensors_dcp"):
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+        full: dict[str, Any] = get_model_state_dict(model, options=options)  # collective: trainable part
+        if group.is_main:
+            adapter = {keys[name]: full[name] for name in keys}
+            write_safetensors(layout.join(model_dir, layout.ADAPTER_SAFETENSORS), adapter, {"format": "pt"})
+    if checkpoint_format in ("dcp", "safetensors_dcp"):
+        sharded = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=True))
+        dcp_save(
+            {keys[name]: sharded[name] for name in keys},
+            layout.join(model_dir, layout.ADAPTER_DCP_DIR),
+            group.pg,
+            group.distributed,
+        )
+
+
+def _save_optimizer(state_dir: str, model: nn.Module, optimizer: torch.optim.Optimizer, group: Group) -> None:
+    if is_sharded(model):
+        osd = get_optimizer_state_dict(model, optimizer)
+        dcp_save(osd, layout.join(state_dir, layout.OPTIMIZER_DCP_DIR), group.pg, group.distributed)
+        return
+    osd = get_optimizer_state_dict(model, optimizer, options=_FULL_ON_MAIN)
+    if group.is_main:
+        write_optimizer_safetensors(state_dir, osd)
+
+
+def _write_side_files(
+    step_dir: str,
+    training_step: TrainingStep,
+    policy_config: dict[str, Any],
+    train_config: dict[str, Any],
+    processors: Mapping[str, ProcessorState] | None,
+    scheduler: Any,
+    scaler: Any,
+    adapter_config: Mapping[str, Any] | None = None,
+) -> None:
+    model_dir = layout.join(step_dir, layout.PRETRAINED_MODEL_DIR)
+    state_dir = layout.join(step_dir, layout.TRAINING_STATE_DIR)
+    storage.write_json(layout.join(model_dir, layout.POLICY_CONFIG), policy_config)
+    if adapter_config is not None:
+        storage.write_json(layout.join(model_dir, layout.ADAPTER_CONFIG), dict(adapter_config))
+    storage.write_json(layout.join(model_dir, layout.TRAIN_CONFIG), train_config)
+    write_processors(model_dir, processors)
+    storage.write_text(layout.join(state_dir, layout.TRAINING_STEP), training_step.to_json())
+    if scheduler is not None:
+        storage.write_json(layout.join(state_dir, layout.SCHEDULER_STATE), scheduler.state_dict())
+    if scaler is not None and scaler.state_dict():  # a disabled GradScaler has no state
+        storage.write_json(layout.join(state_dir, layout.SCALER_STATE), scaler.state_dict())

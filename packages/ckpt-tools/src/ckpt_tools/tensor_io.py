@@ -1,0 +1,146 @@
+"""Torch tensor I/O: whole safetensors files and DCP directories, local or through fsspec.
+
+The one module where checkpoint tensors become torch tensors and back; saving, loading, conversion
+and diff all read and write through it. DCP metadata goes through the restricted unpickler before
+torch unpickles it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from ckpt_tools import layout, storage
+from ckpt_tools.errors import CorruptCheckpointError
+from ckpt_tools.safe_pickle import restricted_loads
+from ckpt_tools.safetensors_io import read_safetensors_header
+
+
+def write_safetensors(
+    path: str, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
+    """Write one safetensors file (local path or fsspec URL). Tensors sharing memory (tied weights)
+    are copied, since the format stores each tensor on its own."""
+    from safetensors.torch import save, save_file
+
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in tensors.items():
+        tensor = tensor.detach().cpu().contiguous()
+        ptr = tensor.untyped_storage().data_ptr()
+        out[key] = tensor.clone() if ptr in seen and tensor.numel() else tensor
+        seen.add(ptr)
+    fs, inner = storage.resolve(path)
+    if storage.is_local(fs):
+        save_file(out, inner, metadata=metadata)
+    else:
+        storage.write_bytes(path, save(out, metadata=metadata))
+
+
+def read_safetensors(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and header metadata of one safetensors file, local or through fsspec."""
+    from safetensors import SafetensorError, safe_open
+    from safetensors.torch import load
+
+    fs, inner = storage.resolve(path)
+    try:
+        if storage.is_local(fs) and fs.exists(inner):
+            with safe_open(inner, framework="pt") as handle:
+                tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
+                return tensors, handle.metadata() or {}
+        header = read_safetensors_header(path)  # validates, and names the file when it is damaged
+        return load(storage.read_bytes(path)), header.metadata
+    except SafetensorError as exc:
+        raise CorruptCheckpointError(f"{path}: {exc}; the file is damaged, re-copy or re-save it") from exc
+
+
+def read_safetensors_model(model_dir: str) -> dict[str, torch.Tensor]:
+    """`model.safetensors`, or every shard named by `model.safetensors.index.json`."""
+    single = layout.join(model_dir, layout.MODEL_SAFETENSORS)
+    if storage.exists(single):
+        return read_safetensors(single)[0]
+    index_path = layout.join(model_dir, layout.MODEL_INDEX)
+    weight_map = storage.read_json_object(index_path).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise CorruptCheckpointError(f"{index_path} has no weight_map object; re-run `ckpt convert`")
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        tensors.update(read_safetensors(layout.join(model_dir, shard))[0])
+    missing = sorted(set(weight_map) - set(tensors))
+    if missing:
+        raise CorruptCheckpointError(
+            f"{index_path} names {len(missing)} tensors missing from its shards (first: {missing[0]}); "
+            "re-run `ckpt convert`"
+        )
+    return tensors
+
+
+@contextlib.contextmanager
+def quiet_single_process() -> Iterator[None]:
+    """Silence DCP's warning that it runs without a process group: in one process that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninit")
+        yield
+
+
+def dcp_writer(path: str) -> dcp.StorageWriter:
+    """A DCP writer for a local directory or an fsspec URL."""
+    if "://" in path:
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # not re-exported
+
+        return FsspecWriter(path)
+    return dcp.FileSystemWriter(path)
+
+
+def dcp_reader(path: str) -> dcp.StorageReader:
+    """A DCP reader for a local directory or an fsspec URL."""
+    if "://" in path:
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader  # not re-exported
+
+        return FsspecReader(path)
+    return dcp.FileSystemReader(path)
+
+
+def dcp_save(state_dict: dict[str, Any], path: str, process_group: Any, distributed: bool) -> None:
+    """Collective when `distributed`: every rank writes its shards of `state_dict` into `path`."""
+    with quiet_single_process():
+        dcp.save(
+            state_dict, storage_writer=dcp_writer(path), process_group=process_group, no_dist=not distributed
+        )
+
+
+def dcp_load(state_dict: dict[str, Any], path: str, process_group: Any, distributed: bool) -> None:
+    """Collective when `distributed`: fill `state_dict` in place from a DCP directory, resharding onto
+    its tensors. The metadata is checked by the restricted unpickler first."""
+    validate_dcp_metadata(path)
+    with quiet_single_process():
+        dcp.load(
+            state_dict, storage_reader=dcp_reader(path), process_group=process_group, no_dist=not distributed
+        )
+
+
+def validate_dcp_metadata(dcp_dir: str) -> Any:
+    """Read a DCP directory's `.metadata` with the restricted unpickler before torch unpickles it,
+    so a crafted checkpoint is refused (UnsafePickleError) instead of running code."""
+    path = layout.join(dcp_dir, layout.DCP_METADATA)
+    return restricted_loads(storage.read_bytes(path), what=path)
+
+
+def read_dcp_full(dcp_dir: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a DCP directory as one full CPU tensor, in this process alone."""
+    validate_dcp_metadata(dcp_dir)
+    metadata = dcp_reader(dcp_dir).read_metadata()
+    state: dict[str, Any] = {
+        key: torch.empty(entry.size, dtype=entry.properties.dtype)
+        for key, entry in metadata.state_dict_metadata.items()
+        if isinstance(entry, TensorStorageMetadata)
+    }
+    with quiet_single_process():
+        dcp.load(state, storage_reader=dcp_reader(dcp_dir), no_dist=True)
+    return state
