@@ -20,17 +20,17 @@ _EXPORTS: dict[str, str] = {
     "TrainingStep": "ckpt_tools.meta",
     "Topology": "ckpt_tools.meta",
     "SamplerPosition": "ckpt_tools.meta",
-    "ProcessorState": "ckpt_tools.state",
-    "save_checkpoint": "ckpt_tools.state",
-    "load_training_state": "ckpt_tools.state",
-    "save_rng_state": "ckpt_tools.state",
-    "load_rng_state": "ckpt_tools.state",
-    "read_training_step": "ckpt_tools.storage",
-    "latest_step_dir": "ckpt_tools.storage",
+    "ProcessorState": "ckpt_tools.processors",
+    "save_checkpoint": "ckpt_tools.save",
+    "load_training_state": "ckpt_tools.load",
+    "save_rng_state": "ckpt_tools.rng",
+    "load_rng_state": "ckpt_tools.rng",
+    "read_training_step": "ckpt_tools.locate",
+    "latest_step_dir": "ckpt_tools.commit",
     "Checkpoint": "ckpt_tools.loading",
     "open_checkpoint": "ckpt_tools.loading",
     "load_model_state_dict": "ckpt_tools.loading",
-    "load_processors": "ckpt_tools.loading",
+    "load_processors": "ckpt_tools.processors",
     "RunShape": "ckpt_tools.resume",
     "ResumePlan": "ckpt_tools.resume",
     "plan_resume": "ckpt_tools.resume",
@@ -51,10 +51,15 @@ _EXPORTS: dict[str, str] = {
     "verify_checkpoint": "ckpt_tools.verify",
 }
 
-__all__ = sorted(_EXPORTS)
+# public modules: `layout` holds every directory and file name of the format (torch-free constants)
+_MODULES = ("layout",)
+
+__all__ = sorted([*_EXPORTS, *_MODULES])
 
 
 def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return importlib.import_module(f"ckpt_tools.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'ckpt_tools' has no attribute {name!r}")

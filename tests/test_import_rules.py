@@ -1,0 +1,181 @@
+"""The layering rules of the two packages, read from their source with `ast` (nothing is imported):
+
+- inside each package, imports flow one way: no module reaches itself again through its imports,
+  counting every import statement, those inside functions included;
+- ckpt_tools never imports accelerate, peft or trainer;
+- the trainer uses only the names `ckpt_tools/__init__.py` exports (`import ckpt_tools` then
+  `ckpt_tools.<name>`, or `from ckpt_tools import <name>`), never a ckpt_tools submodule directly.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import ckpt_tools
+
+PACKAGES = Path(__file__).resolve().parents[1] / "packages"
+SOURCES = {
+    "ckpt_tools": PACKAGES / "ckpt-tools" / "src",
+    "trainer": PACKAGES / "trainer" / "src",
+}
+
+
+def _modules(package: str) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of `package` (packages' __init__ included)."""
+    root = SOURCES[package]
+    found = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _imports(module: str, path: Path) -> Iterator[tuple[ast.stmt, list[str]]]:
+    """Every import statement of a module (at any depth) and the dotted names it imports: for
+    `from a.b import c` both `a.b.c` and `a.b`, since `c` may be a module or a name in `a.b`."""
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield node, [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                here = module.split(".") if is_package else module.split(".")[:-1]
+                anchor = here[: len(here) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            yield node, [f"{base}.{alias.name}" for alias in node.names] + [base]
+
+
+def _edges(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports. `from pkg import name` counts as an edge
+    to `pkg.name` when that is a module, else to `pkg`; a package's `__init__` is left out as a target
+    when the name is a module of it (the lazy export table is not layering)."""
+    modules = _modules(package)
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node, targets in _imports(name, path):
+            if isinstance(node, ast.ImportFrom):
+                names = targets[:-1]
+                dotted = [t for t in names if t in modules]
+                if len(dotted) < len(names):
+                    dotted.append(targets[-1])
+            else:
+                dotted = targets
+            edges[name].update(t for t in dotted if t in modules and t != name and t != package)
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_cycle_finder_sees_a_cycle_through_a_function_level_import(tmp_path: Path) -> None:
+    """The rule can fail: two modules importing each other, one of them inside a function."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg import b\n")
+    (package / "b.py").write_text("def f():\n    from pkg.a import g\n")
+    (package / "c.py").write_text("from pkg import a\n")
+    SOURCES["pkg"] = tmp_path
+    try:
+        assert _cycles(_edges("pkg")) == [["pkg.a", "pkg.b"]]
+    finally:
+        del SOURCES["pkg"]
+
+
+@pytest.mark.parametrize("package", ["ckpt_tools", "trainer"])
+def test_imports_flow_one_way(package: str) -> None:
+    cycles = _cycles(_edges(package))
+    assert not cycles, f"import cycles in {package}: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_ckpt_tools_never_imports_the_trainer_side() -> None:
+    forbidden = ("accelerate", "peft", "trainer")
+    offenders = [
+        f"{module}: {target}"
+        for module, path in _modules("ckpt_tools").items()
+        for _, targets in _imports(module, path)
+        for target in targets
+        if target.split(".")[0] in forbidden
+    ]
+    assert not offenders
+
+
+def _trainer_uses_of_ckpt_tools() -> Iterator[tuple[str, str]]:
+    """(trainer module, what it takes from ckpt_tools): a name, or a dotted submodule path."""
+    for module, path in _modules("trainer").items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        bound = set()  # names the module binds to the ckpt_tools package itself
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name == "ckpt_tools":
+                        bound.add(alias.asname or "ckpt_tools")
+                    elif alias.name.startswith("ckpt_tools."):
+                        yield module, alias.name
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "ckpt_tools":
+                if node.module != "ckpt_tools":
+                    yield module, node.module or ""
+                else:
+                    for alias in node.names:
+                        yield module, alias.name
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in bound
+            ):
+                yield module, node.attr
+
+
+def test_trainer_uses_only_names_ckpt_tools_exports() -> None:
+    uses = list(_trainer_uses_of_ckpt_tools())
+    assert len(uses) > 10  # the walk does see the trainer's uses
+    outside = sorted({f"{module}: {name}" for module, name in uses if name not in ckpt_tools.__all__})
+    assert not outside, "the trainer uses ckpt_tools names that __init__ does not export: " + ", ".join(
+        outside
+    )
