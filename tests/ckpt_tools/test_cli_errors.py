@@ -142,7 +142,32 @@ def test_diff_fails_with_one_line(tmp_path: Path, case: str) -> None:
     save_file(tiny_model_state(), str(good))
     broken = build(tmp_path / "broken")
     assert_one_line_error(run_ckpt("diff", good, broken), fragment)
-    assert_one_line_error(run_ckpt("diff", broken, good, "--json"), fragment)
+    assert_json_error(run_ckpt("diff", broken, good, "--json"), fragment)
+
+
+def assert_json_error(result, fragment: str, exit_code: int = 1) -> str:  # type: ignore[no-untyped-def]
+    """--json mode: the error is a JSON document on stdout, with the exit code of the text mode."""
+    assert result.exit_code == exit_code, (result.stdout, result.stderr)
+    assert result.stderr == ""
+    error = json.loads(result.stdout)["error"]
+    assert fragment in error and "\n" not in error
+    return error
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "convert", "push", "merge-adapter"])
+def test_json_mode_errors_are_json(tmp_path: Path, command: str) -> None:
+    args = {
+        "push": [tmp_path / "missing", "user/repo"],
+        "merge-adapter": [tmp_path / "missing", "-o", tmp_path],
+    }
+    result = run_ckpt(command, *args.get(command, [tmp_path / "missing"]), "--json")
+    assert_json_error(result, "missing")
+
+
+def test_json_mode_bad_option_value_is_json_with_exit_2(tmp_path: Path) -> None:
+    step_dir = write_step_dir(tmp_path, "safetensors")
+    assert_json_error(run_ckpt("convert", step_dir, "--to", "zip", "--json"), "--to 'zip'", exit_code=2)
+    assert run_ckpt("convert", step_dir, "--to", "zip").exit_code == 2  # typer's usage box, as before
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -197,9 +222,8 @@ def test_subprocess_missing_path_and_refused_pickle(tmp_path: Path) -> None:
     target = tmp_path / "created-by-pickle"
     step_dir = _malicious_metadata(tmp_path / "ckpt", _RunsShell(target))
     result = _ckpt_subprocess("inspect", step_dir, "--json")
-    assert result.returncode == 1 and result.stdout == ""
-    assert "posix.system" in result.stderr and "Traceback" not in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.returncode == 1 and result.stderr == ""
+    assert "posix.system" in json.loads(result.stdout)["error"] and "Traceback" not in result.stdout
     assert not target.exists()
 
 

@@ -60,6 +60,23 @@ def test_to_dcp_and_back(step_dir: Path, tmp_path: Path) -> None:
     assert all(torch.equal(got[k], v) for k, v in TENSORS.items())
 
 
+def test_long_dtype_names_and_underscore_spellings(step_dir: Path, tmp_path: Path) -> None:
+    """bfloat16 as --policy.dtype spells it, and LeRobot's --delete_dcp / --max_shard_size."""
+    out = tmp_path / "bf16"
+    result = run_ckpt(
+        "convert", step_dir, "--dtype", "bfloat16", "--max_shard_size", "1GB", "--output", out, "--json"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert {t.dtype for t in load_file(out / layout.MODEL_SAFETENSORS).values() if t.is_floating_point()} == {
+        torch.bfloat16
+    }
+    model_dir = step_dir / layout.PRETRAINED_MODEL_DIR
+    assert run_ckpt("convert", step_dir, "--delete_dcp", "--overwrite").exit_code == 0
+    assert not (model_dir / layout.MODEL_DCP_DIR).exists()
+    result = run_ckpt("convert", step_dir, "--to", "dcp", "--push_to_hub", "user/model", "--json")
+    assert result.exit_code == 2 and "apply to DCP -> safetensors" in json.loads(result.stdout)["error"]
+
+
 def test_bad_flags_are_usage_errors(step_dir: Path) -> None:
     assert run_ckpt("convert", step_dir, "--max-shard-size", "lots").exit_code == 2
     assert run_ckpt("convert", step_dir, "--dtype", "int3").exit_code == 2
@@ -78,7 +95,9 @@ def test_bad_inputs_fail_with_one_line(step_dir: Path, tmp_path: Path) -> None:
     dcp_dir = step_dir / layout.PRETRAINED_MODEL_DIR / layout.MODEL_DCP_DIR
     assert "no such file" in _one_line_failure("convert", tmp_path / "missing")
     (tmp_path / "empty").mkdir()
-    assert "no DCP shards" in _one_line_failure("convert", tmp_path / "empty", "--json")
+    result = run_ckpt("convert", tmp_path / "empty", "--json")
+    assert (result.exit_code, result.stderr) == (1, "")
+    assert "no DCP shards" in json.loads(result.stdout)["error"]
     shard = next(p for p in dcp_dir.iterdir() if p.suffix == ".distcp")
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])

@@ -129,3 +129,14 @@ def test_cli_exit_codes_and_json(tmp_path: Path) -> None:
     assert data["differs"] is True and data["only_b"] == ["extra"]
     assert {t["name"]: t["status"] for t in data["tensors"]}["head.weight"] == DTYPE_CHANGED
     assert run_ckpt("diff", a, b, "--atol", "-1").exit_code == 2  # typer refuses a negative tolerance
+
+
+def test_piped_output_never_truncates_names(tmp_path: Path) -> None:
+    """Scripts grep the piped table: a name longer than any terminal stays whole on its row."""
+    name = "base_model.model.encoder.layers.0.self_attention.in_projection.lora_B.default.weight" * 2
+    save_file({name: torch.zeros(3, 4)}, str(tmp_path / "a.safetensors"))
+    save_file({name: torch.ones(3, 4)}, str(tmp_path / "b.safetensors"))
+    result = run_ckpt("diff", tmp_path / "a.safetensors", tmp_path / "b.safetensors")
+    assert result.exit_code == 0
+    row = next(line for line in result.stdout.splitlines() if "different" in line)
+    assert name in row and "…" not in result.stdout

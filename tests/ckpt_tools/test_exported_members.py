@@ -51,6 +51,7 @@ PUBLIC = {
     "ConversionResult",
     "convert_dcp_to_safetensors",
     "convert_safetensors_to_dcp",
+    "dtype_name",
     "PublishResult",
     "publish_model",
     "select_publish_files",

@@ -115,20 +115,24 @@ def test_empty_directory_is_not_a_checkpoint(tmp_path: Path) -> None:
         describe_checkpoint(tmp_path)
 
 
-def test_cli_table_and_summary(fsdp_step: Path) -> None:
+def test_cli_summary_by_default(fsdp_step: Path) -> None:
     result = run_ckpt("inspect", fsdp_step)
     assert result.exit_code == 0, result.stderr
     out = result.stdout
-    for text in (
-        "FSDP2 2",
-        "2 x 2 x 1 = 4",
-        "safetensors_dcp",
-        "safetensors, dcp, optimizer dcp",
-        "0.weight",
-        "(7, 4)",
-    ):
+    for text in ("FSDP2 2", "2 x 2 x 1 = 4", "safetensors_dcp", "safetensors, dcp, optimizer dcp"):
         assert text in out, text
-    assert "112 B" in out and "total: 4 tensors" in out
+    # per-module totals (the tiny Sequential's modules "0" and "2"), no tensor rows
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if "│" in line]
+    assert cells == [["0", "2", "35", "140 B"], ["2", "2", "24", "96 B"], ["total", "4", "59", "236 B"]]
+    assert "0.weight" not in out and "(7, 4)" not in out
+    assert result.stderr.strip() == "every tensor: ckpt inspect --tensors"
+
+
+def test_cli_tensors_lists_every_tensor(fsdp_step: Path) -> None:
+    result = run_ckpt("inspect", fsdp_step, "--tensors")
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert "0.weight" in out and "(7, 4)" in out and "112 B" in out and "total: 4 tensors" in out
     assert result.stderr == ""
 
 

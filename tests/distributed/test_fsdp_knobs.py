@@ -3,10 +3,9 @@
 Two torchrun launches of the real CLI, each rank recording what torch made of the flags right after
 prepare and during the first training forward (scripts/train_fsdp_knobs.py):
   offload  MLP policy, bf16 autocast, cpu_offload, reshard_after_forward=false and a full
-           mixed_precision_policy (param bfloat16, reduce float32, output float32);
+           mixed_precision_policy (param bfloat16, reduce float32, output float32), units by size
+           (min_num_params: the blocks, not their ModuleList nor the Linear inside each);
   ignored  ACT policy, ignored_modules=head (the policy's class-based units).
---accelerator.fsdp.min_num_params is not run here: on the shipped policies any threshold that wraps a
-block also wraps its nn.ModuleList, which fully_shard refuses (no forward); see the trainer's issue list.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ RUNS = {
         "--accelerator.fsdp.mixed_precision_policy.param_dtype=bfloat16",
         "--accelerator.fsdp.mixed_precision_policy.reduce_dtype=float32",
         "--accelerator.fsdp.mixed_precision_policy.output_dtype=float32",
+        "--accelerator.fsdp.min_num_params=10000",
     ),
     "ignored": ("--accelerator.fsdp.ignored_modules=head",),
 }
@@ -86,7 +86,8 @@ def test_units_stay_unsharded_after_forward_in_the_policy_dtypes(runs) -> None:
 def test_banner_and_train_config_record_the_effective_policy(runs) -> None:
     run = runs["offload"]
     assert (
-        "FSDP units by class: MLPBlock; mixed precision policy param_dtype=bfloat16 reduce_dtype=float32 "
+        "FSDP units by size: modules with > 10000 parameters (MLPBlock); mixed precision policy "
+        "param_dtype=bfloat16 reduce_dtype=float32 "
         "output_dtype=float32" in run["log"]
     )
     fsdp = _train_config(run)["accelerator"]["fsdp"]

@@ -162,17 +162,36 @@ def test_wrap_plan_from_policy_flag_or_size() -> None:
     assert resolve_wrap_plan(policy, fsdp) == WrapPlan(class_names=("ACTEncoderLayer", "ACTDecoderLayer"))
     fsdp.wrap_modules = ["ACTEncoderLayer"]
     assert unit_roots(policy, resolve_wrap_plan(policy, fsdp)) == ["", "encoder.0", "encoder.1"]
-    fsdp.wrap_modules, fsdp.min_num_params = None, 5000
-    with pytest.raises(
-        WrapPlanError, match=r"would make 'encoder' \(ModuleList, \d+ parameters, no forward\)"
-    ):
-        resolve_wrap_plan(policy, fsdp)  # the blocks' list is above the threshold too: fully_shard refuses it
-    fsdp.min_num_params = 10**9
-    assert resolve_wrap_plan(policy, fsdp) == WrapPlan(min_num_params=10**9)
-    sized = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
-    fsdp.min_num_params = 1000
-    plan = resolve_wrap_plan(sized, fsdp)
-    assert unit_roots(sized, plan) == ["", "0"]
+    fsdp.wrap_modules = None
+
+
+@pytest.mark.parametrize(
+    ("policy_type", "threshold", "classes", "roots"),
+    [
+        # the blocks' ModuleList is above the threshold too: looked through, never a unit
+        ("act", 5000, ("ACTEncoderLayer", "ACTDecoderLayer"), ["", "encoder.0", "encoder.1", "decoder.0"]),
+        ("mlp", 10000, ("MLPBlock",), ["", "blocks.0", "blocks.1"]),  # not the Linear inside each block
+        ("mlp", 10**9, (), [""]),
+    ],
+)
+def test_size_based_units_skip_containers(policy_type, threshold, classes, roots) -> None:
+    policy = _policy(policy_type)
+    fsdp = parse_config([f"--accelerator.fsdp.min_num_params={threshold}"]).accelerator.fsdp
+    plan = resolve_wrap_plan(policy, fsdp)
+    assert plan == WrapPlan(class_names=classes, min_num_params=threshold)
+    assert unit_roots(policy, plan) == roots
+    assert all(type(policy.get_submodule(r)).forward is not nn.Module.forward for r in roots)
+
+
+def test_size_based_units_look_through_a_wrapper_of_everything() -> None:
+    wrapped = nn.Sequential(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2)))
+    fsdp = parse_config(["--accelerator.fsdp.min_num_params=1000"]).accelerator.fsdp
+    assert unit_roots(wrapped, resolve_wrap_plan(wrapped, fsdp)) == ["", "0.0", "0.2"]
+
+
+def test_wrap_modules_must_exist() -> None:
+    policy = _policy()
+    fsdp = parse_config([]).accelerator.fsdp
     fsdp.wrap_modules, fsdp.min_num_params = ["Nope"], None
     with pytest.raises(WrapPlanError, match=r"wrap module class\(es\) Nope not found in ACTPolicy"):
         resolve_wrap_plan(policy, fsdp)
@@ -248,3 +267,31 @@ def _leaf_flags(tree: dict, prefix: str) -> list[str]:
         else:
             flags.append(f"{prefix}{key}")
     return flags
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"ACCELERATE_DYNAMO_BACKEND": "EAGER"},
+        {"ACCELERATE_USE_DEEPSPEED": "true"},
+        {"ACCELERATE_TORCH_DEVICE": "cuda:1"},
+        {"ACCELERATE_USE_CPU": "True"},
+    ],
+)
+def test_env_guard_refuses_every_accelerate_variable_that_changes_the_run(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match=next(iter(env))):
+        check_accelerate_env(env)
+
+
+def test_env_guard_passes_what_a_plain_accelerate_launch_exports() -> None:
+    check_accelerate_env(
+        {
+            "ACCELERATE_DYNAMO_BACKEND": "NO",
+            "ACCELERATE_DYNAMO_MODE": "default",
+            "ACCELERATE_DYNAMO_USE_FULLGRAPH": "False",
+            "ACCELERATE_USE_CPU": "False",
+            "ACCELERATE_MIXED_PRECISION": "no",
+            "ACCELERATE_LOG_LEVEL": "info",
+            "ACCELERATE_CPU_AFFINITY": "1",
+        }
+    )

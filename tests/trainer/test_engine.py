@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,9 @@ from trainer.errors import ConfigError
 from trainer.loop import train
 
 
-def test_single_process_run_writes_checkpoints_and_metrics(tmp_path, dataset_cache, clean_accelerate) -> None:
+def test_single_process_run_writes_checkpoints_and_metrics(
+    tmp_path, dataset_cache, clean_accelerate, capsys
+) -> None:
     out = tmp_path / "run"
     args = tiny_args(
         str(out),
@@ -30,8 +34,15 @@ def test_single_process_run_writes_checkpoints_and_metrics(tmp_path, dataset_cac
         "--log_freq=20",
         "--save_freq=30",
         "--batch_size=32",
+        "--policy.repo_id=user/never-published",
     )
     summary = train(parse_config(args))
+    err = capsys.readouterr().err
+    assert (
+        "warning: --policy.repo_id=user/never-published is set but --policy.push_to_hub is false: nothing "
+        "will be published" in err
+    )
+    assert "(1 process, device cpu)" in err and "NO" not in err.split("\n")[0]
     assert summary.last_checkpoint == str(out / "checkpoints" / "000060")
     assert ckpt_tools.latest_step_dir(str(out)).endswith("000060")
     step = ckpt_tools.read_training_step(summary.last_checkpoint)
@@ -113,8 +124,15 @@ def test_gradient_accumulation_gives_the_same_update(tmp_path, dataset_cache, cl
         parse_config(tiny_args(str(tmp_path / "a"), dataset_cache, *common, "--steps=1", "--batch_size=8"))
     )
     clean_accelerate_between_runs()
-    accum = ["--steps=2", "--batch_size=4", "--accelerator.gradient_accumulation.steps=2"]
-    two = train(parse_config(tiny_args(str(tmp_path / "b"), dataset_cache, *common, *accum)))
+    accum = ["--steps=2", "--batch_size=4", "--accelerator.gradient_accumulation.steps=2", "--log_freq=1"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        two = train(parse_config(tiny_args(str(tmp_path / "b"), dataset_cache, *common, *accum)))
+    assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
+    records = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in records if r.get("event") == "train"]
+    assert "grad_norm" not in logged[0]  # step 1: no update yet, so no norm (never nan)
+    assert math.isfinite(logged[1]["grad_norm"]) and logged[1]["grad_norm"] > 0
     a = ckpt_tools.load_model_state_dict(one.last_checkpoint)
     b = ckpt_tools.load_model_state_dict(two.last_checkpoint)
     initial = _initial_weights(dataset_cache)

@@ -17,6 +17,7 @@ _EXPORTS: dict[str, str] = {
     "CorruptCheckpointError": "ckpt_tools.errors",
     "LegacyCheckpointError": "ckpt_tools.errors",
     "UnsupportedVersionError": "ckpt_tools.errors",
+    "dtype_name": "ckpt_tools.dtypes",
     "TrainingStep": "ckpt_tools.meta",
     "Topology": "ckpt_tools.meta",
     "SamplerPosition": "ckpt_tools.meta",

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from ckpt_tools import layout, locate, storage
 from ckpt_tools.dcp_index import ChunkEntry, TensorEntry, locate_chunk_data, model_tensors, read_dcp_index
-from ckpt_tools.dtypes import FLOATING, ITEMSIZE, SAFETENSORS_TO_TORCH, USER_DTYPES
+from ckpt_tools.dtypes import FLOATING, ITEMSIZE, SAFETENSORS_TO_TORCH, USER_DTYPES, dtype_name
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, OutputExistsError
 from ckpt_tools.inspect import read_weight_map
 from ckpt_tools.safetensors_io import read_safetensors_header
@@ -151,10 +151,10 @@ def _stem(file_name: str) -> str:
 def _target_dtype(dtype: str | None) -> str | None:
     if dtype is None:
         return None
-    code = USER_DTYPES.get(dtype.lower())
-    if code is None:
+    name = dtype_name(dtype)
+    if name is None:
         raise ValueError(f"--dtype {dtype!r} is not one of {', '.join(USER_DTYPES)}")
-    return code
+    return USER_DTYPES[name]
 
 
 def _out_dtype(entry: TensorEntry, target: str | None) -> str:

@@ -47,8 +47,21 @@ SAFETENSORS_TO_TORCH: dict[str, str] = {code: name for name, code in TORCH_TO_SA
 
 FLOATING = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
 
-# The spellings users type on the command line (`--dtype bf16`).
-USER_DTYPES: dict[str, str] = {"fp32": "F32", "fp16": "F16", "bf16": "BF16", "fp64": "F64"}
+# The short spellings users type on the command line (`--dtype bf16`) and the torch names they stand
+# for; both spellings are accepted wherever a floating dtype is chosen (ckpt convert, trainer flags).
+SHORT_DTYPES: dict[str, str] = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
+USER_DTYPES: dict[str, str] = {
+    **{short: TORCH_TO_SAFETENSORS[name] for short, name in SHORT_DTYPES.items()},
+    **{name: TORCH_TO_SAFETENSORS[name] for name in SHORT_DTYPES.values()},
+}
+
+
+def dtype_name(spelling: str) -> str | None:
+    """The torch name (`bfloat16`) of a floating dtype spelled either way (`bf16`, `bfloat16`,
+    `torch.bfloat16`, any case), or None when it is not one of them."""
+    name = spelling.strip().lower().removeprefix("torch.")
+    name = SHORT_DTYPES.get(name, name)
+    return name if name in SHORT_DTYPES.values() else None
 
 
 def safetensors_code(torch_dtype_name: str) -> str:

@@ -71,7 +71,7 @@ def train(config: TrainConfig) -> RunSummary:
     layout_note = resume.settle_parallelism(config, launch_world_size())  # resumed on another world size
     topology = resolve_topology(config.parallelism, launch_world_size())
     format_note = resume.settle_checkpoint_format(config, topology)  # DCP resumed unsharded: safetensors
-    publishing.check_publish_config(config)
+    publish_note = publishing.check_publish_config(config)  # a repo_id that will not be used
     check_accelerate_env()
     checkpointing.check_fresh_output_dir(config)
     _record_effective_precision(config)
@@ -85,7 +85,7 @@ def train(config: TrainConfig) -> RunSummary:
     )
     if resume_point.message:
         logger.note(resume_point.message, event="resume", step=run.start_step, changes=resume_point.changes)
-    for note in (layout_note, format_note):
+    for note in (layout_note, format_note, publish_note):
         if note:
             logger.note(note)
     losses, last_checkpoint = _run_steps(run, logger)
@@ -98,8 +98,11 @@ def train(config: TrainConfig) -> RunSummary:
         random_return=returns[1],
         last_checkpoint=last_checkpoint,
     )
+    episodes = (
+        -(-config.dataset.eval_episodes // run.accelerator.num_processes) * run.accelerator.num_processes
+    )
     logger.note(
-        f"evaluation over {config.dataset.eval_episodes}+ episodes: policy return {returns[0]:.1f}, "
+        f"evaluation over {episodes} episodes: policy return {returns[0]:.1f}, "
         f"random policy return {returns[1]:.1f}; loss {summary.first_loss:.4f} -> {summary.final_loss:.4f}",
         event="summary",
         **summary.__dict__,
@@ -161,16 +164,19 @@ def _run_steps(run: Run, logger: Any) -> tuple[list[float], str | None]:
     config, accelerator, sampler = run.config, run.accelerator, run.sampler
     losses: list[float] = []
     last_checkpoint: str | None = None
+    grad_norm: float | None = None  # of the last optimizer update
     window_loss = torch.zeros((), device=accelerator.device)
     window_steps, window_start = 0, time.perf_counter()
     run.model.train()
     for step in range(run.start_step + 1, config.steps + 1):
         batch = run.preprocessor(run.dataset.gather(sampler.next_indices(), config.policy.chunk_size))
         batch = {key: value.to(accelerator.device) for key, value in batch.items()}
-        loss, grad_norm = _train_step(
+        loss, norm = _train_step(
             accelerator, run.model, run.optimizer, batch, config.optimizer.grad_clip_norm
         )
-        run.scheduler.step()
+        if norm is not None:  # an optimizer update: the schedule catches up with the loop steps
+            grad_norm = norm
+            _advance_schedule(run.scheduler, step)
         window_loss += loss
         window_steps += 1
         logger.advance()
@@ -181,7 +187,7 @@ def _run_steps(run: Run, logger: Any) -> tuple[list[float], str | None]:
                 {
                     "step": step,
                     "loss": mean_loss,
-                    "grad_norm": grad_norm,
+                    **({"grad_norm": grad_norm} if grad_norm is not None else {}),
                     "lr": run.scheduler.get_last_lr()[0],
                     "samples_per_s": window_steps
                     * sampler.global_batch
@@ -222,18 +228,30 @@ def _record_effective_precision(config: TrainConfig) -> None:
 
 def _train_step(
     accelerator: Any, model: Any, optimizer: Any, batch: dict[str, torch.Tensor], clip: float
-) -> tuple[torch.Tensor, float]:
-    """One micro-batch; the optimizer updates when accelerate says the accumulation is complete."""
-    grad_norm = float("nan")
+) -> tuple[torch.Tensor, float | None]:
+    """One micro-batch; the optimizer updates when accelerate says the accumulation is complete.
+    Returns the loss and, on a step that updated, the global gradient norm before clipping."""
+    grad_norm = None
     with accelerator.accumulate(model):
         loss, _ = model(batch)
         accelerator.backward(loss)
-        if accelerator.sync_gradients and clip > 0:
-            norm = accelerator.clip_grad_norm_(model.parameters(), clip)
+        if accelerator.sync_gradients:  # an infinite threshold measures the norm without clipping
+            norm = accelerator.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))
             grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         optimizer.step()
         optimizer.zero_grad()
     return loss.detach().float(), grad_norm
+
+
+def _advance_schedule(scheduler: Any, step: int) -> None:
+    """Step the LR schedule up to loop step `step`, right after an optimizer update.
+
+    The schedule counts loop steps, but is stepped only after updates: stepping it during an
+    accumulation window, before any update, is what torch warns about ("lr_scheduler.step() before
+    optimizer.step()"), on every rank. Each update uses the rate of its window's first loop step
+    (with no accumulation: of its own step, as before)."""
+    while scheduler.scheduler.last_epoch < step:
+        scheduler.step()
 
 
 @torch.no_grad()
@@ -266,12 +284,19 @@ def evaluate(
     return float(totals[0]) / count, float(totals[1]) / count
 
 
+def _processes(accelerator: Any) -> str:
+    """ "1 process" or "4 processes, FSDP": accelerate's distributed type only when there is one."""
+    count, kind = accelerator.num_processes, accelerator.distributed_type.value
+    processes = "1 process" if count == 1 else f"{count} processes"
+    return processes if kind == "NO" else f"{processes}, {kind}"
+
+
 def _banner(config: TrainConfig, topology: Any, wrap_plan: Any, accelerator: Any, samples: int) -> list[str]:
     accum = config.accelerator.gradient_accumulation.steps
     effective = config.batch_size * topology.dp_world_size * accum
     lines = [
         f"job {config.job_name}: {config.policy.type} policy, {topology.describe()} "
-        f"({accelerator.num_processes} processes, {accelerator.distributed_type.value}, device {accelerator.device})",
+        f"({_processes(accelerator)}, device {accelerator.device})",
         f"effective batch size {effective} = batch_size {config.batch_size} x dp_world_size "
         f"{topology.dp_world_size} x grad_accum {accum}",
         f"{config.steps} loop steps, {config.steps // accum} optimizer updates, dataset {samples} samples, "

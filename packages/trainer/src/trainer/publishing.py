@@ -29,19 +29,25 @@ UPLOAD_TIMEOUT = timedelta(hours=6)
 _LOADABLE_FORMATS = {"safetensors", "adapter_safetensors"}
 
 
-def check_publish_config(config: TrainConfig) -> None:
+def check_publish_config(config: TrainConfig) -> str | None:
     """Refuse at start what would fail at the end of a long run: a malformed Hub repo id, no Hub
     token in huggingface_hub's usual places (HF_TOKEN, `hf auth login`), --policy.private for an
-    fsspec target."""
+    fsspec target. Returns a warning for a repo id that will not be used (LeRobot launch lines name
+    one without --policy.push_to_hub and expect a publish)."""
     policy = config.policy
+    if policy.repo_id is not None and not policy.push_to_hub:
+        return (
+            f"warning: --policy.repo_id={policy.repo_id} is set but --policy.push_to_hub is false: nothing "
+            "will be published (add --policy.push_to_hub=true, or publish later with `ckpt push`)"
+        )
     if not policy.push_to_hub or policy.repo_id is None:
-        return
+        return None
     if ckpt_tools.is_fsspec_target(policy.repo_id):
         if policy.private:
             raise ConfigError(
                 f"--policy.private applies to Hub repos only, not to --policy.repo_id={policy.repo_id}"
             )
-        return
+        return None
     from huggingface_hub import get_token
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
@@ -56,6 +62,7 @@ def check_publish_config(config: TrainConfig) -> None:
         raise ConfigError(
             "--policy.push_to_hub=true needs a Hub token with write access: set HF_TOKEN or run `hf auth login`"
         )
+    return None
 
 
 def publish_final(config: TrainConfig, summary: Any, accelerator: Any, logger: Any) -> None:

@@ -26,18 +26,32 @@ def convert(
         str | None, typer.Option("--output", "-o", help="Output directory (default: beside the shards).")
     ] = None,
     dtype: Annotated[
-        str | None, typer.Option(help="Cast floating tensors: bf16, fp16, fp32 (integers untouched).")
+        str | None,
+        typer.Option(
+            help="Cast floating tensors: bf16, fp16, fp32 or bfloat16, float16, float32 (integers untouched)."
+        ),
     ] = None,
     max_shard_size: Annotated[
-        str | None, typer.Option(help="Split into model-0000k-of-0000n.safetensors + index, e.g. 5GB.")
+        str | None,
+        typer.Option(
+            "--max-shard-size",
+            "--max_shard_size",
+            help="Split into model-0000k-of-0000n.safetensors + index, e.g. 5GB.",
+        ),
     ] = None,
     delete_dcp: Annotated[
-        bool, typer.Option(help="Remove the DCP shards once the output is written and checked.")
+        bool,
+        typer.Option(
+            "--delete-dcp",
+            "--delete_dcp",
+            help="Remove the DCP shards once the output is written and checked.",
+        ),
     ] = False,
     push_to_hub: Annotated[
         str | None,
         typer.Option(
             "--push-to-hub",
+            "--push_to_hub",
             help="Then publish the model to this Hub repo (or fsspec URL); --delete-dcp waits for both.",
         ),
     ] = None,
@@ -51,12 +65,12 @@ def convert(
 ) -> None:
     """Convert DCP shards into model.safetensors (or a sharded set), with memory bounded by a buffer."""
     out = Output(as_json=as_json)
-    if to not in _TARGETS:
-        raise typer.BadParameter(f"--to {to!r}: choose one of {', '.join(_TARGETS)}")
 
     def body() -> dict[str, Any]:
         from ckpt_tools import convert as lib
 
+        if to not in _TARGETS:
+            raise typer.BadParameter(f"--to {to!r}: choose one of {', '.join(_TARGETS)}")
         try:
             if to == "dcp":
                 if dtype or max_shard_size or delete_dcp or push_to_hub:
@@ -80,7 +94,7 @@ def convert(
             return _push_then_delete(out, result, output, push_to_hub, delete_dcp)
         return result.to_dict()
 
-    result = run_guarded(body)
+    result = run_guarded(body, as_json=as_json)
     if as_json:
         out.json(result)
     else:

@@ -28,7 +28,7 @@ def diff(
 ) -> None:
     """Compare two checkpoints tensor by tensor, loading one tensor at a time."""
     out = Output(as_json=as_json)
-    report = run_guarded(lambda: diff_checkpoints(str(a), str(b), atol=atol))
+    report = run_guarded(lambda: diff_checkpoints(str(a), str(b), atol=atol), as_json=as_json)
     if as_json:
         out.json(report.to_dict())
     else:

@@ -5,10 +5,13 @@ Commands raise; they never print errors themselves. A traceback appears only whe
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
+
+import typer
 
 from ckpt_tools.errors import CheckpointError
 
@@ -19,20 +22,31 @@ EXIT_FAILURE = 1  # a checkpoint problem, or verify found problems
 EXIT_USAGE = 2  # typer's own exit code for bad flags
 
 
-def run_guarded(func: Callable[[], T]) -> T:
-    """Run a command body; turn expected failures into `error: ...` and exit 1."""
+def run_guarded(func: Callable[[], T], *, as_json: bool = False) -> T:
+    """Run a command body; turn expected failures into `error: ...` on stderr (with `as_json`, a
+    `{"error": ...}` document on stdout, for scripts) and the exit code: 1, 2 for a bad option value."""
     try:
         return func()
     except (CheckpointError, FileNotFoundError, PermissionError, IsADirectoryError, OSError) as exc:
         if os.environ.get("CKPT_DEBUG") == "1":
             raise
-        print(f"error: {_one_line(exc)}", file=sys.stderr)
-        raise SystemExit(EXIT_FAILURE) from None
+        _fail(_one_line(exc), EXIT_FAILURE, as_json)
+    except typer.BadParameter as exc:
+        if not as_json:
+            raise  # typer prints its usage box
+        _fail(_one_line(exc.format_message()), EXIT_USAGE, as_json)
     except KeyboardInterrupt:
-        print("error: interrupted; nothing was left half-written under a final name", file=sys.stderr)
-        raise SystemExit(130) from None
+        _fail("interrupted; nothing was left half-written under a final name", 130, as_json)
 
 
-def _one_line(exc: BaseException) -> str:
+def _fail(message: str, code: int, as_json: bool) -> NoReturn:
+    if as_json:
+        sys.stdout.write(json.dumps({"error": message}) + "\n")
+    else:
+        print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(code) from None
+
+
+def _one_line(exc: BaseException | str) -> str:
     text = str(exc) or type(exc).__name__
     return " ".join(text.split())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
@@ -27,9 +28,12 @@ def human_bytes(count: int) -> str:
 
 def inspect(
     path: Path = typer.Argument(..., help="Step directory, checkpoints/last, output_dir or model directory."),
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON document instead of tables."),
+    tensors: bool = typer.Option(False, "--tensors", help="List every tensor (name, shape, dtype, bytes)."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print a JSON document (everything) instead of tables."
+    ),
 ) -> None:
-    """Show step, topology, batch factorization, formats and tensors, reading metadata only."""
+    """Show step, topology, batch factorization, formats and per-module totals, reading metadata only."""
     out = Output(as_json=as_json)
 
     def body() -> None:
@@ -37,12 +41,26 @@ def inspect(
         if as_json:
             out.json(description.to_dict())
         else:
-            _print(out, description)
+            _print(out, description, tensors)
 
-    run_guarded(body)
+    run_guarded(body, as_json=as_json)
 
 
-def _print(out: Output, description: CheckpointDescription) -> None:
+def module_totals(group: TensorGroup) -> list[tuple[str, int, int, int]]:
+    """(module, tensors, parameters, bytes) per top-level module of the policy, in stored order. A PEFT
+    model's `base_model.model.` prefix is skipped, so its modules are the policy's own."""
+    totals: dict[str, list[int]] = {}
+    for tensor in group.tensors:
+        name = tensor.name.removeprefix("base_model.model.")
+        module = name.split(".", 1)[0] if "." in name else "(root)"
+        entry = totals.setdefault(module, [0, 0, 0])
+        entry[0] += 1
+        entry[1] += math.prod(tensor.shape)
+        entry[2] += tensor.nbytes
+    return [(module, *values) for module, values in totals.items()]  # type: ignore[misc]
+
+
+def _print(out: Output, description: CheckpointDescription, tensors: bool) -> None:
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold")
     summary.add_column()
@@ -67,7 +85,22 @@ def _print(out: Output, description: CheckpointDescription) -> None:
         )
     weights = description.weights
     if weights is not None:
-        out.print(_tensor_table(weights))
+        out.print(_tensor_table(weights) if tensors else _module_table(weights))
+        if not tensors:
+            out.note("every tensor: ckpt inspect --tensors")
+
+
+def _module_table(group: TensorGroup) -> Table:
+    table = Table(title=f"modules ({group.label})", title_justify="left")
+    table.add_column("module")
+    for column in ("tensors", "parameters", "bytes"):
+        table.add_column(column, justify="right")
+    for module, count, params, nbytes in module_totals(group):
+        table.add_row(escape(module), str(count), f"{params:,}", human_bytes(nbytes))
+    table.add_section()
+    params = sum(math.prod(t.shape) for t in group.tensors)
+    table.add_row("total", str(len(group.tensors)), f"{params:,}", human_bytes(group.total_bytes))
+    return table
 
 
 def _tensor_table(group: TensorGroup) -> Table:

@@ -29,7 +29,7 @@ def merge_adapter(
 ) -> None:
     """Merge a LoRA adapter into its base model: W += alpha/r * B @ A, no peft needed."""
     out = Output(as_json=as_json)
-    result = run_guarded(lambda: _merge(adapter, base, output, overwrite))
+    result = run_guarded(lambda: _merge(adapter, base, output, overwrite), as_json=as_json)
     if as_json:
         out.json(result)
     else:

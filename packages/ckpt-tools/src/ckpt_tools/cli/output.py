@@ -11,12 +11,16 @@ from typing import Any
 
 from rich.console import Console
 
+PIPE_WIDTH = 10_000  # columns a table may take when stdout is not a terminal
+
 
 class Output:
     def __init__(self, *, as_json: bool = False, quiet: bool = False) -> None:
         self.as_json = as_json
         self.quiet = quiet
-        self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
+        # Piped or redirected output is read by scripts and grep: never cut a name to fit 80 columns.
+        width = None if sys.stdout.isatty() else PIPE_WIDTH
+        self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width)
         self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
 
     @property

@@ -41,7 +41,7 @@ def push(
         else:
             report(out, result)
 
-    run_guarded(body)
+    run_guarded(body, as_json=as_json)
 
 
 def publish(out: Output, path: str, repo_id: str, **options: Any) -> PublishResult:

@@ -18,7 +18,7 @@ def verify(
 ) -> None:
     """Check that a checkpoint is complete and self-consistent (metadata only, no tensor data)."""
     out = Output(as_json=as_json)
-    report = run_guarded(lambda: verify_checkpoint(str(path)))
+    report = run_guarded(lambda: verify_checkpoint(str(path)), as_json=as_json)
     if as_json:
         out.json(report.to_dict())
     else:

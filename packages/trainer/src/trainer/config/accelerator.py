@@ -13,6 +13,20 @@ from trainer.errors import ConfigError
 
 MIXED_PRECISION = ("no", "fp16", "bf16")
 DTYPES = ("float32", "bfloat16", "float16")
+_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def dtype_flag(flag: str, value: str | None) -> str | None:
+    """A dtype flag's value as torch names it (`bfloat16`), typed either way (`bf16` or `bfloat16`)."""
+    if value is None:
+        return None
+    from ckpt_tools import dtype_name
+
+    name = dtype_name(value)
+    if name not in DTYPES:
+        spellings = ", ".join(f"{name} ({_SHORT[name]})" for name in DTYPES)
+        raise ConfigError(f"{flag}={value!r} is not one of {spellings}")
+    return name
 
 
 def _dtype(name: str | None) -> Any:
@@ -40,11 +54,8 @@ class MixedPrecisionPolicyConfig:
 
     def __post_init__(self) -> None:
         for name in ("param_dtype", "reduce_dtype", "output_dtype"):
-            value = getattr(self, name)
-            if value is not None and value not in DTYPES:
-                raise ConfigError(
-                    f"--accelerator.fsdp.mixed_precision_policy.{name}={value!r} is not one of {', '.join(DTYPES)}"
-                )
+            flag = f"--accelerator.fsdp.mixed_precision_policy.{name}"
+            setattr(self, name, dtype_flag(flag, getattr(self, name)))
         if self.is_set and self.param_dtype is None:
             raise ConfigError(
                 "--accelerator.fsdp.mixed_precision_policy.* replaces the policy derived from "
@@ -91,7 +102,9 @@ class FsdpConfig:
     wrap_modules: list[str] | None = None
     """Module class names that become FSDP units; overrides the policy's `_fsdp_wrap_modules`."""
     min_num_params: int | None = None
-    """Wrap every module with more parameters than this instead of by class name."""
+    """Choose the units by size instead of by class name: walking down from the policy, the first modules
+    with a forward and more than this many parameters (containers such as ModuleList are looked
+    through); every module of their classes becomes a unit."""
     reshard_after_forward: bool = True
     """Free each unit's gathered parameters after forward (false keeps them resident until backward)."""
     cpu_offload: bool = False
@@ -118,21 +131,17 @@ class FsdpConfig:
                     f"--accelerator.fsdp.ignored_modules={self.ignored_modules!r} is not a valid regex ({exc})"
                 ) from None
 
-    def build_plugin(
-        self, wrap_modules: tuple[str, ...] | None, min_num_params: int | None, on_cpu: bool
-    ) -> Any:
-        """accelerate's FSDP2 plugin for a resolved wrap plan (class names, else size-based)."""
+    def build_plugin(self, wrap_modules: tuple[str, ...], on_cpu: bool) -> Any:
+        """accelerate's FSDP2 plugin for a resolved wrap plan (its unit classes)."""
         from accelerate.utils import FullyShardedDataParallelPlugin
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
         # Pinned host memory needs an accelerator: on a CPU-only machine pinning fails.
         offload = CPUOffloadPolicy(pin_memory=not on_cpu) if self.cpu_offload else OffloadPolicy()
-        by_class = wrap_modules is not None
         return FullyShardedDataParallelPlugin(
             fsdp_version=2,
-            auto_wrap_policy="transformer_based_wrap" if by_class else "size_based_wrap",
-            transformer_cls_names_to_wrap=list(wrap_modules) if wrap_modules is not None else None,
-            min_num_params=None if by_class else min_num_params,
+            auto_wrap_policy="transformer_based_wrap",
+            transformer_cls_names_to_wrap=list(wrap_modules),
             reshard_after_forward=self.reshard_after_forward,
             cpu_offload=offload,
             ignored_modules=self.ignored_modules,
@@ -188,12 +197,19 @@ class AcceleratorConfig:
     """Precision, accumulation and the data-parallel wrappers' settings."""
 
     mixed_precision: str = "no"
-    """Autocast dtype during training: no, fp16 (with a loss scaler) or bf16."""
+    """Autocast dtype during training: no, fp16 (with a loss scaler) or bf16 (float16, bfloat16 and
+    float32 are accepted as spellings of fp16, bf16 and no)."""
     gradient_accumulation: GradientAccumulationConfig = field(default_factory=GradientAccumulationConfig)
     fsdp: FsdpConfig = field(default_factory=FsdpConfig)
     ddp: DdpConfig = field(default_factory=DdpConfig)
 
     def __post_init__(self) -> None:
+        from ckpt_tools import dtype_name
+
+        # bfloat16 / float16 mean bf16 / fp16 here too, and fp32 / float32 mean no mixed precision.
+        name = dtype_name(self.mixed_precision)
+        if name is not None:
+            self.mixed_precision = "no" if name == "float32" else _SHORT.get(name, self.mixed_precision)
         if self.mixed_precision not in MIXED_PRECISION:
             raise ConfigError(
                 f"--accelerator.mixed_precision={self.mixed_precision!r} is not one of {', '.join(MIXED_PRECISION)}"

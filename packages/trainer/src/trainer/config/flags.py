@@ -8,6 +8,7 @@ meaning is its attribute docstring, the text under it in the dataclass.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,10 +32,10 @@ class Flag:
     meaning: str
 
 
-def all_flags() -> list[Flag]:
+def all_flags(policy_type: str | None = None) -> list[Flag]:
     """Every flag of `trainer train`, in the order of the config tree; `--policy.*` fields of one
-    policy type only are marked with it (e.g. "(act)")."""
-    return [Flag("--config_path", "-", CONFIG_PATH_HELP), *_walk(TrainConfig(), "--")]
+    policy type only are marked with it (e.g. "(act)"). With `policy_type`, only that type's fields."""
+    return [Flag("--config_path", "-", CONFIG_PATH_HELP), *_walk(TrainConfig(), "--", policy_type)]
 
 
 def markdown_table() -> str:
@@ -44,18 +45,28 @@ def markdown_table() -> str:
     return "\n".join(lines)
 
 
-def help_text() -> str:
-    """The flag list `trainer train --help` prints."""
-    return "\n".join(f"  {f.name}={f.default}\n      {f.meaning}" for f in all_flags())
+def help_text(policy_type: str | None = None) -> str:
+    """The flag list `trainer train [--policy.type=T] --help` prints."""
+    return "\n".join(f"  {f.name}={f.default}\n      {f.meaning}" for f in all_flags(policy_type))
 
 
-def _walk(config: Any, prefix: str) -> list[Flag]:
+def suggestion(name: str) -> str | None:
+    """The flag an unknown `--name` most likely meant (dashes for underscores, a typo), or None."""
+    names = [flag.name for flag in all_flags()]
+    normalized = name.replace("-", "_").lstrip("_")
+    if f"--{normalized}" in names:
+        return f"--{normalized}"
+    close = difflib.get_close_matches(f"--{normalized}", names, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def _walk(config: Any, prefix: str, policy_type: str | None = None) -> list[Flag]:
     flags = []
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
         name = f"{prefix}{field.name}"
         if isinstance(value, PolicyConfig):
-            flags += _policy_flags(name, value.type)
+            flags += _policy_flags(name, value.type, policy_type)
         elif dataclasses.is_dataclass(value):
             flags += _walk(value, f"{name}.")
         else:
@@ -63,15 +74,16 @@ def _walk(config: Any, prefix: str) -> list[Flag]:
     return flags
 
 
-def _policy_flags(name: str, default: str) -> list[Flag]:
-    """`--policy.type`, the fields every policy has, then each built-in type's own fields."""
+def _policy_flags(name: str, default: str, only: str | None) -> list[Flag]:
+    """`--policy.type`, the fields every policy has, then each built-in type's own fields (or only
+    the fields of `only`)."""
     built_in = [t for t in known_types() if ":" not in t]  # not the policies registered by import path
     choices = f"{', '.join(built_in)}, or module.path:ConfigClass for your own policy"
-    flags = [Flag(f"{name}.type", default, f"Policy to train: {choices}.")]
+    flags = [Flag(f"{name}.type", only or default, f"Policy to train: {choices}.")]
     common = {field.name for field in dataclasses.fields(PolicyConfig)}
     for field in dataclasses.fields(PolicyConfig):
         flags.append(Flag(f"{name}.{field.name}", _render(field.default), _meaning(PolicyConfig, field.name)))
-    for policy_type in built_in:
+    for policy_type in [only] if only else built_in:
         config = PolicyConfig.get_choice_class(policy_type)()
         for field in dataclasses.fields(config):
             if field.name not in common:

@@ -66,8 +66,20 @@ def _parse(rest: list[str], config_path: str | None) -> TrainConfig:
         cause = exc.__cause__ or exc.__context__
         if isinstance(cause, ConfigError):
             raise cause from None
-        raise ConfigError(f"invalid configuration: {' '.join(str(exc).split())}") from None
+        raise ConfigError(f"invalid configuration: {' '.join(str(exc).split())}{_hint(str(exc))}") from None
     return config
+
+
+def _hint(message: str) -> str:
+    """ "did you mean --x?" for the first unrecognized flag that is close to a real one."""
+    from trainer.config.flags import suggestion
+
+    _, found, unknown = message.partition("unrecognized arguments:")
+    for arg in unknown.split() if found else []:
+        meant = suggestion(arg.partition("=")[0].lstrip("-"))
+        if meant:
+            return f"; did you mean {meant}?"
+    return ""
 
 
 def encode_config(config: TrainConfig) -> dict[str, Any]:

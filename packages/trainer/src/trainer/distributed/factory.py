@@ -20,13 +20,25 @@ from trainer.distributed.wrap import WrapPlan, check_tied_weights, register_forw
 from trainer.errors import ConfigError
 
 ALLOW_ENV = "TRAINER_ALLOW_ACCELERATE_ENV"
-GUARDED_VARS = (
-    "ACCELERATE_USE_FSDP",
-    "ACCELERATE_USE_PARALLELISM_CONFIG",
-    "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
-    "ACCELERATE_MIXED_PRECISION",
+# accelerate reads its configuration from ACCELERATE_* (and FSDP_*, PARALLELISM_CONFIG_*) variables,
+# which `accelerate launch` exports from its config file: every one of them is refused (they would
+# silently change the run, e.g. ACCELERATE_DYNAMO_BACKEND compiles the model) except those below.
+GUARDED_PREFIXES = ("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_")
+# Variables that change how a run is reported or pinned to cores, never what it computes; the dynamo
+# options only shape a compile that ACCELERATE_DYNAMO_BACKEND (guarded) would switch on.
+INERT_NAMES = frozenset(
+    {
+        "ACCELERATE_LOG_LEVEL",
+        "ACCELERATE_DEBUG_MODE",
+        "ACCELERATE_ENABLE_RICH",
+        "ACCELERATE_CPU_AFFINITY",
+        "ACCELERATE_DEBUG_RDV_FILE",
+        "ACCELERATE_DYNAMO_MODE",
+        "ACCELERATE_DYNAMO_USE_FULLGRAPH",
+        "ACCELERATE_DYNAMO_USE_DYNAMIC",
+        "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION",
+    }
 )
-GUARDED_PREFIXES = ("FSDP_", "PARALLELISM_CONFIG_")
 MESH_SLICING_WARNING = r"Slicing a flattened dim from root mesh will be deprecated"
 # Values a plain `accelerate launch` (no config file) exports; they change nothing, so they pass.
 INERT_VALUES = {
@@ -34,11 +46,15 @@ INERT_VALUES = {
     "ACCELERATE_USE_PARALLELISM_CONFIG": "false",
     "ACCELERATE_MIXED_PRECISION": "no",
     "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "1",
+    "ACCELERATE_DYNAMO_BACKEND": "no",
+    "ACCELERATE_USE_CPU": "false",
+    "ACCELERATE_USE_DEEPSPEED": "false",
+    "ACCELERATE_USE_MEGATRON_LM": "false",
 }
 
 
 def _guarded(name: str) -> bool:
-    return name in GUARDED_VARS or name.startswith(GUARDED_PREFIXES)
+    return name.startswith(GUARDED_PREFIXES) and name not in INERT_NAMES
 
 
 def check_accelerate_env(environ: Mapping[str, str] = os.environ) -> None:
@@ -95,7 +111,7 @@ def build_accelerator(config: TrainConfig, topology: Topology, wrap_plan: WrapPl
         else:
             if wrap_plan is None:
                 raise ValueError("a sharded run needs its wrap plan (distributed.wrap.resolve_wrap_plan)")
-            plugin = acc.fsdp.build_plugin(wrap_plan.class_names, wrap_plan.min_num_params, on_cpu)
+            plugin = acc.fsdp.build_plugin(wrap_plan.class_names, on_cpu)
             parallelism = _parallelism_config(topology)
             if not on_cpu:
                 return Accelerator(**kwargs, fsdp_plugin=plugin, parallelism_config=parallelism)

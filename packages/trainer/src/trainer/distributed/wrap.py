@@ -1,7 +1,7 @@
 """The FSDP wrap plan: which modules become FSDP units, checked against the policy before sharding.
 
-The plan is the policy's `_fsdp_wrap_modules`, overridden by `--accelerator.fsdp.wrap_modules` or
-`--accelerator.fsdp.min_num_params`. Tied parameters that the plan would place in different units are
+The plan is the policy's `_fsdp_wrap_modules`, overridden by `--accelerator.fsdp.wrap_modules` or by
+the classes of the blocks above `--accelerator.fsdp.min_num_params`. Tied parameters that the plan would place in different units are
 an error here, at start, naming them: torch would otherwise fail at the first forward.
 """
 
@@ -19,22 +19,24 @@ from trainer.errors import WrapPlanError
 
 @dataclass(frozen=True)
 class WrapPlan:
-    """Units by class name, or by size (every module above `min_num_params` parameters)."""
+    """Units by class name; `min_num_params` records the threshold the classes were chosen by."""
 
-    class_names: tuple[str, ...] | None = None
+    class_names: tuple[str, ...]
     min_num_params: int | None = None
 
     def describe(self) -> str:
-        if self.class_names is not None:
-            return "by class: " + ", ".join(self.class_names)
-        return f"by size: modules with > {self.min_num_params} parameters"
+        classes = ", ".join(self.class_names) or "none (the root alone)"
+        if self.min_num_params is None:
+            return f"by class: {classes}"
+        return f"by size: modules with > {self.min_num_params} parameters ({classes})"
 
 
 def resolve_wrap_plan(policy: nn.Module, fsdp: FsdpConfig) -> WrapPlan:
     """The plan for a sharded run; a policy with neither a declaration nor a flag is refused."""
     if fsdp.min_num_params is not None:
-        _refuse_wrapped_containers(policy, fsdp.min_num_params)
-        return WrapPlan(min_num_params=fsdp.min_num_params)
+        return WrapPlan(
+            class_names=_classes_above(policy, fsdp.min_num_params), min_num_params=fsdp.min_num_params
+        )
     names = tuple(fsdp.wrap_modules or getattr(policy, "_fsdp_wrap_modules", ()) or ())
     if not names:
         raise WrapPlanError(
@@ -52,19 +54,32 @@ def resolve_wrap_plan(policy: nn.Module, fsdp: FsdpConfig) -> WrapPlan:
     return WrapPlan(class_names=names)
 
 
-def _refuse_wrapped_containers(policy: nn.Module, min_num_params: int) -> None:
-    """Size-based wrapping also selects containers (ModuleList, ModuleDict) above the threshold, and
-    `fully_shard` cannot shard a module without a forward: say so at start, not at prepare()."""
-    for name, module in policy.named_modules():
-        has_forward = type(module).forward is not nn.Module.forward
-        size = sum(p.numel() for p in module.parameters())
-        if name and not has_forward and size > min_num_params:
-            raise WrapPlanError(
-                f"--accelerator.fsdp.min_num_params={min_num_params} would make {name!r} "
-                f"({type(module).__name__}, {size} parameters, no forward) an FSDP unit, which fully_shard "
-                "cannot shard: choose units by class with --accelerator.fsdp.wrap_modules=[ClassName,...], "
-                f"or a threshold of at least {size}"
-            )
+def _classes_above(policy: nn.Module, min_num_params: int) -> tuple[str, ...]:
+    """Size-based units, chosen here rather than by accelerate's size policy, which also selects
+    containers (ModuleList, ModuleDict) that fully_shard cannot shard. Walking down from the root,
+    the first modules with a forward and more than `min_num_params` parameters are units; containers
+    are looked through, and a unit's children are not searched (one unit per block, not per layer
+    inside it). FSDP2 through accelerate selects units by class, so the plan is their classes."""
+    classes: dict[str, None] = {}  # ordered set
+    total = _count(policy)
+
+    def visit(module: nn.Module) -> None:
+        for child in module.children():
+            has_forward = type(child).forward is not nn.Module.forward
+            size = _count(child)
+            if (
+                has_forward and min_num_params < size < total
+            ):  # a wrapper of everything (PEFT) is looked through
+                classes[type(child).__name__] = None
+            else:
+                visit(child)
+
+    visit(policy)
+    return tuple(classes)
+
+
+def _count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
 
 
 def unit_roots(model: nn.Module, plan: WrapPlan) -> list[str]:
@@ -73,11 +88,7 @@ def unit_roots(model: nn.Module, plan: WrapPlan) -> list[str]:
     for name, module in model.named_modules():
         if not name:
             continue
-        if plan.class_names is not None:
-            wrapped = type(module).__name__ in plan.class_names
-        else:
-            wrapped = sum(p.numel() for p in module.parameters()) > (plan.min_num_params or 0)
-        if wrapped:
+        if type(module).__name__ in plan.class_names:
             roots.append(name)
     return roots
 

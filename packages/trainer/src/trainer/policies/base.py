@@ -18,6 +18,7 @@ import draccus
 import torch
 from torch import nn
 
+from trainer.config.accelerator import dtype_flag
 from trainer.errors import ConfigError
 
 # PolicyConfig fields that say where a run publishes, not what the policy is.
@@ -31,8 +32,8 @@ class PolicyConfig(draccus.ChoiceRegistry):
     dropout: float = 0.1
     """Dropout probability inside the policy (0 makes a run deterministic across topologies)."""
     dtype: str | None = None
-    """Cast the policy's parameters to this dtype (float32, bfloat16, float16); autocast stays owned by
-    --accelerator.mixed_precision."""
+    """Cast the policy's parameters to this dtype (float32, bfloat16, float16, or fp32, bf16, fp16);
+    autocast stays owned by --accelerator.mixed_precision."""
     obs_dim: int = 0
     """Observation size; 0 takes it from the dataset (the saved config.json records the value)."""
     action_dim: int = 0
@@ -51,8 +52,7 @@ class PolicyConfig(draccus.ChoiceRegistry):
     def __post_init__(self) -> None:
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"--policy.dropout must be in [0, 1), got {self.dropout}")
-        if self.dtype not in (None, "float32", "bfloat16", "float16"):
-            raise ConfigError(f"--policy.dtype={self.dtype!r} is not one of float32, bfloat16, float16")
+        self.dtype = dtype_flag("--policy.dtype", self.dtype)
         if self.push_to_hub and not self.repo_id:
             raise ConfigError(
                 "--policy.push_to_hub=true needs --policy.repo_id=namespace/name (or an fsspec URL)"
