@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import pickle
 import random
 import shutil
 from collections.abc import Iterator
@@ -304,6 +306,35 @@ def test_cli_reports_a_refused_resume_in_one_line(saved, tmp_path, keep_rng, cle
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith(f"error: cannot resume from {out}/checkpoints/000003: ")
+
+
+class _TouchesFile:
+    """Unpickling this with the standard unpickler runs `touch <path>`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_resume_refuses_a_crafted_optimizer_metadata_without_running_it(
+    saved, tmp_path, keep_rng, clean_accelerate, capsys
+):
+    """`trainer train --resume`: phase 2 would hand `optimizer_0/.metadata` to torch's unpickler."""
+    from trainer.cli import main
+
+    out = copy_run(saved[1], tmp_path)
+    target = tmp_path / "payload_ran"
+    optimizer_dir = out / "checkpoints" / "000003" / "training_state" / "optimizer_0"
+    optimizer_dir.mkdir()
+    (optimizer_dir / ".metadata").write_bytes(pickle.dumps({"state_dict_metadata": _TouchesFile(target)}))
+    with pytest.raises(SystemExit) as exited:
+        main(["train", "--resume=true", f"--output_dir={out}"])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: ") and "optimizer_0/.metadata" in err and "refused" in err
+    assert not target.exists()
 
 
 def test_saved_layout_that_does_not_fit_the_new_world_keeps_its_kind(tmp_path):

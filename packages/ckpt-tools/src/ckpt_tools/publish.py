@@ -16,16 +16,16 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ckpt_tools import layout, locate, storage
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, PublishError
 from ckpt_tools.model_card import gather_card_info, render_model_card
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _SINGLE_FILES = (
     layout.MODEL_SAFETENSORS,
@@ -129,17 +129,24 @@ def _publish_hub(
     api_token = api.token if isinstance(api.token, str) else None  # True means "the cached one"
     _refuse_token_in_files(uploads, token or api_token or _cached_token())
     logger.info("publishing %d files to %s on %s", len(uploads), repo_id, api.endpoint)
-    with _hub_errors(api.endpoint, f"creating repo {repo_id}"):
-        repo_url = _create_repo(api, repo_id, private)
+    repo_url = _hub_call(
+        api.endpoint, f"creating repo {repo_id}", lambda: _create_repo(api, repo_id, private)
+    )
     if revision and revision != "main" and not revision.startswith("refs/"):
-        with _hub_errors(api.endpoint, f"creating branch {revision}"):
-            api.create_branch(repo_id, branch=revision, exist_ok=True)
+        _hub_call(
+            api.endpoint,
+            f"creating branch {revision}",
+            lambda: api.create_branch(repo_id, branch=revision, exist_ok=True),
+        )
     operations = [
         CommitOperationAdd(path_in_repo=name, path_or_fileobj=_local_or_bytes(source))
         for name, source in sorted(uploads.items())
     ]
-    with _hub_errors(api.endpoint, f"committing to {repo_id}"):
-        commit = api.create_commit(repo_id, operations, commit_message=message, revision=revision)
+    commit = _hub_call(
+        api.endpoint,
+        f"committing to {repo_id}",
+        lambda: api.create_commit(repo_id, operations, commit_message=message, revision=revision),
+    )
     logger.info("published %s at commit %s", repo_id, commit.oid)
     return PublishResult(url=repo_url, commit_oid=commit.oid, files=sorted(uploads))
 
@@ -155,21 +162,21 @@ def _create_repo(api: Any, repo_id: str, private: bool) -> str:
         return f"{api.endpoint}/{repo_id}"
 
 
-@contextmanager
-def _hub_errors(endpoint: str, action: str) -> Iterator[None]:
-    """Turn the client's failures into one-line `PublishError`s.
+def _hub_call(endpoint: str, action: str, call: Callable[[], _T]) -> _T:
+    """Run one client call, turning its failures into one-line `PublishError`s.
 
-    The cause is dropped on purpose: the client's exceptions carry the request, and with it the
-    Authorization header, which must never reach a traceback or a log.
+    The client's exception is dropped as cause and as context (the mapped error is raised after the
+    handler has ended): it carries the request, and with it the Authorization header, which must never
+    reach a traceback, a log or an error reporter that walks `__context__`.
     """
     try:
-        yield
+        return call()
     except Exception as exc:
         mapped = _map_hub_failure(exc, endpoint, action)
         if mapped is None:
             raise
         logger.debug("publish failed while %s: %s", action, type(exc).__name__)
-        raise mapped from None
+    raise mapped
 
 
 def _map_hub_failure(exc: BaseException, endpoint: str, action: str) -> PublishError | None:

@@ -97,6 +97,11 @@ def _describe_changes(saved: TrainingStep, current: RunShape) -> list[str]:
         ("mixed_precision", saved.mixed_precision, current.mixed_precision),
     ]
     changes += [f"{name} {old} -> {new}" for name, old, new in pairs if old != new]
+    if saved.step % saved.grad_accum_steps:
+        changes.append(
+            f"step {saved.step} is inside an accumulation window of {saved.grad_accum_steps} steps (an older "
+            "release saved it): the window's accumulated gradients were not saved and are lost"
+        )
     saved_effective = saved.effective_batch_size
     current_effective = current.global_batch_size * current.grad_accum_steps
     if saved_effective != current_effective:

@@ -143,6 +143,9 @@ def _build(config: TrainConfig, topology: Any) -> tuple[Run, Any, Any]:
         scheduler=scheduler,
         scaler=accelerator.scaler,
     )
+    # accelerate counts accumulation windows from its own start: count them from step 0 instead, so a
+    # resumed run's windows end where the uninterrupted run's do (docs/resume.md).
+    accelerator.step = resume_point.start_step
     run = Run(
         config=config,
         topology=topology,

@@ -131,3 +131,28 @@ class TrainConfig:
         for name in ("batch_size", "steps", "save_freq", "log_freq"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        self._check_saves_end_windows()
+
+    def _check_saves_end_windows(self) -> None:
+        """A checkpoint holds no accumulated gradients, so every save must end an accumulation window:
+        one inside a window would resume without the window's earlier micro-batches (docs/resume.md)."""
+        accum = self.accelerator.gradient_accumulation.steps
+        flag = f"--accelerator.gradient_accumulation.steps={accum}"
+        if self.save_freq < self.steps and self.save_freq % accum:
+            raise ConfigError(
+                f"--save_freq={self.save_freq} is not a multiple of {flag}: a checkpoint inside an "
+                f"accumulation window cannot resume exactly; use {_nearest_multiples('save_freq', self.save_freq, accum)}"
+            )
+        if self.steps % accum:
+            raise ConfigError(
+                f"--steps={self.steps} is not a multiple of {flag}: the last micro-batches would never "
+                f"update the weights and the final checkpoint would sit inside a window; use "
+                f"{_nearest_multiples('steps', self.steps, accum)}"
+            )
+
+
+def _nearest_multiples(name: str, value: int, accum: int) -> str:
+    """The fix a refusal offers: the next multiple of `accum`, and the previous one when it is >= 1."""
+    lower = value - value % accum
+    upper = lower + accum
+    return f"--{name}={upper}" + (f" (or --{name}={lower})" if lower else "")
