@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from ckpt_tools import convert_dcp_to_safetensors, convert_safetensors_to_dcp, layout
 from ckpt_tools.errors import CorruptCheckpointError
+from helpers.pickle_payload import TouchesFile
 
 ITEMSIZE = {"I8": 1, "F16": 2, "F32": 4, "F64": 8}
 
@@ -124,14 +125,6 @@ def test_a_written_header_unlike_the_plan_is_refused_and_discarded(tmp_path: Pat
     assert _outputs(out) == []
 
 
-class _TouchesFile:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (os.system, (f"touch {self.path}",))
-
-
 def _malicious_record(payload: object) -> bytes:
     """A real torch.save record whose data.pkl is replaced: torch's zip reader accepts it, only the
     unpickler stands between the payload and the process."""
@@ -150,7 +143,7 @@ def test_fallback_loader_runs_no_pickle_payload(tmp_path: Path) -> None:
     `weights_only` one: the payload is refused, not run."""
     target = tmp_path / "payload_ran"
     dcp_dir = _dcp(tmp_path, _mixed())
-    record = _malicious_record(_TouchesFile(target))
+    record = _malicious_record(TouchesFile(target))
 
     def point_b_at_the_record(metadata) -> None:  # type: ignore[no-untyped-def]
         for index, info in list(metadata.storage_data.items()):

@@ -17,7 +17,8 @@ import torch
 from report_fixtures import tiny_model_state, write_step_dir
 from safetensors.torch import load_file
 
-from ckpt_tools import storage
+from ckpt_tools import commit
+from ckpt_tools.verify import verify_checkpoint
 
 _COMPLETE = ("pretrained_model/model.safetensors", "training_state/training_step.json")
 _MUTATING_EVENTS = {"os.remove", "os.rename", "os.symlink", "os.rmdir", "os.link", "shutil.rmtree"}
@@ -63,12 +64,12 @@ def _watch(root: Path) -> Iterator[list[str]]:
 
 def _commit(root: Path, step: int, seed: int) -> None:
     """Write a complete step (weights from `seed`) as `.tmp-<step>`, then commit it."""
-    tmp = Path(storage.begin_step_dir(root, step))
+    tmp = Path(commit.begin_step_dir(root, step))
     tmp.rmdir()
     staged = write_step_dir(root / "scratch", step=step, state=tiny_model_state(seed))
     staged.rename(tmp)
     (root / "scratch").rmdir()
-    storage.commit_step_dir(str(tmp), root, step)
+    commit.commit_step_dir(str(tmp), root, step, is_complete=lambda path: verify_checkpoint(path).ok)
 
 
 def test_last_is_present_and_complete_at_every_moment_of_a_commit(tmp_path: Path) -> None:

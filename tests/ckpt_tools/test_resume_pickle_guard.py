@@ -8,8 +8,6 @@ must refuse it, and the file must not exist afterwards.
 from __future__ import annotations
 
 import json
-import os
-import pickle
 import shutil
 from pathlib import Path
 
@@ -17,22 +15,13 @@ import pytest
 
 from ckpt_tools import layout, load_training_state
 from ckpt_tools.errors import UnsafePickleError
+from helpers.pickle_payload import malicious_dcp_metadata
 from helpers.tiny_run import make_run, save, train
-
-
-class _TouchesFile:
-    """Unpickling this with the standard unpickler runs `touch <path>`."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (os.system, (f"touch {self.path}",))
 
 
 def _plant(dcp_dir: Path, target: Path) -> None:
     dcp_dir.mkdir(parents=True, exist_ok=True)
-    (dcp_dir / layout.DCP_METADATA).write_bytes(pickle.dumps({"state_dict_metadata": _TouchesFile(target)}))
+    (dcp_dir / layout.DCP_METADATA).write_bytes(malicious_dcp_metadata(target))
 
 
 def _optimizer(step: Path, target: Path) -> None:

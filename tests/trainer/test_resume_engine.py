@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import pickle
 import random
 import shutil
 from collections.abc import Iterator
@@ -22,6 +20,7 @@ import torch
 
 from ckpt_tools import Topology
 from ckpt_tools.tensor_io import read_safetensors
+from helpers.pickle_payload import malicious_dcp_metadata
 from trainer import checkpointing, resume
 from trainer.config.parse import encode_config, parse_config
 from trainer.data.dataset import load_dataset
@@ -308,16 +307,6 @@ def test_cli_reports_a_refused_resume_in_one_line(saved, tmp_path, keep_rng, cle
     assert err.strip().splitlines()[-1].startswith(f"error: cannot resume from {out}/checkpoints/000003: ")
 
 
-class _TouchesFile:
-    """Unpickling this with the standard unpickler runs `touch <path>`."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (os.system, (f"touch {self.path}",))
-
-
 def test_resume_refuses_a_crafted_optimizer_metadata_without_running_it(
     saved, tmp_path, keep_rng, clean_accelerate, capsys
 ):
@@ -328,7 +317,7 @@ def test_resume_refuses_a_crafted_optimizer_metadata_without_running_it(
     target = tmp_path / "payload_ran"
     optimizer_dir = out / "checkpoints" / "000003" / "training_state" / "optimizer_0"
     optimizer_dir.mkdir()
-    (optimizer_dir / ".metadata").write_bytes(pickle.dumps({"state_dict_metadata": _TouchesFile(target)}))
+    (optimizer_dir / ".metadata").write_bytes(malicious_dcp_metadata(target))
     with pytest.raises(SystemExit) as exited:
         main(["train", "--resume=true", f"--output_dir={out}"])
     assert exited.value.code == 1
