@@ -17,24 +17,20 @@ from pathlib import Path
 CKPT_CLI = Path(sys.executable).with_name("ckpt")
 
 
-def run_torchrun(
-    script: str | os.PathLike[str],
-    nproc: int,
-    *args: str,
-    timeout: float = 240,
-    check: bool = True,
-    torchrun_args: Sequence[str] = (),
-) -> subprocess.CompletedProcess[str]:
-    """Run `torchrun --standalone --nproc-per-node=nproc script *args` and return the finished process.
+def launch_env() -> dict[str, str]:
+    """The environment of a launched job, read now: OMP_NUM_THREADS=1 keeps N processes on 2 cores
+    from oversubscribing."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def torchrun_command(
+    script: str | os.PathLike[str], nproc: int, *args: str, torchrun_args: Sequence[str] = ()
+) -> list[str]:
+    """`torchrun --standalone --nproc-per-node=nproc script *args`, for tests that start it themselves.
 
     `--standalone` with `--rdzv-endpoint=localhost:0` lets the launcher bind a free port itself, so
-    engineers running suites in parallel never collide. OMP_NUM_THREADS=1 keeps N processes on 2 cores
-    from oversubscribing. Asserts exit code 0 with the combined output in the message, so a failing
-    rank's traceback shows in the test report; `check=False` returns a failed launch instead (crash tests).
-    `torchrun_args` go to the launcher itself (e.g. `--max-restarts=1`).
-    """
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    command = [
+    engineers running suites in parallel never collide."""
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -45,8 +41,28 @@ def run_torchrun(
         os.fspath(Path(script)),
         *args,
     ]
+
+
+def run_torchrun(
+    script: str | os.PathLike[str],
+    nproc: int,
+    *args: str,
+    timeout: float = 240,
+    check: bool = True,
+    torchrun_args: Sequence[str] = (),
+) -> subprocess.CompletedProcess[str]:
+    """Run `torchrun_command(...)` and return the finished process. Asserts exit code 0 with the
+    combined output in the message, so a failing rank's traceback shows in the test report;
+    `check=False` returns a failed launch instead (crash tests).
+    `torchrun_args` go to the launcher itself (e.g. `--max-restarts=1`).
+    """
     result = subprocess.run(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
+        torchrun_command(script, nproc, *args, torchrun_args=torchrun_args),
+        env=launch_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
     )
     assert not check or result.returncode == 0, (
         f"torchrun {script} ({nproc} procs) exited {result.returncode}:\n{result.stdout}"

@@ -6,6 +6,7 @@ Launch with `python -m trainer.cli train`, `torchrun ... $(which trainer) train`
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -32,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(2)
     from trainer.config.parse import parse_config
     from trainer.errors import ConfigError
+    from trainer.interrupt import Interrupted
     from trainer.loop import train
 
     try:
@@ -39,6 +41,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         _exit(1)
+    except Interrupted as stop:  # the main rank has printed its one line
+        _exit(stop.exit_code, leave_group=False)
+    except Exception as exc:
+        if not _collective_failure(exc):
+            raise
+        print(f"error: rank {os.environ.get('RANK', '0')}: {_collective_line(exc)}", file=sys.stderr)
+        _exit(1, leave_group=False)
     _exit(0)
 
 
@@ -61,15 +70,40 @@ def _print_help(args: list[str]) -> None:
     raise SystemExit(0)
 
 
-def _exit(code: int) -> None:
+# What torch's backends say when a peer is gone or late (DDP's reducer raises them as RuntimeError).
+_BACKEND_MARKERS = ("gloo", "NCCL", "Timed out", "Connection closed", "Connection reset")
+
+
+def _collective_failure(exc: Exception) -> bool:
+    """A collective that a peer left (it failed and exited) or did not join within the timeout."""
+    import torch.distributed as dist
+
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc)
+    return (
+        isinstance(exc, RuntimeError) and dist.is_initialized() and any(m in text for m in _BACKEND_MARKERS)
+    )
+
+
+def _collective_line(exc: Exception) -> str:
+    detail = " ".join(re.sub(r"^\[[^\]]*\] ", "", str(exc)).split())[:160]  # without gloo's source path
+    return (
+        f"a collective with the other ranks failed ({detail}): another rank stopped or stalled (its own "
+        "error line says why) or --collective_timeout_s passed; `last` names the newest complete checkpoint"
+    )
+
+
+def _exit(code: int, leave_group: bool = True) -> None:
     """Leave the process group and exit at once.
 
     With FSDP2 on gloo a rank can abort at interpreter shutdown after all work succeeded; exiting with
-    os._exit right after destroy_process_group makes a successful run exit 0 every time.
+    os._exit right after destroy_process_group makes a successful run exit 0 every time. After a
+    failed collective or a signal the group is not left (that could wait for the other ranks).
     """
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if leave_group and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -7,7 +7,10 @@ the logger that `make_logger` hands out. Resume slots in at the two marked point
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,9 +24,12 @@ from trainer.data import sim
 from trainer.data.dataset import OBS_KEY, load_dataset
 from trainer.data.processors import build_processors
 from trainer.data.sampler import GlobalOrderSampler
+from trainer.distributed.agree import main_decides
 from trainer.distributed.factory import build_accelerator, check_accelerate_env, prepare
+from trainer.distributed.runlock import RunLock, watch_launcher
 from trainer.distributed.topology import launch_world_size, resolve_topology
 from trainer.distributed.wrap import describe_parameters, resolve_wrap_plan
+from trainer.interrupt import Interrupted, Interrupts
 from trainer.metrics import make_logger
 from trainer.policies import build_policy
 
@@ -67,7 +73,10 @@ class Run:
 
 
 def train(config: TrainConfig) -> RunSummary:
-    """Collective: call on all ranks. Runs `config.steps` loop steps and returns the summary."""
+    """Collective: call on all ranks. Runs `config.steps` loop steps and returns the summary.
+
+    Raises `Interrupted` after a SIGTERM/SIGINT (the checkpoint of the step every rank stopped at is
+    saved first), and `ConfigError` on every rank when the run directory is held by another run."""
     layout_note = resume.settle_parallelism(config, launch_world_size())  # resumed on another world size
     topology = resolve_topology(config.parallelism, launch_world_size())
     format_note = resume.settle_checkpoint_format(config, topology)  # DCP resumed unsharded: safetensors
@@ -75,7 +84,20 @@ def train(config: TrainConfig) -> RunSummary:
     check_accelerate_env()
     checkpointing.check_fresh_output_dir(config)
     _record_effective_precision(config)
-    run, wrap_plan, resume_point = _build(config, topology)
+    interrupts, lock = Interrupts(), RunLock(config.output_dir)
+    interrupts.install()
+    watch_launcher(_stop_orphan)
+    try:
+        return _train(config, topology, interrupts, lock, [layout_note, format_note, publish_note])
+    finally:
+        lock.release()
+        interrupts.restore()
+
+
+def _train(
+    config: TrainConfig, topology: Any, interrupts: Interrupts, lock: RunLock, notes: list[str | None]
+) -> RunSummary:
+    run, wrap_plan, resume_point = _build(config, topology, lock, notes)
     logger = make_logger(run.accelerator.is_main_process, config.output_dir, config.steps, run.start_step)
     logger.banner(
         [
@@ -85,10 +107,15 @@ def train(config: TrainConfig) -> RunSummary:
     )
     if resume_point.message:
         logger.note(resume_point.message, event="resume", step=run.start_step, changes=resume_point.changes)
-    for note in (layout_note, format_note, publish_note):
+    for note in notes:
         if note:
             logger.note(note)
-    losses, last_checkpoint = _run_steps(run, logger)
+    try:
+        losses, last_checkpoint = _run_steps(run, logger, interrupts)
+    except Interrupted as stop:
+        logger.note(stop.line(), event="interrupted", step=stop.step, checkpoint=stop.checkpoint)
+        logger.close()
+        raise
     returns = evaluate(run.accelerator, run.model, run.preprocessor, run.postprocessor, config)
     summary = RunSummary(
         steps=config.steps,
@@ -113,8 +140,21 @@ def train(config: TrainConfig) -> RunSummary:
     return summary
 
 
-def _build(config: TrainConfig, topology: Any) -> tuple[Run, Any, Any]:
-    """Collective. Data, policy, accelerator, optimizer; the two resume phases around `prepare()`."""
+def _stop_orphan(launcher_pid: int) -> None:
+    """The launcher died (e.g. `kill -9` of torchrun): stop as on SIGTERM, at an agreed step with a
+    checkpoint, instead of training on unsupervised."""
+    print(
+        f"rank {os.environ.get('RANK', '0')}: the launcher (pid {launcher_pid}) died: stopping",
+        file=sys.stderr,
+    )
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _build(
+    config: TrainConfig, topology: Any, lock: RunLock, notes: list[str | None]
+) -> tuple[Run, Any, Any]:
+    """Collective. Data, policy, accelerator, the run lock, optimizer; the two resume phases around
+    `prepare()`. A stale lock taken over adds its warning to `notes`."""
     seed_everything(config.seed)
     dataset = load_dataset(config.dataset)
     policy: torch.nn.Module = build_policy(config.policy, dataset.obs_dim, dataset.action_dim)
@@ -122,6 +162,7 @@ def _build(config: TrainConfig, topology: Any) -> tuple[Run, Any, Any]:
     wrap_plan = resolve_wrap_plan(policy, config.accelerator.fsdp) if topology.is_sharded else None
     preprocessor, postprocessor = build_processors(dataset.stats())
     accelerator = build_accelerator(config, topology, wrap_plan)
+    notes.append(main_decides(lock.acquire))  # before anything is written to output_dir
     sampler = GlobalOrderSampler(
         len(dataset), config.batch_size, topology.dp_world_size, accelerator.process_index, config.seed
     )
@@ -162,12 +203,15 @@ def _build(config: TrainConfig, topology: Any) -> tuple[Run, Any, Any]:
     return run, wrap_plan, resume_point
 
 
-def _run_steps(run: Run, logger: Any) -> tuple[list[float], str | None]:
-    """Collective. The loop steps from `run.start_step`; returns the logged losses and the last save."""
+def _run_steps(run: Run, logger: Any, interrupts: Interrupts) -> tuple[list[float], str | None]:
+    """Collective. The loop steps from `run.start_step`; returns the logged losses and the last save.
+    Every rank checks for a signal at each optimizer-update boundary and stops at the same step."""
     config, accelerator, sampler = run.config, run.accelerator, run.sampler
+    accum = config.accelerator.gradient_accumulation.steps
     losses: list[float] = []
     last_checkpoint: str | None = None
     grad_norm: float | None = None  # of the last optimizer update
+    saved_step = -1
     window_loss = torch.zeros((), device=accelerator.device)
     window_steps, window_start = 0, time.perf_counter()
     run.model.train()
@@ -201,9 +245,19 @@ def _run_steps(run: Run, logger: Any) -> tuple[list[float], str | None]:
             window_loss.zero_()
             window_steps, window_start = 0, time.perf_counter()
         if step % config.save_freq == 0 or step == config.steps:
-            last_checkpoint = _save(run, step)
+            last_checkpoint, saved_step = _save(run, step), step
             logger.note(f"checkpoint {last_checkpoint}")
+        if step % accum == 0 or step == config.steps:
+            signum = interrupts.agreed(accelerator.device)
+            if signum:
+                if saved_step != step:
+                    last_checkpoint = _save(run, step)
+                raise Interrupted(signum, step, last_checkpoint, _resume_hint(config))
     return losses, last_checkpoint
+
+
+def _resume_hint(config: TrainConfig) -> str:
+    return f"--resume=true --output_dir={os.path.abspath(config.output_dir)}"
 
 
 def _save(run: Run, step: int) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import ckpt_tools
 from ckpt_tools import ResumePlan, RunShape, Topology, layout
 from trainer.config.train import TrainConfig
+from trainer.distributed.agree import main_decides
 from trainer.distributed.topology import check_checkpoint_format, resolve_topology
 from trainer.errors import ConfigError
 from trainer.peft import saved_weight_shapes
@@ -115,11 +116,13 @@ def find_checkpoint(config: TrainConfig) -> str | None:
 def before_prepare(
     config: TrainConfig, topology: Topology, model: Any, sampler: Any, rank: int, world_size: int
 ) -> ResumePoint:
-    """Phase 1: plan the resume, restore RNG and sampler position. Reads files only (no collective);
-    every rank computes the same plan. Call after the policy is built and before `prepare()`."""
+    """Phase 1: plan the resume, restore RNG and sampler position. Collective: call on all ranks after
+    the process group is up, before `prepare()`. The main rank alone resolves which step to resume
+    (`last` may move while the ranks start) and broadcasts it; every rank then reads that step's files
+    and computes the same plan."""
     if not config.resume:
         return FRESH
-    step_dir = find_checkpoint(config)
+    step_dir = main_decides(lambda: find_checkpoint(config))
     if step_dir is None:
         return ResumePoint(
             None,

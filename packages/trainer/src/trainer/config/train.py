@@ -116,6 +116,10 @@ class TrainConfig:
     resume: bool = False
     """Continue from the checkpoint --config_path names, else from output_dir's latest one (a fresh start
     before the first save); docs/resume.md."""
+    collective_timeout_s: int = 300
+    """Seconds a collective (a save's barrier, a metric reduction) waits for the other ranks before every
+    waiting rank stops with one error line: bounds the hang when a rank fails or stalls (torch's own
+    default is 30 minutes)."""
 
     def __post_init__(self) -> None:
         # Not dataclass fields (so neither flags nor train_config.json entries): config/parse.py sets
@@ -128,7 +132,7 @@ class TrainConfig:
             raise ConfigError(
                 f"--checkpoint_format={self.checkpoint_format!r} is not one of {', '.join(CHECKPOINT_FORMATS)}"
             )
-        for name in ("batch_size", "steps", "save_freq", "log_freq"):
+        for name in ("batch_size", "steps", "save_freq", "log_freq", "collective_timeout_s"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
         self._check_saves_end_windows()

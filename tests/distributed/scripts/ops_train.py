@@ -1,0 +1,127 @@
+"""`trainer train` with the fault hooks of the operations tests (tests/distributed/test_operations.py),
+patched in here so the trainer carries no test code. Runs under torchrun or as one plain process.
+
+Hook flags come first and are removed before the trainer parses the rest:
+  --hook-step-sleep=SECONDS      every rank sleeps this long in each training step (a run slow enough
+                                 to be signalled, locked or orphaned while it trains).
+  --hook-hold=PATH               every rank waits at its second training step until PATH exists.
+  --hook-signal=RANK:CALL:SIGNUM[:TIMES]  RANK sends itself SIGNUM (TIMES times, default 1) at the
+                                 start of its CALL-th training step.
+  --hook-stall=RANK:CALL:SECONDS RANK sleeps SECONDS at the start of its CALL-th training step.
+  --hook-flip-last=STEP          the main rank repoints `checkpoints/last` to STEP right after it resolved
+                                 the step to resume; the other ranks resolve theirs a second later (if they
+                                 resolve one at all), so an unshared resolution would pick another step.
+Every rank prints `hook: rank R pid P` at start and `hook: rank R resumes from DIR` after phase 1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import trainer.loop as loop
+import trainer.resume as resume
+from ckpt_tools import commit, layout
+from trainer.cli import main
+
+RANK = int(os.environ.get("RANK", "0"))
+
+
+def before_step(action) -> None:
+    """Run `action(call)` on this rank before each training step; `call` counts from 1."""
+    train_step = loop._train_step
+    count = 0
+
+    def step(*args, **kwargs):
+        nonlocal count
+        count += 1
+        action(count)
+        return train_step(*args, **kwargs)
+
+    loop._train_step = step
+
+
+def step_sleep(seconds: float) -> None:
+    before_step(lambda call: time.sleep(seconds))
+
+
+def hold(path: str) -> None:
+    def wait(call: int) -> None:
+        while call == 2 and not os.path.exists(path):
+            time.sleep(0.1)
+
+    before_step(wait)
+
+
+def send_signal(rank: int, call: int, signum: int, times: int = 1) -> None:
+    def send(now: int) -> None:
+        if rank == RANK and now == call:
+            print(f"hook: rank {RANK} sends itself signal {signum} x{times} at step call {call}", flush=True)
+            for _ in range(times):
+                os.kill(os.getpid(), signum)
+                time.sleep(0.2)
+
+    before_step(send)
+
+
+def stall(rank: int, call: int, seconds: float) -> None:
+    def sleep(now: int) -> None:
+        if rank == RANK and now == call:
+            print(f"hook: rank {RANK} stalls {seconds} s at step call {call}", flush=True)
+            time.sleep(seconds)
+
+    before_step(sleep)
+
+
+def flip_last(step: int) -> None:
+    find_checkpoint = resume.find_checkpoint
+
+    def find(config):
+        if RANK != 0:
+            time.sleep(1.0)
+        found = find_checkpoint(config)
+        if RANK == 0:
+            commit.point_last(os.path.dirname(found), layout.step_dir_name(step))
+            print(f"hook: rank 0 resolved {found}, then moved last to {step}", flush=True)
+        return found
+
+    resume.find_checkpoint = find
+
+
+def report_resume() -> None:
+    before_prepare = resume.before_prepare
+
+    def report(*args, **kwargs):
+        point = before_prepare(*args, **kwargs)
+        print(f"hook: rank {RANK} resumes from {point.step_dir}", flush=True)
+        return point
+
+    resume.before_prepare = report
+
+
+HOOKS = {
+    "--hook-step-sleep": step_sleep,
+    "--hook-signal": send_signal,
+    "--hook-flip-last": flip_last,
+    "--hook-stall": stall,
+}
+
+
+def install_hooks(args: list[str]) -> list[str]:
+    rest = []
+    for arg in args:
+        name, _, value = arg.partition("=")
+        if name == "--hook-hold":
+            hold(value)
+        elif name in HOOKS:
+            HOOKS[name](*[float(v) if "." in v else int(v) for v in value.split(":")])
+        else:
+            rest.append(arg)
+    report_resume()
+    return rest
+
+
+if __name__ == "__main__":
+    print(f"hook: rank {RANK} pid {os.getpid()}", flush=True)
+    main(["train", *install_hooks(sys.argv[1:])])

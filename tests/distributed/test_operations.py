@@ -1,0 +1,231 @@
+"""Operations on real processes: signals, the run lock, orphaned ranks, ranks agreeing on the resumed step.
+
+Every run is `tests/distributed/scripts/ops_train.py` (the real CLI plus fault hooks), under torchrun
+with gloo or as one plain process. docs/resume.md ("Operations") is what these tests hold the code to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.launch import CKPT_CLI, launch_env, run_torchrun, torchrun_command
+from helpers.train_flags import tiny_args
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+
+SCRIPT = Path(__file__).parent / "scripts" / "ops_train.py"
+MLP = ["--policy.type=mlp", "--policy.hidden_dim=16"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("ops-dataset-cache"))
+
+
+def flags(out: Path, cache: str, *extra: str) -> list[str]:
+    return tiny_args(str(out), cache, *MLP, *extra)
+
+
+def run_single(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The script as one plain process (no launcher), output combined."""
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        env=launch_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def last(out: Path) -> str:
+    return os.readlink(out / "checkpoints" / "last")
+
+
+def verifies(path: Path) -> bool:
+    return (
+        subprocess.run([str(CKPT_CLI), "verify", str(path)], capture_output=True, timeout=60).returncode == 0
+    )
+
+
+def no_traceback_from_us(log: str) -> bool:
+    """torchrun may print its own failure summary; nothing of ours may show a Python traceback."""
+    return "KeyboardInterrupt" not in log and "/trainer/" not in log and "/ckpt_tools/" not in log
+
+
+def events(out: Path, name: str) -> list[dict]:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r.get("event") == name]
+
+
+# ------------------------------------------------------------------------------------------- signals
+
+
+def test_sigterm_on_one_rank_stops_both_at_one_step_and_resume_agrees_on_the_step(tmp_path, cache):
+    """Rank 1 alone gets SIGTERM during step 3: both ranks stop after step 3, save it collectively, and
+    the main rank prints the one line. The resume flips `last` back to step 2 right after the main rank
+    resolved step 3: both ranks still resume from step 3 (the main rank's choice is broadcast)."""
+    out = tmp_path / "run"
+    args = flags(out, cache)  # DDP over 2 ranks, 4 steps, saves every 2
+    stopped = run_torchrun(SCRIPT, 2, f"--hook-signal=1:3:{int(signal.SIGTERM)}", *args, check=False)
+    log = stopped.stdout
+    assert stopped.returncode != 0
+    line = f"interrupted at step 3; checkpoint {out / 'checkpoints' / '000003'}; resume with --resume=true --output_dir={out}"
+    assert log.count("interrupted at step") == 1 and line in log, log
+    assert "exitcode  : 143" in log, log  # torchrun's summary: 128 + SIGTERM
+    assert no_traceback_from_us(log), log
+    assert last(out) == "000003" and verifies(out / "checkpoints" / "last")
+    assert [e["step"] for e in events(out, "interrupted")] == [3]
+    assert not (out / "trainer.lock").exists()
+
+    resumed = run_torchrun(SCRIPT, 2, "--hook-flip-last=2", *args, "--resume=true")
+    step3 = out / "checkpoints" / "000003"
+    assert "hook: rank 0 resolved" in resumed.stdout and "then moved last to 2" in resumed.stdout
+    assert f"hook: rank 0 resumes from {step3}\n" in resumed.stdout, resumed.stdout
+    assert f"hook: rank 1 resumes from {step3}\n" in resumed.stdout, resumed.stdout
+    assert last(out) == "000004" and verifies(out / "checkpoints" / "last")
+
+
+def test_sigint_in_one_process_saves_the_current_step(tmp_path, cache):
+    out = tmp_path / "run"
+    stopped = run_single(f"--hook-signal=0:3:{int(signal.SIGINT)}", *flags(out, cache, "--steps=8"))
+    assert stopped.returncode == 128 + signal.SIGINT, stopped.stdout
+    assert f"interrupted at step 3; checkpoint {out / 'checkpoints' / '000003'};" in stopped.stdout
+    assert "Traceback" not in stopped.stdout, stopped.stdout
+    assert last(out) == "000003" and verifies(out / "checkpoints" / "000003")
+
+
+def test_second_signal_aborts_at_once_without_a_checkpoint(tmp_path, cache):
+    out = tmp_path / "run"
+    aborted = run_single(f"--hook-signal=0:3:{int(signal.SIGTERM)}:2", *flags(out, cache, "--steps=8"))
+    assert aborted.returncode == 128 + signal.SIGTERM, aborted.stdout
+    assert "SIGTERM again: aborting without a checkpoint" in aborted.stdout
+    assert "Traceback" not in aborted.stdout and "interrupted at step" not in aborted.stdout
+    assert last(out) == "000002" and not (out / "checkpoints" / "000003").exists()
+
+
+# ------------------------------------------------------------------------------ bounded failures
+
+
+def test_a_stalled_rank_ends_the_other_within_the_collective_timeout(tmp_path, cache):
+    """Rank 1 stalls 15 s in step 3; rank 0 waits in the step's metric reduction for at most
+    --collective_timeout_s=3, then stops with one line; `last` names the step-2 checkpoint."""
+    out = tmp_path / "run"
+    args = flags(out, cache, "--log_freq=1", "--collective_timeout_s=3")
+    started = time.monotonic()
+    failed = run_torchrun(SCRIPT, 2, "--hook-stall=1:3:15.0", *args, check=False)
+    log = failed.stdout
+    assert failed.returncode != 0
+    errors = [line for line in log.splitlines() if line.startswith("error: rank 0: a collective")]
+    assert len(errors) == 1, log
+    assert "--collective_timeout_s passed" in errors[0]
+    assert no_traceback_from_us(log), log
+    assert time.monotonic() - started < 120
+    assert last(out) == "000002" and verifies(out / "checkpoints" / "last")
+
+
+# ----------------------------------------------------------------------------- one writer per run
+
+
+def test_second_launch_on_a_held_dir_is_refused_while_the_first_finishes(tmp_path, cache):
+    """Two runs started together on one output_dir: exactly one takes the lock (and waits at its second
+    step until the test lets it go); the other exits 1 with one line naming the holder and writes nothing."""
+    out = tmp_path / "run"
+    release = tmp_path / "release"
+    args = [f"--hook-hold={release}", *flags(out, cache, "--save_freq=100")]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), *args],
+            env=launch_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        while all(run.poll() is None for run in runs):
+            assert time.monotonic() < deadline, "neither run was refused"
+            time.sleep(0.2)
+        [refused] = [run for run in runs if run.poll() is not None]
+        [holder] = [run for run in runs if run is not refused]
+        refusal, _ = refused.communicate()
+        assert refused.returncode == 1, refusal
+        [error] = [line for line in refusal.splitlines() if line.startswith("error:")]
+        assert error.startswith(f"error: --output_dir={out} is in use by another run: host ")
+        assert f" pid {holder.pid} (started " in error
+        assert "Traceback" not in refusal
+        assert holder.poll() is None  # unaffected, still holding at its second step
+        release.touch()
+        log, _ = holder.communicate(timeout=120)
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+    assert holder.returncode == 0, log
+    assert (
+        len(events(out, "start")) == 1 and len(events(out, "summary")) == 1
+    )  # the refused run wrote nothing
+    assert not (out / "trainer.lock").exists()
+
+
+def test_ranks_stop_and_save_when_their_launcher_is_killed(tmp_path, cache):
+    """`kill -9` of torchrun leaves its workers in sessions of their own: they notice the launcher's
+    death, stop at one agreed step with a checkpoint, and release the lock."""
+    out = tmp_path / "run"
+    args = flags(out, cache, "--steps=60", "--save_freq=100", "--log_freq=1")
+    log_path = tmp_path / "torchrun.log"
+    with log_path.open("w") as log_file:
+        launcher = subprocess.Popen(
+            torchrun_command(SCRIPT, 2, "--hook-step-sleep=0.5", *args),
+            env=launch_env(),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "metrics.jsonl").exists() or not events(out, "train"):
+            assert launcher.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        pids = [int(line.split()[-1]) for line in log_path.read_text().splitlines() if " pid " in line]
+        assert len(pids) == 2
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 60
+        while any(_alive(pid) for pid in pids):
+            assert time.monotonic() < deadline, "orphaned ranks kept running"
+            time.sleep(0.2)
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
+    log = log_path.read_text()
+    assert "the launcher (pid" in log and "died: stopping" in log
+    [stop] = events(out, "interrupted")
+    assert 1 <= stop["step"] < 60
+    assert last(out) == f"{stop['step']:06d}" and verifies(out / "checkpoints" / "last")
+    assert not (out / "trainer.lock").exists()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for us
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
