@@ -90,7 +90,7 @@ def test_sharded_safetensors_with_index(run_dir, tmp_path):
     (tmp_path / layout.MODEL_INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
     checkpoint = ckpt_tools.open_checkpoint(tmp_path)
-    assert (checkpoint.step_dir, checkpoint.formats) == (None, ("safetensors",))
+    assert (checkpoint.step_dir, checkpoint.formats) == (None, ("sharded safetensors",))
     loaded = ckpt_tools.load_model_state_dict(tmp_path)
     assert all(torch.equal(loaded[k], v) for k, v in expected.items())
 

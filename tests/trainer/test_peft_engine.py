@@ -200,8 +200,8 @@ def test_adapter_checkpoint_round_trip(tmp_path, checkpoint_format):
     assert not (model_dir / "model.safetensors").exists()
     assert json.loads((model_dir / "adapter_config.json").read_text())["modules_to_save"] == ["head.1"]
     formats = {
-        "safetensors": ("adapter_safetensors",),
-        "safetensors_dcp": ("adapter_safetensors", "adapter_dcp"),
+        "safetensors": ("adapter safetensors",),
+        "safetensors_dcp": ("adapter safetensors", "adapter dcp"),
     }
     assert ckpt_tools.open_checkpoint(step).formats == formats[checkpoint_format]
     if checkpoint_format == "safetensors_dcp":

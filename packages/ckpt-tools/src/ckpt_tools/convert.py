@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
-from ckpt_tools import layout, locate, storage
+from ckpt_tools import layout, storage
+from ckpt_tools.catalog import ADAPTER, DCP, MODEL, SAFETENSORS, SHARDED_SAFETENSORS, catalog
 from ckpt_tools.dcp_index import ChunkEntry, TensorEntry, locate_chunk_data, model_tensors, read_dcp_index
 from ckpt_tools.dtypes import FLOATING, ITEMSIZE, SAFETENSORS_TO_TORCH, USER_DTYPES, dtype_name
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, OutputExistsError
@@ -126,22 +127,16 @@ def _advance(progress: Progress | None, total: int) -> _Advance:
 
 
 def _find_dcp_source(path: str | os.PathLike[str]) -> tuple[str, str]:
-    """(DCP directory, output stem `model` or `adapter_model`)."""
-    text = os.fspath(path).rstrip("/")
-    if storage.exists(layout.join(text, layout.DCP_METADATA)):
-        source = text if "://" in text else storage.resolve(text)[1]
-    else:
-        _, model_dir = locate.resolve_model_dir(text)
-        candidates = [layout.join(model_dir, name) for name in (layout.ADAPTER_DCP_DIR, layout.MODEL_DCP_DIR)]
-        found = [c for c in candidates if storage.exists(layout.join(c, layout.DCP_METADATA))]
-        if not found:
-            raise NotACheckpointError(
-                f"{text} has no DCP shards ({layout.MODEL_DCP_DIR}/ or {layout.ADAPTER_DCP_DIR}/ with a "
-                f"{layout.DCP_METADATA}); it needs no conversion, or pass the DCP directory itself"
-            )
-        source = found[0]
-    is_adapter = source.rsplit("/", 1)[-1] == layout.ADAPTER_DCP_DIR
-    return source, _stem(layout.ADAPTER_SAFETENSORS if is_adapter else layout.MODEL_SAFETENSORS)
+    """(DCP directory, output stem `model` or `adapter_model`), from the catalog of `path`."""
+    found = [w for w in catalog(path).weight_sets if w.format == DCP and w.role in (MODEL, ADAPTER)]
+    if not found:
+        raise NotACheckpointError(
+            f"{os.fspath(path)} has no DCP shards ({layout.MODEL_DCP_DIR}/ or {layout.ADAPTER_DCP_DIR}/ "
+            f"with a {layout.DCP_METADATA}); it needs no conversion, or pass the DCP directory itself"
+        )
+    source = next((w for w in found if w.role == ADAPTER), found[0])
+    is_adapter = source.role == ADAPTER
+    return source.path, _stem(layout.ADAPTER_SAFETENSORS if is_adapter else layout.MODEL_SAFETENSORS)
 
 
 def _stem(file_name: str) -> str:
@@ -482,17 +477,17 @@ def _find_safetensors_source(path: str | os.PathLike[str]) -> tuple[list[str], s
         model_dir, name = text.rsplit("/", 1) if "/" in text else (".", text)
         dcp_name = layout.ADAPTER_DCP_DIR if name == layout.ADAPTER_SAFETENSORS else layout.MODEL_DCP_DIR
         return [text], layout.join(model_dir, dcp_name)
-    _, model_dir = locate.resolve_model_dir(text)
-    index = layout.join(model_dir, layout.MODEL_INDEX)
-    if storage.exists(index):
-        shards = sorted(set(read_weight_map(index).values()))
-        return [layout.join(model_dir, s) for s in shards], layout.join(model_dir, layout.MODEL_DCP_DIR)
-    for file_name, dcp_name in (
-        (layout.MODEL_SAFETENSORS, layout.MODEL_DCP_DIR),
-        (layout.ADAPTER_SAFETENSORS, layout.ADAPTER_DCP_DIR),
-    ):
-        if storage.exists(layout.join(model_dir, file_name)):
-            return [layout.join(model_dir, file_name)], layout.join(model_dir, dcp_name)
+    cat = catalog(text)
+    order = ((MODEL, SHARDED_SAFETENSORS), (MODEL, SAFETENSORS), (ADAPTER, SAFETENSORS))
+    for role, fmt in order:
+        for weights in cat.of_role(role):
+            if weights.format != fmt:
+                continue
+            dcp_name = layout.ADAPTER_DCP_DIR if role == ADAPTER else layout.MODEL_DCP_DIR
+            if fmt == SHARDED_SAFETENSORS:
+                shards = sorted(set(read_weight_map(weights.path).values()))
+                return [layout.join(cat.model_dir, s) for s in shards], layout.join(cat.model_dir, dcp_name)
+            return [weights.path], layout.join(cat.model_dir, dcp_name)
     raise NotACheckpointError(
         f"{text} has no {layout.MODEL_SAFETENSORS}, {layout.MODEL_INDEX} or {layout.ADAPTER_SAFETENSORS}"
     )

@@ -45,3 +45,7 @@ class OutputExistsError(CheckpointError):
 
 class PublishError(CheckpointError):
     """Publishing to the Hub or to an fsspec target failed; nothing local was deleted."""
+
+
+class ForeignCheckpointError(ResumeRefusedError):
+    """Written by another tool (LeRobot): its weights load, but its training state is not ours to resume."""

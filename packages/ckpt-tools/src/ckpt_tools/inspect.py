@@ -13,18 +13,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckpt_tools import layout, locate, storage
-from ckpt_tools.dcp_index import DcpIndex, model_tensors, read_dcp_index
+from ckpt_tools.catalog import (
+    DCP,
+    LEROBOT,
+    MODEL,
+    OPTIMIZER,
+    OURS,
+    SAFETENSORS,
+    SHARDED_SAFETENSORS,
+    WeightSet,
+    catalog,
+    weights_for_report,
+)
+from ckpt_tools.dcp_index import DcpIndex, model_tensors, optimizer_tensors, read_dcp_index
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError
-from ckpt_tools.meta import TrainingStep
+from ckpt_tools.meta import LeRobotStep, TrainingStep
 from ckpt_tools.safetensors_io import read_safetensors_header
-
-SAFETENSORS = "safetensors"
-SHARDED_SAFETENSORS = "sharded safetensors"
-DCP = "dcp"
-
-MODEL = "model"
-ADAPTER = "adapter"
-OPTIMIZER = "optimizer"
 
 
 @dataclass(frozen=True)
@@ -78,13 +82,18 @@ class TensorGroup:
 
 @dataclass(frozen=True)
 class CheckpointDescription:
-    """What a checkpoint holds. `training_step` is None for a bare model directory."""
+    """What a checkpoint holds. `training_step` is None outside a step directory of ours (a model
+    directory, a DCP directory, another tool's step: `lerobot_step` for LeRobot's)."""
 
     path: str
     model_dir: str
     step_dir: str | None
     training_step: TrainingStep | None
     groups: tuple[TensorGroup, ...] = field(default_factory=tuple)
+    layout: str = OURS
+    layout_line: str = f"{OURS} layout"
+    lerobot_step: LeRobotStep | None = None
+    preferred: WeightSet | None = None
 
     @property
     def formats(self) -> tuple[str, ...]:
@@ -92,18 +101,23 @@ class CheckpointDescription:
 
     @property
     def weights(self) -> TensorGroup | None:
-        """The group a reader loads tensors from: safetensors first (cheapest), then DCP; adapter
-        weights when the checkpoint holds no full model; optimizer state for a bare `optimizer_0/`."""
-        for role in (MODEL, ADAPTER, OPTIMIZER):
-            for group in self.groups:
-                if group.role == role:
-                    return group
+        """The group a reader loads tensors from (`catalog.weights_for_report`): the model's
+        safetensors, else its DCP shards, else an adapter; optimizer state for a bare `optimizer_0/`."""
+        for group in self.groups:
+            if self.preferred and (group.role, group.format, group.path) == (
+                self.preferred.role,
+                self.preferred.format,
+                self.preferred.path,
+            ):
+                return group
         return None
 
     def to_dict(self) -> dict[str, Any]:
         step = self.training_step
         return {
             "path": self.path,
+            "layout": self.layout,
+            "lerobot": self.lerobot_step.to_dict() if self.lerobot_step else None,
             "model_dir": self.model_dir,
             "step_dir": self.step_dir,
             "step": step.step if step else None,
@@ -127,58 +141,33 @@ def describe_checkpoint(path: str | os.PathLike[str]) -> CheckpointDescription:
     """Describe a step directory, `checkpoints/last`, an output_dir, a model directory, a single
     `.safetensors` file or a DCP directory, from metadata alone."""
     text = os.fspath(path)
-    fs, inner = storage.resolve(text)
-    if fs.isfile(inner) and text.endswith(".safetensors"):
-        return CheckpointDescription(text, text, None, None, (safetensors_group(MODEL, text),))
-    if fs.isdir(inner) and fs.exists(f"{inner}/{layout.DCP_METADATA}"):
-        role = OPTIMIZER if inner.rsplit("/", 1)[-1] == layout.OPTIMIZER_DCP_DIR else MODEL
-        return CheckpointDescription(text, text, None, None, (dcp_group(role, text),))
-    step_dir, model_dir = locate.resolve_model_dir(text)
-    step = locate.read_training_step(step_dir) if step_dir and _has_training_step(step_dir) else None
-    groups = tuple(read_group(location) for location in locate_groups(model_dir, step_dir))
-    if not groups and step is None:
+    cat = catalog(text)
+    step = None
+    if cat.step_dir and cat.layout != LEROBOT and storage.exists(cat.state_dir or ""):
+        step = locate.read_training_step(cat.step_dir)  # an older release of ours is refused here
+    groups = tuple(read_group(weights) for weights in cat.weight_sets)
+    if not groups and step is None and cat.lerobot_step is None:
         raise NotACheckpointError(
             f"{text} holds no model weights ({layout.MODEL_SAFETENSORS}, {layout.MODEL_DCP_DIR}/, "
             f"{layout.ADAPTER_SAFETENSORS}) and no {layout.TRAINING_STATE_DIR}/; pass a step directory, "
             f"checkpoints/{layout.LAST} or a {layout.PRETRAINED_MODEL_DIR}/ directory"
         )
-    return CheckpointDescription(text, model_dir, step_dir, step, groups)
+    return CheckpointDescription(
+        path=text,
+        model_dir=cat.model_dir,
+        step_dir=cat.step_dir,
+        training_step=step,
+        groups=groups,
+        layout=cat.layout,
+        layout_line=cat.layout_line(),
+        lerobot_step=cat.lerobot_step,
+        preferred=weights_for_report(cat),
+    )
 
 
-def _has_training_step(step_dir: str) -> bool:
-    return storage.exists(layout.join(step_dir, layout.TRAINING_STATE_DIR))
-
-
-@dataclass(frozen=True)
-class GroupLocation:
-    """Where one tensor group of a checkpoint lives, before anything in it is read."""
-
-    role: str
-    format: str
-    path: str
-
-
-def locate_groups(model_dir: str, step_dir: str | None) -> list[GroupLocation]:
-    """Every tensor group present, in the order a reader prefers them."""
-    state_dir = layout.join(step_dir, layout.TRAINING_STATE_DIR) if step_dir else None
-    candidates = [
-        GroupLocation(MODEL, SAFETENSORS, layout.join(model_dir, layout.MODEL_SAFETENSORS)),
-        GroupLocation(MODEL, SHARDED_SAFETENSORS, layout.join(model_dir, layout.MODEL_INDEX)),
-        GroupLocation(MODEL, DCP, layout.join(model_dir, layout.MODEL_DCP_DIR)),
-        GroupLocation(ADAPTER, SAFETENSORS, layout.join(model_dir, layout.ADAPTER_SAFETENSORS)),
-        GroupLocation(ADAPTER, DCP, layout.join(model_dir, layout.ADAPTER_DCP_DIR)),
-    ]
-    if state_dir:
-        candidates += [
-            GroupLocation(OPTIMIZER, SAFETENSORS, layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS)),
-            GroupLocation(OPTIMIZER, DCP, layout.join(state_dir, layout.OPTIMIZER_DCP_DIR)),
-        ]
-    return [location for location in candidates if storage.exists(location.path)]
-
-
-def read_group(location: GroupLocation) -> TensorGroup:
-    """The tensor summaries of one group, from its headers or `.metadata`."""
-    return _READERS[location.format](location.role, location.path)
+def read_group(weights: WeightSet) -> TensorGroup:
+    """The tensor summaries of one weight set, from its headers or `.metadata`."""
+    return _READERS[weights.format](weights.role, weights.path)
 
 
 def safetensors_group(role: str, path: str) -> TensorGroup:
@@ -197,12 +186,13 @@ def sharded_safetensors_group(role: str, index_path: str) -> TensorGroup:
 
 def dcp_group(role: str, dcp_dir: str) -> TensorGroup:
     """Model and adapter groups list tensors under their model names (DCP's `model.` wrapper
-    removed), so they compare with safetensors; optimizer groups list the keys as saved."""
+    removed), so they compare with safetensors; optimizer groups list the optimizer keys as saved.
+    A directory holding both (torchtitan's) gives each role only its own tensors."""
     return dcp_group_from_index(role, read_dcp_index(dcp_dir))
 
 
 def dcp_group_from_index(role: str, index: DcpIndex) -> TensorGroup:
-    entries = index.tensors if role == OPTIMIZER else model_tensors(index)
+    entries = optimizer_tensors(index) if role == OPTIMIZER else model_tensors(index)
     tensors = tuple(
         TensorSummary(name, entry.dtype, entry.shape, entry.nbytes) for name, entry in sorted(entries.items())
     )

@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ckpt_tools import layout, storage
 from ckpt_tools.adapters import adapter_keys
+from ckpt_tools.catalog import ADAPTER, DCP, WeightSet, catalog, weights_for_resume
 from ckpt_tools.collective import Group, is_sharded
 from ckpt_tools.errors import (
     CheckpointError,
@@ -26,14 +27,13 @@ from ckpt_tools.errors import (
     LegacyCheckpointError,
     NotACheckpointError,
 )
+from ckpt_tools.loading import read_weight_set
 from ckpt_tools.locate import read_training_step, resolve_model_dir
 from ckpt_tools.meta import TrainingStep
 from ckpt_tools.optim_codec import read_optimizer_safetensors, restore_tuples
 from ckpt_tools.tensor_io import (
     dcp_load,
     dcp_reader,
-    read_safetensors,
-    read_safetensors_model,
     validate_dcp_metadata,
 )
 
@@ -71,54 +71,41 @@ def load_training_state(
 
 
 def _load_model(model_dir: str, model: nn.Module, group: Group) -> None:
-    if storage.exists(layout.join(model_dir, layout.ADAPTER_CONFIG)):
-        _load_adapter(model_dir, model, group)
-        return
-    dcp_dir = layout.join(model_dir, layout.MODEL_DCP_DIR)
-    has_dcp = storage.exists(layout.join(dcp_dir, layout.DCP_METADATA))
-    has_full = storage.exists(layout.join(model_dir, layout.MODEL_SAFETENSORS)) or storage.exists(
-        layout.join(model_dir, layout.MODEL_INDEX)
-    )
+    """Load the weight set `catalog.weights_for_resume` picks for this model's sharding."""
     sharded = is_sharded(model)
-    if has_dcp and (sharded or not has_full):
-        state = get_model_state_dict(model)
-        dcp_load(state, dcp_dir, group.pg, group.distributed)
-        set_model_state_dict(model, state)
-    elif has_full:
-        full: dict[str, Any] = read_safetensors_model(model_dir)
-        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=sharded))
-    else:
+    weights = weights_for_resume(catalog(model_dir), sharded=sharded)
+    if weights is None:
         raise NotACheckpointError(
-            f"{model_dir} holds no model weights ({layout.MODEL_SAFETENSORS}, {layout.MODEL_INDEX} or "
-            f"{layout.MODEL_DCP_DIR}/); the checkpoint is incomplete"
+            f"{model_dir} holds no model weights ({layout.MODEL_SAFETENSORS}, {layout.MODEL_INDEX}, "
+            f"{layout.MODEL_DCP_DIR}/ or an adapter); the checkpoint is incomplete"
         )
+    if weights.role == ADAPTER:
+        _load_adapter(model_dir, weights, model, group)
+    elif weights.format == DCP:
+        state = get_model_state_dict(model)
+        dcp_load(state, weights.path, group.pg, group.distributed)
+        set_model_state_dict(model, state)
+    else:
+        full: dict[str, Any] = read_weight_set(weights)
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=sharded))
 
 
-def _load_adapter(model_dir: str, model: nn.Module, group: Group) -> None:
+def _load_adapter(model_dir: str, weights: WeightSet, model: nn.Module, group: Group) -> None:
     """Load a PEFT checkpoint's adapter into the model's trainable parameters (the base stays as built)."""
     keys = adapter_keys(model)
-    dcp_dir = layout.join(model_dir, layout.ADAPTER_DCP_DIR)
-    has_dcp = storage.exists(layout.join(dcp_dir, layout.DCP_METADATA))
-    has_file = storage.exists(layout.join(model_dir, layout.ADAPTER_SAFETENSORS))
-    sharded = is_sharded(model)
     state: dict[str, Any]
-    if has_dcp and (sharded or not has_file):
-        validate_dcp_metadata(dcp_dir)
-        saved = set(dcp_reader(dcp_dir).read_metadata().state_dict_metadata)
+    if weights.format == DCP:
+        validate_dcp_metadata(weights.path)
+        saved = set(dcp_reader(weights.path).read_metadata().state_dict_metadata)
         _check_adapter_keys(model_dir, saved, keys)
         local = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=True))
         state = {keys[name]: local[name] for name in keys}
-        dcp_load(state, dcp_dir, group.pg, group.distributed)
+        dcp_load(state, weights.path, group.pg, group.distributed)
         full_state = False
-    elif has_file:
-        state, _ = read_safetensors(layout.join(model_dir, layout.ADAPTER_SAFETENSORS))
-        _check_adapter_keys(model_dir, set(state), keys)
-        full_state = sharded
     else:
-        raise NotACheckpointError(
-            f"{model_dir} has {layout.ADAPTER_CONFIG} but no adapter weights ({layout.ADAPTER_SAFETENSORS} or "
-            f"{layout.ADAPTER_DCP_DIR}/); the checkpoint is incomplete"
-        )
+        state = read_weight_set(weights)
+        _check_adapter_keys(model_dir, set(state), keys)
+        full_state = is_sharded(model)
     options = StateDictOptions(full_state_dict=full_state, strict=False)
     set_model_state_dict(model, {name: state[key] for name, key in keys.items()}, options=options)
 

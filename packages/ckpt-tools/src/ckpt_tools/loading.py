@@ -13,30 +13,29 @@ from typing import Any
 
 import torch
 
-from ckpt_tools import layout, storage
+from ckpt_tools import catalog, layout, storage
+from ckpt_tools.dcp_index import model_tensors, read_dcp_index
 from ckpt_tools.errors import NotACheckpointError
-from ckpt_tools.locate import read_training_step, resolve_model_dir
+from ckpt_tools.locate import read_training_step
 from ckpt_tools.meta import TrainingStep
 from ckpt_tools.tensor_io import read_dcp_full, read_safetensors, read_safetensors_model
 
 __all__ = ["Checkpoint", "load_model_state_dict", "open_checkpoint"]
 
-# Names of the weight formats `Checkpoint.formats` reports, in this order.
-SAFETENSORS = "safetensors"  # model.safetensors, or model-0000k-of-0000n.safetensors + index
-DCP = "dcp"  # pytorch_model_fsdp_0/
-ADAPTER_SAFETENSORS = "adapter_safetensors"  # PEFT: adapter_model.safetensors
-ADAPTER_DCP = "adapter_dcp"  # PEFT: adapter_model_fsdp_0/
-
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """An opened checkpoint. `step_dir` is None for a bare model directory (converted or downloaded);
-    `model_dir` is the `pretrained_model/` holding the weights; `formats` lists the weight formats
-    present: `safetensors`, `dcp`, `adapter_safetensors`, `adapter_dcp`."""
+    """An opened checkpoint. `step_dir` is None outside a step directory (a converted, downloaded or
+    DCP directory); `model_dir` holds the weights; `formats` lists the weight sets present in the
+    catalog's vocabulary (`safetensors`, `sharded safetensors`, `dcp`, `adapter safetensors`,
+    `adapter dcp`; optimizer state is not a weight set of the model); `layout` says whose layout it is (`ckpt-tools`, `LeRobot`, ...)."""
 
     step_dir: str | None
     model_dir: str
     formats: tuple[str, ...]
+    layout: str = catalog.OURS
+    is_adapter: bool = False
+    publishable: bool = False
 
     def training_step(self) -> TrainingStep:
         """The run's `training_step.json` (step, topology, batch factorization, format)."""
@@ -54,56 +53,58 @@ class Checkpoint:
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
-    """Open a step directory, `checkpoints/last`, a run's output_dir or a `pretrained_model/`.
+    """Open a step directory, `checkpoints/last`, a run's output_dir, a `pretrained_model/`, a model
+    directory, a `.safetensors` file or a DCP directory.
 
-    Raises `CheckpointNotFoundError` for a missing path and `NotACheckpointError` when the directory
-    holds no weights in any format.
+    `is_adapter`: what loads is a PEFT adapter (merge it into its base); `publishable`: the Hub can
+    load the weights as they are (else `ckpt convert` first). Raises `CheckpointNotFoundError` for a
+    missing path and `NotACheckpointError` when the path holds no model weights in any format.
     """
-    step_dir, model_dir = resolve_model_dir(path)
-    formats = _formats(model_dir)
-    if not formats:
+    cat, preferred = _loadable(path)
+    return Checkpoint(
+        step_dir=cat.step_dir,
+        model_dir=cat.model_dir,
+        formats=tuple(w.label for w in cat.weight_sets if w.role != catalog.OPTIMIZER),
+        layout=cat.layout,
+        is_adapter=preferred.role == catalog.ADAPTER,
+        publishable=catalog.weights_for_publishing(cat) is not None,
+    )
+
+
+def _loadable(path: str | os.PathLike[str]) -> tuple[catalog.Catalog, catalog.WeightSet]:
+    """The catalog of `path` and the weight set a loader takes; one line when there is none."""
+    cat = catalog.catalog(path)
+    preferred = catalog.weights_for_loading(cat)
+    if preferred is None:
         raise NotACheckpointError(
             f"{os.fspath(path)} holds no model weights ({layout.MODEL_SAFETENSORS}, {layout.MODEL_INDEX}, "
             f"{layout.MODEL_DCP_DIR}/ or an adapter); pass a step directory or a pretrained_model/"
         )
-    return Checkpoint(step_dir=step_dir, model_dir=model_dir, formats=formats)
-
-
-def _formats(model_dir: str) -> tuple[str, ...]:
-    def has(*parts: str) -> bool:
-        return storage.exists(layout.join(model_dir, *parts))
-
-    found = []
-    if has(layout.MODEL_SAFETENSORS) or has(layout.MODEL_INDEX):
-        found.append(SAFETENSORS)
-    if has(layout.MODEL_DCP_DIR, layout.DCP_METADATA):
-        found.append(DCP)
-    if has(layout.ADAPTER_SAFETENSORS):
-        found.append(ADAPTER_SAFETENSORS)
-    if has(layout.ADAPTER_DCP_DIR, layout.DCP_METADATA):
-        found.append(ADAPTER_DCP)
-    return tuple(found)
+    return cat, preferred
 
 
 def load_model_state_dict(
     path: str | os.PathLike[str], *, dtype: torch.dtype | None = None
 ) -> dict[str, torch.Tensor]:
-    """The full model state dict on CPU, from whichever format the checkpoint holds.
+    """The full model state dict on CPU, from the weight set `catalog.weights_for_loading` picks.
 
     Safetensors is preferred when present (cheapest to read), then DCP shards written by any number of
-    ranks. A PEFT checkpoint holds only its adapter: its tensors are returned under PEFT's names (merge
-    them with `ckpt_tools.adapters`). `dtype` casts floating tensors; others keep their dtype.
+    ranks, in any layout (ours, accelerate's `model` entry, torchtitan's top-level tensors): only model
+    tensors, never optimizer state. A PEFT checkpoint holds only its adapter: its tensors are returned
+    under PEFT's names (merge them with `ckpt_tools.adapters`). `dtype` casts floating tensors.
     """
-    checkpoint = open_checkpoint(path)
-    model_dir = checkpoint.model_dir
-    if SAFETENSORS in checkpoint.formats:
-        tensors = read_safetensors_model(model_dir)
-    elif DCP in checkpoint.formats:
-        tensors = read_dcp_full(layout.join(model_dir, layout.MODEL_DCP_DIR))
-    elif ADAPTER_SAFETENSORS in checkpoint.formats:
-        tensors, _ = read_safetensors(layout.join(model_dir, layout.ADAPTER_SAFETENSORS))
-    else:
-        tensors = read_dcp_full(layout.join(model_dir, layout.ADAPTER_DCP_DIR))
+    _, weights = _loadable(path)
+    tensors = read_weight_set(weights)
     if dtype is not None:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
     return tensors
+
+
+def read_weight_set(weights: catalog.WeightSet) -> dict[str, torch.Tensor]:
+    """Every tensor of one model or adapter weight set, full and on CPU."""
+    if weights.format == catalog.SAFETENSORS:
+        return read_safetensors(weights.path)[0]
+    if weights.format == catalog.SHARDED_SAFETENSORS:
+        return read_safetensors_model(weights.path.rsplit("/", 1)[0])
+    entries = model_tensors(read_dcp_index(weights.path))
+    return read_dcp_full(weights.path, {name: entry.name for name, entry in entries.items()})

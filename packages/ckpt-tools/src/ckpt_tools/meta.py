@@ -11,7 +11,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckpt_tools.errors import CorruptCheckpointError, LegacyCheckpointError, UnsupportedVersionError
+from ckpt_tools.errors import (
+    CorruptCheckpointError,
+    ForeignCheckpointError,
+    LegacyCheckpointError,
+    UnsupportedVersionError,
+)
 
 FORMAT_VERSION = 1
 CHECKPOINT_FORMATS = ("safetensors", "dcp", "safetensors_dcp")
@@ -108,6 +113,13 @@ class TrainingStep:
     def from_dict(cls, data: Any, source: str = "training_step.json") -> TrainingStep:
         if not isinstance(data, dict):
             raise CorruptCheckpointError(f"{source}: expected a JSON object, got {type(data).__name__}")
+        if is_lerobot_step(data):
+            lerobot = LeRobotStep.from_dict(data, source)
+            raise ForeignCheckpointError(
+                f"{source} was written by LeRobot ({lerobot.describe()}): its weights load "
+                "(--policy.path, load_model_state_dict) but it cannot be resumed here, its optimizer and "
+                "policy are LeRobot's; start a new run from its weights with --policy.path"
+            )
         if "format_version" not in data:
             raise LegacyCheckpointError(
                 f"{source} has no format_version: it was written by an older release and cannot be "
@@ -172,3 +184,33 @@ def _check_type(value: Any, name: str, kind: type, source: str) -> Any:
             f"{source}: field {name!r} should be {kind.__name__}, got {type(value).__name__} {value!r}"
         )
     return value
+
+
+def is_lerobot_step(data: Any) -> bool:
+    """`training_step.json` as current LeRobot releases write it: `{step, num_processes, batch_size}`
+    and no `format_version` (our own pre-v1 files have `dp_world_size`, never `num_processes`)."""
+    return isinstance(data, dict) and "format_version" not in data and "num_processes" in data
+
+
+@dataclass(frozen=True)
+class LeRobotStep:
+    """What a LeRobot checkpoint's `training_step.json` says: shown by readers, never resumed."""
+
+    step: int
+    num_processes: int
+    batch_size: int
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "training_step.json") -> LeRobotStep:
+        return cls(
+            step=_field(data, "step", int, source),
+            num_processes=_field(data, "num_processes", int, source),
+            batch_size=_field(data, "batch_size", int, source),
+        )
+
+    def describe(self) -> str:
+        """`step 4, num_processes 1, batch_size 2`."""
+        return f"step {self.step}, num_processes {self.num_processes}, batch_size {self.batch_size}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

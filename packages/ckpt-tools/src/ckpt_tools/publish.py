@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from ckpt_tools import layout, locate, storage
+from ckpt_tools.catalog import ADAPTER, DCP, MODEL, catalog
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, PublishError
 from ckpt_tools.model_card import gather_card_info, render_model_card
 
@@ -74,7 +75,7 @@ def select_publish_files(model_dir: str | os.PathLike[str]) -> list[str]:
     if layout.MODEL_INDEX in present:
         selected |= {layout.MODEL_INDEX, *_index_shards(root, present)}
     if not selected & {layout.MODEL_SAFETENSORS, layout.MODEL_INDEX, layout.ADAPTER_SAFETENSORS}:
-        raise _no_weights_error(root, entries)
+        raise _no_weights_error(root)
     return sorted(selected)
 
 
@@ -337,14 +338,13 @@ def _index_shards(model_dir: str, present: set[str]) -> set[str]:
     return shards
 
 
-def _no_weights_error(model_dir: str, entries: dict[str, str]) -> Exception:
-    dcp_dirs = [
-        name for name in (layout.MODEL_DCP_DIR, layout.ADAPTER_DCP_DIR) if entries.get(name) == "directory"
-    ]
-    if dcp_dirs:
+def _no_weights_error(model_dir: str) -> Exception:
+    """Why a directory has nothing to publish: DCP shards only (convert first), or no weights at all."""
+    shards = [w for w in catalog(model_dir).weight_sets if w.format == DCP and w.role in (MODEL, ADAPTER)]
+    if shards:
         return PublishError(
-            f"{model_dir} holds only DCP shards ({dcp_dirs[0]}/), which the Hub cannot load: "
-            f"run `ckpt convert {model_dir}` first and publish its output"
+            f"{model_dir} holds only DCP shards ({shards[0].path.rsplit('/', 1)[-1]}/), which the Hub "
+            f"cannot load: run `ckpt convert {model_dir}` first and publish its output"
         )
     return NotACheckpointError(
         f"{model_dir} has no model weights ({layout.MODEL_SAFETENSORS}, {layout.MODEL_INDEX} or "

@@ -132,15 +132,17 @@ def validate_dcp_metadata(dcp_dir: str) -> Any:
     return restricted_loads(storage.read_bytes(path), what=path)
 
 
-def read_dcp_full(dcp_dir: str) -> dict[str, torch.Tensor]:
-    """Every tensor of a DCP directory as one full CPU tensor, in this process alone."""
+def read_dcp_full(dcp_dir: str, keys: Mapping[str, str] | None = None) -> dict[str, torch.Tensor]:
+    """Tensors of a DCP directory as full CPU tensors, in this process alone: every tensor under its
+    saved key, or with `keys` (name to return -> saved key) only those, renamed."""
     validate_dcp_metadata(dcp_dir)
     metadata = dcp_reader(dcp_dir).read_metadata()
-    state: dict[str, Any] = {
-        key: torch.empty(entry.size, dtype=entry.properties.dtype)
-        for key, entry in metadata.state_dict_metadata.items()
-        if isinstance(entry, TensorStorageMetadata)
-    }
+    wanted = dict(keys) if keys is not None else {key: key for key in metadata.state_dict_metadata}
+    state: dict[str, Any] = {}
+    for saved in wanted.values():
+        entry = metadata.state_dict_metadata[saved]
+        if isinstance(entry, TensorStorageMetadata):
+            state[saved] = torch.empty(entry.size, dtype=entry.properties.dtype)
     with quiet_single_process():
         dcp.load(state, storage_reader=dcp_reader(dcp_dir), no_dist=True)
-    return state
+    return {name: state[saved] for name, saved in wanted.items() if saved in state}

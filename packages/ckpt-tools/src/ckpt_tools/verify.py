@@ -19,22 +19,20 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ckpt_tools import commit, layout, locate, storage
-from ckpt_tools.dcp_index import ChunkEntry, DcpIndex, TensorEntry, dcp_file_problems, read_dcp_index
-from ckpt_tools.errors import CheckpointError, CorruptCheckpointError, NotACheckpointError
-from ckpt_tools.inspect import (
+from ckpt_tools.catalog import (
     ADAPTER,
     DCP,
     MODEL,
     OPTIMIZER,
     SAFETENSORS,
+    SAFETENSORS_FILE,
     SHARDED_SAFETENSORS,
-    GroupLocation,
-    TensorGroup,
-    dcp_group_from_index,
-    locate_groups,
-    read_group,
-    read_weight_map,
+    WeightSet,
+    catalog,
 )
+from ckpt_tools.dcp_index import ChunkEntry, DcpIndex, TensorEntry, dcp_file_problems, read_dcp_index
+from ckpt_tools.errors import CheckpointError, CorruptCheckpointError, NotACheckpointError
+from ckpt_tools.inspect import TensorGroup, dcp_group_from_index, read_group, read_weight_map
 from ckpt_tools.meta import TrainingStep
 from ckpt_tools.safetensors_io import read_safetensors_header
 
@@ -100,14 +98,13 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> VerifyReport:
         return VerifyReport(text, (), (_one_line(exc),))
     if target != text.rstrip("/"):
         findings.checked.append(f"{layout.LAST} names a step directory inside {layout.CHECKPOINTS_DIR}/")
-    fs, inner = storage.resolve(target)
-    if fs.isfile(inner) and target.endswith(".safetensors"):
+    cat = catalog(target)
+    if cat.layout == SAFETENSORS_FILE:
         findings.run(f"{target}: safetensors header", read_safetensors_header, target)
         return VerifyReport(text, tuple(findings.checked), tuple(findings.problems))
-    step_dir, model_dir = locate.resolve_model_dir(target)
-    state_dir = layout.join(step_dir, layout.TRAINING_STATE_DIR) if step_dir else None
+    step_dir, model_dir, state_dir = cat.step_dir, cat.model_dir, cat.state_dir
     has_state = state_dir is not None and storage.exists(state_dir)
-    locations = locate_groups(model_dir, step_dir)
+    locations = list(cat.weight_sets)
     if not locations and not has_state:
         raise NotACheckpointError(
             f"{text} holds no model weights and no {layout.TRAINING_STATE_DIR}/: nothing to verify; pass a "
@@ -157,7 +154,7 @@ def _verify_training_state(findings: _Findings, step_dir: str, state_dir: str) -
 def _check_required(
     findings: _Findings,
     step: TrainingStep | None,
-    locations: list[GroupLocation],
+    locations: list[WeightSet],
     model_dir: str,
     state_dir: str | None,
 ) -> None:
@@ -203,7 +200,7 @@ def _check_optimizer_files(findings: _Findings, step: TrainingStep, present: set
     )
 
 
-def _verify_side_files(findings: _Findings, model_dir: str, locations: list[GroupLocation]) -> None:
+def _verify_side_files(findings: _Findings, model_dir: str, locations: list[WeightSet]) -> None:
     for name in (layout.POLICY_CONFIG, layout.TRAIN_CONFIG, layout.ADAPTER_CONFIG):
         _check_json_if_present(findings, layout.join(model_dir, name), dict)
     has_adapter = any(loc.role == ADAPTER for loc in locations)
@@ -279,16 +276,22 @@ def _one_line(exc: Exception) -> str:
 # --- tensor groups ---------------------------------------------------------------------------------
 
 
-def _verify_groups(findings: _Findings, locations: list[GroupLocation]) -> list[TensorGroup]:
+def _verify_groups(findings: _Findings, locations: list[WeightSet]) -> list[TensorGroup]:
     groups = []
+    indexes: dict[str, DcpIndex | None] = {}  # a DCP directory may hold two roles (torchtitan's)
     for location in locations:
         if location.format == DCP:
             group = None
-            index = findings.run(f"{location.path}: .metadata", _read_index_only, location.path)
+            if location.path not in indexes:
+                index = findings.run(f"{location.path}: .metadata", _read_index_only, location.path)
+                if index is not None:
+                    findings.extend(f"{location.path}: files", dcp_file_problems(index))
+                    findings.extend(f"{location.path}: chunks", dcp_index_problems(index))
+                indexes[location.path] = index
+            index = indexes[location.path]
             if index is not None:
-                findings.extend(f"{location.path}: files", dcp_file_problems(index))
-                group = findings.run(f"{location.path}: keys", dcp_group_from_index, location.role, index)
-                findings.extend(f"{location.path}: chunks", dcp_index_problems(index))
+                what = f"{location.path}: {location.role} keys"
+                group = findings.run(what, dcp_group_from_index, location.role, index)
         else:
             group = findings.run(f"{location.path}: headers", read_group, location)
         if location.format == SHARDED_SAFETENSORS:

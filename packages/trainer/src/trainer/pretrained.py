@@ -83,10 +83,10 @@ def load_weights(policy: Any, path: str) -> None:
     local = resolve(path)
     with _checkpoint_errors(path):
         checkpoint = ckpt_tools.open_checkpoint(local)
-        if "safetensors" in checkpoint.formats or "dcp" in checkpoint.formats:
-            state = ckpt_tools.load_model_state_dict(local)
-        else:
+        if checkpoint.is_adapter:
             state = ckpt_tools.merge_adapter_dir(resolve(_adapter_base(checkpoint.model_dir, path)), local)
+        else:
+            state = ckpt_tools.load_model_state_dict(local)
     missing, unexpected = policy.load_state_dict(state, strict=False)
     if missing or unexpected:
         first = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"

@@ -25,8 +25,6 @@ from trainer.errors import ConfigError, PublishFailedError
 # How long the other ranks wait for the main rank's upload: a large model over a slow link takes far
 # longer than the process group's default collective timeout.
 UPLOAD_TIMEOUT = timedelta(hours=6)
-# Checkpoint weight formats (`ckpt_tools.Checkpoint.formats`) the Hub can load as they are.
-_LOADABLE_FORMATS = {"safetensors", "adapter_safetensors"}
 
 
 def check_publish_config(config: TrainConfig) -> str | None:
@@ -86,7 +84,7 @@ def _publish_on_main(config: TrainConfig, summary: Any, logger: Any) -> str | No
     step_dir, repo_id = summary.last_checkpoint, config.policy.repo_id
     disable_progress_bars()  # a run's log gets one line per publish, not upload bars
     try:
-        if not _LOADABLE_FORMATS & set(ckpt_tools.open_checkpoint(step_dir).formats):
+        if not ckpt_tools.open_checkpoint(step_dir).publishable:
             logger.note(f"converting the DCP shards of {step_dir} to safetensors for publishing")
             ckpt_tools.convert_dcp_to_safetensors(step_dir)
         logger.note(f"publishing {step_dir} to {repo_id}")

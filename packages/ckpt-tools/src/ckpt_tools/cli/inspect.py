@@ -65,9 +65,14 @@ def _print(out: Output, description: CheckpointDescription, tensors: bool) -> No
     summary.add_column(style="bold")
     summary.add_column()
     summary.add_row("checkpoint", escape(description.path))
+    summary.add_row("layout", escape(description.layout_line))
     step = description.training_step
-    if step is None:
-        summary.add_row("training state", "none (model directory)")
+    if description.lerobot_step is not None:
+        lerobot = description.lerobot_step
+        summary.add_row("step", str(lerobot.step))
+        summary.add_row("batch", f"batch_size {lerobot.batch_size}, num_processes {lerobot.num_processes}")
+    elif step is None:
+        summary.add_row("training state", "none")
     else:
         summary.add_row("step", str(step.step))
         summary.add_row("topology", step.topology.describe())
