@@ -183,9 +183,10 @@ def weights_for_loading(cat: Catalog) -> WeightSet | None:
 
 
 def weights_for_resume(cat: Catalog, *, sharded: bool) -> WeightSet | None:
-    """What a resume loads into the prepared model: a sharded run reads the DCP shards (each rank
-    only its part) when present, a non-sharded run the full safetensors file when present."""
-    role = ADAPTER if cat.of_role(ADAPTER) and not cat.of_role(MODEL) else MODEL
+    """What a resume loads into the prepared model: the adapter of a PEFT step (a PEFT run trains
+    only it), else the model; a sharded run reads the DCP shards (each rank only its part) when
+    present, a non-sharded run the full safetensors file when present."""
+    role = ADAPTER if cat.of_role(ADAPTER) else MODEL
     files = ((role, SAFETENSORS), (role, SHARDED_SAFETENSORS))
     shards = ((role, DCP),)
     return _first(cat, shards + files if sharded else files + shards)
