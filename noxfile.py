@@ -9,7 +9,7 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["lint", "tests"]
 
 CONSTRAINTS = ("-c", "constraints.txt")
-PACKAGES = ("-e", "packages/ckpt-tools[test]", "-e", "packages/trainer[test]")
+PACKAGES = ("-e", "packages/ckpt-tools[test]", "-e", "packages/trainer[test,tracking]")
 
 
 def install(session: nox.Session, *extra: str) -> None:

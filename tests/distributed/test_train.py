@@ -20,7 +20,7 @@ pytestmark = pytest.mark.distributed
 SCRIPT = Path(__file__).parent / "scripts" / "train_cli.py"
 
 RUNS: dict[str, tuple[int, list[str]]] = {
-    "ddp2": (2, []),
+    "ddp2": (2, ["--trackio.enable=true", "--trackio.project=ddp2-main-rank-only"]),
     "fsdp2_bf16": (
         2,
         [
@@ -71,6 +71,16 @@ def test_run_trains_and_checkpoints(train_runs, name: str) -> None:
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["000002", "000004", "last"]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r.get("event") == "train"] == [2, 4]  # main rank only
+
+
+def test_trackers_log_from_the_main_rank_only(train_runs) -> None:
+    """DDP 2 with trackio: one run in the local store, each logged step once (rank 1 logs nothing)."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    from helpers.tracker_stores import trackio_logs
+
+    (run,) = SQLiteStorage.get_runs("ddp2-main-rank-only")
+    assert [row["step"] for row in trackio_logs("ddp2-main-rank-only", run) if "loss" in row] == [2, 4]
 
 
 @pytest.mark.parametrize(

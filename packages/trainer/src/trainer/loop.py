@@ -32,6 +32,7 @@ from trainer.distributed.wrap import describe_parameters, resolve_wrap_plan
 from trainer.interrupt import Interrupted, Interrupts
 from trainer.metrics import make_logger
 from trainer.policies import build_policy
+from trainer.trackers import check_trackers
 
 EVAL_SEED_BASE = 10_000
 
@@ -81,6 +82,7 @@ def train(config: TrainConfig) -> RunSummary:
     topology = resolve_topology(config.parallelism, launch_world_size())
     format_note = resume.settle_checkpoint_format(config, topology)  # DCP resumed unsharded: safetensors
     publish_note = publishing.check_publish_config(config)  # a repo_id that will not be used
+    check_trackers(config)
     check_accelerate_env()
     checkpointing.check_fresh_output_dir(config)
     _record_effective_precision(config)
@@ -98,7 +100,9 @@ def _train(
     config: TrainConfig, topology: Any, interrupts: Interrupts, lock: RunLock, notes: list[str | None]
 ) -> RunSummary:
     run, wrap_plan, resume_point = _build(config, topology, lock, notes)
-    logger = make_logger(run.accelerator.is_main_process, config.output_dir, config.steps, run.start_step)
+    logger = make_logger(
+        run.accelerator.is_main_process, config.output_dir, config.steps, run.start_step, config
+    )
     logger.banner(
         [
             *_banner(config, topology, wrap_plan, run.accelerator, len(run.dataset)),

@@ -1,4 +1,5 @@
-"""Run output on the main rank: banner, log lines, a progress bar, metrics.jsonl and loss_curve.png.
+"""Run output on the main rank: banner, log lines, a progress bar, metrics.jsonl, loss_curve.png and the
+experiment trackers (trackers.py) that the run enables.
 
 Non-main ranks get a `NullLogger` with the same methods, so the loop calls the logger on every rank
 and never branches on the rank itself.
@@ -15,6 +16,9 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from trainer.config.train import TrainConfig
+from trainer.trackers import GuardedTrackers, start_trackers
+
 METRICS_FILE = "metrics.jsonl"
 LOSS_CURVE_FILE = "loss_curve.png"
 
@@ -22,11 +26,16 @@ LOSS_CURVE_FILE = "loss_curve.png"
 class MetricsLogger:
     """Writes every record to `<output_dir>/metrics.jsonl` and shows it on the console."""
 
-    def __init__(self, output_dir: str, total_steps: int, start_step: int) -> None:
+    def __init__(
+        self, output_dir: str, total_steps: int, start_step: int, config: TrainConfig | None = None
+    ) -> None:
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / METRICS_FILE
         self.console = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+        # Trackers start before the progress bar, so what they print stays above it.
+        trackers = start_trackers(config, self.console.print) if config is not None else []
+        self.trackers = GuardedTrackers(trackers, self.console.print)
         self.losses: list[tuple[int, float]] = []
         self.progress: Progress | None = None
         if self.console.is_terminal:
@@ -49,6 +58,7 @@ class MetricsLogger:
         if "loss" in record and "step" in record:
             self.losses.append((record["step"], record["loss"]))
         self._append({"event": "train", **record})
+        self.trackers.log(record)
         parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()]
         self.console.print(" ".join(parts))
 
@@ -56,6 +66,8 @@ class MetricsLogger:
         self.console.print(message)
         if record:
             self._append(record)
+        if record.get("event") == "summary":
+            self.trackers.summary(record)
 
     def advance(self, steps: int = 1) -> None:
         if self.progress is not None:
@@ -65,6 +77,7 @@ class MetricsLogger:
         if self.progress is not None:
             self.progress.stop()
         self._plot()
+        self.trackers.finish()
 
     def _append(self, record: dict[str, Any]) -> None:
         with self.path.open("a", encoding="utf-8") as handle:
@@ -111,7 +124,7 @@ class NullLogger:
 
 
 def make_logger(
-    is_main: bool, output_dir: str, total_steps: int, start_step: int
+    is_main: bool, output_dir: str, total_steps: int, start_step: int, config: TrainConfig | None = None
 ) -> MetricsLogger | NullLogger:
-    """The one rank gate for run output."""
-    return MetricsLogger(output_dir, total_steps, start_step) if is_main else NullLogger()
+    """The one rank gate for run output, and for the experiment trackers `config` enables."""
+    return MetricsLogger(output_dir, total_steps, start_step, config) if is_main else NullLogger()

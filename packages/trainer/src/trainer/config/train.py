@@ -13,6 +13,7 @@ from typing import Any
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.peft import PeftConfig
+from trainer.config.tracking import TrackioConfig, WandbConfig
 from trainer.data.dataset import DatasetConfig
 from trainer.errors import ConfigError
 from trainer.policies import PolicyConfig
@@ -96,6 +97,8 @@ class TrainConfig:
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     accelerator: AcceleratorConfig = field(default_factory=AcceleratorConfig)
     peft: PeftConfig = field(default_factory=PeftConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    trackio: TrackioConfig = field(default_factory=TrackioConfig)
     checkpoint_format: str = "safetensors"
     """safetensors (gathered weights), dcp (sharded weights) or safetensors_dcp (both); sharded runs only
     for the last two (a resumed run's saved dcp format becomes safetensors on a non-sharded run)."""

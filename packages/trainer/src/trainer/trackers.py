@@ -1,0 +1,193 @@
+"""Experiment trackers (W&B, trackio) behind the main rank's logger.
+
+`check_trackers` runs on every rank before any work, so a missing library or missing W&B credentials is
+one line at start, not an exception hours later. `start_trackers` runs on the main rank only (the
+logger gate, metrics.make_logger) and imports a library only for a tracker the run enables. Every call
+into a tracker is guarded: a tracker that fails (network, disk) prints one warning and is dropped, and
+training continues; the other ranks never wait on it, since the trackers take part in no collective.
+
+A tracker's run id is written into the config before the first checkpoint (`--wandb.run_id`,
+`--trackio.run_name`), so train_config.json carries it and `--resume=true` continues the same run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import netrc
+import os
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+from trainer.config.train import TrainConfig
+from trainer.errors import ConfigError
+
+WANDB_HOST = "https://api.wandb.ai"
+
+
+class Tracker(Protocol):
+    name: str
+
+    def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def summary(self, values: dict[str, float], step: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+def check_trackers(config: TrainConfig) -> None:
+    """Refuse at start a tracker that cannot work: its library missing, or W&B online without a key."""
+    for flag, package, enabled in (
+        ("--wandb.enable", "wandb", config.wandb.enable),
+        ("--trackio.enable", "trackio", config.trackio.enable),
+    ):
+        if enabled and importlib.util.find_spec(package) is None:
+            raise ConfigError(
+                f"{flag}=true needs the {package} package: pip install 'trainer[{package}]' (or disable it)"
+            )
+    if config.wandb.enable and config.wandb.mode == "online" and not _wandb_credentials():
+        raise ConfigError(
+            "--wandb.mode=online needs W&B credentials: set WANDB_API_KEY or run `wandb login`, or log "
+            "locally with --wandb.mode=offline (then `wandb sync` the run directory)"
+        )
+
+
+def _wandb_credentials() -> bool:
+    """An API key in the environment or in the netrc file `wandb login` writes."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", WANDB_HOST)).hostname or ""
+    path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+    try:
+        return netrc.netrc(path).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def start_trackers(config: TrainConfig, warn: Callable[[str], None]) -> list[Tracker]:
+    """Main rank only. The enabled trackers, started; one that fails to start is a warning."""
+    factories: list[tuple[str, bool, Callable[[TrainConfig], Tracker]]] = [
+        ("wandb", config.wandb.enable, WandbTracker),
+        ("trackio", config.trackio.enable, TrackioTracker),
+    ]
+    trackers: list[Tracker] = []
+    for name, enabled, factory in factories:
+        if enabled:
+            try:
+                trackers.append(factory(config))
+            except Exception as exc:  # a tracker must never stop training
+                warn(f"warning: {name} could not start ({_one_line(exc)}): training continues without it")
+    return trackers
+
+
+class GuardedTrackers:
+    """Calls every tracker, dropping one (with one warning) the first time it raises."""
+
+    def __init__(self, trackers: list[Tracker], warn: Callable[[str], None]) -> None:
+        self.trackers = trackers
+        self.warn = warn
+
+    def log(self, record: dict[str, Any]) -> None:
+        metrics = _numbers(record)
+        self._each(lambda t: t.log(metrics, record["step"]))
+
+    def summary(self, record: dict[str, Any]) -> None:
+        self._each(lambda t: t.summary(_numbers(record), record["steps"]))
+
+    def finish(self) -> None:
+        self._each(lambda t: t.finish())
+
+    def _each(self, call: Callable[[Tracker], None]) -> None:
+        for tracker in list(self.trackers):
+            try:
+                call(tracker)
+            except Exception as exc:  # network, disk: warn once, keep training
+                self.trackers.remove(tracker)
+                self.warn(
+                    f"warning: {tracker.name} logging failed ({_one_line(exc)}): training continues without it"
+                )
+
+
+class WandbTracker:
+    """One W&B run per training run; a resumed run continues it (its id is in train_config.json)."""
+
+    name = "wandb"
+
+    def __init__(self, config: TrainConfig) -> None:
+        import wandb
+
+        from trainer.config.parse import encode_config
+
+        settings = config.wandb
+        if not (config.resume and settings.run_id):
+            settings.run_id = secrets.token_hex(4)  # W&B ids are short [a-z0-9] strings
+        self.run = wandb.init(
+            project=settings.project,
+            entity=settings.entity,
+            mode=settings.mode,
+            notes=settings.notes,
+            name=config.job_name,
+            id=settings.run_id,
+            resume="allow",
+            dir=config.output_dir,
+            config=encode_config(config),
+        )
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def summary(self, values: dict[str, float], step: int) -> None:
+        self.run.summary.update(values)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+class TrackioTracker:
+    """One trackio run per training run, in trackio's local store; a resumed run continues it."""
+
+    name = "trackio"
+
+    def __init__(self, config: TrainConfig) -> None:
+        import trackio
+
+        from trainer.config.parse import encode_config
+
+        settings = config.trackio
+        if not (config.resume and settings.run_name):
+            settings.run_name = f"{config.job_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.trackio = trackio
+        self.run = trackio.init(
+            project=settings.project,
+            name=settings.run_name,
+            resume="allow",
+            config=encode_config(config),
+            embed=False,
+            auto_log_gpu=False,
+            auto_log_cpu=False,
+        )
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def summary(self, values: dict[str, float], step: int) -> None:
+        """trackio has no run summary: the values are logged once at the last step, as summary/*."""
+        self.run.log({f"summary/{key}": value for key, value in values.items()}, step=step)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+def _numbers(record: dict[str, Any]) -> dict[str, float]:
+    """The numeric fields of a metrics record, without its step and event keys."""
+    return {
+        key: value
+        for key, value in record.items()
+        if key not in ("step", "event") and isinstance(value, int | float) and not isinstance(value, bool)
+    }
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())

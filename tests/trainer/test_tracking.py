@@ -1,0 +1,112 @@
+"""Experiment tracking, offline: W&B's offline run directory and trackio's local store receive the
+config, every metric and the summary from one run, and a resumed run continues the same tracker run."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from helpers.tracker_stores import trackio_config, trackio_logs, wandb_offline_runs
+from helpers.train_flags import tiny_args
+from trainer import trackers
+from trainer.config.parse import parse_config
+from trainer.errors import ConfigError
+from trainer.loop import train
+
+METRICS = {"loss", "grad_norm", "lr", "samples_per_s", "epoch"}
+
+
+@pytest.fixture
+def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Nothing may reach the network: W&B offline with every directory under tmp_path, no key."""
+    for name in ("WANDB_API_KEY", "WANDB_BASE_URL", "TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+    yield
+    import wandb
+
+    wandb.teardown()  # stop the wandb-core service this test started
+
+
+def test_both_trackers_log_everything_and_a_resumed_run_continues_them(
+    tmp_path, dataset_cache, clean_accelerate, offline
+) -> None:
+    out = tmp_path / "run"
+    project = f"tracking-{tmp_path.name}"
+    enable = [
+        "--wandb.enable=true",
+        "--wandb.mode=offline",
+        "--wandb.project=demo",
+        "--wandb.notes=tiny run",
+        "--trackio.enable=true",
+        f"--trackio.project={project}",
+    ]
+    first = train(parse_config(tiny_args(str(out), dataset_cache, "--policy.type=mlp", *enable)))
+    clean_accelerate_between_runs()
+    train(parse_config([f"--output_dir={out}", "--resume=true", "--steps=6"]))
+
+    runs = wandb_offline_runs(out)
+    assert len(runs) == 2 and runs[0].run_id == runs[1].run_id  # one W&B run, continued
+    assert runs[0].config["steps"] == 4 and runs[0].config["wandb"]["notes"] == "tiny run"
+    steps = [row["_step"] for run in runs for row in run.history]
+    assert steps == [2, 4, 6]
+    for row in (row for run in runs for row in run.history):
+        assert row.keys() >= METRICS and all(math.isfinite(row[k]) for k in METRICS)
+    assert runs[0].summary["final_loss"] == pytest.approx(first.final_loss)
+    assert "policy_return" in runs[1].summary
+
+    from trackio.sqlite_storage import SQLiteStorage
+
+    names = SQLiteStorage.get_runs(project)
+    assert len(names) == 1  # the resumed run continued the first one
+    logs = trackio_logs(project, names[0])
+    train_rows = [row for row in logs if "loss" in row]
+    assert [row["step"] for row in train_rows] == [2, 4, 6]
+    assert all(row.keys() >= METRICS for row in train_rows)
+    assert any("summary/final_loss" in row for row in logs)
+    assert trackio_config(project, names[0])["steps"] in (4, 6)
+
+
+def test_missing_credentials_and_library_are_one_line_at_start(tmp_path, offline, monkeypatch) -> None:
+    config = parse_config(["--wandb.enable=true", f"--output_dir={tmp_path}"])  # online by default
+    with pytest.raises(ConfigError, match=r"--wandb.mode=online needs W&B credentials: set WANDB_API_KEY"):
+        trackers.check_trackers(config)
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    trackers.check_trackers(config)
+    monkeypatch.setattr(trackers.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"--trackio.enable=true needs the trackio package: pip install"):
+        trackers.check_trackers(parse_config(["--trackio.enable=true"]))
+
+
+class _Broken:
+    name = "wandb"
+
+    def log(self, metrics, step):  # type: ignore[no-untyped-def]
+        raise ConnectionError("api.wandb.ai unreachable")
+
+    summary = finish = log
+
+
+def test_a_failing_tracker_warns_once_and_training_goes_on() -> None:
+    warnings: list[str] = []
+    guarded = trackers.GuardedTrackers([_Broken()], warnings.append)
+    for step in (1, 2):
+        guarded.log({"step": step, "loss": 0.5})
+    guarded.summary({"steps": 2, "final_loss": 0.5})
+    guarded.finish()
+    assert warnings == [
+        "warning: wandb logging failed (ConnectionError: api.wandb.ai unreachable): training continues without it"
+    ]
+
+
+def clean_accelerate_between_runs() -> None:
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
