@@ -68,3 +68,23 @@ def demo(session: nox.Session) -> None:
     session.run("ckpt", "inspect", f"{DEMO_OUTPUT}/checkpoints/last")
     session.run("ckpt", "convert", f"{DEMO_OUTPUT}/checkpoints/last")
     session.run("ckpt", "verify", f"{DEMO_OUTPUT}/checkpoints/last")
+    session.log(demo_epilogue(DEMO_OUTPUT, session.bin))
+
+
+def demo_epilogue(output: str, bin_dir: str) -> str:
+    """What the demo leaves where, and how to run the same commands yourself."""
+    last = f"{output}/checkpoints/last"
+    return "\n".join(
+        [
+            "demo done. Outputs:",
+            f"  checkpoints   {output}/checkpoints/ (last -> the final step; model.safetensors converted beside the DCP shards)",
+            f"  loss curve    {output}/loss_curve.png",
+            f"  metrics       {output}/metrics.jsonl (one JSON record per line)",
+            f"Run the tools yourself (the demo's environment is {bin_dir}; `source {bin_dir}/activate` first):",
+            f"  ckpt inspect {last}            # summary; --tensors lists every tensor",
+            f"  ckpt verify {last}",
+            f"  ckpt diff {output}/checkpoints/000250 {last}",
+            "  trainer train --help                       # every flag",
+            f"  trainer train --output_dir={output} --resume=true --steps=600   # continue this run",
+        ]
+    )

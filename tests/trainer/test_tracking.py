@@ -14,6 +14,7 @@ from trainer import trackers
 from trainer.config.parse import parse_config
 from trainer.errors import ConfigError
 from trainer.loop import train
+from trainer.loss_curve import read_history
 
 METRICS = {"loss", "grad_norm", "lr", "samples_per_s", "epoch"}
 
@@ -50,7 +51,12 @@ def test_both_trackers_log_everything_and_a_resumed_run_continues_them(
     ]
     first = train(parse_config(tiny_args(str(out), dataset_cache, "--policy.type=mlp", *enable)))
     clean_accelerate_between_runs()
-    train(parse_config([f"--output_dir={out}", "--resume=true", "--steps=6"]))
+    second = train(parse_config([f"--output_dir={out}", "--resume=true", "--steps=6"]))
+    # the resumed segment's summary and curve cover the whole run (metrics.jsonl)
+    assert second.first_loss == first.first_loss
+    history = read_history(out / "metrics.jsonl")
+    assert [s for s, _ in history.loss] == [2, 4, 6] and history.resumes == [4]
+    assert (out / "loss_curve.png").stat().st_size > 0
 
     runs = wandb_offline_runs(out)
     assert len(runs) == 2 and runs[0].run_id == runs[1].run_id  # one W&B run, continued

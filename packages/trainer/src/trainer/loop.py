@@ -39,7 +39,9 @@ EVAL_SEED_BASE = 10_000
 
 @dataclass
 class RunSummary:
-    """What a finished run reports (every rank gets the same values)."""
+    """What a finished run reports (every rank gets the same values, except `first_loss`: the run's
+    first logged loss, before any resume, which the main rank reads from metrics.jsonl; the other ranks
+    report their segment's first)."""
 
     steps: int
     first_loss: float
@@ -123,7 +125,7 @@ def _train(
     returns = evaluate(run.accelerator, run.model, run.preprocessor, run.postprocessor, config)
     summary = RunSummary(
         steps=config.steps,
-        first_loss=losses[0] if losses else float("nan"),
+        first_loss=logger.first_loss(losses[0] if losses else float("nan")),  # before any resume
         final_loss=losses[-1] if losses else float("nan"),
         policy_return=returns[0],
         random_return=returns[1],

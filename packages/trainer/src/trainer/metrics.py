@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from trainer.config.train import TrainConfig
+from trainer.loss_curve import plot, read_history
 from trainer.trackers import GuardedTrackers, start_trackers
 
 METRICS_FILE = "metrics.jsonl"
@@ -36,7 +37,7 @@ class MetricsLogger:
         # Trackers start before the progress bar, so what they print stays above it.
         trackers = start_trackers(config, self.console.print) if config is not None else []
         self.trackers = GuardedTrackers(trackers, self.console.print)
-        self.losses: list[tuple[int, float]] = []
+        self.title = config.job_name if config is not None else self.dir.name
         self.progress: Progress | None = None
         if self.console.is_terminal:
             self.progress = Progress(
@@ -55,8 +56,6 @@ class MetricsLogger:
         self._append({"event": "start", "banner": lines, "time": time.time()})
 
     def log(self, record: dict[str, Any]) -> None:
-        if "loss" in record and "step" in record:
-            self.losses.append((record["step"], record["loss"]))
         self._append({"event": "train", **record})
         self.trackers.log(record)
         parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()]
@@ -84,24 +83,15 @@ class MetricsLogger:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
 
     def _plot(self) -> None:
-        if not self.losses:
-            return
-        import matplotlib
+        """The whole run's curve, read back from metrics.jsonl (earlier segments included)."""
+        history = read_history(self.path)
+        if history.loss or history.val_loss:
+            plot(history, self.dir / LOSS_CURVE_FILE, f"{self.title}: loss over the whole run")
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        steps = [s for s, _ in self.losses]
-        losses = [v for _, v in self.losses]
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.plot(steps, losses)
-        ax.set_xlabel("loop step")
-        ax.set_ylabel("loss (mean over ranks)")
-        ax.set_yscale("log")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(self.dir / LOSS_CURVE_FILE, dpi=100)
-        plt.close(fig)
+    def first_loss(self, default: float) -> float:
+        """The run's first logged loss, from before any resume (`default` when none was logged)."""
+        history = read_history(self.path)
+        return history.loss[0][1] if history.loss else default
 
 
 class NullLogger:
@@ -118,6 +108,9 @@ class NullLogger:
 
     def advance(self, steps: int = 1) -> None:
         pass
+
+    def first_loss(self, default: float) -> float:
+        return default
 
     def close(self) -> None:
         pass

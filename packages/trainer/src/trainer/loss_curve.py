@@ -1,0 +1,88 @@
+"""The whole run's history from metrics.jsonl, and loss_curve.png drawn from it.
+
+metrics.jsonl is appended to by every segment of a run (a first launch, then each resume), so it already
+holds the history: a `resume` record marks where a segment continued from a checkpoint, and the records a
+crashed segment logged after that checkpoint are superseded by the resumed segment's. A `start` record
+followed by training without a `resume` is a new run in the same directory: the history restarts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class History:
+    """(step, value) pairs of the whole run, in step order, and the steps it resumed at."""
+
+    loss: list[tuple[int, float]] = field(default_factory=list)
+    val_loss: list[tuple[int, float]] = field(default_factory=list)
+    resumes: list[int] = field(default_factory=list)
+
+    def _truncate(self, step: int) -> None:
+        """Drop what a crashed segment logged after the checkpoint the next segment resumed from."""
+        self.loss = [(s, v) for s, v in self.loss if s <= step]
+        self.val_loss = [(s, v) for s, v in self.val_loss if s <= step]
+        self.resumes = [s for s in self.resumes if s < step]
+
+
+def read_history(path: Path) -> History:
+    """The history of the run whose latest segment writes `path` (empty when there is no file)."""
+    history, fresh = History(), False
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a crash
+            continue
+        event, step = record.get("event"), record.get("step")
+        if event == "start":
+            fresh = True
+        elif event == "resume" and isinstance(step, int):
+            fresh = False
+            history._truncate(step)
+            history.resumes.append(step)
+        elif isinstance(step, int) and ("loss" in record or "val_loss" in record):
+            if fresh:  # training began without a resume: a new run, not a continuation
+                history, fresh = History(), False
+            for name in ("loss", "val_loss"):
+                if isinstance(record.get(name), int | float):
+                    getattr(history, name).append((step, float(record[name])))
+    return history
+
+
+def plot(history: History, path: Path, title: str) -> None:
+    """Write loss_curve.png."""
+    import matplotlib.pyplot as plt
+
+    fig = draw(history, title)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def draw(history: History, title: str) -> Any:
+    """The figure: training loss (and validation loss) over loop steps, resume points marked. Points
+    carry markers, so a run that logged once still shows its point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, points, style in (("loss", history.loss, "-o"), ("val_loss", history.val_loss, "-s")):
+        if points:
+            ax.plot(*zip(*points, strict=True), style, markersize=3 if len(points) > 1 else 6, label=name)
+    for i, step in enumerate(history.resumes):
+        ax.axvline(step, color="grey", linestyle="--", linewidth=1, label="resumed" if i == 0 else None)
+    ax.set_title(title)
+    ax.set_xlabel("loop step")
+    ax.set_ylabel("loss (mean over ranks)")
+    if all(v > 0 for _, v in history.loss + history.val_loss):
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,63 @@
+"""`nox -s demo` ends by saying where its outputs are and how to run the tools yourself."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+
+
+class _Session:
+    def __init__(self) -> None:
+        self.posargs: list[str] = []
+        self.bin = "/repo/.nox/demo/bin"
+        self.calls: list[tuple] = []
+        self.logged: list[str] = []
+
+    def install(self, *args: str) -> None:
+        pass
+
+    def run(self, *args: str, **kwargs: object) -> None:
+        self.calls.append(args)
+
+    def log(self, message: str) -> None:
+        self.logged.append(message)
+
+
+@pytest.fixture
+def noxfile(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """The noxfile with a stand-in `nox` module: its sessions are plain functions here."""
+    stub = types.ModuleType("nox")
+    stub.options = types.SimpleNamespace()  # type: ignore[attr-defined]
+    stub.Session = _Session  # type: ignore[attr-defined]
+    stub.session = lambda func=None, **kwargs: func if func else (lambda f: f)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "nox", stub)
+    spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_demo_ends_with_where_the_outputs_are_and_how_to_run_the_tools(noxfile, monkeypatch) -> None:
+    monkeypatch.setattr("shutil.rmtree", lambda *args, **kwargs: None)
+    session = _Session()
+    noxfile.demo(session)
+    assert session.calls[-1][:2] == ("ckpt", "verify")  # the epilogue comes after the last command
+    (text,) = session.logged
+    out = noxfile.DEMO_OUTPUT
+    for expected in (
+        f"{out}/checkpoints/",
+        f"{out}/loss_curve.png",
+        f"{out}/metrics.jsonl",
+        f"source {session.bin}/activate",
+        f"ckpt inspect {out}/checkpoints/last",
+        "trainer train --help",
+        f"trainer train --output_dir={out} --resume=true",
+    ):
+        assert expected in text, expected
