@@ -20,6 +20,7 @@ PUBLIC = {
     "LegacyCheckpointError",
     "UnsupportedVersionError",
     "ResumeRefusedError",
+    "SaveFailedError",
     "PublishError",
     # training_step.json schema
     "TrainingStep",

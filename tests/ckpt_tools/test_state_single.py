@@ -159,8 +159,9 @@ def test_crash_mid_save_leaves_last_on_the_previous_step(tmp_path, trained, monk
         raise OSError("disk full")
 
     monkeypatch.setattr(save_module, "_write_side_files", crash)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ckpt_tools.SaveFailedError) as failed:
         save(tmp_path, 2, model, optimizer, scheduler)
+    assert str(failed.value) == "saving checkpoint step 2 failed on the main rank: OSError: disk full"
     assert os.readlink(tmp_path / "last") == "000001"
     assert not (tmp_path / "000002").exists()
     assert (tmp_path / ".tmp-000002" / "pretrained_model" / "model.safetensors").exists()  # partial

@@ -94,13 +94,22 @@ def test_sigterm_on_one_rank_stops_both_at_one_step_and_resume_agrees_on_the_ste
     assert last(out) == "000004" and verifies(out / "checkpoints" / "last")
 
 
-def test_sigint_in_one_process_saves_the_current_step(tmp_path, cache):
+def test_sigint_in_one_process_saves_the_current_step_and_keep_last_holds_across_the_restart(tmp_path, cache):
+    """One process, --keep_last=1: saves at 2 and 4 each leave one step; SIGINT during step 5 saves 5
+    (and prunes 4); the restart resumes from 5 with the saved --keep_last and ends with step 8 alone."""
     out = tmp_path / "run"
-    stopped = run_single(f"--hook-signal=0:3:{int(signal.SIGINT)}", *flags(out, cache, "--steps=8"))
+    args = flags(out, cache, "--steps=8", "--keep_last=1")
+    stopped = run_single(f"--hook-signal=0:5:{int(signal.SIGINT)}", *args)
     assert stopped.returncode == 128 + signal.SIGINT, stopped.stdout
-    assert f"interrupted at step 3; checkpoint {out / 'checkpoints' / '000003'};" in stopped.stdout
+    assert f"interrupted at step 5; checkpoint {out / 'checkpoints' / '000005'};" in stopped.stdout
     assert "Traceback" not in stopped.stdout, stopped.stdout
-    assert last(out) == "000003" and verifies(out / "checkpoints" / "000003")
+    assert sorted(os.listdir(out / "checkpoints")) == ["000005", "last"]
+    assert last(out) == "000005" and verifies(out / "checkpoints" / "000005")
+
+    resumed = run_single(f"--output_dir={out}", "--resume=true")
+    assert resumed.returncode == 0, resumed.stdout
+    assert f"resuming from {out / 'checkpoints' / '000005'} at step 5" in resumed.stdout
+    assert sorted(os.listdir(out / "checkpoints")) == ["000008", "last"]
 
 
 def test_second_signal_aborts_at_once_without_a_checkpoint(tmp_path, cache):
@@ -129,6 +138,45 @@ def test_a_stalled_rank_ends_the_other_within_the_collective_timeout(tmp_path, c
     assert "--collective_timeout_s passed" in errors[0]
     assert no_traceback_from_us(log), log
     assert time.monotonic() - started < 120
+    assert last(out) == "000002" and verifies(out / "checkpoints" / "last")
+
+
+def save_errors(log: str) -> list[str]:
+    return [line for line in log.splitlines() if line.startswith("error: ")]
+
+
+def test_main_rank_commit_failure_ends_both_ranks_with_one_line_and_resume_works(tmp_path, cache):
+    """Rank 0's commit of step 4 fails: both ranks raise the same line at once (not after the
+    collective timeout), `last` stays on step 2, and a resume finishes the run."""
+    out = tmp_path / "run"
+    args = flags(out, cache, "--collective_timeout_s=600")
+    failed = run_torchrun(SCRIPT, 2, "--hook-fail-commit=4", *args, check=False, timeout=300)
+    errors = save_errors(failed.stdout)
+    assert len(errors) == 2 and errors[0] == errors[1], failed.stdout
+    assert errors[0].startswith(
+        "error: committing checkpoint step 4 failed on the main rank: OSError: injected: rename of "
+        ".tmp-000004 refused; `last` still names the newest complete checkpoint"
+    )
+    assert no_traceback_from_us(failed.stdout), failed.stdout
+    assert last(out) == "000002" and verifies(out / "checkpoints" / "last")
+
+    run_torchrun(SCRIPT, 2, *args, "--resume=true")
+    assert last(out) == "000004" and verifies(out / "checkpoints" / "last")
+
+
+def test_one_rank_shard_write_failure_ends_both_ranks_with_one_line(tmp_path, cache):
+    out = tmp_path / "run"
+    args = flags(
+        out, cache, "--parallelism.dp_shard=2", "--checkpoint_format=dcp", "--collective_timeout_s=600"
+    )
+    failed = run_torchrun(SCRIPT, 2, "--hook-fail-shard=1:4", *args, check=False, timeout=300)
+    errors = save_errors(failed.stdout)
+    assert len(errors) == 2 and errors[0] == errors[1], failed.stdout
+    assert errors[0].startswith(
+        "error: saving checkpoint step 4 failed: rank 1 could not write its shards (OSError: [Errno 28] "
+        "injected: No space left on device)"
+    )
+    assert no_traceback_from_us(failed.stdout), failed.stdout
     assert last(out) == "000002" and verifies(out / "checkpoints" / "last")
 
 

@@ -8,6 +8,8 @@ Hook flags come first and are removed before the trainer parses the rest:
   --hook-signal=RANK:CALL:SIGNUM[:TIMES]  RANK sends itself SIGNUM (TIMES times, default 1) at the
                                  start of its CALL-th training step.
   --hook-stall=RANK:CALL:SECONDS RANK sleeps SECONDS at the start of its CALL-th training step.
+  --hook-fail-commit=STEP        the main rank's commit of STEP raises OSError (a rename refused).
+  --hook-fail-shard=RANK:STEP    RANK's DCP shard write into STEP raises OSError (disk full).
   --hook-flip-last=STEP          the main rank repoints `checkpoints/last` to STEP right after it resolved
                                  the step to resume; the other ranks resolve theirs a second later (if they
                                  resolve one at all), so an unshared resolution would pick another step.
@@ -22,7 +24,8 @@ import time
 
 import trainer.loop as loop
 import trainer.resume as resume
-from ckpt_tools import commit, layout
+from ckpt_tools import commit as ckpt_commit
+from ckpt_tools import layout
 from trainer.cli import main
 
 RANK = int(os.environ.get("RANK", "0"))
@@ -74,6 +77,31 @@ def stall(rank: int, call: int, seconds: float) -> None:
     before_step(sleep)
 
 
+def fail_commit(step: int) -> None:
+    commit_step_dir = ckpt_commit.commit_step_dir
+
+    def failing(tmp_dir, root, at, **kwargs):
+        if at == step:
+            raise OSError(f"injected: rename of {os.path.basename(tmp_dir)} refused")
+        return commit_step_dir(tmp_dir, root, at, **kwargs)
+
+    ckpt_commit.commit_step_dir = failing
+
+
+def fail_shard(rank: int, step: int) -> None:
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    write_data = FileSystemWriter.write_data
+    tmp_name = layout.TMP_PREFIX + layout.step_dir_name(step)
+
+    def failing(self, plan, planner):
+        if rank == RANK and tmp_name in str(self.path):
+            raise OSError(28, "injected: No space left on device")
+        return write_data(self, plan, planner)
+
+    FileSystemWriter.write_data = failing
+
+
 def flip_last(step: int) -> None:
     find_checkpoint = resume.find_checkpoint
 
@@ -82,7 +110,7 @@ def flip_last(step: int) -> None:
             time.sleep(1.0)
         found = find_checkpoint(config)
         if RANK == 0:
-            commit.point_last(os.path.dirname(found), layout.step_dir_name(step))
+            ckpt_commit.point_last(os.path.dirname(found), layout.step_dir_name(step))
             print(f"hook: rank 0 resolved {found}, then moved last to {step}", flush=True)
         return found
 
@@ -105,6 +133,8 @@ HOOKS = {
     "--hook-signal": send_signal,
     "--hook-flip-last": flip_last,
     "--hook-stall": stall,
+    "--hook-fail-commit": fail_commit,
+    "--hook-fail-shard": fail_shard,
 }
 
 

@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "ResumePlan": "ckpt_tools.resume",
     "plan_resume": "ckpt_tools.resume",
     "ResumeRefusedError": "ckpt_tools.errors",
+    "SaveFailedError": "ckpt_tools.errors",
     "merge_lora": "ckpt_tools.adapters",
     "merge_adapter_dir": "ckpt_tools.adapters",
     "PublishError": "ckpt_tools.errors",

@@ -1,13 +1,22 @@
 """The process group a collective save or load runs on, and whether the model is sharded.
 
 One process without a process group is a group of one, so saving and loading have a single code path.
+Work that only the main rank does inside a collective (gathered files, side files, the commit) must not
+leave the other ranks waiting for it when it fails: `Group.on_main` records the main rank's failure
+instead of raising it, the ranks go on through the collectives they share, and `Group.agree` (which
+replaces a barrier) broadcasts the outcome so that every rank raises the same `SaveFailedError` line.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
+
+from ckpt_tools.errors import CheckpointError, SaveFailedError
 
 
 class Group:
@@ -18,6 +27,8 @@ class Group:
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(process_group) if self.distributed else 0
         self.world_size = dist.get_world_size(process_group) if self.distributed else 1
+        self.failure: str | None = None  # the main rank's first failure, until `agree` shares it
+        self._cause: Exception | None = None
 
     @property
     def is_main(self) -> bool:
@@ -26,6 +37,37 @@ class Group:
     def barrier(self) -> None:
         if self.distributed:
             dist.barrier(group=self.pg)
+
+    def on_main(self, action: Callable[..., Any], *args: Any, all_ranks: bool = False) -> None:
+        """Run `action(*args)` on the main rank only (on every rank with `all_ranks`: a collective whose
+        writing is the main rank's); a main-rank failure is kept for `agree` instead of raised."""
+        if not self.is_main:
+            if all_ranks:
+                action(*args)
+            return
+        if self.failure is not None and not all_ranks:
+            return  # after a failure, main-only work (a commit) must not go on
+        try:
+            action(*args)
+        except Exception as exc:  # the other ranks must hear of it at the next `agree`
+            if self.failure is None:
+                self.failure, self._cause = one_line(exc), exc
+
+    def agree(self, what: str) -> None:
+        """Collective (a barrier): raise `SaveFailedError` on every rank when the main rank failed."""
+        failure = self.failure
+        if self.distributed:
+            box = [failure]
+            dist.broadcast_object_list(box, group=self.pg, group_src=0)
+            failure = box[0]
+        if failure is not None:
+            raise SaveFailedError(f"{what} failed on the main rank: {failure}") from self._cause
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: our own errors' message, anything else with its type."""
+    text = " ".join(str(exc).split())
+    return text if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {text}"
 
 
 def is_sharded(model: nn.Module) -> bool:

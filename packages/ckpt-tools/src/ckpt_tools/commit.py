@@ -238,3 +238,23 @@ def latest_step_dir(path: str | os.PathLike[str]) -> str | None:
     if exists(layout.join(root, layout.CHECKPOINTS_DIR)):
         root = layout.join(root, layout.CHECKPOINTS_DIR)
     return read_last(root) if has_last(root) else None
+
+
+def prune_steps(checkpoints_dir: str | os.PathLike[str], keep_last: int) -> list[str]:
+    """Retention after a commit: delete all but the `keep_last` newest step directories up to the one
+    `last` names (0 keeps all). Returns the names deleted, oldest first.
+
+    It counts what is on disk, so it works across restarts. It never deletes the step `last` names
+    (the newest one kept), a step newer than `last` (left by a run that was resumed from an earlier
+    step: the resumed run replaces it when it gets there), or a `.tmp-` directory (a save being
+    written). The step a run resumed from is older than `last` only once a newer step is committed.
+    """
+    root = os.fspath(checkpoints_dir).rstrip("/")
+    if keep_last < 1 or not has_last(root):
+        return []
+    newest = int(read_last(root).rsplit("/", 1)[-1])
+    steps = sorted(int(name) for name in list_names(root) if layout.is_step_dir_name(name))
+    older = [step for step in steps if step <= newest][:-keep_last]
+    for step in older:
+        remove_tree(layout.join(root, layout.step_dir_name(step)))
+    return [layout.step_dir_name(step) for step in older]

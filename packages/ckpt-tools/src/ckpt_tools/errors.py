@@ -49,3 +49,8 @@ class PublishError(CheckpointError):
 
 class ForeignCheckpointError(ResumeRefusedError):
     """Written by another tool (LeRobot): its weights load, but its training state is not ours to resume."""
+
+
+class SaveFailedError(CheckpointError):
+    """A collective save failed (a main-rank write or commit, or a rank's shard write): every rank of
+    the save raises it with the same line, and the step was not committed (`last` is unchanged)."""

@@ -13,8 +13,9 @@ spec of every file written here.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 from ckpt_tools import commit, layout, storage
 from ckpt_tools.adapters import adapter_keys
 from ckpt_tools.collective import Group, is_sharded
+from ckpt_tools.errors import SaveFailedError
 from ckpt_tools.meta import TrainingStep
 from ckpt_tools.optim_codec import write_optimizer_safetensors
 from ckpt_tools.processors import ProcessorState, check_processors, write_processors
@@ -52,8 +54,10 @@ def save_checkpoint(
     scaler: Any = None,
     process_group: dist.ProcessGroup | None = None,
     adapter_config: Mapping[str, Any] | None = None,
+    keep_last: int = 0,
 ) -> str:
-    """Collective: call on all ranks. Write `<checkpoints_dir>/<step:06d>/` and move `last` to it.
+    """Collective: call on all ranks. Write `<checkpoints_dir>/<step:06d>/` and move `last` to it;
+    with `keep_last=K` > 0, then delete all but the K newest steps (`commit.prune_steps`).
 
     `model` is the prepared model (plain, DDP-wrapped, or FSDP2/HSDP-sharded). The weights go out in
     `training_step.checkpoint_format`: `safetensors` gathers the full (fp32 master) weights into
@@ -61,6 +65,8 @@ def save_checkpoint(
     The optimizer is DCP (`optimizer_0/`) on a sharded model, else `optimizer_state.safetensors` +
     `optimizer_param_groups.json`. `processors` keys are `layout.PREPROCESSOR` / `layout.POSTPROCESSOR`.
     Every rank's RNG state is gathered into `rng_state.safetensors`. Returns the final step directory.
+    A failure of the main rank's own writing (gathered files, side files, commit, retention) or of any
+    rank's DCP shard write raises the same one-line `SaveFailedError` on every rank, at once.
 
     A PEFT run passes `adapter_config` (peft's config as JSON, `base_model_name_or_path` included): the
     weights saved are then only the trainable ones, under peft's key names (`peft_key`), as
@@ -70,29 +76,62 @@ def save_checkpoint(
     group = Group(process_group)
     check_processors(processors)
     root = os.fspath(checkpoints_dir).rstrip("/")
-    tmp = commit.tmp_step_dir(root, training_step.step)
-    if group.is_main:
-        commit.begin_step_dir(root, training_step.step)
-        storage.makedirs(layout.join(tmp, layout.PRETRAINED_MODEL_DIR))
-        storage.makedirs(layout.join(tmp, layout.TRAINING_STATE_DIR))
-    group.barrier()
+    step = training_step.step
+    what = f"saving checkpoint step {step}"
+    tmp = commit.tmp_step_dir(root, step)
+    group.on_main(_begin, root, step)
+    group.agree(what)  # nobody writes before the directory exists
     model_dir = layout.join(tmp, layout.PRETRAINED_MODEL_DIR)
-    if adapter_config is None:
-        _save_model(model_dir, model, training_step.checkpoint_format, group)
-    else:
-        _save_adapter(model_dir, model, training_step.checkpoint_format, group)
-    _save_optimizer(layout.join(tmp, layout.TRAINING_STATE_DIR), model, optimizer, group)
-    save_rng_state(tmp, group.rank, group.world_size, process_group=process_group)
-    if group.is_main:
-        _write_side_files(
-            tmp, training_step, policy_config, train_config, processors, scheduler, scaler, adapter_config
-        )
-    group.barrier()  # every rank's shards are on disk before the directory becomes visible
-    final = layout.join(root, layout.step_dir_name(training_step.step))
-    if group.is_main:
-        commit.commit_step_dir(tmp, root, training_step.step, is_complete=_verifies)
-    group.barrier()  # nobody returns (and maybe reads `last`) before the commit
-    return final
+    with _shard_failures(what):
+        if adapter_config is None:
+            _save_model(model_dir, model, training_step.checkpoint_format, group)
+        else:
+            _save_adapter(model_dir, model, training_step.checkpoint_format, group)
+        _save_optimizer(layout.join(tmp, layout.TRAINING_STATE_DIR), model, optimizer, group)
+    group.on_main(
+        lambda: save_rng_state(tmp, group.rank, group.world_size, process_group=process_group), all_ranks=True
+    )
+    group.on_main(
+        _write_side_files,
+        tmp,
+        training_step,
+        policy_config,
+        train_config,
+        processors,
+        scheduler,
+        scaler,
+        adapter_config,
+    )
+    group.agree(what)  # every rank's shards are on disk before the directory becomes visible
+    group.on_main(lambda: commit.commit_step_dir(tmp, root, step, is_complete=_verifies))
+    group.on_main(commit.prune_steps, root, keep_last)
+    group.agree(f"committing checkpoint step {step}")  # nobody returns (and reads `last`) before it
+    return layout.join(root, layout.step_dir_name(step))
+
+
+def _begin(root: str, step: int) -> None:
+    tmp = commit.begin_step_dir(root, step)
+    storage.makedirs(layout.join(tmp, layout.PRETRAINED_MODEL_DIR))
+    storage.makedirs(layout.join(tmp, layout.TRAINING_STATE_DIR))
+
+
+@contextlib.contextmanager
+def _shard_failures(what: str) -> Iterator[None]:
+    """A rank's failed DCP shard write: torch's DCP gathers every rank's outcome and raises its
+    (multi-line) CheckpointException on all ranks; make it the one-line SaveFailedError."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as exc:  # a BaseException
+        ranks = sorted(exc.failures)
+        first = exc.failures[ranks[0]]
+        cause = first[0] if isinstance(first, tuple) else first
+        detail = " ".join(str(cause).split())[:200]
+        raise SaveFailedError(
+            f"{what} failed: rank {', '.join(map(str, ranks))} could not write its shards "
+            f"({type(cause).__name__}: {detail})"
+        ) from None
 
 
 def _verifies(step_dir: str) -> bool:
@@ -103,8 +142,9 @@ def _verifies(step_dir: str) -> bool:
 def _save_model(model_dir: str, model: nn.Module, checkpoint_format: str, group: Group) -> None:
     if checkpoint_format in ("safetensors", "safetensors_dcp"):
         full: dict[str, Any] = get_model_state_dict(model, options=_FULL_ON_MAIN)  # collective gather
-        if group.is_main:
-            write_safetensors(layout.join(model_dir, layout.MODEL_SAFETENSORS), full, {"format": "pt"})
+        group.on_main(
+            write_safetensors, layout.join(model_dir, layout.MODEL_SAFETENSORS), full, {"format": "pt"}
+        )
     if checkpoint_format in ("dcp", "safetensors_dcp"):
         dcp_save(
             get_model_state_dict(model),
@@ -121,9 +161,10 @@ def _save_adapter(model_dir: str, model: nn.Module, checkpoint_format: str, grou
     if checkpoint_format in ("safetensors", "safetensors_dcp"):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
         full: dict[str, Any] = get_model_state_dict(model, options=options)  # collective: trainable part
-        if group.is_main:
-            adapter = {keys[name]: full[name] for name in keys}
-            write_safetensors(layout.join(model_dir, layout.ADAPTER_SAFETENSORS), adapter, {"format": "pt"})
+        path = layout.join(model_dir, layout.ADAPTER_SAFETENSORS)
+        group.on_main(
+            lambda: write_safetensors(path, {keys[name]: full[name] for name in keys}, {"format": "pt"})
+        )
     if checkpoint_format in ("dcp", "safetensors_dcp"):
         sharded = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=True))
         dcp_save(
@@ -140,8 +181,7 @@ def _save_optimizer(state_dir: str, model: nn.Module, optimizer: torch.optim.Opt
         dcp_save(osd, layout.join(state_dir, layout.OPTIMIZER_DCP_DIR), group.pg, group.distributed)
         return
     osd = get_optimizer_state_dict(model, optimizer, options=_FULL_ON_MAIN)
-    if group.is_main:
-        write_optimizer_safetensors(state_dir, osd)
+    group.on_main(write_optimizer_safetensors, state_dir, osd)
 
 
 def _write_side_files(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ckpt_tools
@@ -9,7 +10,7 @@ from ckpt_tools import SamplerPosition, Topology, TrainingStep, layout
 from trainer.config.parse import encode_config
 from trainer.config.train import TrainConfig
 from trainer.data.processors import Processor
-from trainer.errors import ConfigError
+from trainer.errors import CheckpointSaveError, ConfigError
 from trainer.peft import adapter_config
 
 
@@ -59,15 +60,22 @@ def save(
         layout.PREPROCESSOR: ckpt_tools.ProcessorState(*preprocessor.state()),
         layout.POSTPROCESSOR: ckpt_tools.ProcessorState(*postprocessor.state()),
     }
-    return ckpt_tools.save_checkpoint(
-        checkpoints_dir(config.output_dir),
-        state,
-        model=model,
-        optimizer=optimizer,
-        policy_config=config.policy.to_dict(),
-        train_config=encode_config(config),
-        processors=processors,
-        scheduler=scheduler,
-        scaler=scaler,
-        adapter_config=adapter_config(model, config),
-    )
+    try:
+        return ckpt_tools.save_checkpoint(
+            checkpoints_dir(config.output_dir),
+            state,
+            model=model,
+            optimizer=optimizer,
+            policy_config=config.policy.to_dict(),
+            train_config=encode_config(config),
+            processors=processors,
+            scheduler=scheduler,
+            scaler=scaler,
+            adapter_config=adapter_config(model, config),
+            keep_last=config.keep_last,
+        )
+    except ckpt_tools.SaveFailedError as exc:
+        raise CheckpointSaveError(
+            f"{exc}; `last` still names the newest complete checkpoint: fix the cause and resume with "
+            f"--resume=true --output_dir={os.path.abspath(config.output_dir)}"
+        ) from None

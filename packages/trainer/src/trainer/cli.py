@@ -39,14 +39,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         train(parse_config(args[1:]))
     except ConfigError as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        _print_line(f"error: {' '.join(str(exc).split())}")
         _exit(1)
     except Interrupted as stop:  # the main rank has printed its one line
         _exit(stop.exit_code, leave_group=False)
     except Exception as exc:
         if not _collective_failure(exc):
             raise
-        print(f"error: rank {os.environ.get('RANK', '0')}: {_collective_line(exc)}", file=sys.stderr)
+        _print_line(f"error: rank {os.environ.get('RANK', '0')}: {_collective_line(exc)}")
         _exit(1, leave_group=False)
     _exit(0)
 
@@ -68,6 +68,12 @@ def _print_help(args: list[str]) -> None:
             raise SystemExit(1)
     print(f"{USAGE}\n\nFlags (default after =; docs/training.md explains them):\n{help_text(policy_type)}")
     raise SystemExit(0)
+
+
+def _print_line(line: str) -> None:
+    """One write per line: ranks sharing a terminal or log must not interleave inside a line."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 # What torch's backends say when a peer is gone or late (DDP's reducer raises them as RuntimeError).

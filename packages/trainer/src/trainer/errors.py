@@ -17,3 +17,7 @@ class WrapPlanError(ConfigError):
 
 class PublishFailedError(ConfigError):
     """The end-of-training publish failed on the main rank; every rank raises it, the checkpoints stay."""
+
+
+class CheckpointSaveError(ConfigError):
+    """A collective save failed on some rank; every rank raises it with the same line, `last` unchanged."""

@@ -149,10 +149,10 @@ def _train(
 def _stop_orphan(launcher_pid: int) -> None:
     """The launcher died (e.g. `kill -9` of torchrun): stop as on SIGTERM, at an agreed step with a
     checkpoint, instead of training on unsupervised."""
-    print(
-        f"rank {os.environ.get('RANK', '0')}: the launcher (pid {launcher_pid}) died: stopping",
-        file=sys.stderr,
+    sys.stderr.write(
+        f"rank {os.environ.get('RANK', '0')}: the launcher (pid {launcher_pid}) died: stopping\n"
     )
+    sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGTERM)
 
 

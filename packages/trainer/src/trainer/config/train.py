@@ -119,6 +119,8 @@ class TrainConfig:
     resume: bool = False
     """Continue from the checkpoint --config_path names, else from output_dir's latest one (a fresh start
     before the first save); docs/resume.md."""
+    keep_last: int = 0
+    """Keep only the K newest checkpoints on disk (0 keeps all); never deletes the one `last` names."""
     collective_timeout_s: int = 300
     """Seconds a collective (a save's barrier, a metric reduction) waits for the other ranks before every
     waiting rank stops with one error line: bounds the hang when a rank fails or stalls (torch's own
@@ -131,6 +133,8 @@ class TrainConfig:
         # names typed as flags, so a value that came from a saved config can be told from a chosen one.
         self.config_path: str | None = None
         self.flags_given: frozenset[str] = frozenset()
+        if self.keep_last < 0:
+            raise ConfigError(f"--keep_last must be >= 0 (0 keeps every checkpoint), got {self.keep_last}")
         if self.checkpoint_format not in CHECKPOINT_FORMATS:
             raise ConfigError(
                 f"--checkpoint_format={self.checkpoint_format!r} is not one of {', '.join(CHECKPOINT_FORMATS)}"
