@@ -348,3 +348,18 @@ def test_saved_layout_is_kept_when_it_fits_or_when_typed(tmp_path):
     assert typed.parallelism.dp_shard == 3  # resolve_topology then refuses it with every degree named
     fresh = parse_config([f"--config_path={saved}"])
     assert resume.settle_parallelism(fresh, world_size=4) == ""
+
+
+def test_a_lerobot_run_is_refused_in_one_line(tmp_path, clean_accelerate, capsys):
+    """`trainer train --resume` on the output directory `lerobot-train` wrote (the shared fixture):
+    refused before its config (LeRobot's, not ours) is parsed, in one line that names LeRobot."""
+    from helpers.fixtures import copy_fixture
+    from trainer.cli import main
+
+    out = copy_fixture(tmp_path, "lerobot", "checkpoint_act")
+    with pytest.raises(SystemExit) as exited:
+        main(["train", "--resume=true", f"--output_dir={out}"])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and "\n" not in err
+    assert err.startswith(f"error: cannot resume from {out}/checkpoints/000004: ") and "by LeRobot" in err

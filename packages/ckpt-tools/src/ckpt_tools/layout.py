@@ -7,6 +7,9 @@ the names here are its single source of truth.
 from __future__ import annotations
 
 import re
+from typing import Any
+
+from ckpt_tools.errors import CorruptCheckpointError
 
 CHECKPOINTS_DIR = "checkpoints"
 LAST = "last"
@@ -66,6 +69,32 @@ def processor_config_name(processor: str) -> str:
 def processor_step_name(processor: str, index: int) -> str:
     """`policy_preprocessor_step_0.safetensors`: the tensors of one processor step."""
     return f"{processor}_step_{index}.safetensors"
+
+
+def named_state_files(processor_config: Any, source: str) -> list[str | None] | None:
+    """The state file of each step of a processor whose JSON config names them, as LeRobot writes it
+    (`{"steps": [{..., "state_file": "policy_preprocessor_step_3_normalizer_processor.safetensors"}]}`):
+    one entry per step, None for a step without state. None when no step names a file (our own
+    processors: `processor_step_name` for every step). A name that is not a plain `.safetensors` file
+    name beside the config (a path, `..`) is refused: it could point outside the checkpoint."""
+    steps = processor_config.get("steps") if isinstance(processor_config, dict) else None
+    if not isinstance(steps, list) or not any(isinstance(s, dict) and "state_file" in s for s in steps):
+        return None
+    names: list[str | None] = []
+    for step in steps:
+        name = step.get("state_file") if isinstance(step, dict) else None
+        if name is not None and (
+            not isinstance(name, str) or not _PLAIN_FILE.match(name) or not name.endswith(".safetensors")
+        ):
+            raise CorruptCheckpointError(
+                f"{source}: state_file {name!r} is not a .safetensors file name beside the config; "
+                "the processor config is damaged or crafted"
+            )
+        names.append(name)
+    return names
+
+
+_PLAIN_FILE = re.compile(r"^(?!\.\.?$)[^/\\]+$")
 
 
 def sharded_model_name(index: int, total: int) -> str:

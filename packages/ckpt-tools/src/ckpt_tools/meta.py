@@ -117,8 +117,8 @@ class TrainingStep:
             lerobot = LeRobotStep.from_dict(data, source)
             raise ForeignCheckpointError(
                 f"{source} was written by LeRobot ({lerobot.describe()}): its weights load "
-                "(--policy.path, load_model_state_dict) but it cannot be resumed here, its optimizer and "
-                "policy are LeRobot's; start a new run from its weights with --policy.path"
+                "(ckpt_tools.load_model_state_dict, ckpt convert) but it cannot be resumed here, its "
+                "optimizer and policy are LeRobot's; resume it with lerobot-train"
             )
         if "format_version" not in data:
             raise LegacyCheckpointError(

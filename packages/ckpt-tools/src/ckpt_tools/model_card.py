@@ -14,7 +14,7 @@ from typing import Any
 
 from ckpt_tools import layout, storage
 from ckpt_tools.errors import CheckpointError
-from ckpt_tools.meta import TrainingStep
+from ckpt_tools.meta import LeRobotStep, TrainingStep, is_lerobot_step
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ class CardInfo:
     tags: tuple[str, ...] = ()
     adapter: bool = False
     extras: dict[str, str] = field(default_factory=dict)
+    trained_with: str | None = None  # `the \`trainer\` package`, `LeRobot`; None when unknown
 
 
 def gather_card_info(
@@ -49,21 +50,23 @@ def gather_card_info(
     train = _read_json(layout.join(model_dir, layout.TRAIN_CONFIG))
     section = train.get("policy")
     train_policy: dict[str, Any] = section if isinstance(section, dict) else {}
-    step = _read_training_step(step_dir)
+    step, lerobot = _read_training_step(step_dir)
     extra = dict(extra or {})
     tags = extra.get("tags") or policy.get("tags") or train_policy.get("tags") or ()
+    saved_step = step.step if step else lerobot.step if lerobot else None
     return CardInfo(
         policy_type=extra.get("policy_type") or policy.get("type") or train_policy.get("type"),
         dataset=extra.get("dataset") or _dataset_name(train.get("dataset")),
-        steps=extra.get("steps") or (step.step if step else train.get("steps")),
+        steps=extra.get("steps") or (saved_step if saved_step is not None else train.get("steps")),
         topology=f"{step.topology.describe()} ({step.dp_world_size} ranks)" if step else None,
-        effective_batch_size=_batch_formula(step) if step else None,
+        effective_batch_size=_batch_formula(step) if step else _lerobot_batch(lerobot) if lerobot else None,
         mixed_precision=step.mixed_precision if step else None,
         final_loss=extra.get("final_loss"),
         license=extra.get("license") or policy.get("license") or train_policy.get("license"),
         tags=tuple(str(tag) for tag in tags),
         adapter=layout.ADAPTER_SAFETENSORS in files,
         extras={key: str(value) for key, value in extra.items() if key not in KNOWN_EXTRAS},
+        trained_with="LeRobot" if lerobot else "the `trainer` package" if step or extra else None,
     )
 
 
@@ -82,10 +85,10 @@ def render_model_card(info: CardInfo, repo_id: str) -> str:
     )
     title = f"{info.policy_type} policy" if info.policy_type else "Policy"
     what = "a PEFT adapter (`adapter_model.safetensors`)" if info.adapter else "the full model weights"
+    trained = f" trained with {info.trained_with}" if info.trained_with else ""
     sections = [
         f"# {title}",
-        f"This repository holds {what} of a policy trained with the `trainer` package and saved in the "
-        "ckpt-tools checkpoint format.",
+        f"This repository holds {what} of a policy{trained}, published with ckpt-tools.",
         "## Training",
         _details_table(info),
         "## How to load",
@@ -169,14 +172,23 @@ def _read_json(path: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _read_training_step(step_dir: str | None) -> TrainingStep | None:
+def _lerobot_batch(step: LeRobotStep) -> str:
+    total = step.batch_size * step.num_processes
+    return f"{total} (batch_size {step.batch_size} x {step.num_processes} processes)"
+
+
+def _read_training_step(step_dir: str | None) -> tuple[TrainingStep | None, LeRobotStep | None]:
+    """Ours, or LeRobot's (`{step, num_processes, batch_size}`), or neither."""
     if step_dir is None:
-        return None
+        return None, None
     path = layout.join(step_dir, layout.TRAINING_STATE_DIR, layout.TRAINING_STEP)
     if not storage.exists(path):
-        return None
+        return None, None
+    data = _read_json(path)
     try:
-        return TrainingStep.from_json(storage.read_bytes(path), source=path)
+        if is_lerobot_step(data):
+            return None, LeRobotStep.from_dict(data, path)
+        return TrainingStep.from_json(storage.read_bytes(path), source=path), None
     except CheckpointError as exc:
         logger.warning("model card leaves the run's topology out: %s", exc)
-        return None
+        return None, None

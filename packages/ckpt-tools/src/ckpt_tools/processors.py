@@ -46,17 +46,31 @@ def write_processors(model_dir: str, processors: Mapping[str, ProcessorState] | 
 
 
 def load_processors(path: str | os.PathLike[str]) -> dict[str, ProcessorState]:
-    """The policy's pre/post-processors saved with the checkpoint, by name (absent ones left out)."""
+    """The policy's pre/post-processors saved with the checkpoint, by name (absent ones left out).
+    A config naming its steps' state files (LeRobot's) is read by those names; a named file that is
+    missing raises `CheckpointNotFoundError` rather than being dropped."""
     _, model_dir = resolve_model_dir(path)
     found = {}
     for name in (layout.PREPROCESSOR, layout.POSTPROCESSOR):
         config_path = layout.join(model_dir, layout.processor_config_name(name))
         if not storage.exists(config_path):
             continue
-        steps: list[dict[str, torch.Tensor]] = []
-        while storage.exists(
-            step_path := layout.join(model_dir, layout.processor_step_name(name, len(steps)))
-        ):
-            steps.append(read_safetensors(step_path)[0])
-        found[name] = ProcessorState(config=storage.read_json_object(config_path), step_tensors=steps)
+        config = storage.read_json_object(config_path)
+        found[name] = ProcessorState(
+            config=config, step_tensors=_step_tensors(model_dir, name, config, config_path)
+        )
     return found
+
+
+def _step_tensors(
+    model_dir: str, name: str, config: dict[str, Any], config_path: str
+) -> list[dict[str, torch.Tensor]]:
+    """One tensor dict per processor step: from the files the config names (LeRobot's `state_file`,
+    empty for a step without one), else our numbered `<name>_step_<i>.safetensors`."""
+    named = layout.named_state_files(config, config_path)
+    if named is not None:
+        return [read_safetensors(layout.join(model_dir, file))[0] if file else {} for file in named]
+    steps: list[dict[str, torch.Tensor]] = []
+    while storage.exists(step_path := layout.join(model_dir, layout.processor_step_name(name, len(steps)))):
+        steps.append(read_safetensors(step_path)[0])
+    return steps

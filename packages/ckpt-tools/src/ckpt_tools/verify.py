@@ -22,6 +22,7 @@ from ckpt_tools import commit, layout, locate, storage
 from ckpt_tools.catalog import (
     ADAPTER,
     DCP,
+    LEROBOT,
     MODEL,
     OPTIMIZER,
     SAFETENSORS,
@@ -33,7 +34,7 @@ from ckpt_tools.catalog import (
 from ckpt_tools.dcp_index import ChunkEntry, DcpIndex, TensorEntry, dcp_file_problems, read_dcp_index
 from ckpt_tools.errors import CheckpointError, CorruptCheckpointError, NotACheckpointError
 from ckpt_tools.inspect import TensorGroup, dcp_group_from_index, read_group, read_weight_map
-from ckpt_tools.meta import TrainingStep
+from ckpt_tools.meta import LeRobotStep, TrainingStep
 from ckpt_tools.safetensors_io import read_safetensors_header
 
 T = TypeVar("T")
@@ -103,20 +104,24 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> VerifyReport:
         findings.run(f"{target}: safetensors header", read_safetensors_header, target)
         return VerifyReport(text, tuple(findings.checked), tuple(findings.problems))
     step_dir, model_dir, state_dir = cat.step_dir, cat.model_dir, cat.state_dir
-    has_state = state_dir is not None and storage.exists(state_dir)
     locations = list(cat.weight_sets)
+    if target.rsplit("/", 1)[-1] == layout.PRETRAINED_MODEL_DIR:  # the weights only (docs/format.md)
+        state_dir = None
+        locations = [w for w in locations if w.role != OPTIMIZER]
+    has_state = state_dir is not None and storage.exists(state_dir)
     if not locations and not has_state:
         raise NotACheckpointError(
             f"{text} holds no model weights and no {layout.TRAINING_STATE_DIR}/: nothing to verify; pass a "
             f"step directory, checkpoints/{layout.LAST} or a {layout.PRETRAINED_MODEL_DIR}/ directory"
         )
-    if state_dir and not has_state and target != model_dir.rstrip("/"):
+    if state_dir and not has_state:
         findings.problems.append(f"{state_dir} is missing: the step directory is incomplete")
-    step = (
-        _verify_training_state(findings, step_dir, state_dir)
-        if has_state and step_dir and state_dir
-        else None
-    )
+    step = None
+    if has_state and step_dir and state_dir:
+        if cat.layout == LEROBOT:
+            _verify_lerobot_state(findings, state_dir)
+        else:
+            step = _verify_training_state(findings, step_dir, state_dir)
     groups = _verify_groups(findings, locations)
     _check_required(findings, step, locations, model_dir, state_dir)
     _verify_side_files(findings, model_dir, locations)
@@ -149,6 +154,23 @@ def _verify_training_state(findings: _Findings, step_dir: str, state_dir: str) -
             findings, layout.join(state_dir, layout.SCALER_STATE), "an fp16 run needs its loss-scaler state"
         )
     return step
+
+
+def _verify_lerobot_state(findings: _Findings, state_dir: str) -> None:
+    """LeRobot's `training_state/`: its step file, RNG state and optimizer files, all present and
+    readable (it is not ours to resume, but a damaged one should not pass)."""
+    source = layout.join(state_dir, layout.TRAINING_STEP)
+    findings.run(layout.TRAINING_STEP, _read_lerobot_step, source)
+    for name in (layout.RNG_STATE, layout.OPTIMIZER_SAFETENSORS):
+        if _require(findings, layout.join(state_dir, name), "LeRobot writes it with every checkpoint"):
+            findings.run(name, read_safetensors_header, layout.join(state_dir, name))
+    if _require(findings, layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS), "LeRobot writes it too"):
+        _check_json_if_present(findings, layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS), list)
+
+
+def _read_lerobot_step(source: str) -> LeRobotStep:
+    data = storage.read_json_object(source)
+    return LeRobotStep.from_dict(data, source)
 
 
 def _check_required(
@@ -229,6 +251,10 @@ def _verify_processor(findings: _Findings, model_dir: str, processor: str, names
             )
         return
     _check_json_if_present(findings, layout.join(model_dir, config_name), dict)
+    named = findings.run(f"{processor} state files", _named_state_files, layout.join(model_dir, config_name))
+    if named:
+        _verify_named_state_files(findings, model_dir, processor, [n for n in named if n])
+        return
     gaps = sorted(set(range(indices[-1] + 1)) - set(indices)) if indices else []
     findings.extend(
         f"{processor} steps",
@@ -241,6 +267,24 @@ def _verify_processor(findings: _Findings, model_dir: str, processor: str, names
     for index in indices:
         name = layout.processor_step_name(processor, index)
         findings.run(name, read_safetensors_header, layout.join(model_dir, name))
+
+
+def _named_state_files(config_path: str) -> list[str | None] | None:
+    try:
+        config = json.loads(storage.read_bytes(config_path))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None  # already reported as invalid JSON
+    return layout.named_state_files(config, config_path)
+
+
+def _verify_named_state_files(findings: _Findings, model_dir: str, processor: str, names: list[str]) -> None:
+    """Each state file a processor config names (LeRobot's `state_file`) exists and reads."""
+    for name in names:
+        path = layout.join(model_dir, name)
+        if _require(
+            findings, path, f"{layout.processor_config_name(processor)} names it as a step's state_file"
+        ):
+            findings.run(name, read_safetensors_header, path)
 
 
 def _require(findings: _Findings, path: str, why: str) -> bool:

@@ -54,6 +54,12 @@ def saved_config_path(output_dir: str) -> str | None:
     step_dir = ckpt_tools.latest_step_dir(output_dir)
     if step_dir is None:
         return None
+    try:
+        ckpt_tools.read_training_step(step_dir)
+    except ckpt_tools.ResumeRefusedError as exc:  # another tool's run (LeRobot's): its config is not ours
+        raise ConfigError(f"cannot resume from {step_dir}: {exc}") from None
+    except ckpt_tools.CheckpointError:
+        pass  # a damaged step is explained where the resume reads it
     return layout.join(step_dir, layout.PRETRAINED_MODEL_DIR, layout.TRAIN_CONFIG)
 
 

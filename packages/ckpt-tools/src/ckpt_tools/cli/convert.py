@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from ckpt_tools.cli.errors import run_guarded
-from ckpt_tools.cli.output import Output
+from ckpt_tools.cli.output import Output, layout_line
 
 _TARGETS = ("safetensors", "dcp")
 
@@ -94,7 +94,9 @@ def convert(
             return _push_then_delete(out, result, output, push_to_hub, delete_dcp)
         return result.to_dict()
 
+    source_layout = layout_line(str(path))  # before a --delete-dcp removes the source
     result = run_guarded(body, as_json=as_json)
+    result = {**result, "source_layout": source_layout}
     if as_json:
         out.json(result)
     else:
@@ -104,6 +106,8 @@ def convert(
 def _report(out: Output, result: dict[str, Any]) -> None:
     from ckpt_tools.cli.inspect import human_bytes
 
+    if result["source_layout"]:
+        out.print(f"read {result['source_layout']}")
     for file in result["files"]:
         out.print(f"wrote {file}")
     if result["index_file"]:

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ckpt_tools.cli.errors import EXIT_FAILURE, run_guarded
-from ckpt_tools.cli.output import Output
+from ckpt_tools.cli.output import Output, layout_line
 from ckpt_tools.diff import EQUAL, DiffReport, TensorDiff, diff_checkpoints
 
 
@@ -38,8 +38,9 @@ def diff(
 
 
 def _print(out: Output, report: DiffReport) -> None:
-    out.print(f"a: {escape(report.a)}")
-    out.print(f"b: {escape(report.b)}")
+    for label, path in (("a", report.a), ("b", report.b)):
+        layout = layout_line(path)
+        out.print(f"{label}: {escape(path)}" + (f" ({escape(layout)})" if layout else ""))
     for label, names in (("only in a", report.only_a), ("only in b", report.only_b)):
         if names:
             out.print(f"{label} ({len(names)}): " + ", ".join(escape(n) for n in names))

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ckpt_tools.cli.errors import run_guarded
-from ckpt_tools.cli.output import Output
+from ckpt_tools.cli.output import Output, layout_line
 
 
 def merge_adapter(
@@ -34,6 +34,8 @@ def merge_adapter(
         out.json(result)
     else:
         out.print(f"wrote {result['path']} ({result['tensors']} tensors, base {result['base']})")
+        if result["base_layout"]:
+            out.print(f"base: {result['base_layout']}")
 
 
 def _merge(adapter: str, base: str | None, output: Path, overwrite: bool) -> dict[str, object]:
@@ -54,7 +56,7 @@ def _merge(adapter: str, base: str | None, output: Path, overwrite: bool) -> dic
     partial = output / f"{layout.TMP_PREFIX}{layout.MODEL_SAFETENSORS}"
     save_file({k: v.contiguous() for k, v in merged.items()}, str(partial), metadata={"format": "pt"})
     os.replace(partial, target)
-    return {"path": str(target), "tensors": len(merged), "base": base}
+    return {"path": str(target), "tensors": len(merged), "base": base, "base_layout": layout_line(base)}
 
 
 def register(app: typer.Typer) -> None:

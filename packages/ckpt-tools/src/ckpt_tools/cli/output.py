@@ -40,3 +40,15 @@ class Output:
         """A remark for the human on stderr."""
         if not (self.as_json or self.quiet):
             self.err.print(message)
+
+
+def layout_line(path: str) -> str:
+    """`LeRobot layout (step 4, num_processes 1, batch_size 2)`, `torchtitan DCP layout`, ...: whose
+    checkpoint a command read, for its report; empty when the path is no checkpoint (a Hub id)."""
+    from ckpt_tools.catalog import catalog
+    from ckpt_tools.errors import CheckpointError
+
+    try:
+        return catalog(path).layout_line()
+    except (CheckpointError, OSError, ValueError):
+        return ""

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from ckpt_tools.cli.errors import run_guarded
-from ckpt_tools.cli.output import Output
+from ckpt_tools.cli.output import Output, layout_line
 
 if TYPE_CHECKING:
     from ckpt_tools.publish import PublishResult
@@ -36,9 +36,12 @@ def push(
     def body() -> None:
         options = {"private": private, "revision": revision, "commit_message": commit_message}
         result = publish(out, str(path), repo_id, **options)
+        layout = layout_line(str(path))
         if as_json:
-            out.json(result.to_dict())
+            out.json({**result.to_dict(), "source_layout": layout})
         else:
+            if layout:
+                out.print(f"read {escape(layout)}")
             report(out, result)
 
     run_guarded(body, as_json=as_json)

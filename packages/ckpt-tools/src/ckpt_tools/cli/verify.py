@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 
 from ckpt_tools.cli.errors import EXIT_FAILURE, run_guarded
-from ckpt_tools.cli.output import Output
+from ckpt_tools.cli.output import Output, layout_line
 from ckpt_tools.verify import VerifyReport, verify_checkpoint
 
 
@@ -19,19 +19,21 @@ def verify(
     """Check that a checkpoint is complete and self-consistent (metadata only, no tensor data)."""
     out = Output(as_json=as_json)
     report = run_guarded(lambda: verify_checkpoint(str(path)), as_json=as_json)
+    layout = layout_line(str(path))
     if as_json:
-        out.json(report.to_dict())
+        out.json({**report.to_dict(), "layout": layout})
     else:
-        _print(out, report)
+        _print(out, report, layout)
     if not report.ok:
         raise typer.Exit(EXIT_FAILURE)
 
 
-def _print(out: Output, report: VerifyReport) -> None:
+def _print(out: Output, report: VerifyReport, layout: str) -> None:
+    where = f"{escape(report.path)}, {escape(layout)}" if layout else escape(report.path)
     if report.ok:
-        out.print(f"OK: {escape(report.path)} ({len(report.checked)} checks passed)")
+        out.print(f"OK: {where} ({len(report.checked)} checks passed)")
         return
-    out.print(f"FAILED: {escape(report.path)}: {len(report.problems)} problem(s)")
+    out.print(f"FAILED: {where}: {len(report.problems)} problem(s)")
     for problem in report.problems:
         out.print(f"  - {escape(problem)}")
 
