@@ -174,3 +174,33 @@ def test_the_cards_loading_instructions_work_on_a_published_sharded_model(tmp_pa
     assert sorted(loaded) == sorted(expected)
     for name, value in expected.items():
         assert torch.equal(loaded[name], torch.from_numpy(value)), name
+
+
+@pytest.mark.parametrize(
+    ("base", "published", "noted"),
+    [
+        ("{tmp}/hf/hub/models--lerobot--act_base/snapshots/0123abcd", "lerobot/act_base", False),
+        ("{tmp}/my/base_model", "{tmp}/my/base_model", True),
+        ("lerobot/act_base", "lerobot/act_base", False),
+    ],
+)
+def test_published_adapter_names_a_base_others_can_fetch(tmp_path, base, published, noted):
+    """A base from huggingface_hub's cache is published as its Hub id; any other local base is kept
+    and the result carries one note about it. The checkpoint's own file is never changed."""
+    step_dir = make_step_dir(tmp_path / "run", weights="adapter")
+    local_config = _model(step_dir) / layout.ADAPTER_CONFIG
+    config = json.loads(local_config.read_text())
+    local_config.write_text(json.dumps({**config, "base_model_name_or_path": base.format(tmp=tmp_path)}))
+    before = local_config.read_bytes()
+
+    result = publish_model(step_dir, str(tmp_path / "published"))
+
+    sent = json.loads((tmp_path / "published" / layout.ADAPTER_CONFIG).read_text())
+    assert sent["base_model_name_or_path"] == published.format(tmp=tmp_path)
+    assert sent["r"] == config["r"]
+    assert local_config.read_bytes() == before
+    if noted:
+        (note,) = result.notes
+        assert f"local base model {tmp_path}/my/base_model" in note and "\n" not in note
+    else:
+        assert result.notes == []

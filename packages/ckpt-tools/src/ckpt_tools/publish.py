@@ -15,9 +15,10 @@ import importlib
 import json
 import logging
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 
 from ckpt_tools import layout, locate, storage
@@ -37,6 +38,8 @@ _SINGLE_FILES = (
     layout.MODEL_CARD,
 )
 _PROCESSOR_PREFIXES = (layout.PREPROCESSOR, layout.POSTPROCESSOR)
+# A model directory inside huggingface_hub's cache: the base of an adapter that came from the Hub.
+_HUB_CACHE_SNAPSHOT = re.compile(r"/models--(?P<namespace>[^/]+?)--(?P<name>[^/]+)/snapshots/[^/]+/?$")
 # Text files small enough to scan for a leaked token before they are uploaded.
 _TEXT_SUFFIXES = (".json", ".md", ".yaml", ".yml", ".txt")
 _TEXT_SCAN_LIMIT = 8 * 1024 * 1024
@@ -49,6 +52,8 @@ class PublishResult:
     url: str
     commit_oid: str | None
     files: list[str]
+    notes: list[str] = field(default_factory=list)
+    """One-line remarks for the user (e.g. an adapter whose base only exists on this machine)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,12 +107,39 @@ def publish_model(
     if layout.MODEL_CARD not in uploads:
         info = gather_card_info(step_dir, model_dir, names, extra_card_info)
         uploads[layout.MODEL_CARD] = render_model_card(info, repo_id).encode()
+    notes = _portable_adapter_base(uploads)
     if is_fsspec_target(repo_id):
         if private or revision:
             raise PublishError(f"--private and --revision apply to Hub repos only, not to {repo_id}")
-        return _publish_fsspec(uploads, repo_id)
-    message = commit_message or _default_message(step_dir)
-    return _publish_hub(uploads, repo_id, private, revision, message, token, endpoint)
+        result = _publish_fsspec(uploads, repo_id)
+    else:
+        message = commit_message or _default_message(step_dir)
+        result = _publish_hub(uploads, repo_id, private, revision, message, token, endpoint)
+    return replace(result, notes=notes)
+
+
+def _portable_adapter_base(uploads: dict[str, str | bytes]) -> list[str]:
+    """A published adapter must name a base others can fetch. A base recorded as a local path inside
+    huggingface_hub's cache (`.../models--ns--name/snapshots/<rev>`) came from the Hub: the published
+    adapter_config.json names `ns/name` instead. Any other local path is published as it is, with one
+    note saying that the adapter's users must supply the base themselves."""
+    source = uploads.get(layout.ADAPTER_CONFIG)
+    if source is None:
+        return []
+    raw = source if isinstance(source, bytes) else storage.read_bytes(source)
+    config = json.loads(raw)
+    base = config.get("base_model_name_or_path")
+    if not isinstance(base, str) or not is_fsspec_target(base) or "://" in base:
+        return []  # no base, a Hub repo id already, or a URL anyone with access can read
+    found = _HUB_CACHE_SNAPSHOT.search(base.replace(os.sep, "/"))
+    if found is None:
+        return [
+            f"adapter_config.json names the local base model {base}: users of the published adapter must "
+            "supply the base themselves (publish the base too, or train from its Hub id as --policy.path)"
+        ]
+    config["base_model_name_or_path"] = f"{found['namespace']}/{found['name']}"
+    uploads[layout.ADAPTER_CONFIG] = json.dumps(config, indent=2).encode()
+    return []
 
 
 # --- Hub --------------------------------------------------------------------------------------------

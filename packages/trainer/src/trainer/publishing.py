@@ -103,6 +103,8 @@ def _publish_on_main(config: TrainConfig, summary: Any, logger: Any) -> str | No
             f"publishing {step_dir} to {repo_id} failed: {' '.join(detail.split())}; publish the intact "
             f"checkpoint later with `ckpt push {step_dir} {repo_id}{private}`"
         )
+    for remark in result.notes:
+        logger.note(f"warning: {remark}")
     commit = f" at commit {result.commit_oid}" if result.commit_oid else ""
     logger.note(
         f"published {len(result.files)} files to {result.url}{commit}",

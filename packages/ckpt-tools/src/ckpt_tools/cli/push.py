@@ -66,6 +66,8 @@ def report(out: Output, result: PublishResult) -> None:
     out.print(f"published {len(result.files)} files to {escape(result.url)}{commit}")
     for name in result.files:
         out.print(f"  {escape(name)}")
+    for note in result.notes:
+        out.note(f"note: {escape(note)}")
 
 
 def register(app: typer.Typer) -> None:
