@@ -40,12 +40,14 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Conversion benchmark: ckpt convert vs a copy, torch's dcp_to_torch_save, accelerate's merge.
+    """Conversion benchmark (ckpt convert vs a copy, torch's dcp_to_torch_save, accelerate's merge),
+    then the LeRobotDataset input benchmark (load time of 1M frames x 32 features, step time vs size).
 
-    Pass options after `--`, e.g. `nox -s bench -- --size-mb 1600 --repeat 3`.
+    Options after `--` go to the conversion benchmark, e.g. `nox -s bench -- --size-mb 1600 --repeat 3`.
     """
     install(session)
     session.run("python", "benchmarks/bench_convert.py", *session.posargs)
+    session.run("python", "benchmarks/bench_lerobot.py")
 
 
 DEMO_OUTPUT = "outputs/demo"

@@ -15,6 +15,7 @@ from torch import nn
 from trainer.config.flags import all_flags, help_text, markdown_table
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.parse import encode_config, parse_config
+from trainer.data.lerobot import LeRobotConfig
 from trainer.distributed.factory import ALLOW_ENV, _quiet_mesh_slicing_warning, check_accelerate_env
 from trainer.distributed.topology import check_checkpoint_format, resolve_topology
 from trainer.distributed.wrap import WrapPlan, check_tied_weights, resolve_wrap_plan, unit_roots
@@ -46,7 +47,7 @@ from trainer.policies.mlp import MLPConfig
         (["--checkpoint_format=zip"], r"--checkpoint_format='zip' is not one of"),
         (["--batch_size=0"], r"--batch_size must be >= 1"),
         (["--policy.dim=30", "--policy.heads=4"], r"--policy.dim=30 must be divisible by --policy.heads=4"),
-        (["--dataset.type=atari"], r"--dataset.type='atari' is not one of pendulum"),
+        (["--dataset.type=atari"], r"--dataset.type='atari' is unknown: choose one of lerobot, pendulum"),
         (["--no_such_flag=1"], r"unrecognized arguments: --no_such_flag"),
     ],
 )
@@ -252,6 +253,7 @@ def test_every_config_field_is_a_documented_flag() -> None:
     names = [flag.name for flag in all_flags()]
     leaves = set(_leaf_flags(encode_config(parse_config([])), "--"))
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(MLPConfig)}
+    leaves |= {f"--dataset.{field.name}" for field in dataclasses.fields(LeRobotConfig)}
     assert leaves | {"--config_path"} == set(names) and len(names) == len(set(names))
     assert all(flag.meaning for flag in all_flags())
     help_lines = help_text().splitlines()

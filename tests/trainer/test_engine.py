@@ -15,7 +15,7 @@ import ckpt_tools
 from ckpt_tools import Topology, layout
 from helpers.train_flags import tiny_args
 from trainer.config.parse import parse_config
-from trainer.data.dataset import DatasetConfig, load_dataset
+from trainer.data.pendulum import PendulumConfig
 from trainer.data.sampler import GlobalOrderSampler
 from trainer.distributed.factory import build_accelerator
 from trainer.errors import ConfigError
@@ -168,11 +168,12 @@ def test_sampler_order_is_global_and_split_by_rank(dataset_cache) -> None:
 
 
 def test_dataset_is_cached_and_chunks_pad_at_episode_end(tmp_path) -> None:
-    config = DatasetConfig(episodes=2, cache_dir=str(tmp_path))
-    dataset = load_dataset(config)
+    config = PendulumConfig(episodes=2, cache_dir=str(tmp_path))
+    dataset = config.load()
     assert config.cache_path().is_file() and len(dataset) == 400
-    again = load_dataset(config)
+    again = config.load()
     assert torch.equal(again.observations, dataset.observations)
     batch = dataset.gather(torch.tensor([0, 198, 199]), chunk_size=3)
     assert batch["action_is_pad"].tolist() == [[False] * 3, [False, False, True], [False, True, True]]
     assert torch.equal(batch["action"][2, 2], dataset.actions[199])
+    assert dataset.episode_bounds().tolist() == [[0, 200], [200, 400]]

@@ -23,7 +23,6 @@ from ckpt_tools.tensor_io import read_safetensors
 from helpers.pickle_payload import malicious_dcp_metadata
 from trainer import checkpointing, resume
 from trainer.config.parse import encode_config, parse_config
-from trainer.data.dataset import load_dataset
 from trainer.data.processors import build_processors
 from trainer.data.sampler import GlobalOrderSampler
 from trainer.errors import ConfigError
@@ -50,7 +49,7 @@ class Parts:
 
     def __init__(self, args: list[str]) -> None:
         self.config = parse_config(args)
-        self.dataset = load_dataset(self.config.dataset)
+        self.dataset = self.config.dataset.load()
         self.policy = build_policy(self.config.policy, self.dataset.obs_dim, self.dataset.action_dim)
         self.optimizer = self.config.optimizer.build(self.policy.parameters())
         self.scheduler = self.config.scheduler.build(self.optimizer, self.config.steps)

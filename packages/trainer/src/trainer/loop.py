@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer import checkpointing, peft, publishing, resume
+from trainer import checkpointing, peft, publishing, resume, validation
 from trainer.config.train import TrainConfig
 from trainer.data import sim
-from trainer.data.dataset import OBS_KEY, load_dataset
+from trainer.data.dataset import OBS_KEY
 from trainer.data.processors import build_processors
 from trainer.data.sampler import GlobalOrderSampler
 from trainer.distributed.agree import main_decides
@@ -70,6 +70,7 @@ class Run:
     scheduler: Any
     sampler: GlobalOrderSampler
     dataset: Any
+    val_dataset: Any
     preprocessor: Any
     postprocessor: Any
     start_step: int
@@ -108,6 +109,7 @@ def _train(
     logger.banner(
         [
             *_banner(config, topology, wrap_plan, run.accelerator, len(run.dataset)),
+            *_data_banner(run),
             describe_parameters(run.model),
         ]
     )
@@ -132,11 +134,16 @@ def _train(
         last_checkpoint=last_checkpoint,
     )
     episodes = (
-        -(-config.dataset.eval_episodes // run.accelerator.num_processes) * run.accelerator.num_processes
+        -(-config.dataset.rollout_episodes // run.accelerator.num_processes) * run.accelerator.num_processes
+    )
+    rollouts = (
+        f"evaluation over {episodes} episodes: policy return {returns[0]:.1f}, "
+        f"random policy return {returns[1]:.1f}; "
+        if episodes
+        else ""
     )
     logger.note(
-        f"evaluation over {episodes} episodes: policy return {returns[0]:.1f}, "
-        f"random policy return {returns[1]:.1f}; loss {summary.first_loss:.4f} -> {summary.final_loss:.4f}",
+        f"{rollouts}loss {summary.first_loss:.4f} -> {summary.final_loss:.4f}",
         event="summary",
         **summary.__dict__,
     )
@@ -162,7 +169,9 @@ def _build(
     """Collective. Data, policy, accelerator, the run lock, optimizer; the two resume phases around
     `prepare()`. A stale lock taken over adds its warning to `notes`."""
     seed_everything(config.seed)
-    dataset = load_dataset(config.dataset)
+    dataset = config.dataset.load(config.policy.input_features)
+    config.policy.input_features = list(dataset.input_features)  # recorded in config.json
+    val_dataset = config.dataset.load_validation(dataset.input_features)
     policy: torch.nn.Module = build_policy(config.policy, dataset.obs_dim, dataset.action_dim)
     policy = peft.start_policy(policy, config, topology.is_sharded)  # --policy.path weights, --peft adapters
     wrap_plan = resolve_wrap_plan(policy, config.accelerator.fsdp) if topology.is_sharded else None
@@ -202,6 +211,7 @@ def _build(
         scheduler=scheduler,
         sampler=sampler,
         dataset=dataset,
+        val_dataset=val_dataset,
         preprocessor=preprocessor,
         postprocessor=postprocessor,
         start_step=resume_point.start_step,
@@ -250,6 +260,10 @@ def _run_steps(run: Run, logger: Any, interrupts: Interrupts) -> tuple[list[floa
             )
             window_loss.zero_()
             window_steps, window_start = 0, time.perf_counter()
+        if run.val_dataset is not None and (
+            step == config.steps or (config.eval_freq and step % config.eval_freq == 0)
+        ):
+            _log_val_loss(run, logger, step)
         if step % config.save_freq == 0 or step == config.steps:
             last_checkpoint, saved_step = _save(run, step), step
             logger.note(f"checkpoint {last_checkpoint}")
@@ -264,6 +278,19 @@ def _run_steps(run: Run, logger: Any, interrupts: Interrupts) -> tuple[list[floa
 
 def _resume_hint(config: TrainConfig) -> str:
     return f"--resume=true --output_dir={os.path.abspath(config.output_dir)}"
+
+
+def _log_val_loss(run: Run, logger: Any, step: int) -> None:
+    """Collective. The held-out loss, on the console and in metrics.jsonl (`"event": "val"`)."""
+    loss = validation.held_out_loss(
+        run.accelerator,
+        run.model,
+        run.val_dataset,
+        run.preprocessor,
+        run.config.batch_size,
+        run.config.policy.chunk_size,
+    )
+    logger.note(f"step {step} val_loss={loss:.4g}", event="val", step=step, val_loss=loss)
 
 
 def _save(run: Run, step: int) -> str:
@@ -325,7 +352,7 @@ def evaluate(
     start states; the episodes are split across ranks (every rank runs as many, since a sharded
     policy's select_action gathers parameters with the others)."""
     world, rank = accelerator.num_processes, accelerator.process_index
-    per_rank = -(-config.dataset.eval_episodes // world)
+    per_rank = -(-config.dataset.rollout_episodes // world)
     policy = accelerator.unwrap_model(model)
     policy.eval()
     device = accelerator.device
@@ -352,6 +379,20 @@ def _processes(accelerator: Any) -> str:
     count, kind = accelerator.num_processes, accelerator.distributed_type.value
     processes = "1 process" if count == 1 else f"{count} processes"
     return processes if kind == "NO" else f"{processes}, {kind}"
+
+
+def _data_banner(run: Run) -> list[str]:
+    """What the policy reads: the frames, the observation features in their concatenation order."""
+
+    def frames(dataset: Any) -> str:
+        return f"{len(dataset)} frames in {len(dataset.episode_bounds())} episodes"
+
+    held_out = f"; held out for val_loss: {frames(run.val_dataset)}" if run.val_dataset is not None else ""
+    return [
+        *run.config.dataset.banner(),
+        f"data {run.config.dataset.type}: {frames(run.dataset)}{held_out}; observation = "
+        f"{' + '.join(run.dataset.input_features)} ({run.dataset.obs_dim} values), action {run.dataset.action_dim} values",
+    ]
 
 
 def _banner(config: TrainConfig, topology: Any, wrap_plan: Any, accelerator: Any, samples: int) -> list[str]:

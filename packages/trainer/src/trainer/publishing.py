@@ -121,7 +121,7 @@ def _card_extras(config: TrainConfig, summary: Any) -> dict[str, Any]:
     extras: dict[str, Any] = {}
     if not math.isnan(summary.final_loss):
         extras["final_loss"] = summary.final_loss
-    if config.dataset.eval_episodes > 0:
+    if config.dataset.rollout_episodes > 0:
         extras["Evaluation return (policy / random torques)"] = (
             f"{summary.policy_return:.1f} / {summary.random_return:.1f}"
         )

@@ -12,10 +12,19 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
+import draccus
 from draccus.wrappers.docstring import get_attribute_docstring
 
+from trainer.config.registry import known_types
 from trainer.config.train import TrainConfig
-from trainer.policies.base import PolicyConfig, known_types
+from trainer.data.dataset import DatasetConfig
+from trainer.policies.base import PolicyConfig
+
+# choice registry -> (what it chooses, the meaning of its --X.type flag)
+CHOICES: dict[type[draccus.ChoiceRegistry], tuple[str, str]] = {
+    PolicyConfig: ("policy", "Policy to train"),
+    DatasetConfig: ("dataset", "Demonstrations to train on"),
+}
 
 CONFIG_PATH_HELP = (
     "JSON config file to start from (a checkpoint's train_config.json reproduces its run); flags "
@@ -65,8 +74,11 @@ def _walk(config: Any, prefix: str, policy_type: str | None = None) -> list[Flag
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
         name = f"{prefix}{field.name}"
-        if isinstance(value, PolicyConfig):
-            flags += _policy_flags(name, value.type, policy_type)
+        registry = next((r for r in CHOICES if isinstance(value, r)), None)
+        if registry is not None:
+            flags += _choice_flags(
+                name, value.type, registry, policy_type if registry is PolicyConfig else None
+            )
         elif dataclasses.is_dataclass(value):
             flags += _walk(value, f"{name}.")
         else:
@@ -74,22 +86,37 @@ def _walk(config: Any, prefix: str, policy_type: str | None = None) -> list[Flag
     return flags
 
 
-def _policy_flags(name: str, default: str, only: str | None) -> list[Flag]:
-    """`--policy.type`, the fields every policy has, then each built-in type's own fields (or only
-    the fields of `only`)."""
-    built_in = [t for t in known_types() if ":" not in t]  # not the policies registered by import path
-    choices = f"{', '.join(built_in)}, or module.path:ConfigClass for your own policy"
-    flags = [Flag(f"{name}.type", only or default, f"Policy to train: {choices}.")]
-    common = {field.name for field in dataclasses.fields(PolicyConfig)}
-    for field in dataclasses.fields(PolicyConfig):
-        flags.append(Flag(f"{name}.{field.name}", _render(field.default), _meaning(PolicyConfig, field.name)))
-    for policy_type in [only] if only else built_in:
-        config = PolicyConfig.get_choice_class(policy_type)()
-        for field in dataclasses.fields(config):
-            if field.name not in common:
-                meaning = f"({policy_type}) {_meaning(type(config), field.name)}"
-                flags.append(Flag(f"{name}.{field.name}", _render(getattr(config, field.name)), meaning))
-    return flags
+def _choice_flags(name: str, default: str, registry: Any, only: str | None) -> list[Flag]:
+    """`--X.type`, the fields every type has, then each built-in type's own fields, marked with it
+    (or only the fields of type `only`)."""
+    built_in = [t for t in known_types(registry) if ":" not in t]  # not those registered by import path
+    what, meaning = CHOICES[registry]
+    choices = f"{', '.join(built_in)}, or module.path:ConfigClass for your own {what}"
+    flags = [Flag(f"{name}.type", only or default, f"{meaning}: {choices}.")]
+    common = {field.name for field in dataclasses.fields(registry)}
+    for field in dataclasses.fields(registry):
+        flags.append(Flag(f"{name}.{field.name}", _render(_default(field)), _meaning(registry, field.name)))
+    own: dict[str, Flag] = {}  # a field several types declare is one flag: "default / default"
+    for choice in [only] if only else built_in:
+        cls = registry.get_choice_class(choice)
+        for field in dataclasses.fields(cls):
+            if field.name in common:
+                continue
+            flag = Flag(
+                f"{name}.{field.name}", _render(_default(field)), f"({choice}) {_meaning(cls, field.name)}"
+            )
+            if field.name in own:
+                seen = own[field.name]
+                flag = Flag(flag.name, f"{seen.default} / {flag.default}", f"{seen.meaning} {flag.meaning}")
+            own[field.name] = flag
+    return flags + list(own.values())
+
+
+def _default(field: dataclasses.Field[Any]) -> Any:
+    """A field's default without building the config (a type may require some of its fields)."""
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None if field.default is dataclasses.MISSING else field.default
 
 
 def _meaning(cls: type, name: str) -> str:

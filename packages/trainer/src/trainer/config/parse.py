@@ -8,12 +8,16 @@ from typing import Any
 
 import draccus
 
+from trainer.config.registry import known_types, register_import_path
 from trainer.config.train import TrainConfig
+from trainer.data.dataset import DatasetConfig
 from trainer.errors import ConfigError
-from trainer.policies.base import PolicyConfig, known_types, register_import_path
+from trainer.policies.base import PolicyConfig
 from trainer.pretrained import policy_defaults
 
 _CONFIG_FLAG = "--config_path"
+DEFAULT_TYPES = {"policy": "act", "dataset": "pendulum"}
+LEROBOT_FLAGS = ("--dataset.repo_id", "--dataset.root")
 
 
 def parse_config(args: Sequence[str]) -> TrainConfig:
@@ -46,18 +50,8 @@ def _auto_resume_config_path(args: list[str]) -> str | None:
 
 
 def _parse(rest: list[str], config_path: str | None) -> TrainConfig:
-    policy_type = _policy_type(rest, config_path)
-    if policy_type is None and any(arg.startswith("--policy.") for arg in rest):
-        # draccus needs the choice named before its fields: `--policy.dim=32` means the default type.
-        policy_type = PolicyConfig.default_choice_name() or "act"
-        rest.insert(0, f"--policy.type={policy_type}")
-    if policy_type is not None:
-        register_import_path(policy_type)
-        if policy_type not in known_types():
-            raise ConfigError(
-                f"--policy.type={policy_type!r} is unknown: choose one of {', '.join(known_types())} "
-                "or give module.path:ConfigClass"
-            )
+    for registry, section in ((PolicyConfig, "policy"), (DatasetConfig, "dataset")):
+        _settle_choice(rest, config_path, registry, section)
     try:
         config = draccus.parse(TrainConfig, config_path=config_path, args=rest, exit_on_error=False)
     except ConfigError:
@@ -102,10 +96,31 @@ def _split_config_path(args: list[str]) -> tuple[str | None, list[str]]:
     return path, rest
 
 
-def _policy_type(args: list[str], config_path: str | None) -> str | None:
-    """The policy type a flag or the config file asks for (needed before draccus sees the choice)."""
+def _settle_choice(
+    rest: list[str], config_path: str | None, registry: type[draccus.ChoiceRegistry], section: str
+) -> None:
+    """Name the section's type before draccus sees its fields (draccus needs the choice first):
+    `--policy.dim=32` alone means the default policy, and LeRobot's `--dataset.repo_id` / `--dataset.root`
+    alone mean a LeRobotDataset. An import-path type is registered on the way."""
+    flag = f"--{section}.type"
+    chosen = _choice_type(rest, config_path, section)
+    if chosen is None and any(arg.startswith(f"--{section}.") for arg in rest):
+        lerobot = section == "dataset" and any(arg.startswith(LEROBOT_FLAGS) for arg in rest)
+        chosen = "lerobot" if lerobot else registry.default_choice_name() or DEFAULT_TYPES[section]
+        rest.insert(0, f"{flag}={chosen}")
+    if chosen is not None:
+        register_import_path(registry, chosen, flag)
+        if chosen not in known_types(registry):
+            built_in = ", ".join(t for t in known_types(registry) if ":" not in t)
+            raise ConfigError(
+                f"{flag}={chosen!r} is unknown: choose one of {built_in} or give module.path:ConfigClass"
+            )
+
+
+def _choice_type(args: list[str], config_path: str | None, section: str) -> str | None:
+    """The type a flag or the config file asks for in `section` (policy or dataset)."""
     for arg in reversed(args):
-        if arg.startswith("--policy.type="):
+        if arg.startswith(f"--{section}.type="):
             return arg.split("=", 1)[1]
     if config_path is not None:
         try:
@@ -113,7 +128,7 @@ def _policy_type(args: list[str], config_path: str | None) -> str | None:
                 data = json.load(handle)
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"--config_path={config_path}: cannot read it as JSON ({exc})") from None
-        policy = data.get("policy") if isinstance(data, dict) else None
-        if isinstance(policy, dict) and isinstance(policy.get("type"), str):
-            return policy["type"]
+        part = data.get(section) if isinstance(data, dict) else None
+        if isinstance(part, dict) and isinstance(part.get("type"), str):
+            return part["type"]
     return None

@@ -14,7 +14,9 @@ from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.peft import PeftConfig
 from trainer.config.tracking import TrackioConfig, WandbConfig
+from trainer.data import lerobot  # noqa: F401  (registers --dataset.type=lerobot)
 from trainer.data.dataset import DatasetConfig
+from trainer.data.pendulum import PendulumConfig
 from trainer.errors import ConfigError
 from trainer.policies import PolicyConfig
 from trainer.policies.act import ACTConfig
@@ -91,7 +93,7 @@ class TrainConfig:
     """`trainer train`: everything a run needs, and nothing read from elsewhere."""
 
     policy: PolicyConfig = field(default_factory=ACTConfig)
-    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    dataset: DatasetConfig = field(default_factory=PendulumConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
@@ -110,6 +112,9 @@ class TrainConfig:
     """Save a checkpoint every this many loop steps (and always at the end)."""
     log_freq: int = 50
     """Log reduced metrics every this many loop steps."""
+    eval_freq: int = 0
+    """Log val_loss on the held-out --dataset.val_episodes every this many loop steps (and at the end);
+    0: only at the end."""
     seed: int = 1000
     """Seeds the policy's initialization, dropout and the sample order."""
     output_dir: str = "outputs/train"
@@ -139,6 +144,8 @@ class TrainConfig:
             raise ConfigError(
                 f"--checkpoint_format={self.checkpoint_format!r} is not one of {', '.join(CHECKPOINT_FORMATS)}"
             )
+        if self.eval_freq < 0:
+            raise ConfigError(f"--eval_freq must be >= 0, got {self.eval_freq}")
         for name in ("batch_size", "steps", "save_freq", "log_freq", "collective_timeout_s"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")

@@ -1,67 +1,115 @@
-"""The embedded demonstration dataset: scripted-expert episodes of the sim task, cached on disk.
+"""The dataset plug-in protocol: what the engine asks of any demonstration data.
 
-Generation is deterministic in (episodes, seed), so every rank may build or read the cache on its own:
-the file is written under a temporary name and renamed, and identical bytes win any race.
+A dataset is chosen with `--dataset.type` (a built-in name, or `package.module:ConfigClass` for an
+outside one). Its config is a `DatasetConfig` subclass whose `load()` returns an object with:
+
+- `len(dataset)`: frames (samples) in the order the sampler indexes them;
+- `obs_dim`, `action_dim`, `input_features`: feature sizes, and the names of the observation
+  features concatenated (in this order) into the policy's observation vector;
+- `gather(indices, chunk_size)`: a batch `{observation.state, action, action_is_pad}`, where the
+  action chunk of a frame never crosses its episode's end;
+- `stats()`: mean/std per batch key, for the normalization processors;
+- `episode_bounds()`: one `[start, end)` frame range per episode.
+
+`ArrayDataset` implements all of it over in-memory arrays, so a new dataset only has to produce
+observations, actions and episode lengths.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Protocol, runtime_checkable
 
+import draccus
 import numpy as np
 import torch
 
-from trainer.data import sim
 from trainer.errors import ConfigError
 
 OBS_KEY = "observation.state"
 ACTION_KEY = "action"
 PAD_KEY = "action_is_pad"
-DATASET_TYPES = ("pendulum",)
+
+Stats = dict[str, dict[str, torch.Tensor]]
+
+
+@runtime_checkable
+class Dataset(Protocol):
+    """What the training loop, validation and evaluation read from a dataset."""
+
+    input_features: list[str]
+
+    def __len__(self) -> int: ...
+
+    @property
+    def obs_dim(self) -> int: ...
+
+    @property
+    def action_dim(self) -> int: ...
+
+    def gather(self, indices: torch.Tensor, chunk_size: int) -> dict[str, torch.Tensor]: ...
+
+    def stats(self) -> Stats: ...
+
+    def episode_bounds(self) -> torch.Tensor: ...
 
 
 @dataclass
-class DatasetConfig:
-    """The demonstrations to train on."""
+class DatasetConfig(draccus.ChoiceRegistry):
+    """Base of every dataset config; `--dataset.type` picks the subclass."""
 
-    type: str = "pendulum"
-    """Dataset kind; `pendulum` is the embedded Pendulum-v1 swing-up expert, generated offline."""
-    episodes: int = 50
-    """Expert episodes of 200 steps each."""
-    seed: int = 0
-    """Seeds the episodes' start states (independent of the run's --seed)."""
-    cache_dir: str | None = None
-    """Where the generated episodes are cached; default $TRAINER_CACHE or ~/.cache/trainer."""
-    noise: float = 0.5
-    """Std of the torque noise executed (not recorded) while demonstrating, so the data covers recoveries."""
-    eval_episodes: int = 8
-    """Episodes rolled out at the end to compare the policy with a random one (split across ranks)."""
+    @property
+    def type(self) -> str:
+        return self.get_choice_name(type(self))
 
-    def __post_init__(self) -> None:
-        if self.type not in DATASET_TYPES:
-            raise ConfigError(f"--dataset.type={self.type!r} is not one of {', '.join(DATASET_TYPES)}")
-        if self.episodes < 1:
-            raise ConfigError(f"--dataset.episodes must be >= 1, got {self.episodes}")
-        if self.noise < 0:
-            raise ConfigError(f"--dataset.noise must be >= 0, got {self.noise}")
-        if self.eval_episodes < 0:
-            raise ConfigError(f"--dataset.eval_episodes must be >= 0, got {self.eval_episodes}")
+    def load(self, input_features: Sequence[str] = ()) -> Dataset:
+        """The training data. `input_features` are the observation features the policy asks for
+        (empty: the dataset's default); a feature the dataset cannot provide is a ConfigError."""
+        raise NotImplementedError
 
-    def cache_path(self) -> Path:
-        root = self.cache_dir or os.environ.get("TRAINER_CACHE") or Path.home() / ".cache" / "trainer"
-        return Path(root) / f"{self.type}_v1_ep{self.episodes}_seed{self.seed}_noise{self.noise:g}.npz"
+    def load_validation(self, input_features: Sequence[str] = ()) -> Dataset | None:
+        """Held-out data for `val_loss`, or None when the config holds none out."""
+        return None
+
+    def banner(self) -> list[str]:
+        """Lines the run's start banner shows about the data (sources, unused features)."""
+        return []
+
+    @property
+    def rollout_episodes(self) -> int:
+        """Episodes of the simulated task rolled out at the end of training (0: the data has no sim)."""
+        return 0
 
 
-class DemonstrationDataset:
-    """Flat arrays of (observation, action) with each sample's episode end, for action chunks."""
+class ArrayDataset:
+    """The protocol over flat in-memory arrays: frames of consecutive episodes, one after another."""
 
-    def __init__(self, observations: np.ndarray, actions: np.ndarray, episode_last: np.ndarray) -> None:
-        self.observations = torch.from_numpy(observations)
-        self.actions = torch.from_numpy(actions)
-        self.episode_last = torch.from_numpy(episode_last)
+    def __init__(
+        self,
+        observations: np.ndarray | torch.Tensor,
+        actions: np.ndarray | torch.Tensor,
+        episode_lengths: Sequence[int] | np.ndarray,
+        input_features: Sequence[str] = (OBS_KEY,),
+        stats: Stats | None = None,
+    ) -> None:
+        self.observations = torch.as_tensor(observations, dtype=torch.float32)
+        self.actions = torch.as_tensor(actions, dtype=torch.float32)
+        lengths = torch.as_tensor(np.asarray(episode_lengths, dtype=np.int64))
+        if self.observations.ndim != 2 or self.actions.ndim != 2:
+            raise ConfigError("a dataset's observations and actions must be 2-D arrays (frames x features)")
+        if len(self.observations) != len(self.actions) or int(lengths.sum()) != len(self.actions):
+            raise ConfigError(
+                f"dataset sizes disagree: {len(self.observations)} observations, {len(self.actions)} actions, "
+                f"episodes of {int(lengths.sum())} frames in all"
+            )
+        if len(lengths) and int(lengths.min()) < 1:
+            raise ConfigError("every episode of a dataset must hold at least one frame")
+        ends = torch.cumsum(lengths, 0)
+        self._bounds = torch.stack([ends - lengths, ends], dim=1)
+        self.episode_last = torch.repeat_interleave(ends - 1, lengths)
+        self.input_features = list(input_features)
+        self._stats = stats
 
     def __len__(self) -> int:
         return len(self.observations)
@@ -75,10 +123,8 @@ class DemonstrationDataset:
         return self.actions.shape[1]
 
     def gather(self, indices: torch.Tensor, chunk_size: int) -> dict[str, torch.Tensor]:
-        """A batch: the observation at each index and the next `chunk_size` actions of its episode.
-
-        Steps past the episode's end repeat its last action and are flagged in `action_is_pad`.
-        """
+        """The observation at each index and the next `chunk_size` actions of its episode; steps past
+        the episode's end repeat its last action and are flagged in `action_is_pad`."""
         steps = indices[:, None] + torch.arange(chunk_size)[None, :]
         last = self.episode_last[indices][:, None]
         return {
@@ -87,46 +133,25 @@ class DemonstrationDataset:
             PAD_KEY: steps > last,
         }
 
-    def stats(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Mean and std per feature, for the normalization processors."""
+    def stats(self) -> Stats:
+        """The statistics given at construction, else mean and std over these frames."""
+        if self._stats is not None:
+            return self._stats
         return {
             key: {"mean": data.mean(0), "std": data.std(0).clamp_min(1e-6)}
             for key, data in ((OBS_KEY, self.observations), (ACTION_KEY, self.actions))
         }
 
-
-def load_dataset(config: DatasetConfig) -> DemonstrationDataset:
-    """Read the cached episodes, generating them first when the cache is missing."""
-    path = config.cache_path()
-    if not path.exists():
-        _write_atomically(path, _generate(config))
-    with np.load(path) as data:
-        return DemonstrationDataset(data["observations"], data["actions"], data["episode_last"])
+    def episode_bounds(self) -> torch.Tensor:
+        return self._bounds
 
 
-def _generate(config: DatasetConfig) -> dict[str, np.ndarray]:
-    observations, actions, episode_last = [], [], []
-    count = 0
-    for episode in range(config.episodes):
-        obs, act, _ = sim.rollout(sim.expert_action, seed=config.seed * 100_003 + episode, noise=config.noise)
-        observations.append(obs)
-        actions.append(act)
-        count += len(obs)
-        episode_last.append(np.full(len(obs), count - 1, dtype=np.int64))
-    return {
-        "observations": np.concatenate(observations),
-        "actions": np.concatenate(actions),
-        "episode_last": np.concatenate(episode_last),
-    }
-
-
-def _write_atomically(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, allow_pickle=False, **arrays)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+def check_input_features(requested: Sequence[str], available: Sequence[str], what: str) -> list[str]:
+    """The observation features a run uses: `requested` (each one known to `what`), else all."""
+    unknown = [name for name in requested if name not in available]
+    if unknown:
+        raise ConfigError(
+            f"--policy.input_features names {unknown[0]!r}, which {what} does not provide as a float vector "
+            f"(available: {', '.join(available) or 'none'}); choose among those"
+        )
+    return list(requested) or list(available)

@@ -55,6 +55,18 @@ class Processor:
     def state(self) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
         return {"steps": [step.config() for step in self.steps]}, [step.tensors() for step in self.steps]
 
+    @classmethod
+    def from_state(cls, config: dict[str, Any], step_tensors: list[dict[str, torch.Tensor]]) -> Processor:
+        """The processor `state()` described (read back from a checkpoint)."""
+        steps = []
+        for step, tensors in zip(config.get("steps", []), step_tensors, strict=True):
+            stats: dict[str, dict[str, torch.Tensor]] = {}
+            for name, tensor in tensors.items():
+                key, _, stat = name.rpartition(".")
+                stats.setdefault(key, {})[stat] = tensor
+            steps.append(Normalize(stats, tuple(step["features"]), inverse=step["type"] == "unnormalize"))
+        return cls(steps)
+
 
 def build_processors(stats: dict[str, dict[str, torch.Tensor]]) -> tuple[Processor, Processor]:
     """(preprocessor, postprocessor) for a dataset's statistics."""

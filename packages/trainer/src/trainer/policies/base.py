@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import draccus
 import torch
 from torch import nn
 
+from trainer.config import registry
 from trainer.config.accelerator import dtype_flag
 from trainer.errors import ConfigError
 
@@ -38,6 +38,10 @@ class PolicyConfig(draccus.ChoiceRegistry):
     """Observation size; 0 takes it from the dataset (the saved config.json records the value)."""
     action_dim: int = 0
     """Action size; 0 takes it from the dataset."""
+    input_features: list[str] = field(default_factory=list)
+    """Observation features concatenated, in this order, into the policy's input vector; empty takes
+    every float `observation.*` feature of the dataset in its metadata's order (config.json records
+    the list)."""
     path: str | None = None
     """Start from this pretrained policy: a local model or step directory, or a Hub repo id (its
     config.json supplies the other policy fields; flags still override them)."""
@@ -109,24 +113,9 @@ def build_policy(config: PolicyConfig, obs_dim: int, action_dim: int) -> Policy:
 
 
 def register_import_path(type_name: str) -> None:
-    """Make `--policy.type=package.module:ConfigClass` usable: import it and register it under that name.
-
-    The name stays the import path, so a saved train_config.json finds the same class again.
-    """
-    if ":" not in type_name or type_name in PolicyConfig.get_known_choices():
-        return
-    module_name, _, class_name = type_name.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(
-            f"--policy.type={type_name!r}: cannot import {class_name} from {module_name} ({exc}); "
-            "give module.path:ConfigClass of an importable PolicyConfig subclass"
-        ) from None
-    if not (isinstance(cls, type) and issubclass(cls, PolicyConfig)):
-        raise ConfigError(f"--policy.type={type_name!r} names {cls!r}, which is not a PolicyConfig subclass")
-    PolicyConfig.register_subclass(type_name, cls)
+    """Make `--policy.type=package.module:ConfigClass` usable (config/registry.py)."""
+    registry.register_import_path(PolicyConfig, type_name, "--policy.type")
 
 
 def known_types() -> list[str]:
-    return sorted(PolicyConfig.get_known_choices())
+    return registry.known_types(PolicyConfig)

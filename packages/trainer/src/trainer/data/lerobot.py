@@ -1,0 +1,132 @@
+"""`--dataset.type=lerobot`: a LeRobotDataset v3.0, with LeRobot's own flags.
+
+`--dataset.repo_id=ID --dataset.root=PATH` reads the dataset at PATH (a LeRobot user's flags work
+unchanged; the type is implied by them). Without `--dataset.root` the id resolves through the Hugging
+Face cache (downloaded once per node by its first rank, see `hub.download_once`).
+
+The policy's observation is every float vector `observation.*` feature (or `--policy.input_features`),
+concatenated in the order meta/info.json lists them; `action` is the target. The statistics for the
+normalization processors are meta/stats.json's mean and std of the same features.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trainer.data import lerobot_format as fmt
+from trainer.data.dataset import ACTION_KEY, OBS_KEY, ArrayDataset, DatasetConfig, Stats, check_input_features
+from trainer.errors import ConfigError
+
+STD_FLOOR = 1e-6  # a constant feature's std would divide by zero
+
+
+@DatasetConfig.register_subclass("lerobot")
+@dataclass
+class LeRobotConfig(DatasetConfig):
+    """A LeRobotDataset v3.0 (local directory or Hub dataset repo)."""
+
+    repo_id: str | None = None
+    """Hugging Face dataset repo id; without --dataset.root it is read through the Hub cache."""
+    root: str | None = None
+    """Local directory of the dataset (the one holding meta/ and data/)."""
+    episodes: list[int] | None = None
+    """Train on these episode indices only; default: every episode not in --dataset.val_episodes."""
+    val_episodes: list[int] = field(default_factory=list)
+    """Held-out episode indices: never trained on, their val_loss is logged every --eval_freq steps."""
+
+    def __post_init__(self) -> None:
+        if not self.root and not self.repo_id:
+            raise ConfigError("--dataset.type=lerobot needs --dataset.root=PATH or --dataset.repo_id=ID")
+        overlap = sorted(set(self.episodes or ()) & set(self.val_episodes))
+        if overlap:
+            raise ConfigError(
+                f"episodes {overlap} are in both --dataset.episodes and --dataset.val_episodes: "
+                "a held-out episode must not be trained on"
+            )
+
+    def local_root(self) -> Path:
+        """The dataset directory: --dataset.root, else the repo's snapshot in the Hub cache."""
+        if self.root:
+            return Path(self.root)
+        from trainer.data.hub import download_once
+
+        assert self.repo_id is not None
+        return Path(download_once(self.repo_id))
+
+    def train_episodes(self, ranges: dict[int, tuple[int, int]]) -> list[int]:
+        chosen = self.episodes if self.episodes is not None else sorted(set(ranges) - set(self.val_episodes))
+        return _check_episodes(chosen, ranges, "--dataset.episodes")
+
+    def load(self, input_features: Sequence[str] = ()) -> ArrayDataset:
+        root = self.local_root()
+        ranges = fmt.read_episode_ranges(root)
+        return _load(root, self.train_episodes(ranges), ranges, input_features)
+
+    def load_validation(self, input_features: Sequence[str] = ()) -> ArrayDataset | None:
+        if not self.val_episodes:
+            return None
+        root = self.local_root()
+        ranges = fmt.read_episode_ranges(root)
+        return _load(
+            root, _check_episodes(self.val_episodes, ranges, "--dataset.val_episodes"), ranges, input_features
+        )
+
+    def banner(self) -> list[str]:
+        info = fmt.read_info(self.local_root())
+        unused = ", ".join(info.visual_features) or "none"
+        return [
+            f"LeRobotDataset {self.repo_id or info.root} ({fmt.CODEBASE_VERSION}, {info.fps:g} fps); "
+            f"image/video features unused: {unused}"
+        ]
+
+
+def _check_episodes(chosen: Sequence[int], ranges: dict[int, tuple[int, int]], flag: str) -> list[int]:
+    if not chosen:
+        raise ConfigError(f"{flag} selects no episode: give at least one")
+    bad = [e for e in chosen if e not in ranges]
+    if bad:
+        raise ConfigError(
+            f"{flag} names episode {bad[0]}, but the dataset holds episodes {min(ranges)}..{max(ranges)}"
+        )
+    return list(chosen)
+
+
+def _load(
+    root: Path, episodes: list[int], ranges: dict[int, tuple[int, int]], requested: Sequence[str]
+) -> ArrayDataset:
+    info = fmt.read_info(root)
+    for name in requested:
+        if name in info.features and info.features[name].get("dtype") in fmt.VISUAL_DTYPES:
+            raise ConfigError(
+                f"--policy.input_features names {name!r}, a {info.features[name]['dtype']} feature: the "
+                "trainer's policies read float vectors only; drop it from --policy.input_features"
+            )
+    features = check_input_features(requested, info.observation_features, f"the dataset at {root}")
+    frames, lengths = fmt.read_frames(info, episodes, ranges, [*features, ACTION_KEY])
+    observations = np.concatenate([frames[name] for name in features], axis=1)
+    stats = _stats(fmt.read_stats(root), features, frames)
+    return ArrayDataset(observations, frames[ACTION_KEY], lengths, features, stats)
+
+
+def _stats(saved: dict[str, dict], features: list[str], frames: dict[str, np.ndarray]) -> Stats:
+    """meta/stats.json's mean/std per feature, concatenated like the observation (computed from the
+    loaded frames for a feature the file lacks)."""
+
+    def of(name: str, key: str) -> np.ndarray:
+        entry = saved.get(name, {})
+        if key in entry:
+            return np.asarray(entry[key], dtype=np.float32).reshape(-1)
+        data = frames[name].astype(np.float64)
+        return (data.mean(0) if key == "mean" else data.std(0, ddof=0)).astype(np.float32)
+
+    def stat(names: list[str]) -> dict[str, torch.Tensor]:
+        mean = torch.from_numpy(np.concatenate([of(n, "mean") for n in names]))
+        std = torch.from_numpy(np.concatenate([of(n, "std") for n in names])).clamp_min(STD_FLOOR)
+        return {"mean": mean, "std": std}
+
+    return {OBS_KEY: stat(features), ACTION_KEY: stat([ACTION_KEY])}

@@ -1,0 +1,176 @@
+"""Reading a LeRobotDataset v3.0 from disk: metadata, statistics and the frames of chosen episodes.
+
+The format keeps `meta/info.json` (features, fps, totals), `meta/stats.json` (per-feature statistics),
+`meta/episodes/chunk-*/file-*.parquet` (one row per episode: its `[dataset_from_index,
+dataset_to_index)` frame range) and `data/chunk-*/file-*.parquet` (one row per frame, its global
+`index`; a file holds several episodes and an episode may continue in the next file).
+
+Parquet files are opened memory-mapped and read column by column: first only `index`, to find which
+rows belong to the chosen episodes, then only the feature columns the run uses, and only from files
+that hold such rows. Image and video columns are never read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainer.errors import ConfigError
+
+CODEBASE_VERSION = "v3.0"
+VISUAL_DTYPES = ("image", "video")
+FLOAT_DTYPES = ("float16", "float32", "float64")
+INDEX_COLUMN = "index"
+CONVERT_HINT = (
+    "convert it with LeRobot's `python -m lerobot.datasets.v30.convert_dataset_v21_to_v30 --repo-id=ID`"
+)
+
+
+@dataclass(frozen=True)
+class Info:
+    """`meta/info.json`, the parts the trainer reads."""
+
+    root: Path
+    fps: float
+    features: dict[str, dict[str, Any]]
+
+    def is_float_vector(self, name: str) -> bool:
+        feature = self.features[name]
+        return feature.get("dtype") in FLOAT_DTYPES and len(feature.get("shape") or [1]) == 1
+
+    @property
+    def observation_features(self) -> list[str]:
+        """Float vector `observation.*` features, in the order info.json lists them."""
+        return [n for n in self.features if n.startswith("observation.") and self.is_float_vector(n)]
+
+    @property
+    def visual_features(self) -> list[str]:
+        return [n for n, f in self.features.items() if f.get("dtype") in VISUAL_DTYPES]
+
+    def size(self, name: str) -> int:
+        return int(np.prod(self.features[name].get("shape") or [1]))
+
+
+def read_info(root: Path) -> Info:
+    """The dataset's metadata; a missing file or another codebase version is one ConfigError."""
+    path = root / "meta" / "info.json"
+    if not path.is_file():
+        raise ConfigError(
+            f"{root} has no meta/info.json, so it is not a LeRobotDataset: point --dataset.root at the "
+            "directory holding meta/ and data/"
+        )
+    data = _read_json(path)
+    version = data.get("codebase_version")
+    if version != CODEBASE_VERSION:
+        raise ConfigError(
+            f"{root} is a LeRobotDataset {version}; the trainer reads {CODEBASE_VERSION}: {CONVERT_HINT}"
+        )
+    features = data.get("features")
+    if not isinstance(features, dict) or "action" not in features:
+        raise ConfigError(f"{path} lists no `action` feature; the trainer needs it as the training target")
+    return Info(root=root, fps=float(data.get("fps") or 0), features=features)
+
+
+def read_stats(root: Path) -> dict[str, dict[str, Any]]:
+    """`meta/stats.json`, or {} when the dataset has none (the statistics are then computed)."""
+    path = root / "meta" / "stats.json"
+    return _read_json(path) if path.is_file() else {}
+
+
+def read_episode_ranges(root: Path) -> dict[int, tuple[int, int]]:
+    """Episode index -> `[from, to)` global frame range, from the episodes metadata."""
+    files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
+    if not files:
+        raise ConfigError(f"{root} has no meta/episodes/chunk-*/file-*.parquet; the dataset is incomplete")
+    ranges: dict[int, tuple[int, int]] = {}
+    for path in files:
+        columns = _read_columns(path, ["episode_index", "dataset_from_index", "dataset_to_index"])
+        for episode, start, end in zip(*(columns[c].tolist() for c in columns), strict=True):
+            ranges[int(episode)] = (int(start), int(end))
+    return ranges
+
+
+def read_frames(
+    info: Info, episodes: Sequence[int], ranges: dict[int, tuple[int, int]], columns: Sequence[str]
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The chosen `columns` (float32, frames x size) of `episodes`' frames in global frame order, and
+    each episode's length in the same order."""
+    order = sorted(episodes, key=lambda e: ranges[e][0])
+    starts = np.array([ranges[e][0] for e in order], dtype=np.int64)
+    ends = np.array([ranges[e][1] for e in order], dtype=np.int64)
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in columns}
+    indices: list[np.ndarray] = []
+    for path in sorted((info.root / "data").glob("chunk-*/file-*.parquet")):
+        index = _read_columns(path, [INDEX_COLUMN])[INDEX_COLUMN]
+        slot = np.searchsorted(starts, index, side="right") - 1
+        wanted = (slot >= 0) & (index < ends[np.maximum(slot, 0)])
+        if not wanted.any():
+            continue
+        values = _read_columns(path, list(columns), info)
+        for name in columns:
+            parts[name].append(values[name][wanted])
+        indices.append(index[wanted])
+    found = np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64)
+    expected = int((ends - starts).sum())
+    if len(found) != expected or len(np.unique(found)) != expected:
+        raise ConfigError(
+            f"{info.root}: the data files hold {len(np.unique(found))} of the {expected} frames the episodes "
+            "metadata lists for the chosen episodes; the dataset is incomplete, re-download or re-write it"
+        )
+    sort = np.argsort(found, kind="stable")
+    frames = {name: np.concatenate(parts[name])[sort] for name in columns}
+    return frames, ends - starts
+
+
+def _read_columns(path: Path, names: list[str], info: Info | None = None) -> dict[str, np.ndarray]:
+    """Only `names`, from a memory-mapped parquet file; vectors as float32 (rows x size) when `info`
+    gives their shape, else the column's own dtype."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(path, memory_map=True).read(columns=names)
+    except (pa.ArrowException, OSError) as exc:
+        raise ConfigError(
+            f"{path} is not a readable parquet file ({' '.join(str(exc).split())[:160]}): it is truncated or "
+            "damaged; re-download or re-write the dataset"
+        ) from None
+    missing = [n for n in names if n not in table.column_names]
+    if missing:
+        raise ConfigError(f"{path} has no column {missing[0]!r}; the dataset is incomplete or not v3.0")
+    return {name: _to_numpy(table.column(name), path, name, info) for name in names}
+
+
+def _to_numpy(column: Any, path: Path, name: str, info: Info | None) -> np.ndarray:
+    import pyarrow as pa
+
+    column = column.combine_chunks()
+    if info is None:
+        return column.to_numpy(zero_copy_only=False)
+    size = info.size(name)
+    flat = (
+        column.flatten()
+        if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type)
+        else column
+    )
+    values = flat.to_numpy(zero_copy_only=False)
+    if values.size != len(column) * size:
+        raise ConfigError(
+            f"{path}: column {name!r} does not hold {size} values per frame as meta/info.json says"
+        )
+    return values.astype(np.float32, copy=False).reshape(len(column), size)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read it as JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return data

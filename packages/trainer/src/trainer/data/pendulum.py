@@ -1,0 +1,93 @@
+"""The embedded demonstration dataset: scripted-expert episodes of the sim task, cached on disk.
+
+Generation is deterministic in (episodes, seed), so every rank may build or read the cache on its own:
+the file is written under a temporary name and renamed, and identical bytes win any race.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trainer.data import sim
+from trainer.data.dataset import OBS_KEY, ArrayDataset, DatasetConfig, check_input_features
+from trainer.errors import ConfigError
+
+
+@DatasetConfig.register_subclass("pendulum")
+@dataclass
+class PendulumConfig(DatasetConfig):
+    """The embedded Pendulum-v1 swing-up demonstrations, generated offline by a scripted expert."""
+
+    episodes: int = 50
+    """Expert episodes of 200 steps each."""
+    seed: int = 0
+    """Seeds the episodes' start states (independent of the run's --seed)."""
+    cache_dir: str | None = None
+    """Where the generated episodes are cached; default $TRAINER_CACHE or ~/.cache/trainer."""
+    noise: float = 0.5
+    """Std of the torque noise executed (not recorded) while demonstrating, so the data
+    covers recoveries."""
+    eval_episodes: int = 8
+    """Episodes rolled out at the end to compare the policy with a random one (split across
+    ranks)."""
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1:
+            raise ConfigError(f"--dataset.episodes must be >= 1, got {self.episodes}")
+        if self.noise < 0:
+            raise ConfigError(f"--dataset.noise must be >= 0, got {self.noise}")
+        if self.eval_episodes < 0:
+            raise ConfigError(f"--dataset.eval_episodes must be >= 0, got {self.eval_episodes}")
+
+    @property
+    def rollout_episodes(self) -> int:
+        return self.eval_episodes
+
+    def cache_path(self) -> Path:
+        root = self.cache_dir or os.environ.get("TRAINER_CACHE") or Path.home() / ".cache" / "trainer"
+        return Path(root) / f"pendulum_v1_ep{self.episodes}_seed{self.seed}_noise{self.noise:g}.npz"
+
+    def load(self, input_features: Sequence[str] = ()) -> ArrayDataset:
+        """Read the cached episodes, generating them first when the cache is missing."""
+        features = check_input_features(input_features, [OBS_KEY], "the pendulum dataset")
+        path = self.cache_path()
+        if not path.exists():
+            _write_atomically(path, _generate(self))
+        with np.load(path) as data:
+            ends = np.unique(data["episode_last"]) + 1
+            lengths = np.diff(ends, prepend=0)
+            return ArrayDataset(data["observations"], data["actions"], lengths, features)
+
+
+def _generate(config: PendulumConfig) -> dict[str, np.ndarray]:
+    observations, actions, episode_last = [], [], []
+    count = 0
+    for episode in range(config.episodes):
+        obs, act, _ = sim.rollout(sim.expert_action, seed=config.seed * 100_003 + episode, noise=config.noise)
+        observations.append(obs)
+        actions.append(act)
+        count += len(obs)
+        episode_last.append(np.full(len(obs), count - 1, dtype=np.int64))
+    return {
+        "observations": np.concatenate(observations),
+        "actions": np.concatenate(actions),
+        "episode_last": np.concatenate(episode_last),
+    }
+
+
+def _write_atomically(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(handle, allow_pickle=False, **arrays)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

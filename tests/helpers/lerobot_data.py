@@ -1,0 +1,135 @@
+"""LeRobotDatasets v3.0 of a chosen shape, written with pyarrow as LeRobot lays them out.
+
+The frames follow learnable dynamics: the state turns by a fixed rotation each step and the action
+is a fixed linear map of the state, so a chunk of future actions is a function of the present
+observation. Frames are cut into data files of `rows_per_file` rows across two chunk directories,
+so episodes span files and files hold several episodes. Each frame also carries an image column
+(PNG-like bytes) that the trainer must never read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+IMAGE = "observation.images.front"
+STATE, VELOCITY = "observation.state", "observation.velocity"
+FEATURES = {
+    STATE: {"dtype": "float32", "shape": [4], "names": ["x0", "y0", "x1", "y1"]},
+    IMAGE: {"dtype": "image", "shape": [4, 4, 3], "names": ["height", "width", "channels"]},
+    VELOCITY: {"dtype": "float32", "shape": [2], "names": ["v0", "v1"]},
+    "action": {"dtype": "float32", "shape": [2], "names": ["a0", "a1"]},
+    "timestamp": {"dtype": "float32", "shape": [1], "names": None},
+    "frame_index": {"dtype": "int64", "shape": [1], "names": None},
+    "episode_index": {"dtype": "int64", "shape": [1], "names": None},
+    "index": {"dtype": "int64", "shape": [1], "names": None},
+    "task_index": {"dtype": "int64", "shape": [1], "names": None},
+}
+
+
+def frames(episode_lengths: list[int], seed: int = 0) -> dict[str, np.ndarray]:
+    """Every frame's columns, in global index order."""
+    rng = np.random.default_rng(seed)
+    turn = np.array([[np.cos(0.3), -np.sin(0.3)], [np.sin(0.3), np.cos(0.3)]])
+    states, episode, frame = [], [], []
+    for e, length in enumerate(episode_lengths):
+        point = rng.uniform(-2, 2, size=(2, 2))  # two 2-D points turning at the same rate
+        for t in range(length):
+            states.append(point.reshape(-1).copy())
+            point = point @ turn.T
+            episode.append(e)
+            frame.append(t)
+    state = np.asarray(states, dtype=np.float32)
+    velocity = np.stack([state[:, 0] - state[:, 2], state[:, 1] + state[:, 3]], axis=1).astype(np.float32)
+    action = np.stack([state[:, 0] + 0.5 * state[:, 3], state[:, 1] - state[:, 2]], axis=1).astype(np.float32)
+    return {
+        STATE: state,
+        VELOCITY: velocity,
+        "action": action,
+        "episode_index": np.asarray(episode, dtype=np.int64),
+        "frame_index": np.asarray(frame, dtype=np.int64),
+        "index": np.arange(len(state), dtype=np.int64),
+    }
+
+
+def write_dataset(
+    root: Path, episode_lengths: list[int], rows_per_file: int = 37, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Write the dataset under `root`; returns the frames written (for comparisons)."""
+    data = frames(episode_lengths, seed)
+    total = len(data["index"])
+    file_of_row = []
+    for n, start in enumerate(range(0, total, rows_per_file)):
+        chunk, file = divmod(n, 2)  # two files per chunk directory: several chunks too
+        rows = slice(start, min(start + rows_per_file, total))
+        file_of_row += [(chunk, file)] * (rows.stop - rows.start)
+        _write_data_file(root / f"data/chunk-{chunk:03d}/file-{file:03d}.parquet", data, rows)
+    ends = np.cumsum(episode_lengths)
+    starts = ends - np.asarray(episode_lengths)
+    episodes = pa.table(
+        {
+            "episode_index": pa.array(range(len(episode_lengths)), pa.int64()),
+            "data/chunk_index": pa.array([file_of_row[s][0] for s in starts], pa.int64()),
+            "data/file_index": pa.array([file_of_row[s][1] for s in starts], pa.int64()),
+            "dataset_from_index": pa.array(starts, pa.int64()),
+            "dataset_to_index": pa.array(ends, pa.int64()),
+            "length": pa.array(episode_lengths, pa.int64()),
+            "tasks": pa.array([["move"]] * len(episode_lengths), pa.list_(pa.string())),
+        }
+    )
+    (root / "meta/episodes/chunk-000").mkdir(parents=True)
+    pq.write_table(episodes, root / "meta/episodes/chunk-000/file-000.parquet")
+    pq.write_table(pa.table({"task_index": [0], "__index_level_0__": ["move"]}), root / "meta/tasks.parquet")
+    stats = {
+        name: {"mean": data[name].mean(0).tolist(), "std": data[name].std(0).tolist(), "count": [total]}
+        for name in (STATE, VELOCITY, "action")
+    }
+    (root / "meta/stats.json").write_text(json.dumps(stats))
+    info = {
+        "codebase_version": "v3.0",
+        "fps": 10,
+        "features": FEATURES,
+        "total_episodes": len(episode_lengths),
+        "total_frames": total,
+        "total_tasks": 1,
+        "chunks_size": 1000,
+        "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "video_path": None,
+    }
+    (root / "meta/info.json").write_text(json.dumps(info, indent=2))
+    return data
+
+
+def _write_data_file(path: Path, data: dict[str, np.ndarray], rows: slice) -> None:
+    n = rows.stop - rows.start
+
+    def vectors(values: np.ndarray, fixed: bool = False) -> pa.Array:
+        """LeRobot's writer stores list<float>; fixed-size lists are read the same way."""
+        flat, width = pa.array(values[rows].reshape(-1)), values.shape[1]
+        if fixed:
+            return pa.FixedSizeListArray.from_arrays(flat, width)
+        return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * width), flat)
+
+    image = pa.array(
+        [{"bytes": b"\x89PNG-not-decoded", "path": None}] * n,
+        pa.struct([("bytes", pa.binary()), ("path", pa.string())]),
+    )
+    table = pa.table(
+        {
+            STATE: vectors(data[STATE]),
+            IMAGE: image,
+            VELOCITY: vectors(data[VELOCITY], fixed=True),
+            "action": vectors(data["action"]),
+            "timestamp": pa.array(data["frame_index"][rows] / 10.0, pa.float32()),
+            "frame_index": pa.array(data["frame_index"][rows]),
+            "episode_index": pa.array(data["episode_index"][rows]),
+            "index": pa.array(data["index"][rows]),
+            "task_index": pa.array(np.zeros(n, dtype=np.int64)),
+        }
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
