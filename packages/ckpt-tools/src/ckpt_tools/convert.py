@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
-from ckpt_tools import layout, storage
+from ckpt_tools import companions, layout, storage
 from ckpt_tools.catalog import ADAPTER, DCP, MODEL, SAFETENSORS, SHARDED_SAFETENSORS, catalog
 from ckpt_tools.dcp_index import ChunkEntry, TensorEntry, locate_chunk_data, model_tensors, read_dcp_index
 from ckpt_tools.dtypes import FLOATING, ITEMSIZE, SAFETENSORS_TO_TORCH, USER_DTYPES, dtype_name
@@ -49,9 +49,10 @@ class ConversionResult:
     total_bytes: int
     dtype: str | None
     deleted_source: bool
+    companions: tuple[str, ...] = ()  # configs and processors copied into a separate output directory
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__, files=list(self.files))
+        return dict(self.__dict__, files=list(self.files), companions=list(self.companions))
 
 
 def parse_size(text: str | int) -> int:
@@ -102,13 +103,19 @@ def convert_dcp_to_safetensors(
         _check_chunks(source, entry)
     shards = _plan_shards(tensors, target, stem, parse_size(max_shard_size) if max_shard_size else None)
     _check_outputs(out_dir, stem, overwrite)
+    model_dir = source.rsplit("/", 1)[0]  # the configs and processors beside the shards
+    extra = companions.companion_names(model_dir, adapter=stem != "model")
+    companions.check_companions(model_dir, out_dir, extra, overwrite)
     total = sum(spec.nbytes for _, specs in shards for spec in specs)
     paths = _write_shards(source, out_dir, tensors, shards, _advance(progress, total))
     index_file = _write_index(out_dir, shards) if len(shards) > 1 else None
     _remove_stale(out_dir, stem, {name for name, _ in shards})
+    copied = companions.copy_companions(model_dir, out_dir, extra)
     if delete_dcp:
         storage.remove_tree(source)
-    return ConversionResult(source, tuple(paths), index_file, len(tensors), total, target, delete_dcp)
+    return ConversionResult(
+        source, tuple(paths), index_file, len(tensors), total, target, delete_dcp, tuple(copied)
+    )
 
 
 def _advance(progress: Progress | None, total: int) -> _Advance:

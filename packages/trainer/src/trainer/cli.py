@@ -10,7 +10,10 @@ import re
 import sys
 from collections.abc import Sequence
 
-USAGE = "usage: trainer train [--config_path=FILE] [--policy.type=act|mlp|module:Class] [--flag=value ...]"
+USAGE = (
+    "usage: trainer train [--config_path=FILE] [--policy.type=act|mlp|module:Class] [--flag=value ...]\n"
+    "       trainer eval --policy.path=PATH [--dataset.root=DIR --dataset.episodes=[...]] [--json]"
+)
 HELP_FLAGS = ("-h", "--help")
 
 
@@ -28,16 +31,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(0)
     if args[:1] == ["train"] and any(arg in HELP_FLAGS for arg in args[1:]):
         _print_help(args[1:])
-    if not args or args[0] != "train":
+    if not args or args[0] not in ("train", "eval"):
         print(USAGE + "\nFlags: trainer train --help, or docs/training.md.", file=sys.stderr)
         raise SystemExit(2)
-    from trainer.config.parse import parse_config
     from trainer.errors import ConfigError
     from trainer.interrupt import Interrupted
-    from trainer.loop import train
 
     try:
-        train(parse_config(args[1:]))
+        if args[0] == "eval":
+            _eval(args[1:])
+        else:
+            from trainer.config.parse import parse_config
+            from trainer.loop import train
+
+            train(parse_config(args[1:]))
     except ConfigError as exc:
         _print_line(f"error: {' '.join(str(exc).split())}")
         _exit(1)
@@ -98,6 +105,18 @@ def _collective_line(exc: Exception) -> str:
         f"a collective with the other ranks failed ({detail}): another rank stopped or stalled (its own "
         "error line says why) or --collective_timeout_s passed; `last` names the newest complete checkpoint"
     )
+
+
+def _eval(args: list[str]) -> None:
+    """`trainer eval`: one line (or one JSON object with --json) from the main rank."""
+    import json
+
+    from trainer.eval_command import run_eval
+    from trainer.evaluation import summary_line
+
+    result = run_eval(args)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps(result) if "--json" in args else summary_line(result))
 
 
 def _exit(code: int, leave_group: bool = True) -> None:

@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer import checkpointing, peft, publishing, resume, validation
+from trainer import checkpointing, evaluation, peft, publishing, resume, validation
 from trainer.config.train import TrainConfig
-from trainer.data import sim
 from trainer.data.dataset import OBS_KEY
 from trainer.data.processors import build_processors
 from trainer.data.sampler import GlobalOrderSampler
@@ -33,8 +32,6 @@ from trainer.interrupt import Interrupted, Interrupts
 from trainer.metrics import make_logger
 from trainer.policies import build_policy
 from trainer.trackers import check_trackers
-
-EVAL_SEED_BASE = 10_000
 
 
 @dataclass
@@ -349,10 +346,8 @@ def evaluate(
     accelerator: Any, model: Any, preprocessor: Any, postprocessor: Any, config: TrainConfig
 ) -> tuple[float, float]:
     """Collective: call on all ranks. Mean return of the policy and of random torques on the same
-    start states; the episodes are split across ranks (every rank runs as many, since a sharded
-    policy's select_action gathers parameters with the others)."""
-    world, rank = accelerator.num_processes, accelerator.process_index
-    per_rank = -(-config.dataset.rollout_episodes // world)
+    start states (`evaluation.rollout_returns`: split across ranks, every rank running as many, since a
+    sharded policy's select_action gathers parameters with the others)."""
     policy = accelerator.unwrap_model(model)
     policy.eval()
     device = accelerator.device
@@ -362,16 +357,13 @@ def evaluate(
         action = policy.select_action(batch[OBS_KEY]).float()
         return postprocessor({"action": action})["action"][0].cpu().numpy()
 
-    totals = torch.zeros(3, dtype=torch.float64, device=device)
-    for i in range(per_rank):
-        seed = EVAL_SEED_BASE + rank * per_rank + i
-        totals[0] += sim.rollout(act, seed)[2]
-        totals[1] += sim.rollout(sim.random_controller(seed), seed)[2]
-        totals[2] += 1
+    def reduce(totals: torch.Tensor) -> torch.Tensor:
+        return accelerator.reduce(totals.to(device), reduction="sum").cpu()
+
+    world, rank = accelerator.num_processes, accelerator.process_index
+    result = evaluation.rollout_returns(act, config.dataset.rollout_episodes, world, rank, reduce)
     policy.train()
-    totals = accelerator.reduce(totals, reduction="sum")
-    count = max(float(totals[2]), 1.0)
-    return float(totals[0]) / count, float(totals[1]) / count
+    return result["policy_return"], result["random_return"]
 
 
 def _processes(accelerator: Any) -> str:

@@ -112,6 +112,8 @@ def _report(out: Output, result: dict[str, Any]) -> None:
         out.print(f"wrote {file}")
     if result["index_file"]:
         out.print(f"wrote {result['index_file']}")
+    for file in result.get("companions", []):
+        out.print(f"copied {file}")
     out.print(f"{result['num_tensors']} tensors, {human_bytes(result['total_bytes'])}")
     if result["deleted_source"]:
         out.note(f"removed {result['source']}")

@@ -17,7 +17,12 @@ def merge_adapter(
         str, typer.Argument(help="Adapter checkpoint: step dir, last, or a pretrained_model/.")
     ],
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="Directory for the merged model.safetensors.")
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Directory for the merged model.safetensors, with the adapter's config.json and processors.",
+        ),
     ],
     base: Annotated[
         str | None, typer.Option(help="Base model; default: base_model_name_or_path in adapter_config.json.")
@@ -43,7 +48,9 @@ def _merge(adapter: str, base: str | None, output: Path, overwrite: bool) -> dic
 
     from ckpt_tools import layout
     from ckpt_tools.adapters import base_model_path, merge_adapter_dir
+    from ckpt_tools.companions import check_companions, companion_names, copy_companions
     from ckpt_tools.errors import CheckpointError, OutputExistsError
+    from ckpt_tools.locate import resolve_model_dir
 
     base = base or base_model_path(adapter)
     if base is None:
@@ -51,12 +58,22 @@ def _merge(adapter: str, base: str | None, output: Path, overwrite: bool) -> dic
     target = output / layout.MODEL_SAFETENSORS
     if target.exists() and not overwrite:
         raise OutputExistsError(f"{target} exists; pass --overwrite to replace it")
+    model_dir = resolve_model_dir(adapter)[1]  # its config.json, processors, train_config.json
+    extra = companion_names(model_dir, adapter=False)
+    check_companions(model_dir, str(output), extra, overwrite)
     merged = merge_adapter_dir(base, adapter)
     output.mkdir(parents=True, exist_ok=True)
     partial = output / f"{layout.TMP_PREFIX}{layout.MODEL_SAFETENSORS}"
     save_file({k: v.contiguous() for k, v in merged.items()}, str(partial), metadata={"format": "pt"})
     os.replace(partial, target)
-    return {"path": str(target), "tensors": len(merged), "base": base, "base_layout": layout_line(base)}
+    copied = copy_companions(model_dir, str(output), extra)
+    return {
+        "path": str(target),
+        "tensors": len(merged),
+        "base": base,
+        "base_layout": layout_line(base),
+        "companions": copied,
+    }
 
 
 def register(app: typer.Typer) -> None:

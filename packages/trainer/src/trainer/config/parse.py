@@ -51,7 +51,7 @@ def _auto_resume_config_path(args: list[str]) -> str | None:
 
 def _parse(rest: list[str], config_path: str | None) -> TrainConfig:
     for registry, section in ((PolicyConfig, "policy"), (DatasetConfig, "dataset")):
-        _settle_choice(rest, config_path, registry, section)
+        settle_choice(rest, config_path, registry, section)
     try:
         config = draccus.parse(TrainConfig, config_path=config_path, args=rest, exit_on_error=False)
     except ConfigError:
@@ -96,7 +96,7 @@ def _split_config_path(args: list[str]) -> tuple[str | None, list[str]]:
     return path, rest
 
 
-def _settle_choice(
+def settle_choice(
     rest: list[str], config_path: str | None, registry: type[draccus.ChoiceRegistry], section: str
 ) -> None:
     """Name the section's type before draccus sees its fields (draccus needs the choice first):

@@ -1,0 +1,116 @@
+"""`trainer eval --policy.path=PATH [--dataset.* ...] [--json]`: score a saved policy, no training.
+
+The data defaults to the run's own (the `dataset` section of the checkpoint's train_config.json);
+`--dataset.*` flags override it, and LeRobot's `--dataset.root` / `--dataset.repo_id` switch to a
+LeRobotDataset. For a LeRobotDataset every episode is scored unless `--dataset.episodes` names some
+(the run's own train/val split is not inherited). Under torchrun the work is split across ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import draccus
+import torch
+
+import ckpt_tools
+from trainer import evaluation, pretrained
+from trainer.config.parse import LEROBOT_FLAGS, settle_choice
+from trainer.data.dataset import DatasetConfig
+from trainer.data.pendulum import PendulumConfig
+from trainer.errors import ConfigError
+from trainer.inference import LoadedPolicy, load_policy
+
+USAGE = "usage: trainer eval --policy.path=PATH [--dataset.root=DIR --dataset.episodes=[...]] [--json]"
+_SPLIT_FIELDS = ("episodes", "val_episodes")  # a LeRobot run's split: not inherited by eval
+
+
+@dataclass
+class EvalPolicy:
+    path: str = ""
+    """The policy to evaluate: any form `trainer.load_policy` accepts."""
+
+
+@dataclass
+class EvalConfig:
+    policy: EvalPolicy = field(default_factory=EvalPolicy)
+    dataset: DatasetConfig = field(default_factory=PendulumConfig)
+    batch_size: int = 256
+    """Frames per forward pass on a dataset."""
+    device: str = "cpu"
+    """Where the policy runs."""
+
+
+def run_eval(args: Sequence[str]) -> dict[str, Any]:
+    """Parse, load, score; returns the result (the same on every rank)."""
+    rest = [a for a in args if a != "--json"]
+    path = next((a.split("=", 1)[1] for a in reversed(rest) if a.startswith("--policy.path=")), None)
+    if not path:
+        raise ConfigError(
+            f"trainer eval needs --policy.path=PATH (a checkpoint, model directory or Hub id); {USAGE}"
+        )
+    with _saved_dataset(path, rest) as config_path:
+        settle_choice(rest, config_path, DatasetConfig, "dataset")
+        try:
+            config = draccus.parse(EvalConfig, config_path=config_path, args=rest, exit_on_error=False)
+        except Exception as exc:  # draccus wraps bad flags and values in several exception types
+            cause = exc.__cause__ or exc.__context__
+            raise (
+                cause if isinstance(cause, ConfigError) else ConfigError(" ".join(str(exc).split()))
+            ) from None
+    loaded = load_policy(path, config.device)
+    world, rank, reduce = _ranks()
+    if config.dataset.rollout_episodes:
+        act = _sim_actor(loaded)
+        result = evaluation.rollout_returns(act, config.dataset.rollout_episodes, world, rank, reduce)
+    else:
+        dataset = config.dataset.load(loaded.input_features)
+        result = evaluation.action_errors(loaded.act, dataset, world, rank, reduce, config.batch_size)
+    return {"policy": path, **result}
+
+
+def _sim_actor(loaded: LoadedPolicy) -> Any:
+    return lambda obs: loaded.act(torch.from_numpy(obs)[None])[0].cpu().numpy()
+
+
+@contextlib.contextmanager
+def _saved_dataset(path: str, args: list[str]) -> Iterator[str | None]:
+    """A config file holding the run's own dataset section, unless the flags choose another type."""
+    try:
+        saved = ckpt_tools.open_checkpoint(pretrained.resolve(path)).train_config().get("dataset")
+    except ckpt_tools.CheckpointError:
+        saved = None
+    explicit = next((a.split("=", 1)[1] for a in reversed(args) if a.startswith("--dataset.type=")), None)
+    implied = explicit or ("lerobot" if any(a.startswith(LEROBOT_FLAGS) for a in args) else None)
+    if not isinstance(saved, dict) or (implied is not None and implied != saved.get("type")):
+        yield None
+        return
+    if saved.get("type") == "lerobot":
+        saved = {k: v for k, v in saved.items() if k not in _SPLIT_FIELDS}
+    with tempfile.TemporaryDirectory(prefix="trainer-eval-") as tmp:
+        file = os.path.join(tmp, "eval_config.json")
+        with open(file, "w", encoding="utf-8") as handle:
+            json.dump({"dataset": saved}, handle)
+        yield file
+
+
+def _ranks() -> tuple[int, int, evaluation.Reduce]:
+    """(world size, rank, sum over ranks); a torchrun launch joins a gloo group for the sums."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return 1, 0, lambda totals: totals
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+    def reduce(totals: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(totals)
+        return totals
+
+    return dist.get_world_size(), dist.get_rank(), reduce

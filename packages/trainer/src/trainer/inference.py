@@ -1,0 +1,109 @@
+"""`trainer.load_policy(path)`: from any saved form of a policy to one that acts on raw observations.
+
+The path may be a step directory, `checkpoints/last`, a run's output_dir, a `pretrained_model/`, a
+`ckpt convert --output` or `ckpt merge-adapter -o` directory, a published copy, or a Hub repo id (read
+through the Hugging Face cache). Weights come through ckpt_tools in whatever format the checkpoint
+holds (safetensors, DCP shards, a PEFT adapter merged into the base its adapter_config.json records),
+so every form of one checkpoint gives the same actions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import draccus
+import torch
+
+import ckpt_tools
+from ckpt_tools import layout
+from trainer import pretrained
+from trainer.config.registry import register_import_path
+from trainer.data.dataset import ACTION_KEY, OBS_KEY
+from trainer.data.processors import Processor
+from trainer.errors import ConfigError
+from trainer.policies import Policy, PolicyConfig, build_policy
+
+
+@dataclass
+class LoadedPolicy:
+    """A policy with the processors it was trained with, in eval mode on `device`."""
+
+    policy: Policy
+    preprocessor: Processor
+    postprocessor: Processor
+    device: torch.device
+
+    @property
+    def config(self) -> PolicyConfig:
+        return self.policy.config
+
+    @property
+    def input_features(self) -> list[str]:
+        """The observation features `select_action` reads, concatenated in this order."""
+        return list(self.config.input_features) or [OBS_KEY]
+
+    @torch.no_grad()
+    def select_action(self, observation: Mapping[str, Any]) -> torch.Tensor:
+        """The next action, in the dataset's units, for raw observations: a dict holding each input
+        feature as a tensor or array, batched (`[B, n]`) or not (`[n]`, giving an `[action_dim]` action)."""
+        missing = [name for name in self.input_features if name not in observation]
+        if missing:
+            raise KeyError(f"the observation lacks {missing[0]!r}; the policy reads {self.input_features}")
+        parts = [torch.as_tensor(observation[name], dtype=torch.float32) for name in self.input_features]
+        single = parts[0].ndim == 1
+        action = self.act(torch.cat([p.reshape(1, -1) if single else p for p in parts], dim=-1))
+        return action[0] if single else action
+
+    @torch.no_grad()
+    def act(self, observations: torch.Tensor) -> torch.Tensor:
+        """Actions (dataset units) for a batch of raw observation vectors, features already concatenated."""
+        normalized = self.preprocessor({OBS_KEY: observations.float().to(self.device)})[OBS_KEY]
+        action = self.policy.select_action(normalized.to(_param_dtype(self.policy))).float()
+        return self.postprocessor({ACTION_KEY: action})[ACTION_KEY]
+
+
+def load_policy(path: str, device: str | torch.device = "cpu") -> LoadedPolicy:
+    """Load the policy saved at `path` (see the module docstring for the accepted forms)."""
+    local = pretrained.resolve(path)
+    try:
+        checkpoint = ckpt_tools.open_checkpoint(local)
+        saved = checkpoint.policy_config()
+        processors = ckpt_tools.load_processors(local)
+    except ckpt_tools.CheckpointError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    config = _policy_config(saved, path)
+    policy = build_policy(config, config.obs_dim, config.action_dim)
+    pretrained.load_weights(policy, path)
+    missing = [name for name in (layout.PREPROCESSOR, layout.POSTPROCESSOR) if name not in processors]
+    if missing:
+        raise ConfigError(
+            f"{path} holds no {missing[0]}.json: it was saved without its normalization statistics"
+        )
+    pre, post = (
+        Processor.from_state(processors[n].config, processors[n].step_tensors)
+        for n in (layout.PREPROCESSOR, layout.POSTPROCESSOR)
+    )
+    target = torch.device(device)
+    policy.to(target).eval()
+    return LoadedPolicy(policy=policy, preprocessor=pre, postprocessor=post, device=target)
+
+
+def _policy_config(saved: dict[str, Any], path: str) -> PolicyConfig:
+    policy_type = saved.get("type")
+    if not isinstance(policy_type, str):
+        raise ConfigError(f"{path}: its config.json names no policy type")
+    register_import_path(PolicyConfig, policy_type, "the saved policy type")
+    try:
+        config = draccus.decode(PolicyConfig, saved)
+    except Exception as exc:  # draccus reports unknown fields and bad values in several types
+        raise ConfigError(
+            f"{path}: its config.json does not describe a policy ({' '.join(str(exc).split())})"
+        ) from None
+    assert isinstance(config, PolicyConfig)
+    return config
+
+
+def _param_dtype(policy: Policy) -> torch.dtype:
+    return next(policy.parameters()).dtype

@@ -1,0 +1,176 @@
+"""`trainer.load_policy`: every saved form of one checkpoint acts the same; `trainer eval` scores it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import ckpt_tools
+import trainer
+from helpers.fixtures import REPO
+from helpers.hf_cache import put_in_hub_cache
+from helpers.launch import CKPT_CLI
+from helpers.lerobot_data import STATE, VELOCITY, write_dataset
+from trainer import cli
+from trainer.config.parse import parse_config
+from trainer.errors import ConfigError
+from trainer.eval_command import run_eval
+from trainer.loop import train
+
+LENGTHS = [40, 40, 40, 40]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A short ACT run on a LeRobotDataset (episode 3 held out), then a LoRA run on top of it."""
+    from accelerate.state import AcceleratorState
+
+    tmp = tmp_path_factory.mktemp("load_policy")
+    write_dataset(tmp / "ds", LENGTHS, rows_per_file=50)
+    common = [f"--dataset.root={tmp / 'ds'}", "--policy.dim=16", "--policy.ffn_dim=32", "--batch_size=16"]
+    common += ["--log_freq=4", "--scheduler.warmup_steps=0"]
+    AcceleratorState._reset_state(reset_partial_state=True)
+    train(
+        parse_config(
+            [
+                *common,
+                "--dataset.val_episodes=[3]",
+                "--steps=8",
+                "--save_freq=8",
+                f"--output_dir={tmp / 'base'}",
+            ]
+        )
+    )
+    AcceleratorState._reset_state(reset_partial_state=True)
+    lora = [f"--policy.path={tmp / 'base' / 'checkpoints' / 'last'}", "--peft.method_type=LORA", "--peft.r=4"]
+    train(parse_config([*common, *lora, "--steps=4", "--save_freq=4", f"--output_dir={tmp / 'lora'}"]))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    return {"tmp": tmp, "base": tmp / "base", "lora": tmp / "lora", "data": tmp / "ds"}
+
+
+def _observations(n: int = 6) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return {
+        STATE: rng.standard_normal((n, 4)).astype(np.float32),
+        VELOCITY: rng.standard_normal((n, 2)).astype(np.float32),
+    }
+
+
+def _actions(path: str | Path) -> torch.Tensor:
+    return trainer.load_policy(str(path)).select_action(_observations())
+
+
+def test_every_form_of_a_checkpoint_gives_the_same_actions(run, monkeypatch) -> None:
+    step = run["base"] / "checkpoints" / "000008"
+    reference = _actions(step)
+    forms = [run["base"] / "checkpoints" / "last", run["base"], step / "pretrained_model"]
+    dcp_only = run["tmp"] / "dcp_only"
+    shutil.copytree(step, dcp_only)
+    ckpt_tools.convert_safetensors_to_dcp(dcp_only)
+    (dcp_only / "pretrained_model" / "model.safetensors").unlink()
+    converted = run["tmp"] / "converted"
+    subprocess.run(
+        [str(CKPT_CLI), "convert", str(dcp_only), "--output", str(converted)], check=True, capture_output=True
+    )
+    published = run["tmp"] / "published"
+    ckpt_tools.publish_model(str(step), str(published))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    hub_id = put_in_hub_cache(published, "me/act-policy", repo_type="model")
+    for form in [*forms, dcp_only, converted, published, hub_id]:
+        assert torch.equal(_actions(form), reference), form
+    names = sorted(p.name for p in converted.iterdir())
+    assert {
+        "config.json",
+        "train_config.json",
+        "policy_preprocessor.json",
+        "policy_postprocessor.json",
+    } <= set(names)
+
+
+def test_adapter_checkpoint_and_its_merged_copy_act_the_same(run) -> None:
+    adapter = run["lora"] / "checkpoints" / "last"
+    merged = run["tmp"] / "merged"
+    subprocess.run(
+        [str(CKPT_CLI), "merge-adapter", str(adapter), "-o", str(merged)], check=True, capture_output=True
+    )
+    assert torch.equal(_actions(adapter), _actions(merged))
+    assert not torch.equal(_actions(adapter), _actions(run["base"]))  # the adapter changed the policy
+
+
+def test_select_action_takes_raw_observations_and_returns_dataset_units(run) -> None:
+    loaded = trainer.load_policy(str(run["base"]))
+    obs = _observations()
+    batched = loaded.select_action(obs)
+    single = loaded.select_action({k: torch.from_numpy(v[2]) for k, v in obs.items()})
+    assert batched.shape == (6, 2) and single.shape == (2,) and torch.allclose(single, batched[2])
+    stats = {name: loaded.preprocessor.steps[0].stats["observation.state"][name] for name in ("mean", "std")}
+    raw = torch.from_numpy(np.concatenate([obs[STATE], obs[VELOCITY]], axis=1))
+    act_stats = loaded.postprocessor.steps[0].stats["action"]
+    by_hand = (
+        loaded.policy.select_action((raw - stats["mean"]) / stats["std"]) * act_stats["std"]
+        + act_stats["mean"]
+    )
+    assert torch.equal(batched, by_hand)
+    with pytest.raises(KeyError, match=r"the observation lacks 'observation.velocity'"):
+        loaded.select_action({STATE: obs[STATE]})
+
+
+def test_eval_on_held_out_episodes_reports_errors_against_the_mean(run, capsys) -> None:
+    path = str(run["base"] / "checkpoints" / "last")
+    result = run_eval([f"--policy.path={path}", "--dataset.episodes=[3]"])
+    assert (result["episodes"], result["frames"]) == (1, 40)
+    assert result["action_mse"] > 0 and result["baseline_mse"] > 0
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["eval", f"--policy.path={path}", f"--dataset.root={run['data']}", "--json"])
+    assert exit_info.value.code == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (
+        set(printed) == {"policy", "action_mse", "baseline_mse", "episodes", "frames"}
+        and printed["frames"] == 160
+    )
+
+
+def test_eval_without_a_path_or_on_a_bad_path_is_one_line(run, capsys) -> None:
+    with pytest.raises(ConfigError, match=r"trainer eval needs --policy.path=PATH"):
+        run_eval(["--json"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["eval", f"--policy.path={run['tmp'] / 'nothing'}"])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+
+
+def _snippet(page: Path, marker: str | None = None) -> str:
+    text = page.read_text()
+    if marker is not None:
+        text = text.split(f"<!-- {marker}:begin -->\n")[1].split(f"<!-- {marker}:end -->")[0]
+    return text.split("```python\n")[1].split("```")[0]
+
+
+def test_the_documented_rollout_script_runs_and_eval_rolls_out(
+    tmp_path, dataset_cache, clean_accelerate, capsys
+) -> None:
+    out = tmp_path / "pendulum"
+    args = [f"--dataset.cache_dir={dataset_cache}", "--dataset.episodes=2", "--dataset.eval_episodes=0"]
+    train(parse_config([*args, "--policy.type=mlp", "--steps=4", "--batch_size=8", f"--output_dir={out}"]))
+    script = _snippet(REPO / "docs" / "training.md", "rollout-script")
+    assert _snippet(REPO / "README.md") == script  # the README shows the same script
+    (tmp_path / "rollout.py").write_text(script)
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "rollout.py"), str(out)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert re.fullmatch(r"mean return over 3 episodes: -?\d+\.\d\n", done.stdout)
+    with pytest.raises(SystemExit):
+        cli.main(["eval", f"--policy.path={out}", "--dataset.eval_episodes=2", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert set(result) == {"policy", "policy_return", "random_return", "episodes"} and result["episodes"] == 2
+    assert result["random_return"] < -100  # real rollouts of 200 steps
