@@ -26,11 +26,11 @@ def step_dir(tmp_path: Path) -> Path:
     return tmp_path / "000010"
 
 
-def test_json_result_and_default_output_beside_shards(step_dir: Path) -> None:
+def test_json_result_and_a_cast_in_the_export_directory(step_dir: Path) -> None:
     result = run_ckpt("convert", step_dir, "--json", "--dtype", "bf16")
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
-    target = step_dir / layout.PRETRAINED_MODEL_DIR / layout.MODEL_SAFETENSORS
+    target = step_dir / "export-bf16" / layout.MODEL_SAFETENSORS
     assert data["files"] == [str(target)]
     assert data["num_tensors"] == 3
     assert data["dtype"] == "BF16"

@@ -18,8 +18,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_tools import layout, locate, storage
-from ckpt_tools.dcp_index import MODEL_WRAPPED, OPTIMIZER_STATE, TOP_LEVEL, read_dcp_index, tensor_roles
+from ckpt_tools.dcp_index import (
+    MODEL_WRAPPED,
+    OPTIMIZER_STATE,
+    TOP_LEVEL,
+    model_tensors,
+    read_dcp_index,
+    tensor_roles,
+)
+from ckpt_tools.dtypes import FLOATING, ITEMSIZE
 from ckpt_tools.meta import LeRobotStep, is_lerobot_step
+from ckpt_tools.safetensors_io import read_safetensors_header
 
 # roles
 MODEL = "model"
@@ -168,11 +177,49 @@ _LOADING_ORDER = (
 
 
 def _first(cat: Catalog, order: tuple[tuple[str, str], ...]) -> WeightSet | None:
+    candidates = _full_precision(cat.weight_sets)
     for role, fmt in order:
-        for weights in cat.weight_sets:
+        for weights in candidates:
             if (weights.role, weights.format) == (role, fmt):
                 return weights
     return None
+
+
+def _full_precision(sets: tuple[WeightSet, ...]) -> tuple[WeightSet, ...]:
+    """Leave out a safetensors set narrower than the DCP shards of the same role beside it (a bf16
+    copy an older `ckpt convert --dtype` wrote into the step): the full-precision master wins."""
+    kept = []
+    for weights in sets:
+        shards = next((w for w in sets if w.role == weights.role and w.format == DCP), None)
+        narrower = (
+            weights.format != DCP
+            and weights.role != OPTIMIZER
+            and shards is not None
+            and _narrower(_float_widths(weights), _float_widths(shards))
+        )
+        if not narrower:
+            kept.append(weights)
+    return tuple(kept)
+
+
+def _narrower(copy: dict[str, int], master: dict[str, int]) -> bool:
+    """Whether some floating tensor has fewer bytes per element in `copy` than in `master`."""
+    return any(width < master[name] for name, width in copy.items() if name in master)
+
+
+def _float_widths(weights: WeightSet) -> dict[str, int]:
+    """Bytes per element of each floating tensor of a weight set, from its metadata alone."""
+    if weights.format == DCP:
+        index = read_dcp_index(weights.path, check_files=False)
+        dtypes = {name: entry.dtype for name, entry in model_tensors(index).items()}
+    else:
+        headers = [weights.path]
+        if weights.format == SHARDED_SAFETENSORS:
+            base = weights.path.rsplit("/", 1)[0]
+            shards = storage.read_json_object(weights.path).get("weight_map", {})
+            headers = [layout.join(base, shard) for shard in sorted(set(shards.values()))]
+        dtypes = {n: i.dtype for h in headers for n, i in read_safetensors_header(h).tensors.items()}
+    return {name: ITEMSIZE[dtype] for name, dtype in dtypes.items() if dtype in FLOATING}
 
 
 def weights_for_loading(cat: Catalog) -> WeightSet | None:

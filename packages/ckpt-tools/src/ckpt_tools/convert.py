@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
-from ckpt_tools import companions, layout, storage
+from ckpt_tools import companions, convert_plan, layout, storage
 from ckpt_tools.catalog import ADAPTER, DCP, MODEL, SAFETENSORS, SHARDED_SAFETENSORS, catalog
 from ckpt_tools.dcp_index import ChunkEntry, TensorEntry, locate_chunk_data, model_tensors, read_dcp_index
 from ckpt_tools.dtypes import FLOATING, ITEMSIZE, SAFETENSORS_TO_TORCH, USER_DTYPES, dtype_name
@@ -85,7 +85,9 @@ def convert_dcp_to_safetensors(
 
     `path`: a step directory, `checkpoints/last`, a `pretrained_model/`, or a bare DCP directory
     (accelerate's `pytorch_model_fsdp_0/` included). `output`: the directory to write into; default
-    beside the shards. `dtype`: `bf16`/`fp16`/`fp32`/`fp64` casts floating tensors, others untouched.
+    beside the shards. `dtype`: `bf16`/`fp16`/`fp32`/`fp64` casts floating tensors, others untouched;
+    a cast is a copy that never replaces the full-precision weights (`convert_plan`): it defaults to
+    `<step>/export-<dtype>/`.
     `max_shard_size` (`5GB`): write `model-0000k-of-0000n.safetensors` plus the index transformers
     reads. Only model weights are written (a combined model+optimizer DCP keeps its `model` part).
     Files are written under temporary names, re-read and checked against the DCP metadata, then
@@ -93,8 +95,8 @@ def convert_dcp_to_safetensors(
     (or the largest tensor split along an inner dimension), whatever the model size.
     """
     source, stem = _find_dcp_source(path)
-    out_dir = os.fspath(output).rstrip("/") if output is not None else source.rsplit("/", 1)[0]
     target = _target_dtype(dtype)
+    out_dir = convert_plan.output_dir(source, output, dtype, delete_dcp)
     index = read_dcp_index(source)
     tensors = model_tensors(index)
     if not tensors:
@@ -112,10 +114,16 @@ def convert_dcp_to_safetensors(
     _remove_stale(out_dir, stem, {name for name, _ in shards})
     copied = companions.copy_companions(model_dir, out_dir, extra)
     if delete_dcp:
-        storage.remove_tree(source)
+        delete_source(source)
     return ConversionResult(
         source, tuple(paths), index_file, len(tensors), total, target, delete_dcp, tuple(copied)
     )
+
+
+def delete_source(source: str) -> None:
+    """Remove converted DCP shards; a step's `training_step.json` then names what it holds."""
+    storage.remove_tree(source)
+    convert_plan.record_deleted_dcp(source)
 
 
 def _advance(progress: Progress | None, total: int) -> _Advance:

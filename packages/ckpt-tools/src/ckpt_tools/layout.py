@@ -97,6 +97,11 @@ def named_state_files(processor_config: Any, source: str) -> list[str | None] | 
 _PLAIN_FILE = re.compile(r"^(?!\.\.?$)[^/\\]+$")
 
 
+def export_dir_name(dtype: str) -> str:
+    """`export-bf16`: where `ckpt convert --dtype bf16` puts its lower-precision copy in a step."""
+    return f"export-{dtype}"
+
+
 def sharded_model_name(index: int, total: int) -> str:
     """`model-00001-of-00003.safetensors`, the name transformers and huggingface_hub expect."""
     return f"model-{index:05d}-of-{total:05d}.safetensors"

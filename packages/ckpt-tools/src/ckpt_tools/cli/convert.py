@@ -127,13 +127,13 @@ def _push_then_delete(
 ) -> dict[str, Any]:
     """Publish the converted model; the DCP shards are deleted only once both conversion (written and
     checked) and publish succeeded, so a failed upload leaves the checkpoint as it was."""
-    from ckpt_tools import storage
     from ckpt_tools.cli.push import publish
+    from ckpt_tools.convert import delete_source
 
-    model_dir = output or result.source.rstrip("/").rsplit("/", 1)[0]  # default output: beside the shards
+    model_dir = result.files[0].rsplit("/", 1)[0]  # where the conversion wrote
     published = publish(out, model_dir, repo_id)
     if delete_dcp:
-        storage.remove_tree(result.source)
+        delete_source(result.source)
     return dict(result.to_dict(), deleted_source=delete_dcp, published=published.to_dict())
 
 
