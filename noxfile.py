@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nox
 
 nox.options.default_venv_backend = "venv"
@@ -90,3 +92,54 @@ def demo_epilogue(output: str, bin_dir: str) -> str:
             f"  trainer train --output_dir={output} --resume=true --steps=600   # continue this run",
         ]
     )
+
+
+# Module (under packages/ckpt-tools/src/ckpt_tools/) -> the fast tests that protect its guarantees.
+MUTATION_TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "safe_pickle": (
+        "safe_pickle.py",
+        ("test_safe_pickle.py", "test_dcp_index.py", "test_resume_pickle_guard.py"),
+    ),
+    "commit": ("commit.py", ("test_storage_commit.py", "test_last_never_absent.py")),
+    "dcp_index": ("dcp_index.py", ("test_dcp_index.py", "test_convert_guarantees.py", "test_safe_pickle.py")),
+    "convert": ("convert.py", ("test_convert_guarantees.py", "test_convert_cli.py")),
+    "save": ("save.py", ("test_state_single.py",)),
+    "load": ("load.py", ("test_state_single.py", "test_resume_pickle_guard.py")),
+    "publish": ("publish.py", ("test_publish_hub.py", "test_publish_files.py")),
+}
+
+
+@nox.session
+def mutate(session: nox.Session) -> None:
+    """Mutation testing (cosmic-ray) of the modules that carry guarantees. Not in CI: slow.
+
+    `nox -s mutate -- safe_pickle commit` runs those modules only (default: all of MUTATION_TARGETS).
+    cosmic-ray edits the module in place and puts it back after each mutant: run it on a clean tree and
+    check `git status` if it was interrupted. Prints each module's score and its surviving mutants;
+    docs/mutation.md lists the survivors of the last run and why they survive.
+    """
+    install(session, "cosmic-ray>=8.7,<9")
+    names = session.posargs or list(MUTATION_TARGETS)
+    unknown = sorted(set(names) - set(MUTATION_TARGETS))
+    if unknown:
+        session.error(f"unknown module {unknown[0]!r}: choose from {', '.join(MUTATION_TARGETS)}")
+    workdir = Path(session.create_tmp())
+    python = Path(session.bin) / "python"
+    for name in names:
+        module, tests = MUTATION_TARGETS[name]
+        config, db = workdir / f"{name}.toml", workdir / f"{name}.sqlite"
+        test_paths = " ".join(f"tests/ckpt_tools/{test}" for test in tests)
+        config.write_text(
+            "[cosmic-ray]\n"
+            f'module-path = "packages/ckpt-tools/src/ckpt_tools/{module}"\n'
+            "timeout = 120.0\n"
+            "excluded-modules = []\n"
+            f'test-command = "{python} -m pytest -x -q -p no:cacheprovider {test_paths}"\n'
+            "[cosmic-ray.distributor]\n"
+            'name = "local"\n'
+        )
+        db.unlink(missing_ok=True)
+        env = {"OMP_NUM_THREADS": "1"}
+        session.run("cosmic-ray", "init", str(config), str(db), env=env)
+        session.run("cosmic-ray", "exec", str(config), str(db), env=env)
+        session.run("cr-report", "--surviving-only", str(db))

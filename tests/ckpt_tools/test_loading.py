@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 
 import pytest
@@ -15,6 +14,7 @@ import ckpt_tools
 from ckpt_tools import layout
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, UnsafePickleError
 from ckpt_tools.processors import ProcessorState
+from helpers.pickle_payload import malicious_dcp_metadata
 from helpers.tiny_run import make_run, save, train, training_step
 
 
@@ -125,11 +125,6 @@ def test_directory_without_weights_is_not_a_checkpoint(tmp_path):
         ckpt_tools.open_checkpoint(tmp_path)
 
 
-class _Exploit:
-    def __reduce__(self):
-        return (os.system, ("echo pwned > /dev/null",))
-
-
 def test_crafted_dcp_metadata_is_refused_before_torch_unpickles_it(run_dir, tmp_path):
     root, _, _ = run_dir
     model_dir = tmp_path / "pretrained_model"
@@ -137,6 +132,8 @@ def test_crafted_dcp_metadata_is_refused_before_torch_unpickles_it(run_dir, tmp_
         root / "checkpoints" / "000003" / "pretrained_model" / "pytorch_model_fsdp_0",
         model_dir / "pytorch_model_fsdp_0",
     )
-    (model_dir / "pytorch_model_fsdp_0" / ".metadata").write_bytes(pickle.dumps(_Exploit()))
+    target = tmp_path / "payload_ran"
+    (model_dir / "pytorch_model_fsdp_0" / ".metadata").write_bytes(malicious_dcp_metadata(target))
     with pytest.raises(UnsafePickleError):
         ckpt_tools.load_model_state_dict(model_dir)
+    assert not target.exists()

@@ -117,3 +117,16 @@ def test_ignored_parameters_agree_across_ranks_after_training(runs) -> None:
     assert sorted(first) == sorted(second)
     for name, tensor in first.items():
         assert torch.equal(tensor, second[name]), name
+
+
+def test_ignored_gradients_are_the_mean_of_the_ranks_gradients(runs) -> None:
+    """FSDP2 leaves ignored parameters' gradients alone: the trainer averages them over the ranks, so
+    the update each rank applies is the one of the global batch (not the sum, not its own)."""
+    first, second = (record["plain_grads"] for record in runs["ignored"]["ranks"])
+    assert first.keys() == second.keys() and any(name.startswith("head.") for name in first)
+    for name in first:
+        local = (first[name]["local"], second[name]["local"])
+        assert not torch.equal(*local), name  # the ranks saw different samples
+        mean = (local[0] + local[1]) / 2
+        for rank in (first, second):
+            torch.testing.assert_close(rank[name]["accumulated"], mean, rtol=1e-6, atol=1e-9)

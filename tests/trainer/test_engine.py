@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import struct
 import warnings
 from pathlib import Path
 
@@ -60,7 +61,10 @@ def test_single_process_run_writes_checkpoints_and_metrics(
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if r.get("event") == "train"]
     assert len(losses) == 3 and losses[-1] < 0.8 * losses[0]
-    assert (out / "loss_curve.png").stat().st_size > 0
+    png = (out / "loss_curve.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and png[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", png[16:24])
+    assert width >= 200 and height >= 100  # a drawn figure, not an empty file
 
 
 def test_train_config_json_alone_reproduces_the_run(tmp_path, dataset_cache, clean_accelerate) -> None:

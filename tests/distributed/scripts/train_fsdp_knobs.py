@@ -10,7 +10,9 @@ OBSERVED_PREFIX.rank<R>.pt with
   forward      from the first training forward, after the root's forward returned: per non-root unit,
                whether its parameters are still unsharded, the dtype and shape of a parameter as the
                module holds it then, and the dtype of the unit's output;
-  plain_after  the plain (unsharded) parameters' values after the last step, for a cross-rank check.
+  plain_after  the plain (unsharded) parameters' values after the last step, for a cross-rank check;
+  plain_grads  per plain trainable parameter, the first backward's gradient as this rank computed it
+               ("local") and as `.grad` holds it after the trainer's hooks ("accumulated").
 """
 
 from __future__ import annotations
@@ -79,6 +81,28 @@ def _first_held(unit: torch.nn.Module) -> tuple[str, torch.Tensor]:
     raise AssertionError("unit without parameters")
 
 
+def _watch_first_plain_gradients(model: torch.nn.Module, seen: dict) -> None:
+    """For each trainable whole (ignored) parameter, its first backward's gradient as this rank computed
+    it (a tensor hook runs before accumulation) and as `.grad` holds it once accumulated (a hook added
+    after the trainer's own runs after it)."""
+    for name, param in model.named_parameters():
+        if isinstance(param, DTensor) or not param.requires_grad:
+            continue
+        entry = seen.setdefault(name, {})
+        param.register_hook(_keep_first(entry, "local"))
+        param.register_post_accumulate_grad_hook(
+            lambda p, keep=_keep_first(entry, "accumulated"): keep(p.grad)
+        )
+
+
+def _keep_first(entry: dict, key: str):
+    def keep(grad: torch.Tensor) -> None:
+        if key not in entry:
+            entry[key] = grad.detach().clone()
+
+    return keep
+
+
 def observe(prefix: str, record: dict):
     def wrapped(accelerator, policy, optimizer, scheduler, wrap_plan):
         model, optimizer, scheduler = prepare(accelerator, policy, optimizer, scheduler, wrap_plan)
@@ -89,6 +113,8 @@ def observe(prefix: str, record: dict):
         }
         record["forward"] = {}
         _watch_first_forward(model, {n: u for n, u in units.items() if n}, record["forward"])
+        record["plain_grads"] = {}
+        _watch_first_plain_gradients(model, record["plain_grads"])
         return model, optimizer, scheduler
 
     return wrapped

@@ -1,0 +1,83 @@
+"""`trainer train` through the real CLI, with what mixed precision, the loss scaler and clipping did
+recorded on every rank.
+
+Usage: torchrun --nproc-per-node=N train_observe_precision.py OBSERVED_PREFIX OVERFLOW_AT [trainer flags]
+
+The loop's `prepare` is wrapped (nothing else changes); `watch` then records, per rank:
+  dtypes      the dtype of the first Linear's output in each training forward (what autocast made it);
+  scales      the loss scale at each training forward (None without a scaler);
+  norms       before each optimizer update that runs, the global gradient norm the optimizer sees
+              (after clipping); torch's step hooks fire only for updates the scaler lets through;
+and, on the last rank only, multiplies the loss of training forward OVERFLOW_AT (1-based, 0: never) by
+inf, an overflow that rank alone meets. Each rank writes OBSERVED_PREFIX.rank<R>.pt when evaluation
+starts. The in-process tests import `watch` from this file for one-process runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+
+import trainer.loop
+from trainer.cli import main
+from trainer.distributed.factory import prepare
+
+
+def watch(accelerator: Any, model: Any, optimizer: Any, overflow_at: int) -> dict[str, list]:
+    """Hook the prepared model and optimizer; returns the record the hooks fill."""
+    record: dict[str, list] = {"dtypes": [], "scales": [], "norms": []}
+    linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+    linear.register_forward_hook(
+        lambda module, _inputs, output: (
+            record["dtypes"].append(str(output.dtype)) if module.training else None
+        )
+    )
+    forward, last_rank = model.forward, accelerator.process_index == accelerator.num_processes - 1
+
+    def counted_forward(*args: Any, **kwargs: Any) -> Any:
+        loss, rest = forward(*args, **kwargs)
+        if model.training:
+            scaler = accelerator.scaler
+            record["scales"].append(None if scaler is None else float(scaler.get_scale()))
+            if last_rank and len(record["scales"]) == overflow_at:
+                loss = loss * float("inf")
+        return loss, rest
+
+    model.forward = counted_forward
+
+    def norm_before_update(opt: Any, _args: Any, _kwargs: Any) -> None:
+        grads = [
+            p.grad.detach().float()
+            for group in opt.param_groups
+            for p in group["params"]
+            if p.grad is not None
+        ]
+        record["norms"].append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+
+    optimizer.optimizer.register_step_pre_hook(norm_before_update)
+    return record
+
+
+if __name__ == "__main__":
+    prefix, overflow_at, flags = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    records: dict[str, Any] = {}
+
+    def watched_prepare(
+        accelerator: Any, policy: Any, optimizer: Any, scheduler: Any, wrap_plan: Any
+    ) -> tuple:
+        model, optimizer, scheduler = prepare(accelerator, policy, optimizer, scheduler, wrap_plan)
+        records["rank"] = accelerator.process_index
+        records["record"] = watch(accelerator, model, optimizer, overflow_at)
+        return model, optimizer, scheduler
+
+    evaluate = trainer.loop.evaluate
+
+    def save_then_evaluate(*args: Any, **kwargs: Any) -> Any:
+        torch.save(records["record"], f"{prefix}.rank{records['rank']}.pt")
+        return evaluate(*args, **kwargs)
+
+    trainer.loop.prepare = watched_prepare
+    trainer.loop.evaluate = save_then_evaluate
+    main(["train", *flags])
