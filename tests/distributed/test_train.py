@@ -120,7 +120,8 @@ def test_checkpoint_formats(train_runs) -> None:
 
 
 def test_sharded_select_action_evaluates_on_every_rank(train_runs) -> None:
-    out, _ = train_runs["fsdp2_bf16"]
+    out, log = train_runs["fsdp2_bf16"]
+    assert "evaluation over 2 episodes: policy return" in log and "(2 processes, FSDP, device cpu" in log
     summary = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
     assert summary["event"] == "summary" and math.isfinite(summary["policy_return"])
     # 2 episodes over 2 ranks: rank r rolls out seed EVAL_SEED_BASE + r; the reduced mean holds both

@@ -21,6 +21,10 @@ def test_top_level_help_and_version_exit_0_on_stdout() -> None:
         assert (result.returncode, result.stderr) == (0, ""), result
         assert result.stdout.startswith(expected)
     assert subprocess.run([TRAINER], capture_output=True, text=True, timeout=60).returncode == 2
+    ckpt = subprocess.run(
+        [TRAINER.with_name("ckpt"), "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert (ckpt.returncode, ckpt.stdout, ckpt.stderr) == (0, "ckpt 0.1.0\n", "")
 
 
 def _help(capsys: pytest.CaptureFixture[str], *args: str) -> str:

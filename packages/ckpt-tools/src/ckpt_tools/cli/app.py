@@ -13,8 +13,20 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from ckpt_tools import __version__
+
+        print(f"ckpt {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
     """Inspect, verify, convert, compare and publish training checkpoints."""
     # A callback keeps `ckpt` a command group even while only one command is registered.
 
