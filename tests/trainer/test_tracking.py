@@ -37,7 +37,7 @@ def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_both_trackers_log_everything_and_a_resumed_run_continues_them(
-    tmp_path, dataset_cache, clean_accelerate, offline
+    tmp_path, dataset_cache, clean_accelerate, offline, capsys
 ) -> None:
     out = tmp_path / "run"
     project = f"tracking-{tmp_path.name}"
@@ -58,6 +58,10 @@ def test_both_trackers_log_everything_and_a_resumed_run_continues_them(
     assert [s for s, _ in history.loss] == [2, 4, 6] and history.resumes == [4]
     assert (out / "loss_curve.png").stat().st_size > 0
 
+    assert "warning: wandb" not in capsys.readouterr().err
+    import wandb
+
+    wandb.teardown()  # every record flushed to the offline files before they are read
     runs = wandb_offline_runs(out)
     assert len(runs) == 2 and runs[0].run_id == runs[1].run_id  # one W&B run, continued
     assert runs[0].config["steps"] == 4 and runs[0].config["wandb"]["notes"] == "tiny run"
