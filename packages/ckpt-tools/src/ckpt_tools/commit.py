@@ -20,6 +20,7 @@ from ckpt_tools.storage import (
     is_local,
     list_names,
     makedirs,
+    move_tree,
     read_text,
     remove_tree,
     resolve,
@@ -197,10 +198,14 @@ def remove_last(checkpoints_dir: str | os.PathLike[str]) -> None:
 
 
 def _rename_dir(fs: fsspec.AbstractFileSystem, src: str, dst: str) -> None:
+    """Rename in one step on local disk; on an object store, copy then delete (`storage.move_tree`)
+    with `training_step.json` copied last and deleted first, so at every moment of a crash a directory
+    holding it is complete: a half-copied step, or a half-deleted source, lacks it and is never taken
+    for a checkpoint (`verify` and every loader need it)."""
     if is_local(fs):
         os.rename(src, dst)  # atomic on one filesystem
     else:
-        fs.mv(src, dst, recursive=True)  # object stores have no rename: copy then delete
+        move_tree(fs, src, dst, last=f"/{layout.TRAINING_STATE_DIR}/{layout.TRAINING_STEP}")
 
 
 def point_last(checkpoints_dir: str | os.PathLike[str], step_name: str) -> None:

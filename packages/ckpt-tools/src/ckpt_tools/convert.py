@@ -481,7 +481,10 @@ def convert_safetensors_to_dcp(
         count, total = len(state), sum(t.numel() * t.element_size() for t in state.values())
     storage.remove_tree(out)
     fs, inner_tmp = storage.resolve(tmp)
-    fs.mv(inner_tmp, storage.resolve(out)[1], recursive=True)
+    if storage.is_local(fs):
+        os.rename(inner_tmp, storage.resolve(out)[1])
+    else:
+        storage.move_tree(fs, inner_tmp, storage.resolve(out)[1])
     return ConversionResult(files[0], (out,), None, count, total, None, False)
 
 
@@ -510,32 +513,40 @@ def _find_safetensors_source(path: str | os.PathLike[str]) -> tuple[list[str], s
 
 @contextmanager
 def _mapped_tensors(files: list[str]) -> Iterator[dict[str, Any]]:
-    """Every tensor of the files as a CPU tensor over a private memory map (local) or read bytes.
-    A map is released with the last tensor viewing it."""
+    """Every tensor of the files as a CPU tensor over a private memory map. A file on a store is first
+    streamed to a local temporary file, so memory stays bounded whatever its size. A map is released
+    with the last tensor viewing it."""
     import mmap
+    import tempfile
 
     import torch
 
     state: dict[str, Any] = {}
-    try:
-        for file in files:
-            header = read_safetensors_header(file)
-            fs, inner = storage.resolve(file)
-            if storage.is_local(fs):
+    with tempfile.TemporaryDirectory(prefix="ckpt-convert-") as downloads:
+        try:
+            for number, file in enumerate(files):
+                header = read_safetensors_header(file)
+                fs, inner = storage.resolve(file)
+                if not storage.is_local(fs):
+                    fs.get_file(inner, f"{downloads}/{number}.safetensors")
+                    inner = f"{downloads}/{number}.safetensors"
                 with open(inner, "rb") as handle:
-                    buffer: Any = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
-            else:
-                buffer = bytearray(storage.read_bytes(file))
-            for name, info in header.tensors.items():
-                count = info.nbytes // ITEMSIZE[info.dtype]
-                dtype = _torch_dtype(info.dtype)
-                start = header.data_start + info.data_offsets[0]
-                flat = (
-                    torch.frombuffer(buffer, dtype=dtype, count=count, offset=start)
-                    if count
-                    else torch.empty(0, dtype=dtype)
-                )
-                state[name] = flat.reshape(info.shape)
-        yield state
-    finally:
-        state.clear()
+                    buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+                _view_tensors(header, buffer, state, torch)
+            yield state
+        finally:
+            state.clear()
+
+
+def _view_tensors(header: Any, buffer: Any, state: dict[str, Any], torch: Any) -> None:
+    """Add every tensor of one mapped safetensors file to `state`, as views of the map."""
+    for name, info in header.tensors.items():
+        count = info.nbytes // ITEMSIZE[info.dtype]
+        dtype = _torch_dtype(info.dtype)
+        start = header.data_start + info.data_offsets[0]
+        flat = (
+            torch.frombuffer(buffer, dtype=dtype, count=count, offset=start)
+            if count
+            else torch.empty(0, dtype=dtype)
+        )
+        state[name] = flat.reshape(info.shape)

@@ -15,13 +15,22 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ckpt_tools.errors import CheckpointNotFoundError, CorruptCheckpointError
 
+# Listings are never cached: on an object store several processes (the ranks of a save, a resumed run)
+# write into one prefix, and a listing cached by one would hide another's objects (a commit copying a
+# step would then miss a rank's shards).
+FSSPEC_OPTIONS: dict[str, Any] = {"use_listings_cache": False}
+
 
 def resolve(path: str | os.PathLike[str]) -> tuple[fsspec.AbstractFileSystem, str]:
-    """Return the filesystem and the path inside it (local paths made absolute)."""
+    """Return the filesystem and the path inside it (local paths made absolute).
+
+    A URL's store takes its options (endpoint, credentials) from fsspec's configuration and the
+    store's own environment variables, never from the path, so no secret is ever part of a path that
+    a checkpoint records."""
     text = os.fspath(path)
     if "://" not in text:
-        text = os.path.abspath(os.path.expanduser(text))
-    fs, inner = url_to_fs(text)
+        return url_to_fs(os.path.abspath(os.path.expanduser(text)))
+    fs, inner = url_to_fs(text, **FSSPEC_OPTIONS)
     return fs, inner
 
 
@@ -82,6 +91,25 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
     fs, inner = resolve(path)
     if fs.exists(inner):
         fs.rm(inner, recursive=True)
+
+
+def move_tree(fs: fsspec.AbstractFileSystem, src: str, dst: str, *, last: str | None = None) -> None:
+    """Move a directory on a store without a rename (object stores): copy every file, then delete the
+    sources. The copies run inside the store (no data passes through this process). Files whose path
+    ends with `last` are copied after all others and deleted before them, so their presence can mark a
+    complete directory. (fsspec's recursive `mv` cannot serve: on s3fs it tries to copy the directory
+    entries themselves, which are not objects, and fails.)"""
+    files = fs.find(src, detail=False)
+    markers = [name for name in files if last is not None and name.endswith(last)]
+    rest = [name for name in files if name not in markers]
+    for batch in (rest, markers):
+        if batch:
+            fs.copy(batch, [dst + name[len(src) :] for name in batch])
+    for batch in (markers, rest):
+        if batch:
+            fs.rm(batch)
+    if fs.exists(src):  # the empty directory entries of stores that keep them (memory://)
+        fs.rm(src, recursive=True)
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:

@@ -90,20 +90,26 @@ def quiet_single_process() -> Iterator[None]:
 
 
 def dcp_writer(path: str) -> dcp.StorageWriter:
-    """A DCP writer for a local directory or an fsspec URL."""
+    """A DCP writer for a local directory or an fsspec URL (torch's `FsspecWriter`).
+
+    On a URL, `sync_files=False`: torch would call `os.fsync(stream.fileno())`, which an object-store
+    stream does not have, and fall back to `os.sync()`, flushing every disk of the machine while the
+    object itself is only uploaded by `close()` (pytorch/pytorch#142396). An object exists once its
+    upload completes, so closing is the sync; the step commit (`commit.py`) makes the whole directory
+    visible only after every rank's writer has closed its files."""
     if "://" in path:
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # not re-exported
 
-        return FsspecWriter(path)
+        return FsspecWriter(path, sync_files=False, **storage.FSSPEC_OPTIONS)
     return dcp.FileSystemWriter(path)
 
 
 def dcp_reader(path: str) -> dcp.StorageReader:
-    """A DCP reader for a local directory or an fsspec URL."""
+    """A DCP reader for a local directory or an fsspec URL (torch's `FsspecReader`)."""
     if "://" in path:
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader  # not re-exported
 
-        return FsspecReader(path)
+        return FsspecReader(path, **storage.FSSPEC_OPTIONS)
     return dcp.FileSystemReader(path)
 
 

@@ -8,10 +8,13 @@ followed by training without a `resume` is a new run in the same directory: the 
 
 from __future__ import annotations
 
+import io
 import json
+import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from trainer import run_files
 
 
 @dataclass
@@ -29,10 +32,11 @@ class History:
         self.resumes = [s for s in self.resumes if s < step]
 
 
-def read_history(path: Path) -> History:
-    """The history of the run whose latest segment writes `path` (empty when there is no file)."""
+def read_history(path: str | os.PathLike[str]) -> History:
+    """The history of the run whose latest segment writes `path` (empty when there is no file); a local
+    path or a URL."""
     history, fresh = History(), False
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    lines = run_files.read_text(path).splitlines()
     for line in lines:
         try:
             record = json.loads(line)
@@ -54,13 +58,15 @@ def read_history(path: Path) -> History:
     return history
 
 
-def plot(history: History, path: Path, title: str) -> None:
-    """Write loss_curve.png."""
+def plot(history: History, path: str | os.PathLike[str], title: str) -> None:
+    """Write loss_curve.png (a local path or a URL)."""
     import matplotlib.pyplot as plt
 
     fig = draw(history, title)
-    fig.savefig(path, dpi=100)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=100)
     plt.close(fig)
+    run_files.write_bytes(path, image.getvalue())
 
 
 def draw(history: History, title: str) -> Any:

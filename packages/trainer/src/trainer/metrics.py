@@ -2,7 +2,8 @@
 experiment trackers (trackers.py) that the run enables.
 
 Non-main ranks get a `NullLogger` with the same methods, so the loop calls the logger on every rank
-and never branches on the rank itself.
+and never branches on the rank itself. The files go where the checkpoints go: a local directory or any
+fsspec URL (`s3://bucket/run`, run_files.py).
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from trainer import run_files
 from trainer.config.train import TrainConfig
 from trainer.loss_curve import plot, read_history
 from trainer.trackers import GuardedTrackers, start_trackers
@@ -30,14 +31,17 @@ class MetricsLogger:
     def __init__(
         self, output_dir: str, total_steps: int, start_step: int, config: TrainConfig | None = None
     ) -> None:
-        self.dir = Path(output_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.dir / METRICS_FILE
+        fs, inner = run_files.resolve(output_dir)
+        fs.makedirs(inner, exist_ok=True)
+        self.dir = output_dir.rstrip("/")
+        self.path = f"{self.dir}/{METRICS_FILE}"
+        # Objects cannot be appended to: on a store the file is rewritten whole from this copy.
+        self.text = None if run_files.is_local(fs) else run_files.read_text(self.path)
         self.console = Console(file=sys.stderr, highlight=False, soft_wrap=True)
         # Trackers start before the progress bar, so what they print stays above it.
         trackers = start_trackers(config, self.console.print) if config is not None else []
         self.trackers = GuardedTrackers(trackers, self.console.print)
-        self.title = config.job_name if config is not None else self.dir.name
+        self.title = config.job_name if config is not None else self.dir.rsplit("/", 1)[-1]
         self.progress: Progress | None = None
         if self.console.is_terminal:
             self.progress = Progress(
@@ -79,14 +83,19 @@ class MetricsLogger:
         self.trackers.finish()
 
     def _append(self, record: dict[str, Any]) -> None:
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, sort_keys=True) + "\n")
+        line = json.dumps(record, sort_keys=True) + "\n"
+        if self.text is None:
+            with open(run_files.resolve(self.path)[1], "a", encoding="utf-8") as handle:
+                handle.write(line)
+        else:
+            self.text += line
+            run_files.write_bytes(self.path, self.text.encode("utf-8"))
 
     def _plot(self) -> None:
         """The whole run's curve, read back from metrics.jsonl (earlier segments included)."""
         history = read_history(self.path)
         if history.loss or history.val_loss:
-            plot(history, self.dir / LOSS_CURVE_FILE, f"{self.title}: loss over the whole run")
+            plot(history, f"{self.dir}/{LOSS_CURVE_FILE}", f"{self.title}: loss over the whole run")
 
     def first_loss(self, default: float) -> float:
         """The run's first logged loss, from before any resume (`default` when none was logged)."""

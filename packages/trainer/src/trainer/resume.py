@@ -110,11 +110,12 @@ def find_checkpoint(config: TrainConfig) -> str | None:
     saved yet (the caller then starts fresh, so a crash before the first save also recovers).
     """
     if config.config_path is not None:
-        model_dir = os.path.dirname(os.path.abspath(os.fspath(config.config_path)))
-        if os.path.basename(model_dir) == layout.PRETRAINED_MODEL_DIR:
-            step_dir = os.path.dirname(model_dir)
-            if os.path.basename(step_dir) == layout.LAST:
-                return ckpt_tools.latest_step_dir(os.path.dirname(step_dir))
+        text = os.fspath(config.config_path)
+        model_dir = (text if "://" in text else os.path.abspath(text)).rsplit("/", 1)[0]  # URLs too
+        if model_dir.rsplit("/", 1)[-1] == layout.PRETRAINED_MODEL_DIR:
+            step_dir = model_dir.rsplit("/", 1)[0]
+            if step_dir.rsplit("/", 1)[-1] == layout.LAST:
+                return ckpt_tools.latest_step_dir(step_dir.rsplit("/", 1)[0])
             return step_dir
     return ckpt_tools.latest_step_dir(config.output_dir)
 

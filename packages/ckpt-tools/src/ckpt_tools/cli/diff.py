@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -14,10 +12,8 @@ from ckpt_tools.diff import EQUAL, DiffReport, TensorDiff, diff_checkpoints
 
 
 def diff(
-    a: Path = typer.Argument(
-        ..., help="First checkpoint (step dir, last, model dir, .safetensors, DCP dir)."
-    ),
-    b: Path = typer.Argument(..., help="Second checkpoint."),
+    a: str = typer.Argument(..., help="First checkpoint (step dir, last, model dir, .safetensors, DCP dir)."),
+    b: str = typer.Argument(..., help="Second checkpoint."),
     atol: float = typer.Option(
         0.0, "--atol", min=0.0, help="Values within this absolute tolerance are equal."
     ),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import typer
 from rich.markup import escape
@@ -27,7 +26,7 @@ def human_bytes(count: int) -> str:
 
 
 def inspect(
-    path: Path = typer.Argument(..., help="Step directory, checkpoints/last, output_dir or model directory."),
+    path: str = typer.Argument(..., help="Step directory, checkpoints/last, output_dir or model directory."),
     tensors: bool = typer.Option(False, "--tensors", help="List every tensor (name, shape, dtype, bytes)."),
     as_json: bool = typer.Option(
         False, "--json", help="Print a JSON document (everything) instead of tables."

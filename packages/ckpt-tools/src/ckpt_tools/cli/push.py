@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -16,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def push(
-    path: Path = typer.Argument(
+    path: str = typer.Argument(
         ..., help="Step directory, checkpoints/last, pretrained_model/ or converted model."
     ),
     repo_id: str = typer.Argument(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 from rich.markup import escape
 
@@ -13,7 +11,7 @@ from ckpt_tools.verify import VerifyReport, verify_checkpoint
 
 
 def verify(
-    path: Path = typer.Argument(..., help="Step directory, checkpoints/last, output_dir or model directory."),
+    path: str = typer.Argument(..., help="Step directory, checkpoints/last, output_dir or model directory."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON document instead of text."),
 ) -> None:
     """Check that a checkpoint is complete and self-consistent (metadata only, no tensor data)."""

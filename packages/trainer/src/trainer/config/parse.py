@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import draccus
@@ -27,11 +30,32 @@ def parse_config(args: Sequence[str]) -> TrainConfig:
     if config_path is None:
         config_path = _auto_resume_config_path(rest)
     flags_given = frozenset(arg[2:].partition("=")[0] for arg in rest if arg.startswith("--"))
-    with policy_defaults(rest, config_path) as defaults_path:  # `--policy.path`'s config.json
-        config = _parse(rest, defaults_path)
+    with _local_copy(config_path) as local, policy_defaults(rest, local) as defaults_path:
+        config = _parse(rest, defaults_path)  # defaults_path: + `--policy.path`'s config.json
     config.config_path = config_path
     config.flags_given = flags_given
     return config
+
+
+@contextlib.contextmanager
+def _local_copy(config_path: str | None) -> Iterator[str | None]:
+    """A config file on a store (`s3://.../train_config.json`) as a local temporary copy, since the
+    parser reads local files; a local path (or None) is passed through."""
+    if config_path is None or "://" not in config_path:
+        yield config_path
+        return
+    import fsspec
+
+    try:
+        with fsspec.open(config_path, "rb", use_listings_cache=False) as handle:
+            data = handle.read()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--config_path={config_path}: cannot read it ({exc})") from None
+    with tempfile.TemporaryDirectory(prefix="trainer-config-") as tmp:
+        local = os.path.join(tmp, "train_config.json")
+        with open(local, "wb") as handle:
+            handle.write(data)
+        yield local
 
 
 def _auto_resume_config_path(args: list[str]) -> str | None:

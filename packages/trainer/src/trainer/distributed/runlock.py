@@ -56,6 +56,7 @@ class RunLock:
     """The lock a run holds on its output_dir; `acquire` on the main rank only, `release` at the end."""
 
     def __init__(self, output_dir: str) -> None:
+        self.remote = "://" in output_dir  # a bucket has no O_EXCL create: not locked (see the docstring)
         self.path = os.path.join(os.path.abspath(output_dir), LOCK_FILE)
         self.owner: Owner | None = None
         self._stop = threading.Event()
@@ -64,6 +65,8 @@ class RunLock:
     def acquire(self) -> str:
         """Take the lock, or raise `ConfigError` naming its live holder. Returns a warning line when a
         stale lock was taken over ("" otherwise)."""
+        if self.remote:
+            return ""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         now = time.time()
         me = Owner(socket.gethostname(), os.getpid(), now, now)
