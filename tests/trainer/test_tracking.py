@@ -95,6 +95,41 @@ def test_missing_credentials_and_library_are_one_line_at_start(tmp_path, offline
         trackers.check_trackers(parse_config(["--trackio.enable=true"]))
 
 
+class _Recorder:
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.logged: list[tuple[dict, int]] = []
+        self.summaries: list[dict] = []
+
+    def log(self, metrics, step):  # type: ignore[no-untyped-def]
+        self.logged.append((metrics, step))
+
+    def summary(self, values, step):  # type: ignore[no-untyped-def]
+        self.summaries.append(values)
+
+    def finish(self) -> None:
+        pass
+
+
+def test_the_logger_forwards_training_and_validation_metrics_and_the_summary(tmp_path) -> None:
+    from trainer.metrics import MetricsLogger
+
+    logger = MetricsLogger(str(tmp_path), total_steps=4, start_step=0)
+    recorder = _Recorder()
+    logger.trackers = trackers.GuardedTrackers([recorder], print)
+    logger.log({"step": 2, "loss": 0.5, "grad_norm": 1.5, "lr": 1e-3, "samples_per_s": 80.0, "epoch": 0})
+    logger.note("step 2 val_loss=0.6", event="val", step=2, val_loss=0.6)
+    logger.note("resuming", event="resume", step=2, changes=[])
+    logger.note("done", event="summary", steps=4, final_loss=0.4, last_checkpoint="x")
+    assert recorder.logged == [
+        ({"loss": 0.5, "grad_norm": 1.5, "lr": 1e-3, "samples_per_s": 80.0, "epoch": 0}, 2),
+        ({"val_loss": 0.6}, 2),
+    ]
+    assert recorder.summaries == [{"steps": 4, "final_loss": 0.4}]
+    logger.close()
+
+
 class _Broken:
     name = "wandb"
 

@@ -69,6 +69,8 @@ class MetricsLogger:
         self.console.print(message)
         if record:
             self._append(record)
+        if record.get("event") == "val":  # val_loss, logged at its loop step like the training metrics
+            self.trackers.log(record)
         if record.get("event") == "summary":
             self.trackers.summary(record)
 
