@@ -6,8 +6,9 @@ data files of 100,000 rows, then measures, in this process:
 
 - load: `LeRobotConfig(root).load()` (metadata, episode ranges, columns, statistics), against the
   floor of reading the same two feature columns with `pyarrow.parquet.read_table` alone;
-- step: the mean time of one training step (gather a batch, normalize, ACT forward/backward, AdamW)
-  on the small and on the large dataset; the ratio should stay near 1 (no per-step cost in the size).
+- step: the median time of one training step (gather a batch, normalize, ACT forward/backward, AdamW)
+  on the small and on the large dataset, taking turns; the ratio should stay near 1 (no per-step
+  cost grows with the size).
 
 Prints a table with ratios. Run through `nox -s bench` (never part of the tests).
 
@@ -94,30 +95,35 @@ def time_load(root: Path) -> tuple[float, float, object]:
     return time.perf_counter() - start, floor, dataset
 
 
-def time_steps(dataset: object, steps: int) -> float:
-    """Mean seconds of one training step (after 5 warm-up steps) at batch 64 with ACT chunks of 5."""
+def time_steps(datasets: list[object], steps: int) -> list[float]:
+    """Median seconds of one training step (gather a batch of 64, normalize, ACT with chunks of 5
+    forward/backward, AdamW) per dataset. The datasets take turns step by step, so the load of a shared
+    machine falls on all of them alike."""
     from trainer.data.processors import build_processors
     from trainer.data.sampler import GlobalOrderSampler
     from trainer.policies import build_policy
     from trainer.policies.act import ACTConfig
 
-    torch.manual_seed(0)
-    config = ACTConfig(dropout=0.0)
-    policy = build_policy(config, dataset.obs_dim, dataset.action_dim)  # type: ignore[attr-defined]
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-    pre, _ = build_processors(dataset.stats())  # type: ignore[attr-defined]
-    sampler = GlobalOrderSampler(len(dataset), 64, 1, 0, seed=0)  # type: ignore[arg-type]
-    elapsed = 0.0
+    runs = []
+    for dataset in datasets:
+        torch.manual_seed(0)
+        config = ACTConfig(dropout=0.0)
+        policy = build_policy(config, dataset.obs_dim, dataset.action_dim)  # type: ignore[attr-defined]
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+        pre, _ = build_processors(dataset.stats())  # type: ignore[attr-defined]
+        sampler = GlobalOrderSampler(len(dataset), 64, 1, 0, seed=0)  # type: ignore[arg-type]
+        runs.append((dataset, config, policy, optimizer, pre, sampler, []))
     for step in range(steps + 5):
-        start = time.perf_counter()
-        batch = pre(dataset.gather(sampler.next_indices(), config.chunk_size))  # type: ignore[attr-defined]
-        loss, _ = policy(batch)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        if step >= 5:
-            elapsed += time.perf_counter() - start
-    return elapsed / steps
+        for dataset, config, policy, optimizer, pre, sampler, times in runs:
+            start = time.perf_counter()
+            batch = pre(dataset.gather(sampler.next_indices(), config.chunk_size))  # type: ignore[attr-defined]
+            loss, _ = policy(batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if step >= 5:  # after warm-up
+                times.append(time.perf_counter() - start)
+    return [float(np.median(run[-1])) for run in runs]
 
 
 def main() -> None:
@@ -129,18 +135,18 @@ def main() -> None:
     torch.set_num_threads(1)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-lerobot-"))
     try:
-        rows = []
+        loads = []
         for frames in (10_000, args.frames):
             root = work / f"frames_{frames}"
             if not (root / "meta/info.json").exists():
                 shutil.rmtree(root, ignore_errors=True)
                 write_dataset(root, frames)
-            load, floor, dataset = time_load(root)
-            rows.append((frames, load, floor, time_steps(dataset, args.steps)))
+            loads.append((frames, *time_load(root)))
+        step_times = time_steps([dataset for *_, dataset in loads], args.steps)
         print(f"{'frames':>10} {'load s':>8} {'pyarrow s':>10} {'load/pyarrow':>13} {'step ms':>8}")
-        for frames, load, floor, step in rows:
+        for (frames, load, floor, _), step in zip(loads, step_times, strict=True):
             print(f"{frames:>10} {load:>8.2f} {floor:>10.2f} {load / floor:>13.2f} {step * 1000:>8.2f}")
-        print(f"step time ratio ({args.frames} / 10000 frames): {rows[1][3] / rows[0][3]:.2f}")
+        print(f"step time ratio ({args.frames} / 10000 frames): {step_times[1] / step_times[0]:.2f}")
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -198,3 +198,16 @@ def test_training_logs_falling_val_loss_and_records_the_inputs(
     assert "val_loss=" in capsys.readouterr().err
     saved = json.loads((Path(summary.last_checkpoint) / "pretrained_model" / "config.json").read_text())
     assert saved["input_features"] == [STATE, VELOCITY] and saved["obs_dim"] == 6
+
+
+def test_frames_come_in_index_order_whatever_the_file_order(dataset_root, tmp_path) -> None:
+    root = tmp_path / "ds"
+    shutil.copytree(dataset_root[0], root)
+    first, second = root / "data/chunk-000/file-000.parquet", root / "data/chunk-000/file-001.parquet"
+    first_bytes = first.read_bytes()
+    first.write_bytes(second.read_bytes())
+    second.write_bytes(first_bytes)  # file-000 now holds frames 37..73, file-001 frames 0..36
+    swapped = LeRobotConfig(root=str(root), episodes=[0, 1]).load()
+    original = LeRobotConfig(root=str(dataset_root[0]), episodes=[0, 1]).load()
+    assert torch.equal(swapped.observations, original.observations)
+    assert torch.equal(swapped.actions, original.actions)

@@ -17,6 +17,7 @@ observations, actions and episode lengths.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -93,8 +94,10 @@ class ArrayDataset:
         input_features: Sequence[str] = (OBS_KEY,),
         stats: Stats | None = None,
     ) -> None:
-        self.observations = torch.as_tensor(observations, dtype=torch.float32)
-        self.actions = torch.as_tensor(actions, dtype=torch.float32)
+        with warnings.catch_warnings():  # arrays read from Arrow are read-only views; nothing writes them
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            self.observations = torch.as_tensor(observations, dtype=torch.float32)
+            self.actions = torch.as_tensor(actions, dtype=torch.float32)
         lengths = torch.as_tensor(np.asarray(episode_lengths, dtype=np.int64))
         if self.observations.ndim != 2 or self.actions.ndim != 2:
             raise ConfigError("a dataset's observations and actions must be 2-D arrays (frames x features)")

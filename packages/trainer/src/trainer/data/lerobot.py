@@ -108,7 +108,9 @@ def _load(
             )
     features = check_input_features(requested, info.observation_features, f"the dataset at {root}")
     frames, lengths = fmt.read_frames(info, episodes, ranges, [*features, ACTION_KEY])
-    observations = np.concatenate([frames[name] for name in features], axis=1)
+    observations = (
+        frames[features[0]] if len(features) == 1 else np.concatenate([frames[n] for n in features], 1)
+    )
     stats = _stats(fmt.read_stats(root), features, frames)
     return ArrayDataset(observations, frames[ACTION_KEY], lengths, features, stats)
 

@@ -100,9 +100,9 @@ def read_frames(
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """The chosen `columns` (float32, frames x size) of `episodes`' frames in global frame order, and
     each episode's length in the same order."""
-    order = sorted(episodes, key=lambda e: ranges[e][0])
-    starts = np.array([ranges[e][0] for e in order], dtype=np.int64)
-    ends = np.array([ranges[e][1] for e in order], dtype=np.int64)
+    by_start = sorted(episodes, key=lambda e: ranges[e][0])
+    starts = np.array([ranges[e][0] for e in by_start], dtype=np.int64)
+    ends = np.array([ranges[e][1] for e in by_start], dtype=np.int64)
     parts: dict[str, list[np.ndarray]] = {name: [] for name in columns}
     indices: list[np.ndarray] = []
     for path in sorted((info.root / "data").glob("chunk-*/file-*.parquet")):
@@ -112,19 +112,27 @@ def read_frames(
         if not wanted.any():
             continue
         values = _read_columns(path, list(columns), info)
+        every = bool(wanted.all())  # the usual case: no copy of a whole file's rows
         for name in columns:
-            parts[name].append(values[name][wanted])
-        indices.append(index[wanted])
+            parts[name].append(values[name] if every else values[name][wanted])
+        indices.append(index if every else index[wanted])
     found = np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64)
+    order = None if bool(np.all(found[1:] > found[:-1])) else np.argsort(found, kind="stable")
+    distinct = len(found) if order is None else len(np.unique(found))
     expected = int((ends - starts).sum())
-    if len(found) != expected or len(np.unique(found)) != expected:
+    if distinct != expected or len(found) != expected:
         raise ConfigError(
-            f"{info.root}: the data files hold {len(np.unique(found))} of the {expected} frames the episodes "
-            "metadata lists for the chosen episodes; the dataset is incomplete, re-download or re-write it"
+            f"{info.root}: the data files hold {distinct} of the {expected} frames the episodes metadata lists "
+            "for the chosen episodes; the dataset is incomplete, re-download or re-write it"
         )
-    sort = np.argsort(found, kind="stable")
-    frames = {name: np.concatenate(parts[name])[sort] for name in columns}
+    frames = {name: _joined(parts[name], order) for name in columns}
     return frames, ends - starts
+
+
+def _joined(parts: list[np.ndarray], order: np.ndarray | None) -> np.ndarray:
+    """The parts in global frame order: as read when the files are in order (the usual case)."""
+    joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return joined if order is None else joined[order]
 
 
 def _read_columns(path: Path, names: list[str], info: Info | None = None) -> dict[str, np.ndarray]:
