@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from helpers.fixtures import copy_fixture
 from helpers.lerobot_data import IMAGE, STATE, VELOCITY, write_dataset
@@ -211,3 +212,28 @@ def test_frames_come_in_index_order_whatever_the_file_order(dataset_root, tmp_pa
     original = LeRobotConfig(root=str(dataset_root[0]), episodes=[0, 1]).load()
     assert torch.equal(swapped.observations, original.observations)
     assert torch.equal(swapped.actions, original.actions)
+
+
+def test_resume_on_a_lerobot_dataset_is_sample_exact(dataset_root, tmp_path, clean_accelerate) -> None:
+    from accelerate.state import AcceleratorState
+
+    root, _ = dataset_root
+    flags = [f"--dataset.root={root}", "--dataset.val_episodes=[4]", "--policy.dropout=0", "--policy.dim=16"]
+    flags += [
+        "--policy.ffn_dim=32",
+        "--scheduler.type=constant",
+        "--batch_size=16",
+        "--save_freq=4",
+        "--log_freq=4",
+    ]
+    straight = train(parse_config([*flags, "--steps=8", f"--output_dir={tmp_path / 'a'}"]))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    train(parse_config([*flags, "--steps=4", f"--output_dir={tmp_path / 'b'}"]))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    resumed = train(parse_config(["--resume=true", "--steps=8", f"--output_dir={tmp_path / 'b'}"]))
+    weights = [
+        load_file(Path(s.last_checkpoint) / "pretrained_model" / "model.safetensors")
+        for s in (straight, resumed)
+    ]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
