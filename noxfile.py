@@ -50,6 +50,7 @@ def bench(session: nox.Session) -> None:
     install(session)
     session.run("python", "benchmarks/bench_convert.py", *session.posargs)
     session.run("python", "benchmarks/bench_lerobot.py")
+    session.run("python", "benchmarks/bench_manifest.py")
 
 
 DEMO_OUTPUT = "outputs/demo"

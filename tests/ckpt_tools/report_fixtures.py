@@ -107,9 +107,13 @@ def fsdp_checkpoint(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
     return _FSDP_RUNS[key]
 
 
-def copy_checkpoint(step_dir: Path, dest: Path) -> Path:
+def copy_checkpoint(step_dir: Path, dest: Path, *, manifest: bool = False) -> Path:
+    """A copy to damage. Without `manifest`, its `manifest.json` is left out, so a test of another
+    check sees only that check's problem (the manifest's own checks have their tests)."""
     target = dest / step_dir.name
     shutil.copytree(step_dir, target, symlinks=True)
+    if not manifest:
+        (target / layout.MANIFEST).unlink(missing_ok=True)
     return target
 
 

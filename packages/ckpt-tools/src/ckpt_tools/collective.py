@@ -53,6 +53,14 @@ class Group:
             if self.failure is None:
                 self.failure, self._cause = one_line(exc), exc
 
+    def gather_to_main(self, value: Any) -> list[Any]:
+        """Collective: every rank's `value`, in rank order, on the main rank (empty elsewhere)."""
+        if not self.distributed:
+            return [value]
+        gathered: list[Any] | None = [None] * self.world_size if self.is_main else None
+        dist.gather_object(value, gathered, group=self.pg, group_dst=0)
+        return gathered or []
+
     def agree(self, what: str) -> None:
         """Collective (a barrier): raise `SaveFailedError` on every rank when the main rank failed."""
         failure = self.failure

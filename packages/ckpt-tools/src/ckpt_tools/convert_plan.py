@@ -16,6 +16,7 @@ import os
 from ckpt_tools import layout, storage
 from ckpt_tools.dtypes import SHORT_DTYPES, dtype_name
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.manifest import update_manifest
 from ckpt_tools.meta import TrainingStep
 
 # `checkpoint_format` once the model's DCP shards are gone, by the format the step was saved in
@@ -68,7 +69,8 @@ def output_dir(
 
 def record_deleted_dcp(source: str) -> None:
     """After the model's DCP shards of a step of ours were deleted, make `training_step.json` name
-    the format the step now holds, so verify and resume read it as it is."""
+    the format the step now holds, so verify and resume read it as it is, and keep the step's
+    manifest true (the shards dropped, the step file's new digest)."""
     step_dir = _step_of(source.rstrip("/").rsplit("/", 1)[0])
     if step_dir is None:
         return
@@ -80,5 +82,10 @@ def record_deleted_dcp(source: str) -> None:
     except CheckpointError:
         return  # not ours (LeRobot's has no checkpoint_format): nothing names the format
     now = _WITHOUT_DCP.get(step.checkpoint_format)
+    rewritten = {}
     if now is not None:
-        storage.write_text(path, dataclasses.replace(step, checkpoint_format=now).to_json())
+        data = dataclasses.replace(step, checkpoint_format=now).to_json().encode("utf-8")
+        storage.write_bytes(path, data)
+        rewritten[f"{layout.TRAINING_STATE_DIR}/{layout.TRAINING_STEP}"] = data
+    removed = f"{layout.PRETRAINED_MODEL_DIR}/{source.rstrip('/').rsplit('/', 1)[-1]}"
+    update_manifest(step_dir, removed=removed, rewritten=rewritten)

@@ -17,6 +17,7 @@ STEP_DIGITS = 6
 
 PRETRAINED_MODEL_DIR = "pretrained_model"
 TRAINING_STATE_DIR = "training_state"
+MANIFEST = "manifest.json"  # sizes and sha256 of every file the save wrote
 
 # pretrained_model/
 POLICY_CONFIG = "config.json"

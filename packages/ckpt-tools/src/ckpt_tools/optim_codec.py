@@ -12,16 +12,19 @@ from typing import Any
 
 import torch
 
-from ckpt_tools import layout, storage
+from ckpt_tools import layout, manifest, storage
+from ckpt_tools.digest import Recorder
 from ckpt_tools.tensor_io import read_safetensors, write_safetensors
 
 
-def write_optimizer_safetensors(state_dir: str, osd: dict[str, Any]) -> None:
+def write_optimizer_safetensors(
+    state_dir: str, osd: dict[str, Any], recorder: Recorder | None = None
+) -> None:
     """Write a full (gathered) optimizer state dict into `state_dir` as the two files above."""
     tensors, param_groups, extras = flatten_optimizer(osd)
     meta = {"state_extras": json.dumps(extras)} if extras else None
-    write_safetensors(layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS), tensors, meta)
-    storage.write_json(layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS), param_groups)
+    write_safetensors(layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS), tensors, meta, recorder)
+    manifest.write_json(layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS), param_groups, recorder)
 
 
 def flatten_optimizer(osd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]], dict]:

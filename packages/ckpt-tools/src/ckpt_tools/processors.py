@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from ckpt_tools import layout, storage
+from ckpt_tools import layout, manifest, storage
+from ckpt_tools.digest import Recorder
 from ckpt_tools.locate import resolve_model_dir
 from ckpt_tools.tensor_io import read_safetensors, write_safetensors
 
@@ -37,12 +38,17 @@ def check_processors(processors: Mapping[str, ProcessorState] | None) -> None:
             )
 
 
-def write_processors(model_dir: str, processors: Mapping[str, ProcessorState] | None) -> None:
+def write_processors(
+    model_dir: str, processors: Mapping[str, ProcessorState] | None, recorder: Recorder | None = None
+) -> None:
     """Write every processor's config and step files into `model_dir` (main rank only)."""
     for name, processor in (processors or {}).items():
-        storage.write_json(layout.join(model_dir, layout.processor_config_name(name)), processor.config)
+        manifest.write_json(
+            layout.join(model_dir, layout.processor_config_name(name)), processor.config, recorder
+        )
         for index, tensors in enumerate(processor.step_tensors):
-            write_safetensors(layout.join(model_dir, layout.processor_step_name(name, index)), tensors)
+            path = layout.join(model_dir, layout.processor_step_name(name, index))
+            write_safetensors(path, tensors, None, recorder)
 
 
 def load_processors(path: str | os.PathLike[str]) -> dict[str, ProcessorState]:

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ckpt_tools import layout
+from ckpt_tools.digest import Recorder
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError
 from ckpt_tools.locate import resolve_model_dir
 from ckpt_tools.tensor_io import read_safetensors, write_safetensors
@@ -25,9 +26,11 @@ def save_rng_state(
     world_size: int,
     *,
     process_group: dist.ProcessGroup | None = None,
+    recorder: Recorder | None = None,
 ) -> None:
     """Collective when world_size > 1: gather every rank's python, numpy, torch CPU (+ CUDA) RNG
-    state to rank 0, which writes `training_state/rng_state.safetensors`.
+    state to rank 0, which writes `training_state/rng_state.safetensors` (recorded for the step's
+    manifest when a `recorder` is given).
 
     Keys are `rank<r>/python`, `rank<r>/numpy`, `rank<r>/torch`, `rank<r>/cuda/<device>`; the scalar
     parts of the python and numpy states, and `world_size`, are in the file's metadata.
@@ -46,7 +49,7 @@ def save_rng_state(
         tensors.update(snapshot_tensors)
         metadata.update(snapshot_meta)
     path = layout.join(os.fspath(step_dir), layout.TRAINING_STATE_DIR, layout.RNG_STATE)
-    write_safetensors(path, tensors, metadata)
+    write_safetensors(path, tensors, metadata, recorder)
 
 
 def _rng_snapshot(rank: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

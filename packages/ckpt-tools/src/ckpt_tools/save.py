@@ -30,7 +30,9 @@ from torch.distributed.checkpoint.state_dict import (
 from ckpt_tools import commit, layout, storage
 from ckpt_tools.adapters import adapter_keys
 from ckpt_tools.collective import Group, is_sharded
+from ckpt_tools.digest import Recorder
 from ckpt_tools.errors import SaveFailedError
+from ckpt_tools.manifest import write_bytes, write_json, write_manifest
 from ckpt_tools.meta import TrainingStep
 from ckpt_tools.optim_codec import write_optimizer_safetensors
 from ckpt_tools.processors import ProcessorState, check_processors, write_processors
@@ -55,6 +57,7 @@ def save_checkpoint(
     process_group: dist.ProcessGroup | None = None,
     adapter_config: Mapping[str, Any] | None = None,
     keep_last: int = 0,
+    manifest: bool = True,
 ) -> str:
     """Collective: call on all ranks. Write `<checkpoints_dir>/<step:06d>/` and move `last` to it;
     with `keep_last=K` > 0, then delete all but the K newest steps (`commit.prune_steps`).
@@ -72,8 +75,13 @@ def save_checkpoint(
     weights saved are then only the trainable ones, under peft's key names (`peft_key`), as
     `adapter_model.safetensors` and/or `adapter_model_fsdp_0/` by the same format rule, beside
     `adapter_config.json`; the frozen base is not written.
+
+    `manifest` (default on) writes `manifest.json`: every file's size and sha256, hashed from the bytes
+    as they are written (each rank its own shards, gathered to the main rank), which
+    `ckpt verify --deep` checks. Off, the gathered files stream to disk without a second copy in memory.
     """
     group = Group(process_group)
+    recorder = Recorder() if manifest else None
     check_processors(processors)
     root = os.fspath(checkpoints_dir).rstrip("/")
     step = training_step.step
@@ -84,12 +92,15 @@ def save_checkpoint(
     model_dir = layout.join(tmp, layout.PRETRAINED_MODEL_DIR)
     with _shard_failures(what):
         if adapter_config is None:
-            _save_model(model_dir, model, training_step.checkpoint_format, group)
+            _save_model(model_dir, model, training_step.checkpoint_format, group, recorder)
         else:
-            _save_adapter(model_dir, model, training_step.checkpoint_format, group)
-        _save_optimizer(layout.join(tmp, layout.TRAINING_STATE_DIR), model, optimizer, group)
+            _save_adapter(model_dir, model, training_step.checkpoint_format, group, recorder)
+        _save_optimizer(layout.join(tmp, layout.TRAINING_STATE_DIR), model, optimizer, group, recorder)
     group.on_main(
-        lambda: save_rng_state(tmp, group.rank, group.world_size, process_group=process_group), all_ranks=True
+        lambda: save_rng_state(
+            tmp, group.rank, group.world_size, process_group=process_group, recorder=recorder
+        ),
+        all_ranks=True,
     )
     group.on_main(
         _write_side_files,
@@ -101,7 +112,11 @@ def save_checkpoint(
         scheduler,
         scaler,
         adapter_config,
+        recorder,
     )
+    if recorder is not None:
+        files = group.gather_to_main(recorder.entries())  # every rank's shards, hashed as written
+        group.on_main(lambda: write_manifest(tmp, {k: v for part in files for k, v in part.items()}))
     group.agree(what)  # every rank's shards are on disk before the directory becomes visible
     group.on_main(lambda: commit.commit_step_dir(tmp, root, step, is_complete=_verifies))
     group.on_main(commit.prune_steps, root, keep_last)
@@ -139,22 +154,26 @@ def _verifies(step_dir: str) -> bool:
     return verify_checkpoint(step_dir).ok
 
 
-def _save_model(model_dir: str, model: nn.Module, checkpoint_format: str, group: Group) -> None:
+def _save_model(
+    model_dir: str, model: nn.Module, checkpoint_format: str, group: Group, recorder: Recorder | None
+) -> None:
     if checkpoint_format in ("safetensors", "safetensors_dcp"):
         full: dict[str, Any] = get_model_state_dict(model, options=_FULL_ON_MAIN)  # collective gather
-        group.on_main(
-            write_safetensors, layout.join(model_dir, layout.MODEL_SAFETENSORS), full, {"format": "pt"}
-        )
+        path = layout.join(model_dir, layout.MODEL_SAFETENSORS)
+        group.on_main(write_safetensors, path, full, {"format": "pt"}, recorder)
     if checkpoint_format in ("dcp", "safetensors_dcp"):
         dcp_save(
             get_model_state_dict(model),
             layout.join(model_dir, layout.MODEL_DCP_DIR),
             group.pg,
             group.distributed,
+            recorder,
         )
 
 
-def _save_adapter(model_dir: str, model: nn.Module, checkpoint_format: str, group: Group) -> None:
+def _save_adapter(
+    model_dir: str, model: nn.Module, checkpoint_format: str, group: Group, recorder: Recorder | None
+) -> None:
     keys = adapter_keys(model)
     if not keys:
         raise ValueError("adapter_config was given but the model has no trainable parameters to save")
@@ -163,7 +182,9 @@ def _save_adapter(model_dir: str, model: nn.Module, checkpoint_format: str, grou
         full: dict[str, Any] = get_model_state_dict(model, options=options)  # collective: trainable part
         path = layout.join(model_dir, layout.ADAPTER_SAFETENSORS)
         group.on_main(
-            lambda: write_safetensors(path, {keys[name]: full[name] for name in keys}, {"format": "pt"})
+            lambda: write_safetensors(
+                path, {keys[name]: full[name] for name in keys}, {"format": "pt"}, recorder
+            )
         )
     if checkpoint_format in ("dcp", "safetensors_dcp"):
         sharded = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=True))
@@ -172,16 +193,24 @@ def _save_adapter(model_dir: str, model: nn.Module, checkpoint_format: str, grou
             layout.join(model_dir, layout.ADAPTER_DCP_DIR),
             group.pg,
             group.distributed,
+            recorder,
         )
 
 
-def _save_optimizer(state_dir: str, model: nn.Module, optimizer: torch.optim.Optimizer, group: Group) -> None:
+def _save_optimizer(
+    state_dir: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    group: Group,
+    recorder: Recorder | None,
+) -> None:
     if is_sharded(model):
         osd = get_optimizer_state_dict(model, optimizer)
-        dcp_save(osd, layout.join(state_dir, layout.OPTIMIZER_DCP_DIR), group.pg, group.distributed)
+        path = layout.join(state_dir, layout.OPTIMIZER_DCP_DIR)
+        dcp_save(osd, path, group.pg, group.distributed, recorder)
         return
     osd = get_optimizer_state_dict(model, optimizer, options=_FULL_ON_MAIN)
-    group.on_main(write_optimizer_safetensors, state_dir, osd)
+    group.on_main(write_optimizer_safetensors, state_dir, osd, recorder)
 
 
 def _write_side_files(
@@ -193,16 +222,18 @@ def _write_side_files(
     scheduler: Any,
     scaler: Any,
     adapter_config: Mapping[str, Any] | None = None,
+    recorder: Recorder | None = None,
 ) -> None:
     model_dir = layout.join(step_dir, layout.PRETRAINED_MODEL_DIR)
     state_dir = layout.join(step_dir, layout.TRAINING_STATE_DIR)
-    storage.write_json(layout.join(model_dir, layout.POLICY_CONFIG), policy_config)
+    write_json(layout.join(model_dir, layout.POLICY_CONFIG), policy_config, recorder)
     if adapter_config is not None:
-        storage.write_json(layout.join(model_dir, layout.ADAPTER_CONFIG), dict(adapter_config))
-    storage.write_json(layout.join(model_dir, layout.TRAIN_CONFIG), train_config)
-    write_processors(model_dir, processors)
-    storage.write_text(layout.join(state_dir, layout.TRAINING_STEP), training_step.to_json())
+        write_json(layout.join(model_dir, layout.ADAPTER_CONFIG), dict(adapter_config), recorder)
+    write_json(layout.join(model_dir, layout.TRAIN_CONFIG), train_config, recorder)
+    write_processors(model_dir, processors, recorder)
+    path = layout.join(state_dir, layout.TRAINING_STEP)
+    write_bytes(path, training_step.to_json().encode("utf-8"), recorder)
     if scheduler is not None:
-        storage.write_json(layout.join(state_dir, layout.SCHEDULER_STATE), scheduler.state_dict())
+        write_json(layout.join(state_dir, layout.SCHEDULER_STATE), scheduler.state_dict(), recorder)
     if scaler is not None and scaler.state_dict():  # a disabled GradScaler has no state
-        storage.write_json(layout.join(state_dir, layout.SCALER_STATE), scaler.state_dict())
+        write_json(layout.join(state_dir, layout.SCALER_STATE), scaler.state_dict(), recorder)

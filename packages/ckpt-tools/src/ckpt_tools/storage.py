@@ -130,6 +130,10 @@ def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
+def json_bytes(data: Any) -> bytes:
+    """JSON the way every checkpoint file holds it: indented, keys sorted, newline-terminated."""
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
 def write_json(path: str | os.PathLike[str], data: Any) -> None:
-    """Write JSON the way every checkpoint file is written: indented, keys sorted, newline-terminated."""
-    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    write_bytes(path, json_bytes(data))

@@ -16,17 +16,22 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from ckpt_tools import layout, storage
+from ckpt_tools import layout, manifest, storage
+from ckpt_tools.digest import HashingFileSystem, Recorder
 from ckpt_tools.errors import CorruptCheckpointError
 from ckpt_tools.safe_pickle import restricted_loads
 from ckpt_tools.safetensors_io import read_safetensors_header
 
 
 def write_safetensors(
-    path: str, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None
+    path: str,
+    tensors: Mapping[str, torch.Tensor],
+    metadata: dict[str, str] | None = None,
+    recorder: Recorder | None = None,
 ) -> None:
     """Write one safetensors file (local path or fsspec URL). Tensors sharing memory (tied weights)
-    are copied, since the format stores each tensor on its own."""
+    are copied, since the format stores each tensor on its own. With a `recorder`, the file is
+    serialized once in memory and hashed from those bytes as they are written."""
     from safetensors.torch import save, save_file
 
     seen: set[int] = set()
@@ -37,7 +42,9 @@ def write_safetensors(
         out[key] = tensor.clone() if ptr in seen and tensor.numel() else tensor
         seen.add(ptr)
     fs, inner = storage.resolve(path)
-    if storage.is_local(fs):
+    if recorder is not None:
+        manifest.write_bytes(path, save(out, metadata=metadata), recorder)
+    elif storage.is_local(fs):
         save_file(out, inner, metadata=metadata)
     else:
         storage.write_bytes(path, save(out, metadata=metadata))
@@ -113,12 +120,20 @@ def dcp_reader(path: str) -> dcp.StorageReader:
     return dcp.FileSystemReader(path)
 
 
-def dcp_save(state_dict: dict[str, Any], path: str, process_group: Any, distributed: bool) -> None:
-    """Collective when `distributed`: every rank writes its shards of `state_dict` into `path`."""
+def dcp_save(
+    state_dict: dict[str, Any],
+    path: str,
+    process_group: Any,
+    distributed: bool,
+    recorder: Recorder | None = None,
+) -> None:
+    """Collective when `distributed`: every rank writes its shards of `state_dict` into `path`; with a
+    `recorder`, each file this rank writes is hashed as its bytes go out."""
+    writer = dcp_writer(path)
+    if recorder is not None:
+        writer.fs = HashingFileSystem(writer.fs, recorder)  # type: ignore[attr-defined]
     with quiet_single_process():
-        dcp.save(
-            state_dict, storage_writer=dcp_writer(path), process_group=process_group, no_dist=not distributed
-        )
+        dcp.save(state_dict, storage_writer=writer, process_group=process_group, no_dist=not distributed)
 
 
 def dcp_load(state_dict: dict[str, Any], path: str, process_group: Any, distributed: bool) -> None:

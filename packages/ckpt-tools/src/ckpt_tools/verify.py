@@ -34,6 +34,7 @@ from ckpt_tools.catalog import (
 from ckpt_tools.dcp_index import ChunkEntry, DcpIndex, TensorEntry, dcp_file_problems, read_dcp_index
 from ckpt_tools.errors import CheckpointError, CorruptCheckpointError, NotACheckpointError
 from ckpt_tools.inspect import TensorGroup, dcp_group_from_index, read_group, read_weight_map
+from ckpt_tools.manifest import manifest_problems
 from ckpt_tools.meta import LeRobotStep, TrainingStep
 from ckpt_tools.safetensors_io import read_safetensors_header
 
@@ -85,11 +86,12 @@ class _Findings:
             self.checked.append(what)
 
 
-def verify_checkpoint(path: str | os.PathLike[str]) -> VerifyReport:
+def verify_checkpoint(path: str | os.PathLike[str], *, deep: bool = False) -> VerifyReport:
     """Check a step directory, `last`, an output_dir, a model directory or one `.safetensors` file.
 
-    Raises only when there is nothing to verify (missing path, not a checkpoint); every other
-    problem is listed in the report.
+    A step with a manifest (`manifest.json`) also has every listed file's size checked, and with
+    `deep` its bytes re-hashed: each changed file is named. Raises only when there is nothing to
+    verify (missing path, not a checkpoint); every other problem is listed in the report.
     """
     text = os.fspath(path)
     findings = _Findings()
@@ -126,6 +128,9 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> VerifyReport:
     _check_required(findings, step, locations, model_dir, state_dir)
     _verify_side_files(findings, model_dir, locations)
     _compare_formats(findings, groups)
+    if step_dir is not None:
+        only = layout.PRETRAINED_MODEL_DIR if state_dir is None else None
+        _verify_manifest(findings, step_dir, deep, only)
     root = (step_dir or model_dir).rstrip("/") + "/"
     checked = tuple(item.removeprefix(root) for item in findings.checked)
     return VerifyReport(text, checked, tuple(findings.problems))
@@ -154,6 +159,15 @@ def _verify_training_state(findings: _Findings, step_dir: str, state_dir: str) -
             findings, layout.join(state_dir, layout.SCALER_STATE), "an fp16 run needs its loss-scaler state"
         )
     return step
+
+
+def _verify_manifest(findings: _Findings, step_dir: str, deep: bool, only: str | None) -> None:
+    """Sizes (and with `deep` digests) of the files the save listed; nothing for a step without one."""
+    problems = findings.run(layout.MANIFEST, manifest_problems, step_dir, deep, only)
+    if problems is not None:
+        named = " ".join(findings.problems)  # a file another check already named is not named twice
+        fresh = [line for line in problems if line.split(" ", 1)[0].rstrip(":") not in named]
+        findings.extend("sha256 of every listed file" if deep else "size of every listed file", fresh)
 
 
 def _verify_lerobot_state(findings: _Findings, state_dir: str) -> None:

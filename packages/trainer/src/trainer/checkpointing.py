@@ -73,6 +73,7 @@ def save(
             scaler=scaler,
             adapter_config=adapter_config(model, config),
             keep_last=config.keep_last,
+            manifest=config.checkpoint_manifest,
         )
     except ckpt_tools.SaveFailedError as exc:
         raise CheckpointSaveError(

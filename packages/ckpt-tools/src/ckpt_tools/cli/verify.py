@@ -13,10 +13,14 @@ from ckpt_tools.verify import VerifyReport, verify_checkpoint
 def verify(
     path: str = typer.Argument(..., help="Step directory, checkpoints/last, output_dir or model directory."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON document instead of text."),
+    deep: bool = typer.Option(
+        False, "--deep", help="Also re-hash every file the save's manifest lists (reads all bytes)."
+    ),
 ) -> None:
-    """Check that a checkpoint is complete and self-consistent (metadata only, no tensor data)."""
+    """Check that a checkpoint is complete and self-consistent (metadata only, no tensor data; with
+    --deep, every byte against the sha256 digests in the step's manifest)."""
     out = Output(as_json=as_json)
-    report = run_guarded(lambda: verify_checkpoint(str(path)), as_json=as_json)
+    report = run_guarded(lambda: verify_checkpoint(str(path), deep=deep), as_json=as_json)
     layout = layout_line(str(path))
     if as_json:
         out.json({**report.to_dict(), "layout": layout})

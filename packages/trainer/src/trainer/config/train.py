@@ -104,6 +104,9 @@ class TrainConfig:
     checkpoint_format: str = "safetensors"
     """safetensors (gathered weights), dcp (sharded weights) or safetensors_dcp (both); sharded runs only
     for the last two (a resumed run's saved dcp format becomes safetensors on a non-sharded run)."""
+    checkpoint_manifest: bool = True
+    """Write each checkpoint's manifest.json (every file's size and sha256, hashed while writing) for
+    `ckpt verify --deep`; false saves the hashing time and the in-memory copy of the gathered weights."""
     batch_size: int = 32
     """Samples per rank per loop step."""
     steps: int = 500
