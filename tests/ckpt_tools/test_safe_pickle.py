@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 
@@ -94,3 +95,37 @@ def test_tensor_record_matches_torch_save(tmp_path) -> None:
     assert record.storage_offset == 6
     assert record.storage.dtype == "float32"
     assert record.storage.numel == 24
+
+
+class _Ref:
+    def __init__(self, pid: tuple) -> None:
+        self.pid = pid
+
+
+class _PersistentPickler(pickle.Pickler):
+    def persistent_id(self, obj):  # type: ignore[no-untyped-def]
+        return obj.pid if isinstance(obj, _Ref) else None
+
+
+@pytest.mark.parametrize(
+    "pid", [("storage", "float32", "0", "cpu"), ("storage", "float32", "0", "cpu", 4, "extra"), ("module", 1)]
+)
+def test_a_storage_reference_of_another_shape_is_refused_not_misread(pid: tuple) -> None:
+    """Refused as unsafe (so convert hands the chunk to torch's weights_only loader), not reported as a
+    damaged file: torch's own references have exactly 5 fields and start with "storage"."""
+    buf = io.BytesIO()
+    _PersistentPickler(buf, protocol=2).dump(_Ref(pid))
+    with pytest.raises(UnsafePickleError, match="refused persistent reference"):
+        load_tensor_record(buf.getvalue())
+
+
+_DTYPES = sorted({str(v).removeprefix("torch.") for v in vars(torch).values() if isinstance(v, torch.dtype)})
+_PACKED_BITS = {"bits1x8", "bits2x4", "bits4x2"}  # raw bit containers, not tensor element types
+
+
+@pytest.mark.parametrize("name", [n for n in _DTYPES if n not in _PACKED_BITS])
+def test_every_torch_dtype_is_read_by_name(name: str) -> None:
+    """DCP metadata records each tensor's dtype as a torch global: every element type torch has must
+    pass the allow-list, or a checkpoint of that dtype could not even be inspected."""
+    loaded = restricted_loads(pickle.dumps({"dtype": getattr(torch, name)}))
+    assert loaded == {"dtype": name}

@@ -271,3 +271,12 @@ def test_a_directory_link_named_last_elsewhere_in_a_path_is_no_pointer(tmp_path:
     (tmp_path / "mnt" / "last").symlink_to(disk)
     via_mount = tmp_path / "mnt" / "last" / "run" / "checkpoints" / step_dir.name
     assert locate.resolve_model_dir(via_mount) == (str(via_mount), f"{via_mount}/pretrained_model")
+
+
+def test_a_path_ending_in_last_is_followed_whatever_its_directory_is_called(tmp_path):
+    root = tmp_path / "saves"  # a checkpoints directory under another name
+    commit_step(write_step(root, 5, "a"), root, 5)
+    assert commit.follow_last(root / "last") == f"{root}/000005"
+    assert (
+        commit.follow_last(f"{root}/last/pretrained_model") == f"{root}/last/pretrained_model"
+    )  # no pointer

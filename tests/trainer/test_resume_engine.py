@@ -306,22 +306,39 @@ def test_cli_reports_a_refused_resume_in_one_line(saved, tmp_path, keep_rng, cle
     assert err.strip().splitlines()[-1].startswith(f"error: cannot resume from {out}/checkpoints/000003: ")
 
 
-def test_resume_refuses_a_crafted_optimizer_metadata_without_running_it(
-    saved, tmp_path, keep_rng, clean_accelerate, capsys
+def _plant_optimizer(step: Path) -> Path:
+    return step / "training_state" / "optimizer_0"
+
+
+def _plant_model(step: Path) -> Path:
+    (step / "pretrained_model" / "model.safetensors").unlink()  # the DCP shards are the weights then
+    return step / "pretrained_model" / "pytorch_model_fsdp_0"
+
+
+def _plant_adapter(step: Path) -> Path:
+    (step / "pretrained_model" / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2}))
+    return step / "pretrained_model" / "adapter_model_fsdp_0"
+
+
+@pytest.mark.parametrize(
+    "plant", [_plant_optimizer, _plant_model, _plant_adapter], ids=["optim", "model", "adapter"]
+)
+def test_resume_refuses_a_crafted_metadata_without_running_it(
+    saved, tmp_path, keep_rng, clean_accelerate, capsys, plant
 ):
-    """`trainer train --resume`: phase 2 would hand `optimizer_0/.metadata` to torch's unpickler."""
+    """`trainer train --resume`: torch's DCP reader would unpickle these `.metadata` files as they are."""
     from trainer.cli import main
 
     out = copy_run(saved[1], tmp_path)
     target = tmp_path / "payload_ran"
-    optimizer_dir = out / "checkpoints" / "000003" / "training_state" / "optimizer_0"
-    optimizer_dir.mkdir()
-    (optimizer_dir / ".metadata").write_bytes(malicious_dcp_metadata(target))
+    dcp_dir = plant(out / "checkpoints" / "000003")
+    dcp_dir.mkdir()
+    (dcp_dir / ".metadata").write_bytes(malicious_dcp_metadata(target))
     with pytest.raises(SystemExit) as exited:
         main(["train", "--resume=true", f"--output_dir={out}"])
     assert exited.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: ") and "optimizer_0/.metadata" in err and "refused" in err
+    assert err.startswith("error: ") and f"{dcp_dir.name}/.metadata" in err and "refused" in err
     assert not target.exists()
 
 
