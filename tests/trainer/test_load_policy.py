@@ -139,6 +139,11 @@ def test_eval_on_held_out_episodes_reports_errors_against_the_mean(run, capsys) 
 
 
 def test_eval_without_a_path_or_on_a_bad_path_is_one_line(run, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["eval", "--help"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith(
+        "usage: trainer eval --policy.path=PATH"
+    )
     with pytest.raises(ConfigError, match=r"trainer eval needs --policy.path=PATH"):
         run_eval(["--json"])
     with pytest.raises(SystemExit) as exit_info:

@@ -31,6 +31,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(0)
     if args[:1] == ["train"] and any(arg in HELP_FLAGS for arg in args[1:]):
         _print_help(args[1:])
+    if args[:1] == ["eval"] and any(arg in HELP_FLAGS for arg in args[1:]):
+        from trainer.eval_command import HELP
+
+        print(HELP)
+        raise SystemExit(0)
     if not args or args[0] not in ("train", "eval"):
         print(USAGE + "\nFlags: trainer train --help, or docs/training.md.", file=sys.stderr)
         raise SystemExit(2)

@@ -28,6 +28,16 @@ from trainer.errors import ConfigError
 from trainer.inference import LoadedPolicy, load_policy
 
 USAGE = "usage: trainer eval --policy.path=PATH [--dataset.root=DIR --dataset.episodes=[...]] [--json]"
+HELP = f"""{USAGE}
+
+Scores a saved policy without training (docs/training.md, Evaluation):
+  --policy.path=PATH   a step or model directory, checkpoints/last, an output_dir, or a Hub repo id
+  --dataset.*          the data; default: the dataset section of the run's train_config.json
+                       (sim task: rollouts over --dataset.eval_episodes; LeRobotDataset: offline
+                       action error over --dataset.episodes, default every episode)
+  --batch_size=256     frames per forward pass on a dataset
+  --device=cpu         where the policy runs
+  --json               print one JSON object instead of a line"""
 _SPLIT_FIELDS = ("episodes", "val_episodes")  # a LeRobot run's split: not inherited by eval
 
 
