@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ckpt_tools.errors import ResumeRefusedError
@@ -67,3 +69,12 @@ def test_context_parallel_is_reserved():
     shape = RunShape(Topology(1, 4, cp_size=2), batch_size=2, grad_accum_steps=1, mixed_precision="no")
     with pytest.raises(ResumeRefusedError, match="cp_size"):
         plan_resume(SAVED, shape)
+
+
+def test_a_step_inside_an_accumulation_window_is_warned_as_lost_gradients():
+    """Only an older release could save step 30 of windows of 4; this one refuses such a --save_freq."""
+    saved = dataclasses.replace(SAVED, grad_accum_steps=4)
+    same = RunShape(Topology(1, 4), batch_size=2, grad_accum_steps=4, mixed_precision="no")
+    assert "step 30 is inside an accumulation window of 4 steps" in plan_resume(saved, same).warning
+    at_window_end = dataclasses.replace(saved, step=32)
+    assert plan_resume(at_window_end, same).warning is None

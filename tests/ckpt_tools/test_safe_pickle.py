@@ -108,7 +108,13 @@ class _PersistentPickler(pickle.Pickler):
 
 
 @pytest.mark.parametrize(
-    "pid", [("storage", "float32", "0", "cpu"), ("storage", "float32", "0", "cpu", 4, "extra"), ("module", 1)]
+    "pid",
+    [
+        ("storage", "float32", "0", "cpu"),
+        ("storage", "float32", "0", "cpu", 4, "extra"),
+        ("tensor", "float32", "0", "cpu", 4),
+        ("module", 1),
+    ],
 )
 def test_a_storage_reference_of_another_shape_is_refused_not_misread(pid: tuple) -> None:
     """Refused as unsafe (so convert hands the chunk to torch's weights_only loader), not reported as a
@@ -129,3 +135,18 @@ def test_every_torch_dtype_is_read_by_name(name: str) -> None:
     pass the allow-list, or a checkpoint of that dtype could not even be inspected."""
     loaded = restricted_loads(pickle.dumps({"dtype": getattr(torch, name)}))
     assert loaded == {"dtype": name}
+
+
+class _SlotState:
+    """Pickles as a DCP metadata class whose state is (dict state, slot state), as a dataclass with
+    `__slots__` does."""
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+        return (ChunkStorageMetadata, (), (None, {"offsets": (0,), "sizes": (3,)}))
+
+
+def test_slot_state_of_a_metadata_class_is_read() -> None:
+    loaded = restricted_loads(pickle.dumps(_SlotState()))
+    assert (loaded.offsets, loaded.sizes) == ((0,), (3,))
