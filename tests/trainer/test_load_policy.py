@@ -75,6 +75,7 @@ def test_every_form_of_a_checkpoint_gives_the_same_actions(run, monkeypatch) -> 
     dcp_only = run["tmp"] / "dcp_only"
     shutil.copytree(step, dcp_only)
     ckpt_tools.convert_safetensors_to_dcp(dcp_only)
+    assert torch.equal(_actions(dcp_only), reference)  # safetensors and DCP side by side
     (dcp_only / "pretrained_model" / "model.safetensors").unlink()
     converted = run["tmp"] / "converted"
     subprocess.run(
@@ -93,6 +94,13 @@ def test_every_form_of_a_checkpoint_gives_the_same_actions(run, monkeypatch) -> 
         "policy_preprocessor.json",
         "policy_postprocessor.json",
     } <= set(names)
+    (converted / "model.safetensors").unlink()
+    (converted / "config.json").write_text("{}")  # someone else's file: never replaced silently
+    again = subprocess.run(
+        [str(CKPT_CLI), "convert", str(dcp_only), "--output", str(converted)], capture_output=True, text=True
+    )
+    assert again.returncode != 0 and "config.json already exists; pass --overwrite" in again.stderr
+    assert not (converted / "model.safetensors").exists()  # refused before anything was written
 
 
 def test_adapter_checkpoint_and_its_merged_copy_act_the_same(run) -> None:
