@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__version__ = "0.1.0"  # the distribution `ckpt-trainer` takes its version from here
+
 __all__ = ["load_policy"]
 
 

@@ -25,9 +25,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         raise SystemExit(0)
     if args[:1] == ["--version"]:
-        from importlib.metadata import version
+        from trainer import __version__
 
-        print(f"trainer {version('trainer')}")
+        print(f"trainer {__version__}")
         raise SystemExit(0)
     if args[:1] == ["train"] and any(arg in HELP_FLAGS for arg in args[1:]):
         _print_help(args[1:])
