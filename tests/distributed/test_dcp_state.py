@@ -112,6 +112,17 @@ def test_resume_restores_model_and_optimizer_across_topologies(written, resumed,
     assert_same_full_state(got, reference(written, f"{source}/reference.pt"))
 
 
+def test_sharded_resume_from_safetensors_reads_only_each_ranks_rows(written):
+    """DDP's gathered model.safetensors into FSDP2 on 2 ranks (bit-exact above): each rank reads the
+    rows of its own shards with ranged reads, never the whole file, so together they read it once."""
+    reads = torch.load(written / "resumed" / "ddp2_to_fsdp2.reads.pt", weights_only=True)
+    file_bytes = sum(t.nbytes for t in reference(written, "ddp2/reference.pt")["model"].values())
+    assert not any(rank["whole_file"] for rank in reads)
+    for rank in reads:
+        assert 0 < rank["model_bytes"] <= rank["shard_bytes"] + 5 * 4  # + the replicated `scale` buffer
+    assert sum(rank["model_bytes"] for rank in reads) < 1.3 * file_bytes
+
+
 def test_training_after_resume_matches_uninterrupted_training(written):
     resumed = reference(written, "resumed/fsdp2_continued.pt")
     assert_same_full_state(resumed, reference(written, "fsdp2/continued.pt"))

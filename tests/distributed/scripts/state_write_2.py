@@ -5,6 +5,7 @@ dict for the tests to compare. Needs state_write_4.py's output. Usage: state_wri
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
@@ -12,6 +13,7 @@ import torch.distributed as dist
 from state_common import build, dump_full_state, finish, seed_rng_for_save, train, training_step
 
 import ckpt_tools
+from ckpt_tools import load, storage
 
 
 def save(out: str, case: str, kind: str, fmt: str, model, optimizer, step: int = 2) -> None:
@@ -29,9 +31,57 @@ def save(out: str, case: str, kind: str, fmt: str, model, optimizer, step: int =
 
 def resume(out: str, source: str, kind: str, name: str):
     model, optimizer = build(kind, seed=3)
-    ckpt_tools.load_training_state(f"{out}/{source}", model=model, optimizer=optimizer)
+    with counted_weight_reads() as reads:
+        ckpt_tools.load_training_state(f"{out}/{source}", model=model, optimizer=optimizer)
+    reads["shard_bytes"] = sum(
+        p.to_local().nbytes if hasattr(p, "to_local") else p.nbytes for p in model.parameters()
+    )
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, reads)
+    if dist.get_rank() == 0:
+        torch.save(gathered, f"{out}/resumed/{name}.reads.pt")
     dump_full_state(model, optimizer, f"{out}/resumed/{name}.pt")
     return model, optimizer
+
+
+@contextlib.contextmanager
+def counted_weight_reads():
+    """Count what this rank reads of `model.safetensors` (ranged reads through ckpt_tools.storage) and
+    whether the whole-file reader (`read_weight_set`) ran."""
+    reads = {"model_bytes": 0, "whole_file": False}
+    open_file, read_weight_set = storage.open_file, load.read_weight_set
+
+    class Counting:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def seek(self, *args):
+            return self.handle.seek(*args)
+
+        def readinto(self, buffer):
+            got = self.handle.readinto(buffer)
+            reads["model_bytes"] += got
+            return got
+
+    def counting_open(path, *args, **kwargs):
+        handle = open_file(path, *args, **kwargs)
+        return Counting(handle) if str(path).endswith("model.safetensors") else handle
+
+    def whole(*args, **kwargs):
+        reads["whole_file"] = True
+        return read_weight_set(*args, **kwargs)
+
+    storage.open_file, load.read_weight_set = counting_open, whole
+    try:
+        yield reads
+    finally:
+        storage.open_file, load.read_weight_set = open_file, read_weight_set
 
 
 def main(out: str) -> None:

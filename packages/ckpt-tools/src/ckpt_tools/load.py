@@ -16,10 +16,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # not re-exported
 
 from ckpt_tools import layout, storage
 from ckpt_tools.adapters import adapter_keys
-from ckpt_tools.catalog import ADAPTER, DCP, WeightSet, catalog, weights_for_resume
+from ckpt_tools.catalog import ADAPTER, DCP, SAFETENSORS, WeightSet, catalog, weights_for_resume
 from ckpt_tools.collective import Group, is_sharded
 from ckpt_tools.errors import (
     CheckpointError,
@@ -27,13 +29,16 @@ from ckpt_tools.errors import (
     LegacyCheckpointError,
     NotACheckpointError,
 )
+from ckpt_tools.inspect import read_weight_map
 from ckpt_tools.loading import read_weight_set
 from ckpt_tools.locate import read_training_step, resolve_model_dir
 from ckpt_tools.meta import TrainingStep
 from ckpt_tools.optim_codec import read_optimizer_safetensors, restore_tuples
+from ckpt_tools.safetensors_io import SafetensorsHeader, read_safetensors_header
 from ckpt_tools.tensor_io import (
     dcp_load,
     dcp_reader,
+    read_safetensors_block,
     validate_dcp_metadata,
 )
 
@@ -50,8 +55,9 @@ def load_training_state(
     """Collective: call on all ranks after the model and optimizer are prepared (phase 2 of a resume).
 
     Loads whatever format the step holds into the current topology. DCP shards are resharded by torch
-    (N -> M ranks, FSDP2 <-> HSDP, sharded -> DDP/plain). Safetensors weights and a non-sharded run's
-    `optimizer_state.safetensors` are full state dicts: every rank reads them and keeps its own shard.
+    (N -> M ranks, FSDP2 <-> HSDP, sharded -> DDP/plain). Gathered safetensors weights go into a
+    sharded model block by block: each rank reads only its own shards' rows. A non-sharded run's
+    `optimizer_state.safetensors` is a full state dict: every rank reads it and keeps its own shard.
     A sharded run's checkpoint without `optimizer_0/` (an older release's gathered optimizer) is
     refused with `LegacyCheckpointError`. `step_dir` may also be `last` or an output_dir.
     """
@@ -85,9 +91,58 @@ def _load_model(model_dir: str, model: nn.Module, group: Group) -> None:
         state = get_model_state_dict(model)
         dcp_load(state, weights.path, group.pg, group.distributed)
         set_model_state_dict(model, state)
+    elif sharded:
+        _load_full_into_shards(weights, model)
     else:
         full: dict[str, Any] = read_weight_set(weights)
-        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=sharded))
+        set_model_state_dict(model, full)
+
+
+def _load_full_into_shards(weights: WeightSet, model: nn.Module) -> None:
+    """Gathered safetensors weights into a sharded model: each rank reads only the blocks its own
+    shards hold (one ranged read per tensor, `read_safetensors_block`), never the whole file, so a
+    resume needs no more host memory per rank than a fresh start plus that rank's shard."""
+    headers = _headers_by_tensor(weights)
+    state: dict[str, Any] = get_model_state_dict(model)
+    missing = sorted(set(state) - set(headers))
+    if missing:
+        raise CorruptCheckpointError(
+            f"{weights.path} lacks {len(missing)} of the model's tensors (first: {missing[0]}); "
+            "resume from a checkpoint of this model"
+        )
+    with torch.no_grad():
+        for name, value in state.items():
+            header = headers[name]
+            if tuple(header.tensors[name].shape) != tuple(value.shape):
+                raise CorruptCheckpointError(
+                    f"{header.path}: {name} has shape {list(header.tensors[name].shape)}, the model's is "
+                    f"{list(value.shape)}; resume from a checkpoint of this model"
+                )
+            if isinstance(value, DTensor):
+                shape, offset = compute_local_shape_and_global_offset(
+                    value.shape, value.device_mesh, value.placements
+                )
+                value.to_local().copy_(read_safetensors_block(header, name, offset, shape))
+            else:  # a replicated tensor (a buffer, an ignored module): whole
+                value.copy_(read_safetensors_block(header, name, (0,) * value.dim(), tuple(value.shape)))
+    set_model_state_dict(model, state)
+
+
+def _headers_by_tensor(weights: WeightSet) -> dict[str, SafetensorsHeader]:
+    """Tensor name -> the header of the file holding it (one file, or the shards of an index)."""
+    if weights.format == SAFETENSORS:
+        header = read_safetensors_header(weights.path)
+        return dict.fromkeys(header.tensors, header)
+    model_dir = weights.path.rsplit("/", 1)[0]
+    weight_map = read_weight_map(weights.path)
+    shard_headers = {
+        shard: read_safetensors_header(layout.join(model_dir, shard)) for shard in set(weight_map.values())
+    }
+    return {
+        name: shard_headers[shard]
+        for name, shard in weight_map.items()
+        if name in shard_headers[shard].tensors
+    }
 
 
 def _load_adapter(model_dir: str, weights: WeightSet, model: nn.Module, group: Group) -> None:

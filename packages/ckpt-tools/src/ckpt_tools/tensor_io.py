@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -20,7 +20,7 @@ from ckpt_tools import layout, manifest, storage
 from ckpt_tools.digest import HashingFileSystem, Recorder
 from ckpt_tools.errors import CorruptCheckpointError
 from ckpt_tools.safe_pickle import restricted_loads
-from ckpt_tools.safetensors_io import read_safetensors_header
+from ckpt_tools.safetensors_io import SafetensorsHeader, read_safetensors_header
 
 
 def write_safetensors(
@@ -86,6 +86,36 @@ def read_safetensors_model(model_dir: str) -> dict[str, torch.Tensor]:
             "re-run `ckpt convert`"
         )
     return tensors
+
+
+def read_safetensors_block(
+    header: SafetensorsHeader, name: str, offset: Sequence[int], shape: Sequence[int]
+) -> torch.Tensor:
+    """The block `[offset, offset + shape)` of one tensor of a safetensors file (local or fsspec URL),
+    read straight into a new tensor from the rows it spans: one ranged read, not the file. For a
+    Shard(0) block (an FSDP2 shard) that is exactly the block's bytes; a block narrower in a later
+    dimension reads its whole rows."""
+    from ckpt_tools.dtypes import SAFETENSORS_TO_TORCH
+
+    info = header.tensors[name]
+    full = info.shape
+    dtype = getattr(torch, SAFETENSORS_TO_TORCH[info.dtype])
+    first, count = (offset[0], shape[0]) if full else (0, 1)
+    rows = torch.empty((count, *full[1:]) if full else (), dtype=dtype)
+    row_bytes = info.nbytes // full[0] if full and full[0] else info.nbytes
+    target = rows.reshape(-1).view(torch.uint8).numpy().data  # the tensor's own memory
+    if len(target):
+        with storage.open_file(header.path, "rb") as handle:
+            handle.seek(header.data_start + info.data_offsets[0] + first * row_bytes)
+            done = 0
+            while done < len(target):
+                got = handle.readinto(target[done:])
+                if not got:
+                    raise CorruptCheckpointError(f"{header.path}: {name} ends early; the file is truncated")
+                done += got
+    for dim in range(1, len(full)):
+        rows = rows.narrow(dim, offset[dim], shape[dim])
+    return rows
 
 
 @contextlib.contextmanager
