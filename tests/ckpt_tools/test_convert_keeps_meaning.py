@@ -79,10 +79,13 @@ def test_delete_dcp_leaves_a_step_that_names_its_format_and_verifies(step_dir: P
     fp32_master_loads(step_dir)
 
 
-def test_delete_dcp_into_another_directory_is_refused(step_dir: Path, tmp_path: Path) -> None:
-    result = run_ckpt("convert", step_dir, "--delete-dcp", "--output", tmp_path / "elsewhere")
+@pytest.mark.parametrize("publish", [(), ("--push-to-hub", "published")])
+def test_delete_dcp_into_another_directory_is_refused(step_dir: Path, tmp_path: Path, publish) -> None:  # type: ignore[no-untyped-def]
+    publish = tuple(str(tmp_path / p) if p == "published" else p for p in publish)
+    result = run_ckpt("convert", step_dir, "--delete-dcp", "--output", tmp_path / "elsewhere", *publish)
     assert result.exit_code == 1 and "without weights" in result.stderr
     assert (step_dir / layout.PRETRAINED_MODEL_DIR / layout.MODEL_DCP_DIR).exists()
+    assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "published").exists()
 
 
 def test_merge_adapter_takes_a_safetensors_file_as_base(tmp_path: Path) -> None:

@@ -78,6 +78,7 @@ def convert_dcp_to_safetensors(
     dtype: str | None = None,
     max_shard_size: str | int | None = None,
     delete_dcp: bool = False,
+    keep_source: bool = False,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> ConversionResult:
@@ -91,7 +92,8 @@ def convert_dcp_to_safetensors(
     `max_shard_size` (`5GB`): write `model-0000k-of-0000n.safetensors` plus the index transformers
     reads. Only model weights are written (a combined model+optimizer DCP keeps its `model` part).
     Files are written under temporary names, re-read and checked against the DCP metadata, then
-    renamed; `delete_dcp` removes the shards only after that. Peak memory stays at a copy buffer
+    renamed; `delete_dcp` removes the shards only after that (`keep_source`: plan and check as for
+    a deletion, but leave it to the caller, who deletes with `delete_source` after a publish). Peak memory stays at a copy buffer
     (or the largest tensor split along an inner dimension), whatever the model size.
     """
     source, stem = _find_dcp_source(path)
@@ -113,10 +115,11 @@ def convert_dcp_to_safetensors(
     index_file = _write_index(out_dir, shards) if len(shards) > 1 else None
     _remove_stale(out_dir, stem, {name for name, _ in shards})
     copied = companions.copy_companions(model_dir, out_dir, extra)
-    if delete_dcp:
+    deleted = delete_dcp and not keep_source
+    if deleted:
         delete_source(source)
     return ConversionResult(
-        source, tuple(paths), index_file, len(tensors), total, target, delete_dcp, tuple(copied)
+        source, tuple(paths), index_file, len(tensors), total, target, deleted, tuple(copied)
     )
 
 

@@ -84,7 +84,8 @@ def convert(
                     output,
                     dtype=dtype,
                     max_shard_size=max_shard_size,
-                    delete_dcp=delete_dcp and not push_to_hub,
+                    delete_dcp=delete_dcp,
+                    keep_source=bool(push_to_hub),  # deleted only once the publish succeeded
                     overwrite=overwrite,
                     progress=progress,
                 )
