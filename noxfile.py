@@ -44,7 +44,9 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Conversion benchmark (ckpt convert vs a copy, torch's dcp_to_torch_save, accelerate's merge),
-    then the LeRobotDataset input benchmark (load time of 1M frames x 32 features, step time vs size).
+    then the LeRobotDataset input benchmark (load time of 1M frames x 32 features, step time vs size),
+    then the engine benchmark (trainer step time vs a bare FSDP2 loop, save stall vs a raw dcp.save,
+    resume peak RSS per rank vs a fresh start).
 
     Options after `--` go to the conversion benchmark, e.g. `nox -s bench -- --size-mb 1600 --repeat 3`.
     """
@@ -52,6 +54,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_convert.py", *session.posargs)
     session.run("python", "benchmarks/bench_lerobot.py")
     session.run("python", "benchmarks/bench_manifest.py")
+    session.run("python", "benchmarks/bench_engine.py")
 
 
 DEMO_OUTPUT = "outputs/demo"

@@ -1,0 +1,156 @@
+"""One torchrun worker of the engine benchmark (bench_engine.py launches it; never part of the tests).
+
+Modes (first argument), each printing one `RESULT {json}` line on rank 0:
+  bare OUT H K B STEPS     a bare FSDP2 loop over the trainer's MLP policy (same classes, wrap units,
+                           AdamW settings, gradient clipping and batch shape as `trainer train`): seconds
+                           per step; then the stall of a synchronous `ckpt_tools.save_checkpoint` (DCP)
+                           and of a raw `dcp.save` of the same model and optimizer state, alternated.
+  write OUT H K            save one step in `safetensors` and one in `dcp` format (for the resume modes).
+  fresh|safetensors|safetensors-full|dcp OUT H K
+                           build the sharded model and optimizer, then load nothing / the safetensors
+                           step / the same step the pre-slicing way (every rank reads the whole file) /
+                           the DCP step; report each rank's peak RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from statistics import median
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+import ckpt_tools
+from ckpt_tools import SamplerPosition, Topology, TrainingStep
+from trainer.data.dataset import ACTION_KEY, OBS_KEY
+from trainer.policies.mlp import MLPBlock, MLPConfig, MLPPolicy
+
+OBS_DIM, ACTION_DIM = 3, 1  # the pendulum dataset's
+
+
+def build(hidden: int, blocks: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The trainer's MLP policy, wrapped as the trainer wraps it (each MLPBlock, then the root)."""
+    torch.manual_seed(0)
+    policy = MLPPolicy(MLPConfig(obs_dim=OBS_DIM, action_dim=ACTION_DIM, hidden_dim=hidden, blocks=blocks))
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for module in policy.modules():
+        if isinstance(module, MLPBlock):
+            fully_shard(module, mesh=mesh)
+    fully_shard(policy, mesh=mesh)
+    optimizer = torch.optim.AdamW(
+        policy.parameters(), lr=0.002, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-4
+    )
+    return policy, optimizer
+
+
+def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor]) -> None:
+    loss, _ = model(batch)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def training_step(fmt: str, number: int = 1) -> TrainingStep:
+    world = dist.get_world_size()
+    return TrainingStep(
+        step=number,
+        dp_world_size=world,
+        batch_size=1,
+        grad_accum_steps=1,
+        mixed_precision="no",
+        topology=Topology(dp_shard=world),
+        checkpoint_format=fmt,
+        sampler=SamplerPosition(epoch=0, offset=0),
+    )
+
+
+def save(out: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, fmt: str, number: int) -> None:
+    ckpt_tools.save_checkpoint(
+        out, training_step(fmt, number), model=model, optimizer=optimizer, policy_config={}, train_config={}
+    )
+
+
+def timed(action: Any) -> float:
+    dist.barrier()
+    start = time.perf_counter()
+    action()
+    dist.barrier()
+    return time.perf_counter() - start
+
+
+def bare(out: str, hidden: int, blocks: int, batch_size: int, steps: int) -> dict[str, Any]:
+    model, optimizer = build(hidden, blocks)
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    batch = {
+        OBS_KEY: torch.randn(batch_size, OBS_DIM, generator=generator),
+        ACTION_KEY: torch.randn(batch_size, 1, ACTION_DIM, generator=generator),
+    }
+    for _ in range(5):  # warm-up
+        step(model, optimizer, batch)
+    seconds = timed(lambda: [step(model, optimizer, batch) for _ in range(steps)])
+    ckpt_stalls, raw_stalls = [], []
+    for repeat in range(3):
+        ckpt_stalls.append(timed(lambda r=repeat: save(f"{out}/ckpt", model, optimizer, "dcp", r + 1)))
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+        raw_stalls.append(timed(lambda r=repeat, s=state: dcp.save(s, checkpoint_id=f"{out}/raw/{r}")))
+    return {"step_s": seconds / steps, "ckpt_save_s": median(ckpt_stalls), "raw_save_s": median(raw_stalls)}
+
+
+def write(out: str, hidden: int, blocks: int) -> dict[str, Any]:
+    model, optimizer = build(hidden, blocks)
+    batch = {OBS_KEY: torch.randn(4, OBS_DIM), ACTION_KEY: torch.randn(4, 1, ACTION_DIM)}
+    step(model, optimizer, batch)  # optimizer state exists
+    save(f"{out}/safetensors", model, optimizer, "safetensors", 1)
+    save(f"{out}/dcp", model, optimizer, "dcp", 1)
+    return {"bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+
+
+def resume(mode: str, out: str, hidden: int, blocks: int) -> dict[str, Any]:
+    model, optimizer = build(hidden, blocks)
+    batch = {OBS_KEY: torch.randn(4, OBS_DIM), ACTION_KEY: torch.randn(4, 1, ACTION_DIM)}
+    step(model, optimizer, batch)  # a fresh start also has its optimizer state after one step
+    if mode == "safetensors":
+        ckpt_tools.load_training_state(f"{out}/safetensors/000001", model=model, optimizer=optimizer)
+    elif mode == "dcp":
+        ckpt_tools.load_training_state(f"{out}/dcp/000001", model=model, optimizer=optimizer)
+    elif mode == "safetensors-full":  # how a resume read gathered weights before: the whole file per rank
+        full = ckpt_tools.load_model_state_dict(f"{out}/safetensors/000001")
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
+    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])  # MiB
+    peaks = [torch.zeros(1) for _ in range(dist.get_world_size())]
+    dist.all_gather(peaks, peak)
+    return {"peak_rss_mib": [float(p) for p in peaks]}
+
+
+def main(argv: list[str]) -> None:
+    dist.init_process_group("gloo")
+    mode, out, *numbers = argv
+    sizes = [int(n) for n in numbers]
+    if mode == "bare":
+        result = bare(out, *sizes)
+    elif mode == "write":
+        result = write(out, *sizes)
+    else:
+        result = resume(mode, out, *sizes)
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
