@@ -110,6 +110,10 @@ def test_sigint_in_one_process_saves_the_current_step_and_keep_last_holds_across
     assert resumed.returncode == 0, resumed.stdout
     assert f"resuming from {out / 'checkpoints' / '000005'} at step 5" in resumed.stdout
     assert sorted(os.listdir(out / "checkpoints")) == ["000008", "last"]
+    saved = json.loads(
+        (out / "checkpoints" / "000008" / "pretrained_model" / "train_config.json").read_text()
+    )
+    assert saved["resume"] is False and saved["output_dir"] == str(out)  # reproduces, not resumes
 
 
 def test_second_signal_aborts_at_once_without_a_checkpoint(tmp_path, cache):

@@ -297,3 +297,21 @@ def test_env_guard_passes_what_a_plain_accelerate_launch_exports() -> None:
             "ACCELERATE_CPU_AFFINITY": "1",
         }
     )
+
+
+def test_one_argv_pre_pass_accepts_both_spellings(tmp_path, monkeypatch):
+    from trainer.config.parse import normalize_argv
+
+    assert normalize_argv(["--steps", "5", "--resume=true", "--policy.path", "/x", "--output_dir", "d"]) == [
+        "--steps=5",
+        "--resume=true",
+        "--policy.path=/x",
+        "--output_dir=d",
+    ]
+    monkeypatch.chdir(tmp_path)
+    spaced = parse_config(["--steps", "7", "--output_dir", "runs/a", "--policy.type", "mlp"])
+    joined = parse_config(["--steps=7", "--output_dir=runs/a", "--policy.type=mlp"])
+    assert encode_config(spaced) == encode_config(joined)
+    assert spaced.steps == 7 and spaced.policy.type == "mlp"
+    assert spaced.output_dir == str(tmp_path / "runs" / "a")  # resolved once, absolute
+    assert spaced.flags_given == joined.flags_given

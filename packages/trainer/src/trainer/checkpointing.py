@@ -27,6 +27,13 @@ def check_fresh_output_dir(config: TrainConfig) -> None:
         )
 
 
+def saved_config(config: TrainConfig) -> dict[str, Any]:
+    """train_config.json: the run's config with its absolute output_dir (parse_config resolves it) and
+    `resume` stored false, so the file alone reproduces the run from its start; continuing the run is
+    what `--resume=true` asks for."""
+    return {**encode_config(config), "resume": False}
+
+
 def training_step(
     config: TrainConfig, topology: Topology, step: int, position: tuple[int, int]
 ) -> TrainingStep:
@@ -67,7 +74,7 @@ def save(
             model=model,
             optimizer=optimizer,
             policy_config=config.policy.to_dict(),
-            train_config=encode_config(config),
+            train_config=saved_config(config),
             processors=processors,
             scheduler=scheduler,
             scaler=scaler,

@@ -26,7 +26,7 @@ LEROBOT_FLAGS = ("--dataset.repo_id", "--dataset.root")
 def parse_config(args: Sequence[str]) -> TrainConfig:
     """Flags override the `--config_path` file, which overrides the defaults. With `--resume=true` and
     no `--config_path`, the file is the train_config.json of `--output_dir`'s last checkpoint, if any."""
-    config_path, rest = _split_config_path(list(args))
+    config_path, rest = _split_config_path(normalize_argv(args))
     if config_path is None:
         config_path = _auto_resume_config_path(rest)
     flags_given = frozenset(arg[2:].partition("=")[0] for arg in rest if arg.startswith("--"))
@@ -34,6 +34,8 @@ def parse_config(args: Sequence[str]) -> TrainConfig:
         config = _parse(rest, defaults_path)  # defaults_path: + `--policy.path`'s config.json
     config.config_path = config_path
     config.flags_given = flags_given
+    if "://" not in config.output_dir:  # resolved once: a resume from elsewhere writes the same run
+        config.output_dir = os.path.abspath(os.path.expanduser(config.output_dir))
     return config
 
 
@@ -58,14 +60,31 @@ def _local_copy(config_path: str | None) -> Iterator[str | None]:
         yield local
 
 
+def normalize_argv(args: Sequence[str]) -> list[str]:
+    """The one argv pre-pass: `--flag value` becomes `--flag=value`, so every later look at the flags
+    (the config file, the auto-resume, `--policy.path`, the policy type, draccus) sees one spelling."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        joins = arg.startswith("--") and "=" not in arg and i + 1 < len(args)
+        if joins and not args[i + 1].startswith("--"):
+            out.append(f"{arg}={args[i + 1]}")
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
 def _auto_resume_config_path(args: list[str]) -> str | None:
     """`--resume=true --output_dir=DIR` alone continues that run from its own saved config: the
     train_config.json of its last checkpoint (None before the first save: a fresh start)."""
     values = {}
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
+    for arg in args:
+        name, _, value = arg.partition("=")
         if name in ("--resume", "--output_dir"):
-            values[name] = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            values[name] = value
     if values.get("--resume", "").lower() not in ("true", "1", "yes"):
         return None
     from trainer.resume import saved_config_path
@@ -101,22 +120,17 @@ def _hint(message: str) -> str:
 
 
 def encode_config(config: TrainConfig) -> dict[str, Any]:
-    """The JSON-ready dict written as train_config.json."""
+    """The JSON-ready dict of a config (train_config.json is `checkpointing.saved_config`)."""
     return draccus.encode(config)
 
 
 def _split_config_path(args: list[str]) -> tuple[str | None, list[str]]:
-    path, rest, i = None, [], 0
-    while i < len(args):
-        arg = args[i]
-        if arg == _CONFIG_FLAG and i + 1 < len(args):
-            path, i = args[i + 1], i + 2
-            continue
+    path, rest = None, []
+    for arg in args:
         if arg.startswith(_CONFIG_FLAG + "="):
             path = arg.split("=", 1)[1]
         else:
             rest.append(arg)
-        i += 1
     return path, rest
 
 
