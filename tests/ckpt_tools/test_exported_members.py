@@ -29,6 +29,8 @@ PUBLIC = {
     # saving and resuming
     "ProcessorState",
     "save_checkpoint",
+    "start_checkpoint",
+    "PendingCheckpoint",
     "load_training_state",
     "save_rng_state",
     "load_rng_state",

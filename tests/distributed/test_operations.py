@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers.launch import CKPT_CLI, launch_env, run_torchrun, torchrun_command
 from helpers.train_flags import tiny_args
@@ -168,20 +169,70 @@ def test_main_rank_commit_failure_ends_both_ranks_with_one_line_and_resume_works
     assert last(out) == "000004" and verifies(out / "checkpoints" / "last")
 
 
-def test_one_rank_shard_write_failure_ends_both_ranks_with_one_line(tmp_path, cache):
-    out = tmp_path / "run"
-    args = flags(
-        out, cache, "--parallelism.dp_shard=2", "--checkpoint_format=dcp", "--collective_timeout_s=600"
-    )
-    failed = run_torchrun(SCRIPT, 2, "--hook-fail-shard=1:4", *args, check=False, timeout=300)
-    errors = save_errors(failed.stdout)
-    assert len(errors) == 2 and errors[0] == errors[1], failed.stdout
+SHARD_FAILURES: dict[str, tuple[Path, str]] = {}
+
+
+def shard_failure_run(root: Path, cache: str, mode: str) -> tuple[Path, str]:
+    """FSDP2 on 2 ranks, DCP, saves at 2 and 4; rank 1's shard write of step 4 fails. Run once per mode
+    (sync or --async_save) per session; returns the output dir and the log."""
+    if mode not in SHARD_FAILURES:
+        out = root / mode
+        extra = ["--async_save=true"] if mode == "async" else []
+        args = flags(out, cache, "--parallelism.dp_shard=2", "--checkpoint_format=dcp", *extra)
+        failed = run_torchrun(SCRIPT, 2, "--hook-fail-shard=1:4", *args, check=False, timeout=300)
+        assert failed.returncode != 0, failed.stdout
+        SHARD_FAILURES[mode] = (out, failed.stdout)
+    return SHARD_FAILURES[mode]
+
+
+@pytest.fixture(scope="module")
+def shard_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("shard-failures")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_one_rank_shard_write_failure_ends_both_ranks_with_one_line(shard_root, cache, mode):
+    """In a synchronous save, and in a background one (surfacing at the next step boundary)."""
+    out, log = shard_failure_run(shard_root, cache, mode)
+    errors = save_errors(log)
+    assert len(errors) == 2 and errors[0] == errors[1], log
     assert errors[0].startswith(
         "error: saving checkpoint step 4 failed: rank 1 could not write its shards (OSError: [Errno 28] "
         "injected: No space left on device)"
     )
-    assert no_traceback_from_us(failed.stdout), failed.stdout
+    assert no_traceback_from_us(log), log
     assert last(out) == "000002" and verifies(out / "checkpoints" / "last")
+
+
+def test_async_save_writes_the_state_of_its_step(shard_root, cache):
+    """The background write holds the state staged at step 2, bit for bit what a synchronous save wrote,
+    although training went on while it was written."""
+    from ckpt_tools.loading import read_dcp_full
+
+    sync, _ = shard_failure_run(shard_root, cache, "sync")
+    background, _ = shard_failure_run(shard_root, cache, "async")
+    for part in ("pretrained_model/pytorch_model_fsdp_0", "training_state/optimizer_0"):
+        want = read_dcp_full(str(sync / "checkpoints" / "000002" / part))
+        got = read_dcp_full(str(background / "checkpoints" / "000002" / part))
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), part
+
+
+def test_async_save_commits_only_when_written_and_a_kill_mid_write_keeps_last(tmp_path, cache):
+    """Step 4's background write is slowed on rank 1; rank 0 is killed at step 5: `last` was still on
+    step 2 then (not committed before the write finished), and stays there; step 4 never appears."""
+    out = tmp_path / "run"
+    args = flags(
+        out, cache, "--steps=8", "--parallelism.dp_shard=2", "--checkpoint_format=dcp", "--async_save=true"
+    )
+    hooks = ["--hook-slow-shard=1:4:30.0", f"--hook-signal=0:5:{int(signal.SIGKILL)}"]
+    killed = run_torchrun(SCRIPT, 2, *hooks, *args, check=False, timeout=300)
+    assert killed.returncode != 0
+    assert "hook: rank 0 sends itself signal 9 x1 at step call 5 (last -> 000002)" in killed.stdout, (
+        killed.stdout
+    )
+    assert last(out) == "000002" and verifies(out / "checkpoints" / "last")
+    assert not (out / "checkpoints" / "000004").exists()
+    assert (out / "checkpoints" / ".tmp-000004").is_dir()
 
 
 # ----------------------------------------------------------------------------- one writer per run

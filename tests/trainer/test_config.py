@@ -315,3 +315,16 @@ def test_one_argv_pre_pass_accepts_both_spellings(tmp_path, monkeypatch):
     assert spaced.steps == 7 and spaced.policy.type == "mlp"
     assert spaced.output_dir == str(tmp_path / "runs" / "a")  # resolved once, absolute
     assert spaced.flags_given == joined.flags_given
+
+
+def test_async_save_needs_a_sharded_run():
+    from ckpt_tools import Topology
+    from trainer.checkpointing import check_async_save
+
+    config = parse_config(["--async_save=true"])
+    with pytest.raises(
+        ConfigError, match=r"--async_save=true writes a sharded run's DCP shards .* DDP 2 run"
+    ):
+        check_async_save(config, Topology(dp_replicate=2))
+    check_async_save(config, Topology(dp_shard=2))  # FSDP2: accepted
+    check_async_save(parse_config([]), Topology(dp_replicate=2))  # not asked for: nothing to check

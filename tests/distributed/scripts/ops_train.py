@@ -10,6 +10,7 @@ Hook flags come first and are removed before the trainer parses the rest:
   --hook-stall=RANK:CALL:SECONDS RANK sleeps SECONDS at the start of its CALL-th training step.
   --hook-fail-commit=STEP        the main rank's commit of STEP raises OSError (a rename refused).
   --hook-fail-shard=RANK:STEP    RANK's DCP shard write into STEP raises OSError (disk full).
+  --hook-slow-shard=RANK:STEP:SECONDS  RANK's DCP shard write into STEP sleeps SECONDS first.
   --hook-flip-last=STEP          the main rank repoints `checkpoints/last` to STEP right after it resolved
                                  the step to resume; the other ranks resolve theirs a second later (if they
                                  resolve one at all), so an unshared resolution would pick another step.
@@ -29,6 +30,7 @@ from ckpt_tools import layout
 from trainer.cli import main
 
 RANK = int(os.environ.get("RANK", "0"))
+OUTPUT_DIR = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--output_dir=")), "")
 
 
 def before_step(action) -> None:
@@ -60,7 +62,12 @@ def hold(path: str) -> None:
 def send_signal(rank: int, call: int, signum: int, times: int = 1) -> None:
     def send(now: int) -> None:
         if rank == RANK and now == call:
-            print(f"hook: rank {RANK} sends itself signal {signum} x{times} at step call {call}", flush=True)
+            last = os.path.join(OUTPUT_DIR, "checkpoints", "last")
+            pointed = os.readlink(last) if os.path.islink(last) else None
+            print(
+                f"hook: rank {RANK} sends itself signal {signum} x{times} at step call {call} (last -> {pointed})",
+                flush=True,
+            )
             for _ in range(times):
                 os.kill(os.getpid(), signum)
                 time.sleep(0.2)
@@ -86,6 +93,20 @@ def fail_commit(step: int) -> None:
         return commit_step_dir(tmp_dir, root, at, **kwargs)
 
     ckpt_commit.commit_step_dir = failing
+
+
+def slow_shard(rank: int, step: int, seconds: float) -> None:
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    write_data = FileSystemWriter.write_data
+    tmp_name = layout.TMP_PREFIX + layout.step_dir_name(step)
+
+    def slow(self, plan, planner):
+        if rank == RANK and tmp_name in str(self.path):
+            time.sleep(seconds)
+        return write_data(self, plan, planner)
+
+    FileSystemWriter.write_data = slow
 
 
 def fail_shard(rank: int, step: int) -> None:
@@ -135,6 +156,7 @@ HOOKS = {
     "--hook-stall": stall,
     "--hook-fail-commit": fail_commit,
     "--hook-fail-shard": fail_shard,
+    "--hook-slow-shard": slow_shard,
 }
 
 

@@ -23,6 +23,8 @@ _EXPORTS: dict[str, str] = {
     "SamplerPosition": "ckpt_tools.meta",
     "ProcessorState": "ckpt_tools.processors",
     "save_checkpoint": "ckpt_tools.save",
+    "start_checkpoint": "ckpt_tools.save",
+    "PendingCheckpoint": "ckpt_tools.save",
     "load_training_state": "ckpt_tools.load",
     "save_rng_state": "ckpt_tools.rng",
     "load_rng_state": "ckpt_tools.rng",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -37,13 +37,14 @@ from ckpt_tools.meta import TrainingStep
 from ckpt_tools.optim_codec import write_optimizer_safetensors
 from ckpt_tools.processors import ProcessorState, check_processors, write_processors
 from ckpt_tools.rng import save_rng_state
-from ckpt_tools.tensor_io import dcp_save, write_safetensors
+from ckpt_tools.tensor_io import dcp_async_save, dcp_save, dcp_stage, write_safetensors
 from ckpt_tools.verify import verify_checkpoint
 
 _FULL_ON_MAIN = StateDictOptions(full_state_dict=True, cpu_offload=True)
+WriteDcp = Callable[[dict[str, Any], str], None]  # writes a state dict as a DCP directory
 
 
-def save_checkpoint(
+def start_checkpoint(
     checkpoints_dir: str | os.PathLike[str],
     training_step: TrainingStep,
     *,
@@ -58,16 +59,23 @@ def save_checkpoint(
     adapter_config: Mapping[str, Any] | None = None,
     keep_last: int = 0,
     manifest: bool = True,
-) -> str:
-    """Collective: call on all ranks. Write `<checkpoints_dir>/<step:06d>/` and move `last` to it;
-    with `keep_last=K` > 0, then delete all but the K newest steps (`commit.prune_steps`).
+    background: bool = False,
+) -> PendingCheckpoint:
+    """Collective: call on all ranks. Write `<checkpoints_dir>/<step:06d>/`; `finish()` on the result
+    (collective) moves `last` to it and, with `keep_last=K` > 0, deletes all but the K newest steps
+    (`commit.prune_steps`). `save_checkpoint` is both at once.
+
+    With `background=True` the DCP parts (a sharded run's optimizer, DCP weights) are staged (copied)
+    now and written by DCP's async save in background threads, so training can go on; `written()`
+    says whether this rank's writes are done, and `finish()` waits for them. The other parts (gathered
+    files, side files) are written before this returns.
 
     `model` is the prepared model (plain, DDP-wrapped, or FSDP2/HSDP-sharded). The weights go out in
     `training_step.checkpoint_format`: `safetensors` gathers the full (fp32 master) weights into
     `model.safetensors`, `dcp` writes `pytorch_model_fsdp_0/` from every rank, `safetensors_dcp` both.
     The optimizer is DCP (`optimizer_0/`) on a sharded model, else `optimizer_state.safetensors` +
     `optimizer_param_groups.json`. `processors` keys are `layout.PREPROCESSOR` / `layout.POSTPROCESSOR`.
-    Every rank's RNG state is gathered into `rng_state.safetensors`. Returns the final step directory.
+    Every rank's RNG state is gathered into `rng_state.safetensors`.
     A failure of the main rank's own writing (gathered files, side files, commit, retention) or of any
     rank's DCP shard write raises the same one-line `SaveFailedError` on every rank, at once.
 
@@ -85,17 +93,21 @@ def save_checkpoint(
     check_processors(processors)
     root = os.fspath(checkpoints_dir).rstrip("/")
     step = training_step.step
-    what = f"saving checkpoint step {step}"
+    pending = PendingCheckpoint(group, root, step, keep_last, recorder)
     tmp = commit.tmp_step_dir(root, step)
     group.on_main(_begin, root, step)
-    group.agree(what)  # nobody writes before the directory exists
+    group.agree(pending.what)  # nobody writes before the directory exists
+    write_dcp = pending.background_writer() if background else pending.writer()
     model_dir = layout.join(tmp, layout.PRETRAINED_MODEL_DIR)
-    with _shard_failures(what):
+    with _shard_failures(pending.what):
         if adapter_config is None:
-            _save_model(model_dir, model, training_step.checkpoint_format, group, recorder)
+            _save_model(model_dir, model, training_step.checkpoint_format, group, recorder, write_dcp)
         else:
-            _save_adapter(model_dir, model, training_step.checkpoint_format, group, recorder)
-        _save_optimizer(layout.join(tmp, layout.TRAINING_STATE_DIR), model, optimizer, group, recorder)
+            _save_adapter(model_dir, model, training_step.checkpoint_format, group, recorder, write_dcp)
+        _save_optimizer(
+            layout.join(tmp, layout.TRAINING_STATE_DIR), model, optimizer, group, recorder, write_dcp
+        )
+        pending.launch()
     group.on_main(
         lambda: save_rng_state(
             tmp, group.rank, group.world_size, process_group=process_group, recorder=recorder
@@ -114,14 +126,81 @@ def save_checkpoint(
         adapter_config,
         recorder,
     )
-    if recorder is not None:
-        files = group.gather_to_main(recorder.entries())  # every rank's shards, hashed as written
-        group.on_main(lambda: write_manifest(tmp, {k: v for part in files for k, v in part.items()}))
-    group.agree(what)  # every rank's shards are on disk before the directory becomes visible
-    group.on_main(lambda: commit.commit_step_dir(tmp, root, step, is_complete=_verifies))
-    group.on_main(commit.prune_steps, root, keep_last)
-    group.agree(f"committing checkpoint step {step}")  # nobody returns (and reads `last`) before it
-    return layout.join(root, layout.step_dir_name(step))
+    return pending
+
+
+def save_checkpoint(
+    checkpoints_dir: str | os.PathLike[str], training_step: TrainingStep, **kwargs: Any
+) -> str:
+    """Collective: call on all ranks. `start_checkpoint(...).finish()` with the same arguments: write
+    `<checkpoints_dir>/<step:06d>/`, move `last` to it, apply `keep_last`; returns the step directory."""
+    return start_checkpoint(checkpoints_dir, training_step, **kwargs).finish()
+
+
+class PendingCheckpoint:
+    """A step written (or being written in the background) under `.tmp-<step>`, not yet committed."""
+
+    def __init__(self, group: Group, root: str, step: int, keep_last: int, recorder: Recorder | None) -> None:
+        self.group, self.root, self.step, self.keep_last, self.recorder = (
+            group,
+            root,
+            step,
+            keep_last,
+            recorder,
+        )
+        self.what = f"saving checkpoint step {step}"
+        self._futures: list[Any] = []
+        self._staged: list[tuple[dict[str, Any], str]] = []
+
+    def writer(self) -> WriteDcp:
+        group, recorder = self.group, self.recorder
+        return lambda state, path: dcp_save(state, path, group.pg, group.distributed, recorder)
+
+    def background_writer(self) -> WriteDcp:
+        """Stage each DCP part now; `launch` writes them with DCP's async save."""
+        return lambda state, path: self._staged.append((dcp_stage(state, path), path))
+
+    def launch(self) -> None:
+        """Start the background writes once every part is staged (so the writes' threads do not compete
+        with the copies), each on a gloo group of its own (the training's collectives keep the main
+        group; two background threads never share one)."""
+        distributed = self.group.distributed
+        for index, (staged, path) in enumerate(self._staged):
+            pg = background_group(index) if distributed else None
+            self._futures.append(dcp_async_save(staged, path, pg, distributed, self.recorder))
+        self._staged.clear()
+
+    def written(self) -> bool:
+        """Whether this rank's background writes are done (a local check, no collective)."""
+        return all(future.done() for future in self._futures)
+
+    def finish(self) -> str:
+        """Collective: wait for every background write, then commit, move `last` and apply retention.
+        Raises `SaveFailedError` on every rank when any part failed (the step is then not committed)."""
+        group, root, step, recorder = self.group, self.root, self.step, self.recorder
+        tmp = commit.tmp_step_dir(root, step)
+        with _shard_failures(self.what):
+            for future in self._futures:
+                future.result()
+        if recorder is not None:
+            files = group.gather_to_main(recorder.entries())  # every rank's shards, hashed as written
+            group.on_main(lambda: write_manifest(tmp, {k: v for part in files for k, v in part.items()}))
+        group.agree(self.what)  # every rank's shards are on disk before the directory becomes visible
+        group.on_main(lambda: commit.commit_step_dir(tmp, root, step, is_complete=_verifies))
+        group.on_main(commit.prune_steps, root, self.keep_last)
+        group.agree(f"committing checkpoint step {step}")  # nobody reads `last` before it
+        return layout.join(root, layout.step_dir_name(step))
+
+
+_BACKGROUND_GROUPS: list[Any] = []
+
+
+def background_group(index: int) -> Any:
+    """The `index`-th gloo group for background writes, created on first use (collective: every rank
+    reaches the same async save in the same order)."""
+    while len(_BACKGROUND_GROUPS) <= index:
+        _BACKGROUND_GROUPS.append(dist.new_group(backend="gloo"))
+    return _BACKGROUND_GROUPS[index]
 
 
 def _begin(root: str, step: int) -> None:
@@ -155,24 +234,28 @@ def _verifies(step_dir: str) -> bool:
 
 
 def _save_model(
-    model_dir: str, model: nn.Module, checkpoint_format: str, group: Group, recorder: Recorder | None
+    model_dir: str,
+    model: nn.Module,
+    checkpoint_format: str,
+    group: Group,
+    recorder: Recorder | None,
+    write_dcp: WriteDcp,
 ) -> None:
     if checkpoint_format in ("safetensors", "safetensors_dcp"):
         full: dict[str, Any] = get_model_state_dict(model, options=_FULL_ON_MAIN)  # collective gather
         path = layout.join(model_dir, layout.MODEL_SAFETENSORS)
         group.on_main(write_safetensors, path, full, {"format": "pt"}, recorder)
     if checkpoint_format in ("dcp", "safetensors_dcp"):
-        dcp_save(
-            get_model_state_dict(model),
-            layout.join(model_dir, layout.MODEL_DCP_DIR),
-            group.pg,
-            group.distributed,
-            recorder,
-        )
+        write_dcp(get_model_state_dict(model), layout.join(model_dir, layout.MODEL_DCP_DIR))
 
 
 def _save_adapter(
-    model_dir: str, model: nn.Module, checkpoint_format: str, group: Group, recorder: Recorder | None
+    model_dir: str,
+    model: nn.Module,
+    checkpoint_format: str,
+    group: Group,
+    recorder: Recorder | None,
+    write_dcp: WriteDcp,
 ) -> None:
     keys = adapter_keys(model)
     if not keys:
@@ -188,12 +271,8 @@ def _save_adapter(
         )
     if checkpoint_format in ("dcp", "safetensors_dcp"):
         sharded = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=True))
-        dcp_save(
-            {keys[name]: sharded[name] for name in keys},
-            layout.join(model_dir, layout.ADAPTER_DCP_DIR),
-            group.pg,
-            group.distributed,
-            recorder,
+        write_dcp(
+            {keys[name]: sharded[name] for name in keys}, layout.join(model_dir, layout.ADAPTER_DCP_DIR)
         )
 
 
@@ -203,11 +282,12 @@ def _save_optimizer(
     optimizer: torch.optim.Optimizer,
     group: Group,
     recorder: Recorder | None,
+    write_dcp: WriteDcp,
 ) -> None:
     if is_sharded(model):
-        osd = get_optimizer_state_dict(model, optimizer)
-        path = layout.join(state_dir, layout.OPTIMIZER_DCP_DIR)
-        dcp_save(osd, path, group.pg, group.distributed, recorder)
+        write_dcp(
+            get_optimizer_state_dict(model, optimizer), layout.join(state_dir, layout.OPTIMIZER_DCP_DIR)
+        )
         return
     osd = get_optimizer_state_dict(model, optimizer, options=_FULL_ON_MAIN)
     group.on_main(write_optimizer_safetensors, state_dir, osd, recorder)

@@ -8,6 +8,7 @@ torch unpickles it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -124,6 +125,74 @@ def quiet_single_process() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninit")
         yield
+
+
+def dcp_stage(state_dict: dict[str, Any], path: str) -> dict[str, Any]:
+    """A copy of `state_dict` taken now: what a background write of the step's state then writes,
+    whatever training does to the live tensors. CPU tensors (DTensors included) are cloned in place;
+    a state on an accelerator goes through the DCP writer's own staging, which copies it to CPU memory."""
+    if any(t.device.type != "cpu" for t in _tensors(state_dict)):
+        stage = getattr(dcp_writer(path), "stage", None)
+        if stage is not None:
+            return stage(state_dict)
+    return _clone(state_dict)
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _tensors(item)
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {key: _clone(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_clone(item) for item in value)
+    return copy.deepcopy(value)
+
+
+class _Staged:
+    """The AsyncStager of a state dict that `dcp_stage` already copied: DCP's async save stages
+    nothing more."""
+
+    should_synchronize_after_execute = False
+
+    def stage(self, state_dict: Any) -> Any:
+        return state_dict
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def dcp_async_save(
+    staged: dict[str, Any], path: str, process_group: Any, distributed: bool, recorder: Recorder | None = None
+) -> Any:
+    """Write a `dcp_stage`d state dict into `path` in a background thread with DCP's async save; returns
+    the future of the write. Collective when `distributed`, over `process_group`, which the background
+    thread uses alone (a group of its own per pending write). With a `recorder`, each file this rank
+    writes is hashed as its bytes go out."""
+    writer = dcp_writer(path)
+    if recorder is not None:
+        writer.fs = HashingFileSystem(writer.fs, recorder)  # type: ignore[attr-defined]
+    with quiet_single_process():
+        return dcp.async_save(
+            staged,
+            storage_writer=writer,
+            process_group=process_group,
+            no_dist=not distributed,
+            async_stager=_Staged(),  # type: ignore[arg-type]
+        )
 
 
 def dcp_writer(path: str) -> dcp.StorageWriter:

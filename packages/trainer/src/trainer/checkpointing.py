@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import ckpt_tools
@@ -24,6 +26,15 @@ def check_fresh_output_dir(config: TrainConfig) -> None:
         raise ConfigError(
             f"--output_dir={config.output_dir} already holds checkpoints: choose another --output_dir, "
             "or continue that run with --resume=true"
+        )
+
+
+def check_async_save(config: TrainConfig, topology: Topology) -> None:
+    """--async_save writes DCP shards in the background: only a sharded run has them."""
+    if config.async_save and not topology.is_sharded:
+        raise ConfigError(
+            f"--async_save=true writes a sharded run's DCP shards in the background, and this "
+            f"{topology.describe()} run has none: shard it (--parallelism.dp_shard=N) or drop --async_save"
         )
 
 
@@ -51,7 +62,12 @@ def training_step(
     )
 
 
-def save(
+def save(config: TrainConfig, state: TrainingStep, **objects: Any) -> str:
+    """Collective: call on all ranks. `start` then `finish`: the step committed; returns its directory."""
+    return finish(config, start(config, state, **objects))
+
+
+def start(
     config: TrainConfig,
     state: TrainingStep,
     *,
@@ -61,14 +77,15 @@ def save(
     scaler: Any,
     preprocessor: Processor,
     postprocessor: Processor,
-) -> str:
-    """Collective: call on all ranks. Returns the step directory written."""
+) -> Any:
+    """Collective: call on all ranks. Writes the step (its DCP shards in the background with
+    --async_save) and returns the pending checkpoint that `finish` commits."""
     processors = {
         layout.PREPROCESSOR: ckpt_tools.ProcessorState(*preprocessor.state()),
         layout.POSTPROCESSOR: ckpt_tools.ProcessorState(*postprocessor.state()),
     }
-    try:
-        return ckpt_tools.save_checkpoint(
+    with _one_line(config):
+        return ckpt_tools.start_checkpoint(
             checkpoints_dir(config.output_dir),
             state,
             model=model,
@@ -81,7 +98,21 @@ def save(
             adapter_config=adapter_config(model, config),
             keep_last=config.keep_last,
             manifest=config.checkpoint_manifest,
+            background=config.async_save,
         )
+
+
+def finish(config: TrainConfig, pending: Any) -> str:
+    """Collective: wait for the pending checkpoint's writes on every rank, commit it, move `last`, apply
+    --keep_last. Returns the step directory."""
+    with _one_line(config):
+        return str(pending.finish())
+
+
+@contextlib.contextmanager
+def _one_line(config: TrainConfig) -> Iterator[None]:
+    try:
+        yield
     except ckpt_tools.SaveFailedError as exc:
         raise CheckpointSaveError(
             f"{exc}; `last` still names the newest complete checkpoint: fix the cause and resume with "

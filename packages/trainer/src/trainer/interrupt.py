@@ -64,14 +64,15 @@ class Interrupts:
             os._exit(128 + signum)
         self.received = signum
 
-    def agreed(self, device: Any) -> int:
-        """Collective when a process group is up: the signal any rank has received (0 when none), the
-        same on every rank."""
+    def agreed(self, device: Any, busy: bool = False) -> tuple[int, bool]:
+        """Collective when a process group is up: the signal any rank has received (0 when none), and
+        whether any rank is `busy` (a background checkpoint write still running), the same on every
+        rank: one all-reduce serves both."""
         import torch
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
-            return self.received
-        flag = torch.tensor([self.received], dtype=torch.int32, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return int(flag.item())
+            return self.received, busy
+        flags = torch.tensor([self.received, int(busy)], dtype=torch.int32, device=device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return int(flags[0].item()), bool(flags[1].item())

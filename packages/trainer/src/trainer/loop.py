@@ -85,6 +85,7 @@ def train(config: TrainConfig) -> RunSummary:
     check_trackers(config)
     check_accelerate_env()
     checkpointing.check_fresh_output_dir(config)
+    checkpointing.check_async_save(config, topology)
     _record_effective_precision(config)
     interrupts, lock = Interrupts(), RunLock(config.output_dir)
     interrupts.install()
@@ -225,6 +226,7 @@ def _run_steps(run: Run, logger: Any, interrupts: Interrupts) -> tuple[list[floa
     last_checkpoint: str | None = None
     grad_norm: float | None = None  # of the last optimizer update
     saved_step = -1
+    pending: Any = None  # an --async_save checkpoint whose shards are still being written
     window_loss = torch.zeros((), device=accelerator.device)
     window_steps, window_start = 0, time.perf_counter()
     run.model.train()
@@ -262,14 +264,26 @@ def _run_steps(run: Run, logger: Any, interrupts: Interrupts) -> tuple[list[floa
         ):
             _log_val_loss(run, logger, step)
         if step % config.save_freq == 0 or step == config.steps:
-            last_checkpoint, saved_step = _save(run, step), step
-            logger.note(f"checkpoint {last_checkpoint}")
+            if pending is not None:  # the previous background write ends before the next one starts
+                last_checkpoint, pending = _commit(run, pending, logger), None
+            if config.async_save and step != config.steps:
+                pending = _start_save(run, step)
+            else:
+                last_checkpoint = _save(run, step)
+                logger.note(f"checkpoint {last_checkpoint}")
+            saved_step = step
         if step % accum == 0 or step == config.steps:
-            signum = interrupts.agreed(accelerator.device)
+            signum, writing = interrupts.agreed(
+                accelerator.device, pending is not None and not pending.written()
+            )
+            if pending is not None and (not writing or signum):
+                last_checkpoint, pending = _commit(run, pending, logger), None
             if signum:
                 if saved_step != step:
                     last_checkpoint = _save(run, step)
                 raise Interrupted(signum, step, last_checkpoint, _resume_hint(config))
+    if pending is not None:
+        last_checkpoint = _commit(run, pending, logger)
     return losses, last_checkpoint
 
 
@@ -290,19 +304,36 @@ def _log_val_loss(run: Run, logger: Any, step: int) -> None:
     logger.note(f"step {step} val_loss={loss:.4g}", event="val", step=step, val_loss=loss)
 
 
+def _start_save(run: Run, step: int) -> Any:
+    """Collective. Start the checkpoint of `step`; its DCP shards are written in the background."""
+    return checkpointing.start(run.config, _state(run, step), **_saved_objects(run))
+
+
+def _commit(run: Run, pending: Any, logger: Any) -> str:
+    """Collective. Wait for a background checkpoint on every rank and commit it."""
+    path = checkpointing.finish(run.config, pending)
+    logger.note(f"checkpoint {path}")
+    return path
+
+
 def _save(run: Run, step: int) -> str:
     """Collective. One checkpoint of the run at `step`, through ckpt_tools."""
-    state = checkpointing.training_step(run.config, run.topology, step, run.sampler.position)
-    return checkpointing.save(
-        run.config,
-        state,
-        model=run.accelerator.unwrap_model(run.model),
-        optimizer=run.optimizer,
-        scheduler=run.scheduler,
-        scaler=run.accelerator.scaler,
-        preprocessor=run.preprocessor,
-        postprocessor=run.postprocessor,
-    )
+    return checkpointing.save(run.config, _state(run, step), **_saved_objects(run))
+
+
+def _state(run: Run, step: int) -> Any:
+    return checkpointing.training_step(run.config, run.topology, step, run.sampler.position)
+
+
+def _saved_objects(run: Run) -> dict[str, Any]:
+    return {
+        "model": run.accelerator.unwrap_model(run.model),
+        "optimizer": run.optimizer,
+        "scheduler": run.scheduler,
+        "scaler": run.accelerator.scaler,
+        "preprocessor": run.preprocessor,
+        "postprocessor": run.postprocessor,
+    }
 
 
 def _record_effective_precision(config: TrainConfig) -> None:

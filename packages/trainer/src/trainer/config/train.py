@@ -129,6 +129,9 @@ class TrainConfig:
     before the first save); docs/resume.md."""
     keep_last: int = 0
     """Keep only the K newest checkpoints on disk (0 keeps all); never deletes the one `last` names."""
+    async_save: bool = False
+    """Write a sharded run's DCP shards in the background (torch DCP's async save) while training goes on;
+    the step is committed and `last` moved once every rank's write has finished."""
     collective_timeout_s: int = 300
     """Seconds a collective (a save's barrier, a metric reduction) waits for the other ranks before every
     waiting rank stops with one error line: bounds the hang when a rank fails or stalls (torch's own
