@@ -46,7 +46,8 @@ def bench(session: nox.Session) -> None:
     """Conversion benchmark (ckpt convert vs a copy, torch's dcp_to_torch_save, accelerate's merge),
     then the LeRobotDataset input benchmark (load time of 1M frames x 32 features, step time vs size),
     then the engine benchmark (trainer step time vs a bare FSDP2 loop, save stall vs a raw dcp.save,
-    resume peak RSS per rank vs a fresh start).
+    resume peak RSS per rank vs a fresh start), then the save stall of --async_save against a
+    synchronous save.
 
     Options after `--` go to the conversion benchmark, e.g. `nox -s bench -- --size-mb 1600 --repeat 3`.
     """
@@ -55,6 +56,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_lerobot.py")
     session.run("python", "benchmarks/bench_manifest.py")
     session.run("python", "benchmarks/bench_engine.py")
+    session.run("python", "benchmarks/bench_async_save.py")
 
 
 DEMO_OUTPUT = "outputs/demo"

@@ -70,6 +70,7 @@ def events(out: Path, name: str) -> list[dict]:
 # ------------------------------------------------------------------------------------------- signals
 
 
+@pytest.mark.slow  # two launches
 def test_sigterm_on_one_rank_stops_both_at_one_step_and_resume_agrees_on_the_step(tmp_path, cache):
     """Rank 1 alone gets SIGTERM during step 3: both ranks stop after step 3, save it collectively, and
     the main rank prints the one line. The resume flips `last` back to step 2 right after the main rank
@@ -150,6 +151,7 @@ def save_errors(log: str) -> list[str]:
     return [line for line in log.splitlines() if line.startswith("error: ")]
 
 
+@pytest.mark.slow  # two launches
 def test_main_rank_commit_failure_ends_both_ranks_with_one_line_and_resume_works(tmp_path, cache):
     """Rank 0's commit of step 4 fails: both ranks raise the same line at once (not after the
     collective timeout), `last` stays on step 2, and a resume finishes the run."""
