@@ -237,3 +237,46 @@ def test_resume_on_a_lerobot_dataset_is_sample_exact(dataset_root, tmp_path, cle
     ]
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+@pytest.fixture
+def agent_store(monkeypatch):
+    """A store where torchrun's agent would serve one, and the environment a worker sees."""
+    from torch.distributed import TCPStore
+
+    from trainer.data import hub
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    for name, value in {**env, "MASTER_PORT": str(store.port), "GROUP_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    hub.download_once.cache_clear()
+    yield store
+    hub.download_once.cache_clear()
+
+
+def test_the_first_rank_shares_its_failed_download_with_the_others(agent_store, monkeypatch) -> None:
+    from trainer.data import hub
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(ConfigError, match=r"--dataset.repo_id=nobody/gone: no local copy") as first:
+        hub.download_once("nobody/gone")
+    monkeypatch.setenv("LOCAL_RANK", "1")  # another rank of the node: takes the outcome, no Hub call
+    monkeypatch.setattr(hub, "_snapshot", lambda *a, **k: pytest.fail("the other rank must not download"))
+    with pytest.raises(ConfigError) as other:
+        hub.download_once("nobody/gone")
+    assert str(other.value) == str(first.value)
+
+
+def test_the_other_ranks_read_the_snapshot_the_first_rank_fetched(
+    agent_store, dataset_root, monkeypatch
+) -> None:
+    from helpers.hf_cache import put_in_hub_cache
+    from trainer.data import hub
+
+    put_in_hub_cache(dataset_root[0], "me/fetched", repo_type="dataset")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    agent_store.set(hub._key("me/fetched"), "ok")  # what the first rank publishes after its download
+    loaded = LeRobotConfig(repo_id="me/fetched").load()
+    assert len(loaded) == sum(LENGTHS)

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import json
 import re
+import runpy
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
 import ckpt_tools
 import trainer
+from ckpt_tools.cli import app as cli_app
 from helpers.fixtures import REPO
 from helpers.hf_cache import put_in_hub_cache
-from helpers.launch import CKPT_CLI
 from helpers.lerobot_data import STATE, VELOCITY, write_dataset
 from trainer import cli
 from trainer.config.parse import parse_config
@@ -78,9 +79,7 @@ def test_every_form_of_a_checkpoint_gives_the_same_actions(run, monkeypatch) -> 
     assert torch.equal(_actions(dcp_only), reference)  # safetensors and DCP side by side
     (dcp_only / "pretrained_model" / "model.safetensors").unlink()
     converted = run["tmp"] / "converted"
-    subprocess.run(
-        [str(CKPT_CLI), "convert", str(dcp_only), "--output", str(converted)], check=True, capture_output=True
-    )
+    ckpt_tools.convert_dcp_to_safetensors(dcp_only, converted)  # what `ckpt convert --output` calls
     published = run["tmp"] / "published"
     ckpt_tools.publish_model(str(step), str(published))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
@@ -96,19 +95,18 @@ def test_every_form_of_a_checkpoint_gives_the_same_actions(run, monkeypatch) -> 
     } <= set(names)
     (converted / "model.safetensors").unlink()
     (converted / "config.json").write_text("{}")  # someone else's file: never replaced silently
-    again = subprocess.run(
-        [str(CKPT_CLI), "convert", str(dcp_only), "--output", str(converted)], capture_output=True, text=True
-    )
-    assert again.returncode != 0 and "config.json already exists; pass --overwrite" in again.stderr
+    with pytest.raises(ckpt_tools.CheckpointError, match=r"config.json already exists; pass --overwrite"):
+        ckpt_tools.convert_dcp_to_safetensors(dcp_only, converted)
     assert not (converted / "model.safetensors").exists()  # refused before anything was written
 
 
 def test_adapter_checkpoint_and_its_merged_copy_act_the_same(run) -> None:
     adapter = run["lora"] / "checkpoints" / "last"
     merged = run["tmp"] / "merged"
-    subprocess.run(
-        [str(CKPT_CLI), "merge-adapter", str(adapter), "-o", str(merged)], check=True, capture_output=True
-    )
+    if not cli_app.app.registered_commands:
+        cli_app._register()
+    done = CliRunner().invoke(cli_app.app, ["merge-adapter", str(adapter), "-o", str(merged)])  # in-process
+    assert done.exit_code == 0, done.output
     assert torch.equal(_actions(adapter), _actions(merged))
     assert not torch.equal(_actions(adapter), _actions(run["base"]))  # the adapter changed the policy
 
@@ -169,7 +167,7 @@ def _snippet(page: Path, marker: str | None = None) -> str:
 
 
 def test_the_documented_rollout_script_runs_and_eval_rolls_out(
-    tmp_path, dataset_cache, clean_accelerate, capsys
+    tmp_path, dataset_cache, clean_accelerate, capsys, monkeypatch
 ) -> None:
     out = tmp_path / "pendulum"
     args = [f"--dataset.cache_dir={dataset_cache}", "--dataset.episodes=2", "--dataset.eval_episodes=0"]
@@ -177,11 +175,9 @@ def test_the_documented_rollout_script_runs_and_eval_rolls_out(
     script = _snippet(REPO / "docs" / "training.md", "rollout-script")
     assert _snippet(REPO / "README.md") == script  # the README shows the same script
     (tmp_path / "rollout.py").write_text(script)
-    done = subprocess.run(
-        [sys.executable, str(tmp_path / "rollout.py"), str(out)], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    assert re.fullmatch(r"mean return over 3 episodes: -?\d+\.\d\n", done.stdout)
+    monkeypatch.setattr(sys, "argv", ["rollout.py", str(out)])
+    runpy.run_path(str(tmp_path / "rollout.py"), run_name="__main__")  # as `python rollout.py RUN`
+    assert re.fullmatch(r"mean return over 3 episodes: -?\d+\.\d\n", capsys.readouterr().out)
     with pytest.raises(SystemExit):
         cli.main(["eval", f"--policy.path={out}", "--dataset.eval_episodes=2", "--json"])
     result = json.loads(capsys.readouterr().out)
