@@ -56,3 +56,29 @@ def test_save_state_optimizer_shards_are_refused(saved: Path, tmp_path: Path) ->
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and layout.MODEL_DCP_DIR in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_save_state_is_read_by_every_command_as_accelerate_s_layout(saved: Path, tmp_path: Path) -> None:
+    """The catalog reads save_state's `{"model": ...}` shards as the model and its `optimizer_0/` as
+    optimizer state only: load, inspect, verify, diff and push agree on it (no new launch)."""
+    import ckpt_tools
+    from ckpt_tools.catalog import ACCELERATE_DCP, catalog
+    from ckpt_tools.diff import diff_checkpoints
+
+    shards = saved / "state" / layout.MODEL_DCP_DIR
+    reference = torch.load(saved / "reference.pt")["state"]
+    assert catalog(shards).layout == ACCELERATE_DCP and catalog(shards).labels == ("dcp",)
+    loaded = ckpt_tools.load_model_state_dict(shards)
+    assert sorted(loaded) == sorted(reference)
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in reference.items())
+    optimizer = ckpt_tools.describe_checkpoint(saved / "state" / "optimizer_0")
+    assert optimizer.formats == ("optimizer dcp",)
+    for path in (shards, saved / "state" / "optimizer_0"):
+        report = ckpt_tools.verify_checkpoint(path)
+        assert report.ok, report.problems
+    converted = tmp_path / "converted"
+    ckpt_tools.convert_dcp_to_safetensors(shards, converted)
+    diff = diff_checkpoints(shards, converted)
+    assert not diff.differs and not diff.only_a and not diff.only_b
+    pushed = ckpt("push", shards, tmp_path / "published")
+    assert pushed.returncode == 1 and "run `ckpt convert" in pushed.stderr

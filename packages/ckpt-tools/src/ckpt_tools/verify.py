@@ -197,9 +197,10 @@ def _check_required(
     """The files `checkpoint_format` (and the topology, for the optimizer) say must exist."""
     present = {(loc.role, loc.format) for loc in locations}
     if step is None:
-        if not any(loc.role in (MODEL, ADAPTER) for loc in locations):
+        bare_dcp = any(loc.format == DCP and loc.path == model_dir for loc in locations)
+        if not bare_dcp and not any(loc.role in (MODEL, ADAPTER) for loc in locations):
             findings.problems.append(f"{model_dir} holds no model weights")
-        return
+        return  # a DCP directory passed on its own (an optimizer_0/ too) is checked as what it holds
     role = ADAPTER if step.peft else MODEL
     fmt = step.checkpoint_format
     if fmt in ("safetensors", "safetensors_dcp") and not present & {
