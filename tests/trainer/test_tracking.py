@@ -4,6 +4,7 @@ config, every metric and the summary from one run, and a resumed run continues t
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,9 +32,8 @@ def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
         monkeypatch.setenv(name, str(tmp_path / name.lower()))
     yield
-    import wandb
-
-    wandb.teardown()  # stop the wandb-core service this test started
+    if "wandb" in sys.modules:  # stop the wandb-core service a test started
+        sys.modules["wandb"].teardown()
 
 
 def test_both_trackers_log_everything_and_a_resumed_run_continues_them(
@@ -93,6 +93,18 @@ def test_missing_credentials_and_library_are_one_line_at_start(tmp_path, offline
     monkeypatch.setattr(trackers.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"--trackio.enable=true needs the trackio package: pip install"):
         trackers.check_trackers(parse_config(["--trackio.enable=true"]))
+
+
+def test_the_cli_refuses_in_one_line_before_any_work(tmp_path, offline, capsys) -> None:
+    from trainer.cli import main
+
+    out = tmp_path / "never-created"
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--wandb.enable=true", "--wandb.project=p", f"--output_dir={out}"])
+    assert info.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --wandb.mode=online needs W&B credentials")
+    assert not out.exists()  # nothing was built, loaded or written
 
 
 class _Recorder:
