@@ -76,7 +76,7 @@ def test_sigterm_on_one_rank_stops_both_at_one_step_and_resume_agrees_on_the_ste
     the main rank prints the one line. The resume flips `last` back to step 2 right after the main rank
     resolved step 3: both ranks still resume from step 3 (the main rank's choice is broadcast)."""
     out = tmp_path / "run"
-    args = flags(out, cache)  # DDP over 2 ranks, 4 steps, saves every 2
+    args = flags(out, cache, "--collective_timeout_s=30")  # DDP over 2 ranks, 4 steps, saves every 2
     stopped = run_torchrun(SCRIPT, 2, f"--hook-signal=1:3:{int(signal.SIGTERM)}", *args, check=False)
     log = stopped.stdout
     assert stopped.returncode != 0

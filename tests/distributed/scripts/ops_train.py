@@ -11,9 +11,9 @@ Hook flags come first and are removed before the trainer parses the rest:
   --hook-fail-commit=STEP        the main rank's commit of STEP raises OSError (a rename refused).
   --hook-fail-shard=RANK:STEP    RANK's DCP shard write into STEP raises OSError (disk full).
   --hook-slow-shard=RANK:STEP:SECONDS  RANK's DCP shard write into STEP sleeps SECONDS first.
-  --hook-flip-last=STEP          the main rank repoints `checkpoints/last` to STEP right after it resolved
-                                 the step to resume; the other ranks resolve theirs a second later (if they
-                                 resolve one at all), so an unshared resolution would pick another step.
+  --hook-flip-last=STEP          the main rank repoints `checkpoints/last` to STEP right after it read it
+                                 for `--resume=true --output_dir` (the saved config, at parse); the other
+                                 ranks read it a second later, so an unshared choice would be another step.
 Every rank prints `hook: rank R pid P` at start and `hook: rank R resumes from DIR` after phase 1.
 """
 
@@ -124,18 +124,18 @@ def fail_shard(rank: int, step: int) -> None:
 
 
 def flip_last(step: int) -> None:
-    find_checkpoint = resume.find_checkpoint
+    saved_config_path = resume.saved_config_path
 
-    def find(config):
+    def find(output_dir):
         if RANK != 0:
             time.sleep(1.0)
-        found = find_checkpoint(config)
+        found = saved_config_path(output_dir)
         if RANK == 0:
-            ckpt_commit.point_last(os.path.dirname(found), layout.step_dir_name(step))
+            ckpt_commit.point_last(os.path.join(output_dir, "checkpoints"), layout.step_dir_name(step))
             print(f"hook: rank 0 resolved {found}, then moved last to {step}", flush=True)
         return found
 
-    resume.find_checkpoint = find
+    resume.saved_config_path = find
 
 
 def report_resume() -> None:
