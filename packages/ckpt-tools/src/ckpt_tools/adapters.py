@@ -5,6 +5,7 @@ peft saves an adapter as `adapter_model.safetensors` whose keys are the PEFT mod
 `modules_to_save` as `base_model.model.<module>.weight`) plus `adapter_config.json`. Merging is
 `W += scale * B @ A` per adapted module, with `scale = alpha / r` (`alpha / sqrt(r)` for rsLoRA), so an
 evaluation machine needs neither peft nor the training code to get a plain `model.safetensors`.
+The config's merge fields are checked first (`adapter_config.adapter_config_problems`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from ckpt_tools import layout, storage
+from ckpt_tools.adapter_config import adapter_config_problems, pattern_regex
 from ckpt_tools.errors import CheckpointError
 from ckpt_tools.loading import load_model_state_dict
 from ckpt_tools.locate import resolve_model_dir
@@ -99,6 +101,10 @@ def _merged_weight(
 
 
 def _scale(module: str, rank: int, config: Mapping[str, Any]) -> float:
+    if rank <= 0:
+        raise CheckpointError(
+            f"adapter for {module!r} has rank 0 (lora_A has no rows); the adapter is damaged"
+        )
     alpha = _pattern_value(module, config.get("alpha_pattern") or {}, config.get("lora_alpha", 8))
     rank = _pattern_value(module, config.get("rank_pattern") or {}, rank)
     return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
@@ -107,12 +113,15 @@ def _scale(module: str, rank: int, config: Mapping[str, Any]) -> float:
 def _pattern_value(module: str, patterns: Mapping[str, Any], default: Any) -> Any:
     # peft matches these keys as regexes against the end of the module name.
     for pattern, value in patterns.items():
-        if re.match(rf"(.*\.)?({pattern})$", module):
+        if re.match(pattern_regex(pattern), module):
             return value
     return default
 
 
 def _check_config(config: Mapping[str, Any]) -> None:
+    problems = adapter_config_problems(config)
+    if problems:
+        raise CheckpointError(f"cannot merge: {problems[0]}")
     peft_type = str(config.get("peft_type", "LORA")).upper().removeprefix("PEFTTYPE.")
     if peft_type != "LORA":
         raise CheckpointError(
@@ -147,5 +156,7 @@ def merge_adapter_dir(
 def base_model_path(adapter_path: str | os.PathLike[str]) -> str | None:
     """The base model an adapter was trained on, as recorded in its `adapter_config.json`."""
     _, adapter_dir = resolve_model_dir(adapter_path)
-    config = storage.read_json_object(layout.join(adapter_dir, layout.ADAPTER_CONFIG))
-    return config.get("base_model_name_or_path") or None
+    base = storage.read_json_object(layout.join(adapter_dir, layout.ADAPTER_CONFIG)).get(
+        "base_model_name_or_path"
+    )
+    return base if isinstance(base, str) and base else None

@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from ckpt_tools import companions, convert_plan, layout, storage
 from ckpt_tools.catalog import ADAPTER, DCP, MODEL, SAFETENSORS, SHARDED_SAFETENSORS, catalog
+from ckpt_tools.chunk_tiling import check_tiling
 from ckpt_tools.dcp_index import ChunkEntry, TensorEntry, locate_chunk_data, model_tensors, read_dcp_index
 from ckpt_tools.dtypes import FLOATING, ITEMSIZE, SAFETENSORS_TO_TORCH, USER_DTYPES, dtype_name
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, OutputExistsError
@@ -104,7 +105,7 @@ def convert_dcp_to_safetensors(
     if not tensors:
         raise NotACheckpointError(f"{source} holds no model tensors; nothing to convert")
     for entry in tensors.values():
-        _check_chunks(source, entry)
+        check_tiling(entry, source)  # no hole, no element twice, before the first byte is written
     shards = _plan_shards(tensors, target, stem, parse_size(max_shard_size) if max_shard_size else None)
     _check_outputs(out_dir, stem, overwrite)
     model_dir = source.rsplit("/", 1)[0]  # the configs and processors beside the shards
@@ -172,24 +173,6 @@ def _target_dtype(dtype: str | None) -> str | None:
 
 def _out_dtype(entry: TensorEntry, target: str | None) -> str:
     return target if target is not None and entry.dtype in FLOATING else entry.dtype
-
-
-def _check_chunks(source: str, entry: TensorEntry) -> None:
-    """Chunks lie inside the tensor and add up to it, so the output has no holes (checked before the
-    first byte is written)."""
-    total = 0
-    for chunk in entry.chunks:
-        inside = len(chunk.offsets) == len(entry.shape) == len(chunk.sizes) and all(
-            o >= 0 and o + s <= d for o, s, d in zip(chunk.offsets, chunk.sizes, entry.shape, strict=True)
-        )
-        if not inside:
-            raise CorruptCheckpointError(f"{source}: a chunk of {entry.name!r} lies outside its shape")
-        total += chunk.numel
-    expected = entry.nbytes // ITEMSIZE[entry.dtype]
-    if total != expected:
-        raise CorruptCheckpointError(
-            f"{source}: the chunks of {entry.name!r} hold {total} elements, the tensor has {expected}"
-        )
 
 
 def _plan_shards(
@@ -306,7 +289,7 @@ class _OpenFiles:
         if handle is None:
             if len(self._open) >= _MAX_OPEN_FILES:
                 self._open.pop(next(iter(self._open))).close()
-            handle = storage.open_file(layout.join(self.source, name), "rb")
+            handle = storage.open_regular(layout.join(self.source, name))
             self._open[name] = handle
         return handle
 

@@ -5,6 +5,11 @@ chunk lies: file, offset, length) plus `.distcp` files holding the chunks. This 
 metadata into plain frozen dataclasses through the restricted unpickler, so `ckpt inspect` answers
 without importing torch, and locates each chunk's raw element bytes inside its `torch.save` record so
 conversion can copy them by offset instead of loading tensors.
+
+The metadata is untrusted (see `untrusted`): `.metadata` is read only as a regular file under a size
+limit, every field is type- and range-checked into the dataclasses below (one line naming the entry
+otherwise), and every `relative_path` must name a file inside the DCP directory, so no record can make
+a reader copy bytes from elsewhere.
 """
 
 from __future__ import annotations
@@ -25,12 +30,17 @@ from ckpt_tools.errors import (
     UnsafePickleError,
 )
 from ckpt_tools.safe_pickle import (
+    MAX_DIMS,
     BytesStorageMetadata,
     Metadata,
     TensorStorageMetadata,
     load_tensor_record,
     restricted_loads,
 )
+from ckpt_tools.untrusted import MAX_METADATA_BYTES, describe, is_count
+
+_MAX_RECORD_PICKLE = 1 << 20
+"""A chunk record's `data.pkl` names one tensor in a few hundred bytes."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +61,7 @@ class ChunkEntry:
 
     @property
     def numel(self) -> int:
-        count = 1
-        for dim in self.sizes:
-            count *= dim
-        return count
+        return _numel(self.sizes)
 
 
 @dataclass(frozen=True)
@@ -117,8 +124,9 @@ def read_dcp_index(path: str | os.PathLike[str], *, check_files: bool = True) ->
             f"{root} has no {layout.DCP_METADATA} file: not a DCP checkpoint directory "
             "(pass the directory torch.distributed.checkpoint saved into)"
         )
-    with fs.open(meta_path, "rb") as handle:
-        metadata = restricted_loads(handle.read(), what=f"{root}/{layout.DCP_METADATA}")
+    what = f"{root}/{layout.DCP_METADATA}"
+    data = storage.read_bytes(what, MAX_METADATA_BYTES)
+    metadata = restricted_loads(data, what=what)
     if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
         raise CorruptCheckpointError(f"{root}/{layout.DCP_METADATA} does not hold DCP Metadata")
     index = _build_index(root, metadata)
@@ -133,59 +141,114 @@ def _build_index(root: str, metadata: Metadata) -> DcpIndex:
     tensors: dict[str, TensorEntry] = {}
     objects: dict[str, ObjectEntry] = {}
     for name, item in metadata.state_dict_metadata.items():
+        if not isinstance(name, str):
+            raise CorruptCheckpointError(f"{root}: .metadata has an entry named by {describe(name)}")
         if isinstance(item, TensorStorageMetadata):
             tensors[name] = _tensor_entry(root, name, item, locations)
         elif isinstance(item, BytesStorageMetadata):
-            info = _location(root, locations, name, None)
-            objects[name] = ObjectEntry(name, info.relative_path, int(info.offset), int(info.length))
+            record = _location(root, locations, name, None)
+            objects[name] = ObjectEntry(name, record.file, record.offset, record.length)
         else:
             raise CorruptCheckpointError(f"{root}: entry {name!r} has an unknown metadata type")
-    planner = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
-    paths = {key: tuple(str(p) for p in value) for key, value in planner.items() if isinstance(value, tuple)}
-    return DcpIndex(root, tensors, objects, paths)
+    return DcpIndex(root, tensors, objects, _planner_paths(metadata.planner_data))
 
 
-def _storage_locations(root: str, storage_data: Any) -> dict[tuple[str, tuple[int, ...] | None], Any]:
+def _planner_paths(planner: Any) -> dict[str, tuple[str, ...]]:
+    """Keys saved under a nested state dict and their path in it (components are names or indices)."""
+    if not isinstance(planner, dict):
+        return {}
+    return {
+        key: tuple(str(p) for p in value)
+        for key, value in planner.items()
+        if isinstance(key, str)
+        and isinstance(value, tuple)
+        and all(isinstance(p, str) or is_count(p) for p in value)
+    }
+
+
+@dataclass(frozen=True)
+class _StorageRecord:
+    """A validated storage record: `file` is a name inside the DCP directory."""
+
+    file: str
+    offset: int
+    length: int
+    transforms: tuple[str, ...]
+
+
+_Locations = dict[tuple[str, "tuple[int, ...] | None"], Any]
+
+
+def _storage_locations(root: str, storage_data: Any) -> _Locations:
     if not isinstance(storage_data, dict):
         raise CorruptCheckpointError(f"{root}/{layout.DCP_METADATA} has no storage table")
-    table = {}
+    table: _Locations = {}
     for key, info in storage_data.items():
-        offset = None if key.offset is None else tuple(int(x) for x in key.offset)
-        table[(str(key.fqn), offset)] = info
+        fqn, offset = getattr(key, "fqn", None), getattr(key, "offset", None)
+        if not isinstance(fqn, str):
+            raise CorruptCheckpointError(f"{root}: a storage record is keyed by {describe(fqn)}, not a name")
+        table[(fqn, None if offset is None else _dims(root, fqn, "offset", offset))] = info
     return table
 
 
-def _location(root: str, table: dict, name: str, offsets: tuple[int, ...] | None) -> Any:
+def _dims(root: str, name: str, field_name: str, value: Any) -> tuple[int, ...]:
+    """A shape, offset or size tuple: at most MAX_DIMS non-negative int64 values."""
+    if not isinstance(value, tuple) or len(value) > MAX_DIMS or not all(is_count(x) for x in value):
+        raise CorruptCheckpointError(
+            f"{root}: {name!r} has {field_name} {describe(value)}, not a tuple of non-negative integers"
+        )
+    return value
+
+
+def _location(root: str, table: _Locations, name: str, offsets: tuple[int, ...] | None) -> _StorageRecord:
     info = table.get((name, offsets))
+    where = "" if offsets is None else f" chunk at {list(offsets)}"
     if info is None or info.relative_path is None or info.offset is None or info.length is None:
-        where = "" if offsets is None else f" chunk at {list(offsets)}"
         raise CorruptCheckpointError(f"{root}: {name!r}{where} has no storage record in .metadata")
-    return info
+    if not is_count(info.offset) or not is_count(info.length) or not is_count(info.offset + info.length):
+        raise CorruptCheckpointError(
+            f"{root}: {name!r}{where} has a storage record at offset {describe(info.offset)} of length "
+            f"{describe(info.length)}, not a byte range a file can hold"
+        )
+    transforms = info.transform_descriptors or ()
+    if not isinstance(transforms, (list, tuple)) or not all(isinstance(t, str) for t in transforms):
+        raise CorruptCheckpointError(f"{root}: {name!r}{where} has transforms {describe(transforms)}")
+    storage.contained(root, info.relative_path, f"the record of {name!r}{where}")
+    return _StorageRecord(info.relative_path, info.offset, info.length, tuple(str(t) for t in transforms))
 
 
-def _tensor_entry(root: str, name: str, item: TensorStorageMetadata, table: dict) -> TensorEntry:
+def _tensor_entry(root: str, name: str, item: TensorStorageMetadata, table: _Locations) -> TensorEntry:
     dtype_name = getattr(item.properties, "dtype", None)
     try:
-        dtype = safetensors_code(str(dtype_name))
+        dtype = safetensors_code(dtype_name) if isinstance(dtype_name, str) else ""
     except ValueError:
+        dtype = ""
+    if not dtype:
         raise CorruptCheckpointError(
-            f"{root}: tensor {name!r} has dtype {dtype_name}, which safetensors cannot hold"
-        ) from None
-    chunks = []
-    for chunk in item.chunks or ():
-        offsets = tuple(int(x) for x in chunk.offsets)
-        info = _location(root, table, name, offsets)
-        chunks.append(
-            ChunkEntry(
-                offsets=offsets,
-                sizes=tuple(int(x) for x in chunk.sizes),
-                file=str(info.relative_path),
-                file_offset=int(info.offset),
-                length=int(info.length),
-                transforms=tuple(info.transform_descriptors or ()),
-            )
+            f"{root}: tensor {name!r} has dtype {describe(dtype_name)}, which safetensors cannot hold"
         )
-    return TensorEntry(name, tuple(int(x) for x in item.size), dtype, tuple(chunks))
+    shape = _dims(root, name, "shape", item.size)
+    if not is_count(_numel(shape)):
+        raise CorruptCheckpointError(f"{root}: tensor {name!r} has {len(shape)} dimensions too large to hold")
+    chunks = item.chunks or ()
+    if not isinstance(chunks, (list, tuple)):
+        raise CorruptCheckpointError(f"{root}: tensor {name!r} has chunks {describe(chunks)}, not a list")
+    entries = []
+    for chunk in chunks:
+        offsets = _dims(root, name, "a chunk offset", getattr(chunk, "offsets", None))
+        sizes = _dims(root, name, "a chunk size", getattr(chunk, "sizes", None))
+        record = _location(root, table, name, offsets)
+        entries.append(
+            ChunkEntry(offsets, sizes, record.file, record.offset, record.length, record.transforms)
+        )
+    return TensorEntry(name, shape, dtype, tuple(entries))
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
 
 
 def dcp_file_problems(index: DcpIndex) -> list[str]:
@@ -196,13 +259,16 @@ def dcp_file_problems(index: DcpIndex) -> list[str]:
     records += [(o.file, o.file_offset + o.length) for o in index.objects.values()]
     for file, end in records:
         needed[file] = max(needed.get(file, 0), end)
+    listed = {entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry for entry in fs.ls(inner, detail=True)}
     sizes = {
-        entry["name"].rstrip("/").rsplit("/", 1)[-1]: int(entry.get("size") or 0)
-        for entry in fs.ls(inner, detail=True)
+        name: int(entry.get("size") or 0) for name, entry in listed.items() if entry.get("type") == "file"
     }
     problems = []
     for file, end in sorted(needed.items()):
-        if file not in sizes and fs.exists(f"{inner}/{file}"):  # a record in a subdirectory
+        if file in listed and file not in sizes:
+            problems.append(f"{index.path}/{file} is not a regular file: refused; .metadata references it")
+            continue
+        if file not in sizes and fs.isfile(f"{inner}/{file}"):  # a record in a subdirectory
             sizes[file] = int(fs.size(f"{inner}/{file}"))
         if file not in sizes:
             problems.append(f"{index.path}/{file} is missing; .metadata references it")
@@ -323,18 +389,34 @@ def locate_chunk_data(handle: IO[bytes], chunk: ChunkEntry, dtype: str, where: s
     try:
         with zipfile.ZipFile(_Slice(handle, chunk.file_offset, chunk.length)) as archive:
             return _locate_in_archive(archive, handle, chunk, dtype, want, where)
-    except (zipfile.BadZipFile, EOFError, struct.error) as exc:
-        raise CorruptCheckpointError(f"{where}: chunk record is damaged ({exc})") from None
+    except (
+        zipfile.BadZipFile,
+        EOFError,
+        struct.error,
+        ValueError,
+        OverflowError,
+        NotImplementedError,
+    ) as exc:
+        raise CorruptCheckpointError(f"{where}: chunk record is damaged ({str(exc)[:200]})") from None
 
 
 def _locate_in_archive(
     archive: zipfile.ZipFile, handle: IO[bytes], chunk: ChunkEntry, dtype: str, want: int, where: str
 ) -> ChunkData | None:
     names = {info.filename.split("/", 1)[-1]: info for info in archive.infolist()}
+    stored = zipfile.ZIP_STORED
+    compressed = next((info.filename for info in names.values() if info.compress_type != stored), None)
+    if compressed is not None:
+        raise CorruptCheckpointError(
+            f"{where}: chunk record entry {describe(compressed)} is compressed; torch.save stores records "
+            "uncompressed, so this one is refused rather than inflated"
+        )
     pickled = names.get("data.pkl")
     byteorder = names.get("byteorder")
     if pickled is None:
         raise CorruptCheckpointError(f"{where}: chunk record has no data.pkl")
+    if pickled.file_size > _MAX_RECORD_PICKLE or (byteorder is not None and byteorder.file_size > 64):
+        raise CorruptCheckpointError(f"{where}: chunk record's data.pkl is larger than a tensor record")
     if byteorder is not None and archive.read(byteorder).strip() != b"little":
         return None
     try:
@@ -345,7 +427,6 @@ def _locate_in_archive(
     itemsize = ITEMSIZE[dtype]
     if (
         info is None
-        or info.compress_type != zipfile.ZIP_STORED
         or record.storage.dtype != SAFETENSORS_TO_TORCH[dtype]
         or record.shape != chunk.sizes
         or not _is_contiguous(record.shape, record.stride)

@@ -48,7 +48,8 @@ DCP_SHARD_SUFFIX = ".distcp"
 # A step directory being written carries this prefix until it is complete and renamed.
 TMP_PREFIX = ".tmp-"
 
-_STEP_NAME = re.compile(rf"^\d{{{STEP_DIGITS},}}$")
+# ASCII digits only, matched whole: `$` would also accept a trailing newline ("005000\n").
+_STEP_NAME = re.compile(rf"[0-9]{{{STEP_DIGITS},}}")
 
 
 def step_dir_name(step: int) -> str:
@@ -59,7 +60,7 @@ def step_dir_name(step: int) -> str:
 
 
 def is_step_dir_name(name: str) -> bool:
-    return bool(_STEP_NAME.match(name))
+    return bool(_STEP_NAME.fullmatch(name))
 
 
 def processor_config_name(processor: str) -> str:

@@ -1,7 +1,9 @@
 """The `training_step.json` schema: what a resume needs to know about the run that saved.
 
-Reading is strict. An unknown future `format_version`, a missing field or a field of the wrong type is
-an error that names the field, because a resume that guesses silently is worse than one that stops.
+Reading is strict. An unknown future `format_version`, a missing field, a field of the wrong type or
+out of its range (a negative step, zero ranks, an epoch no run reaches) is an error that names the
+field, because a resume that guesses silently, or dies later with a traceback, is worse than one that
+stops at the start.
 """
 
 from __future__ import annotations
@@ -17,10 +19,16 @@ from ckpt_tools.errors import (
     LegacyCheckpointError,
     UnsupportedVersionError,
 )
+from ckpt_tools.untrusted import MAX_INT, describe, parse_json
 
 FORMAT_VERSION = 1
 CHECKPOINT_FORMATS = ("safetensors", "dcp", "safetensors_dcp")
 MIXED_PRECISION = ("no", "fp16", "bf16")
+MAX_RANKS = 1 << 20
+MAX_COUNT = 2**31 - 1
+"""Upper bound of batch sizes, accumulation steps and epochs: above any run, inside every int32 use."""
+MAX_SEED = 2**32 - 1
+"""numpy seeds only up to here, and a resume re-seeds numpy."""
 
 
 @dataclass(frozen=True)
@@ -78,14 +86,28 @@ class TrainingStep:
     def __post_init__(self) -> None:
         if self.checkpoint_format not in CHECKPOINT_FORMATS:
             raise CorruptCheckpointError(
-                f"training_step.json: checkpoint_format {self.checkpoint_format!r} is not one of "
+                f"training_step.json: checkpoint_format {describe(self.checkpoint_format)} is not one of "
                 f"{', '.join(CHECKPOINT_FORMATS)}"
             )
         if self.mixed_precision not in MIXED_PRECISION:
             raise CorruptCheckpointError(
-                f"training_step.json: mixed_precision {self.mixed_precision!r} is not one of "
+                f"training_step.json: mixed_precision {describe(self.mixed_precision)} is not one of "
                 f"{', '.join(MIXED_PRECISION)}"
             )
+        for name, value, low, high in (
+            ("step", self.step, 0, MAX_INT),
+            ("topology.dp_replicate", self.topology.dp_replicate, 1, MAX_RANKS),
+            ("topology.dp_shard", self.topology.dp_shard, 1, MAX_RANKS),
+            ("topology.cp_size", self.topology.cp_size, 1, MAX_RANKS),
+            ("topology.tp_size", self.topology.tp_size, 1, MAX_RANKS),
+            ("dp_world_size", self.dp_world_size, 1, MAX_RANKS),
+            ("batch_size", self.batch_size, 1, MAX_COUNT),
+            ("grad_accum_steps", self.grad_accum_steps, 1, MAX_COUNT),
+            ("seed", 0 if self.seed is None else self.seed, 0, MAX_SEED),
+            ("sampler.epoch", self.sampler.epoch, 0, MAX_COUNT),
+            ("sampler.offset", self.sampler.offset, 0, MAX_INT),
+        ):
+            _check_range(name, value, low, high)
         if self.topology.dp_world_size != self.dp_world_size:
             raise CorruptCheckpointError(
                 f"training_step.json: dp_world_size={self.dp_world_size} but topology "
@@ -159,11 +181,16 @@ class TrainingStep:
 
     @classmethod
     def from_json(cls, text: str | bytes, source: str = "training_step.json") -> TrainingStep:
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CorruptCheckpointError(f"{source} is not valid JSON ({exc}); the file is damaged") from exc
+        data = parse_json(text.encode("utf-8") if isinstance(text, str) else text, source)
         return cls.from_dict(data, source)
+
+
+def _check_range(name: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise CorruptCheckpointError(
+            f"training_step.json: {name} is {describe(value)}, outside {low}..{high}; the file is damaged "
+            "or hand-edited, use another checkpoint"
+        )
 
 
 def _field(data: dict[str, Any], name: str, kind: type, source: str) -> Any:
@@ -181,7 +208,7 @@ def _check_type(value: Any, name: str, kind: type, source: str) -> Any:
     # bool is an int in Python; a JSON `true` where a count belongs is still a mistake.
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise CorruptCheckpointError(
-            f"{source}: field {name!r} should be {kind.__name__}, got {type(value).__name__} {value!r}"
+            f"{source}: field {name!r} should be {kind.__name__}, got {type(value).__name__} {describe(value)}"
         )
     return value
 

@@ -5,6 +5,14 @@ is a `torch.save` archive whose `data.pkl` is a pickle too. Unpickling either wi
 unpickler would run whatever callable the file names, so a checkpoint downloaded from somewhere could
 execute code on `ckpt inspect`. These unpicklers resolve only an allow-list of globals, each to a plain
 stand-in defined here (never the torch class), and refuse everything else by name before any call.
+
+The work is bounded by the input. The C unpickler does constant work per opcode (each builds at most
+one object, a container grows by one reference per input byte or more, nesting lives on its own heap
+stack), so the caller's size limit on the file (`untrusted.MAX_METADATA_BYTES`) bounds objects,
+container sizes and time. The only calls a pickle can make are the stand-ins below, and each bounds
+what it builds (a `torch.Size` of at most `MAX_DIMS` dimensions, a path of at most `MAX_PATH`
+characters), so a small file cannot ask for a large result. Nothing here `repr`s an unpickled value:
+a self-referencing list would make that unbounded; messages use `untrusted.describe`.
 """
 
 from __future__ import annotations
@@ -18,6 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_tools.errors import CorruptCheckpointError, UnsafePickleError
+from ckpt_tools.untrusted import describe, is_count
+
+MAX_DIMS = 64
+"""More dimensions than any tensor has (torch allows 64)."""
+MAX_PATH = 4096
 
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 _DCP_FILESYSTEM = "torch.distributed.checkpoint.filesystem"
@@ -31,6 +44,10 @@ class _Record:
             state = {**(state[0] or {}), **state[1]}  # (dict state, slot state)
         if not isinstance(state, dict):
             raise CorruptCheckpointError(f"unexpected pickled state for {type(self).__name__}")
+        if not all(isinstance(key, str) for key in state):
+            raise CorruptCheckpointError(
+                f"pickled state for {type(self).__name__} has a non-string field name"
+            )
         self.__dict__.update(state)
 
     def __getattr__(self, name: str) -> Any:
@@ -40,7 +57,8 @@ class _Record:
         return None
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items())
+        # Bounded: the fields are untrusted and may reference themselves.
+        fields = ", ".join(f"{k}={describe(v)}" for k, v in list(self.__dict__.items())[:8])
         return f"{type(self).__name__}({fields})"
 
 
@@ -90,23 +108,32 @@ class TorchName(str):
 
 
 def _size(dims: Any = ()) -> tuple[int, ...]:
-    return tuple(int(d) for d in dims)
+    if not isinstance(dims, (list, tuple)) or len(dims) > MAX_DIMS or not all(is_count(d) for d in dims):
+        raise CorruptCheckpointError(
+            f"a pickled torch.Size holds {describe(dims)}, not at most {MAX_DIMS} sizes in int64 range"
+        )
+    return tuple(dims)
 
 
 def _layout(name: str) -> TorchName:
-    if not isinstance(name, str) or not re.fullmatch(r"torch\.\w+", name):
-        raise UnsafePickleError(f"refused layout argument {name!r}")
+    if not isinstance(name, str) or len(name) > 64 or not re.fullmatch(r"torch\.\w+", name):
+        raise UnsafePickleError(f"refused layout argument {describe(name)}")
     return TorchName(name.removeprefix("torch."))
 
 
 def _mem_format(value: int) -> int:
-    return int(value)
+    if not is_count(value):
+        raise CorruptCheckpointError(f"a pickled memory format is {describe(value)}, not a small integer")
+    return value
 
 
 def _path(*parts: str) -> str:
     # pathlib.PosixPath(*parts) without touching the filesystem: only informational fields use it.
+    # Bounded before joining: many references to one long string would otherwise multiply it.
     if not all(isinstance(p, str) for p in parts):
         raise UnsafePickleError("refused a pickled path with non-string parts")
+    if len(parts) > MAX_PATH or sum(len(p) + 1 for p in parts) > MAX_PATH:
+        raise CorruptCheckpointError(f"a pickled path is longer than {MAX_PATH} characters")
     return "/".join(parts).replace("//", "/")
 
 
@@ -193,7 +220,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
         if module == "torch" and name in _TORCH_ENUM_NAMES:
             return TorchName(name)
         raise UnsafePickleError(
-            f"{self._what} asks for {module}.{name}, which is not a DCP metadata class: refused "
+            f"{self._what} asks for {module[:100]}.{name[:100]}, which is not a DCP metadata class: refused "
             "without executing it; only open checkpoints from sources you trust"
         )
 
@@ -212,7 +239,7 @@ def _loads(unpickler: _RestrictedUnpickler) -> Any:
         raise
     except Exception as exc:  # truncated or malformed pickle: any exception type is possible
         raise CorruptCheckpointError(
-            f"{unpickler._what} is not a readable pickle ({type(exc).__name__}: {exc}); "
+            f"{unpickler._what} is not a readable pickle ({type(exc).__name__}: {str(exc)[:200]}); "
             "the file is truncated or damaged"
         ) from None
 
@@ -270,16 +297,18 @@ _STORAGE_DTYPES = {
 def _rebuild_tensor(storage: Any, storage_offset: int, size: Any, stride: Any, *_rest: Any) -> TensorRecord:
     if not isinstance(storage, StorageRef):
         raise CorruptCheckpointError("tensor record does not reference a storage")
-    return TensorRecord(storage, int(storage_offset), _size(size), _size(stride))
+    if not is_count(storage_offset):
+        raise CorruptCheckpointError(f"tensor record has storage offset {describe(storage_offset)}")
+    return TensorRecord(storage, storage_offset, _size(size), _size(stride))
 
 
 def _storage_ref(pid: Any) -> StorageRef:
     if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
-        raise UnsafePickleError(f"refused persistent reference {pid!r:.80}")
+        raise UnsafePickleError(f"refused persistent reference {describe(pid)}")
     _, dtype, key, _location, numel = pid
-    if not isinstance(dtype, str) or not isinstance(key, str):
+    if not isinstance(dtype, str) or not isinstance(key, str) or not is_count(numel) or len(key) > MAX_PATH:
         raise CorruptCheckpointError("malformed storage reference in a tensor record")
-    return StorageRef(key=key, dtype=str(dtype), numel=int(numel))
+    return StorageRef(key=key, dtype=str(dtype), numel=numel)
 
 
 _TENSOR_GLOBALS: dict[tuple[str, str], Any] = {
@@ -298,5 +327,5 @@ def load_tensor_record(data: bytes, what: str = "tensor record") -> TensorRecord
     """
     record = _loads(_RestrictedUnpickler(data, _TENSOR_GLOBALS, what, persistent=_storage_ref))
     if not isinstance(record, TensorRecord):
-        raise UnsafePickleError(f"{what} holds a {type(record).__name__}, not a plain tensor")
+        raise UnsafePickleError(f"{what} holds {describe(record)}, not a plain tensor")
     return record

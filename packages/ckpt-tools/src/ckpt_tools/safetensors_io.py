@@ -18,6 +18,9 @@ from typing import Any
 from ckpt_tools import storage
 from ckpt_tools.dtypes import ITEMSIZE, nbytes
 from ckpt_tools.errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError
+from ckpt_tools.untrusted import describe, is_count
+
+MAX_DIMS = 64
 
 METADATA_KEY = "__metadata__"
 # The safetensors library refuses headers above 100 MB; so do we, before allocating them.
@@ -72,8 +75,8 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
         raise CheckpointNotFoundError(f"{name}: no such file")
     if fs.isdir(inner):
         raise NotACheckpointError(f"{name} is a directory, not a safetensors file")
-    file_size = int(fs.size(inner))
-    with fs.open(inner, "rb") as handle:
+    with storage.open_regular(name) as handle:
+        file_size = int(fs.size(inner))
         prefix = handle.read(_LENGTH_PREFIX)
         if len(prefix) < _LENGTH_PREFIX:
             raise CorruptCheckpointError(
@@ -112,7 +115,13 @@ def _parse_header_json(name: str, raw: bytes) -> tuple[dict[str, Any], dict[str,
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CorruptCheckpointError(
             f"{name}: the header is not valid JSON ({exc}); the file is damaged"
-        ) from exc
+        ) from None
+    except RecursionError:
+        raise CorruptCheckpointError(
+            f"{name}: the header nests JSON too deeply; the file is damaged"
+        ) from None
+    except ValueError as exc:  # an integer over Python's 4300-digit conversion limit
+        raise CorruptCheckpointError(f"{name}: the header holds a value out of range ({exc})") from None
     metadata = data.pop(METADATA_KEY, None) or {}
     if not isinstance(metadata, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
@@ -125,28 +134,32 @@ def _no_duplicates(name: str, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise CorruptCheckpointError(f"{name}: the header lists {key!r} twice; the file is damaged")
+            raise CorruptCheckpointError(
+                f"{name}: the header lists {describe(key)} twice; the file is damaged"
+            )
         out[key] = value
     return out
 
 
 def _tensor_info(name: str, key: str, value: Any) -> SafetensorsTensorInfo:
-    where = f"{name}: tensor {key!r}"
+    where = f"{name}: tensor {describe(key)}"
     if not isinstance(value, dict):
         raise CorruptCheckpointError(f"{where}: expected an object with dtype, shape, data_offsets")
     dtype = value.get("dtype")
-    if dtype not in ITEMSIZE:
+    if not isinstance(dtype, str) or dtype not in ITEMSIZE:
         raise CorruptCheckpointError(
-            f"{where}: unknown dtype {dtype!r} (known: {', '.join(ITEMSIZE)}); "
+            f"{where}: unknown dtype {describe(dtype)} (known: {', '.join(ITEMSIZE)}); "
             "written by a newer safetensors, or damaged"
         )
     shape = value.get("shape")
-    if not isinstance(shape, list) or not all(_is_count(dim) for dim in shape):
-        raise CorruptCheckpointError(f"{where}: shape {shape!r} is not a list of non-negative integers")
-    offsets = value.get("data_offsets")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(is_count(dim) for dim in shape):
         raise CorruptCheckpointError(
-            f"{where}: data_offsets {offsets!r} is not a pair of non-negative integers"
+            f"{where}: shape {describe(shape)} is not a list of non-negative integers (at most {MAX_DIMS})"
+        )
+    offsets = value.get("data_offsets")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_count(o) for o in offsets)):
+        raise CorruptCheckpointError(
+            f"{where}: data_offsets {describe(offsets)} is not a pair of non-negative integers"
         )
     info = SafetensorsTensorInfo(key, dtype, tuple(shape), (offsets[0], offsets[1]))
     expected = nbytes(dtype, info.shape)
@@ -168,7 +181,9 @@ def _check_layout(
         begin, end = info.data_offsets
         if begin != position:
             kind = "overlaps the previous tensor" if begin < position else f"leaves a hole at byte {position}"
-            raise CorruptCheckpointError(f"{name}: tensor {info.name!r} at data offset {begin} {kind}")
+            raise CorruptCheckpointError(
+                f"{name}: tensor {describe(info.name)} at data offset {begin} {kind}"
+            )
         position = end
     if position > data_size:
         raise CorruptCheckpointError(
@@ -179,7 +194,3 @@ def _check_layout(
         raise CorruptCheckpointError(
             f"{name}: {data_size - position} trailing bytes after the last tensor; the file is damaged"
         )
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -1,19 +1,33 @@
 """Filesystem access through fsspec, so a checkpoint reads the same from disk, `memory://` or a bucket.
 
 Local paths stay plain paths for the user; URLs with a protocol go to the matching fsspec filesystem.
+A checkpoint's files are untrusted input (`untrusted`): `read_bytes` and `open_regular` read only
+regular files (a FIFO would block forever, a link to `/dev/zero` read until memory runs out), JSON is
+read under a size limit and parsed into one-line errors, and `contained` keeps a file name that a
+checkpoint stores (a DCP record's path, an index entry) inside the directory that names it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import stat
+from typing import IO, Any
 
 import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from ckpt_tools.errors import CheckpointNotFoundError, CorruptCheckpointError
+from ckpt_tools.untrusted import MAX_JSON_BYTES, describe, parse_json
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 # Listings are never cached: on an object store several processes (the ranks of a save, a resumed run)
 # write into one prefix, and a listing cached by one would hide another's objects (a commit copying a
@@ -39,13 +53,80 @@ def exists(path: str | os.PathLike[str]) -> bool:
     return bool(fs.exists(inner))
 
 
-def read_bytes(path: str | os.PathLike[str]) -> bytes:
-    fs, inner = resolve(path)
+def read_bytes(path: str | os.PathLike[str], limit: int | None = None) -> bytes:
+    """The whole content of a regular file; more than `limit` bytes (when given) is refused."""
+    label = os.fspath(path)
+    with open_regular(label) as handle:
+        data = handle.read() if limit is None else handle.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        raise CorruptCheckpointError(
+            f"{label} is larger than {limit} bytes, more than a checkpoint writes there"
+        )
+    return data
+
+
+def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:
+    """Open a file for reading only when it is a regular file (a link to one is fine).
+
+    A local file is opened non-blocking and checked on the open descriptor, so a FIFO swapped in after
+    a check still cannot block. Raises CheckpointNotFoundError for a missing file and
+    CorruptCheckpointError for anything that is not a regular file.
+    """
+    label = os.fspath(path)
+    fs, inner = resolve(label)
+    if not is_local(fs):
+        try:
+            kind = fs.info(inner).get("type")
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(f"{label}: no such file") from None
+        if kind != "file":
+            raise _not_regular(label, "a directory" if kind == "directory" else f"of type {kind}")
+        return fs.open(inner, "rb")
     try:
-        with fs.open(inner, "rb") as handle:
-            return handle.read()
-    except FileNotFoundError as exc:
-        raise CheckpointNotFoundError(f"{os.fspath(path)}: no such file") from exc
+        fd = os.open(inner, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{label}: no such file") from None
+    except IsADirectoryError:
+        raise _not_regular(label, "a directory") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _not_regular(label, next((name for test, name in _KINDS if test(mode)), "not a regular file"))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def _not_regular(label: str, kind: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"{label} is {kind}, not a regular file: refused (a checkpoint holds only regular files)"
+    )
+
+
+def contained(root: str, name: Any, what: str) -> str:
+    """`root/name` for a file name stored inside a checkpoint, refused unless it stays inside `root`.
+
+    The name must be a relative path without `..` (no absolute path, no URL, no NUL); on local disk
+    the joined path must also resolve, after every symlink, to a place inside `root`'s own resolved
+    path. `what` says who named the file (`the record of 'w'`). Raises CorruptCheckpointError.
+    """
+    if not isinstance(name, str) or not name:
+        raise CorruptCheckpointError(f"{root}: {what} names {describe(name)} instead of a file name")
+    parts = name.replace("\\", "/").split("/")
+    if name.startswith(("/", "\\")) or "://" in name or "\x00" in name or ".." in parts or ":" in parts[0]:
+        raise CorruptCheckpointError(
+            f"{root}: {what} names {describe(name)}, outside its directory: refused (a checkpoint names "
+            "only files inside itself)"
+        )
+    path = f"{root.rstrip('/')}/{name}"
+    fs, inner = resolve(path)
+    if is_local(fs):
+        base = os.path.realpath(resolve(root)[1])
+        if os.path.commonpath([base, os.path.realpath(inner)]) != base:
+            raise CorruptCheckpointError(
+                f"{root}: {what} names {describe(name)}, which is a link leading outside the directory: "
+                "refused (a checkpoint names only files inside itself)"
+            )
+    return path
 
 
 def read_text(path: str | os.PathLike[str]) -> str:
@@ -113,20 +194,16 @@ def move_tree(fs: fsspec.AbstractFileSystem, src: str, dst: str, *, last: str | 
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
-    """A JSON file's value; a file that does not parse is a damaged checkpoint, named as such."""
-    try:
-        return json.loads(read_text(path))
-    except json.JSONDecodeError as exc:
-        raise CorruptCheckpointError(
-            f"{os.fspath(path)} is not valid JSON ({exc}); the file is damaged"
-        ) from exc
+    """A JSON file's value; a file that does not parse (or nests too deeply, holds a 5,000-digit
+    integer, is not a regular file, is over `MAX_JSON_BYTES`) is a damaged checkpoint, named as such."""
+    return parse_json(read_bytes(path, MAX_JSON_BYTES), os.fspath(path))
 
 
 def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
     """`read_json` for files whose value must be an object (configs, indexes)."""
     data = read_json(path)
     if not isinstance(data, dict):
-        raise CorruptCheckpointError(f"{os.fspath(path)}: expected a JSON object, got {type(data).__name__}")
+        raise CorruptCheckpointError(f"{os.fspath(path)}: expected a JSON object, got {describe(data)}")
     return data
 
 

@@ -18,9 +18,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from ckpt_tools import layout, manifest, storage
+from ckpt_tools.chunk_tiling import read_tiled_index
+from ckpt_tools.dcp_index import DcpIndex
 from ckpt_tools.digest import HashingFileSystem, Recorder
 from ckpt_tools.errors import CorruptCheckpointError
-from ckpt_tools.safe_pickle import restricted_loads
 from ckpt_tools.safetensors_io import SafetensorsHeader, read_safetensors_header
 
 
@@ -245,11 +246,11 @@ def dcp_load(state_dict: dict[str, Any], path: str, process_group: Any, distribu
         )
 
 
-def validate_dcp_metadata(dcp_dir: str) -> Any:
-    """Read a DCP directory's `.metadata` with the restricted unpickler before torch unpickles it,
-    so a crafted checkpoint is refused (UnsafePickleError) instead of running code."""
-    path = layout.join(dcp_dir, layout.DCP_METADATA)
-    return restricted_loads(storage.read_bytes(path), what=path)
+def validate_dcp_metadata(dcp_dir: str) -> DcpIndex:
+    """Check a DCP directory before torch reads it: `.metadata` through the restricted unpickler (a
+    crafted pickle is refused, UnsafePickleError, instead of running code), every record inside the
+    directory, every file present and every tensor's chunks tiling it."""
+    return read_tiled_index(dcp_dir)
 
 
 def read_dcp_full(dcp_dir: str, keys: Mapping[str, str] | None = None) -> dict[str, torch.Tensor]:

@@ -10,8 +10,6 @@ than one, and the `last` pointer a path goes through.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -19,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ckpt_tools import commit, layout, locate, storage
+from ckpt_tools.adapter_config import adapter_config_problems
 from ckpt_tools.catalog import (
     ADAPTER,
     DCP,
@@ -31,7 +30,8 @@ from ckpt_tools.catalog import (
     WeightSet,
     catalog,
 )
-from ckpt_tools.dcp_index import ChunkEntry, DcpIndex, TensorEntry, dcp_file_problems, read_dcp_index
+from ckpt_tools.chunk_tiling import dcp_index_problems
+from ckpt_tools.dcp_index import DcpIndex, dcp_file_problems, read_dcp_index
 from ckpt_tools.errors import CheckpointError, CorruptCheckpointError, NotACheckpointError
 from ckpt_tools.inspect import TensorGroup, dcp_group_from_index, read_group, read_weight_map
 from ckpt_tools.manifest import manifest_problems
@@ -240,6 +240,9 @@ def _check_optimizer_files(findings: _Findings, step: TrainingStep, present: set
 def _verify_side_files(findings: _Findings, model_dir: str, locations: list[WeightSet]) -> None:
     for name in (layout.POLICY_CONFIG, layout.TRAIN_CONFIG, layout.ADAPTER_CONFIG):
         _check_json_if_present(findings, layout.join(model_dir, name), dict)
+    adapter_config = layout.join(model_dir, layout.ADAPTER_CONFIG)
+    if storage.exists(adapter_config):
+        findings.extend("adapter_config.json fields", _adapter_config_problems(adapter_config))
     has_adapter = any(loc.role == ADAPTER for loc in locations)
     if has_adapter:
         _require(findings, layout.join(model_dir, layout.ADAPTER_CONFIG), "adapter weights need their config")
@@ -286,8 +289,8 @@ def _verify_processor(findings: _Findings, model_dir: str, processor: str, names
 
 def _named_state_files(config_path: str) -> list[str | None] | None:
     try:
-        config = json.loads(storage.read_bytes(config_path))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        config = storage.read_json(config_path)
+    except CheckpointError:
         return None  # already reported as invalid JSON
     return layout.named_state_files(config, config_path)
 
@@ -300,6 +303,15 @@ def _verify_named_state_files(findings: _Findings, model_dir: str, processor: st
             findings, path, f"{layout.processor_config_name(processor)} names it as a step's state_file"
         ):
             findings.run(name, read_safetensors_header, path)
+
+
+def _adapter_config_problems(path: str) -> list[str]:
+    """The fields a merge reads (scale, ranks, patterns); an unreadable file is the JSON check's."""
+    try:
+        config = storage.read_json(path)
+    except CheckpointError:
+        return []
+    return adapter_config_problems(config, path) if isinstance(config, dict) else []
 
 
 def _require(findings: _Findings, path: str, why: str) -> bool:
@@ -315,9 +327,9 @@ def _check_json_if_present(findings: _Findings, path: str, kind: type[dict] | ty
     if not storage.exists(path):
         return
     try:
-        data = json.loads(storage.read_bytes(path))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        findings.problems.append(f"{path} is not valid JSON ({exc})")
+        data = storage.read_json(path)
+    except CheckpointError as exc:
+        findings.problems.append(_one_line(exc))
         return
     if not isinstance(data, kind):
         expected = "an object" if kind is dict else "a list"
@@ -363,90 +375,6 @@ def _verify_groups(findings: _Findings, locations: list[WeightSet]) -> list[Tens
 def _read_index_only(path: str) -> DcpIndex:
     """The chunk table without the file checks, which `dcp_file_problems` lists one by one."""
     return read_dcp_index(path, check_files=False)
-
-
-def dcp_index_problems(index: DcpIndex) -> list[str]:
-    """Every chunk-table problem of a DCP directory: coverage, bounds, and records sharing bytes."""
-    problems: list[str] = []
-    for entry in index.tensors.values():
-        problems += chunk_coverage_problems(entry, index.path)
-    problems += _record_overlap_problems(index)
-    return problems
-
-
-def chunk_coverage_problems(entry: TensorEntry, where: str) -> list[str]:
-    """The chunks of a tensor must lie inside its shape and tile it exactly once."""
-    label = f"{where}: tensor {entry.name!r} {list(entry.shape)}"
-    problems = []
-    inside = []
-    for chunk in entry.chunks:
-        if not _chunk_inside(chunk, entry.shape):
-            problems.append(
-                f"{label}: chunk at offsets {list(chunk.offsets)} sizes {list(chunk.sizes)} lies outside the tensor"
-            )
-        else:
-            inside.append(chunk)
-    overlaps = _overlapping_pairs(inside)
-    problems += [
-        f"{label}: chunks at offsets {list(a.offsets)} and {list(b.offsets)} overlap" for a, b in overlaps
-    ]
-    total = math.prod(entry.shape)
-    covered = sum(chunk.numel for chunk in inside)
-    if covered < total or (overlaps and covered == total):
-        problems.append(
-            f"{label}: chunks leave a gap (they hold {covered} of {total} elements, counting overlaps)"
-        )
-    return problems
-
-
-def _chunk_inside(chunk: ChunkEntry, shape: tuple[int, ...]) -> bool:
-    if len(chunk.offsets) != len(shape) or len(chunk.sizes) != len(shape):
-        return False
-    return all(
-        o >= 0 and s >= 0 and o + s <= d for o, s, d in zip(chunk.offsets, chunk.sizes, shape, strict=True)
-    )
-
-
-def _overlapping_pairs(chunks: list[ChunkEntry]) -> list[tuple[ChunkEntry, ChunkEntry]]:
-    """Pairs of non-empty chunks whose boxes intersect; sorted on the first dimension so only
-    neighbours along it are compared."""
-    boxes = sorted((c for c in chunks if c.numel), key=lambda c: c.offsets)
-    pairs = []
-    for i, a in enumerate(boxes):
-        for b in boxes[i + 1 :]:
-            if a.offsets and b.offsets[0] >= a.offsets[0] + a.sizes[0]:
-                break
-            if all(
-                bo < ao + asz and ao < bo + bsz
-                for ao, asz, bo, bsz in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True)
-            ):
-                pairs.append((a, b))
-    return pairs
-
-
-def _record_overlap_problems(index: DcpIndex) -> list[str]:
-    """Two records in one `.distcp` file must not share bytes."""
-    records: dict[str, list[tuple[int, int, str]]] = {}
-    for entry in index.tensors.values():
-        for chunk in entry.chunks:
-            label = f"{entry.name!r} chunk {list(chunk.offsets)}"
-            records.setdefault(chunk.file, []).append(
-                (chunk.file_offset, chunk.file_offset + chunk.length, label)
-            )
-    for obj in index.objects.values():
-        records.setdefault(obj.file, []).append(
-            (obj.file_offset, obj.file_offset + obj.length, repr(obj.name))
-        )
-    problems = []
-    for file, spans in sorted(records.items()):
-        spans.sort()
-        reach, holder = 0, ""
-        for begin, end, label in spans:
-            if begin < reach:
-                problems.append(f"{index.path}/{file}: the records of {holder} and {label} overlap")
-            if end > reach:
-                reach, holder = end, label
-    return problems
 
 
 def _weight_map_problems(index_path: str) -> list[str]:

@@ -37,7 +37,8 @@ class MetricsLogger:
         self.path = f"{self.dir}/{METRICS_FILE}"
         # Objects cannot be appended to: on a store the file is rewritten whole from this copy.
         self.text = None if run_files.is_local(fs) else run_files.read_text(self.path)
-        self.console = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+        # No markup: lines hold paths and values, and `[...]` in a path would vanish as a style tag.
+        self.console = Console(file=sys.stderr, highlight=False, soft_wrap=True, markup=False)
         # Trackers start before the progress bar, so what they print stays above it.
         trackers = start_trackers(config, self.console.print) if config is not None else []
         self.trackers = GuardedTrackers(trackers, self.console.print)

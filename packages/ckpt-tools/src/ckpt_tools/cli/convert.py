@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from ckpt_tools.cli.errors import run_guarded
 from ckpt_tools.cli.output import Output, layout_line
@@ -110,17 +111,17 @@ def _report(out: Output, result: dict[str, Any]) -> None:
     if result["source_layout"]:
         out.print(f"read {result['source_layout']}")
     for file in result["files"]:
-        out.print(f"wrote {file}")
+        out.print(f"wrote {escape(file)}")
     if result["index_file"]:
-        out.print(f"wrote {result['index_file']}")
+        out.print(f"wrote {escape(result['index_file'])}")
     for file in result.get("companions", []):
-        out.print(f"copied {file}")
+        out.print(f"copied {escape(file)}")
     out.print(f"{result['num_tensors']} tensors, {human_bytes(result['total_bytes'])}")
     if result["deleted_source"]:
         out.note(f"removed {result['source']}")
     if result.get("published"):
         published = result["published"]
-        out.print(f"published {len(published['files'])} files to {published['url']}")
+        out.print(f"published {len(published['files'])} files to {escape(published['url'])}")
 
 
 def _push_then_delete(

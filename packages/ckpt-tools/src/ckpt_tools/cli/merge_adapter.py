@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from ckpt_tools.cli.errors import run_guarded
 from ckpt_tools.cli.output import Output, layout_line
@@ -38,9 +39,11 @@ def merge_adapter(
     if as_json:
         out.json(result)
     else:
-        out.print(f"wrote {result['path']} ({result['tensors']} tensors, base {result['base']})")
+        out.print(
+            f"wrote {escape(str(result['path']))} ({result['tensors']} tensors, base {escape(str(result['base']))})"
+        )
         if result["base_layout"]:
-            out.print(f"base: {result['base_layout']}")
+            out.print(f"base: {escape(str(result['base_layout']))}")
 
 
 def _merge(adapter: str, base: str | None, output: Path, overwrite: bool) -> dict[str, object]:

@@ -37,9 +37,9 @@ class Output:
             self.out.print(*objects)
 
     def note(self, message: str) -> None:
-        """A remark for the human on stderr."""
+        """A remark for the human on stderr, printed as is (a path may hold `[...]`: no markup)."""
         if not (self.as_json or self.quiet):
-            self.err.print(message)
+            self.err.print(message, markup=False)
 
 
 def layout_line(path: str) -> str:

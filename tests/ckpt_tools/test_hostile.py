@@ -1,0 +1,337 @@
+"""Hostile and careless inputs: each case builds the smallest file that used to hang a reader, exhaust
+its memory, read outside the checkpoint, lose data or print a traceback, then runs the real command in a
+fresh process under an address-space limit and a timeout. Every case asserts: a non-zero exit with one
+`error:` line naming the problem (or `ckpt verify`'s FAILED list), no traceback, no byte of a file
+outside the checkpoint in anything written, and the input tree unchanged."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from hostile_fixtures import (
+    SENTINEL,
+    SelfReferencingLayout,
+    adapter_pair,
+    dcp_dir,
+    edited_dcp,
+    files_holding_marker,
+    first_chunk,
+    first_record,
+    garbage_only_metadata,
+    long_opcodes,
+    model_dir,
+    nested_list_opcodes,
+    raw_dcp,
+    raw_safetensors,
+    run_bounded,
+    secret,
+    set_field,
+    small_dcp,
+    step_with_training_step,
+    tree_state,
+    write_metadata,
+)
+from report_fixtures import dcp_save
+
+from ckpt_tools import layout
+
+ERROR = "error"  # one `error:` line on stderr, exit 1
+FAILED = "verify"  # `ckpt verify` exit 1, the problem listed on stdout
+
+
+@dataclass(frozen=True)
+class Case:
+    build: Callable[[Path], list[str]]  # writes the input, returns the command's arguments
+    mode: str
+    fragment: str
+
+
+CASES: dict[str, Case] = {}
+
+
+def case(name: str, mode: str, fragment: str):  # type: ignore[no-untyped-def]
+    def register(build: Callable[[Path], list[str]]) -> Callable[[Path], list[str]]:
+        CASES[name] = Case(build, mode, fragment)
+        return build
+
+    return register
+
+
+# --- reads outside the checkpoint ---------------------------------------------------------------
+
+
+def _traversal(tmp: Path) -> Path:
+    secret(tmp)
+    raw_dcp(dcp_dir(tmp), (4, 4), [((0, 0), (4, 4))], relative_path="../../../outside/secret.bin")
+    return model_dir(tmp)
+
+
+@case("dcp relative_path ../ verify", FAILED, "outside its directory")
+def _dcp_traversal_verify(tmp: Path) -> list[str]:
+    return ["verify", str(_traversal(tmp))]
+
+
+@case("dcp relative_path ../ convert", ERROR, "names '../../../outside/secret.bin', outside its directory")
+def _dcp_traversal_convert(tmp: Path) -> list[str]:
+    return ["convert", str(_traversal(tmp))]
+
+
+@case("dcp relative_path absolute convert", ERROR, "outside its directory")
+def _dcp_absolute(tmp: Path) -> list[str]:
+    path = secret(tmp)
+    raw_dcp(dcp_dir(tmp), (4, 4), [((0, 0), (4, 4))], relative_path=str(path))
+    return ["convert", str(model_dir(tmp))]
+
+
+@case("distcp symlink leading outside convert", ERROR, "a link leading outside the directory")
+def _distcp_symlink(tmp: Path) -> list[str]:
+    path = secret(tmp)
+    directory = dcp_dir(tmp)
+    raw_dcp(directory, (4, 4), [((0, 0), (4, 4))])
+    (directory / "__0_0.distcp").unlink()
+    (directory / "__0_0.distcp").symlink_to(path)
+    return ["convert", str(model_dir(tmp))]
+
+
+# --- bounded time and memory --------------------------------------------------------------------
+
+
+def _fifo_metadata(tmp: Path) -> Path:
+    directory, _ = small_dcp(tmp)
+    (directory / layout.DCP_METADATA).unlink()
+    os.mkfifo(directory / layout.DCP_METADATA)
+    return model_dir(tmp)
+
+
+for _command in ("inspect", "verify", "convert", "load"):
+    case(
+        f".metadata FIFO {_command}",
+        FAILED if _command == "verify" else ERROR,
+        "is a FIFO, not a regular file",
+    )(lambda tmp, command=_command: [command, str(_fifo_metadata(tmp))])
+
+
+@case(".metadata symlink to /dev/zero inspect", ERROR, "is a character device, not a regular file")
+def _dev_zero(tmp: Path) -> list[str]:
+    directory, _ = small_dcp(tmp)
+    (directory / layout.DCP_METADATA).unlink()
+    (directory / layout.DCP_METADATA).symlink_to("/dev/zero")
+    return ["inspect", str(model_dir(tmp))]
+
+
+@case("self-referencing list passed to _get_layout", ERROR, "refused layout argument a list of 1 items")
+def _self_reference(tmp: Path) -> list[str]:
+    directory, _ = small_dcp(tmp)
+    (directory / layout.DCP_METADATA).write_bytes(pickle.dumps({"x": SelfReferencingLayout()}))
+    return ["inspect", str(model_dir(tmp))]
+
+
+@case("deflated chunk record convert", ERROR, "is compressed; torch.save stores records uncompressed")
+def _compressed_record(tmp: Path) -> list[str]:
+    directory = dcp_dir(tmp)
+    dcp_save({"w": torch.zeros(1024, 1024)}, directory)  # 4 MiB of zeros, deflated to a few KB below
+    shard = directory / "__0_0.distcp"
+    with zipfile.ZipFile(shard) as plain:
+        entries = [(info.filename, plain.read(info)) for info in plain.infolist()]
+    with zipfile.ZipFile(shard, "w", zipfile.ZIP_DEFLATED) as deflated:
+        for name, data in entries:
+            deflated.writestr(name, data)
+    metadata = pickle.loads((directory / layout.DCP_METADATA).read_bytes())
+    set_field(first_record(metadata), "length", shard.stat().st_size)
+    (directory / layout.DCP_METADATA).write_bytes(pickle.dumps(metadata))
+    return ["convert", str(model_dir(tmp))]
+
+
+@case("overlapping chunks whose counts add up convert", ERROR, "chunks at offsets [0, 0] and [3, 0] overlap")
+def _overlap_adds_up(tmp: Path) -> list[str]:
+    raw_dcp(dcp_dir(tmp), (7, 4), [((0, 0), (4, 4)), ((3, 0), (3, 4))])
+    return ["convert", str(model_dir(tmp))]
+
+
+@case("20,000 chunks all overlapping verify", FAILED, "... and 19979 more overlapping pairs")
+def _many_overlapping_chunks(tmp: Path) -> list[str]:
+    n = 20_000
+    raw_dcp(dcp_dir(tmp), (4, n), [((0, i), (4, n - i)) for i in range(n)], record_length=16)
+    return ["verify", str(model_dir(tmp))]
+
+
+# --- malformed .metadata fields -----------------------------------------------------------------
+
+
+@case(".metadata chunk offsets a string", ERROR, "has a chunk offset 'ab', not a tuple")
+def _offsets_string(tmp: Path) -> list[str]:
+    return ["inspect", str(edited_dcp(tmp, lambda m: set_field(first_chunk(m), "offsets", "ab")))]
+
+
+@case(".metadata chunk sizes None", ERROR, "has a chunk size None, not a tuple")
+def _sizes_none(tmp: Path) -> list[str]:
+    return ["inspect", str(edited_dcp(tmp, lambda m: set_field(first_chunk(m), "sizes", None)))]
+
+
+@case(".metadata storage key an integer", ERROR, "a storage record is keyed by None, not a name")
+def _storage_key_int(tmp: Path) -> list[str]:
+    def edit(metadata):  # type: ignore[no-untyped-def]
+        metadata.storage_data[7] = metadata.storage_data.pop(next(iter(metadata.storage_data)))
+
+    return ["inspect", str(edited_dcp(tmp, edit))]
+
+
+@case(".metadata record offset 2**70 convert", ERROR, "not a byte range a file can hold")
+def _offset_overflow(tmp: Path) -> list[str]:
+    return ["convert", str(edited_dcp(tmp, lambda m: set_field(first_record(m), "offset", 2**70)))]
+
+
+@case(".metadata record length of 5,000 digits verify", FAILED, "a 16610-bit integer")
+def _length_digits(tmp: Path) -> list[str]:
+    path = edited_dcp(tmp, lambda m: set_field(first_record(m), "length", SENTINEL), long_opcodes(10**5000))
+    return ["verify", str(path)]
+
+
+@case(".metadata dtype nested 100,000 deep", ERROR, "has dtype a list of 1 items, which safetensors cannot")
+def _deep_dtype(tmp: Path) -> list[str]:
+    def edit(metadata):  # type: ignore[no-untyped-def]
+        metadata.state_dict_metadata["w"].properties.dtype = SENTINEL
+
+    return ["inspect", str(edited_dcp(tmp, edit, nested_list_opcodes(100_000)))]
+
+
+@case(".metadata tensor size a list of lists", ERROR, "has shape a list of 2 items, not a tuple")
+def _size_lists(tmp: Path) -> list[str]:
+    def edit(metadata):  # type: ignore[no-untyped-def]
+        set_field(metadata.state_dict_metadata["w"], "size", [[1], [2]])
+
+    return ["inspect", str(edited_dcp(tmp, edit))]
+
+
+# --- safetensors headers -------------------------------------------------------------------------
+
+
+@case("safetensors header nested 100,000 deep", ERROR, "the header nests JSON too deeply")
+def _deep_header(tmp: Path) -> list[str]:
+    header = b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    return ["inspect", str(raw_safetensors(model_dir(tmp) / layout.MODEL_SAFETENSORS, header))]
+
+
+@case("safetensors shape of 5,000 digits", ERROR, "the header holds a value out of range")
+def _header_digits(tmp: Path) -> list[str]:
+    header = b'{"a":{"dtype":"F32","shape":[1' + b"0" * 5000 + b'],"data_offsets":[0,4]}}'
+    return ["inspect", str(raw_safetensors(model_dir(tmp) / layout.MODEL_SAFETENSORS, header))]
+
+
+@case("safetensors dtype a list", ERROR, "unknown dtype ['F32']")
+def _header_list_dtype(tmp: Path) -> list[str]:
+    header = b'{"a":{"dtype":["F32"],"shape":[1],"data_offsets":[0,4]}}'
+    return ["inspect", str(raw_safetensors(model_dir(tmp) / layout.MODEL_SAFETENSORS, header))]
+
+
+# --- training_step.json --------------------------------------------------------------------------
+
+for _name, _fields, _fragment in (
+    ("negative step", {"step": -3}, "step is -3, outside 0.."),
+    ("negative sampler offset", {"sampler.offset": -1}, "sampler.offset is -1, outside 0.."),
+    ("huge epoch", {"sampler.epoch": 10**30}, "sampler.epoch is a 100-bit integer, outside 0..2147483647"),
+    ("zero dp_shard", {"topology.dp_shard": 0, "dp_world_size": 0}, "topology.dp_shard is 0, outside 1.."),
+    ("zero batch_size", {"batch_size": 0}, "batch_size is 0, outside 1.."),
+):
+    case(f"training_step.json {_name} verify", FAILED, _fragment)(
+        lambda tmp, fields=_fields: ["verify", str(step_with_training_step(tmp, **fields))]
+    )
+
+
+@case("training_step.json nested 100,000 deep inspect", ERROR, "nests JSON too deeply")
+def _deep_training_step(tmp: Path) -> list[str]:
+    return ["inspect", str(step_with_training_step(tmp, text="[" * 100_000 + "]" * 100_000))]
+
+
+@case("training_step.json step of 5,000 digits verify", FAILED, "holds a value JSON cannot carry here")
+def _training_step_digits(tmp: Path) -> list[str]:
+    return [
+        "verify",
+        str(step_with_training_step(tmp, text='{"format_version": 1, "step": 1' + "0" * 5000 + "}")),
+    ]
+
+
+@case("step directory name with a trailing newline verify", FAILED, "which is not a step directory")
+def _step_name_newline(tmp: Path) -> list[str]:
+    step_dir = step_with_training_step(tmp)
+    step_dir.rename(step_dir.with_name("000005\n"))
+    (step_dir.parent / layout.LAST).symlink_to("000005\n")
+    return ["verify", str(step_dir.parent)]
+
+
+# --- merge-adapter -------------------------------------------------------------------------------
+
+for _name, _config, _fragment in (
+    ("lora_alpha a string", {"lora_alpha": "16"}, "lora_alpha is '16', not a finite number"),
+    (
+        "rank_pattern not a regex",
+        {"rank_pattern": {"q[": 4}},
+        "rank_pattern key 'q[' is not a regular expression",
+    ),
+):
+    case(f"merge-adapter {_name}", ERROR, _fragment)(
+        lambda tmp, config=_config: [
+            "merge-adapter",
+            str(adapter_pair(tmp, **config)),
+            "-o",
+            str(tmp / "merged"),
+        ]
+    )
+    case(f"verify adapter {_name}", FAILED, _fragment)(
+        lambda tmp, config=_config: ["verify", str(adapter_pair(tmp, **config))]
+    )
+
+case("merge-adapter rank 0", ERROR, "has rank 0 (lora_A has no rows)")(
+    lambda tmp: ["merge-adapter", str(adapter_pair(tmp, rank=0, r=2)), "-o", str(tmp / "merged")]
+)
+case("verify adapter r 0", FAILED, "r is 0, not a positive integer rank")(
+    lambda tmp: ["verify", str(adapter_pair(tmp, rank=0))]
+)
+
+
+@case("DCP directory whose only entry is garbage load", ERROR, "holds no tensors")
+def _garbage_only(tmp: Path) -> list[str]:
+    directory, _ = small_dcp(tmp)
+    write_metadata(directory, garbage_only_metadata())
+    return ["load", str(model_dir(tmp))]
+
+
+# --- the test ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_hostile_input_is_refused_in_bounds(tmp_path: Path, name: str) -> None:
+    hostile = CASES[name]
+    args = hostile.build(tmp_path)
+    before = tree_state(tmp_path / "ckpt")
+    result = run_bounded(args, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-2000:]
+    assert "Traceback" not in output, output[-2000:]
+    if hostile.mode == ERROR:
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), output[-2000:]
+        assert hostile.fragment in lines[0], lines[0]
+    else:
+        assert result.stdout.startswith("FAILED: "), output[-2000:]
+        assert hostile.fragment in " ".join(result.stdout.split()), result.stdout[-2000:]
+        assert len(result.stdout.splitlines()) < 50
+    assert tree_state(tmp_path / "ckpt") == before
+    assert not (tmp_path / "merged").exists()
+    assert files_holding_marker(tmp_path / "ckpt") == []
+
+
+def test_twenty_thousand_chunks_verify_quickly(tmp_path: Path) -> None:
+    """The case that took 274 s: 20,000 chunks split along an inner dimension, which a pairwise
+    overlap check compares all with all. A correct tiling verifies OK well inside the timeout."""
+    n = 20_000
+    raw_dcp(dcp_dir(tmp_path), (4, n), [((0, i), (4, 1)) for i in range(n)])
+    result = run_bounded(["verify", str(model_dir(tmp_path))], cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.startswith("OK: "), result.stdout + result.stderr
