@@ -13,9 +13,11 @@ import math
 import os
 import pickle
 import resource
+import signal
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -51,13 +53,22 @@ _LOAD = (
 )
 
 
-def _limit_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+def _limits(file_limit: int | None) -> Callable[[], None]:
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+        if file_limit is not None:  # a disk that fills up: writes past the limit fail (EFBIG)
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
+
+    return apply
 
 
-def run_bounded(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+def run_bounded(
+    args: list[str], cwd: Path, file_limit: int | None = None
+) -> subprocess.CompletedProcess[str]:
     """`ckpt *args` (or, for `load`, ckpt_tools.load_model_state_dict) in a fresh process under the
-    address-space limit and the timeout; CKPT_DEBUG is dropped so the user's view is tested."""
+    address-space limit and the timeout; CKPT_DEBUG is dropped so the user's view is tested.
+    `file_limit` caps the size of every file it writes, as a full disk would."""
     command = [sys.executable, "-c", _LOAD, *args[1:]] if args[0] == "load" else [str(CKPT_CLI), *args]
     env = {k: v for k, v in os.environ.items() if k != "CKPT_DEBUG"}
     return subprocess.run(
@@ -65,7 +76,7 @@ def run_bounded(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
-        preexec_fn=_limit_memory,
+        preexec_fn=_limits(file_limit),
         env={**env, "OMP_NUM_THREADS": "1", "COLUMNS": "200"},
         cwd=cwd,
     )
@@ -200,6 +211,14 @@ class SelfReferencingLayout:
 
 
 # --- safetensors, JSON, adapters ------------------------------------------------------------------
+
+
+def secret_safetensors(tmp: Path) -> Path:
+    """A valid safetensors file outside the checkpoint whose one tensor holds the marker bytes."""
+    path = tmp / "outside" / "secret.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"w": torch.frombuffer(bytearray(MARKER * 4), dtype=torch.uint8)}, str(path))
+    return path
 
 
 def raw_safetensors(path: Path, header: bytes, data: bytes = b"\0" * 4) -> Path:

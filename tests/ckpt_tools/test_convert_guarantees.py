@@ -92,8 +92,8 @@ def _move_chunk(offsets: tuple[int, ...], sizes: tuple[int, ...]):  # type: igno
 @pytest.mark.parametrize(
     ("offsets", "sizes", "message"),
     [
-        ((1,), (5,), r"a chunk of 'a' lies outside its shape"),
-        ((0,), (4,), r"the chunks of 'a' hold 4 elements, the tensor has 5"),
+        ((1,), (5,), r"'a' \[5\]: chunk at offsets \[1\] sizes \[5\] lies outside the tensor"),
+        ((0,), (4,), r"'a' \[5\]: chunks leave a gap \(they hold 4 of 5 elements"),
     ],
 )
 def test_chunk_checks_refuse_before_the_first_byte(tmp_path: Path, offsets, sizes, message) -> None:  # type: ignore[no-untyped-def]

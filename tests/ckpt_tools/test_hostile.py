@@ -6,8 +6,10 @@ outside the checkpoint in anything written, and the input tree unchanged."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import shutil
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from hostile_fixtures import (
     raw_safetensors,
     run_bounded,
     secret,
+    secret_safetensors,
     set_field,
     small_dcp,
     step_with_training_step,
@@ -39,6 +42,7 @@ from hostile_fixtures import (
     write_metadata,
 )
 from report_fixtures import dcp_save
+from safetensors.torch import load_file, save_file
 
 from ckpt_tools import layout
 
@@ -303,6 +307,115 @@ def _garbage_only(tmp: Path) -> list[str]:
     return ["load", str(model_dir(tmp))]
 
 
+# --- files a checkpoint names, outside it -------------------------------------------------------
+
+
+def _index_naming(tmp: Path, shard: str) -> Path:
+    model = model_dir(tmp)
+    (model / layout.MODEL_INDEX).write_text(json.dumps({"metadata": {}, "weight_map": {"w": shard}}))
+    return model
+
+
+def _index_outside(tmp: Path) -> Path:
+    secret_safetensors(tmp)
+    return _index_naming(tmp, "../../outside/secret.safetensors")
+
+
+for _command in ("inspect", "verify", "load", "convert --to dcp"):
+    case(
+        f"index weight_map ../ {_command}",
+        FAILED if _command == "verify" else ERROR,
+        "names '../../outside/secret.safetensors', outside its directory",
+    )(lambda tmp, command=_command: [*command.split(), str(_index_outside(tmp))])
+
+
+@case("index weight_map absolute load", ERROR, "outside its directory")
+def _index_absolute(tmp: Path) -> list[str]:
+    return ["load", str(_index_naming(tmp, str(secret_safetensors(tmp))))]
+
+
+def _step_linked_outside(tmp: Path) -> Path:
+    """checkpoints/000005 is a link to a complete step elsewhere, and last names it."""
+    outside = step_with_training_step(tmp / "outside")
+    shutil.copy(secret_safetensors(tmp), outside / layout.PRETRAINED_MODEL_DIR / layout.MODEL_SAFETENSORS)
+    checkpoints = tmp / "ckpt" / "run" / layout.CHECKPOINTS_DIR
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "000005").symlink_to(outside)
+    (checkpoints / layout.LAST).symlink_to("000005")
+    return tmp / "ckpt" / "run"
+
+
+for _command in ("inspect", "verify", "load"):
+    case(
+        f"step directory linked outside checkpoints/ {_command}",
+        FAILED if _command == "verify" else ERROR,
+        "which is a link leading outside the directory",
+    )(lambda tmp, command=_command: [command, str(_step_linked_outside(tmp))])
+
+
+def _fifo_in_step(tmp: Path, *parts: str) -> Path:
+    """A step directory whose file at `parts` is replaced by a FIFO (a read of it would block)."""
+    step_dir = step_with_training_step(tmp)
+    step_dir.joinpath(*parts).unlink()
+    os.mkfifo(step_dir.joinpath(*parts))
+    return step_dir
+
+
+case("training_step.json a FIFO inspect", ERROR, "is a FIFO, not a regular file")(
+    lambda tmp: ["inspect", str(_fifo_in_step(tmp, layout.TRAINING_STATE_DIR, layout.TRAINING_STEP))]
+)
+case("model.safetensors a FIFO verify", FAILED, "is a FIFO, not a regular file")(
+    lambda tmp: ["verify", str(_fifo_in_step(tmp, layout.PRETRAINED_MODEL_DIR, layout.MODEL_SAFETENSORS))]
+)
+
+
+@case("index nested 100,000 deep inspect", ERROR, "nests JSON too deeply")
+def _deep_index(tmp: Path) -> list[str]:
+    (model_dir(tmp) / layout.MODEL_INDEX).write_text("[" * 100_000 + "]" * 100_000)
+    return ["inspect", str(model_dir(tmp))]
+
+
+# --- data loss in convert -------------------------------------------------------------------------
+
+
+def _bare_dcp(tmp: Path) -> Path:
+    """A DCP directory on its own (not in a step, whose own rules refuse any --output with --delete-dcp)."""
+    directory = tmp / "ckpt" / "shards"
+    raw_dcp(directory, (4, 4), [((0, 0), (4, 4))])
+    return directory
+
+
+@case("convert --output inside the DCP dir --delete-dcp", ERROR, "lies inside")
+def _output_inside_deleted(tmp: Path) -> list[str]:
+    directory = _bare_dcp(tmp)
+    return ["convert", str(directory), "--output", str(directory / "out"), "--delete-dcp"]
+
+
+@case("convert --output inside the DCP dir --delete-dcp --push-to-hub", ERROR, "lies inside")
+def _output_inside_pushed(tmp: Path) -> list[str]:
+    directory = _bare_dcp(tmp)
+    target = f"file://{tmp / 'merged'}"
+    return ["convert", str(directory), "-o", str(directory), "--delete-dcp", "--push-to-hub", target]
+
+
+def _safetensors_model(tmp: Path) -> Path:
+    model = model_dir(tmp)
+    save_file({"w": torch.arange(6.0)}, str(model / layout.MODEL_SAFETENSORS))
+    return model
+
+
+@case("convert --to dcp --overwrite onto the input model dir", ERROR, "lies inside")
+def _to_dcp_onto_input(tmp: Path) -> list[str]:
+    model = _safetensors_model(tmp)
+    return ["convert", str(model), "--to", "dcp", "--output", str(model), "--overwrite"]
+
+
+@case("convert --to dcp --overwrite onto a dir holding the input", ERROR, "lies inside")
+def _to_dcp_onto_parent(tmp: Path) -> list[str]:
+    model = _safetensors_model(tmp)
+    return ["convert", str(model), "--to", "dcp", "--output", str(model.parent), "--overwrite"]
+
+
 # --- the test ------------------------------------------------------------------------------------
 
 
@@ -335,3 +448,53 @@ def test_twenty_thousand_chunks_verify_quickly(tmp_path: Path) -> None:
     raw_dcp(dcp_dir(tmp_path), (4, n), [((0, i), (4, 1)) for i in range(n)])
     result = run_bounded(["verify", str(model_dir(tmp_path))], cwd=tmp_path)
     assert result.returncode == 0 and result.stdout.startswith("OK: "), result.stdout + result.stderr
+
+
+def test_to_dcp_overwrite_replaces_only_dcp_files(tmp_path: Path) -> None:
+    """--overwrite into an unrelated existing directory writes the DCP files beside what is there,
+    replacing only an older DCP save's files."""
+    model = _safetensors_model(tmp_path)
+    out = tmp_path / "elsewhere"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    (out / "__7_0.distcp").write_bytes(b"an older save's shard")
+    result = run_bounded(["convert", str(model), "--to", "dcp", "-o", str(out), "--overwrite"], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (out / "notes.txt").read_text() == "keep me"
+    assert not (out / "__7_0.distcp").exists() and (out / layout.DCP_METADATA).is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
+
+
+def test_full_disk_leaves_no_temporary_file(tmp_path: Path) -> None:
+    """A write that fails mid-file (the file-size limit stands in for a full disk) is one line, and
+    the temporary file is removed even though flushing it fails again during the cleanup."""
+    directory = dcp_dir(tmp_path)
+    raw_dcp(directory, (64, 256), [((0, 0), (32, 256)), ((32, 0), (32, 256))])
+    out = tmp_path / "out"
+    out.mkdir()
+    before = tree_state(tmp_path / "ckpt")
+    result = run_bounded(
+        ["convert", str(model_dir(tmp_path)), "-o", str(out)], cwd=tmp_path, file_limit=16384
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and "File too large" in lines[0], result.stderr
+    assert list(out.iterdir()) == []
+    assert tree_state(tmp_path / "ckpt") == before
+
+
+def test_brackets_in_paths_are_printed(tmp_path: Path) -> None:
+    """rich markup would swallow `[bold]` in a path; convert prints it as it is."""
+    directory = tmp_path / "run[bold]x" / layout.MODEL_DCP_DIR
+    raw_dcp(directory, (4, 4), [((0, 0), (4, 4))])
+    result = run_bounded(["convert", str(directory.parent)], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"wrote {directory.parent / layout.MODEL_SAFETENSORS}" in result.stdout
+    assert load_file(str(directory.parent / layout.MODEL_SAFETENSORS))["w"].shape == (4, 4)
+
+
+def test_trainer_console_prints_brackets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainer.metrics import MetricsLogger
+
+    logger = MetricsLogger(str(tmp_path / "out[bold]"), total_steps=1, start_step=0)
+    logger.note(f"saved {tmp_path}/out[bold]/checkpoints/000001")
+    assert "out[bold]/checkpoints/000001" in capsys.readouterr().err

@@ -12,7 +12,6 @@ directory, a single safetensors file, or a bare DCP directory (ours, accelerate'
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from ckpt_tools.dcp_index import (
     tensor_roles,
 )
 from ckpt_tools.dtypes import FLOATING, ITEMSIZE
+from ckpt_tools.errors import CheckpointError
 from ckpt_tools.meta import LeRobotStep, is_lerobot_step
 from ckpt_tools.safetensors_io import read_safetensors_header
 
@@ -118,8 +118,8 @@ def _step_layout(step_dir: str | None) -> tuple[str, LeRobotStep | None]:
     if not storage.exists(source):
         return OURS, None  # an incomplete step of ours: verify says what is missing
     try:
-        data: Any = json.loads(storage.read_bytes(source))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        data: Any = storage.read_json(source)
+    except CheckpointError:
         return OURS, None  # damaged: reading it as ours names the problem
     if is_lerobot_step(data):
         return LEROBOT, LeRobotStep.from_dict(data, source)

@@ -16,6 +16,7 @@ import fsspec
 from ckpt_tools import layout
 from ckpt_tools.errors import CheckpointError, CorruptCheckpointError
 from ckpt_tools.storage import (
+    contained,
     exists,
     is_local,
     list_names,
@@ -64,7 +65,8 @@ def read_last(checkpoints_dir: str | os.PathLike[str]) -> str:
 
     Readers follow `last` only to an existing step directory directly inside `checkpoints_dir`:
     a pointer to a `.tmp-` directory (a save in progress), a hand-made link leaving the directory
-    (`last -> /etc`, `last -> ../other/000005`) or to a missing step raises `CorruptCheckpointError`.
+    (`last -> /etc`, `last -> ../other/000005`), a step directory that is itself a link leading out of
+    `checkpoints_dir`, or a missing step raises `CorruptCheckpointError`.
     """
     root = os.fspath(checkpoints_dir).rstrip("/")
     last = layout.join(root, layout.LAST)
@@ -83,7 +85,7 @@ def read_last(checkpoints_dir: str | os.PathLike[str]) -> str:
             f"{last} points to {name!r}, which is not a step directory inside {root}; readers follow it "
             f"only to a complete step beside it: repoint it (ln -sfn <step, e.g. 005000> {last})"
         )
-    step = layout.join(root, name)
+    step = contained(root, name, f"{layout.LAST} (through the step directory)")  # a link out is refused
     if not fs.isdir(resolve(step)[1]):
         raise CorruptCheckpointError(
             f"{last} names {name}, which does not exist; repoint it at a complete step "

@@ -23,7 +23,7 @@ from ckpt_tools.catalog import ADAPTER, DCP, MODEL, SAFETENSORS, SHARDED_SAFETEN
 from ckpt_tools.chunk_tiling import check_tiling
 from ckpt_tools.dcp_index import ChunkEntry, TensorEntry, locate_chunk_data, model_tensors, read_dcp_index
 from ckpt_tools.dtypes import FLOATING, ITEMSIZE, SAFETENSORS_TO_TORCH, USER_DTYPES, dtype_name
-from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, OutputExistsError
+from ckpt_tools.errors import CheckpointError, CorruptCheckpointError, NotACheckpointError, OutputExistsError
 from ckpt_tools.inspect import read_weight_map
 from ckpt_tools.safetensors_io import read_safetensors_header
 from ckpt_tools.safetensors_writer import COPY_BLOCK, SafetensorsStreamWriter, TensorSpec, aligned_order
@@ -100,6 +100,8 @@ def convert_dcp_to_safetensors(
     source, stem = _find_dcp_source(path)
     target = _target_dtype(dtype)
     out_dir = convert_plan.output_dir(source, output, dtype, delete_dcp)
+    if delete_dcp:
+        _refuse_inside(out_dir, source, "--output", "the DCP directory that --delete-dcp removes")
     index = read_dcp_index(source)
     tensors = model_tensors(index)
     if not tensors:
@@ -128,6 +130,34 @@ def delete_source(source: str) -> None:
     """Remove converted DCP shards; a step's `training_step.json` then names what it holds."""
     storage.remove_tree(source)
     convert_plan.record_deleted_dcp(source)
+
+
+def check_deletable_source(path: str | os.PathLike[str], output: str | os.PathLike[str] | None) -> str:
+    """The DCP directory a conversion of `path` reads, refused (before anything is written) when the
+    output directory would lie inside it, since deleting the shards would delete the output too."""
+    source, _ = _find_dcp_source(path)
+    out_dir = convert_plan.output_dir(source, output, None, delete_dcp=True)
+    _refuse_inside(out_dir, source, "--output", "the DCP directory that --delete-dcp removes")
+    return source
+
+
+def _inside(path: str, root: str) -> bool:
+    """Whether `path` is `root` or lies below it (after symlinks on local disk); never touches either."""
+    fs_path, inner_path = storage.resolve(path)
+    fs_root, inner_root = storage.resolve(root)
+    if storage.is_local(fs_path) != storage.is_local(fs_root):
+        return False
+    if storage.is_local(fs_path):
+        inner_path, inner_root = os.path.realpath(inner_path), os.path.realpath(inner_root)
+    inner_path, inner_root = inner_path.rstrip("/"), inner_root.rstrip("/")
+    return inner_path == inner_root or inner_path.startswith(inner_root + "/")
+
+
+def _refuse_inside(path: str, root: str, what: str, root_is: str) -> None:
+    if _inside(path, root):
+        raise CheckpointError(
+            f"{what} {path} lies inside {root}, {root_is}: refused; choose a path outside it"
+        )
 
 
 def _advance(progress: Progress | None, total: int) -> _Advance:
@@ -452,9 +482,14 @@ def convert_safetensors_to_dcp(
 
     files, default_out = _find_safetensors_source(path)
     out = os.fspath(output).rstrip("/") if output is not None else default_out
+    for file in files:
+        _refuse_inside(file, out, "the input", f"--output {out}, which would be replaced")
     if storage.exists(out) and not overwrite:
         raise OutputExistsError(f"{out} already exists; pass --overwrite to replace it")
-    parent, name = out.rsplit("/", 1)
+    fs, inner_out = storage.resolve(out)
+    if fs.exists(inner_out) and not fs.isdir(inner_out):
+        raise OutputExistsError(f"{out} is a file, not a DCP directory; --overwrite replaces only DCP files")
+    parent, name = out.rsplit("/", 1) if "/" in out else (".", out)
     tmp = layout.join(parent, layout.TMP_PREFIX + name)
     storage.remove_tree(tmp)
     with _mapped_tensors(files) as state:
@@ -465,13 +500,35 @@ def convert_safetensors_to_dcp(
             storage.remove_tree(tmp)
             raise
         count, total = len(state), sum(t.numel() * t.element_size() for t in state.values())
-    storage.remove_tree(out)
-    fs, inner_tmp = storage.resolve(tmp)
-    if storage.is_local(fs):
-        os.rename(inner_tmp, storage.resolve(out)[1])
-    else:
-        storage.move_tree(fs, inner_tmp, storage.resolve(out)[1])
+    _replace_dcp_files(tmp, out)
     return ConversionResult(files[0], (out,), None, count, total, None, False)
+
+
+_DCP_FILE = re.compile(r"^(\.metadata|__\d+_\d+\.distcp)$")
+
+
+def _replace_dcp_files(tmp: str, out: str) -> None:
+    """Move a DCP directory written under `tmp` into `out`: a new `out` is one rename; into an
+    existing one, only the files DCP writes (`.metadata`, `__<rank>_<i>.distcp`) are replaced, the old
+    ones removed first and `.metadata` moved last, so nothing else in `out` is ever touched."""
+    fs, inner_tmp = storage.resolve(tmp)
+    inner_out = storage.resolve(out)[1]
+    local = storage.is_local(fs)
+    if not fs.exists(inner_out):
+        if local:
+            os.rename(inner_tmp, inner_out)
+        else:
+            storage.move_tree(fs, inner_tmp, inner_out)
+        return
+    for name in storage.list_names(out):
+        if _DCP_FILE.match(name):
+            fs.rm(f"{inner_out}/{name}")
+    for name in sorted(storage.list_names(tmp), key=lambda n: n == layout.DCP_METADATA):
+        if local:
+            os.replace(f"{inner_tmp}/{name}", f"{inner_out}/{name}")
+        else:
+            fs.mv(f"{inner_tmp}/{name}", f"{inner_out}/{name}")
+    storage.remove_tree(tmp)
 
 
 def _find_safetensors_source(path: str | os.PathLike[str]) -> tuple[list[str], str]:

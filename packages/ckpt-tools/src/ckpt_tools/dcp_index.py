@@ -334,6 +334,10 @@ def model_tensors(index: DcpIndex) -> dict[str, TensorEntry]:
     under a root that is neither) is refused rather than guessed; one holding only optimizer state
     raises too.
     """
+    if not index.tensors:
+        raise NotACheckpointError(
+            f"{index.path} holds no tensors ({len(index.objects)} other entries): no model weights"
+        )
     roles = tensor_roles(index)
     candidates = sorted(role for role in roles if role != OPTIMIZER_STATE)
     if not candidates:

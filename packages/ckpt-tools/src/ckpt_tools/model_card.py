@@ -7,7 +7,6 @@ card holds no credentials: it is built from an allow-list of fields, never from 
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,8 +164,8 @@ def _read_json(path: str) -> dict[str, Any]:
     if not storage.exists(path):
         return {}
     try:
-        data = json.loads(storage.read_text(path))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = storage.read_json(path)
+    except CheckpointError:
         logger.warning("%s is not valid JSON; the model card leaves its fields out", path)
         return {}
     return data if isinstance(data, dict) else {}

@@ -25,6 +25,7 @@ from ckpt_tools import layout, locate, storage
 from ckpt_tools.catalog import ADAPTER, DCP, MODEL, catalog
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, PublishError
 from ckpt_tools.model_card import gather_card_info, render_model_card
+from ckpt_tools.safetensors_io import read_weight_map
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -355,13 +356,7 @@ def _remove_quietly(fs: Any, paths: list[str]) -> None:
 
 def _index_shards(model_dir: str, present: set[str]) -> set[str]:
     index_path = layout.join(model_dir, layout.MODEL_INDEX)
-    try:
-        weight_map = json.loads(storage.read_text(index_path))["weight_map"]
-        shards = set(weight_map.values())
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise CorruptCheckpointError(
-            f"{index_path} is not a safetensors index ({exc}); re-run `ckpt convert`"
-        ) from exc
+    shards = set(read_weight_map(index_path).values())  # every shard inside model_dir
     missing = sorted(shards - present)
     if missing:
         raise CorruptCheckpointError(

@@ -10,6 +10,7 @@ The file is written under a `.tmp-` name; `commit()` renames it into place after
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -147,7 +148,8 @@ class SafetensorsStreamWriter:
     def discard(self) -> None:
         """Remove the temporary file (after a failure); never touches the final name."""
         if not self._handle.closed:
-            self._handle.close()
+            with contextlib.suppress(OSError):  # a full disk fails the flush too; remove the file anyway
+                self._handle.close()
         _, tmp = storage.resolve(self.tmp_path)
         if self._fs.exists(tmp):
             self._fs.rm(tmp)

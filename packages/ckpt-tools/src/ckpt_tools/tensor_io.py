@@ -22,7 +22,7 @@ from ckpt_tools.chunk_tiling import read_tiled_index
 from ckpt_tools.dcp_index import DcpIndex
 from ckpt_tools.digest import HashingFileSystem, Recorder
 from ckpt_tools.errors import CorruptCheckpointError
-from ckpt_tools.safetensors_io import SafetensorsHeader, read_safetensors_header
+from ckpt_tools.safetensors_io import SafetensorsHeader, read_safetensors_header, read_weight_map
 
 
 def write_safetensors(
@@ -75,9 +75,7 @@ def read_safetensors_model(model_dir: str) -> dict[str, torch.Tensor]:
     if storage.exists(single):
         return read_safetensors(single)[0]
     index_path = layout.join(model_dir, layout.MODEL_INDEX)
-    weight_map = storage.read_json_object(index_path).get("weight_map")
-    if not isinstance(weight_map, dict):
-        raise CorruptCheckpointError(f"{index_path} has no weight_map object; re-run `ckpt convert`")
+    weight_map = read_weight_map(index_path)
     tensors: dict[str, torch.Tensor] = {}
     for shard in sorted(set(weight_map.values())):
         tensors.update(read_safetensors(layout.join(model_dir, shard))[0])

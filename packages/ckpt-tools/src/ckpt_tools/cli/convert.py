@@ -79,6 +79,8 @@ def convert(
                         "--dtype, --max-shard-size, --delete-dcp and --push-to-hub apply to DCP -> safetensors"
                     )
                 return lib.convert_safetensors_to_dcp(path, output, overwrite=overwrite).to_dict()
+            if delete_dcp and push_to_hub:  # deleted after the push: refuse a doomed output now
+                lib.check_deletable_source(path, output)
             with _progress(out) as progress:
                 result = lib.convert_dcp_to_safetensors(
                     path,
@@ -129,13 +131,14 @@ def _push_then_delete(
 ) -> dict[str, Any]:
     """Publish the converted model; the DCP shards are deleted only once both conversion (written and
     checked) and publish succeeded, so a failed upload leaves the checkpoint as it was."""
+    from ckpt_tools import convert as lib
     from ckpt_tools.cli.push import publish
-    from ckpt_tools.convert import delete_source
 
     model_dir = result.files[0].rsplit("/", 1)[0]  # where the conversion wrote
     published = publish(out, model_dir, repo_id)
     if delete_dcp:
-        delete_source(result.source)
+        lib.check_deletable_source(result.source, output)
+        lib.delete_source(result.source)
     return dict(result.to_dict(), deleted_source=delete_dcp, published=published.to_dict())
 
 
