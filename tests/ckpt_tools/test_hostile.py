@@ -375,6 +375,17 @@ def _deep_index(tmp: Path) -> list[str]:
     return ["inspect", str(model_dir(tmp))]
 
 
+@case("manifest.json listing ../ verify --deep", FAILED, "names '../../outside/secret.bin', outside its")
+def _manifest_outside(tmp: Path) -> list[str]:
+    secret(tmp)
+    step_dir = step_with_training_step(tmp)
+    entry = {"size": 64, "sha256": "0" * 64}
+    (step_dir / layout.MANIFEST).write_text(
+        json.dumps({"version": 1, "files": {"../../outside/secret.bin": entry}})
+    )
+    return ["verify", "--deep", str(step_dir)]
+
+
 # --- data loss in convert -------------------------------------------------------------------------
 
 

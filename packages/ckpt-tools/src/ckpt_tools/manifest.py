@@ -62,6 +62,8 @@ def read_manifest(step_dir: str) -> dict[str, dict[str, Any]] | None:
         raise CorruptCheckpointError(
             f"{path}: expected {{'files': {{name: {{size, sha256}}}}}}; the file is damaged"
         )
+    for name in files:  # a listed file is read by verify --deep: it must lie inside the step
+        storage.contained(step_dir, name, layout.MANIFEST)
     return files
 
 
@@ -92,7 +94,7 @@ def manifest_problems(step_dir: str, deep: bool = False, only: str | None = None
 
 def _sha256(path: str) -> str:
     digest = hashlib.sha256()
-    with storage.open_file(path, "rb") as handle:
+    with storage.open_regular(path) as handle:
         while block := handle.read(_BLOCK):
             digest.update(block)
     return digest.hexdigest()
