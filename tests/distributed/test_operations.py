@@ -237,6 +237,14 @@ def test_async_save_commits_only_when_written_and_a_kill_mid_write_keeps_last(tm
     assert (out / "checkpoints" / ".tmp-000004").is_dir()
 
 
+def test_a_config_error_under_torchrun_is_one_line_per_rank(tmp_path):
+    result = run_torchrun(SCRIPT, 2, f"--output_dir={tmp_path / 'run'}", "--steps=0", check=False)
+    assert save_errors(result.stdout) == ["error: --steps must be >= 1, got 0"] * 2, result.stdout
+    assert "exitcode  : 1" in result.stdout
+    assert no_traceback_from_us(result.stdout), result.stdout
+    assert not (tmp_path / "run").exists()
+
+
 # ----------------------------------------------------------------------------- one writer per run
 
 
