@@ -111,6 +111,7 @@ def test_sigint_in_one_process_saves_the_current_step_and_keep_last_holds_across
     resumed = run_single(f"--output_dir={out}", "--resume=true")
     assert resumed.returncode == 0, resumed.stdout
     assert f"resuming from {out / 'checkpoints' / '000005'} at step 5" in resumed.stdout
+    assert f"every 2 steps in {out}\n" in resumed.stdout  # the banner names the directory it writes to
     assert sorted(os.listdir(out / "checkpoints")) == ["000008", "last"]
     saved = json.loads(
         (out / "checkpoints" / "000008" / "pretrained_model" / "train_config.json").read_text()
