@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.launch import CKPT_CLI, launch_env, run_torchrun, torchrun_command
+from helpers.launch import CKPT_CLI, launch_env, no_traceback_from_us, run_torchrun, torchrun_command
 from helpers.train_flags import tiny_args
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
@@ -55,11 +55,6 @@ def verifies(path: Path) -> bool:
     return (
         subprocess.run([str(CKPT_CLI), "verify", str(path)], capture_output=True, timeout=60).returncode == 0
     )
-
-
-def no_traceback_from_us(log: str) -> bool:
-    """torchrun may print its own failure summary; nothing of ours may show a Python traceback."""
-    return "KeyboardInterrupt" not in log and "/trainer/" not in log and "/ckpt_tools/" not in log
 
 
 def events(out: Path, name: str) -> list[dict]:

@@ -23,6 +23,11 @@ def launch_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
+def no_traceback_from_us(log: str) -> bool:
+    """torchrun may print its own failure summary; nothing of ours may show a Python traceback."""
+    return "KeyboardInterrupt" not in log and "/trainer/" not in log and "/ckpt_tools/" not in log
+
+
 def torchrun_command(
     script: str | os.PathLike[str], nproc: int, *args: str, torchrun_args: Sequence[str] = ()
 ) -> list[str]:

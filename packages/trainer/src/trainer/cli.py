@@ -51,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
             train(parse_config(args[1:]))
     except ConfigError as exc:
+        if os.environ.get("CKPT_DEBUG") == "1":  # developers keep the whole chain, causes included
+            _print_chain(exc)
         _print_line(f"error: {' '.join(str(exc).split())}")
         _exit(1)
     except Interrupted as stop:  # the main rank has printed its one line
@@ -80,6 +82,14 @@ def _print_help(args: list[str]) -> None:
             raise SystemExit(1)
     print(f"{USAGE}\n\nFlags (default after =; docs/training.md explains them):\n{help_text(policy_type)}")
     raise SystemExit(0)
+
+
+def _print_chain(exc: BaseException) -> None:
+    """The traceback of `exc` with every cause and context, even those a `raise ... from None` hid."""
+    import traceback
+
+    exc.__suppress_context__ = False
+    sys.stderr.write("".join(traceback.format_exception(exc)))
 
 
 def _print_line(line: str) -> None:
