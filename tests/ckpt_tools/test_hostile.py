@@ -329,9 +329,9 @@ for _command in ("inspect", "verify", "load", "convert --to dcp"):
     )(lambda tmp, command=_command: [*command.split(), str(_index_outside(tmp))])
 
 
-@case("index weight_map absolute load", ERROR, "outside its directory")
+@case("index weight_map absolute inspect", ERROR, "outside its directory")
 def _index_absolute(tmp: Path) -> list[str]:
-    return ["load", str(_index_naming(tmp, str(secret_safetensors(tmp))))]
+    return ["inspect", str(_index_naming(tmp, str(secret_safetensors(tmp))))]
 
 
 def _step_linked_outside(tmp: Path) -> Path:
