@@ -333,12 +333,14 @@ def _publish_fsspec(uploads: dict[str, str | bytes], target: str) -> PublishResu
 
 
 def _write(fs: Any, dest: str, source: str | bytes) -> None:
-    with fs.open(dest, "wb") as out:
+    """Stream one file to the target in `storage.STREAM_BLOCK` pieces (bounded memory on any store)."""
+    parts = {} if storage.is_local(fs) else {"block_size": storage.STREAM_BLOCK}
+    with fs.open(dest, "wb", **parts) as out:
         if isinstance(source, bytes):
             out.write(source)
             return
         with storage.open_file(source, "rb") as src:
-            while chunk := src.read(64 * 1024 * 1024):
+            while chunk := src.read(storage.STREAM_BLOCK):
                 out.write(chunk)
 
 

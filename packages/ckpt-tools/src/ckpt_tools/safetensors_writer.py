@@ -23,7 +23,7 @@ from ckpt_tools.dtypes import ITEMSIZE, nbytes
 from ckpt_tools.errors import CorruptCheckpointError
 
 METADATA_KEY = "__metadata__"
-COPY_BLOCK = 64 * 1024 * 1024
+COPY_BLOCK = storage.STREAM_BLOCK  # Python-buffered copies (a store on either side) go in these pieces
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class SafetensorsStreamWriter:
         self.expected_size = len(header) + sum(s.nbytes for s in self.specs)
         self._fs, inner = storage.resolve(self.tmp_path)
         self._fs.makedirs(inner.rsplit("/", 1)[0], exist_ok=True)
-        self._handle: IO[bytes] = self._fs.open(inner, "wb")
+        self._handle: IO[bytes] = storage.open_file(self.tmp_path, "wb")
         self._written = 0
         self._kernel_copy = storage.is_local(self._fs)
         self._put(header)

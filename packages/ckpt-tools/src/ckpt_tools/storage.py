@@ -133,8 +133,17 @@ def read_text(path: str | os.PathLike[str]) -> str:
     return read_bytes(path).decode("utf-8")
 
 
+# The buffer of a file streamed to or from a store: s3fs's default (50 MB) would hold that much per
+# open file; 8 MiB parts keep conversion and publishing near their local memory (S3's minimum part is
+# 5 MiB).
+STREAM_BLOCK = 8 * 2**20
+
+
 def open_file(path: str | os.PathLike[str], mode: str = "rb", **kwargs: Any) -> Any:
+    """Open a file; on a store, with `STREAM_BLOCK` as the upload part or read-ahead size."""
     fs, inner = resolve(path)
+    if not is_local(fs):
+        kwargs.setdefault("block_size", STREAM_BLOCK)
     return fs.open(inner, mode, **kwargs)
 
 
