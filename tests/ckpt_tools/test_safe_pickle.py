@@ -150,3 +150,11 @@ class _SlotState:
 def test_slot_state_of_a_metadata_class_is_read() -> None:
     loaded = restricted_loads(pickle.dumps(_SlotState()))
     assert (loaded.offsets, loaded.sizes) == ((0,), (3,))
+
+
+@pytest.mark.parametrize("pid", [("storage", 7, "0", "cpu", 4), ("storage", "float32", 0, "cpu", 4)])
+def test_a_storage_reference_with_a_non_text_field_is_malformed(pid: tuple) -> None:
+    buf = io.BytesIO()
+    _PersistentPickler(buf, protocol=2).dump(_Ref(pid))
+    with pytest.raises(CorruptCheckpointError, match="malformed storage reference"):
+        load_tensor_record(buf.getvalue())
