@@ -104,7 +104,7 @@ def demo_epilogue(output: str, bin_dir: str) -> str:
 # Module (under packages/ckpt-tools/src/ckpt_tools/) -> the fast tests that protect its guarantees.
 MUTATION_TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
     "safe_pickle": ("safe_pickle.py", ("test_safe_pickle.py", "test_dcp_index.py")),
-    "commit": ("commit.py", ("test_storage_commit.py", "test_last_never_absent.py")),
+    "commit": ("commit.py", ("test_storage_commit.py", "test_last_never_absent.py", "test_retention.py")),
     "dcp_index": ("dcp_index.py", ("test_dcp_index.py", "test_convert_guarantees.py", "test_safe_pickle.py")),
     "convert": ("convert.py", ("test_convert_guarantees.py", "test_convert_cli.py")),
     "save": ("save.py", ("test_state_single.py",)),

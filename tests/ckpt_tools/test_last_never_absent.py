@@ -25,6 +25,7 @@ _MUTATING_EVENTS = {"os.remove", "os.rename", "os.symlink", "os.rmdir", "os.link
 _watched: list[Path] = []  # the checkpoints directory under watch (the hook cannot be removed)
 _seen: list[str] = []  # what a reader would have found wrong, one line per moment
 _events: list[str] = []  # every watched call, so the test knows the hook saw the commit
+_named: list[list[str]] = []  # where the test wants the step `last` names at each moment
 
 
 def _reader_view(root: Path) -> str | None:
@@ -40,6 +41,8 @@ def _reader_view(root: Path) -> str | None:
 def _hook(event: str, args: tuple) -> None:
     if _watched and event in _MUTATING_EVENTS:
         _events.append(event)
+        if _named and os.path.islink(_watched[0] / "last"):
+            _named[0].append(os.readlink(_watched[0] / "last"))
         problem = _reader_view(_watched[0])
         if problem:
             _seen.append(f"before {event}{args}: {problem}")
@@ -49,14 +52,17 @@ sys.addaudithook(_hook)
 
 
 @contextmanager
-def _watch(root: Path) -> Iterator[list[str]]:
+def _watch(root: Path, named: list[str] | None = None) -> Iterator[list[str]]:
     _seen.clear()
     _events.clear()
     _watched.append(root)
+    if named is not None:
+        _named.append(named)
     try:
         yield _seen
     finally:
         _watched.clear()
+        _named.clear()
     problem = _reader_view(root)
     if problem:
         _seen.append(f"after the commit: {problem}")
@@ -84,3 +90,17 @@ def test_last_is_present_and_complete_at_every_moment_of_a_commit(tmp_path: Path
     assert os.readlink(tmp_path / "last") == "000004"
     weights = load_file(tmp_path / "000006" / "pretrained_model" / "model.safetensors")
     assert torch.equal(weights["encoder.weight"], tiny_model_state(60)["encoder.weight"])
+
+
+def test_replacing_a_step_last_does_not_name_moves_last_only_to_it(tmp_path: Path) -> None:
+    """Resumed from step 4 with steps 6 and 8 left by the first attempt: saving step 6 again must not
+    point `last` at step 8, not even for a moment (a crash then would resume from the abandoned 8)."""
+    for step in (2, 4, 6, 8):
+        _commit(tmp_path, step, seed=step)
+    _commit(tmp_path, 4, seed=40)  # the resumed run's first save
+    named: list[str] = []
+    with _watch(tmp_path, named) as seen:
+        _commit(tmp_path, 6, seed=60)
+    assert seen == []
+    assert named[0] == "000004" and set(named) == {"000004", "000006"}
+    assert os.readlink(tmp_path / "last") == "000006"

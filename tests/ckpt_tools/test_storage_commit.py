@@ -208,6 +208,24 @@ def test_step_back_skips_an_incomplete_step(tmp_path: Path) -> None:
     assert os.readlink(root / "last") == "000003"
 
 
+def test_step_back_treats_a_check_that_raises_as_incomplete(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    for step in (3, 4, 6):
+        commit_step(_stage(root, step, seed=step), root, step)
+
+    def is_complete(step_dir: str) -> bool:
+        if step_dir.endswith("000004"):
+            raise CorruptCheckpointError("unreadable")
+        return True
+
+    tmp = _stage(root, 6, seed=60)
+    with pytest.MonkeyPatch.context() as patch:
+        _crash_at(patch, 3)  # after `last` stepped back and the old step 6 was set aside
+        with pytest.raises(_Crash):
+            commit.commit_step_dir(tmp, root, 6, is_complete=is_complete)
+    assert os.readlink(root / "last") == "000003"
+
+
 # --- readers follow `last` only to a complete step beside it ---------------------------------------
 
 
