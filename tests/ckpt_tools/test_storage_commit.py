@@ -295,6 +295,5 @@ def test_a_path_ending_in_last_is_followed_whatever_its_directory_is_called(tmp_
     root = tmp_path / "saves"  # a checkpoints directory under another name
     commit_step(write_step(root, 5, "a"), root, 5)
     assert commit.follow_last(root / "last") == f"{root}/000005"
-    assert (
-        commit.follow_last(f"{root}/last/pretrained_model") == f"{root}/last/pretrained_model"
-    )  # no pointer
+    for other in ("last/pretrained_model", "notes"):  # a `last` inside the path, another name: no pointer
+        assert commit.follow_last(f"{root}/{other}") == f"{root}/{other}"
