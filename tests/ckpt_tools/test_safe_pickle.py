@@ -113,6 +113,7 @@ class _PersistentPickler(pickle.Pickler):
         ("storage", "float32", "0", "cpu"),
         ("storage", "float32", "0", "cpu", 4, "extra"),
         ("tensor", "float32", "0", "cpu", 4),
+        ("module", "float32", "0", "cpu", 4),
         ("module", 1),
     ],
 )
@@ -158,3 +159,9 @@ def test_a_storage_reference_with_a_non_text_field_is_malformed(pid: tuple) -> N
     _PersistentPickler(buf, protocol=2).dump(_Ref(pid))
     with pytest.raises(CorruptCheckpointError, match="malformed storage reference"):
         load_tensor_record(buf.getvalue())
+
+
+@pytest.mark.parametrize(("module", "name"), [("os", "float32"), ("zipfile", "float32"), ("torch", "load")])
+def test_enum_names_come_only_from_torch_and_only_enum_names(module: str, name: str) -> None:
+    with pytest.raises(UnsafePickleError, match=rf"asks for {module}\.{name}"):
+        restricted_loads(b"\x80\x04c" + f"{module}\n{name}\n".encode() + b".")
