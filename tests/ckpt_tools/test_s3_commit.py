@@ -104,6 +104,7 @@ def model_of(step_dir: str) -> bytes:
     return fs().cat(f"{step_dir}/pretrained_model/{layout.MODEL_SAFETENSORS}".removeprefix("s3://"))
 
 
+@pytest.mark.slow  # ~15 store round trips and up to 3 verifies per crash point
 @pytest.mark.parametrize("replace", [False, True], ids=["new-step", "replace-step"])
 def test_crash_at_each_point_of_a_commit_leaves_a_resumable_run(s3_bucket, template, monkeypatch, replace):
     root = lay_out(template, f"{s3_bucket}/dry", replace=replace)
