@@ -18,7 +18,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, cast
 from urllib.parse import urlparse
 
 from trainer.config.train import TrainConfig
@@ -126,7 +126,7 @@ class WandbTracker:
         self.run = wandb.init(
             project=settings.project,
             entity=settings.entity,
-            mode=settings.mode,
+            mode=cast(Literal["online", "offline", "disabled"], settings.mode),  # checked at parse
             notes=settings.notes,
             name=config.job_name,
             id=settings.run_id,
