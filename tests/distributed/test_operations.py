@@ -234,8 +234,12 @@ def test_async_save_commits_only_when_written_and_a_kill_mid_write_keeps_last(tm
 
 
 def test_a_config_error_under_torchrun_is_one_line_per_rank(tmp_path):
+    """At most one line per rank. Parsing runs before any process group exists, so the first rank to
+    fail makes torchrun SIGTERM the other, which may not have reached its own line yet."""
     result = run_torchrun(SCRIPT, 2, f"--output_dir={tmp_path / 'run'}", "--steps=0", check=False)
-    assert save_errors(result.stdout) == ["error: --steps must be >= 1, got 0"] * 2, result.stdout
+    errors = save_errors(result.stdout)
+    assert 1 <= len(errors) <= 2, result.stdout
+    assert set(errors) == {"error: --steps must be >= 1, got 0"}, result.stdout
     assert "exitcode  : 1" in result.stdout
     assert no_traceback_from_us(result.stdout), result.stdout
     assert not (tmp_path / "run").exists()
