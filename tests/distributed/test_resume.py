@@ -29,8 +29,8 @@ import torch
 
 import ckpt_tools
 from ckpt_tools import layout
-from ckpt_tools.tensor_io import read_dcp_full, read_safetensors
 from helpers.launch import CKPT_CLI, run_torchrun
+from helpers.stored_state import assert_bit_identical
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -135,22 +135,6 @@ def resume_notes(out: Path) -> list[dict]:
 
 def ckpt_verify(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(CKPT_CLI), "verify", str(path)], capture_output=True, text=True, timeout=60)
-
-
-def optimizer_state(step: Path) -> dict[str, torch.Tensor]:
-    state_dir = step / "training_state"
-    if (state_dir / "optimizer_0").is_dir():
-        return read_dcp_full(str(state_dir / "optimizer_0"))
-    return read_safetensors(str(state_dir / "optimizer_state.safetensors"))[0]
-
-
-def assert_bit_identical(a: Path, b: Path) -> None:
-    """Model weights and optimizer state of two step directories, bit for bit."""
-    for load in (ckpt_tools.load_model_state_dict, optimizer_state):
-        got, want = load(a), load(b)
-        assert got.keys() == want.keys()
-        for key, tensor in want.items():
-            assert got[key].dtype == tensor.dtype and torch.equal(got[key], tensor), key
 
 
 def assert_same_losses(got: Path, want: Path, steps: range, rtol: float = 0.0) -> None:

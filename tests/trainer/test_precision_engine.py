@@ -57,6 +57,8 @@ def test_fp16_overflow_is_skipped_with_the_scale_halved_and_clipping_engages(
     record = _watched_run(tmp_path, dataset_cache, monkeypatch, 2, *flags)
     assert record["dtypes"] == ["torch.float16"] * 4
     assert record["scales"] == [65536.0, 65536.0, 32768.0, 32768.0]
+    weights = record["weights"]
+    assert weights[0] != weights[1] and weights[1] == weights[2] != weights[3]  # step 2 changed nothing
     assert record["norms"] == pytest.approx([CLIP] * 3, rel=1e-4)  # 3 updates, each clipped
     scaler_file = tmp_path / "checkpoints" / "000004" / layout.TRAINING_STATE_DIR / layout.SCALER_STATE
     scaler = json.loads(scaler_file.read_text())
