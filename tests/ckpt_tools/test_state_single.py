@@ -219,3 +219,24 @@ def test_unknown_processor_name_is_refused_before_writing(tmp_path, trained):
     with pytest.raises(ValueError, match="policy_preprocessor"):
         save(tmp_path, 2, model, optimizer, scheduler, processors={"tokenizer": ProcessorState({}, [])})
     assert not tmp_path.joinpath(".tmp-000002").exists()
+
+
+def test_a_failed_shard_write_is_one_line_naming_the_rank_and_the_cause(tmp_path, trained, monkeypatch):
+    """torch's DCP turns a rank's failed write into a multi-line CheckpointException; the save reports
+    it as one line: the ranks, the cause's type and its first 200 characters on one line."""
+    model, optimizer, scheduler = trained
+    save(tmp_path, 1, model, optimizer, scheduler, ts=training_step(1, "dcp"))
+    cause = "no space\n  left on device " * 12  # 2 lines each, 300 characters on one line
+
+    def full(*args, **kwargs):
+        raise OSError(cause)
+
+    monkeypatch.setattr(torch.distributed.checkpoint.FileSystemWriter, "write_data", full)
+    with pytest.raises(ckpt_tools.SaveFailedError) as failed:
+        save(tmp_path, 2, model, optimizer, scheduler, ts=training_step(2, "dcp"))
+    detail = " ".join(cause.split())[:200]
+    assert len(detail) == 200
+    assert str(failed.value) == (
+        f"saving checkpoint step 2 failed: rank 0 could not write its shards (OSError: {detail})"
+    )
+    assert os.readlink(tmp_path / "last") == "000001"
