@@ -65,11 +65,10 @@ def events(out: Path, name: str) -> list[dict]:
 # ------------------------------------------------------------------------------------------- signals
 
 
-@pytest.mark.slow  # two launches
-def test_sigterm_on_one_rank_stops_both_at_one_step_and_resume_agrees_on_the_step(tmp_path, cache):
-    """Rank 1 alone gets SIGTERM during step 3: both ranks stop after step 3, save it collectively, and
-    the main rank prints the one line. The resume flips `last` back to step 2 right after the main rank
-    resolved step 3: both ranks still resume from step 3 (the main rank's choice is broadcast)."""
+@pytest.mark.slow  # over 20 s
+def test_sigterm_on_one_rank_stops_both_at_one_step(tmp_path, cache):
+    """Rank 1 alone gets SIGTERM during step 3: both ranks stop after step 3 (the signal is agreed on),
+    save it collectively, and the main rank prints the one line."""
     out = tmp_path / "run"
     args = flags(out, cache, "--collective_timeout_s=30")  # DDP over 2 ranks, 4 steps, saves every 2
     stopped = run_torchrun(SCRIPT, 2, f"--hook-signal=1:3:{int(signal.SIGTERM)}", *args, check=False)
@@ -83,20 +82,49 @@ def test_sigterm_on_one_rank_stops_both_at_one_step_and_resume_agrees_on_the_ste
     assert [e["step"] for e in events(out, "interrupted")] == [3]
     assert not (out / "trainer.lock").exists()
 
+
+@pytest.mark.slow  # two launches
+def test_sigterm_to_torchrun_alone_saves_on_every_rank_and_resume_agrees_on_the_step(tmp_path, cache):
+    """What Kubernetes does: SIGTERM to the launcher only (sent from rank 0 to its parent, torchrun, at
+    step 3), which forwards it to both ranks. FSDP2 with DCP, so each rank writes its own shards of the
+    interrupted step. The resume flips `last` back to step 2 right after the main rank resolved the
+    interrupted step: both ranks still resume from that step (the main rank's choice is broadcast)."""
+    out = tmp_path / "run"
+    args = flags(out, cache, "--steps=6", "--parallelism.dp_shard=2", "--checkpoint_format=dcp")
+    hooks = ["--hook-step-sleep=0.3", f"--hook-signal-launcher=0:3:{int(signal.SIGTERM)}"]
+    stopped = run_torchrun(SCRIPT, 2, *hooks, *args, check=False)
+    log = stopped.stdout
+    assert stopped.returncode != 0, log  # torchrun's own status once it has stopped its ranks
+    assert f"Received {int(signal.SIGTERM)} death signal, shutting down workers" in log, log
+    [stop] = events(out, "interrupted")
+    step = stop["step"]
+    assert 3 <= step < 6, log
+    checkpoint = out / "checkpoints" / f"{step:06d}"
+    line = (
+        f"interrupted at step {step}; checkpoint {checkpoint}; resume with --resume=true --output_dir={out}"
+    )
+    assert log.count("interrupted at step") == 1 and line in log, log
+    assert no_traceback_from_us(log) and "again: aborting" not in log, log
+    assert "forcefully exiting" not in log, log  # torchrun did not have to SIGKILL a rank
+    assert last(out) == checkpoint.name and verifies(checkpoint)
+    shards = sorted(p.name for p in (checkpoint / "training_state" / "optimizer_0").glob("*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"], shards  # each rank saved its part of the step
+    assert not (out / "trainer.lock").exists()
+
     resumed = run_torchrun(SCRIPT, 2, "--hook-flip-last=2", *args, "--resume=true")
-    step3 = out / "checkpoints" / "000003"
     assert "hook: rank 0 resolved" in resumed.stdout and "then moved last to 2" in resumed.stdout
-    assert f"hook: rank 0 resumes from {step3}\n" in resumed.stdout, resumed.stdout
-    assert f"hook: rank 1 resumes from {step3}\n" in resumed.stdout, resumed.stdout
-    assert last(out) == "000004" and verifies(out / "checkpoints" / "last")
+    assert f"hook: rank 0 resumes from {checkpoint}\n" in resumed.stdout, resumed.stdout
+    assert f"hook: rank 1 resumes from {checkpoint}\n" in resumed.stdout, resumed.stdout
+    assert last(out) == "000006" and verifies(out / "checkpoints" / "last")
 
 
 def test_sigint_in_one_process_saves_the_current_step_and_keep_last_holds_across_the_restart(tmp_path, cache):
-    """One process, --keep_last=1: saves at 2 and 4 each leave one step; SIGINT during step 5 saves 5
-    (and prunes 4); the restart resumes from 5 with the saved --keep_last and ends with step 8 alone."""
+    """One process, --keep_last=1: saves at 2 and 4 each leave one step; SIGINT during step 5, delivered
+    twice at once (as when a scheduler signals every process and a launcher forwards its own copy), saves
+    5 (and prunes 4); the restart resumes from 5 with the saved --keep_last and ends with step 8 alone."""
     out = tmp_path / "run"
     args = flags(out, cache, "--steps=8", "--keep_last=1")
-    stopped = run_single(f"--hook-signal=0:5:{int(signal.SIGINT)}", *args)
+    stopped = run_single(f"--hook-signal=0:5:{int(signal.SIGINT)}:2:0.0", *args)
     assert stopped.returncode == 128 + signal.SIGINT, stopped.stdout
     assert f"interrupted at step 5; checkpoint {out / 'checkpoints' / '000005'};" in stopped.stdout
     assert "Traceback" not in stopped.stdout, stopped.stdout
@@ -115,8 +143,10 @@ def test_sigint_in_one_process_saves_the_current_step_and_keep_last_holds_across
 
 
 def test_second_signal_aborts_at_once_without_a_checkpoint(tmp_path, cache):
+    """A second SIGTERM, 2.5 s after the first (more than the 2 s in which a repeat counts as the same
+    delivery), while the first is handled."""
     out = tmp_path / "run"
-    aborted = run_single(f"--hook-signal=0:3:{int(signal.SIGTERM)}:2", *flags(out, cache, "--steps=8"))
+    aborted = run_single(f"--hook-signal=0:3:{int(signal.SIGTERM)}:2:2.5", *flags(out, cache, "--steps=8"))
     assert aborted.returncode == 128 + signal.SIGTERM, aborted.stdout
     assert "SIGTERM again: aborting without a checkpoint" in aborted.stdout
     assert "Traceback" not in aborted.stdout and "interrupted at step" not in aborted.stdout
@@ -233,13 +263,16 @@ def test_async_save_commits_only_when_written_and_a_kill_mid_write_keeps_last(tm
     assert (out / "checkpoints" / ".tmp-000004").is_dir()
 
 
-def test_a_config_error_under_torchrun_is_one_line_per_rank(tmp_path):
-    """At most one line per rank. Parsing runs before any process group exists, so the first rank to
-    fail makes torchrun SIGTERM the other, which may not have reached its own line yet."""
-    result = run_torchrun(SCRIPT, 2, f"--output_dir={tmp_path / 'run'}", "--steps=0", check=False)
+def test_a_config_error_under_torchrun_is_one_line_per_rank_the_main_ranks_first(tmp_path):
+    """Every rank parses the flags and fails alike. Rank 0 starts 2 s late, so rank 1 reaches the error
+    first: it holds its line until torchrun stops it (once rank 0 printed and exited 1), so rank 0's
+    line comes first. Rank 1 prints at most its one line (none when torchrun's SIGTERM comes before it
+    has parsed: it cannot know its error yet)."""
+    hooks = ["--hook-delay-start=0:2.0", "--hook-tag-errors"]
+    result = run_torchrun(SCRIPT, 2, *hooks, f"--output_dir={tmp_path / 'run'}", "--steps=0", check=False)
     errors = save_errors(result.stdout)
-    assert 1 <= len(errors) <= 2, result.stdout
-    assert set(errors) == {"error: --steps must be >= 1, got 0"}, result.stdout
+    line = "error: --steps must be >= 1, got 0 [hook: rank {}]"
+    assert errors[:1] == [line.format(0)] and errors[1:] in ([], [line.format(1)]), result.stdout
     assert "exitcode  : 1" in result.stdout
     assert no_traceback_from_us(result.stdout), result.stdout
     assert not (tmp_path / "run").exists()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import fsspec
 import pytest
 
 from trainer.distributed import runlock
@@ -90,3 +91,65 @@ def test_the_heartbeat_is_refreshed_while_the_run_holds_the_lock(tmp_path, monke
             time.sleep(0.02)
     finally:
         lock.release()
+
+
+# ------------------------------------------------------------------------ an output_dir in a bucket
+
+
+def bucket_lock(out: str) -> dict:
+    return json.loads(fsspec.filesystem("s3", use_listings_cache=False).cat(f"{out}/{LOCK_FILE}"))
+
+
+def test_a_bucket_output_dir_is_locked_although_s3_has_no_o_excl(s3_bucket):
+    """The lock object is created with a conditional write (If-None-Match): a second run is refused."""
+    out = f"{s3_bucket}/runs/a"
+    first = RunLock(out)
+    assert first.acquire() == ""
+    try:
+        with pytest.raises(ConfigError) as refused:
+            RunLock(out).acquire()
+        assert str(refused.value).startswith(f"--output_dir={out} is in use by another run: host ")
+        assert bucket_lock(out)["started"] == first.owner.started  # not overwritten by the refused run
+    finally:
+        first.release()
+    assert not fsspec.filesystem("s3", use_listings_cache=False).exists(f"{out}/{LOCK_FILE}")
+    again = RunLock(out)
+    assert again.acquire() == ""  # free again once released
+    again.release()
+
+
+def test_a_stale_bucket_lock_goes_to_one_of_two_runs_taking_it_over(s3_bucket):
+    """Both runs read the same stale lock; the first replaces it (with the warning); the second's
+    replacement is conditional on the version it read (If-Match), so it is refused naming the first."""
+    out = f"{s3_bucket}/runs/b"
+    stale = time.time() - STALE_AFTER_S - 5
+    owner = {"host": "node-elsewhere", "pid": 4242, "started": stale - 60, "heartbeat": stale}
+    fsspec.filesystem("s3").pipe(f"{out}/{LOCK_FILE}", json.dumps(owner).encode())
+    first, second = RunLock(out), RunLock(out)
+    read = second.store.read
+    warnings = []
+
+    def read_then_lose_the_race():
+        seen = read()
+        warnings.append(first.acquire())  # the other run takes the stale lock over meanwhile
+        return seen
+
+    second.store.read = read_then_lose_the_race
+    try:
+        with pytest.raises(ConfigError, match="in use by another run: host "):
+            second.acquire()
+        assert warnings[0].startswith(
+            f"warning: took over the stale lock {out}/{LOCK_FILE} of host node-elsewhere"
+        )
+        assert bucket_lock(out)["started"] == first.owner.started
+    finally:
+        first.release()
+
+
+def test_a_url_without_exclusive_create_is_not_locked_and_the_run_says_so():
+    lock = RunLock("memory://runs/c")
+    assert lock.acquire() == (
+        "warning: --output_dir=memory://runs/c is not locked against a second run (only local "
+        "directories and s3:// buckets are): make sure no other run writes to it"
+    )
+    lock.release()

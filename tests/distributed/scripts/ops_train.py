@@ -5,12 +5,16 @@ Hook flags come first and are removed before the trainer parses the rest:
   --hook-step-sleep=SECONDS      every rank sleeps this long in each training step (a run slow enough
                                  to be signalled, locked or orphaned while it trains).
   --hook-hold=PATH               every rank waits at its second training step until PATH exists.
-  --hook-signal=RANK:CALL:SIGNUM[:TIMES]  RANK sends itself SIGNUM (TIMES times, default 1) at the
-                                 start of its CALL-th training step.
+  --hook-signal=RANK:CALL:SIGNUM[:TIMES[:GAP]]  RANK sends itself SIGNUM (TIMES times, default 1,
+                                 GAP seconds apart, default 0.2) at the start of its CALL-th training step.
+  --hook-signal-launcher=RANK:CALL:SIGNUM  RANK sends SIGNUM to its parent, the launcher (torchrun), and
+                                 to nothing else, at the start of its CALL-th training step.
   --hook-stall=RANK:CALL:SECONDS RANK sleeps SECONDS at the start of its CALL-th training step.
   --hook-fail-commit=STEP        the main rank's commit of STEP raises OSError (a rename refused).
   --hook-fail-shard=RANK:STEP    RANK's DCP shard write into STEP raises OSError (disk full).
   --hook-slow-shard=RANK:STEP:SECONDS  RANK's DCP shard write into STEP sleeps SECONDS first.
+  --hook-delay-start=RANK:SECONDS  RANK sleeps SECONDS before the trainer starts parsing.
+  --hook-tag-errors              every error line the CLI prints ends with ` [hook: rank R]`.
   --hook-flip-last=STEP          the main rank repoints `checkpoints/last` to STEP right after it read it
                                  for `--resume=true --output_dir` (the saved config, at parse); the other
                                  ranks read it a second later, so an unshared choice would be another step.
@@ -23,11 +27,13 @@ import os
 import sys
 import time
 
+from hook_flags import install_hooks
+
+import trainer.cli as cli
 import trainer.loop as loop
 import trainer.resume as resume
 from ckpt_tools import commit as ckpt_commit
 from ckpt_tools import layout
-from trainer.cli import main
 
 RANK = int(os.environ.get("RANK", "0"))
 OUTPUT_DIR = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--output_dir=")), "")
@@ -59,7 +65,7 @@ def hold(path: str) -> None:
     before_step(wait)
 
 
-def send_signal(rank: int, call: int, signum: int, times: int = 1) -> None:
+def send_signal(rank: int, call: int, signum: int, times: int = 1, gap: float = 0.2) -> None:
     def send(now: int) -> None:
         if rank == RANK and now == call:
             last = os.path.join(OUTPUT_DIR, "checkpoints", "last")
@@ -70,7 +76,16 @@ def send_signal(rank: int, call: int, signum: int, times: int = 1) -> None:
             )
             for _ in range(times):
                 os.kill(os.getpid(), signum)
-                time.sleep(0.2)
+                time.sleep(gap)
+
+    before_step(send)
+
+
+def signal_launcher(rank: int, call: int, signum: int) -> None:
+    def send(now: int) -> None:
+        if rank == RANK and now == call:
+            print(f"hook: rank {RANK} sends its launcher signal {signum} at step call {call}", flush=True)
+            os.kill(os.getppid(), signum)
 
     before_step(send)
 
@@ -138,6 +153,16 @@ def flip_last(step: int) -> None:
     resume.saved_config_path = find
 
 
+def delay_start(rank: int, seconds: float) -> None:
+    if rank == RANK:
+        time.sleep(seconds)
+
+
+def tag_errors() -> None:
+    print_line = cli._print_line
+    cli._print_line = lambda line: print_line(f"{line} [hook: rank {RANK}]")
+
+
 def report_resume() -> None:
     before_prepare = resume.before_prepare
 
@@ -151,7 +176,11 @@ def report_resume() -> None:
 
 HOOKS = {
     "--hook-step-sleep": step_sleep,
+    "--hook-hold": hold,
     "--hook-signal": send_signal,
+    "--hook-signal-launcher": signal_launcher,
+    "--hook-delay-start": delay_start,
+    "--hook-tag-errors": tag_errors,
     "--hook-flip-last": flip_last,
     "--hook-stall": stall,
     "--hook-fail-commit": fail_commit,
@@ -160,20 +189,7 @@ HOOKS = {
 }
 
 
-def install_hooks(args: list[str]) -> list[str]:
-    rest = []
-    for arg in args:
-        name, _, value = arg.partition("=")
-        if name == "--hook-hold":
-            hold(value)
-        elif name in HOOKS:
-            HOOKS[name](*[float(v) if "." in v else int(v) for v in value.split(":")])
-        else:
-            rest.append(arg)
-    report_resume()
-    return rest
-
-
 if __name__ == "__main__":
     print(f"hook: rank {RANK} pid {os.getpid()}", flush=True)
-    main(["train", *install_hooks(sys.argv[1:])])
+    report_resume()
+    cli.main(["train", *install_hooks(sys.argv[1:], HOOKS)])

@@ -18,6 +18,8 @@ import signal
 import sys
 import time
 
+from hook_flags import install_hooks
+
 import ckpt_tools.save as save
 import trainer.loop as loop
 from ckpt_tools import layout
@@ -79,17 +81,5 @@ HOOKS = {
 }
 
 
-def install_hooks(args: list[str]) -> list[str]:
-    rest = []
-    for arg in args:
-        name, _, value = arg.partition("=")
-        if name in HOOKS:
-            numbers = [float(v) if "." in v else int(v) for v in value.split(":")]
-            HOOKS[name](*numbers)
-        else:
-            rest.append(arg)
-    return rest
-
-
 if __name__ == "__main__":
-    main(["train", *install_hooks(sys.argv[1:])])
+    main(["train", *install_hooks(sys.argv[1:], HOOKS)])

@@ -53,15 +53,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as exc:
         if os.environ.get("CKPT_DEBUG") == "1":  # developers keep the whole chain, causes included
             _print_chain(exc)
-        _print_line(f"error: {' '.join(str(exc).split())}")
-        _exit(1)
+        _error_exit(f"error: {' '.join(str(exc).split())}")
     except Interrupted as stop:  # the main rank has printed its one line
         _exit(stop.exit_code, leave_group=False)
     except Exception as exc:
         if not _collective_failure(exc):
             raise
-        _print_line(f"error: rank {os.environ.get('RANK', '0')}: {_collective_line(exc)}")
-        _exit(1, leave_group=False)
+        _error_exit(f"error: rank {os.environ.get('RANK', '0')}: {_collective_line(exc)}")
     _exit(0)
 
 
@@ -90,6 +88,27 @@ def _print_chain(exc: BaseException) -> None:
 
     exc.__suppress_context__ = False
     sys.stderr.write("".join(traceback.format_exception(exc)))
+
+
+# How long a rank other than the main one holds its error line for the launcher to stop it (seconds).
+HOLD_FOR_MAIN_RANK_S = 10.0
+
+
+def _error_exit(line: str) -> None:
+    """Print the error `line` and exit 1; under a launcher, the main rank's line first.
+
+    Most errors reach every rank alike (a bad flag is parsed by each, a failed save is broadcast), and
+    the main rank's line is the one to read first. A launched non-main rank therefore holds its line
+    until the launcher stops it (torchrun sends SIGTERM to the others as soon as one rank fails, here
+    the main one after printing) or HOLD_FOR_MAIN_RANK_S pass (an error of this rank alone), then
+    prints it and exits 1. A rank that had already received a signal prints at once. The process group
+    is not left: the peers may be gone already."""
+    from trainer.interrupt import hold_until_signal
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        hold_until_signal(HOLD_FOR_MAIN_RANK_S)
+    _print_line(line)
+    _exit(1, leave_group=False)
 
 
 def _print_line(line: str) -> None:

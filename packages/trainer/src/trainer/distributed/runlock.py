@@ -6,9 +6,9 @@ behind (each rank lives in a session of its own) all look the same. The main ran
 `<output_dir>/trainer.lock` (owner host, pid, start time, a heartbeat rewritten every `HEARTBEAT_S`) for
 the whole run. Another run finding it refuses to start and names the holder; a lock whose owner is dead on
 this host, or whose heartbeat is older than `STALE_AFTER_S` (an owner on another host), is stale and taken
-over with a warning. Creation uses O_EXCL, so of two runs starting together exactly one wins.
-
-Only local (and shared POSIX) directories are locked; an fsspec URL output_dir is not.
+over with a warning. Creation is exclusive, so of two runs starting together exactly one wins: O_EXCL on a
+local (or shared POSIX) directory, a conditional write (`If-None-Match: *`) in an s3:// bucket. Other
+fsspec URLs have no exclusive create: such an output_dir is not locked, and the run says so at start.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ LOCK_FILE = "trainer.lock"
 HEARTBEAT_S = 10.0
 STALE_AFTER_S = 120.0
 PARENT_POLL_S = 1.0
+BUCKET_PROTOCOLS = ("s3", "s3a")  # fsspec stores whose writes can be conditional (exclusive create)
 
 
 @dataclass(frozen=True)
@@ -52,37 +53,127 @@ class Owner:
         return now - self.heartbeat > STALE_AFTER_S
 
 
+class _LocalStore:
+    """The lock file on a local (or shared POSIX) filesystem: O_EXCL creates it, renames replace it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def create(self, text: str) -> bool:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return True
+
+    def read(self) -> tuple[str | None, Any]:
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                return handle.read(), None
+        except OSError:
+            return None, None
+
+    def replace(self, text: str, version: Any) -> bool:
+        self.write(text)
+        return True
+
+    def write(self, text: str) -> None:
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, self.path)
+
+    def remove(self) -> None:
+        os.remove(self.path)
+
+
+class _BucketStore:
+    """The lock object in an S3 bucket. S3 has no O_EXCL, but conditional writes: a put with
+    `If-None-Match: *` creates the object only if it does not exist, one with `If-Match: <ETag>` replaces
+    only the version that was read. Best effort: a store that ignores these headers locks nothing."""
+
+    def __init__(self, url: str) -> None:
+        from ckpt_tools.storage import resolve
+
+        self.fs, self.path = resolve(url)
+
+    def create(self, text: str) -> bool:
+        try:
+            self.fs.pipe_file(self.path, text.encode(), mode="create")
+        except FileExistsError:
+            return False
+        return True
+
+    def read(self) -> tuple[str | None, Any]:
+        try:
+            version = self.fs.info(self.path).get("ETag")
+            return self.fs.cat_file(self.path).decode(), version
+        except (OSError, UnicodeDecodeError):
+            return None, None
+
+    def replace(self, text: str, version: Any) -> bool:
+        if version is None:  # vanished (or unreadable) since it was read: take it as new
+            return self.create(text)
+        try:
+            self.fs.pipe_file(self.path, text.encode(), IfMatch=version)
+        except OSError:  # PreconditionFailed: another run replaced it first
+            return False
+        return True
+
+    def write(self, text: str) -> None:
+        self.fs.pipe_file(self.path, text.encode())
+
+    def remove(self) -> None:
+        self.fs.rm_file(self.path)
+
+
+def _store(path: str) -> _LocalStore | _BucketStore | None:
+    """Where the lock file `path` lives; None for a URL whose store offers no exclusive create."""
+    if "://" not in path:
+        return _LocalStore(path)
+    if path.split("://", 1)[0] in BUCKET_PROTOCOLS:
+        return _BucketStore(path)
+    return None
+
+
 class RunLock:
     """The lock a run holds on its output_dir; `acquire` on the main rank only, `release` at the end."""
 
     def __init__(self, output_dir: str) -> None:
-        self.remote = "://" in output_dir  # a bucket has no O_EXCL create: not locked (see the docstring)
-        self.path = os.path.join(os.path.abspath(output_dir), LOCK_FILE)
+        remote = "://" in output_dir
+        self.output_dir = output_dir.rstrip("/") if remote else os.path.abspath(output_dir)
+        self.path = f"{self.output_dir}/{LOCK_FILE}" if remote else os.path.join(self.output_dir, LOCK_FILE)
+        self.store = _store(self.path)
         self.owner: Owner | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def acquire(self) -> str:
         """Take the lock, or raise `ConfigError` naming its live holder. Returns a warning line when a
-        stale lock was taken over ("" otherwise)."""
-        if self.remote:
-            return ""
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        stale lock was taken over, or when this output_dir cannot be locked ("" otherwise)."""
+        if self.store is None:
+            return (
+                f"warning: --output_dir={self.output_dir} is not locked against a second run (only local "
+                "directories and s3:// buckets are): make sure no other run writes to it"
+            )
         now = time.time()
         me = Owner(socket.gethostname(), os.getpid(), now, now)
         warning = ""
-        if not self._create(me):
-            holder = self._read()
+        if not self.store.create(_encode(me)):
+            text, version = self.store.read()
+            holder = _decode(text)
             if holder is not None and not holder.is_stale(now):
-                raise ConfigError(
-                    f"--output_dir={os.path.dirname(self.path)} is in use by another run: "
-                    f"{holder.describe(now)}; wait for it to end or stop it, or choose another --output_dir"
-                )
+                raise self._held_by(holder, now)
+            if not self.store.replace(_encode(me), version):
+                holder = _decode(self.store.read()[0])
+                raise self._held_by(holder, now)
             warning = (
                 f"warning: took over the stale lock {self.path} of "
                 f"{holder.describe(now) if holder else 'an unreadable owner'}"
             )
-            os.replace(self._write_tmp(me), self.path)
         self.owner = me
         self._thread = threading.Thread(target=self._beat, name="trainer-run-lock", daemon=True)
         self._thread.start()
@@ -90,47 +181,44 @@ class RunLock:
 
     def release(self) -> None:
         """Stop the heartbeat and remove the lock if this process still holds it."""
-        if self.owner is None:
+        if self.owner is None or self.store is None:
             return
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        holder = self._read()
+        holder = _decode(self.store.read()[0])
         if holder is not None and (holder.host, holder.pid) == (self.owner.host, self.owner.pid):
-            os.remove(self.path)
+            with contextlib.suppress(OSError):
+                self.store.remove()
         self.owner = None
 
-    def _create(self, me: Owner) -> bool:
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(asdict(me)) + "\n")
-        return True
-
-    def _read(self) -> Owner | None:
-        try:
-            with open(self.path, encoding="utf-8") as handle:
-                data: dict[str, Any] = json.load(handle)
-            return Owner(
-                str(data["host"]), int(data["pid"]), float(data["started"]), float(data["heartbeat"])
-            )
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    def _write_tmp(self, owner: Owner) -> str:
-        tmp = f"{self.path}.{owner.pid}.tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(asdict(owner)) + "\n")
-        return tmp
+    def _held_by(self, holder: Owner | None, now: float) -> ConfigError:
+        who = holder.describe(now) if holder else "an owner that just took it"
+        return ConfigError(
+            f"--output_dir={self.output_dir} is in use by another run: "
+            f"{who}; wait for it to end or stop it, or choose another --output_dir"
+        )
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            assert self.owner is not None
+            assert self.owner is not None and self.store is not None
             self.owner = Owner(self.owner.host, self.owner.pid, self.owner.started, time.time())
             with contextlib.suppress(OSError):  # a full disk must not end the run: the lock looks older
-                os.replace(self._write_tmp(self.owner), self.path)
+                self.store.write(_encode(self.owner))
+
+
+def _encode(owner: Owner) -> str:
+    return json.dumps(asdict(owner)) + "\n"
+
+
+def _decode(text: str | None) -> Owner | None:
+    if text is None:
+        return None
+    try:
+        data: dict[str, Any] = json.loads(text)
+        return Owner(str(data["host"]), int(data["pid"]), float(data["started"]), float(data["heartbeat"]))
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _alive(pid: int) -> bool:
