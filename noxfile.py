@@ -102,14 +102,16 @@ def demo_epilogue(output: str, bin_dir: str) -> str:
     )
 
 
-# Module (under packages/ckpt-tools/src/ckpt_tools/) -> the fast tests that protect its guarantees.
+# Module (under packages/ckpt-tools/src/ckpt_tools/) -> the fast tests that protect its guarantees: a
+# file name is under tests/ckpt_tools/, a path (with a /) under tests/.
+ADAPTER_ROUND_TRIP = "trainer/test_peft_engine.py::test_adapter_checkpoint_round_trip"
 MUTATION_TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
     "safe_pickle": ("safe_pickle.py", ("test_safe_pickle.py", "test_dcp_index.py")),
     "commit": ("commit.py", ("test_storage_commit.py", "test_last_never_absent.py", "test_retention.py")),
     "dcp_index": ("dcp_index.py", ("test_dcp_index.py", "test_convert_guarantees.py", "test_safe_pickle.py")),
     "convert": ("convert.py", ("test_convert_guarantees.py", "test_convert_cli.py")),
-    "save": ("save.py", ("test_state_single.py",)),
-    "load": ("load.py", ("test_state_single.py", "test_resume_pickle_guard.py")),
+    "save": ("save.py", ("test_state_single.py", ADAPTER_ROUND_TRIP)),
+    "load": ("load.py", ("test_state_single.py", "test_resume_pickle_guard.py", ADAPTER_ROUND_TRIP)),
     "publish": ("publish.py", ("test_publish_hub.py", "test_publish_files.py")),
 }
 
@@ -184,7 +186,9 @@ def mutate(session: nox.Session) -> None:
     for name in names:
         module, tests = MUTATION_TARGETS[name]
         config, db = workdir / f"{name}.toml", workdir / f"{name}.sqlite"
-        test_paths = " ".join(f"tests/ckpt_tools/{test}" for test in tests)
+        test_paths = " ".join(
+            f"tests/{test}" if "/" in test else f"tests/ckpt_tools/{test}" for test in tests
+        )
         config.write_text(
             "[cosmic-ray]\n"
             f'module-path = "packages/ckpt-tools/src/ckpt_tools/{module}"\n'

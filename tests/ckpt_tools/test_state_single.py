@@ -240,3 +240,12 @@ def test_a_failed_shard_write_is_one_line_naming_the_rank_and_the_cause(tmp_path
         f"saving checkpoint step 2 failed: rank 0 could not write its shards (OSError: {detail})"
     )
     assert os.readlink(tmp_path / "last") == "000001"
+
+
+def test_an_adapter_save_of_a_model_with_nothing_trainable_is_refused(tmp_path, trained):
+    model, optimizer, scheduler = trained
+    model.requires_grad_(False)
+    message = "adapter_config was given but the model has no trainable parameters to save"
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        save(tmp_path, 1, model, optimizer, scheduler, adapter_config={"peft_type": "LORA"})
+    assert not (tmp_path / "000001").exists() and not (tmp_path / "last").exists()
