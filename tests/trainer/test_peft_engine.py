@@ -14,7 +14,7 @@ import torch
 
 import ckpt_tools
 from ckpt_tools.adapters import peft_key
-from ckpt_tools.meta import TrainingStep
+from ckpt_tools.meta import Topology, TrainingStep
 from helpers import tiny_run
 from helpers.train_flags import tiny_args
 from trainer.config.parse import parse_config
@@ -22,6 +22,7 @@ from trainer.config.peft import PeftConfig
 from trainer.errors import ConfigError
 from trainer.loop import train
 from trainer.peft import adapter_config, start_policy
+from trainer.plan import resolve_accelerator
 from trainer.policies.act import ACTConfig
 from trainer.policies.base import build_policy
 
@@ -148,7 +149,9 @@ def test_targets_that_do_not_exist_are_refused(args, message):
 
 def test_ignored_modules_match_with_or_without_the_peft_prefix():
     for pattern in ("obs_proj", r"base_model\.model\.obs_proj"):
-        config = peft_config([f"--accelerator.fsdp.ignored_modules={pattern}"])
+        parsed = peft_config([f"--accelerator.fsdp.ignored_modules={pattern}"])
+        config = parsed.derive(accelerator=resolve_accelerator(parsed, Topology(dp_shard=2)))  # as planned
+        assert parsed.accelerator.fsdp.ignored_modules == pattern  # the parsed config is not edited
         model = lora_policy(config, is_sharded=True)
         regex = re.compile(config.accelerator.fsdp.ignored_modules)
         assert [n for n, _ in model.named_modules() if regex.fullmatch(n)] == ["base_model.model.obs_proj"]

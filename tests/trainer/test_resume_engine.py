@@ -26,6 +26,7 @@ from trainer.config.parse import encode_config, parse_config
 from trainer.data.processors import build_processors
 from trainer.data.sampler import GlobalOrderSampler
 from trainer.errors import ConfigError
+from trainer.plan import resolve_policy_features, settle_checkpoint_format, settle_parallelism
 from trainer.policies import build_policy
 
 SINGLE = Topology()
@@ -48,8 +49,9 @@ class Parts:
     """What train() builds before prepare(), without an Accelerator."""
 
     def __init__(self, args: list[str]) -> None:
-        self.config = parse_config(args)
-        self.dataset = self.config.dataset.load()
+        parsed = parse_config(args)
+        self.dataset = parsed.dataset.load()
+        self.config = parsed.derive(policy=resolve_policy_features(parsed.policy, self.dataset))  # as planned
         self.policy = build_policy(self.config.policy, self.dataset.obs_dim, self.dataset.action_dim)
         self.optimizer = self.config.optimizer.build(self.policy.parameters())
         self.scheduler = self.config.scheduler.build(self.optimizer, self.config.steps)
@@ -146,7 +148,7 @@ def test_resume_before_the_first_save_starts_fresh(tmp_path, saved):
     config = parse_config(flags(tmp_path / "new", parts.config.dataset.cache_dir, "--resume=true"))
     point = resume.before_prepare(config, SINGLE, parts.policy, parts.sampler, 0, 1)
     assert point.step_dir is None and point.start_step == 0
-    assert "no checkpoint under" in point.message and "starting a fresh run" in point.message
+    assert point.message == f"--resume=true: no checkpoint under {config.output_dir}: starting a fresh run"
 
 
 def dcp_run_config(tmp_path: Path) -> Path:
@@ -161,8 +163,8 @@ def test_dcp_format_from_the_saved_config_becomes_safetensors_on_a_non_sharded_r
     saved = dcp_run_config(tmp_path)
     for topology in (SINGLE, Topology(dp_replicate=2)):
         config = parse_config(["--resume=true", f"--config_path={saved}", "--parallelism.dp_shard=1"])
-        note = resume.settle_checkpoint_format(config, topology)
-        assert config.checkpoint_format == "safetensors"
+        checkpoint_format, note = settle_checkpoint_format(config, topology)
+        assert checkpoint_format == "safetensors" and config.checkpoint_format == "dcp"  # not edited
         assert note == (
             "--checkpoint_format=dcp of the saved config needs a sharded run; "
             f"this {topology.describe()} run saves --checkpoint_format=safetensors"
@@ -172,8 +174,7 @@ def test_dcp_format_from_the_saved_config_becomes_safetensors_on_a_non_sharded_r
 def test_dcp_format_is_kept_on_a_sharded_resume_and_refused_when_typed_on_a_non_sharded_one(tmp_path):
     saved = dcp_run_config(tmp_path)
     sharded = parse_config(["--resume=true", f"--config_path={saved}"])
-    assert resume.settle_checkpoint_format(sharded, Topology(dp_shard=2)) == ""
-    assert sharded.checkpoint_format == "dcp"
+    assert settle_checkpoint_format(sharded, Topology(dp_shard=2)) == ("dcp", "")
     for args in (
         ["--resume=true", "--checkpoint_format=dcp"],  # chosen on the command line
         [],  # not a resume: the saved config is the new run's own choice
@@ -182,7 +183,7 @@ def test_dcp_format_is_kept_on_a_sharded_resume_and_refused_when_typed_on_a_non_
         with pytest.raises(
             ConfigError, match=r"--checkpoint_format=dcp needs a sharded run \(single process"
         ):
-            resume.settle_checkpoint_format(config, SINGLE)
+            settle_checkpoint_format(config, SINGLE)
 
 
 # -------------------------------------------------------------------------------------- phase 1
@@ -347,23 +348,24 @@ def test_saved_layout_that_does_not_fit_the_new_world_keeps_its_kind(tmp_path):
     saved = dcp_run_config(tmp_path)
     config = parse_config(["--resume=true", f"--config_path={saved}"])
     assert (config.parallelism.dp_replicate, config.parallelism.dp_shard) == (1, 2)
-    note = resume.settle_parallelism(config, world_size=4)
-    assert (config.parallelism.dp_replicate, config.parallelism.dp_shard) == (1, -1)
+    parallelism, note = settle_parallelism(config, world_size=4)
+    assert (parallelism.dp_replicate, parallelism.dp_shard) == (1, -1)
+    assert (config.parallelism.dp_replicate, config.parallelism.dp_shard) == (1, 2)  # not edited
     assert note.startswith("the saved --parallelism.dp_replicate=1 --parallelism.dp_shard=2 does not fit 4")
     assert "this run is FSDP2 4" in note
     single = parse_config(["--resume=true", f"--config_path={saved}"])
-    assert "this run is single process" in resume.settle_parallelism(single, world_size=1)
+    assert "this run is single process" in settle_parallelism(single, world_size=1)[1]
 
 
 def test_saved_layout_is_kept_when_it_fits_or_when_typed(tmp_path):
     saved = dcp_run_config(tmp_path)
     fits = parse_config(["--resume=true", f"--config_path={saved}"])
-    assert resume.settle_parallelism(fits, world_size=2) == ""
+    assert settle_parallelism(fits, world_size=2) == (fits.parallelism, "")
     typed = parse_config(["--resume=true", f"--config_path={saved}", "--parallelism.dp_shard=3"])
-    assert resume.settle_parallelism(typed, world_size=4) == ""
+    assert settle_parallelism(typed, world_size=4) == (typed.parallelism, "")
     assert typed.parallelism.dp_shard == 3  # resolve_topology then refuses it with every degree named
     fresh = parse_config([f"--config_path={saved}"])
-    assert resume.settle_parallelism(fresh, world_size=4) == ""
+    assert settle_parallelism(fresh, world_size=4) == (fresh.parallelism, "")
 
 
 def test_a_lerobot_run_is_refused_in_one_line(tmp_path, clean_accelerate, capsys):

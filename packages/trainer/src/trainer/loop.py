@@ -24,14 +24,14 @@ from trainer.data.dataset import OBS_KEY
 from trainer.data.processors import build_processors
 from trainer.data.sampler import GlobalOrderSampler
 from trainer.distributed.agree import main_decides
-from trainer.distributed.factory import build_accelerator, check_accelerate_env, prepare
+from trainer.distributed.factory import build_accelerator, prepare
 from trainer.distributed.runlock import RunLock, watch_launcher
-from trainer.distributed.topology import launch_world_size, resolve_topology
+from trainer.distributed.topology import launch_world_size
 from trainer.distributed.wrap import describe_parameters, resolve_wrap_plan
 from trainer.interrupt import Interrupted, Interrupts
 from trainer.metrics import make_logger
+from trainer.plan import RunPlan, resolve_plan
 from trainer.policies import build_policy
-from trainer.trackers import check_trackers
 
 
 @dataclass
@@ -74,33 +74,26 @@ class Run:
 
 
 def train(config: TrainConfig) -> RunSummary:
-    """Collective: call on all ranks. Runs `config.steps` loop steps and returns the summary.
+    """Collective: call on all ranks. Resolves the run plan from `config` (which is never edited: the
+    plan holds a resolved copy) and runs its `steps` loop steps; returns the summary.
 
     Raises `Interrupted` after a SIGTERM/SIGINT (the checkpoint of the step every rank stopped at is
     saved first), and `ConfigError` on every rank when the run directory is held by another run."""
-    layout_note = resume.settle_parallelism(config, launch_world_size())  # resumed on another world size
-    topology = resolve_topology(config.parallelism, launch_world_size())
-    format_note = resume.settle_checkpoint_format(config, topology)  # DCP resumed unsharded: safetensors
-    publish_note = publishing.check_publish_config(config)  # a repo_id that will not be used
-    check_trackers(config)
-    check_accelerate_env()
-    checkpointing.check_fresh_output_dir(config)
-    checkpointing.check_async_save(config, topology)
-    _record_effective_precision(config)
-    interrupts, lock = Interrupts(), RunLock(config.output_dir)
+    seed_everything(config.seed)  # before the plan reads the data, so a dataset plug-in's draws repeat
+    plan = resolve_plan(config, launch_world_size())
+    interrupts, lock = Interrupts(), RunLock(plan.config.output_dir)
     interrupts.install()
     watch_launcher(_stop_orphan)
     try:
-        return _train(config, topology, interrupts, lock, [layout_note, format_note, publish_note])
+        return _train(plan, interrupts, lock)
     finally:
         lock.release()
         interrupts.restore()
 
 
-def _train(
-    config: TrainConfig, topology: Any, interrupts: Interrupts, lock: RunLock, notes: list[str | None]
-) -> RunSummary:
-    run, wrap_plan, resume_point = _build(config, topology, lock, notes)
+def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
+    config, topology, notes = plan.config, plan.topology, list(plan.notes)
+    run, wrap_plan, resume_point = _build(plan, lock, notes)
     logger = make_logger(
         run.accelerator.is_main_process, config.output_dir, config.steps, run.start_step, config
     )
@@ -114,8 +107,7 @@ def _train(
     if resume_point.message:
         logger.note(resume_point.message, event="resume", step=run.start_step, changes=resume_point.changes)
     for note in notes:
-        if note:
-            logger.note(note)
+        logger.note(note)
     try:
         losses, last_checkpoint = _run_steps(run, logger, interrupts)
     except Interrupted as stop:
@@ -161,21 +153,18 @@ def _stop_orphan(launcher_pid: int) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _build(
-    config: TrainConfig, topology: Any, lock: RunLock, notes: list[str | None]
-) -> tuple[Run, Any, Any]:
-    """Collective. Data, policy, accelerator, the run lock, optimizer; the two resume phases around
+def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, Any, Any]:
+    """Collective. Policy, accelerator, the run lock, optimizer; the two resume phases around
     `prepare()`. A stale lock taken over adds its warning to `notes`."""
-    seed_everything(config.seed)
-    dataset = config.dataset.load(config.policy.input_features)
-    config.policy.input_features = list(dataset.input_features)  # recorded in config.json
-    val_dataset = config.dataset.load_validation(dataset.input_features)
+    config, topology, dataset = plan.config, plan.topology, plan.dataset
     policy: torch.nn.Module = build_policy(config.policy, dataset.obs_dim, dataset.action_dim)
     policy = peft.start_policy(policy, config, topology.is_sharded)  # --policy.path weights, --peft adapters
     wrap_plan = resolve_wrap_plan(policy, config.accelerator.fsdp) if topology.is_sharded else None
     preprocessor, postprocessor = build_processors(dataset.stats())
     accelerator = build_accelerator(config, topology, wrap_plan)
-    notes.append(main_decides(lock.acquire))  # before anything is written to output_dir
+    lock_note = main_decides(lock.acquire)  # before anything is written to output_dir
+    if lock_note:
+        notes.append(lock_note)
     sampler = GlobalOrderSampler(
         len(dataset), config.batch_size, topology.dp_world_size, accelerator.process_index, config.seed
     )
@@ -209,7 +198,7 @@ def _build(
         scheduler=scheduler,
         sampler=sampler,
         dataset=dataset,
-        val_dataset=val_dataset,
+        val_dataset=plan.val_dataset,
         preprocessor=preprocessor,
         postprocessor=postprocessor,
         start_step=resume_point.start_step,
@@ -334,14 +323,6 @@ def _saved_objects(run: Run) -> dict[str, Any]:
         "preprocessor": run.preprocessor,
         "postprocessor": run.postprocessor,
     }
-
-
-def _record_effective_precision(config: TrainConfig) -> None:
-    """Write torch's effective reduce dtype into the config, so train_config.json explains the run
-    whatever torch version reads it later."""
-    mpp = config.accelerator.fsdp.mixed_precision_policy
-    if mpp.is_set:
-        mpp.reduce_dtype = mpp.effective_reduce_dtype()
 
 
 def _train_step(

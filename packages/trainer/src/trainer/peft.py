@@ -47,7 +47,7 @@ def start_policy(policy: nn.Module, config: TrainConfig, is_sharded: bool) -> nn
             if param.requires_grad and param.dtype != torch.float32:
                 param.data = param.data.float()
     if is_sharded:
-        _adapt_ignored_modules(model, config)
+        _check_ignored_modules(model, config)
     return model
 
 
@@ -120,22 +120,28 @@ def _check_dtypes(policy: nn.Module, config: TrainConfig, is_sharded: bool) -> N
         )
 
 
-def _adapt_ignored_modules(model: nn.Module, config: TrainConfig) -> None:
-    """Let `--accelerator.fsdp.ignored_modules` match with or without the `base_model.model.` prefix
-    (the regex is rewritten in place, so train_config.json records what accelerate matched), refuse a
-    pattern that matches nothing, and one that would leave trainable parameters out of FSDP (their
-    gradients would then never be averaged across ranks)."""
-    fsdp = config.accelerator.fsdp
-    if fsdp.ignored_modules is None:
+def ignored_modules_pattern(pattern: str | None) -> str | None:
+    """`--accelerator.fsdp.ignored_modules` as a PEFT run applies it: matching with or without the
+    `base_model.model.` prefix (the run plan records this form, so train_config.json shows what
+    accelerate matched). Idempotent; None stays None."""
+    if pattern is None or pattern.startswith(_OPTIONAL_PREFIX):
+        return pattern
+    return f"{_OPTIONAL_PREFIX}(?:{pattern})"
+
+
+def _check_ignored_modules(model: nn.Module, config: TrainConfig) -> None:
+    """Refuse an `--accelerator.fsdp.ignored_modules` pattern (in its PEFT form) that matches nothing,
+    and one that would leave trainable parameters out of FSDP (their gradients would then never be
+    averaged across ranks)."""
+    regex = ignored_modules_pattern(config.accelerator.fsdp.ignored_modules)
+    if regex is None:
         return
-    if not fsdp.ignored_modules.startswith(_OPTIONAL_PREFIX):
-        fsdp.ignored_modules = f"{_OPTIONAL_PREFIX}(?:{fsdp.ignored_modules})"
-    pattern = re.compile(fsdp.ignored_modules)
+    pattern = re.compile(regex)
     matched = [(name, m) for name, m in model.named_modules() if name and pattern.fullmatch(name)]
     if not matched:
         examples = [name.removeprefix(PEFT_PREFIX) for name, _ in model.named_modules()][2:6]
         raise ConfigError(
-            f"--accelerator.fsdp.ignored_modules={fsdp.ignored_modules!r} matches no module of the PEFT model "
+            f"--accelerator.fsdp.ignored_modules={regex!r} matches no module of the PEFT model "
             f"(names like {', '.join(examples)}, each also under {PEFT_PREFIX!r}): fix the regex"
         )
     trainable = [

@@ -15,14 +15,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import ckpt_tools
 from ckpt_tools import ResumePlan, RunShape, Topology, layout
 from trainer.config.train import TrainConfig
 from trainer.distributed.agree import main_decides
-from trainer.distributed.topology import check_checkpoint_format, resolve_topology
 from trainer.errors import ConfigError
 from trainer.peft import saved_weight_shapes
 
@@ -63,45 +62,6 @@ def saved_config_path(output_dir: str) -> str | None:
     return layout.join(step_dir, layout.PRETRAINED_MODEL_DIR, layout.TRAIN_CONFIG)
 
 
-def settle_parallelism(config: TrainConfig, world_size: int) -> str:
-    """A resumed run launched on a different number of processes, with no `--parallelism.*` flag typed,
-    keeps the saved run's kind (sharded or replicated) over the new world: FSDP2 on every rank, or DDP.
-    Returns the line that says so ("" when the saved degrees fit or were overridden on the command line).
-    """
-    typed = any(flag.startswith("parallelism.") for flag in config.flags_given)
-    if not config.resume or typed:
-        return ""
-    saved = config.parallelism
-    try:
-        resolve_topology(saved, world_size)
-        return ""
-    except ConfigError:
-        pass
-    config.parallelism = replace(saved, dp_replicate=1, dp_shard=-1 if saved.dp_shard != 1 else 1)
-    topology = resolve_topology(config.parallelism, world_size)
-    return (
-        f"the saved --parallelism.dp_replicate={saved.dp_replicate} --parallelism.dp_shard={saved.dp_shard} "
-        f"does not fit {world_size} processes: this run is {topology.describe()} "
-        "(pass --parallelism.* to choose another layout)"
-    )
-
-
-def settle_checkpoint_format(config: TrainConfig, topology: Topology) -> str:
-    """A DCP run resumed on DDP or one process saves `safetensors` from then on, when its DCP format
-    came from the saved config rather than a flag; returns the line that says so ("" when nothing
-    changed). An explicit DCP `--checkpoint_format` on a non-sharded run is still refused."""
-    saved = config.checkpoint_format
-    from_saved_config = config.resume and "checkpoint_format" not in config.flags_given
-    if from_saved_config and saved != "safetensors" and not topology.is_sharded:
-        config.checkpoint_format = "safetensors"
-        return (
-            f"--checkpoint_format={saved} of the saved config needs a sharded run; this "
-            f"{topology.describe()} run saves --checkpoint_format=safetensors"
-        )
-    check_checkpoint_format(config.checkpoint_format, topology)
-    return ""
-
-
 def find_checkpoint(config: TrainConfig) -> str | None:
     """The step directory a `--resume=true` run continues from.
 
@@ -134,7 +94,7 @@ def before_prepare(
         return ResumePoint(
             None,
             None,
-            f"--resume=true: no checkpoint under {config.output_dir} yet, starting a fresh run",
+            f"--resume=true: no checkpoint under {config.output_dir}: starting a fresh run",
         )
     with _refusals(step_dir):
         saved = ckpt_tools.read_training_step(step_dir)

@@ -6,8 +6,10 @@ logger gate, metrics.make_logger) and imports a library only for a tracker the r
 into a tracker is guarded: a tracker that fails (network, disk) prints one warning and is dropped, and
 training continues; the other ranks never wait on it, since the trackers take part in no collective.
 
-A tracker's run id is written into the config before the first checkpoint (`--wandb.run_id`,
-`--trackio.run_name`), so train_config.json carries it and `--resume=true` continues the same run.
+A tracker's run id is decided by the run plan (`resolve_run_ids`, plan.py) before anything starts
+(`--wandb.run_id`, `--trackio.run_name`), so train_config.json carries it and `--resume=true` continues
+the same tracker run. Every rank decides one, but only the main rank's is ever used: it alone starts the
+trackers and writes train_config.json.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import os
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal, Protocol, cast
 from urllib.parse import urlparse
 
+from trainer.config.tracking import TrackioConfig, WandbConfig
 from trainer.config.train import TrainConfig
 from trainer.errors import ConfigError
 
@@ -52,6 +56,17 @@ def check_trackers(config: TrainConfig) -> None:
             "--wandb.mode=online needs W&B credentials: set WANDB_API_KEY or run `wandb login`, or log "
             "locally with --wandb.mode=offline (then `wandb sync` the run directory)"
         )
+
+
+def resolve_run_ids(config: TrainConfig) -> tuple[WandbConfig, TrackioConfig]:
+    """The tracker settings with their run ids: a new id for each enabled tracker of a fresh run (a
+    fresh run never continues an old tracker run), the saved one when a run resumes."""
+    wandb, trackio = config.wandb, config.trackio
+    if wandb.enable and not (config.resume and wandb.run_id):
+        wandb = replace(wandb, run_id=secrets.token_hex(4))  # W&B ids are short [a-z0-9] strings
+    if trackio.enable and not (config.resume and trackio.run_name):
+        trackio = replace(trackio, run_name=f"{config.job_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return wandb, trackio
 
 
 def _wandb_credentials() -> bool:
@@ -120,9 +135,7 @@ class WandbTracker:
 
         from trainer.config.parse import encode_config
 
-        settings = config.wandb
-        if not (config.resume and settings.run_id):
-            settings.run_id = secrets.token_hex(4)  # W&B ids are short [a-z0-9] strings
+        settings = config.wandb  # its run_id decided by the run plan
         self.run = wandb.init(
             project=settings.project,
             entity=settings.entity,
@@ -155,9 +168,7 @@ class TrackioTracker:
 
         from trainer.config.parse import encode_config
 
-        settings = config.trackio
-        if not (config.resume and settings.run_name):
-            settings.run_name = f"{config.job_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        settings = config.trackio  # its run_name decided by the run plan
         self.trackio = trackio
         self.run = trackio.init(
             project=settings.project,

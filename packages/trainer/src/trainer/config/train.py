@@ -7,7 +7,7 @@ other flag reproduces the run.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainer.config.accelerator import AcceleratorConfig
@@ -156,6 +156,14 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
         self._check_saves_end_windows()
+
+    def derive(self, **changes: Any) -> TrainConfig:
+        """A new config with `changes` applied (dataclasses.replace), carrying the parse-time
+        `config_path` and `flags_given`, which __post_init__ resets: how the run plan resolves values
+        without editing the parsed config."""
+        derived = replace(self, **changes)
+        derived.config_path, derived.flags_given = self.config_path, self.flags_given
+        return derived
 
     def _check_saves_end_windows(self) -> None:
         """A checkpoint holds no accumulated gradients, so every save must end an accumulation window:

@@ -103,9 +103,12 @@ class Policy(nn.Module):
 
 
 def build_policy(config: PolicyConfig, obs_dim: int, action_dim: int) -> Policy:
-    """Fill the feature sizes the config left open, then build the policy in its dtype."""
-    config.obs_dim = config.obs_dim or obs_dim
-    config.action_dim = config.action_dim or action_dim
+    """The policy in its dtype, with the feature sizes the config left open (0) taken from the
+    arguments. The caller's config is not edited: the policy gets a copy (a run's plan records the
+    sizes in its own config, plan.resolve_policy_features)."""
+    config = dataclasses.replace(
+        config, obs_dim=config.obs_dim or obs_dim, action_dim=config.action_dim or action_dim
+    )
     policy = config.policy_class()(config)
     if config.dtype is not None:
         policy.to(getattr(torch, config.dtype))
