@@ -42,6 +42,7 @@ def test_help_for_one_policy_type_lists_that_type_only(capsys) -> None:
     assert "--policy.dim=" not in mlp and "(act)" not in mlp
     names = [line.split("=")[0].strip() for line in mlp.splitlines() if line.startswith("  --")]
     assert len(names) == len(set(names))  # no duplicates
+    assert _help(capsys, "--policy.type", "mlp", "--help") == mlp  # `--flag value` is the same flag
 
 
 def test_help_for_an_unknown_policy_type_is_one_line(capsys) -> None:

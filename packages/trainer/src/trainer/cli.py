@@ -66,9 +66,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _print_help(args: list[str]) -> None:
     """The generated flag table on stdout, for the `--policy.type` given (all built-in types if none)."""
     from trainer.config.flags import help_text
+    from trainer.config.parse import normalize_argv
     from trainer.policies.base import known_types, register_import_path
 
-    types = [arg.partition("=")[2] for arg in args if arg.startswith("--policy.type=")]
+    types = [arg.partition("=")[2] for arg in normalize_argv(args) if arg.startswith("--policy.type=")]
     policy_type = types[-1] if types else None
     if policy_type is not None:
         register_import_path(policy_type)
