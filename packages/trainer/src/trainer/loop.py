@@ -2,7 +2,8 @@
 
 Nothing here branches on the rank or the topology. Collectives (prepare, metric reductions, checkpoint
 saves, the evaluation rollouts of a sharded policy) run on every rank; main-rank output goes through
-the logger that `make_logger` hands out. Resume slots in at the two marked points.
+the logger that `make_logger` hands out. Resume slots in at the two marked points. `train()` first
+resolves the run plan (plan.py); everything after it reads the plan's config and never edits it.
 """
 
 from __future__ import annotations
