@@ -39,6 +39,13 @@ RANK = int(os.environ.get("RANK", "0"))
 OUTPUT_DIR = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--output_dir=")), "")
 
 
+def say(line: str) -> None:
+    """One write per line: print() writes the text and its newline apart, and the other rank's output
+    can fall in between."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def before_step(action) -> None:
     """Run `action(call)` on this rank before each training step; `call` counts from 1."""
     train_step = loop._train_step
@@ -70,9 +77,8 @@ def send_signal(rank: int, call: int, signum: int, times: int = 1, gap: float = 
         if rank == RANK and now == call:
             last = os.path.join(OUTPUT_DIR, "checkpoints", "last")
             pointed = os.readlink(last) if os.path.islink(last) else None
-            print(
-                f"hook: rank {RANK} sends itself signal {signum} x{times} at step call {call} (last -> {pointed})",
-                flush=True,
+            say(
+                f"hook: rank {RANK} sends itself signal {signum} x{times} at step call {call} (last -> {pointed})"
             )
             for _ in range(times):
                 os.kill(os.getpid(), signum)
@@ -84,7 +90,7 @@ def send_signal(rank: int, call: int, signum: int, times: int = 1, gap: float = 
 def signal_launcher(rank: int, call: int, signum: int) -> None:
     def send(now: int) -> None:
         if rank == RANK and now == call:
-            print(f"hook: rank {RANK} sends its launcher signal {signum} at step call {call}", flush=True)
+            say(f"hook: rank {RANK} sends its launcher signal {signum} at step call {call}")
             os.kill(os.getppid(), signum)
 
     before_step(send)
@@ -93,7 +99,7 @@ def signal_launcher(rank: int, call: int, signum: int) -> None:
 def stall(rank: int, call: int, seconds: float) -> None:
     def sleep(now: int) -> None:
         if rank == RANK and now == call:
-            print(f"hook: rank {RANK} stalls {seconds} s at step call {call}", flush=True)
+            say(f"hook: rank {RANK} stalls {seconds} s at step call {call}")
             time.sleep(seconds)
 
     before_step(sleep)
@@ -147,7 +153,7 @@ def flip_last(step: int) -> None:
         found = saved_config_path(output_dir)
         if RANK == 0:
             ckpt_commit.point_last(os.path.join(output_dir, "checkpoints"), layout.step_dir_name(step))
-            print(f"hook: rank 0 resolved {found}, then moved last to {step}", flush=True)
+            say(f"hook: rank 0 resolved {found}, then moved last to {step}")
         return found
 
     resume.saved_config_path = find
@@ -168,7 +174,7 @@ def report_resume() -> None:
 
     def report(*args, **kwargs):
         point = before_prepare(*args, **kwargs)
-        print(f"hook: rank {RANK} resumes from {point.step_dir}", flush=True)
+        say(f"hook: rank {RANK} resumes from {point.step_dir}")
         return point
 
     resume.before_prepare = report
@@ -190,6 +196,6 @@ HOOKS = {
 
 
 if __name__ == "__main__":
-    print(f"hook: rank {RANK} pid {os.getpid()}", flush=True)
+    say(f"hook: rank {RANK} pid {os.getpid()}")
     report_resume()
     cli.main(["train", *install_hooks(sys.argv[1:], HOOKS)])
