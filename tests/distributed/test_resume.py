@@ -52,10 +52,8 @@ COMMON = [
 FSDP4 = ["--parallelism.dp_shard=4", "--batch_size=16", "--checkpoint_format=dcp"]
 # Topologies resumed from R's step 3, each with the same global batch of 64 samples.
 TOPOLOGIES = {
-    "fsdp2x2ranks": (
-        2,
-        ["--parallelism.dp_shard=2", "--batch_size=32", "--checkpoint_format=safetensors_dcp"],
-    ),
+    # No layout flag: R's dp_shard=4 does not fit 2 ranks, so the run plan keeps it sharded over both.
+    "fsdp2x2ranks": (2, ["--batch_size=32", "--checkpoint_format=safetensors_dcp"]),
     "hsdp2x2": (
         4,
         ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--checkpoint_format=safetensors"],
@@ -234,6 +232,13 @@ def test_changed_topology_matches_uninterrupted_run(runs, name):
     switched = "--checkpoint_format=dcp of the saved config needs a sharded run" in runs.logs[name]
     assert switched == (name in ("ddp2", "single"))
     assert ckpt_tools.read_training_step(step_dir(out, 6)).checkpoint_format == TOPOLOGY_FORMATS[name]
+    settled = "the saved --parallelism.dp_replicate=1 --parallelism.dp_shard=4 does not fit 2 processes"
+    assert (settled in runs.logs[name]) == (name == "fsdp2x2ranks")
+    saved = json.loads((step_dir(out, 6) / "pretrained_model" / "train_config.json").read_text())
+    assert saved["checkpoint_format"] == TOPOLOGY_FORMATS[name]  # what the plan settled, not the saved dcp
+    assert (saved["resume"], saved["output_dir"]) == (False, str(out))
+    if name == "fsdp2x2ranks":
+        assert (saved["parallelism"]["dp_replicate"], saved["parallelism"]["dp_shard"]) == (1, -1)
 
 
 def test_hsdp_ddp_fsdp2_loss_parity(runs):
