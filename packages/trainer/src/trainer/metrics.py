@@ -23,10 +23,18 @@ from trainer.trackers import GuardedTrackers, start_trackers
 
 METRICS_FILE = "metrics.jsonl"
 LOSS_CURVE_FILE = "loss_curve.png"
+STORE_FLUSH_S = 30.0
+"""On a store, training records reach metrics.jsonl at most this often (notes go at once)."""
 
 
 class MetricsLogger:
-    """Writes every record to `<output_dir>/metrics.jsonl` and shows it on the console."""
+    """Writes every record to `<output_dir>/metrics.jsonl` and shows it on the console.
+
+    On local disk each record is appended (and flushed) as it comes. An object on a store cannot be
+    appended to: each write replaces it whole, so writing at every record would cost a run quadratic
+    time in its length. There, training records are written at most every `STORE_FLUSH_S` seconds, and
+    everything at each note (a checkpoint, a val loss, the start, an interruption, the summary) and at
+    `close`: what a resumed run continues from, the records up to its checkpoint, is always written."""
 
     def __init__(
         self, output_dir: str, total_steps: int, start_step: int, config: TrainConfig | None = None
@@ -37,6 +45,8 @@ class MetricsLogger:
         self.path = f"{self.dir}/{METRICS_FILE}"
         # Objects cannot be appended to: on a store the file is rewritten whole from this copy.
         self.text = None if run_files.is_local(fs) else run_files.read_text(self.path)
+        self._unwritten = False  # on a store: `text` holds records the object does not have yet
+        self._written_at = time.monotonic()
         # No markup: lines hold paths and values, and `[...]` in a path would vanish as a style tag.
         self.console = Console(file=sys.stderr, highlight=False, soft_wrap=True, markup=False)
         # Trackers start before the progress bar, so what they print stays above it.
@@ -70,6 +80,7 @@ class MetricsLogger:
         self.console.print(message)
         if record:
             self._append(record)
+        self.flush()  # notes are rare and mark what must not be lost (a checkpoint's, above all)
         if record.get("event") == "val":  # val_loss, logged at its loop step like the training metrics
             self.trackers.log(record)
         if record.get("event") == "summary":
@@ -82,6 +93,7 @@ class MetricsLogger:
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
+        self.flush()
         self._plot()
         self.trackers.finish()
 
@@ -92,7 +104,16 @@ class MetricsLogger:
                 handle.write(line)
         else:
             self.text += line
+            self._unwritten = True
+            if time.monotonic() - self._written_at >= STORE_FLUSH_S:
+                self.flush()
+
+    def flush(self) -> None:
+        """Write the records a store's metrics.jsonl does not have yet (local records are on disk)."""
+        if self.text is not None and self._unwritten:
             run_files.write_bytes(self.path, self.text.encode("utf-8"))
+            self._unwritten = False
+            self._written_at = time.monotonic()
 
     def _plot(self) -> None:
         """The whole run's curve, read back from metrics.jsonl (earlier segments included)."""
@@ -102,6 +123,7 @@ class MetricsLogger:
 
     def first_loss(self, default: float) -> float:
         """The run's first logged loss, from before any resume (`default` when none was logged)."""
+        self.flush()
         history = read_history(self.path)
         return history.loss[0][1] if history.loss else default
 
