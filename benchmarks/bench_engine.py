@@ -5,7 +5,8 @@ in the same run (2 gloo ranks, CPU), so a loaded machine slows both sides alike.
 1. Steady-state step time: `trainer train` (FSDP2 over 2 ranks, the MLP policy) from its metrics
    (samples/s per log window, the first window dropped as warm-up), against engine_worker.py's bare
    loop with the same policy classes, FSDP2 wrap units, AdamW settings, gradient clipping and per-rank
-   batch. Goal: within 3 %.
+   batch, timed the same way (windows of --log_freq steps, the first dropped, the median window) and
+   drawing its batches from memory as the trainer does. Goal: within 3 %.
 2. Training stall of a synchronous save: `ckpt_tools.save_checkpoint` (DCP model and optimizer, RNG,
    side files, commit), against a raw `dcp.save` of the same model and optimizer state dicts. Goal:
    within 10 %.
@@ -14,7 +15,7 @@ in the same run (2 gloo ranks, CPU), so a loaded machine slows both sides alike.
    (how resumes read it before), and DCP shards.
 
 Usage: python benchmarks/bench_engine.py [--hidden 512] [--blocks 4] [--batch 128] [--steps 40]
-       [--repeat 3] [--resume-hidden 2048] [--resume-blocks 12] [--workdir DIR]
+       [--repeat 5] [--resume-hidden 2048] [--resume-blocks 12] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -55,11 +56,16 @@ def worker(*args: object) -> dict:
     return json.loads(line.removeprefix("RESULT "))
 
 
+def log_window(steps: int) -> int:
+    """Steps per timed window, on both sides: the trainer's --log_freq."""
+    return max(steps // 5, 1)
+
+
 def trainer_step_seconds(workdir: Path, hidden: int, blocks: int, batch: int, steps: int) -> float:
     """Median seconds per loop step of `trainer train` over its log windows after the first."""
     out = workdir / "trainer-run"
     shutil.rmtree(out, ignore_errors=True)
-    log_every = max(steps // 5, 1)
+    log_every = log_window(steps)
     torchrun(
         TRAIN,
         f"--output_dir={out}",
@@ -91,7 +97,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--batch", type=int, default=128, help="per rank")
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--resume-hidden", type=int, default=2048)
     parser.add_argument("--resume-blocks", type=int, default=12)
     parser.add_argument("--workdir", type=Path, default=None)
@@ -100,9 +106,10 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         bare, engine, saves, raws = [], [], [], []
+        window = log_window(args.steps)
         for repeat in range(args.repeat):  # alternated, so load changes hit both sides
             result = worker(
-                "bare", workdir / f"bare{repeat}", args.hidden, args.blocks, args.batch, args.steps
+                "bare", workdir / f"bare{repeat}", args.hidden, args.blocks, args.batch, args.steps, window
             )
             bare.append(result["step_s"])
             saves.append(result["ckpt_save_s"])

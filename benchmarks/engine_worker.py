@@ -1,10 +1,15 @@
 """One torchrun worker of the engine benchmark (bench_engine.py launches it; never part of the tests).
 
 Modes (first argument), each printing one `RESULT {json}` line on rank 0:
-  bare OUT H K B STEPS     a bare FSDP2 loop over the trainer's MLP policy (same classes, wrap units,
-                           AdamW settings, gradient clipping and batch shape as `trainer train`): seconds
-                           per step; then the stall of a synchronous `ckpt_tools.save_checkpoint` (DCP)
-                           and of a raw `dcp.save` of the same model and optimizer state, alternated.
+  bare OUT H K B STEPS W   a bare FSDP2 loop over the trainer's MLP policy (same classes, wrap units,
+                           AdamW settings, gradient clipping and batch shape as `trainer train`), timed
+                           as the trainer's metrics time it: STEPS + W steps in windows of W, the first
+                           window dropped as warm-up, the median window's seconds per step; each step
+                           draws its batch from in-memory tensors of the pendulum dataset's size (the
+                           trainer's data path costs well under 1 % of a step: it is in both, not
+                           left out of one). Then the stall of a synchronous `ckpt_tools.save_checkpoint`
+                           (DCP) and of a raw `dcp.save` of the same model and optimizer state,
+                           alternated.
   write OUT H K            save one step in `safetensors` and one in `dcp` format (for the resume modes).
   fresh|safetensors|safetensors-full|dcp OUT H K
                            build the sharded model and optimizer, then load nothing / the safetensors
@@ -39,6 +44,7 @@ from trainer.data.dataset import ACTION_KEY, OBS_KEY
 from trainer.policies.mlp import MLPBlock, MLPConfig, MLPPolicy
 
 OBS_DIM, ACTION_DIM = 3, 1  # the pendulum dataset's
+DATASET_FRAMES = 10_000  # its default 50 episodes of 200 steps
 
 
 def build(hidden: int, blocks: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -92,22 +98,29 @@ def timed(action: Any) -> float:
     return time.perf_counter() - start
 
 
-def bare(out: str, hidden: int, blocks: int, batch_size: int, steps: int) -> dict[str, Any]:
+def bare(out: str, hidden: int, blocks: int, batch_size: int, steps: int, window: int) -> dict[str, Any]:
     model, optimizer = build(hidden, blocks)
     generator = torch.Generator().manual_seed(dist.get_rank())
-    batch = {
-        OBS_KEY: torch.randn(batch_size, OBS_DIM, generator=generator),
-        ACTION_KEY: torch.randn(batch_size, 1, ACTION_DIM, generator=generator),
-    }
-    for _ in range(5):  # warm-up
-        step(model, optimizer, batch)
-    seconds = timed(lambda: [step(model, optimizer, batch) for _ in range(steps)])
+    observations = torch.randn(DATASET_FRAMES, OBS_DIM, generator=generator)
+    actions = torch.randn(DATASET_FRAMES, ACTION_DIM, generator=generator)
+
+    def next_batch() -> dict[str, torch.Tensor]:
+        rows = torch.randint(DATASET_FRAMES, (batch_size,), generator=generator)
+        return {OBS_KEY: observations[rows], ACTION_KEY: actions[rows][:, None]}
+
+    windows = []
+    for _ in range(steps // window + 1):  # the first window is the warm-up, as in the trainer's metrics
+        windows.append(timed(lambda: [step(model, optimizer, next_batch()) for _ in range(window)]) / window)
     ckpt_stalls, raw_stalls = [], []
     for repeat in range(3):
         ckpt_stalls.append(timed(lambda r=repeat: save(f"{out}/ckpt", model, optimizer, "dcp", r + 1)))
         state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
         raw_stalls.append(timed(lambda r=repeat, s=state: dcp.save(s, checkpoint_id=f"{out}/raw/{r}")))
-    return {"step_s": seconds / steps, "ckpt_save_s": median(ckpt_stalls), "raw_save_s": median(raw_stalls)}
+    return {
+        "step_s": median(windows[1:]),
+        "ckpt_save_s": median(ckpt_stalls),
+        "raw_save_s": median(raw_stalls),
+    }
 
 
 def write(out: str, hidden: int, blocks: int) -> dict[str, Any]:
