@@ -214,7 +214,7 @@ def _run_steps(run: Run, logger: Any, interrupts: Interrupts) -> tuple[list[floa
     accum = config.accelerator.gradient_accumulation.steps
     losses: list[float] = []
     last_checkpoint: str | None = None
-    grad_norm: float | None = None  # of the last optimizer update
+    grad_norm: torch.Tensor | None = None  # of the last optimizer update, read back when logged
     saved_step = -1
     pending: Any = None  # an --async_save checkpoint whose shards are still being written
     window_loss = torch.zeros((), device=accelerator.device)
@@ -239,7 +239,7 @@ def _run_steps(run: Run, logger: Any, interrupts: Interrupts) -> tuple[list[floa
                 {
                     "step": step,
                     "loss": mean_loss,
-                    **({"grad_norm": grad_norm} if grad_norm is not None else {}),
+                    **({"grad_norm": _read_norm(grad_norm)} if grad_norm is not None else {}),
                     "lr": run.scheduler.get_last_lr()[0],
                     "samples_per_s": window_steps
                     * sampler.global_batch
@@ -328,19 +328,25 @@ def _saved_objects(run: Run) -> dict[str, Any]:
 
 def _train_step(
     accelerator: Any, model: Any, optimizer: Any, batch: dict[str, torch.Tensor], clip: float
-) -> tuple[torch.Tensor, float | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One micro-batch; the optimizer updates when accelerate says the accumulation is complete.
-    Returns the loss and, on a step that updated, the global gradient norm before clipping."""
+    Returns the loss and, on a step that updated, the global gradient norm before clipping, both as
+    tensors: reading a value back waits for the device, so the loop does it only when it logs."""
     grad_norm = None
     with accelerator.accumulate(model):
         loss, _ = model(batch)
         accelerator.backward(loss)
         if accelerator.sync_gradients:  # an infinite threshold measures the norm without clipping
             norm = accelerator.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))
-            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+            grad_norm = norm.detach()
         optimizer.step()
         optimizer.zero_grad()
     return loss.detach().float(), grad_norm
+
+
+def _read_norm(norm: torch.Tensor) -> float:
+    """Collective for a sharded model's norm (a DTensor: its full value is reduced over the mesh)."""
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
 def _advance_schedule(scheduler: Any, step: int) -> None:
