@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -150,11 +151,33 @@ class PendingCheckpoint:
         )
         self.what = f"saving checkpoint step {step}"
         self._futures: list[Any] = []
+        self._pool: ThreadPoolExecutor | None = None
         self._staged: list[tuple[dict[str, Any], str]] = []
 
     def writer(self) -> WriteDcp:
+        """Write each DCP part now. On the default group each part gets a thread and a gloo group of its
+        own (`background_group`): the model's and the optimizer's DCP saves, and the RNG gather and side
+        files that follow on the calling thread, then overlap instead of queueing (each DCP save is
+        mostly waiting: on its planning collectives, on its file syncs). `finish` joins them. On a
+        caller's own process group the parts are written one after the other on that group."""
         group, recorder = self.group, self.recorder
-        return lambda state, path: dcp_save(state, path, group.pg, group.distributed, recorder)
+        if group.pg is not None:
+            return lambda state, path: dcp_save(state, path, group.pg, group.distributed, recorder)
+        if group.distributed:
+            background_group(MAX_DCP_PARTS - 1)  # collective: every group exists before any thread runs
+        device = torch.cuda.current_device() if torch.cuda.is_available() else None
+        pool = self._pool = ThreadPoolExecutor(MAX_DCP_PARTS, thread_name_prefix="ckpt-save")
+
+        def write(state: dict[str, Any], path: str, pg: Any) -> None:
+            if device is not None:  # a new thread starts on cuda:0, not on this rank's device
+                torch.cuda.set_device(device)
+            dcp_save(state, path, pg, group.distributed, recorder)
+
+        def submit(state: dict[str, Any], path: str) -> None:
+            pg = background_group(len(self._futures)) if group.distributed else None
+            self._futures.append(pool.submit(write, state, path, pg))
+
+        return submit
 
     def background_writer(self) -> WriteDcp:
         """Stage each DCP part now; `launch` writes them with DCP's async save."""
@@ -180,8 +203,12 @@ class PendingCheckpoint:
         group, root, step, recorder = self.group, self.root, self.step, self.recorder
         tmp = commit.tmp_step_dir(root, step)
         with _shard_failures(self.what):
-            for future in self._futures:
-                future.result()
+            try:
+                for future in self._futures:
+                    future.result()
+            finally:
+                if self._pool is not None:
+                    self._pool.shutdown()
         if recorder is not None:
             files = group.gather_to_main(recorder.entries())  # every rank's shards, hashed as written
             group.on_main(lambda: write_manifest(tmp, {k: v for part in files for k, v in part.items()}))
@@ -192,12 +219,13 @@ class PendingCheckpoint:
         return layout.join(root, layout.step_dir_name(step))
 
 
+MAX_DCP_PARTS = 2  # DCP directories one step writes: the weights (or adapter) and the optimizer
 _BACKGROUND_GROUPS: list[Any] = []
 
 
 def background_group(index: int) -> Any:
-    """The `index`-th gloo group for background writes, created on first use (collective: every rank
-    reaches the same async save in the same order)."""
+    """The `index`-th gloo group for DCP writes off the calling thread, created on first use
+    (collective: every rank reaches the same save in the same order)."""
     while len(_BACKGROUND_GROUPS) <= index:
         _BACKGROUND_GROUPS.append(dist.new_group(backend="gloo"))
     return _BACKGROUND_GROUPS[index]
