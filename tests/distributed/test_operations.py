@@ -90,15 +90,16 @@ def test_sigterm_to_torchrun_alone_saves_on_every_rank_and_resume_agrees_on_the_
     interrupted step. The resume flips `last` back to step 2 right after the main rank resolved the
     interrupted step: both ranks still resume from that step (the main rank's choice is broadcast)."""
     out = tmp_path / "run"
-    args = flags(out, cache, "--steps=6", "--parallelism.dp_shard=2", "--checkpoint_format=dcp")
-    hooks = ["--hook-step-sleep=0.3", f"--hook-signal-launcher=0:3:{int(signal.SIGTERM)}"]
+    args = flags(out, cache, "--steps=8", "--parallelism.dp_shard=2", "--checkpoint_format=dcp")
+    # 0.5 s steps: the forwarded signal arrives long before the run could end by itself
+    hooks = ["--hook-step-sleep=0.5", f"--hook-signal-launcher=0:3:{int(signal.SIGTERM)}"]
     stopped = run_torchrun(SCRIPT, 2, *hooks, *args, check=False)
     log = stopped.stdout
     assert stopped.returncode != 0, log  # torchrun's own status once it has stopped its ranks
     assert f"Received {int(signal.SIGTERM)} death signal, shutting down workers" in log, log
     [stop] = events(out, "interrupted")
     step = stop["step"]
-    assert 3 <= step < 6, log
+    assert 3 <= step < 8, log
     checkpoint = out / "checkpoints" / f"{step:06d}"
     line = (
         f"interrupted at step {step}; checkpoint {checkpoint}; resume with --resume=true --output_dir={out}"
@@ -115,7 +116,7 @@ def test_sigterm_to_torchrun_alone_saves_on_every_rank_and_resume_agrees_on_the_
     assert "hook: rank 0 resolved" in resumed.stdout and "then moved last to 2" in resumed.stdout
     assert f"hook: rank 0 resumes from {checkpoint}\n" in resumed.stdout, resumed.stdout
     assert f"hook: rank 1 resumes from {checkpoint}\n" in resumed.stdout, resumed.stdout
-    assert last(out) == "000006" and verifies(out / "checkpoints" / "last")
+    assert last(out) == "000008" and verifies(out / "checkpoints" / "last")
 
 
 def test_sigint_in_one_process_saves_the_current_step_and_keep_last_holds_across_the_restart(tmp_path, cache):
