@@ -67,12 +67,14 @@ def events(out: Path, name: str) -> list[dict]:
 
 @pytest.mark.slow  # over 20 s
 def test_sigterm_on_one_rank_stops_both_at_one_step(tmp_path, cache):
-    """Rank 1 alone gets SIGTERM during step 3: both ranks stop after step 3 (the signal is agreed on),
-    save it collectively, and the main rank prints the one line."""
+    """Rank 1 alone gets SIGTERM during step 3, twice at once (as a rank under Slurm does: the scheduler
+    signals it, and torchrun forwards its own copy): both ranks stop after step 3 (the signal is agreed
+    on), save it collectively, and the main rank prints the one line."""
     out = tmp_path / "run"
     args = flags(out, cache, "--collective_timeout_s=30")  # DDP over 2 ranks, 4 steps, saves every 2
-    stopped = run_torchrun(SCRIPT, 2, f"--hook-signal=1:3:{int(signal.SIGTERM)}", *args, check=False)
+    stopped = run_torchrun(SCRIPT, 2, f"--hook-signal=1:3:{int(signal.SIGTERM)}:2:0.0", *args, check=False)
     log = stopped.stdout
+    assert "again: aborting" not in log, log
     assert stopped.returncode != 0
     line = f"interrupted at step 3; checkpoint {out / 'checkpoints' / '000003'}; resume with --resume=true --output_dir={out}"
     assert log.count("interrupted at step") == 1 and line in log, log
