@@ -111,7 +111,15 @@ MUTATION_TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dcp_index": ("dcp_index.py", ("test_dcp_index.py", "test_convert_guarantees.py", "test_safe_pickle.py")),
     "convert": ("convert.py", ("test_convert_guarantees.py", "test_convert_cli.py")),
     "save": ("save.py", ("test_state_single.py", ADAPTER_ROUND_TRIP)),
-    "load": ("load.py", ("test_state_single.py", "test_resume_pickle_guard.py", ADAPTER_ROUND_TRIP)),
+    "load": (
+        "load.py",
+        (
+            "test_state_single.py",
+            "test_load_into_shards.py",
+            "test_resume_pickle_guard.py",
+            ADAPTER_ROUND_TRIP,
+        ),
+    ),
     "publish": ("publish.py", ("test_publish_hub.py", "test_publish_files.py")),
 }
 

@@ -232,6 +232,20 @@ def test_adapter_checkpoint_round_trip(tmp_path, checkpoint_format):
         "(base_model.model.decoder.0.cross_attn.kv.lora_A.weight is in only one of them); "
         "build the model with the --peft settings the adapter was trained with"
     )
+    # An adapter holding fewer tensors than the model trains is refused too (none left as built).
+    fewer = ckpt_tools.save_checkpoint(
+        tmp_path / "fewer",
+        training_step(2, checkpoint_format),
+        model=other,
+        optimizer=torch.optim.AdamW([p for p in other.parameters() if p.requires_grad]),
+        policy_config=config.policy.to_dict(),
+        train_config={},
+        adapter_config=adapter_config(other, config),
+    )
+    with pytest.raises(
+        ckpt_tools.CheckpointError, match="the adapter holds 8 tensors, this model trains 26 "
+    ):
+        ckpt_tools.load_training_state(fewer, model=fresh)
 
 
 # ------------------------------------------------------------------------------------- the loop

@@ -110,14 +110,16 @@ def _load_full_into_shards(weights: WeightSet, model: nn.Module) -> None:
             f"{weights.path} lacks {len(missing)} of the model's tensors (first: {missing[0]}); "
             "resume from a checkpoint of this model"
         )
+    for name, value in state.items():  # every shape before the first copy: a refusal changes nothing
+        header = headers[name]
+        if tuple(header.tensors[name].shape) != tuple(value.shape):
+            raise CorruptCheckpointError(
+                f"{header.path}: {name} has shape {list(header.tensors[name].shape)}, the model's is "
+                f"{list(value.shape)}; resume from a checkpoint of this model"
+            )
     with torch.no_grad():
         for name, value in state.items():
             header = headers[name]
-            if tuple(header.tensors[name].shape) != tuple(value.shape):
-                raise CorruptCheckpointError(
-                    f"{header.path}: {name} has shape {list(header.tensors[name].shape)}, the model's is "
-                    f"{list(value.shape)}; resume from a checkpoint of this model"
-                )
             if isinstance(value, DTensor):
                 shape, offset = compute_local_shape_and_global_offset(
                     value.shape, value.device_mesh, value.placements
