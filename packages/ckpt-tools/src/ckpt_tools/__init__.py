@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "save_checkpoint": "ckpt_tools.save",
     "start_checkpoint": "ckpt_tools.save",
     "PendingCheckpoint": "ckpt_tools.save",
+    "prepare_save_groups": "ckpt_tools.save",
     "load_training_state": "ckpt_tools.load",
     "save_rng_state": "ckpt_tools.rng",
     "load_rng_state": "ckpt_tools.rng",

@@ -223,6 +223,14 @@ MAX_DCP_PARTS = 2  # DCP directories one step writes: the weights (or adapter) a
 _BACKGROUND_GROUPS: list[Any] = []
 
 
+def prepare_save_groups() -> None:
+    """Collective when a process group is up: create the gloo groups of the DCP writes now. A new group
+    needs the rendezvous store, which under torchrun lives in the launcher: created at the first save, it
+    could not be by ranks whose launcher has died, and those must still save before they stop."""
+    if dist.is_available() and dist.is_initialized():
+        background_group(MAX_DCP_PARTS - 1)
+
+
 def background_group(index: int) -> Any:
     """The `index`-th gloo group for DCP writes off the calling thread, created on first use
     (collective: every rank reaches the same save in the same order)."""

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+import ckpt_tools
 from trainer import checkpointing, evaluation, peft, publishing, resume, validation
 from trainer.config.train import TrainConfig
 from trainer.data.dataset import OBS_KEY
@@ -163,6 +164,7 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, Any, An
     wrap_plan = resolve_wrap_plan(policy, config.accelerator.fsdp) if topology.is_sharded else None
     preprocessor, postprocessor = build_processors(dataset.stats())
     accelerator = build_accelerator(config, topology, wrap_plan)
+    ckpt_tools.prepare_save_groups()  # while the launcher's store is up: ranks it leaves behind still save
     lock_note = main_decides(lock.acquire)  # before anything is written to output_dir
     if lock_note:
         notes.append(lock_note)
