@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from ckpt_tools.dcp_index import locate_chunk_data, model_tensors, read_dcp_index
+from ckpt_tools.dcp_index import ChunkEntry, locate_chunk_data, model_tensors, read_dcp_index
 from ckpt_tools.dtypes import SAFETENSORS_TO_TORCH
 from ckpt_tools.errors import (
     CheckpointNotFoundError,
@@ -149,3 +149,64 @@ def test_file_problems_are_all_listed_when_not_checked_on_read(tmp_path) -> None
     assert dcp_file_problems(index) == [f"{path}/{shard} is missing; .metadata references it"]
     with pytest.raises(CorruptCheckpointError, match=f"{shard} is missing"):
         read_dcp_index(path)
+
+
+def test_top_level_tensors_beside_a_model_entry_are_ambiguous(tmp_path) -> None:
+    index = read_dcp_index(_save(tmp_path / "a", {"w": torch.zeros(2), "model": {"b": torch.zeros(1)}}))
+    with pytest.raises(NotACheckpointError) as refused:
+        model_tensors(index)
+    assert str(refused.value) == (
+        f"{index.path} holds tensors under 'model', the top level: which are the model weights is ambiguous; "
+        "save the model alone (or under 'model') and the optimizer under 'optimizer'"
+    )
+
+
+def test_a_shard_that_is_a_directory_is_refused(tmp_path) -> None:
+    path = _save(tmp_path / "d", {"w": torch.randn(4)})
+    shard = next(n for n in os.listdir(path) if n.endswith(".distcp"))
+    os.remove(os.path.join(path, shard))
+    os.mkdir(os.path.join(path, shard))
+    with pytest.raises(CorruptCheckpointError, match=f"{shard} is not a regular file: refused"):
+        read_dcp_index(path)
+
+
+def test_a_shard_cut_inside_an_object_record_is_truncated(tmp_path) -> None:
+    path = _save(tmp_path / "o", {"note": "x" * 200, "step": 7})  # objects only: no tensor record ends later
+    index = read_dcp_index(path, check_files=False)
+    end = max(o.file_offset + o.length for o in index.objects.values())
+    file = next(iter(index.objects.values())).file
+    with open(os.path.join(path, file), "r+b") as handle:
+        handle.truncate(end - 1)
+    with pytest.raises(
+        CorruptCheckpointError, match=f"{file} is truncated: {end - 1} bytes, .metadata needs {end}"
+    ):
+        read_dcp_index(path)
+
+
+def _locate_saved(file: Path, record: torch.Tensor) -> tuple[object, bytes]:
+    """torch.save `record` as a one-record file and locate it as the F32 chunk (4, 3) of a tensor."""
+    torch.save(record, file)
+    chunk = ChunkEntry((0, 0), (4, 3), file.name, 0, file.stat().st_size, ())
+    with open(file, "rb") as handle:
+        found = locate_chunk_data(handle, chunk, "F32", file.name)
+        if found is None:
+            return None, b""
+        handle.seek(found.offset)
+        return found, handle.read(found.length)
+
+
+@pytest.mark.parametrize(
+    ("record", "why"),
+    [
+        (torch.arange(12.0).reshape(3, 4).t(), "a non-contiguous view"),
+        (torch.arange(12.0).as_strided((4, 3), (2, 1)), "rows that overlap"),
+        (torch.arange(24.0).as_strided((4, 3), (6, 2)), "every other element"),
+        (torch.arange(12.0).reshape(2, 6), "another shape of as many elements"),
+        (torch.arange(12, dtype=torch.int32).reshape(4, 3), "another dtype of the same size"),
+    ],
+)
+def test_a_record_the_byte_copy_cannot_take_is_left_to_torch(tmp_path, record, why) -> None:
+    """The offset reader claims a record only when its bytes are the chunk's C-contiguous elements."""
+    assert _locate_saved(tmp_path / "odd.distcp", record) == (None, b""), why
+    found, data = _locate_saved(tmp_path / "plain.distcp", torch.arange(12.0).reshape(4, 3))
+    assert found is not None and data == torch.arange(12.0).numpy().tobytes()
