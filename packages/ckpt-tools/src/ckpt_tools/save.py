@@ -17,6 +17,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -220,23 +221,31 @@ class PendingCheckpoint:
 
 
 MAX_DCP_PARTS = 2  # DCP directories one step writes: the weights (or adapter) and the optimizer
-_BACKGROUND_GROUPS: list[Any] = []
+_BACKGROUND_GROUPS: dict[Any, list[Any]] = {}  # the current default process group -> its DCP write groups
 
 
-def prepare_save_groups() -> None:
+def prepare_save_groups(timeout: timedelta | None = None) -> None:
     """Collective when a process group is up: create the gloo groups of the DCP writes now. A new group
     needs the rendezvous store, which under torchrun lives in the launcher: created at the first save, it
-    could not be by ranks whose launcher has died, and those must still save before they stop."""
+    could not be by ranks whose launcher has died, and those must still save before they stop. `timeout`
+    bounds each of their collectives (give the run's collective timeout: torch's default for a new group
+    is 30 minutes, so a rank stalled in a save would otherwise hold the others that long)."""
     if dist.is_available() and dist.is_initialized():
-        background_group(MAX_DCP_PARTS - 1)
+        background_group(MAX_DCP_PARTS - 1, timeout)
 
 
-def background_group(index: int) -> Any:
+def background_group(index: int, timeout: timedelta | None = None) -> Any:
     """The `index`-th gloo group for DCP writes off the calling thread, created on first use
-    (collective: every rank reaches the same save in the same order)."""
-    while len(_BACKGROUND_GROUPS) <= index:
-        _BACKGROUND_GROUPS.append(dist.new_group(backend="gloo"))
-    return _BACKGROUND_GROUPS[index]
+    (collective: every rank reaches the same save in the same order). Groups of a process group that
+    has since been destroyed and re-created are dropped, not reused."""
+    world = dist.group.WORLD
+    if world not in _BACKGROUND_GROUPS:
+        _BACKGROUND_GROUPS.clear()
+        _BACKGROUND_GROUPS[world] = []
+    groups = _BACKGROUND_GROUPS[world]
+    while len(groups) <= index:
+        groups.append(dist.new_group(backend="gloo", timeout=timeout))
+    return groups[index]
 
 
 def _begin(root: str, step: int) -> None:

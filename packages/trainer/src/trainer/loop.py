@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -164,7 +165,8 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, Any, An
     wrap_plan = resolve_wrap_plan(policy, config.accelerator.fsdp) if topology.is_sharded else None
     preprocessor, postprocessor = build_processors(dataset.stats())
     accelerator = build_accelerator(config, topology, wrap_plan)
-    ckpt_tools.prepare_save_groups()  # while the launcher's store is up: ranks it leaves behind still save
+    # while the launcher's store is up (ranks it leaves behind still save), bounded like every collective
+    ckpt_tools.prepare_save_groups(timedelta(seconds=config.collective_timeout_s))
     lock_note = main_decides(lock.acquire)  # before anything is written to output_dir
     if lock_note:
         notes.append(lock_note)
