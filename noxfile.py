@@ -109,7 +109,10 @@ MUTATION_TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
     "safe_pickle": ("safe_pickle.py", ("test_safe_pickle.py", "test_dcp_index.py")),
     "commit": ("commit.py", ("test_storage_commit.py", "test_last_never_absent.py", "test_retention.py")),
     "dcp_index": ("dcp_index.py", ("test_dcp_index.py", "test_convert_guarantees.py", "test_safe_pickle.py")),
-    "convert": ("convert.py", ("test_convert_guarantees.py", "test_convert_cli.py")),
+    "convert": (
+        "convert.py",
+        ("test_convert_guarantees.py", "test_convert_outputs.py", "test_convert_cli.py"),
+    ),
     "save": ("save.py", ("test_state_single.py", ADAPTER_ROUND_TRIP)),
     "load": (
         "load.py",

@@ -178,7 +178,7 @@ def test_common_path_streams_without_torch_in_bounded_memory(tmp_path: Path) -> 
     """A tensor 32 times the copy buffer, sharded along rows (the FSDP case): converted by byte copies
     in a fresh process that never imports torch and whose peak memory grows by far less than it."""
     size_mib = 32
-    tensor = torch.arange(size_mib * 1024 * 1024 // 4, dtype=torch.float32)
+    tensor = torch.arange(size_mib * 1024 * 1024 // 4, dtype=torch.float32).reshape(-1, 128)  # 2-D: rows
     dcp_dir = _dcp(tmp_path, {"big": tensor, "small": torch.ones(3)})
     out = tmp_path / "out"
     done = subprocess.run(
