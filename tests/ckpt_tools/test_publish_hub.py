@@ -259,3 +259,33 @@ def test_a_model_on_an_fsspec_store_publishes_to_the_hub(tmp_path, hub):
         _model_dir(step_dir) / layout.MODEL_SAFETENSORS
     )
     assert hub.repo(REPO).commits[0].summary == "Upload model with ckpt-tools"
+
+
+def test_publishing_again_to_the_same_branch_is_a_second_commit_on_it(tmp_path, hub):
+    step_dir = make_step_dir(tmp_path)
+    publish_model(step_dir, REPO, revision="v1", endpoint=hub.url)
+    publish_model(step_dir, REPO, revision="v1", endpoint=hub.url)
+    assert [c.branch for c in hub.repo(REPO).commits] == ["v1", "v1"]
+
+
+def test_a_token_of_eight_characters_is_looked_for_too(tmp_path, hub):
+    step_dir = make_step_dir(tmp_path)
+    short = "hf_a1b2c"
+    (_model_dir(step_dir) / layout.TRAIN_CONFIG).write_text(json.dumps({"env": f"HF_TOKEN={short}"}))
+    with pytest.raises(PublishError, match=r"train_config\.json contains your Hub token"):
+        publish_model(step_dir, REPO, token=short, endpoint=hub.url)
+    assert hub.routes() == []
+
+
+def test_a_refusal_carries_the_servers_message_on_one_line_and_other_errors_pass_through():
+    request = httpx2.Request("POST", "http://hub/api/x", headers={"authorization": f"Bearer {TOKEN}"})
+    response = httpx2.Response(422, request=request)
+    explained = HfHubHTTPError("422", response=response, server_message="bad\n  revision name")
+    mapped = _map_hub_failure(explained, "http://hub", "committing to acme/x")
+    assert (
+        str(mapped)
+        == "the Hub refused committing to acme/x (HTTP 422: bad revision name); nothing was deleted"
+    )
+    bare = _map_hub_failure(HfHubHTTPError("422", response=response), "http://hub", "committing to acme/x")
+    assert str(bare) == "the Hub refused committing to acme/x (HTTP 422); nothing was deleted"
+    assert _map_hub_failure(ValueError("not the client's"), "http://hub", "committing to acme/x") is None
