@@ -297,3 +297,28 @@ def test_a_path_ending_in_last_is_followed_whatever_its_directory_is_called(tmp_
     assert commit.follow_last(root / "last") == f"{root}/000005"
     for other in ("last/pretrained_model", "notes"):  # a `last` inside the path, another name: no pointer
         assert commit.follow_last(f"{root}/{other}") == f"{root}/{other}"
+
+
+def test_step_back_goes_to_the_newest_complete_step(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    for step in (3, 4, 6):
+        commit_step(_stage(root, step, seed=step), root, step)
+    tmp = _stage(root, 6, seed=60)
+    with pytest.MonkeyPatch.context() as patch:
+        _crash_at(patch, 3)  # after `last` stepped back and the old step 6 was set aside
+        with pytest.raises(_Crash):
+            commit_step(tmp, root, 6)
+    assert os.readlink(root / "last") == "000004"
+
+
+def test_without_symlinks_last_is_a_text_pointer_the_readers_follow(tmp_path, monkeypatch) -> None:
+    root = tmp_path / "checkpoints"
+    commit_step(_stage(root, 3, seed=3), root, 3)
+
+    def no_symlinks(*args, **kwargs):
+        raise OSError("symlinks not supported")
+
+    monkeypatch.setattr(os, "symlink", no_symlinks)
+    commit_step(_stage(root, 4, seed=4), root, 4)
+    assert not (root / "last").is_symlink() and (root / "last").read_text() == "000004\n"
+    assert commit.latest_step_dir(root) == str(root / "000004")
