@@ -8,8 +8,8 @@ Modes (first argument), each printing one `RESULT {json}` line on rank 0:
                            draws its batch from in-memory tensors of the pendulum dataset's size (the
                            trainer's data path costs well under 1 % of a step: it is in both, not
                            left out of one). Then the stall of a synchronous `ckpt_tools.save_checkpoint`
-                           (DCP) and of a raw `dcp.save` of the same model and optimizer state,
-                           alternated.
+                           (DCP), the same without its manifest (no hashing), and a raw `dcp.save` of
+                           the same model and optimizer state: alternated, a warm-up round first.
   write OUT H K            save one step in `safetensors` and one in `dcp` format (for the resume modes).
   fresh|safetensors|safetensors-full|dcp OUT H K
                            build the sharded model and optimizer, then load nothing / the safetensors
@@ -84,9 +84,22 @@ def training_step(fmt: str, number: int = 1) -> TrainingStep:
     )
 
 
-def save(out: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, fmt: str, number: int) -> None:
+def save(
+    out: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    fmt: str,
+    number: int,
+    manifest: bool = True,
+) -> None:
     ckpt_tools.save_checkpoint(
-        out, training_step(fmt, number), model=model, optimizer=optimizer, policy_config={}, train_config={}
+        out,
+        training_step(fmt, number),
+        model=model,
+        optimizer=optimizer,
+        policy_config={},
+        train_config={},
+        manifest=manifest,
     )
 
 
@@ -111,16 +124,17 @@ def bare(out: str, hidden: int, blocks: int, batch_size: int, steps: int, window
     windows = []
     for _ in range(steps // window + 1):  # the first window is the warm-up, as in the trainer's metrics
         windows.append(timed(lambda: [step(model, optimizer, next_batch()) for _ in range(window)]) / window)
-    ckpt_stalls, raw_stalls = [], []
-    for repeat in range(3):
-        ckpt_stalls.append(timed(lambda r=repeat: save(f"{out}/ckpt", model, optimizer, "dcp", r + 1)))
-        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-        raw_stalls.append(timed(lambda r=repeat, s=state: dcp.save(s, checkpoint_id=f"{out}/raw/{r}")))
-    return {
-        "step_s": median(windows[1:]),
-        "ckpt_save_s": median(ckpt_stalls),
-        "raw_save_s": median(raw_stalls),
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+    saves = {
+        "ckpt_save_s": lambda r: save(f"{out}/ckpt", model, optimizer, "dcp", r),
+        "ckpt_save_no_manifest_s": lambda r: save(f"{out}/plain", model, optimizer, "dcp", r, manifest=False),
+        "raw_save_s": lambda r: dcp.save(state, checkpoint_id=f"{out}/raw/{r}"),
     }
+    stalls: dict[str, list[float]] = {name: [] for name in saves}
+    for repeat in range(6):  # the first round warms both sides up (imports, the save's gloo groups)
+        for name, action in saves.items():
+            stalls[name].append(timed(lambda a=action, r=repeat: a(r + 1)))
+    return {"step_s": median(windows[1:]), **{name: median(times[1:]) for name, times in stalls.items()}}
 
 
 def write(out: str, hidden: int, blocks: int) -> dict[str, Any]:
