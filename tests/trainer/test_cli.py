@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,35 @@ def test_both_dtype_spellings_are_accepted(short: str, name: str) -> None:
     assert parse_config([f"--accelerator.mixed_precision={name}"]).accelerator.mixed_precision == precision
     with pytest.raises(ConfigError, match=r"--policy.dtype='fp8' is not one of float32 \(fp32\), bfloat16"):
         parse_config(["--policy.dtype=fp8"])
+
+
+def test_a_rank_whose_peers_never_join_fails_in_one_line_within_the_timeout(tmp_path) -> None:
+    """Rank 0 of a two-rank launch whose rank 1 never starts: the rendezvous times out before the process
+    group exists, and that is one line naming the flag that bounds it, exit 1, nothing written."""
+    from helpers.launch import free_port
+
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+    out = tmp_path / "run"
+    args = [
+        "train",
+        f"--output_dir={out}",
+        "--collective_timeout_s=2",
+        "--steps=2",
+        "--parallelism.dp_shard=1",
+    ]
+    result = subprocess.run([TRAINER, *args], capture_output=True, text=True, timeout=120, env=env)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert lines == [lines[0]] and lines[0].startswith(
+        "error: rank 0: the ranks did not all join the process group within --collective_timeout_s=2 ("
+    ), result.stderr
+    assert not (out / "checkpoints").exists()

@@ -6,7 +6,6 @@ Launch with `python -m trainer.cli train`, `torchrun ... $(which trainer) train`
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Sequence
 
@@ -135,7 +134,9 @@ def _collective_failure(exc: Exception) -> bool:
 
 
 def _collective_line(exc: Exception) -> str:
-    detail = " ".join(re.sub(r"^\[[^\]]*\] ", "", str(exc)).split())[:160]  # without gloo's source path
+    from trainer.errors import backend_detail
+
+    detail = backend_detail(exc)
     return (
         f"a collective with the other ranks failed ({detail}): another rank stopped or stalled (its own "
         "error line says why) or --collective_timeout_s passed; `last` names the newest complete checkpoint"

@@ -6,6 +6,8 @@ as is and exits 1 without a traceback.
 
 from __future__ import annotations
 
+import re
+
 
 class ConfigError(ValueError):
     """The configuration cannot run: a flag, a combination of flags, or the launch environment."""
@@ -21,3 +23,8 @@ class PublishFailedError(ConfigError):
 
 class CheckpointSaveError(ConfigError):
     """A collective save failed on some rank; every rank raises it with the same line, `last` unchanged."""
+
+
+def backend_detail(exc: BaseException) -> str:
+    """A torch store or backend error as a short single line, without gloo's source-file prefix."""
+    return " ".join(re.sub(r"^\[[^\]]*\] ", "", str(exc)).split())[:160]

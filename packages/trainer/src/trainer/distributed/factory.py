@@ -17,7 +17,7 @@ from typing import Any
 from ckpt_tools import Topology
 from trainer.config.train import TrainConfig
 from trainer.distributed.wrap import WrapPlan, check_tied_weights, register_forward_methods
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, backend_detail
 
 ALLOW_ENV = "TRAINER_ALLOW_ACCELERATE_ENV"
 # accelerate reads its configuration from ACCELERATE_* (and FSDP_*, PARALLELISM_CONFIG_*) variables,
@@ -105,7 +105,7 @@ def build_accelerator(config: TrainConfig, topology: Topology, wrap_plan: WrapPl
         "step_scheduler_with_optimizer": False,
         "kwargs_handlers": [acc.ddp.build_kwargs(), _process_group_kwargs(config.collective_timeout_s)],
     }
-    with _no_leaked_env():
+    with _no_leaked_env(), _joining(config.collective_timeout_s):
         if not topology.is_sharded:
             accelerator = Accelerator(**kwargs)
         else:
@@ -120,6 +120,26 @@ def build_accelerator(config: TrainConfig, topology: Topology, wrap_plan: WrapPl
     if on_cpu and acc.mixed_precision == "fp16":
         _engage_fp16_on_cpu(accelerator)
     return accelerator
+
+
+@contextlib.contextmanager
+def _joining(timeout_s: int) -> Iterator[None]:
+    """Joining the process group (inside the Accelerator's construction) fails as one line: a rank that
+    never joins (it failed first, or started late on a loaded machine) makes the others' rendezvous or
+    gloo's connect time out before the group exists, which is no collective failure the CLI knows."""
+    import torch.distributed as dist
+
+    try:
+        yield
+    except RuntimeError as exc:  # torch's store and backend errors (DistError is one)
+        if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) < 2:
+            raise
+        detail = backend_detail(exc)
+        raise ConfigError(
+            f"rank {os.environ.get('RANK', '0')}: the ranks did not all join the process group within "
+            f"--collective_timeout_s={timeout_s} ({detail}): a rank failed before joining (its own line "
+            "says why) or started that much later than the others (raise --collective_timeout_s)"
+        ) from None
 
 
 def _process_group_kwargs(timeout_s: int) -> Any:
