@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 
 import fsspec
@@ -204,3 +205,12 @@ def test_published_adapter_names_a_base_others_can_fetch(tmp_path, base, publish
         assert f"local base model {tmp_path}/my/base_model" in note and "\n" not in note
     else:
         assert result.notes == []
+
+
+def test_an_optimizers_dcp_shards_alone_are_no_weights_to_convert(tmp_path):
+    """Only model or adapter DCP shards earn the "convert first" hint; an optimizer's never does."""
+    step_dir = make_step_dir(tmp_path, weights="none")
+    shutil.rmtree(step_dir / layout.PRETRAINED_MODEL_DIR / layout.MODEL_DCP_DIR)
+    (step_dir / layout.TRAINING_STATE_DIR / layout.OPTIMIZER_DCP_DIR / layout.DCP_METADATA).write_bytes(b"m")
+    with pytest.raises(NotACheckpointError, match=f"^{step_dir} has no model weights"):
+        select_publish_files(step_dir)
