@@ -8,12 +8,10 @@ refused with one line naming it, before any parameter changes."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -22,15 +20,6 @@ from torch.distributed.tensor import DTensor
 import ckpt_tools
 from ckpt_tools import layout
 from helpers.tiny_run import make_run, save, tiny_model, train, training_step
-
-
-@pytest.fixture
-def one_rank(tmp_path: Path) -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture

@@ -249,3 +249,17 @@ def test_an_adapter_save_of_a_model_with_nothing_trainable_is_refused(tmp_path, 
     with pytest.raises(ValueError, match=f"^{message}$"):
         save(tmp_path, 1, model, optimizer, scheduler, adapter_config={"peft_type": "LORA"})
     assert not (tmp_path / "000001").exists() and not (tmp_path / "last").exists()
+
+
+def test_background_saves_on_a_one_rank_group_commit_what_they_staged(
+    one_rank, tmp_path, trained, monkeypatch
+):
+    """Two background saves in a row on an initialized process group: the DCP part is written on a gloo
+    write group (created on first use, reused after) and `finish()` commits it."""
+    model, optimizer, scheduler = trained
+    for step in (1, 2):
+        save(tmp_path, step, model, optimizer, scheduler, ts=training_step(step, "dcp"), background=True)
+        assert os.readlink(tmp_path / "last") == f"{step:06d}"
+    resumed = make_run(seed=3)
+    ckpt_tools.load_training_state(tmp_path / "last", model=resumed[0], optimizer=resumed[1])
+    assert_same_tensors(model.state_dict(), resumed[0].state_dict())
