@@ -194,18 +194,21 @@ def test_replacing_a_step_that_last_does_not_name_keeps_last_until_the_end(tmp_p
     assert torch.equal(_last_state(root)["encoder.weight"], tiny_model_state(60)["encoder.weight"])
 
 
-def test_step_back_skips_an_incomplete_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("damaged", "newest_complete"), [(False, "000004"), (True, "000003")])
+def test_step_back_goes_to_the_newest_complete_step(
+    tmp_path: Path, damaged: bool, newest_complete: str
+) -> None:
     root = tmp_path / "checkpoints"
-    commit_step(_stage(root, 3, seed=3), root, 3)
-    commit_step(_stage(root, 4, seed=4), root, 4)
-    commit_step(_stage(root, 6, seed=6), root, 6)
-    (root / "000004" / "training_state" / "rng_state.safetensors").unlink()  # damaged by hand
+    for step in (3, 4, 6):
+        commit_step(_stage(root, step, seed=step), root, step)
+    if damaged:
+        (root / "000004" / "training_state" / "rng_state.safetensors").unlink()  # damaged by hand
     tmp = _stage(root, 6, seed=60)
     with pytest.MonkeyPatch.context() as patch:
         _crash_at(patch, 3)  # after `last` stepped back and the old step 6 was set aside
         with pytest.raises(_Crash):
             commit_step(tmp, root, 6)
-    assert os.readlink(root / "last") == "000003"
+    assert os.readlink(root / "last") == newest_complete
 
 
 def test_step_back_treats_a_check_that_raises_as_incomplete(tmp_path: Path) -> None:
@@ -297,18 +300,6 @@ def test_a_path_ending_in_last_is_followed_whatever_its_directory_is_called(tmp_
     assert commit.follow_last(root / "last") == f"{root}/000005"
     for other in ("last/pretrained_model", "notes"):  # a `last` inside the path, another name: no pointer
         assert commit.follow_last(f"{root}/{other}") == f"{root}/{other}"
-
-
-def test_step_back_goes_to_the_newest_complete_step(tmp_path: Path) -> None:
-    root = tmp_path / "checkpoints"
-    for step in (3, 4, 6):
-        commit_step(_stage(root, step, seed=step), root, step)
-    tmp = _stage(root, 6, seed=60)
-    with pytest.MonkeyPatch.context() as patch:
-        _crash_at(patch, 3)  # after `last` stepped back and the old step 6 was set aside
-        with pytest.raises(_Crash):
-            commit_step(tmp, root, 6)
-    assert os.readlink(root / "last") == "000004"
 
 
 def test_without_symlinks_last_is_a_text_pointer_the_readers_follow(tmp_path, monkeypatch) -> None:
