@@ -80,14 +80,30 @@ class Interrupts:
         """Collective when a process group is up: the signal any rank has received (0 when none), and
         whether any rank is `busy` (a background checkpoint write still running), the same on every
         rank: one all-reduce serves both."""
+        return self.start_agreement(device, busy).result()
+
+    def start_agreement(self, device: Any, busy: bool = False) -> Agreement:
+        """`agreed()` in two halves: the flags are taken and their all-reduce started now, and
+        `result()` waits for it, so the caller's own work runs while the collective completes."""
         import torch
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
-            return self.received, busy
+            return Agreement(torch.tensor([self.received, int(busy)]), None)
         flags = torch.tensor([self.received, int(busy)], dtype=torch.int32, device=device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        return int(flags[0].item()), bool(flags[1].item())
+        return Agreement(flags, dist.all_reduce(flags, op=dist.ReduceOp.MAX, async_op=True))
+
+
+class Agreement:
+    """A started all-reduce of (signal, busy) flags; `result()` is the same on every rank."""
+
+    def __init__(self, flags: Any, work: Any) -> None:
+        self.flags, self.work = flags, work
+
+    def result(self) -> tuple[int, bool]:
+        if self.work is not None:
+            self.work.wait()
+        return int(self.flags[0].item()), bool(self.flags[1].item())
 
 
 def hold_until_signal(seconds: float) -> None:

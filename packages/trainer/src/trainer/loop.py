@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -227,8 +228,16 @@ def _run_steps(run: Run, logger: Any, interrupts: Interrupts) -> tuple[list[floa
     for step in range(run.start_step + 1, config.steps + 1):
         batch = run.preprocessor(run.dataset.gather(sampler.next_indices(), config.policy.chunk_size))
         batch = {key: value.to(accelerator.device) for key, value in batch.items()}
+        boundary = step % accum == 0 or step == config.steps
+        agreement: list[Any] = []  # the boundary's signal check, started inside the step
+        check = partial(_start_agreement, agreement, interrupts, accelerator.device, pending)
         loss, norm = _train_step(
-            accelerator, run.model, run.optimizer, batch, config.optimizer.grad_clip_norm
+            accelerator,
+            run.model,
+            run.optimizer,
+            batch,
+            config.optimizer.grad_clip_norm,
+            check if boundary else None,
         )
         if norm is not None:  # an optimizer update: the schedule catches up with the loop steps
             grad_norm = norm
@@ -257,19 +266,19 @@ def _run_steps(run: Run, logger: Any, interrupts: Interrupts) -> tuple[list[floa
             step == config.steps or (config.eval_freq and step % config.eval_freq == 0)
         ):
             _log_val_loss(run, logger, step)
+        started = None  # a background write started by this step's save (after the flags were taken)
         if step % config.save_freq == 0 or step == config.steps:
             if pending is not None:  # the previous background write ends before the next one starts
                 last_checkpoint, pending = _commit(run, pending, logger), None
             if config.async_save and step != config.steps:
-                pending = _start_save(run, step)
+                pending = started = _start_save(run, step)
             else:
                 last_checkpoint = _save(run, step)
                 logger.note(f"checkpoint {last_checkpoint}")
             saved_step = step
-        if step % accum == 0 or step == config.steps:
-            signum, writing = interrupts.agreed(
-                accelerator.device, pending is not None and not pending.written()
-            )
+        if boundary:
+            signum, writing = agreement[0].result()
+            writing = writing or started is not None  # just started: committed at a later boundary
             if pending is not None and (not writing or signum):
                 last_checkpoint, pending = _commit(run, pending, logger), None
             if signum:
@@ -279,6 +288,12 @@ def _run_steps(run: Run, logger: Any, interrupts: Interrupts) -> tuple[list[floa
     if pending is not None:
         last_checkpoint = _commit(run, pending, logger)
     return losses, last_checkpoint
+
+
+def _start_agreement(into: list[Any], interrupts: Interrupts, device: Any, pending: Any) -> None:
+    """Take this rank's flags now (a signal received so far; whether its background checkpoint write
+    is still running) and start their all-reduce; the loop waits for it at the boundary."""
+    into.append(interrupts.start_agreement(device, pending is not None and not pending.written()))
 
 
 def _resume_hint(config: TrainConfig) -> str:
@@ -331,11 +346,18 @@ def _saved_objects(run: Run) -> dict[str, Any]:
 
 
 def _train_step(
-    accelerator: Any, model: Any, optimizer: Any, batch: dict[str, torch.Tensor], clip: float
+    accelerator: Any,
+    model: Any,
+    optimizer: Any,
+    batch: dict[str, torch.Tensor],
+    clip: float,
+    before_update: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One micro-batch; the optimizer updates when accelerate says the accumulation is complete.
     Returns the loss and, on a step that updated, the global gradient norm before clipping, both as
-    tensors: reading a value back waits for the device, so the loop does it only when it logs."""
+    tensors: reading a value back waits for the device, so the loop does it only when it logs.
+    `before_update()` (the boundary's signal check) is called after the backward, so its all-reduce
+    completes while the optimizer steps instead of adding a synchronization point of its own."""
     grad_norm = None
     with accelerator.accumulate(model):
         loss, _ = model(batch)
@@ -343,6 +365,8 @@ def _train_step(
         if accelerator.sync_gradients:  # an infinite threshold measures the norm without clipping
             norm = accelerator.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))
             grad_norm = norm.detach()
+        if before_update is not None:
+            before_update()
         optimizer.step()
         optimizer.zero_grad()
     return loss.detach().float(), grad_norm
