@@ -62,12 +62,13 @@ class Group:
         return gathered or []
 
     def agree(self, what: str) -> None:
-        """Collective (a barrier): raise `SaveFailedError` on every rank when the main rank failed."""
+        """Collective (a barrier): raise `SaveFailedError` on every rank when the main rank failed, the
+        message naming the main rank's `what` (the main rank alone may know which phase failed)."""
         failure = self.failure
         if self.distributed:
-            box = [failure]
+            box = [(what, failure)]
             dist.broadcast_object_list(box, group=self.pg, group_src=0)
-            failure = box[0]
+            what, failure = box[0]
         if failure is not None:
             raise SaveFailedError(f"{what} failed on the main rank: {failure}") from self._cause
 

@@ -210,13 +210,18 @@ class PendingCheckpoint:
             finally:
                 if self._pool is not None:
                     self._pool.shutdown()
+        # Every rank's shards are on disk before the directory becomes visible. With a manifest the
+        # gather of every rank's entries is that barrier (a rank sends them once its writes are done),
+        # and a failure so far stops the main rank's commit and reaches every rank at the last agree.
         if recorder is not None:
             files = group.gather_to_main(recorder.entries())  # every rank's shards, hashed as written
             group.on_main(lambda: write_manifest(tmp, {k: v for part in files for k, v in part.items()}))
-        group.agree(self.what)  # every rank's shards are on disk before the directory becomes visible
+        else:
+            group.agree(self.what)
+        what = self.what if group.failure is not None else f"committing checkpoint step {step}"
         group.on_main(lambda: commit.commit_step_dir(tmp, root, step, is_complete=_verifies))
         group.on_main(commit.prune_steps, root, self.keep_last)
-        group.agree(f"committing checkpoint step {step}")  # nobody reads `last` before it
+        group.agree(what)  # nobody reads `last` before it
         return layout.join(root, layout.step_dir_name(step))
 
 
