@@ -9,7 +9,8 @@ bucket; then, each in its own child process (peak RSS: the kernel's high-water m
   metadata read, no tensor data);
 - `ckpt convert` bucket to bucket (ranged reads in, multipart upload out);
 - `ckpt push` of that converted result to another prefix of the bucket.
-What streaming costs is the peak above the floor; it must not grow with the checkpoint's size.
+What streaming costs is the peak above the floor; it must not grow with the checkpoint's size. The wall
+time of the bucket conversion is printed too (loopback, so it shows request overhead, not bandwidth).
 
 Usage: python benchmarks/bench_bucket.py [--sizes-mb 100 300] [--workdir DIR]
 """
@@ -62,26 +63,31 @@ def measure_size(workdir: Path, bucket: str, size_mb: int) -> dict[str, float]:
     peaks = {
         "local convert": run_measured([CKPT, "convert", str(local), "--output", str(local_out)])[1],
         "bucket floor (inspect)": run_measured([CKPT, "inspect", remote])[1],
-        "bucket convert": run_measured([CKPT, "convert", remote, "--output", converted])[1],
-        "bucket push": run_measured([CKPT, "push", converted, published])[1],
     }
+    seconds, peaks["bucket convert"] = run_measured([CKPT, "convert", remote, "--output", converted])
+    peaks["bucket push"] = run_measured([CKPT, "push", converted, published])[1]
     shutil.rmtree(local_out, ignore_errors=True)
-    return {**peaks, "bytes": sum(p.stat().st_size for p in local.iterdir() if p.is_file())}
+    return {
+        **peaks,
+        "convert s": seconds,
+        "bytes": sum(p.stat().st_size for p in local.iterdir() if p.is_file()),
+    }
 
 
 def table(results: dict[int, dict[str, float]]) -> str:
     lines = [
         "bucket: moto S3 server on 127.0.0.1, s3fs; peak RSS per command (MB), ratio to the bucket floor",
         "",
-        "| checkpoint | local convert | bucket floor (inspect) | bucket convert | x floor | bucket push | x floor |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| checkpoint | local convert | bucket floor (inspect) | bucket convert | x floor | bucket push | x floor "
+        "| bucket convert time |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in results.values():
         floor = row["bucket floor (inspect)"]
         lines.append(
             f"| {row['bytes'] / 1e6:.0f} MB | {row['local convert']:.0f} | {floor:.0f} "
             f"| {row['bucket convert']:.0f} | {row['bucket convert'] / floor:.2f} "
-            f"| {row['bucket push']:.0f} | {row['bucket push'] / floor:.2f} |"
+            f"| {row['bucket push']:.0f} | {row['bucket push'] / floor:.2f} | {row['convert s']:.1f} s |"
         )
     return "\n".join(lines)
 

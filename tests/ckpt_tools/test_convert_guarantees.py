@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from ckpt_tools import convert_dcp_to_safetensors, convert_safetensors_to_dcp, layout
 from ckpt_tools.errors import CorruptCheckpointError
+from helpers.high_water import PEAK_KIB
 from helpers.pickle_payload import TouchesFile
 
 ITEMSIZE = {"I8": 1, "F16": 2, "F32": 4, "F64": 8}
@@ -162,16 +163,16 @@ def test_fallback_loader_runs_no_pickle_payload(tmp_path: Path) -> None:
     assert not out.exists() or _outputs(out) == []
 
 
-_MEASURE = """
-import json, resource, sys
+_MEASURE = (
+    PEAK_KIB
+    + """
+import json, sys
 import ckpt_tools.convert as convert
-import ckpt_tools.safetensors_writer as writer
-writer.COPY_BLOCK = convert.COPY_BLOCK = 1 << 20
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = peak_kib()
 convert.convert_dcp_to_safetensors(sys.argv[1], sys.argv[2])
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"grew_kib": after - before, "torch": "torch" in sys.modules}))
+print(json.dumps({"grew_kib": peak_kib() - before, "torch": "torch" in sys.modules}))
 """
+)
 
 
 def test_common_path_streams_without_torch_in_bounded_memory(tmp_path: Path) -> None:

@@ -333,14 +333,15 @@ def _publish_fsspec(uploads: dict[str, str | bytes], target: str) -> PublishResu
 
 
 def _write(fs: Any, dest: str, source: str | bytes) -> None:
-    """Stream one file to the target in `storage.STREAM_BLOCK` pieces (bounded memory on any store)."""
+    """Stream one file to the target in `storage.COPY_BLOCK` pieces, uploaded in `storage.STREAM_BLOCK`
+    parts (bounded memory on any store)."""
     parts = {} if storage.is_local(fs) else {"block_size": storage.STREAM_BLOCK}
     with fs.open(dest, "wb", **parts) as out:
         if isinstance(source, bytes):
             out.write(source)
             return
         with storage.open_file(source, "rb") as src:
-            while chunk := src.read(storage.STREAM_BLOCK):
+            while chunk := src.read(storage.COPY_BLOCK):
                 out.write(chunk)
 
 

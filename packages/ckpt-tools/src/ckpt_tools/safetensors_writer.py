@@ -23,7 +23,7 @@ from ckpt_tools.dtypes import ITEMSIZE, nbytes
 from ckpt_tools.errors import CorruptCheckpointError
 
 METADATA_KEY = "__metadata__"
-COPY_BLOCK = storage.STREAM_BLOCK  # Python-buffered copies (a store on either side) go in these pieces
+COPY_BLOCK = storage.COPY_BLOCK  # Python-buffered copies (a store on either side) go in these pieces
 
 
 @dataclass(frozen=True)

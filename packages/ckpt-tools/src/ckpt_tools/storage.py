@@ -133,19 +133,24 @@ def read_text(path: str | os.PathLike[str]) -> str:
     return read_bytes(path).decode("utf-8")
 
 
-# The buffer of a file streamed to or from a store: s3fs's default (50 MB) would hold that much per
-# open file; 8 MiB parts keep conversion and publishing near their local memory (S3's minimum part is
-# 5 MiB).
+# What a file streamed to or from a store holds in memory. s3fs's default block (50 MB) is both the
+# read-ahead of a file open for reading and the part buffered before each upload, per open file.
+# Writing: 8 MiB parts (S3's minimum part is 5 MiB; fewer, larger parts upload faster).
+# Reading: a 1 MiB read-ahead, which still serves the many small header and record reads from one
+# request, and copies in 1 MiB pieces: s3fs keeps each read plus the read-ahead beyond it cached, so
+# 8 MiB copy reads cost 16 MiB per open file (a conversion holds every shard file open), and each
+# piece is copied again into the upload buffer (`benchmarks/bench_bucket.py`).
 STREAM_BLOCK = 8 * 2**20
+READ_AHEAD = 2**20
+COPY_BLOCK = 2**20
 
 
 def open_file(path: str | os.PathLike[str], mode: str = "rb", **kwargs: Any) -> Any:
-    """Open a file; on a store, with `STREAM_BLOCK` as the upload part or read-ahead size (fsspec's
-    read-ahead cache keeps each read plus a block beyond it for as long as the file is open: 50 MB per
-    file on s3fs by default, and a conversion holds many shard files open at once)."""
+    """Open a file; on a store, with `STREAM_BLOCK` as the upload part of a file written and
+    `READ_AHEAD` as the read-ahead of a file read (instead of s3fs's 50 MB for either)."""
     fs, inner = resolve(path)
     if not is_local(fs):
-        kwargs.setdefault("block_size", STREAM_BLOCK)
+        kwargs.setdefault("block_size", READ_AHEAD if "r" in mode else STREAM_BLOCK)
     return fs.open(inner, mode, **kwargs)
 
 
