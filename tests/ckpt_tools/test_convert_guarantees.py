@@ -11,11 +11,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
 import pickle
 import struct
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -25,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from ckpt_tools import convert_dcp_to_safetensors, convert_safetensors_to_dcp, layout
 from ckpt_tools.errors import CorruptCheckpointError
-from helpers.high_water import PEAK_KIB
+from helpers.high_water import run_child
 from helpers.pickle_payload import TouchesFile
 
 ITEMSIZE = {"I8": 1, "F16": 2, "F32": 4, "F64": 8}
@@ -163,16 +160,13 @@ def test_fallback_loader_runs_no_pickle_payload(tmp_path: Path) -> None:
     assert not out.exists() or _outputs(out) == []
 
 
-_MEASURE = (
-    PEAK_KIB
-    + """
+_MEASURE = """
 import json, sys
 import ckpt_tools.convert as convert
 before = peak_kib()
 convert.convert_dcp_to_safetensors(sys.argv[1], sys.argv[2])
 print(json.dumps({"grew_kib": peak_kib() - before, "torch": "torch" in sys.modules}))
 """
-)
 
 
 def test_common_path_streams_without_torch_in_bounded_memory(tmp_path: Path) -> None:
@@ -182,15 +176,7 @@ def test_common_path_streams_without_torch_in_bounded_memory(tmp_path: Path) -> 
     tensor = torch.arange(size_mib * 1024 * 1024 // 4, dtype=torch.float32).reshape(-1, 128)  # 2-D: rows
     dcp_dir = _dcp(tmp_path, {"big": tensor, "small": torch.ones(3)})
     out = tmp_path / "out"
-    done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(dcp_dir), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert done.returncode == 0, done.stderr
-    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    measured = run_child(_MEASURE, str(dcp_dir), str(out), timeout=120)
     assert measured["torch"] is False
     assert measured["grew_kib"] < size_mib * 1024 // 4, measured
     assert torch.equal(load_file(str(out / layout.MODEL_SAFETENSORS))["big"], tensor)

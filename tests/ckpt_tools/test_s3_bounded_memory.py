@@ -8,10 +8,6 @@ metadata read), so the kernel's high-water mark measures only what streaming add
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import fsspec
@@ -19,11 +15,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ckpt_tools import convert_safetensors_to_dcp, layout
-from helpers.high_water import PEAK_KIB
+from helpers.high_water import run_child
 
-_MEASURE = (
-    PEAK_KIB
-    + """
+_MEASURE = """
 import json, sys
 from ckpt_tools import storage
 from ckpt_tools.convert import convert_dcp_to_safetensors
@@ -37,21 +31,12 @@ else:
     publish_model(source, target)
 print(json.dumps({"grew_kib": peak_kib() - before, "torch": "torch" in sys.modules}))
 """
-)
 
 SIZE_MIB = 64
 
 
 def _grew_kib(command: str, source: str, target: str) -> int:
-    done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, command, source, target],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert done.returncode == 0, done.stderr
-    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    measured = run_child(_MEASURE, command, source, target)
     assert measured["torch"] is False
     return int(measured["grew_kib"])
 
