@@ -154,6 +154,13 @@ def open_file(path: str | os.PathLike[str], mode: str = "rb", **kwargs: Any) -> 
     return fs.open(inner, mode, **kwargs)
 
 
+def open_sequential(path: str | os.PathLike[str]) -> Any:
+    """Open a file to read once front to back in large pieces (a whole-file copy): on a store without
+    a read-ahead cache, so each read is one ranged request and holds only the piece read."""
+    fs, inner = resolve(path)
+    return fs.open(inner, "rb") if is_local(fs) else fs.open(inner, "rb", cache_type="none")
+
+
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     """Local disk (a plain path or `file://`): the one store with atomic renames and symlinks."""
     return isinstance(fs, LocalFileSystem)
