@@ -31,6 +31,7 @@ PUBLIC = {
     "save_checkpoint",
     "start_checkpoint",
     "PendingCheckpoint",
+    "prepare_save_groups",
     "load_training_state",
     "save_rng_state",
     "load_rng_state",
