@@ -2,7 +2,7 @@
 
 Slurm and Kubernetes send SIGTERM some time before SIGKILL, torchrun forwards the signal it gets to
 every rank, and Ctrl-C is SIGINT. The handler only records the first signal; the loop asks
-`Interrupts.agreed()` at every optimizer-update boundary, which all-reduces the recorded signal so that
+`Interrupts.start_agreement()` at every optimizer-update boundary, which all-reduces the recorded signal so that
 every rank stops after the same step (a signal reaching one rank a moment later than another would
 otherwise make them stop one step apart and pair off their collectives). The loop then saves the
 checkpoint of that step collectively and raises `Interrupted`. A second signal ends the process at once,
@@ -76,14 +76,10 @@ class Interrupts:
             os._exit(128 + signum)
         self.received, self._first_at = signum, time.monotonic()
 
-    def agreed(self, device: Any, busy: bool = False) -> tuple[int, bool]:
+    def start_agreement(self, device: Any, busy: bool = False) -> Agreement:
         """Collective when a process group is up: the signal any rank has received (0 when none), and
         whether any rank is `busy` (a background checkpoint write still running), the same on every
-        rank: one all-reduce serves both."""
-        return self.start_agreement(device, busy).result()
-
-    def start_agreement(self, device: Any, busy: bool = False) -> Agreement:
-        """`agreed()` in two halves: the flags are taken and their all-reduce started now, and
+        rank: one all-reduce serves both. The flags are taken and the all-reduce started now;
         `result()` waits for it, so the caller's own work runs while the collective completes."""
         import torch
         import torch.distributed as dist
