@@ -7,9 +7,13 @@ Modes (first argument), each printing one `RESULT {json}` line on rank 0:
                            window dropped as warm-up, the median window's seconds per step; each step
                            draws its batch from in-memory tensors of the pendulum dataset's size (the
                            trainer's data path costs well under 1 % of a step: it is in both, not
-                           left out of one). Then the stall of a synchronous `ckpt_tools.save_checkpoint`
+                           left out of one).
+  saves OUT H K ROUNDS     after a few steps, the stall of a synchronous `ckpt_tools.save_checkpoint`
                            (DCP), the same without its manifest (no hashing), and a raw `dcp.save` of
-                           the same model and optimizer state: alternated, a warm-up round first.
+                           the same model and optimizer state dicts (taken at the call, as torch's DCP
+                           recipe does): ROUNDS rounds, the order rotated each round, a warm-up round
+                           first; each save's files are deleted once it is timed, so the dirty pages
+                           of earlier saves do not throttle the later ones.
   write OUT H K            save one step in `safetensors` and one in `dcp` format (for the resume modes).
   fresh|safetensors|safetensors-full|dcp OUT H K
                            build the sharded model and optimizer, then load nothing / the safetensors
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
 import sys
 import time
 from statistics import median
@@ -124,17 +129,35 @@ def bare(out: str, hidden: int, blocks: int, batch_size: int, steps: int, window
     windows = []
     for _ in range(steps // window + 1):  # the first window is the warm-up, as in the trainer's metrics
         windows.append(timed(lambda: [step(model, optimizer, next_batch()) for _ in range(window)]) / window)
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-    saves = {
+    return {"step_s": median(windows[1:])}
+
+
+def saves(out: str, hidden: int, blocks: int, rounds: int) -> dict[str, Any]:
+    model, optimizer = build(hidden, blocks)
+    batch = {OBS_KEY: torch.randn(128, OBS_DIM), ACTION_KEY: torch.randn(128, 1, ACTION_DIM)}
+    for _ in range(3):
+        step(model, optimizer, batch)
+
+    def raw(number: int) -> None:
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+        dcp.save(state, checkpoint_id=f"{out}/raw/{number}")
+
+    actions = {
         "ckpt_save_s": lambda r: save(f"{out}/ckpt", model, optimizer, "dcp", r),
         "ckpt_save_no_manifest_s": lambda r: save(f"{out}/plain", model, optimizer, "dcp", r, manifest=False),
-        "raw_save_s": lambda r: dcp.save(state, checkpoint_id=f"{out}/raw/{r}"),
+        "raw_save_s": raw,
     }
-    stalls: dict[str, list[float]] = {name: [] for name in saves}
-    for repeat in range(6):  # the first round warms both sides up (imports, the save's gloo groups)
-        for name, action in saves.items():
-            stalls[name].append(timed(lambda a=action, r=repeat: a(r + 1)))
-    return {"step_s": median(windows[1:]), **{name: median(times[1:]) for name, times in stalls.items()}}
+    names = list(actions)
+    stalls: dict[str, list[float]] = {name: [] for name in names}
+    for number in range(rounds + 1):  # round 0 warms every side up (imports, the save's gloo groups)
+        for name in names[number % 3 :] + names[: number % 3]:
+            stalls[name].append(timed(lambda a=actions[name], n=number: a(n + 1)))
+            if dist.get_rank() == 0:
+                shutil.rmtree(out, ignore_errors=True)
+            dist.barrier()
+    stall = {name: median(times[1:]) for name, times in stalls.items()}
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {**stall, "state_bytes": 3 * weights}  # the weights and AdamW's two moments
 
 
 def write(out: str, hidden: int, blocks: int) -> dict[str, Any]:
@@ -169,6 +192,8 @@ def main(argv: list[str]) -> None:
     sizes = [int(n) for n in numbers]
     if mode == "bare":
         result = bare(out, *sizes)
+    elif mode == "saves":
+        result = saves(out, *sizes)
     elif mode == "write":
         result = write(out, *sizes)
     else:

@@ -22,7 +22,6 @@ from hook_flags import install_hooks
 
 import ckpt_tools.save as save
 import trainer.loop as loop
-from ckpt_tools import layout
 from trainer.cli import main
 
 RANK = int(os.environ.get("RANK", "0"))
@@ -62,16 +61,17 @@ def kill_in_training(rank: int, calls: int) -> None:
 
 
 def kill_in_save(rank: int, step: int) -> None:
-    save_rng_state = save.save_rng_state
-    tmp_name = layout.TMP_PREFIX + layout.step_dir_name(step)
+    finish = save.PendingCheckpoint.finish
 
-    def save_rng(step_dir, *args, **kwargs):
-        if FIRST_ATTEMPT and rank == RANK and os.fspath(step_dir).rstrip("/").endswith(tmp_name):
+    def finish_or_die(pending):
+        if FIRST_ATTEMPT and rank == RANK and pending.step == step:
+            for future in pending._futures:  # this rank's shards are written
+                future.result()
             print(f"hook: rank {RANK} killed inside the save of step {step}", flush=True)
             _die()
-        return save_rng_state(step_dir, *args, **kwargs)
+        return finish(pending)
 
-    save.save_rng_state = save_rng
+    save.PendingCheckpoint.finish = finish_or_die
 
 
 HOOKS = {

@@ -19,6 +19,8 @@ from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError
 from ckpt_tools.locate import resolve_model_dir
 from ckpt_tools.tensor_io import read_safetensors, write_safetensors
 
+RngSnapshot = tuple[dict[str, torch.Tensor], dict[str, str]]  # one rank's tensors and metadata
+
 
 def save_rng_state(
     step_dir: str | os.PathLike[str],
@@ -30,29 +32,38 @@ def save_rng_state(
 ) -> None:
     """Collective when world_size > 1: gather every rank's python, numpy, torch CPU (+ CUDA) RNG
     state to rank 0, which writes `training_state/rng_state.safetensors` (recorded for the step's
-    manifest when a `recorder` is given).
-
-    Keys are `rank<r>/python`, `rank<r>/numpy`, `rank<r>/torch`, `rank<r>/cuda/<device>`; the scalar
-    parts of the python and numpy states, and `world_size`, are in the file's metadata.
+    manifest when a `recorder` is given). A collective save takes `rng_snapshot` and `write_rng_state`
+    apart instead, to carry the snapshots on a gather it makes anyway.
     """
-    mine = _rng_snapshot(rank)
+    mine = rng_snapshot(rank)
     if world_size > 1:
         gathered: list[Any] | None = [None] * world_size if rank == 0 else None
         dist.gather_object(mine, gathered, group=process_group, group_dst=0)
     else:
         gathered = [mine]
-    if rank != 0 or gathered is None:
-        return
+    if rank == 0 and gathered is not None:
+        write_rng_state(step_dir, gathered, recorder)
+
+
+def write_rng_state(
+    step_dir: str | os.PathLike[str], snapshots: list[RngSnapshot], recorder: Recorder | None = None
+) -> None:
+    """Write every rank's `rng_snapshot` (in rank order) as `training_state/rng_state.safetensors`.
+
+    Keys are `rank<r>/python`, `rank<r>/numpy`, `rank<r>/torch`, `rank<r>/cuda/<device>`; the scalar
+    parts of the python and numpy states, and `world_size`, are in the file's metadata.
+    """
     tensors: dict[str, torch.Tensor] = {}
-    metadata = {"world_size": str(world_size)}
-    for snapshot_tensors, snapshot_meta in gathered:
+    metadata = {"world_size": str(len(snapshots))}
+    for snapshot_tensors, snapshot_meta in snapshots:
         tensors.update(snapshot_tensors)
         metadata.update(snapshot_meta)
     path = layout.join(os.fspath(step_dir), layout.TRAINING_STATE_DIR, layout.RNG_STATE)
     write_safetensors(path, tensors, metadata, recorder)
 
 
-def _rng_snapshot(rank: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def rng_snapshot(rank: int) -> RngSnapshot:
+    """This rank's RNG states now, keyed for `write_rng_state`."""
     prefix = f"rank{rank}/"
     version, words, gauss = random.getstate()
     np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()

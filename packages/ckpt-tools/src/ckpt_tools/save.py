@@ -38,7 +38,7 @@ from ckpt_tools.manifest import write_bytes, write_json, write_manifest
 from ckpt_tools.meta import TrainingStep
 from ckpt_tools.optim_codec import write_optimizer_safetensors
 from ckpt_tools.processors import ProcessorState, check_processors, write_processors
-from ckpt_tools.rng import save_rng_state
+from ckpt_tools.rng import RngSnapshot, rng_snapshot, write_rng_state
 from ckpt_tools.tensor_io import dcp_async_save, dcp_save, dcp_stage, write_safetensors
 from ckpt_tools.verify import verify_checkpoint
 
@@ -77,7 +77,7 @@ def start_checkpoint(
     `model.safetensors`, `dcp` writes `pytorch_model_fsdp_0/` from every rank, `safetensors_dcp` both.
     The optimizer is DCP (`optimizer_0/`) on a sharded model, else `optimizer_state.safetensors` +
     `optimizer_param_groups.json`. `processors` keys are `layout.PREPROCESSOR` / `layout.POSTPROCESSOR`.
-    Every rank's RNG state is gathered into `rng_state.safetensors`.
+    Every rank's RNG state, as it is now, is gathered into `rng_state.safetensors` at `finish()`.
     A failure of the main rank's own writing (gathered files, side files, commit, retention) or of any
     rank's DCP shard write raises the same one-line `SaveFailedError` on every rank, at once.
 
@@ -95,7 +95,7 @@ def start_checkpoint(
     check_processors(processors)
     root = os.fspath(checkpoints_dir).rstrip("/")
     step = training_step.step
-    pending = PendingCheckpoint(group, root, step, keep_last, recorder)
+    pending = PendingCheckpoint(group, root, step, keep_last, recorder, rng_snapshot(group.rank))
     tmp = commit.tmp_step_dir(root, step)
     group.on_main(_begin, root, step)
     group.agree(pending.what)  # nobody writes before the directory exists
@@ -110,12 +110,6 @@ def start_checkpoint(
             layout.join(tmp, layout.TRAINING_STATE_DIR), model, optimizer, group, recorder, write_dcp
         )
         pending.launch()
-    group.on_main(
-        lambda: save_rng_state(
-            tmp, group.rank, group.world_size, process_group=process_group, recorder=recorder
-        ),
-        all_ranks=True,
-    )
     group.on_main(
         _write_side_files,
         tmp,
@@ -142,7 +136,15 @@ def save_checkpoint(
 class PendingCheckpoint:
     """A step written (or being written in the background) under `.tmp-<step>`, not yet committed."""
 
-    def __init__(self, group: Group, root: str, step: int, keep_last: int, recorder: Recorder | None) -> None:
+    def __init__(
+        self,
+        group: Group,
+        root: str,
+        step: int,
+        keep_last: int,
+        recorder: Recorder | None,
+        rng: RngSnapshot,
+    ) -> None:
         self.group, self.root, self.step, self.keep_last, self.recorder = (
             group,
             root,
@@ -150,24 +152,25 @@ class PendingCheckpoint:
             keep_last,
             recorder,
         )
+        self.rng = rng  # this rank's RNG state at the save, gathered by `finish`
         self.what = f"saving checkpoint step {step}"
         self._futures: list[Any] = []
-        self._pool: ThreadPoolExecutor | None = None
         self._staged: list[tuple[dict[str, Any], str]] = []
 
     def writer(self) -> WriteDcp:
         """Write each DCP part now. On the default group each part gets a thread and a gloo group of its
-        own (`background_group`): the model's and the optimizer's DCP saves, and the RNG gather and side
-        files that follow on the calling thread, then overlap instead of queueing (each DCP save is
-        mostly waiting: on its planning collectives, on its file syncs). `finish` joins them. On a
-        caller's own process group the parts are written one after the other on that group."""
+        own (`background_group`): the model's and the optimizer's DCP saves, and the side files that
+        follow on the calling thread, then overlap instead of queueing (each DCP save is mostly waiting:
+        on its planning collectives, on its file syncs). `finish` joins them. The threads are kept from
+        one save to the next (`_save_pool`). On a caller's own process group the parts are written one
+        after the other on that group."""
         group, recorder = self.group, self.recorder
         if group.pg is not None:
             return lambda state, path: dcp_save(state, path, group.pg, group.distributed, recorder)
         if group.distributed:
             background_group(MAX_DCP_PARTS - 1)  # collective: every group exists before any thread runs
         device = torch.cuda.current_device() if torch.cuda.is_available() else None
-        pool = self._pool = ThreadPoolExecutor(MAX_DCP_PARTS, thread_name_prefix="ckpt-save")
+        pool = _save_pool()
 
         def write(state: dict[str, Any], path: str, pg: Any) -> None:
             if device is not None:  # a new thread starts on cuda:0, not on this rank's device
@@ -204,29 +207,41 @@ class PendingCheckpoint:
         group, root, step, recorder = self.group, self.root, self.step, self.recorder
         tmp = commit.tmp_step_dir(root, step)
         with _shard_failures(self.what):
-            try:
-                for future in self._futures:
-                    future.result()
-            finally:
-                if self._pool is not None:
-                    self._pool.shutdown()
-        # Every rank's shards are on disk before the directory becomes visible. With a manifest the
-        # gather of every rank's entries is that barrier (a rank sends them once its writes are done),
-        # and a failure so far stops the main rank's commit and reaches every rank at the last agree.
-        if recorder is not None:
-            files = group.gather_to_main(recorder.entries())  # every rank's shards, hashed as written
-            group.on_main(lambda: write_manifest(tmp, {k: v for part in files for k, v in part.items()}))
-        else:
-            group.agree(self.what)
+            for future in self._futures:
+                future.result()
+        # Every rank's shards are on disk before the directory becomes visible: the one gather of every
+        # rank's RNG state and manifest entries is that barrier (a rank sends them once its writes are
+        # done), and a failure so far stops the main rank's commit and reaches every rank at the last
+        # agree.
+        entries = recorder.entries() if recorder is not None else None  # this rank's, hashed as written
+        gathered = group.gather_to_main((self.rng, entries))
+        group.on_main(self._write_gathered, tmp, gathered)
         what = self.what if group.failure is not None else f"committing checkpoint step {step}"
         group.on_main(lambda: commit.commit_step_dir(tmp, root, step, is_complete=_verifies))
         group.on_main(commit.prune_steps, root, self.keep_last)
         group.agree(what)  # nobody reads `last` before it
         return layout.join(root, layout.step_dir_name(step))
 
+    def _write_gathered(self, tmp: str, gathered: list[tuple[RngSnapshot, Any]]) -> None:
+        """The main rank's part after the gather: `rng_state.safetensors`, then the manifest of every
+        rank's files and its own (the RNG file included)."""
+        write_rng_state(tmp, [rng for rng, _ in gathered], self.recorder)
+        if self.recorder is not None:
+            files = {k: v for _, entries in gathered[1:] for k, v in entries.items()}
+            write_manifest(tmp, files | self.recorder.entries())
+
 
 MAX_DCP_PARTS = 2  # DCP directories one step writes: the weights (or adapter) and the optimizer
 _BACKGROUND_GROUPS: dict[Any, list[Any]] = {}  # the current default process group -> its DCP write groups
+_SAVE_POOL: list[ThreadPoolExecutor] = []  # the threads of `writer`, made once per process
+
+
+def _save_pool() -> ThreadPoolExecutor:
+    """The threads that write a save's DCP parts, made at the first save and kept: starting two
+    threads per save costs milliseconds of the training stall on a busy machine."""
+    if not _SAVE_POOL:
+        _SAVE_POOL.append(ThreadPoolExecutor(MAX_DCP_PARTS, thread_name_prefix="ckpt-save"))
+    return _SAVE_POOL[0]
 
 
 def prepare_save_groups(timeout: timedelta | None = None) -> None:
