@@ -14,7 +14,8 @@ in the same run (2 gloo ranks, CPU), so a loaded machine slows both sides alike.
    nothing), the difference is what the sha256 manifest costs. Goal: within 10 %.
 3. Peak RSS per rank of a resume (fresh start = build the sharded model and take one step), loading
    gathered safetensors (each rank reads only its own rows), the same file read whole by every rank
-   (how resumes read it before), and DCP shards.
+   (how resumes read it before), DCP shards, and a DDP run's step (gathered weights and optimizer
+   state, each rank reading only its own rows of both).
 
 Usage: python benchmarks/bench_engine.py [--hidden 512] [--blocks 4] [--batch 128] [--steps 40]
        [--repeat 5] [--save-hidden 1024] [--save-blocks 8] [--save-rounds 12]
@@ -177,6 +178,7 @@ MODES = {
     "safetensors": "resume from model.safetensors (own rows)",
     "safetensors-full": "same file read whole per rank (before)",
     "dcp": "resume from DCP",
+    "ddp": "a DDP run's step (optimizer_state.safetensors, own rows)",
 }
 
 

@@ -14,11 +14,12 @@ Modes (first argument), each printing one `RESULT {json}` line on rank 0:
                            recipe does): ROUNDS rounds, the order rotated each round, a warm-up round
                            first; each save's files are deleted once it is timed, so the dirty pages
                            of earlier saves do not throttle the later ones.
-  write OUT H K            save one step in `safetensors` and one in `dcp` format (for the resume modes).
-  fresh|safetensors|safetensors-full|dcp OUT H K
+  write OUT H K            save one step in `safetensors` and one in `dcp` format (for the resume modes),
+                           and a DDP run's step (gathered weights, optimizer_state.safetensors).
+  fresh|safetensors|safetensors-full|dcp|ddp OUT H K
                            build the sharded model and optimizer, then load nothing / the safetensors
                            step / the same step the pre-slicing way (every rank reads the whole file) /
-                           the DCP step; report each rank's peak RSS.
+                           the DCP step / the DDP step; report each rank's peak RSS.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[s
     optimizer.zero_grad()
 
 
-def training_step(fmt: str, number: int = 1) -> TrainingStep:
+def training_step(fmt: str, number: int = 1, sharded: bool = True) -> TrainingStep:
     world = dist.get_world_size()
     return TrainingStep(
         step=number,
@@ -83,7 +84,7 @@ def training_step(fmt: str, number: int = 1) -> TrainingStep:
         batch_size=1,
         grad_accum_steps=1,
         mixed_precision="no",
-        topology=Topology(dp_shard=world),
+        topology=Topology(dp_shard=world) if sharded else Topology(dp_replicate=world),
         checkpoint_format=fmt,
         sampler=SamplerPosition(epoch=0, offset=0),
     )
@@ -96,10 +97,11 @@ def save(
     fmt: str,
     number: int,
     manifest: bool = True,
+    sharded: bool = True,
 ) -> None:
     ckpt_tools.save_checkpoint(
         out,
-        training_step(fmt, number),
+        training_step(fmt, number, sharded),
         model=model,
         optimizer=optimizer,
         policy_config={},
@@ -166,7 +168,14 @@ def write(out: str, hidden: int, blocks: int) -> dict[str, Any]:
     step(model, optimizer, batch)  # optimizer state exists
     save(f"{out}/safetensors", model, optimizer, "safetensors", 1)
     save(f"{out}/dcp", model, optimizer, "dcp", 1)
-    return {"bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    del model, optimizer
+    torch.manual_seed(0)  # a DDP run's checkpoint: every rank holds the whole model, as a DDP rank does
+    plain = MLPPolicy(MLPConfig(obs_dim=OBS_DIM, action_dim=ACTION_DIM, hidden_dim=hidden, blocks=blocks))
+    plain_optimizer = torch.optim.AdamW(plain.parameters(), lr=0.002, weight_decay=1e-4)
+    step(plain, plain_optimizer, batch)
+    save(f"{out}/ddp", plain, plain_optimizer, "safetensors", 1, sharded=False)
+    return {"bytes": size}
 
 
 def resume(mode: str, out: str, hidden: int, blocks: int) -> dict[str, Any]:
@@ -177,6 +186,8 @@ def resume(mode: str, out: str, hidden: int, blocks: int) -> dict[str, Any]:
         ckpt_tools.load_training_state(f"{out}/safetensors/000001", model=model, optimizer=optimizer)
     elif mode == "dcp":
         ckpt_tools.load_training_state(f"{out}/dcp/000001", model=model, optimizer=optimizer)
+    elif mode == "ddp":
+        ckpt_tools.load_training_state(f"{out}/ddp/000001", model=model, optimizer=optimizer)
     elif mode == "safetensors-full":  # how a resume read gathered weights before: the whole file per rank
         full = ckpt_tools.load_model_state_dict(f"{out}/safetensors/000001")
         set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))

@@ -3,7 +3,8 @@ enough for DTensor parameters, so the block-by-block load and its refusals run w
 
 One file, a sharded index (model.safetensors.index.json with two shards) and DCP shards load bit for bit, the
 replicated integer buffer included; a checkpoint lacking a tensor or holding one of another shape is
-refused with one line naming it, before any parameter changes."""
+refused with one line naming it, before any parameter changes. A non-sharded run's
+optimizer_state.safetensors goes into the sharded optimizer the same way, with the same refusals."""
 
 from __future__ import annotations
 
@@ -115,3 +116,50 @@ def test_a_tensor_missing_or_of_another_shape_is_refused(one_rank, saved, change
     assert str(refused.value) == message.format(file=_model_file(step))
     for name, tensor in _weights(model).items():
         assert torch.equal(tensor, before[name]), name
+
+
+def _sharded_run() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = _sharded_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.8, 0.95), weight_decay=0.1)
+    return model, optimizer
+
+
+def test_a_non_sharded_optimizer_state_loads_into_shards_bit_for_bit(one_rank, tmp_path) -> None:
+    model, optimizer, scheduler = make_run()
+    train(model, optimizer, scheduler, 2)
+    step = Path(save(tmp_path / "checkpoints", 2, model, optimizer, scheduler))
+    sharded, sharded_optimizer = _sharded_run()
+    ckpt_tools.load_training_state(step, model=sharded, optimizer=sharded_optimizer)
+    want = optimizer.state_dict()
+    got = sharded_optimizer.state_dict()
+    assert got["param_groups"] == want["param_groups"]  # betas stay a tuple
+    assert isinstance(got["param_groups"][0]["betas"], tuple)
+    for index, entry in want["state"].items():
+        for key, value in entry.items():
+            loaded = got["state"][index][key]
+            loaded = loaded.full_tensor() if isinstance(loaded, DTensor) else loaded
+            assert loaded.dtype == value.dtype and torch.equal(loaded, value), (index, key)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("drop", "{file} lacks state/2.weight/exp_avg (this optimizer's is [3, 7])"),
+        ("reshape", "{file} has shape [3, 6] for state/2.weight/exp_avg (this optimizer's is [3, 7])"),
+    ],
+)
+def test_an_optimizer_moment_missing_or_of_another_shape_is_refused(one_rank, saved, change, message) -> None:
+    step, _ = saved
+    path = step / layout.TRAINING_STATE_DIR / layout.OPTIMIZER_SAFETENSORS
+    tensors = load_file(path)
+    if change == "drop":
+        del tensors["state/2.weight/exp_avg"]
+    else:
+        tensors["state/2.weight/exp_avg"] = tensors["state/2.weight/exp_avg"][:, :6].contiguous()
+    save_file(tensors, path)
+    model, optimizer = _sharded_run()
+    with pytest.raises(ckpt_tools.CorruptCheckpointError) as refused:
+        ckpt_tools.load_training_state(step, model=model, optimizer=optimizer)
+    assert str(refused.value) == message.format(file=path) + (
+        "; resume with the model and optimizer settings the checkpoint was trained with"
+    )

@@ -113,14 +113,19 @@ def test_resume_restores_model_and_optimizer_across_topologies(written, resumed,
 
 
 def test_sharded_resume_from_safetensors_reads_only_each_ranks_rows(written):
-    """DDP's gathered model.safetensors into FSDP2 on 2 ranks (bit-exact above): each rank reads the
-    rows of its own shards with ranged reads, never the whole file, so together they read it once."""
+    """DDP's gathered model.safetensors and optimizer_state.safetensors into FSDP2 on 2 ranks (bit-exact
+    above): each rank reads the rows of its own shards with ranged reads, never a whole file, so
+    together they read each file once."""
     reads = torch.load(written / "resumed" / "ddp2_to_fsdp2.reads.pt", weights_only=True)
-    file_bytes = sum(t.nbytes for t in reference(written, "ddp2/reference.pt")["model"].values())
-    assert not any(rank["whole_file"] for rank in reads)
+    saved = reference(written, "ddp2/reference.pt")
+    file_bytes = sum(t.nbytes for t in saved["model"].values())
+    moments_bytes = sum(t.nbytes for state in saved["optim"]["state"].values() for t in state.values())
+    assert not any(rank["whole_file"] or rank["whole_optimizer"] for rank in reads)
     for rank in reads:
         assert 0 < rank["model_bytes"] <= rank["shard_bytes"] + 5 * 4  # + the replicated `scale` buffer
+        assert 0 < rank["optimizer_bytes"] <= rank["optimizer_shard_bytes"]  # its moments and step counts
     assert sum(rank["model_bytes"] for rank in reads) < 1.3 * file_bytes
+    assert sum(rank["optimizer_bytes"] for rank in reads) < 1.3 * moments_bytes
 
 
 def test_training_after_resume_matches_uninterrupted_training(written):

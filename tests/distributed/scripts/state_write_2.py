@@ -36,6 +36,12 @@ def resume(out: str, source: str, kind: str, name: str):
     reads["shard_bytes"] = sum(
         p.to_local().nbytes if hasattr(p, "to_local") else p.nbytes for p in model.parameters()
     )
+    reads["optimizer_shard_bytes"] = sum(
+        t.to_local().nbytes if hasattr(t, "to_local") else t.nbytes
+        for param_state in optimizer.state.values()
+        for t in param_state.values()
+        if torch.is_tensor(t)
+    )
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, reads)
     if dist.get_rank() == 0:
@@ -46,14 +52,16 @@ def resume(out: str, source: str, kind: str, name: str):
 
 @contextlib.contextmanager
 def counted_weight_reads():
-    """Count what this rank reads of `model.safetensors` (ranged reads through ckpt_tools.storage) and
-    whether the whole-file reader (`read_weight_set`) ran."""
-    reads = {"model_bytes": 0, "whole_file": False}
+    """Count what this rank reads of `model.safetensors` and `optimizer_state.safetensors` (ranged
+    reads through ckpt_tools.storage) and whether a whole-file reader (`read_weight_set`,
+    `read_optimizer_safetensors`) ran."""
+    reads = {"model_bytes": 0, "optimizer_bytes": 0, "whole_file": False, "whole_optimizer": False}
     open_file, read_weight_set = storage.open_file, load.read_weight_set
+    read_optimizer = load.read_optimizer_safetensors
 
     class Counting:
-        def __init__(self, handle):
-            self.handle = handle
+        def __init__(self, handle, counter):
+            self.handle, self.counter = handle, counter
 
         def __enter__(self):
             return self
@@ -66,22 +74,34 @@ def counted_weight_reads():
 
         def readinto(self, buffer):
             got = self.handle.readinto(buffer)
-            reads["model_bytes"] += got
+            reads[self.counter] += got
             return got
 
     def counting_open(path, *args, **kwargs):
         handle = open_file(path, *args, **kwargs)
-        return Counting(handle) if str(path).endswith("model.safetensors") else handle
+        for name, counter in (
+            ("model.safetensors", "model_bytes"),
+            ("optimizer_state.safetensors", "optimizer_bytes"),
+        ):
+            if str(path).endswith(name):
+                return Counting(handle, counter)
+        return handle
 
     def whole(*args, **kwargs):
         reads["whole_file"] = True
         return read_weight_set(*args, **kwargs)
 
+    def whole_optimizer(*args, **kwargs):
+        reads["whole_optimizer"] = True
+        return read_optimizer(*args, **kwargs)
+
     storage.open_file, load.read_weight_set = counting_open, whole
+    load.read_optimizer_safetensors = whole_optimizer
     try:
         yield reads
     finally:
         storage.open_file, load.read_weight_set = open_file, read_weight_set
+        load.read_optimizer_safetensors = read_optimizer
 
 
 def main(out: str) -> None:

@@ -33,7 +33,7 @@ from ckpt_tools.inspect import read_weight_map
 from ckpt_tools.loading import read_weight_set
 from ckpt_tools.locate import read_training_step, resolve_model_dir
 from ckpt_tools.meta import TrainingStep
-from ckpt_tools.optim_codec import read_optimizer_safetensors, restore_tuples
+from ckpt_tools.optim_codec import read_optimizer_safetensors, read_optimizer_skeleton, restore_tuples
 from ckpt_tools.safetensors_io import SafetensorsHeader, read_safetensors_header
 from ckpt_tools.tensor_io import (
     dcp_load,
@@ -56,8 +56,8 @@ def load_training_state(
 
     Loads whatever format the step holds into the current topology. DCP shards are resharded by torch
     (N -> M ranks, FSDP2 <-> HSDP, sharded -> DDP/plain). Gathered safetensors weights go into a
-    sharded model block by block: each rank reads only its own shards' rows. A non-sharded run's
-    `optimizer_state.safetensors` is a full state dict: every rank reads it and keeps its own shard.
+    sharded model block by block: each rank reads only its own shards' rows; a non-sharded run's
+    `optimizer_state.safetensors` goes into a sharded optimizer the same way.
     A sharded run's checkpoint without `optimizer_0/` (an older release's gathered optimizer) is
     refused with `LegacyCheckpointError`. `step_dir` may also be `last` or an output_dir.
     """
@@ -117,17 +117,23 @@ def _load_full_into_shards(weights: WeightSet, model: nn.Module) -> None:
                 f"{header.path}: {name} has shape {list(header.tensors[name].shape)}, the model's is "
                 f"{list(value.shape)}; resume from a checkpoint of this model"
             )
-    with torch.no_grad():
-        for name, value in state.items():
-            header = headers[name]
-            if isinstance(value, DTensor):
-                shape, offset = compute_local_shape_and_global_offset(
-                    value.shape, value.device_mesh, value.placements
-                )
-                value.to_local().copy_(read_safetensors_block(header, name, offset, shape))
-            else:  # a replicated tensor (a buffer, an ignored module): whole
-                value.copy_(read_safetensors_block(header, name, (0,) * value.dim(), tuple(value.shape)))
+    for name, value in state.items():
+        _copy_own_block(headers[name], name, value)
     set_model_state_dict(model, state)
+
+
+def _copy_own_block(header: SafetensorsHeader, name: str, value: torch.Tensor) -> None:
+    """Fill `value` from tensor `name` of a gathered safetensors file: a DTensor from the block its
+    local shard holds (one ranged read), a replicated tensor (a buffer, an ignored module, a step
+    count) whole."""
+    with torch.no_grad():
+        if isinstance(value, DTensor):
+            shape, offset = compute_local_shape_and_global_offset(
+                value.shape, value.device_mesh, value.placements
+            )
+            value.to_local().copy_(read_safetensors_block(header, name, offset, shape))
+        else:
+            value.copy_(read_safetensors_block(header, name, (0,) * value.dim(), tuple(value.shape)))
 
 
 def _headers_by_tensor(weights: WeightSet) -> dict[str, SafetensorsHeader]:
@@ -198,8 +204,41 @@ def _load_optimizer(
             f"{state_dir} has neither {layout.OPTIMIZER_DCP_DIR}/ nor {layout.OPTIMIZER_SAFETENSORS}; "
             "the checkpoint is incomplete: resume from an earlier step"
         )
-    osd = read_optimizer_safetensors(state_dir, optimizer)
     before = [dict(group) for group in optimizer.param_groups]
-    options = StateDictOptions(full_state_dict=is_sharded(model))
-    set_optimizer_state_dict(model, optimizer, osd, options=options)
-    restore_tuples(optimizer.param_groups, before)  # torch's full-state path flattens tuples to lists
+    if is_sharded(model):
+        _load_full_optimizer_into_shards(state_dir, model, optimizer)
+    else:
+        set_optimizer_state_dict(model, optimizer, read_optimizer_safetensors(state_dir, optimizer))
+    restore_tuples(optimizer.param_groups, before)  # torch's state-dict paths may turn tuples into lists
+
+
+def _load_full_optimizer_into_shards(
+    state_dir: str, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """A non-sharded run's `optimizer_state.safetensors` into a sharded model's optimizer (DDP resumed
+    as FSDP2): each rank reads only the blocks of its own shards' moments, as `_load_full_into_shards`
+    does for the weights, never the whole file (twice the weights for AdamW) on every rank."""
+    saved, header = read_optimizer_skeleton(state_dir, optimizer)
+    osd: dict[str, Any] = get_optimizer_state_dict(model, optimizer)  # this rank's shards, to fill
+    state: dict[str, dict[str, Any]] = {}
+    for fqn, param_state in osd["state"].items():
+        tensors = {
+            f"state/{fqn}/{name}": value for name, value in param_state.items() if torch.is_tensor(value)
+        }
+        if fqn not in saved["state"] and not any(key in header.tensors for key in tensors):
+            continue  # a parameter the saved run never stepped keeps no state, as in a full load
+        for key, value in tensors.items():  # every tensor checked before the first copy
+            found = header.tensors.get(key)
+            if found is None or tuple(found.shape) != tuple(value.shape):
+                what = "lacks" if found is None else f"has shape {list(found.shape)} for"
+                raise CorruptCheckpointError(
+                    f"{header.path} {what} {key} (this optimizer's is {list(value.shape)}); resume with the "
+                    "model and optimizer settings the checkpoint was trained with"
+                )
+        state[fqn] = {**saved["state"].get(fqn, {}), **param_state}
+    for fqn, param_state in state.items():
+        for name, entry in param_state.items():
+            if torch.is_tensor(entry):
+                _copy_own_block(header, f"state/{fqn}/{name}", entry)
+    loaded: dict[str, Any] = {"state": state, "param_groups": saved["param_groups"]}
+    set_optimizer_state_dict(model, optimizer, loaded)

@@ -14,7 +14,8 @@ import torch
 
 from ckpt_tools import layout, manifest, storage
 from ckpt_tools.digest import Recorder
-from ckpt_tools.tensor_io import read_safetensors, write_safetensors
+from ckpt_tools.safetensors_io import SafetensorsHeader, read_safetensors_header
+from ckpt_tools.tensor_io import read_safetensors, read_safetensors_block, write_safetensors
 
 
 def write_optimizer_safetensors(
@@ -53,6 +54,30 @@ def read_optimizer_safetensors(state_dir: str, optimizer: torch.optim.Optimizer 
     """The name-keyed optimizer state dict of a non-sharded run. JSON has no tuples: a list is turned
     back into a tuple where `optimizer`'s own value is one (AdamW's betas), so the round trip is exact."""
     tensors, metadata = read_safetensors(layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS))
+    return _assemble(state_dir, tensors, metadata, optimizer)
+
+
+def read_optimizer_skeleton(
+    state_dir: str, optimizer: torch.optim.Optimizer | None = None
+) -> tuple[dict, SafetensorsHeader]:
+    """The same state dict without its per-parameter tensors (param groups, with any tensor-valued
+    hyperparameter, and the non-tensor per-parameter values), and the file's header to read those
+    tensors from block by block: what a sharded model needs, without the whole file in memory."""
+    header = read_safetensors_header(layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS))
+    hyper = {
+        key: read_safetensors_block(header, key, (0,) * len(info.shape), info.shape)
+        for key, info in header.tensors.items()
+        if key.startswith("param_groups/")
+    }
+    return _assemble(state_dir, hyper, header.metadata, optimizer), header
+
+
+def _assemble(
+    state_dir: str,
+    tensors: dict[str, torch.Tensor],
+    metadata: dict[str, str],
+    optimizer: torch.optim.Optimizer | None,
+) -> dict:
     groups = storage.read_json(layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS))
     state: dict[str, dict[str, Any]] = json.loads(metadata.get("state_extras", "{}"))
     for key, tensor in tensors.items():
