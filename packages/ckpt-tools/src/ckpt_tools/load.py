@@ -190,7 +190,10 @@ def _load_optimizer(
 ) -> None:
     dcp_dir = layout.join(state_dir, layout.OPTIMIZER_DCP_DIR)
     if storage.exists(layout.join(dcp_dir, layout.DCP_METADATA)):
-        osd = get_optimizer_state_dict(model, optimizer)
+        saved_paths = validate_dcp_metadata(dcp_dir).paths.values()
+        osd: dict[str, Any] = get_optimizer_state_dict(model, optimizer)
+        if saved_paths and all(path[0] == "param_groups" for path in saved_paths):
+            osd["state"] = {}  # saved before its first update (`save._optimizer_state`): stays without state
         dcp_load(osd, dcp_dir, group.pg, group.distributed)
         set_optimizer_state_dict(model, optimizer, osd)
         return

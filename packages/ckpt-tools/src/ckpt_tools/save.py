@@ -350,12 +350,27 @@ def _save_optimizer(
     write_dcp: WriteDcp,
 ) -> None:
     if is_sharded(model):
-        write_dcp(
-            get_optimizer_state_dict(model, optimizer), layout.join(state_dir, layout.OPTIMIZER_DCP_DIR)
-        )
+        write_dcp(_optimizer_state(model, optimizer), layout.join(state_dir, layout.OPTIMIZER_DCP_DIR))
         return
-    osd = get_optimizer_state_dict(model, optimizer, options=_FULL_ON_MAIN)
+    osd = _optimizer_state(model, optimizer, _FULL_ON_MAIN)
     group.on_main(write_optimizer_safetensors, state_dir, osd, recorder)
+
+
+def _optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, options: StateDictOptions | None = None
+) -> dict[str, Any]:
+    """The optimizer's state dict, without changing a never-stepped optimizer. torch's helper creates
+    the missing state by running a step at learning rate 0, which AdamW counts as its first step: the
+    first real update would then come out smaller than in a run that never saved (bias correction of
+    step 2). Such an optimizer (its first updates skipped by an fp16 loss scaler, or stopped at step 1)
+    is left without state and saved with none, which a resume restores as it is."""
+    never_stepped = not optimizer.state
+    osd: dict[str, Any] = get_optimizer_state_dict(model, optimizer, options=options)
+    if never_stepped:
+        optimizer.state.clear()
+        if osd:  # empty on the ranks that do not write a gathered state
+            osd["state"] = {}
+    return osd
 
 
 def _write_side_files(
