@@ -18,7 +18,7 @@ in the same run (2 gloo ranks, CPU), so a loaded machine slows both sides alike.
    state, each rank reading only its own rows of both).
 
 Usage: python benchmarks/bench_engine.py [--hidden 512] [--blocks 4] [--batch 128] [--steps 40]
-       [--repeat 5] [--save-hidden 1024] [--save-blocks 8] [--save-rounds 12]
+       [--repeat 5] [--save-hidden 1024] [--save-blocks 8] [--save-rounds 20]
        [--resume-hidden 2048] [--resume-blocks 12] [--workdir DIR]
 """
 
@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--save-hidden", type=int, default=1024)
     parser.add_argument("--save-blocks", type=int, default=8)
-    parser.add_argument("--save-rounds", type=int, default=12)
+    parser.add_argument("--save-rounds", type=int, default=20)
     parser.add_argument("--resume-hidden", type=int, default=2048)
     parser.add_argument("--resume-blocks", type=int, default=12)
     parser.add_argument("--workdir", type=Path, default=None)
