@@ -241,6 +241,7 @@ def test_async_save_writes_the_state_of_its_step(shard_root, cache):
     """The background write holds the state staged at step 2, bit for bit what a synchronous save wrote,
     although training went on while it was written."""
     from ckpt_tools.loading import read_dcp_full
+    from ckpt_tools.tensor_io import read_safetensors
 
     sync, _ = shard_failure_run(shard_root, cache, "sync")
     background, _ = shard_failure_run(shard_root, cache, "async")
@@ -248,6 +249,10 @@ def test_async_save_writes_the_state_of_its_step(shard_root, cache):
         want = read_dcp_full(str(sync / "checkpoints" / "000002" / part))
         got = read_dcp_full(str(background / "checkpoints" / "000002" / part))
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), part
+    rng = "checkpoints/000002/training_state/rng_state.safetensors"
+    (want, want_meta), (got, got_meta) = (read_safetensors(str(run / rng)) for run in (sync, background))
+    assert got_meta == want_meta  # the python and numpy states: taken at step 2, not at the commit
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
 def test_async_save_commits_only_when_written_and_a_kill_mid_write_keeps_last(tmp_path, cache):
