@@ -9,9 +9,12 @@ checkpoint stores (a DCP record's path, an index entry) inside the directory tha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
+import threading
+from collections.abc import Iterator
 from typing import IO, Any
 
 import fsspec
@@ -45,7 +48,36 @@ def resolve(path: str | os.PathLike[str]) -> tuple[fsspec.AbstractFileSystem, st
     if "://" not in text:
         return url_to_fs(os.path.abspath(os.path.expanduser(text)))
     fs, inner = url_to_fs(text, **FSSPEC_OPTIONS)
+    listing = getattr(_LISTED, "root", None)
+    if listing is not None and (inner == listing[1] or inner.startswith(listing[1] + "/")):
+        return listing[0], inner
     return fs, inner
+
+
+_LISTED = threading.local()  # .root: (client with a listing cache, the listed path), inside `listed`
+_LISTING_LOCK = threading.Lock()  # one listed walk at a time: they share that client
+
+
+@contextlib.contextmanager
+def listed(root: str | os.PathLike[str]) -> Iterator[None]:
+    """Answer the existence, type and size questions about paths under `root` on an object store from
+    one listing of everything below it, taken on entry, instead of a request each. For read-only walks
+    (verifying a step asks about some twenty files): a write inside the block, or by another process
+    meanwhile, is not seen. Local paths, and a block nested in another, read as they are."""
+    fs, inner = resolve(root)
+    if is_local(fs) or getattr(_LISTED, "root", None) is not None:
+        yield
+        return
+    with _LISTING_LOCK:
+        cached, _ = url_to_fs(os.fspath(root), use_listings_cache=True, listings_expiry_time=None)
+        cached.invalidate_cache()
+        try:
+            cached.find(inner, withdirs=True)  # fills the client's cache with every directory below
+            _LISTED.root = (cached, inner.rstrip("/"))
+            yield
+        finally:
+            _LISTED.root = None
+            cached.invalidate_cache()
 
 
 def exists(path: str | os.PathLike[str]) -> bool:

@@ -101,6 +101,11 @@ def verify_checkpoint(path: str | os.PathLike[str], *, deep: bool = False) -> Ve
         return VerifyReport(text, (), (_one_line(exc),))
     if target != text.rstrip("/"):
         findings.checked.append(f"{layout.LAST} names a step directory inside {layout.CHECKPOINTS_DIR}/")
+    with storage.listed(target):  # on a bucket: one listing instead of a request per file asked about
+        return _verify_target(text, target, findings, deep)
+
+
+def _verify_target(text: str, target: str, findings: _Findings, deep: bool) -> VerifyReport:
     cat = catalog(target)
     if cat.layout == SAFETENSORS_FILE:
         findings.run(f"{target}: safetensors header", read_safetensors_header, target)
