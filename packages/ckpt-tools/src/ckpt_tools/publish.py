@@ -332,13 +332,8 @@ def _publish_fsspec(uploads: dict[str, str | bytes], target: str) -> PublishResu
     return PublishResult(url=target, commit_oid=None, files=sorted(uploads))
 
 
-# A whole-file copy reads in pieces of this size, one request each: a 1 MiB read-ahead made a push 2x
-# slower than 8 MiB reads, and 4 MiB without read-ahead cost less memory than either.
-_PUSH_PIECE = 4 * 2**20
-
-
 def _write(fs: Any, dest: str, source: str | bytes) -> None:
-    """Stream one file to the target in `_PUSH_PIECE` reads, uploaded in `storage.STREAM_BLOCK` parts
+    """Stream one file to the target in `storage.SEQUENTIAL_PIECE` reads, uploaded in `storage.STREAM_BLOCK` parts
     (bounded memory on any store)."""
     parts = {} if storage.is_local(fs) else {"block_size": storage.STREAM_BLOCK}
     with fs.open(dest, "wb", **parts) as out:
@@ -346,7 +341,7 @@ def _write(fs: Any, dest: str, source: str | bytes) -> None:
             out.write(source)
             return
         with storage.open_sequential(source) as src:
-            while chunk := src.read(_PUSH_PIECE):
+            while chunk := src.read(storage.SEQUENTIAL_PIECE):
                 out.write(chunk)
 
 
