@@ -1,10 +1,11 @@
 """A small Hugging Face Hub-compatible HTTP server for the publishing tests.
 
-It implements the endpoints huggingface_hub uses to create a model repo and commit files to it
-(`/work/shared/HUB-FACTS.md` lists what the client sends), keeps repos, commits and LFS objects in
-memory, and can be told to fail a route with a given status. It runs on 127.0.0.1 with a random port
-in a background thread, so the real client (`HfApi(endpoint=server.url)`) runs end to end with no
-network. The client must run with `HF_HUB_DISABLE_XET=1` (set before huggingface_hub is imported).
+It implements the endpoints huggingface_hub uses to create a model repo and commit files to it (the
+requests of `HfApi.create_repo`, `create_commit` and `preupload_lfs_files`), keeps repos, commits and
+LFS objects in memory, and can be told to fail a route with a given status. It runs on 127.0.0.1 with
+a random port in a background thread, so the real client (`HfApi(endpoint=server.url)`) runs end to
+end with no network. The client must run with `HF_HUB_DISABLE_XET=1` (set before huggingface_hub is
+imported).
 """
 
 from __future__ import annotations
