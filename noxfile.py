@@ -108,16 +108,19 @@ def demo_epilogue(output: str, bin_dir: str) -> str:
 # file name is under tests/ckpt_tools/, a path (with a /) under tests/.
 ADAPTER_ROUND_TRIP = "trainer/test_peft_engine.py::test_adapter_checkpoint_round_trip"
 MUTATION_TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "safe_pickle": ("safe_pickle.py", ("test_safe_pickle.py", "test_dcp_index.py")),
-    "commit": ("commit.py", ("test_storage_commit.py", "test_last_never_absent.py", "test_retention.py")),
-    "dcp_index": ("dcp_index.py", ("test_dcp_index.py", "test_convert_guarantees.py", "test_safe_pickle.py")),
+    "safe_pickle": ("dcp/safe_pickle.py", ("test_safe_pickle.py", "test_dcp_index.py")),
+    "commit": (
+        "files/commit.py",
+        ("test_storage_commit.py", "test_last_never_absent.py", "test_retention.py"),
+    ),
+    "dcp_index": ("dcp/index.py", ("test_dcp_index.py", "test_convert_guarantees.py", "test_safe_pickle.py")),
     "convert": (
-        "convert.py",
+        "tools/convert.py",
         ("test_convert_guarantees.py", "test_convert_outputs.py", "test_convert_cli.py"),
     ),
-    "save": ("save.py", ("test_state_single.py", ADAPTER_ROUND_TRIP)),
+    "save": ("state/save.py", ("test_state_single.py", ADAPTER_ROUND_TRIP)),
     "load": (
-        "load.py",
+        "state/training_load.py",
         (
             "test_state_single.py",
             "test_load_into_shards.py",
@@ -125,7 +128,7 @@ MUTATION_TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
             ADAPTER_ROUND_TRIP,
         ),
     ),
-    "publish": ("publish.py", ("test_publish_hub.py", "test_publish_files.py")),
+    "publish": ("tools/publish.py", ("test_publish_hub.py", "test_publish_files.py")),
 }
 
 # cosmic-ray replaces each arithmetic/bitwise operator by ten others; keep one replacement per site

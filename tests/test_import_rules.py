@@ -2,6 +2,9 @@
 
 - inside each package, imports flow one way: no module reaches itself again through its imports,
   counting every import statement, those inside functions included;
+- each package's folders are its layers (`LAYERS`, lowest first): a module imports only from its own
+  layer or the layers below it;
+- the metadata path of ckpt_tools (format, files, dcp, catalog) never imports torch;
 - ckpt_tools never imports accelerate, peft or trainer;
 - the trainer uses only the names `ckpt_tools/__init__.py` exports (`import ckpt_tools` then
   `ckpt_tools.<name>`, or `from ckpt_tools import <name>`), never a ckpt_tools submodule directly.
@@ -70,6 +73,44 @@ def _edges(package: str) -> dict[str, set[str]]:
     return edges
 
 
+# The layers of each package, lowest first: the first name below the package (a folder, or a module at
+# its root). The package's `__init__` (the export table) is not a layer.
+LAYERS = {
+    "ckpt_tools": (
+        "errors",
+        "format",
+        "files",
+        "dcp",
+        "catalog",
+        "tensors",
+        "reports",
+        "state",
+        "tools",
+        "cli",
+    ),
+}
+
+
+def _layer(package: str, module: str) -> int:
+    top = module.split(".")[1]
+    layers = LAYERS[package]
+    assert top in layers, (
+        f"{module} is in no layer of {package}: add its folder to LAYERS (and docs/architecture.md)"
+    )
+    return layers.index(top)
+
+
+def _upward_imports(package: str) -> list[str]:
+    """`module -> target` for every import that goes up a layer."""
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in _edges(package).items()
+        if module != package
+        for target in targets
+        if _layer(package, target) > _layer(package, module)
+    )
+
+
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan, iterative)."""
     index: dict[str, int] = {}
@@ -125,6 +166,41 @@ def test_cycle_finder_sees_a_cycle_through_a_function_level_import(tmp_path: Pat
         assert _cycles(_edges("pkg")) == [["pkg.a", "pkg.b"]]
     finally:
         del SOURCES["pkg"]
+
+
+def test_layer_rule_sees_an_upward_import_inside_a_function(tmp_path: Path) -> None:
+    """The rule can fail: a low layer that imports a higher one, inside a function."""
+    package = tmp_path / "pkg"
+    for folder in ("low", "high"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "high" / "b.py").write_text("from pkg.low import a\n")
+    (package / "low" / "a.py").write_text("def f():\n    from pkg.high.b import g\n")
+    SOURCES["pkg"], LAYERS["pkg"] = tmp_path, ("low", "high")
+    try:
+        assert _upward_imports("pkg") == ["pkg.low.a -> pkg.high.b"]
+    finally:
+        del SOURCES["pkg"], LAYERS["pkg"]
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_imports_go_down_the_layers(package: str) -> None:
+    upward = _upward_imports(package)
+    assert not upward, f"imports that go up a layer of {package}: " + "; ".join(upward)
+
+
+def test_the_metadata_path_never_imports_torch() -> None:
+    torch_free = ("errors", "format", "files", "dcp", "catalog")
+    offenders = [
+        f"{module}: {target}"
+        for module, path in _modules("ckpt_tools").items()
+        if module != "ckpt_tools" and module.split(".")[1] in torch_free
+        for _, targets in _imports(module, path)
+        for target in targets
+        if target.split(".")[0] == "torch"
+    ]
+    assert not offenders, f"torch on the metadata path: {offenders}"
 
 
 @pytest.mark.parametrize("package", ["ckpt_tools", "trainer"])

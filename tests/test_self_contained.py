@@ -9,13 +9,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # Assembled from pieces so that this file does not match itself.
-OUTSIDE = re.compile("|".join([r"\.\./" + "shared", "/" + "work/", "shared" + r"/fixtures", "SHARED" + "_FIXTURES"]))
+OUTSIDE = re.compile(
+    "|".join([r"\.\./" + "shared", "/" + "work/", "shared" + r"/fixtures", "SHARED" + "_FIXTURES"])
+)
 
 
 def _tracked_text_files() -> list[Path]:
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
     paths = [REPO / name for name in listed.decode().split("\0") if name]
-    return [path for path in paths if path.is_file() and not path.is_symlink() and b"\0" not in path.read_bytes()[:8192]]
+    return [
+        path
+        for path in paths
+        if path.is_file() and not path.is_symlink() and b"\0" not in path.read_bytes()[:8192]
+    ]
 
 
 def test_no_tracked_file_refers_outside_the_repository() -> None:
@@ -28,7 +34,9 @@ def test_no_tracked_file_refers_outside_the_repository() -> None:
 
 
 def test_the_third_party_fixtures_are_committed() -> None:
-    listed = subprocess.run(["git", "ls-files", "tests/fixtures"], cwd=REPO, capture_output=True, text=True, check=True)
+    listed = subprocess.run(
+        ["git", "ls-files", "tests/fixtures"], cwd=REPO, capture_output=True, text=True, check=True
+    )
     names = set(listed.stdout.split())
     for required in (
         "tests/fixtures/lerobot/dataset_tiny/meta/info.json",

@@ -17,7 +17,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
 from ckpt_tools import layout
-from ckpt_tools.meta import SamplerPosition, Topology, TrainingStep
+from ckpt_tools.format.meta import SamplerPosition, Topology, TrainingStep
 
 _HERE = Path(__file__).parent
 _FSDP_RUNS: dict[str, Path] = {}

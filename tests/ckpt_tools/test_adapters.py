@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from ckpt_tools.adapters import merge_lora
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.state.adapters import merge_lora
 
 
 class Tiny(nn.Module):

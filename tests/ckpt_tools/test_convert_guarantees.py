@@ -105,7 +105,7 @@ def test_chunk_checks_refuse_before_the_first_byte(tmp_path: Path, offsets, size
 
 
 def test_a_written_header_unlike_the_plan_is_refused_and_discarded(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import ckpt_tools.convert as convert
+    import ckpt_tools.tools.convert as convert
 
     class Misnaming(convert.SafetensorsStreamWriter):  # type: ignore[misc,name-defined]
         """A writer bug: the header names one tensor differently from the plan."""
@@ -162,7 +162,7 @@ def test_fallback_loader_runs_no_pickle_payload(tmp_path: Path) -> None:
 
 _MEASURE = """
 import json, sys
-import ckpt_tools.convert as convert
+import ckpt_tools.tools.convert as convert
 before = peak_kib()
 convert.convert_dcp_to_safetensors(sys.argv[1], sys.argv[2])
 print(json.dumps({"grew_kib": peak_kib() - before, "torch": "torch" in sys.modules}))

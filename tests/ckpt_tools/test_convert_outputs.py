@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import save_file
 
 from ckpt_tools import convert_dcp_to_safetensors, convert_safetensors_to_dcp, layout
-from ckpt_tools.convert import parse_size
 from ckpt_tools.errors import CheckpointError
+from ckpt_tools.tools.convert import parse_size
 
 
 @pytest.mark.parametrize(

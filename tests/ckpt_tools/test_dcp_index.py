@@ -12,14 +12,14 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from ckpt_tools.dcp_index import ChunkEntry, locate_chunk_data, model_tensors, read_dcp_index
-from ckpt_tools.dtypes import SAFETENSORS_TO_TORCH
+from ckpt_tools.dcp.index import ChunkEntry, locate_chunk_data, model_tensors, read_dcp_index
 from ckpt_tools.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
     NotACheckpointError,
     UnsafePickleError,
 )
+from ckpt_tools.format.dtypes import SAFETENSORS_TO_TORCH
 
 
 def _save(path, state) -> str:
@@ -68,7 +68,7 @@ def test_chunk_bytes_located_by_offset_equal_torch(plain) -> None:
 
 def test_index_needs_no_torch(plain) -> None:
     code = (
-        "import sys; from ckpt_tools.dcp_index import read_dcp_index; "
+        "import sys; from ckpt_tools.dcp.index import read_dcp_index; "
         f"i = read_dcp_index({plain[0]!r}); assert 'torch' not in sys.modules; print(len(i.tensors))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -139,7 +139,7 @@ def test_malicious_metadata_is_refused_and_not_executed(tmp_path) -> None:
 
 
 def test_file_problems_are_all_listed_when_not_checked_on_read(tmp_path) -> None:
-    from ckpt_tools.dcp_index import dcp_file_problems
+    from ckpt_tools.dcp.index import dcp_file_problems
 
     path = _save(tmp_path / "t", {"w": torch.randn(64, 64)})
     shard = next(n for n in os.listdir(path) if n.endswith(".distcp"))

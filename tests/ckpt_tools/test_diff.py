@@ -12,9 +12,16 @@ import torch
 from report_fixtures import fsdp_checkpoint, run_ckpt, tiny_model_state, write_step_dir
 from safetensors.torch import save, save_file
 
-from ckpt_tools import diff as diff_module
 from ckpt_tools import layout
-from ckpt_tools.diff import DIFFERENT, DTYPE_CHANGED, EQUAL, SHAPE_CHANGED, diff_checkpoints, value_difference
+from ckpt_tools.reports import diff as diff_module
+from ckpt_tools.reports.diff import (
+    DIFFERENT,
+    DTYPE_CHANGED,
+    EQUAL,
+    SHAPE_CHANGED,
+    diff_checkpoints,
+    value_difference,
+)
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,10 @@ from report_fixtures import fsdp_checkpoint, run_ckpt, tiny_model_state, write_s
 from safetensors.torch import save_file
 
 from ckpt_tools import layout
-from ckpt_tools.dcp_index import read_dcp_index
-from ckpt_tools.dtypes import safetensors_code
+from ckpt_tools.dcp.index import read_dcp_index
 from ckpt_tools.errors import NotACheckpointError
-from ckpt_tools.inspect import describe_checkpoint
+from ckpt_tools.format.dtypes import safetensors_code
+from ckpt_tools.reports.describe import describe_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ import torch
 from report_fixtures import tiny_model_state, write_step_dir
 from safetensors.torch import load_file
 
-from ckpt_tools import commit
-from ckpt_tools.verify import verify_checkpoint
+from ckpt_tools.files import commit
+from ckpt_tools.reports.verify import verify_checkpoint
 
 _COMPLETE = ("pretrained_model/model.safetensors", "training_state/training_step.json")
 _MUTATING_EVENTS = {"os.remove", "os.rename", "os.symlink", "os.rmdir", "os.link", "shutil.rmtree"}

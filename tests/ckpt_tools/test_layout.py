@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from ckpt_tools import layout, locate
+from ckpt_tools import layout
 from ckpt_tools.errors import CheckpointNotFoundError, CorruptCheckpointError
+from ckpt_tools.files import locate
 
 
 def test_step_names_sort_numerically():

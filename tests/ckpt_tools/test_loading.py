@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 import ckpt_tools
 from ckpt_tools import layout
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, UnsafePickleError
-from ckpt_tools.processors import ProcessorState
+from ckpt_tools.state.processor_state import ProcessorState
 from helpers.pickle_payload import malicious_dcp_metadata
 from helpers.tiny_run import make_run, save, train, training_step
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ckpt_tools.errors import CorruptCheckpointError, LegacyCheckpointError, UnsupportedVersionError
-from ckpt_tools.meta import FORMAT_VERSION, SamplerPosition, Topology, TrainingStep
+from ckpt_tools.format.meta import FORMAT_VERSION, SamplerPosition, Topology, TrainingStep
 
 
 def make_step(**overrides):

@@ -14,8 +14,8 @@ from publish_fixtures import SINGLE_FILES, make_step_dir, sha256, snapshot, tens
 
 from ckpt_tools import PublishError, layout, publish_model, select_publish_files
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError
-from ckpt_tools.model_card import gather_card_info, render_model_card
-from ckpt_tools.publish import is_fsspec_target
+from ckpt_tools.tools.model_card import gather_card_info, render_model_card
+from ckpt_tools.tools.publish import is_fsspec_target
 
 
 def _model(step_dir):

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from ckpt_tools.errors import ResumeRefusedError
-from ckpt_tools.meta import SamplerPosition, Topology, TrainingStep
-from ckpt_tools.resume import RunShape, plan_resume
+from ckpt_tools.format.meta import SamplerPosition, Topology, TrainingStep
+from ckpt_tools.state.resume_plan import RunShape, plan_resume
 
 SAVED = TrainingStep(
     step=30,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ckpt_tools import commit, storage
+from ckpt_tools.files import commit, storage
 
 
 def committed(root, *steps: int) -> None:

@@ -19,9 +19,9 @@ from helpers.high_water import run_child
 
 _MEASURE = """
 import json, sys
-from ckpt_tools import storage
-from ckpt_tools.convert import convert_dcp_to_safetensors
-from ckpt_tools.publish import publish_model
+from ckpt_tools.files import storage
+from ckpt_tools.tools.convert import convert_dcp_to_safetensors
+from ckpt_tools.tools.publish import publish_model
 command, source, target = sys.argv[1:]
 storage.list_names(source)
 before = peak_kib()

@@ -19,8 +19,9 @@ import pytest
 from fsspec.asyn import sync_wrapper
 from report_fixtures import tiny_model_state, write_step_dir
 
-from ckpt_tools import commit, layout, storage
-from ckpt_tools.verify import verify_checkpoint
+from ckpt_tools import layout
+from ckpt_tools.files import commit, storage
+from ckpt_tools.reports.verify import verify_checkpoint
 
 # The store operations a commit performs (s3fs's coroutines under fsspec's sync methods).
 MUTATIONS = ("_cp_file", "_rm", "_rm_file", "_pipe_file", "_put_file")
@@ -136,8 +137,8 @@ def test_safetensors_to_dcp_on_the_bucket(s3_bucket, template):
     """`ckpt convert --to dcp` of a model in a bucket: the file is streamed to a local temporary copy
     (memory stays bounded), and the DCP directory, written under a temporary name, is moved into place
     object by object (the store has no directory rename)."""
-    from ckpt_tools.convert import convert_safetensors_to_dcp
-    from ckpt_tools.tensor_io import read_dcp_full, read_safetensors
+    from ckpt_tools.tensors.tensor_io import read_dcp_full, read_safetensors
+    from ckpt_tools.tools.convert import convert_safetensors_to_dcp
 
     model_dir = f"{s3_bucket}/model"
     source = template / "new" / "000004" / "pretrained_model" / layout.MODEL_SAFETENSORS

@@ -10,13 +10,13 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from ckpt_tools.errors import CorruptCheckpointError, UnsafePickleError
-from ckpt_tools.safe_pickle import (
+from ckpt_tools.dcp.safe_pickle import (
     Metadata,
     TensorStorageMetadata,
     load_tensor_record,
     restricted_loads,
 )
+from ckpt_tools.errors import CorruptCheckpointError, UnsafePickleError
 
 
 class _CreatesFile:

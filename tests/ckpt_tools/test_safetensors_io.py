@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from ckpt_tools.errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError
-from ckpt_tools.safetensors_io import SafetensorsTensorInfo, read_safetensors_header
+from ckpt_tools.files.safetensors_io import SafetensorsTensorInfo, read_safetensors_header
 
 
 def raw_file(path: Path, header: dict, data: bytes = b"", pad: bytes = b"") -> Path:

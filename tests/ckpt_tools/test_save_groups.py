@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import ckpt_tools
-from ckpt_tools import save
+from ckpt_tools.state import save
 
 
 def _start(rendezvous: Path) -> None:

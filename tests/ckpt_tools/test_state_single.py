@@ -12,10 +12,12 @@ import torch
 from safetensors.torch import load_file
 
 import ckpt_tools
-from ckpt_tools import layout, optim_codec, rng, storage
-from ckpt_tools import save as save_module
+from ckpt_tools import layout
 from ckpt_tools.errors import LegacyCheckpointError
-from ckpt_tools.processors import ProcessorState
+from ckpt_tools.files import storage
+from ckpt_tools.state import optim_codec, rng
+from ckpt_tools.state import save as save_module
+from ckpt_tools.state.processor_state import ProcessorState
 from helpers.tiny_run import (
     assert_same_optimizer_state,
     assert_same_tensors,

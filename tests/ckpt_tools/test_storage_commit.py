@@ -12,9 +12,9 @@ import torch
 from report_fixtures import run_ckpt, tiny_model_state, write_step_dir
 from safetensors.torch import load
 
-from ckpt_tools import commit, locate, storage
 from ckpt_tools.errors import CorruptCheckpointError
-from ckpt_tools.verify import verify_checkpoint
+from ckpt_tools.files import commit, locate, storage
+from ckpt_tools.reports.verify import verify_checkpoint
 
 
 def commit_step(tmp: str, root: str | os.PathLike[str], step: int) -> str:

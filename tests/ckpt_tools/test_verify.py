@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from ckpt_tools import layout
 from ckpt_tools.errors import CheckpointNotFoundError, NotACheckpointError
-from ckpt_tools.verify import verify_checkpoint
+from ckpt_tools.reports.verify import verify_checkpoint
 
 
 @pytest.fixture(scope="module")

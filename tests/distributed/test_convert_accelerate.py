@@ -63,7 +63,7 @@ def test_save_state_is_read_by_every_command_as_accelerate_s_layout(saved: Path,
     optimizer state only: load, inspect, verify, diff and push agree on it (no new launch)."""
     import ckpt_tools
     from ckpt_tools.catalog import ACCELERATE_DCP, catalog
-    from ckpt_tools.diff import diff_checkpoints
+    from ckpt_tools.reports.diff import diff_checkpoints
 
     shards = saved / "state" / layout.MODEL_DCP_DIR
     reference = torch.load(saved / "reference.pt")["state"]

@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 
 import ckpt_tools
-from ckpt_tools.tensor_io import read_dcp_full
+from ckpt_tools.tensors.tensor_io import read_dcp_full
 from helpers.launch import run_torchrun
 from helpers.tiny_run import assert_same_tensors
 

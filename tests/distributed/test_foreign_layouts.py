@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 import ckpt_tools
 from ckpt_tools import layout
 from ckpt_tools.catalog import TORCHTITAN_DCP, catalog
-from ckpt_tools.diff import diff_checkpoints
+from ckpt_tools.reports.diff import diff_checkpoints
 from helpers.launch import CKPT_CLI, run_torchrun
 
 pytestmark = pytest.mark.distributed

@@ -240,8 +240,8 @@ def test_one_rank_shard_write_failure_ends_both_ranks_with_one_line(shard_root, 
 def test_async_save_writes_the_state_of_its_step(shard_root, cache):
     """The background write holds the state staged at step 2, bit for bit what a synchronous save wrote,
     although training went on while it was written."""
-    from ckpt_tools.loading import read_dcp_full
-    from ckpt_tools.tensor_io import read_safetensors
+    from ckpt_tools.state.evaluation_load import read_dcp_full
+    from ckpt_tools.tensors.tensor_io import read_safetensors
 
     sync, _ = shard_failure_run(shard_root, cache, "sync")
     background, _ = shard_failure_run(shard_root, cache, "async")

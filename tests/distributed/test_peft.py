@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import ckpt_tools
-from ckpt_tools.adapters import PEFT_PREFIX, peft_key
-from ckpt_tools.tensor_io import read_dcp_full, read_safetensors
+from ckpt_tools.state.adapters import PEFT_PREFIX, peft_key
+from ckpt_tools.tensors.tensor_io import read_dcp_full, read_safetensors
 from helpers.launch import run_torchrun
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]

@@ -8,7 +8,7 @@ import torch
 
 import ckpt_tools
 from ckpt_tools import layout
-from ckpt_tools.tensor_io import read_dcp_full, read_safetensors
+from ckpt_tools.tensors.tensor_io import read_dcp_full, read_safetensors
 
 
 def optimizer_state(step: Path) -> dict[str, torch.Tensor]:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import ckpt_tools
-from ckpt_tools.meta import Topology, TrainingStep
+from ckpt_tools.format.meta import Topology, TrainingStep
 
 
 def tiny_model() -> nn.Module:

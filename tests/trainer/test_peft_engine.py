@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import ckpt_tools
-from ckpt_tools.adapters import peft_key
-from ckpt_tools.meta import Topology, TrainingStep
+from ckpt_tools.format.meta import Topology, TrainingStep
+from ckpt_tools.state.adapters import peft_key
 from helpers import tiny_run
 from helpers.train_flags import tiny_args
 from trainer.config.parse import parse_config

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ckpt_tools import Topology
-from ckpt_tools.tensor_io import read_safetensors
+from ckpt_tools.tensors.tensor_io import read_safetensors
 from helpers.pickle_payload import malicious_dcp_metadata
 from trainer import checkpointing, resume
 from trainer.config.parse import encode_config, parse_config

@@ -32,8 +32,8 @@ from hook_flags import install_hooks
 import trainer.cli as cli
 import trainer.loop as loop
 import trainer.resume as resume
-from ckpt_tools import commit as ckpt_commit
 from ckpt_tools import layout
+from ckpt_tools.files import commit as ckpt_commit
 
 RANK = int(os.environ.get("RANK", "0"))
 OUTPUT_DIR = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--output_dir=")), "")

@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import ckpt_tools
-from ckpt_tools.meta import Topology, TrainingStep
+from ckpt_tools.format.meta import Topology, TrainingStep
 
 
 def main(output_dir: str) -> None:

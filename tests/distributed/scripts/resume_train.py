@@ -20,7 +20,7 @@ import time
 
 from hook_flags import install_hooks
 
-import ckpt_tools.save as save
+import ckpt_tools.state.save as save
 import trainer.loop as loop
 from trainer.cli import main
 

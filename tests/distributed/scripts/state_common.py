@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from ckpt_tools.meta import Topology, TrainingStep
+from ckpt_tools.format.meta import Topology, TrainingStep
 
 FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
 

@@ -13,7 +13,8 @@ import torch.distributed as dist
 from state_common import build, dump_full_state, finish, seed_rng_for_save, train, training_step
 
 import ckpt_tools
-from ckpt_tools import load, storage
+from ckpt_tools.files import storage
+from ckpt_tools.state import training_load as load
 
 
 def save(out: str, case: str, kind: str, fmt: str, model, optimizer, step: int = 2) -> None:
@@ -53,7 +54,7 @@ def resume(out: str, source: str, kind: str, name: str):
 @contextlib.contextmanager
 def counted_weight_reads():
     """Count what this rank reads of `model.safetensors` and `optimizer_state.safetensors` (ranged
-    reads through ckpt_tools.storage) and whether a whole-file reader (`read_weight_set`,
+    reads through ckpt_tools.files.storage) and whether a whole-file reader (`read_weight_set`,
     `read_optimizer_safetensors`) ran."""
     reads = {"model_bytes": 0, "optimizer_bytes": 0, "whole_file": False, "whole_optimizer": False}
     open_file, read_weight_set = storage.open_file, load.read_weight_set

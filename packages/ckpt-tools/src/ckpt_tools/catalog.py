@@ -16,8 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt_tools import layout, locate, storage
-from ckpt_tools.dcp_index import (
+from ckpt_tools.dcp.index import (
     MODEL_WRAPPED,
     OPTIMIZER_STATE,
     TOP_LEVEL,
@@ -25,10 +24,12 @@ from ckpt_tools.dcp_index import (
     read_dcp_index,
     tensor_roles,
 )
-from ckpt_tools.dtypes import FLOATING, ITEMSIZE
 from ckpt_tools.errors import CheckpointError
-from ckpt_tools.meta import LeRobotStep, is_lerobot_step
-from ckpt_tools.safetensors_io import read_safetensors_header
+from ckpt_tools.files import locate, storage
+from ckpt_tools.files.safetensors_io import read_safetensors_header
+from ckpt_tools.format import layout
+from ckpt_tools.format.dtypes import FLOATING, ITEMSIZE
+from ckpt_tools.format.meta import LeRobotStep, is_lerobot_step
 
 # roles
 MODEL = "model"

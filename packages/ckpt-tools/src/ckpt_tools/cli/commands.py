@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from ckpt_tools.cli import convert, diff, inspect, merge_adapter, push, verify
+from ckpt_tools.cli import convert, diff, inspect_command, merge_adapter, push, verify
 
-MODULES: list[ModuleType] = [convert, diff, inspect, merge_adapter, push, verify]
+MODULES: list[ModuleType] = [convert, diff, inspect_command, merge_adapter, push, verify]

@@ -1,6 +1,6 @@
 """`ckpt convert PATH`: DCP shards to safetensors (or `--to dcp` back), streaming, on CPU.
 
-The body is one call to `ckpt_tools.convert`; this file only parses flags and shows progress.
+The body is one call to `ckpt_tools.tools.convert`; this file only parses flags and shows progress.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def convert(
     out = Output(as_json=as_json)
 
     def body() -> dict[str, Any]:
-        from ckpt_tools import convert as lib
+        from ckpt_tools.tools import convert as lib
 
         if to not in _TARGETS:
             raise typer.BadParameter(f"--to {to!r}: choose one of {', '.join(_TARGETS)}")
@@ -108,7 +108,7 @@ def convert(
 
 
 def _report(out: Output, result: dict[str, Any]) -> None:
-    from ckpt_tools.cli.inspect import human_bytes
+    from ckpt_tools.cli.inspect_command import human_bytes
 
     if result["source_layout"]:
         out.print(f"read {result['source_layout']}")
@@ -131,8 +131,8 @@ def _push_then_delete(
 ) -> dict[str, Any]:
     """Publish the converted model; the DCP shards are deleted only once both conversion (written and
     checked) and publish succeeded, so a failed upload leaves the checkpoint as it was."""
-    from ckpt_tools import convert as lib
     from ckpt_tools.cli.push import publish
+    from ckpt_tools.tools import convert as lib
 
     model_dir = result.files[0].rsplit("/", 1)[0]  # where the conversion wrote
     published = publish(out, model_dir, repo_id)

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from ckpt_tools.cli.errors import EXIT_FAILURE, run_guarded
 from ckpt_tools.cli.output import Output, layout_line
-from ckpt_tools.diff import EQUAL, DiffReport, TensorDiff, diff_checkpoints
+from ckpt_tools.reports.diff import EQUAL, DiffReport, TensorDiff, diff_checkpoints
 
 
 def diff(

@@ -49,11 +49,11 @@ def merge_adapter(
 def _merge(adapter: str, base: str | None, output: Path, overwrite: bool) -> dict[str, object]:
     from safetensors.torch import save_file
 
-    from ckpt_tools import layout
-    from ckpt_tools.adapters import base_model_path, merge_adapter_dir
-    from ckpt_tools.companions import check_companions, companion_names, copy_companions
     from ckpt_tools.errors import CheckpointError, OutputExistsError
-    from ckpt_tools.locate import resolve_model_dir
+    from ckpt_tools.files.locate import resolve_model_dir
+    from ckpt_tools.format import layout
+    from ckpt_tools.state.adapters import base_model_path, merge_adapter_dir
+    from ckpt_tools.tools.companions import check_companions, companion_names, copy_companions
 
     base = base or base_model_path(adapter)
     if base is None:

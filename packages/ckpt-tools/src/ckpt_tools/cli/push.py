@@ -11,7 +11,7 @@ from ckpt_tools.cli.errors import run_guarded
 from ckpt_tools.cli.output import Output, layout_line
 
 if TYPE_CHECKING:
-    from ckpt_tools.publish import PublishResult
+    from ckpt_tools.tools.publish import PublishResult
 
 
 def push(
@@ -51,7 +51,7 @@ def publish(out: Output, path: str, repo_id: str, **options: Any) -> PublishResu
 
     Shared with `ckpt convert --push-to-hub`.
     """
-    from ckpt_tools.publish import publish_model
+    from ckpt_tools.tools.publish import publish_model
 
     if not out.interactive:
         from huggingface_hub.utils import disable_progress_bars

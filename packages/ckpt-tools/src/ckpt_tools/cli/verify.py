@@ -7,7 +7,7 @@ from rich.markup import escape
 
 from ckpt_tools.cli.errors import EXIT_FAILURE, run_guarded
 from ckpt_tools.cli.output import Output, layout_line
-from ckpt_tools.verify import VerifyReport, verify_checkpoint
+from ckpt_tools.reports.verify import VerifyReport, verify_checkpoint
 
 
 def verify(

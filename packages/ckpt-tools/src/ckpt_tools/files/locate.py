@@ -1,0 +1,45 @@
+"""From what a user passes (a step directory, `checkpoints/last`, a run's output_dir, its
+`checkpoints/` directory or a `pretrained_model/`) to the step and model directories it means."""
+
+from __future__ import annotations
+
+import os
+
+from ckpt_tools.errors import CheckpointNotFoundError, NotACheckpointError
+from ckpt_tools.files.commit import follow_last
+from ckpt_tools.files.storage import read_bytes, resolve
+from ckpt_tools.format import layout
+from ckpt_tools.format.meta import TrainingStep
+
+
+def resolve_model_dir(path: str | os.PathLike[str]) -> tuple[str | None, str]:
+    """Accept a step directory, `checkpoints/last`, a run's output_dir, its `checkpoints/` directory
+    or a `pretrained_model/`.
+
+    Returns `(step_dir, pretrained_model_dir)`; `step_dir` is None for a bare model directory
+    (a converted or downloaded one). Raises `CheckpointNotFoundError` for a missing path and
+    `CorruptCheckpointError` for a `last` that `read_last` refuses.
+    """
+    text = follow_last(path)
+    fs, inner = resolve(text)
+    if not fs.exists(inner):
+        raise CheckpointNotFoundError(f"{text}: no such file or directory")
+    base = text if "://" in text else inner
+    if inner.rsplit("/", 1)[-1] == layout.PRETRAINED_MODEL_DIR:
+        return base.rsplit("/", 1)[0], base
+    if fs.isdir(f"{inner}/{layout.PRETRAINED_MODEL_DIR}"):
+        return base, layout.join(base, layout.PRETRAINED_MODEL_DIR)
+    return None, base
+
+
+def read_training_step(path: str | os.PathLike[str]) -> TrainingStep:
+    """Read `training_state/training_step.json` of a step directory, `last`, an output_dir or a
+    `pretrained_model/` inside a step directory."""
+    step_dir, _ = resolve_model_dir(path)
+    if step_dir is None:
+        raise NotACheckpointError(
+            f"{os.fspath(path)} is a model directory without training_state/; pass a step directory "
+            "(checkpoints/005000) or checkpoints/last"
+        )
+    source = layout.join(step_dir, layout.TRAINING_STATE_DIR, layout.TRAINING_STEP)
+    return TrainingStep.from_json(read_bytes(source), source=source)

@@ -1,0 +1,1 @@
+"""Read-only reports on a checkpoint: describe (inspect), verify, diff."""

@@ -1,0 +1,438 @@
+"""`ckpt verify`: is a checkpoint complete and self-consistent, from metadata alone?
+
+Every check runs even after one fails, so a damaged checkpoint is explained in one pass: the files its
+`checkpoint_format` requires, the JSON side files, every safetensors header (byte ranges inside the
+file), every DCP chunk table (chunks tile each tensor without gaps or overlaps, records lie inside
+their `.distcp` files without sharing bytes, each missing or short file named), processor step files,
+adapter files, agreement of names, shapes and dtypes between the formats when a checkpoint holds more
+than one, and the `last` pointer a path goes through.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ckpt_tools.catalog import (
+    ADAPTER,
+    DCP,
+    LEROBOT,
+    MODEL,
+    OPTIMIZER,
+    SAFETENSORS,
+    SAFETENSORS_FILE,
+    SHARDED_SAFETENSORS,
+    WeightSet,
+    catalog,
+)
+from ckpt_tools.dcp.chunk_tiling import dcp_index_problems
+from ckpt_tools.dcp.index import DcpIndex, dcp_file_problems, read_dcp_index
+from ckpt_tools.errors import CheckpointError, CorruptCheckpointError, NotACheckpointError
+from ckpt_tools.files import commit, locate, storage
+from ckpt_tools.files.manifest import manifest_problems
+from ckpt_tools.files.safetensors_io import read_safetensors_header, read_weight_map
+from ckpt_tools.format import layout
+from ckpt_tools.format.adapter_config import adapter_config_problems
+from ckpt_tools.format.meta import LeRobotStep, TrainingStep
+from ckpt_tools.reports.describe import TensorGroup, dcp_group_from_index, read_group
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """`checked` names what passed; `problems` holds one line per problem found (empty when OK)."""
+
+    path: str
+    checked: tuple[str, ...]
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "ok": self.ok,
+            "checked": list(self.checked),
+            "problems": list(self.problems),
+        }
+
+
+class _Findings:
+    """Collects problems instead of stopping at the first one."""
+
+    def __init__(self) -> None:
+        self.checked: list[str] = []
+        self.problems: list[str] = []
+
+    def run(self, what: str, func: Callable[..., T], *args: Any) -> T | None:
+        """Run one check; a CheckpointError becomes a problem, success records `what`."""
+        try:
+            result = func(*args)
+        except CheckpointError as exc:
+            self.problems.append(_one_line(exc))
+            return None
+        self.checked.append(what)
+        return result
+
+    def extend(self, what: str, problems: Iterable[str]) -> None:
+        found = list(problems)
+        self.problems.extend(found)
+        if not found:
+            self.checked.append(what)
+
+
+def verify_checkpoint(path: str | os.PathLike[str], *, deep: bool = False) -> VerifyReport:
+    """Check a step directory, `last`, an output_dir, a model directory or one `.safetensors` file.
+
+    A step with a manifest (`manifest.json`) also has every listed file's size checked, and with
+    `deep` its bytes re-hashed: each changed file is named. Raises only when there is nothing to
+    verify (missing path, not a checkpoint); every other problem is listed in the report.
+    """
+    text = os.fspath(path)
+    findings = _Findings()
+    try:
+        target = commit.follow_last(text)
+    except CorruptCheckpointError as exc:  # `last` leads nowhere a reader may go: that is the finding
+        return VerifyReport(text, (), (_one_line(exc),))
+    if target != text.rstrip("/"):
+        findings.checked.append(f"{layout.LAST} names a step directory inside {layout.CHECKPOINTS_DIR}/")
+    with storage.listed(target):  # on a bucket: one listing instead of a request per file asked about
+        return _verify_target(text, target, findings, deep)
+
+
+def _verify_target(text: str, target: str, findings: _Findings, deep: bool) -> VerifyReport:
+    cat = catalog(target)
+    if cat.layout == SAFETENSORS_FILE:
+        findings.run(f"{target}: safetensors header", read_safetensors_header, target)
+        return VerifyReport(text, tuple(findings.checked), tuple(findings.problems))
+    step_dir, model_dir, state_dir = cat.step_dir, cat.model_dir, cat.state_dir
+    locations = list(cat.weight_sets)
+    if target.rsplit("/", 1)[-1] == layout.PRETRAINED_MODEL_DIR:  # the weights only (docs/format.md)
+        state_dir = None
+        locations = [w for w in locations if w.role != OPTIMIZER]
+    has_state = state_dir is not None and storage.exists(state_dir)
+    if not locations and not has_state:
+        raise NotACheckpointError(
+            f"{text} holds no model weights and no {layout.TRAINING_STATE_DIR}/: nothing to verify; pass a "
+            f"step directory, checkpoints/{layout.LAST} or a {layout.PRETRAINED_MODEL_DIR}/ directory"
+        )
+    if state_dir and not has_state:
+        findings.problems.append(f"{state_dir} is missing: the step directory is incomplete")
+    step = None
+    if has_state and step_dir and state_dir:
+        if cat.layout == LEROBOT:
+            _verify_lerobot_state(findings, state_dir)
+        else:
+            step = _verify_training_state(findings, step_dir, state_dir)
+    groups = _verify_groups(findings, locations)
+    _check_required(findings, step, locations, model_dir, state_dir)
+    _verify_side_files(findings, model_dir, locations)
+    _compare_formats(findings, groups)
+    if step_dir is not None:
+        only = layout.PRETRAINED_MODEL_DIR if state_dir is None else None
+        _verify_manifest(findings, step_dir, deep, only)
+    root = (step_dir or model_dir).rstrip("/") + "/"
+    checked = tuple(item.removeprefix(root) for item in findings.checked)
+    return VerifyReport(text, checked, tuple(findings.problems))
+
+
+# --- training state --------------------------------------------------------------------------------
+
+
+def _verify_training_state(findings: _Findings, step_dir: str, state_dir: str) -> TrainingStep | None:
+    step = None
+    if _require(findings, layout.join(state_dir, layout.TRAINING_STEP), "the step directory is incomplete"):
+        step = findings.run(layout.TRAINING_STEP, locate.read_training_step, step_dir)
+    rng = layout.join(state_dir, layout.RNG_STATE)
+    if storage.exists(rng):
+        findings.run(layout.RNG_STATE, read_safetensors_header, rng)
+    else:
+        findings.problems.append(f"{rng} is missing: a resume could not restore the random state")
+    for name, kind in (
+        (layout.SCHEDULER_STATE, dict),
+        (layout.SCALER_STATE, dict),
+        (layout.OPTIMIZER_PARAM_GROUPS, list),
+    ):
+        _check_json_if_present(findings, layout.join(state_dir, name), kind)
+    if step is not None and step.mixed_precision == "fp16":
+        _require(
+            findings, layout.join(state_dir, layout.SCALER_STATE), "an fp16 run needs its loss-scaler state"
+        )
+    return step
+
+
+def _verify_manifest(findings: _Findings, step_dir: str, deep: bool, only: str | None) -> None:
+    """Sizes (and with `deep` digests) of the files the save listed; nothing for a step without one."""
+    problems = findings.run(layout.MANIFEST, manifest_problems, step_dir, deep, only)
+    if problems is not None:
+        named = " ".join(findings.problems)  # a file another check already named is not named twice
+        fresh = [line for line in problems if line.split(" ", 1)[0].rstrip(":") not in named]
+        findings.extend("sha256 of every listed file" if deep else "size of every listed file", fresh)
+
+
+def _verify_lerobot_state(findings: _Findings, state_dir: str) -> None:
+    """LeRobot's `training_state/`: its step file, RNG state and optimizer files, all present and
+    readable (it is not ours to resume, but a damaged one should not pass)."""
+    source = layout.join(state_dir, layout.TRAINING_STEP)
+    findings.run(layout.TRAINING_STEP, _read_lerobot_step, source)
+    for name in (layout.RNG_STATE, layout.OPTIMIZER_SAFETENSORS):
+        if _require(findings, layout.join(state_dir, name), "LeRobot writes it with every checkpoint"):
+            findings.run(name, read_safetensors_header, layout.join(state_dir, name))
+    if _require(findings, layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS), "LeRobot writes it too"):
+        _check_json_if_present(findings, layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS), list)
+
+
+def _read_lerobot_step(source: str) -> LeRobotStep:
+    data = storage.read_json_object(source)
+    return LeRobotStep.from_dict(data, source)
+
+
+def _check_required(
+    findings: _Findings,
+    step: TrainingStep | None,
+    locations: list[WeightSet],
+    model_dir: str,
+    state_dir: str | None,
+) -> None:
+    """The files `checkpoint_format` (and the topology, for the optimizer) say must exist."""
+    present = {(loc.role, loc.format) for loc in locations}
+    if step is None:
+        bare_dcp = any(loc.format == DCP and loc.path == model_dir for loc in locations)
+        if not bare_dcp and not any(loc.role in (MODEL, ADAPTER) for loc in locations):
+            findings.problems.append(f"{model_dir} holds no model weights")
+        return  # a DCP directory passed on its own (an optimizer_0/ too) is checked as what it holds
+    role = ADAPTER if step.peft else MODEL
+    fmt = step.checkpoint_format
+    if fmt in ("safetensors", "safetensors_dcp") and not present & {
+        (role, SAFETENSORS),
+        (role, SHARDED_SAFETENSORS),
+    }:
+        name = layout.ADAPTER_SAFETENSORS if step.peft else layout.MODEL_SAFETENSORS
+        findings.problems.append(f"{layout.join(model_dir, name)} is missing; checkpoint_format is {fmt!r}")
+    if fmt in ("dcp", "safetensors_dcp") and (role, DCP) not in present:
+        name = layout.ADAPTER_DCP_DIR if step.peft else layout.MODEL_DCP_DIR
+        findings.problems.append(f"{layout.join(model_dir, name)}/ is missing; checkpoint_format is {fmt!r}")
+    if state_dir is not None:
+        _check_optimizer_files(findings, step, present, state_dir)
+
+
+def _check_optimizer_files(findings: _Findings, step: TrainingStep, present: set, state_dir: str) -> None:
+    if (OPTIMIZER, DCP) in present:
+        return
+    if step.topology.is_sharded and storage.exists(layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS)):
+        findings.problems.append(
+            f"{state_dir} holds a gathered {layout.OPTIMIZER_SAFETENSORS} from a sharded run (an older "
+            "release's layout): it cannot be resumed; its weights still load (--policy.path)"
+        )
+        return
+    if step.topology.is_sharded:
+        findings.problems.append(
+            f"{layout.join(state_dir, layout.OPTIMIZER_DCP_DIR)}/ is missing; a sharded run "
+            f"({step.topology.describe()}) stores its optimizer as DCP shards"
+        )
+        return
+    _require(findings, layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS), "the optimizer state is missing")
+    _require(
+        findings, layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS), "the optimizer state is missing"
+    )
+
+
+def _verify_side_files(findings: _Findings, model_dir: str, locations: list[WeightSet]) -> None:
+    for name in (layout.POLICY_CONFIG, layout.TRAIN_CONFIG, layout.ADAPTER_CONFIG):
+        _check_json_if_present(findings, layout.join(model_dir, name), dict)
+    adapter_config = layout.join(model_dir, layout.ADAPTER_CONFIG)
+    if storage.exists(adapter_config):
+        findings.extend("adapter_config.json fields", _adapter_config_problems(adapter_config))
+    has_adapter = any(loc.role == ADAPTER for loc in locations)
+    if has_adapter:
+        _require(findings, layout.join(model_dir, layout.ADAPTER_CONFIG), "adapter weights need their config")
+    elif storage.exists(layout.join(model_dir, layout.ADAPTER_CONFIG)):
+        findings.problems.append(
+            f"{layout.join(model_dir, layout.ADAPTER_CONFIG)} has no adapter weights beside it "
+            f"({layout.ADAPTER_SAFETENSORS} or {layout.ADAPTER_DCP_DIR}/): the adapter is incomplete"
+        )
+    names = storage.list_names(model_dir)
+    for processor in (layout.PREPROCESSOR, layout.POSTPROCESSOR):
+        _verify_processor(findings, model_dir, processor, names)
+
+
+def _verify_processor(findings: _Findings, model_dir: str, processor: str, names: list[str]) -> None:
+    """A processor is `<name>.json` plus `<name>_step_0..N-1.safetensors`, numbered without gaps."""
+    config_name = layout.processor_config_name(processor)
+    pattern = re.compile(rf"^{re.escape(processor)}_step_(\d+)\.safetensors$")
+    indices = sorted(int(match[1]) for name in names if (match := pattern.match(name)))
+    if config_name not in names:
+        if indices:
+            findings.problems.append(
+                f"{layout.join(model_dir, config_name)} is missing: {len(indices)} {processor} step "
+                "file(s) have no config"
+            )
+        return
+    _check_json_if_present(findings, layout.join(model_dir, config_name), dict)
+    named = findings.run(f"{processor} state files", _named_state_files, layout.join(model_dir, config_name))
+    if named:
+        _verify_named_state_files(findings, model_dir, processor, [n for n in named if n])
+        return
+    gaps = sorted(set(range(indices[-1] + 1)) - set(indices)) if indices else []
+    findings.extend(
+        f"{processor} steps",
+        (
+            f"{layout.join(model_dir, layout.processor_step_name(processor, index))} is missing: "
+            f"{processor} steps must be numbered 0..{indices[-1]} without gaps"
+            for index in gaps
+        ),
+    )
+    for index in indices:
+        name = layout.processor_step_name(processor, index)
+        findings.run(name, read_safetensors_header, layout.join(model_dir, name))
+
+
+def _named_state_files(config_path: str) -> list[str | None] | None:
+    try:
+        config = storage.read_json(config_path)
+    except CheckpointError:
+        return None  # already reported as invalid JSON
+    return layout.named_state_files(config, config_path)
+
+
+def _verify_named_state_files(findings: _Findings, model_dir: str, processor: str, names: list[str]) -> None:
+    """Each state file a processor config names (LeRobot's `state_file`) exists and reads."""
+    for name in names:
+        path = layout.join(model_dir, name)
+        if _require(
+            findings, path, f"{layout.processor_config_name(processor)} names it as a step's state_file"
+        ):
+            findings.run(name, read_safetensors_header, path)
+
+
+def _adapter_config_problems(path: str) -> list[str]:
+    """The fields a merge reads (scale, ranks, patterns); an unreadable file is the JSON check's."""
+    try:
+        config = storage.read_json(path)
+    except CheckpointError:
+        return []
+    return adapter_config_problems(config, path) if isinstance(config, dict) else []
+
+
+def _require(findings: _Findings, path: str, why: str) -> bool:
+    """Record a problem when `path` is missing; return whether it exists."""
+    if storage.exists(path):
+        return True
+    findings.problems.append(f"{path} is missing: {why}")
+    return False
+
+
+def _check_json_if_present(findings: _Findings, path: str, kind: type[dict] | type[list]) -> None:
+    """A JSON side file, when present, parses to the kind the format gives it (object or list)."""
+    if not storage.exists(path):
+        return
+    try:
+        data = storage.read_json(path)
+    except CheckpointError as exc:
+        findings.problems.append(_one_line(exc))
+        return
+    if not isinstance(data, kind):
+        expected = "an object" if kind is dict else "a list"
+        findings.problems.append(
+            f"{path} must hold {expected}, not {type(data).__name__}; the file is damaged"
+        )
+        return
+    findings.checked.append(path.rsplit("/", 1)[-1])
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+# --- tensor groups ---------------------------------------------------------------------------------
+
+
+def _verify_groups(findings: _Findings, locations: list[WeightSet]) -> list[TensorGroup]:
+    groups = []
+    indexes: dict[str, DcpIndex | None] = {}  # a DCP directory may hold two roles (torchtitan's)
+    for location in locations:
+        if location.format == DCP:
+            group = None
+            if location.path not in indexes:
+                index = findings.run(f"{location.path}: .metadata", _read_index_only, location.path)
+                if index is not None:
+                    findings.extend(f"{location.path}: files", dcp_file_problems(index))
+                    findings.extend(f"{location.path}: chunks", dcp_index_problems(index))
+                indexes[location.path] = index
+            index = indexes[location.path]
+            if index is not None:
+                what = f"{location.path}: {location.role} keys"
+                group = findings.run(what, dcp_group_from_index, location.role, index)
+        else:
+            group = findings.run(f"{location.path}: headers", read_group, location)
+        if location.format == SHARDED_SAFETENSORS:
+            findings.extend(f"{location.path}: weight map", _weight_map_problems(location.path))
+        if group is not None:
+            groups.append(group)
+    return groups
+
+
+def _read_index_only(path: str) -> DcpIndex:
+    """The chunk table without the file checks, which `dcp_file_problems` lists one by one."""
+    return read_dcp_index(path, check_files=False)
+
+
+def _weight_map_problems(index_path: str) -> list[str]:
+    """Each tensor of the index lives in the shard it names, and each shard tensor is indexed."""
+    try:
+        weight_map = read_weight_map(index_path)
+    except CheckpointError:
+        return []  # already reported when the group was read
+    base = index_path.rsplit("/", 1)[0]
+    problems = []
+    for shard in sorted(set(weight_map.values())):
+        try:
+            header = read_safetensors_header(layout.join(base, shard))
+        except CheckpointError as exc:
+            problems.append(_one_line(exc))
+            continue
+        listed = {name for name, file in weight_map.items() if file == shard}
+        problems += [
+            f"{index_path}: {name!r} is not in {shard}" for name in sorted(listed - set(header.tensors))
+        ]
+        problems += [
+            f"{index_path}: {shard} holds {name!r}, which the index does not list"
+            for name in sorted(set(header.tensors) - listed)
+        ]
+    return problems
+
+
+def _compare_formats(findings: _Findings, groups: list[TensorGroup]) -> None:
+    """Two groups of the same role (model safetensors and model DCP) must hold the same tensors."""
+    by_role: dict[str, list[TensorGroup]] = {}
+    for group in groups:
+        by_role.setdefault(group.role, []).append(group)
+    for role, same in by_role.items():
+        if role == OPTIMIZER:
+            continue  # safetensors and DCP optimizer state use different key schemes
+        for other in same[1:]:
+            findings.extend(f"{same[0].label} and {other.label} agree", _group_differences(same[0], other))
+
+
+def _group_differences(a: TensorGroup, b: TensorGroup) -> list[str]:
+    left = {t.name: t for t in a.tensors}
+    right = {t.name: t for t in b.tensors}
+    problems = [
+        f"{name!r} is in {a.label} but not in {b.label}" for name in sorted(left.keys() - right.keys())
+    ]
+    problems += [
+        f"{name!r} is in {b.label} but not in {a.label}" for name in sorted(right.keys() - left.keys())
+    ]
+    for name in sorted(left.keys() & right.keys()):
+        x, y = left[name], right[name]
+        if (x.shape, x.dtype) != (y.shape, y.dtype):
+            problems.append(
+                f"{name!r} is {x.dtype}{list(x.shape)} in {a.label} but {y.dtype}{list(y.shape)} in {b.label}"
+            )
+    return problems

@@ -1,0 +1,1 @@
+"""Where torch enters: tensors to and from safetensors files and DCP directories."""

@@ -1,0 +1,1 @@
+"""Whole-checkpoint operations: conversion, publishing, the model card."""
