@@ -504,7 +504,7 @@ def test_brackets_in_paths_are_printed(tmp_path: Path) -> None:
 
 
 def test_trainer_console_prints_brackets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from trainer.metrics import MetricsLogger
+    from trainer.reporting.metrics import MetricsLogger
 
     logger = MetricsLogger(str(tmp_path / "out[bold]"), total_steps=1, start_step=0)
     logger.note(f"saved {tmp_path}/out[bold]/checkpoints/000001")

@@ -202,7 +202,7 @@ def _policy_on_base(runs: Path, config_dir: Path) -> torch.nn.Module:
 
 def test_adapter_checkpoint_is_usable_as_policy_path(runs):
     """`--policy.path` on a PEFT checkpoint (any format) starts from base + merged adapter."""
-    from trainer.pretrained import load_weights
+    from trainer.policies.pretrained import load_weights
 
     adapter = step_dir(runs, "hsdp2x2", "x", 4)
     policy = _policy(adapter / "pretrained_model")

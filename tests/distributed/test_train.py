@@ -16,7 +16,7 @@ import ckpt_tools
 from helpers.launch import run_torchrun
 from helpers.train_flags import tiny_args
 from trainer.data import sim
-from trainer.evaluation import EVAL_SEED_BASE
+from trainer.evaluation.rollouts import EVAL_SEED_BASE
 
 pytestmark = pytest.mark.distributed
 

@@ -16,9 +16,9 @@ from safetensors.torch import load_file
 
 from ckpt_tools import layout
 from helpers.train_flags import tiny_args
-from trainer.config.parse import parse_config
+from trainer.cli.parse import parse_config
+from trainer.engine.loop import train
 from trainer.errors import ConfigError
-from trainer.loop import train
 
 ACCUM = "--accelerator.gradient_accumulation.steps"
 

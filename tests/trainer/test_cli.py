@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainer.cli import main
-from trainer.config.parse import parse_config
+from trainer.cli.parse import parse_config
 from trainer.errors import ConfigError
 
 TRAINER = Path(sys.executable).with_name("trainer")

@@ -12,9 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.config.flags import all_flags, help_text, markdown_table
+from trainer.cli.flags import all_flags, help_text, markdown_table
+from trainer.cli.parse import parse_config
 from trainer.config.parallelism import ParallelismConfig
-from trainer.config.parse import encode_config, parse_config
+from trainer.config.train import encode_config
 from trainer.data.lerobot import LeRobotConfig
 from trainer.distributed.factory import ALLOW_ENV, _quiet_mesh_slicing_warning, check_accelerate_env
 from trainer.distributed.topology import check_checkpoint_format, resolve_topology
@@ -244,7 +245,7 @@ def test_docs_flag_table_is_the_one_generated_from_the_config() -> None:
     documented = page.split("<!-- flags:begin -->\n")[1].split("\n<!-- flags:end -->")[0]
     assert documented == markdown_table(), (
         "docs/training.md's flag table is stale: regenerate it with "
-        '`python -c "from trainer.config.flags import markdown_table; print(markdown_table())"`'
+        '`python -c "from trainer.cli.flags import markdown_table; print(markdown_table())"`'
     )
 
 
@@ -300,7 +301,7 @@ def test_env_guard_passes_what_a_plain_accelerate_launch_exports() -> None:
 
 
 def test_one_argv_pre_pass_accepts_both_spellings(tmp_path, monkeypatch):
-    from trainer.config.parse import normalize_argv
+    from trainer.cli.parse import normalize_argv
 
     assert normalize_argv(["--steps", "5", "--resume=true", "--policy.path", "/x", "--output_dir", "d"]) == [
         "--steps=5",
@@ -319,7 +320,7 @@ def test_one_argv_pre_pass_accepts_both_spellings(tmp_path, monkeypatch):
 
 def test_async_save_needs_a_sharded_run():
     from ckpt_tools import Topology
-    from trainer.checkpointing import check_async_save
+    from trainer.engine.checkpointing import check_async_save
 
     config = parse_config(["--async_save=true"])
     with pytest.raises(

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from helpers.fixtures import REPO
-from trainer.config.parse import parse_config
+from trainer.cli.parse import parse_config
+from trainer.engine.loop import train
 from trainer.errors import ConfigError
-from trainer.loop import train
 
 
 def _example_source() -> str:

@@ -15,12 +15,12 @@ import torch
 import ckpt_tools
 from ckpt_tools import Topology, layout
 from helpers.train_flags import tiny_args
-from trainer.config.parse import parse_config
+from trainer.cli.parse import parse_config
 from trainer.data.pendulum import PendulumConfig
 from trainer.data.sampler import GlobalOrderSampler
 from trainer.distributed.factory import build_accelerator
+from trainer.engine.loop import train
 from trainer.errors import ConfigError
-from trainer.loop import train
 
 
 def test_single_process_run_writes_checkpoints_and_metrics(
@@ -146,7 +146,7 @@ def test_gradient_accumulation_gives_the_same_update(tmp_path, dataset_cache, cl
 
 
 def _initial_weights(cache: str) -> dict[str, torch.Tensor]:
-    from trainer.loop import seed_everything
+    from trainer.engine.loop import seed_everything
     from trainer.policies import build_policy
 
     config = parse_config(["--policy.type=mlp", f"--dataset.cache_dir={cache}"])

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from trainer import interrupt
-from trainer.interrupt import Interrupts, hold_until_signal
+from trainer.distributed import interrupt
+from trainer.distributed.interrupt import Interrupts, hold_until_signal
 
 
 @pytest.fixture(autouse=True)

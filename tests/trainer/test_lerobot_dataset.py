@@ -15,10 +15,11 @@ from safetensors.torch import load_file
 
 from helpers.fixtures import copy_fixture
 from helpers.lerobot_data import IMAGE, STATE, VELOCITY, write_dataset
-from trainer.config.parse import encode_config, parse_config
+from trainer.cli.parse import parse_config
+from trainer.config.train import encode_config
 from trainer.data.lerobot import LeRobotConfig
+from trainer.engine.loop import train
 from trainer.errors import ConfigError
-from trainer.loop import train
 
 LENGTHS = [30, 45, 20, 52, 33]
 

@@ -20,11 +20,11 @@ from ckpt_tools.cli import app as cli_app
 from helpers.fixtures import REPO
 from helpers.hf_cache import put_in_hub_cache
 from helpers.lerobot_data import STATE, VELOCITY, write_dataset
-from trainer import cli
-from trainer.config.parse import parse_config
+from trainer.cli import app as cli
+from trainer.cli.eval_command import run_eval
+from trainer.cli.parse import parse_config
+from trainer.engine.loop import train
 from trainer.errors import ConfigError
-from trainer.eval_command import run_eval
-from trainer.loop import train
 
 LENGTHS = [40, 40, 40, 40]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from trainer.loss_curve import History, draw, read_history
+from trainer.reporting.loss_curve import History, draw, read_history
 
 
 def _write(path: Path, *records: dict) -> None:

@@ -8,8 +8,8 @@ import json
 import fsspec
 import pytest
 
-from trainer import metrics
-from trainer.metrics import METRICS_FILE, MetricsLogger
+from trainer.reporting import metrics
+from trainer.reporting.metrics import METRICS_FILE, MetricsLogger
 
 
 def train_steps(text: str) -> list[int]:

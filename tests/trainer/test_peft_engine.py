@@ -17,12 +17,12 @@ from ckpt_tools.format.meta import Topology, TrainingStep
 from ckpt_tools.state.adapters import peft_key
 from helpers import tiny_run
 from helpers.train_flags import tiny_args
-from trainer.config.parse import parse_config
+from trainer.cli.parse import parse_config
 from trainer.config.peft import PeftConfig
+from trainer.engine.loop import train
+from trainer.engine.peft_policy import adapter_config, start_policy
+from trainer.engine.plan import resolve_accelerator
 from trainer.errors import ConfigError
-from trainer.loop import train
-from trainer.peft import adapter_config, start_policy
-from trainer.plan import resolve_accelerator
 from trainer.policies.act import ACTConfig
 from trainer.policies.base import build_policy
 

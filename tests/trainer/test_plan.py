@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from helpers.train_flags import tiny_args
+from trainer.cli.parse import parse_config
 from trainer.config.accelerator import MixedPrecisionPolicyConfig
-from trainer.config.parse import encode_config, parse_config
-from trainer.loop import train
+from trainer.config.train import encode_config
+from trainer.engine.loop import train
 
 TRAINER_SRC = Path(__file__).parents[2] / "packages" / "trainer" / "src" / "trainer"
 # Names the engine binds config objects to: an attribute assigned through one of them edits a config.

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-import trainer.loop
+import trainer.engine.loop
 from ckpt_tools import layout
 from helpers.train_flags import tiny_args
-from trainer.config.parse import parse_config
+from trainer.cli.parse import parse_config
 from trainer.distributed.factory import prepare
 
 SCRIPT = Path(__file__).parents[1] / "distributed" / "scripts" / "train_observe_precision.py"
@@ -38,8 +38,8 @@ def _watched_run(
         records.append(observer.watch(accelerator, model, optimizer, overflow_at))
         return model, optimizer, scheduler
 
-    monkeypatch.setattr(trainer.loop, "prepare", watched)
-    trainer.loop.train(parse_config(tiny_args(str(out), cache, "--policy.type=mlp", *flags)))
+    monkeypatch.setattr(trainer.engine.loop, "prepare", watched)
+    trainer.engine.loop.train(parse_config(tiny_args(str(out), cache, "--policy.type=mlp", *flags)))
     return records[0]
 
 

@@ -14,9 +14,9 @@ import ckpt_tools
 from helpers.hub_server import HubServer
 from helpers.train_flags import tiny_args
 from trainer.cli import main as cli_main
-from trainer.config.parse import parse_config
+from trainer.cli.parse import parse_config
+from trainer.engine.loop import train
 from trainer.errors import ConfigError, PublishFailedError
-from trainer.loop import train
 
 TOKEN = "hf_trainerLOOPBACKtoken0987654321"
 REPO = "acme/pendulum-mlp"

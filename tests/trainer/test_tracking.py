@@ -11,11 +11,11 @@ import pytest
 
 from helpers.tracker_stores import trackio_config, trackio_logs, wandb_offline_runs
 from helpers.train_flags import tiny_args
-from trainer import trackers
-from trainer.config.parse import parse_config
+from trainer.cli.parse import parse_config
+from trainer.engine.loop import train
 from trainer.errors import ConfigError
-from trainer.loop import train
-from trainer.loss_curve import read_history
+from trainer.reporting import trackers
+from trainer.reporting.loss_curve import read_history
 
 METRICS = {"loss", "grad_norm", "lr", "samples_per_s", "epoch"}
 
@@ -125,7 +125,7 @@ class _Recorder:
 
 
 def test_the_logger_forwards_training_and_validation_metrics_and_the_summary(tmp_path) -> None:
-    from trainer.metrics import MetricsLogger
+    from trainer.reporting.metrics import MetricsLogger
 
     logger = MetricsLogger(str(tmp_path), total_steps=4, start_step=0)
     recorder = _Recorder()

@@ -24,7 +24,7 @@ from trainer.data.dataset import ACTION_KEY, OBS_KEY, PAD_KEY
 from trainer.distributed.factory import build_accelerator, prepare
 from trainer.distributed.topology import launch_world_size, resolve_topology
 from trainer.distributed.wrap import resolve_wrap_plan
-from trainer.loop import seed_everything
+from trainer.engine.loop import seed_everything
 from trainer.policies import build_policy
 
 OBS_DIM, ACTION_DIM, BATCH = 3, 1, 4

@@ -2,8 +2,8 @@
 
 usage: peft_run.py OUT CASE   (CASE: fsdp2 | ddp2 | hsdp2x2; launch fsdp2 first)
 
-Each run is `trainer.loop.train(parse_config(flags))` in this process. A spy wraps
-`trainer.checkpointing.save`: before every checkpoint it gathers the full PEFT model state dict
+Each run is `trainer.engine.loop.train(parse_config(flags))` in this process. A spy wraps
+`trainer.engine.checkpointing.save`: before every checkpoint it gathers the full PEFT model state dict
 (collective) and rank 0 stores it, with the names and dtypes of the trainable parameters, as
 `<run>/spy/<step>.pt`, so the tests can compare the saved adapter with what was in memory and check that
 the frozen base never moved. Losses are in each run's metrics.jsonl (log_freq=1).
@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-import trainer.checkpointing as checkpointing
-from trainer.config.parse import parse_config
-from trainer.loop import train
+import trainer.engine.checkpointing as checkpointing
+from trainer.cli.parse import parse_config
+from trainer.engine.loop import train
 
 OUT, CASE = sys.argv[1:3]
 BASE = f"{OUT}/fsdp2/base/checkpoints/last"

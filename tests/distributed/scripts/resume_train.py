@@ -21,7 +21,7 @@ import time
 from hook_flags import install_hooks
 
 import ckpt_tools.state.save as save
-import trainer.loop as loop
+import trainer.engine.loop as loop
 from trainer.cli import main
 
 RANK = int(os.environ.get("RANK", "0"))

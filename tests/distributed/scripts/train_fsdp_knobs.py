@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-import trainer.loop
+import trainer.engine.loop
 from trainer.cli import main
 from trainer.distributed.factory import prepare
 
@@ -134,6 +134,6 @@ def evaluate_then_save(prefix: str, record: dict, evaluate):
 if __name__ == "__main__":
     prefix, flags = sys.argv[1], sys.argv[2:]
     record: dict = {}
-    trainer.loop.prepare = observe(prefix, record)
-    trainer.loop.evaluate = evaluate_then_save(prefix, record, trainer.loop.evaluate)
+    trainer.engine.loop.prepare = observe(prefix, record)
+    trainer.engine.loop.evaluate = evaluate_then_save(prefix, record, trainer.engine.loop.evaluate)
     main(["train", *flags])

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-import trainer.loop
+import trainer.engine.loop
 from trainer.cli import main
 from trainer.distributed.factory import prepare
 
@@ -107,12 +107,12 @@ if __name__ == "__main__":
         records["record"] = watch(accelerator, model, optimizer, int(overflow_at), where or "loss")
         return model, optimizer, scheduler
 
-    evaluate = trainer.loop.evaluate
+    evaluate = trainer.engine.loop.evaluate
 
     def save_then_evaluate(*args: Any, **kwargs: Any) -> Any:
         torch.save(records["record"], f"{prefix}.rank{records['rank']}.pt")
         return evaluate(*args, **kwargs)
 
-    trainer.loop.prepare = watched_prepare
-    trainer.loop.evaluate = save_then_evaluate
+    trainer.engine.loop.prepare = watched_prepare
+    trainer.engine.loop.evaluate = save_then_evaluate
     main(["train", *flags])

@@ -21,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
-import trainer.loop
+import trainer.engine.loop
 from ckpt_tools import layout
 from trainer.cli import main
 from trainer.distributed.factory import prepare
@@ -48,5 +48,5 @@ def observed_prepare(observed: str, dcp_dir: str):
 if __name__ == "__main__":
     observed, flags = sys.argv[1], sys.argv[2:]
     policy_path = next(f.removeprefix(PATH_FLAG) for f in flags if f.startswith(PATH_FLAG))
-    trainer.loop.prepare = observed_prepare(observed, os.path.join(policy_path, layout.MODEL_DCP_DIR))
+    trainer.engine.loop.prepare = observed_prepare(observed, os.path.join(policy_path, layout.MODEL_DCP_DIR))
     main(["train", *flags])

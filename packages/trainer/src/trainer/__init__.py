@@ -12,7 +12,7 @@ __all__ = ["load_policy"]
 def __getattr__(name: str) -> Any:
     """Lazy, so `import trainer` (and the CLI's start) does not import torch."""
     if name == "load_policy":
-        from trainer.inference import load_policy
+        from trainer.evaluation.inference import load_policy
 
         return load_policy
     raise AttributeError(f"module 'trainer' has no attribute {name!r}")

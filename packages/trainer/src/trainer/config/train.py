@@ -10,16 +10,16 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import draccus
+
 from trainer.config.accelerator import AcceleratorConfig
+from trainer.config.dataset import DatasetConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.peft import PeftConfig
+from trainer.config.policy import PolicyConfig
+from trainer.config.registry import registered_default
 from trainer.config.tracking import TrackioConfig, WandbConfig
-from trainer.data import lerobot  # noqa: F401  (registers --dataset.type=lerobot)
-from trainer.data.dataset import DatasetConfig
-from trainer.data.pendulum import PendulumConfig
 from trainer.errors import ConfigError
-from trainer.policies import PolicyConfig
-from trainer.policies.act import ACTConfig
 
 CHECKPOINT_FORMATS = ("safetensors", "dcp", "safetensors_dcp")
 
@@ -92,8 +92,10 @@ class SchedulerConfig:
 class TrainConfig:
     """`trainer train`: everything a run needs, and nothing read from elsewhere."""
 
-    policy: PolicyConfig = field(default_factory=ACTConfig)
-    dataset: DatasetConfig = field(default_factory=PendulumConfig)
+    policy: PolicyConfig = field(default_factory=registered_default(PolicyConfig, "act", "trainer.policies"))
+    dataset: DatasetConfig = field(
+        default_factory=registered_default(DatasetConfig, "pendulum", "trainer.data")
+    )
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
@@ -188,3 +190,8 @@ def _nearest_multiples(name: str, value: int, accum: int) -> str:
     lower = value - value % accum
     upper = lower + accum
     return f"--{name}={upper}" + (f" (or --{name}={lower})" if lower else "")
+
+
+def encode_config(config: TrainConfig) -> dict[str, Any]:
+    """The JSON-ready dict of a config (train_config.json is `checkpointing.saved_config`)."""
+    return draccus.encode(config)

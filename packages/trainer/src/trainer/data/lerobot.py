@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainer.config.dataset import DatasetConfig
 from trainer.data import lerobot_format as fmt
-from trainer.data.dataset import ACTION_KEY, OBS_KEY, ArrayDataset, DatasetConfig, Stats, check_input_features
+from trainer.data.dataset import ACTION_KEY, OBS_KEY, ArrayDataset, Stats, check_input_features
 from trainer.errors import ConfigError
 
 STD_FLOOR = 1e-6  # a constant feature's std would divide by zero

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.config.dataset import DatasetConfig
 from trainer.data import sim
-from trainer.data.dataset import OBS_KEY, ArrayDataset, DatasetConfig, check_input_features
+from trainer.data.dataset import OBS_KEY, ArrayDataset, check_input_features
 from trainer.errors import ConfigError
 
 

@@ -96,7 +96,7 @@ class _BucketStore:
     only the version that was read. Best effort: a store that ignores these headers locks nothing."""
 
     def __init__(self, url: str) -> None:
-        from trainer.run_files import resolve
+        from trainer.reporting.run_files import resolve
 
         self.fs, self.path = resolve(url)
 

@@ -7,16 +7,15 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import draccus
 
+from trainer.config.dataset import DatasetConfig
 from trainer.config.registry import known_types, register_import_path
 from trainer.config.train import TrainConfig
-from trainer.data.dataset import DatasetConfig
 from trainer.errors import ConfigError
 from trainer.policies.base import PolicyConfig
-from trainer.pretrained import policy_defaults
+from trainer.policies.pretrained import policy_defaults
 
 _CONFIG_FLAG = "--config_path"
 DEFAULT_TYPES = {"policy": "act", "dataset": "pendulum"}
@@ -87,7 +86,7 @@ def _auto_resume_config_path(args: list[str]) -> str | None:
             values[name] = value
     if values.get("--resume", "").lower() not in ("true", "1", "yes"):
         return None
-    from trainer.resume import saved_config_path
+    from trainer.engine.resume import saved_config_path
 
     return saved_config_path(values.get("--output_dir", TrainConfig.output_dir))
 
@@ -109,7 +108,7 @@ def _parse(rest: list[str], config_path: str | None) -> TrainConfig:
 
 def _hint(message: str) -> str:
     """ "did you mean --x?" for the first unrecognized flag that is close to a real one."""
-    from trainer.config.flags import suggestion
+    from trainer.cli.flags import suggestion
 
     _, found, unknown = message.partition("unrecognized arguments:")
     for arg in unknown.split() if found else []:
@@ -117,11 +116,6 @@ def _hint(message: str) -> str:
         if meant:
             return f"; did you mean {meant}?"
     return ""
-
-
-def encode_config(config: TrainConfig) -> dict[str, Any]:
-    """The JSON-ready dict of a config (train_config.json is `checkpointing.saved_config`)."""
-    return draccus.encode(config)
 
 
 def _split_config_path(args: list[str]) -> tuple[str | None, list[str]]:

@@ -31,22 +31,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args[:1] == ["train"] and any(arg in HELP_FLAGS for arg in args[1:]):
         _print_help(args[1:])
     if args[:1] == ["eval"] and any(arg in HELP_FLAGS for arg in args[1:]):
-        from trainer.eval_command import HELP
+        from trainer.cli.eval_command import HELP
 
         print(HELP)
         raise SystemExit(0)
     if not args or args[0] not in ("train", "eval"):
         print(USAGE + "\nFlags: trainer train --help, or docs/training.md.", file=sys.stderr)
         raise SystemExit(2)
+    from trainer.distributed.interrupt import Interrupted
     from trainer.errors import ConfigError
-    from trainer.interrupt import Interrupted
 
     try:
         if args[0] == "eval":
             _eval(args[1:])
         else:
-            from trainer.config.parse import parse_config
-            from trainer.loop import train
+            from trainer.cli.parse import parse_config
+            from trainer.engine.loop import train
 
             train(parse_config(args[1:]))
     except ConfigError as exc:
@@ -64,8 +64,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _print_help(args: list[str]) -> None:
     """The generated flag table on stdout, for the `--policy.type` given (all built-in types if none)."""
-    from trainer.config.flags import help_text
-    from trainer.config.parse import normalize_argv
+    from trainer.cli.flags import help_text
+    from trainer.cli.parse import normalize_argv
     from trainer.policies.base import known_types, register_import_path
 
     types = [arg.partition("=")[2] for arg in normalize_argv(args) if arg.startswith("--policy.type=")]
@@ -103,7 +103,7 @@ def _error_exit(line: str) -> None:
     the main one after printing) or HOLD_FOR_MAIN_RANK_S pass (an error of this rank alone), then
     prints it and exits 1. A rank that had already received a signal prints at once. The process group
     is not left: the peers may be gone already."""
-    from trainer.interrupt import hold_until_signal
+    from trainer.distributed.interrupt import hold_until_signal
 
     if int(os.environ.get("RANK", "0")) != 0:
         hold_until_signal(HOLD_FOR_MAIN_RANK_S)
@@ -147,8 +147,8 @@ def _eval(args: list[str]) -> None:
     """`trainer eval`: one line (or one JSON object with --json) from the main rank."""
     import json
 
-    from trainer.eval_command import run_eval
-    from trainer.evaluation import summary_line
+    from trainer.cli.eval_command import run_eval
+    from trainer.evaluation.rollouts import summary_line
 
     result = run_eval(args)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -171,7 +171,3 @@ def _exit(code: int, leave_group: bool = True) -> None:
     if dist.is_available() and "WORLD_SIZE" in os.environ:
         os._exit(code)
     raise SystemExit(code)
-
-
-if __name__ == "__main__":
-    main()

@@ -15,9 +15,9 @@ from typing import Any
 import draccus
 from draccus.wrappers.docstring import get_attribute_docstring
 
+from trainer.config.dataset import DatasetConfig
 from trainer.config.registry import known_types
 from trainer.config.train import TrainConfig
-from trainer.data.dataset import DatasetConfig
 from trainer.policies.base import PolicyConfig
 
 # choice registry -> (what it chooses, the meaning of its --X.type flag)

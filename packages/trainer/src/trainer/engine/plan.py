@@ -20,16 +20,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ckpt_tools import Topology
-from trainer import checkpointing, publishing
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.train import TrainConfig
 from trainer.distributed.factory import check_accelerate_env
 from trainer.distributed.topology import check_checkpoint_format, resolve_topology
+from trainer.engine import checkpointing, publishing
+from trainer.engine.peft_policy import ignored_modules_pattern
 from trainer.errors import ConfigError
-from trainer.peft import ignored_modules_pattern
 from trainer.policies import PolicyConfig
-from trainer.trackers import check_trackers, resolve_run_ids
+from trainer.reporting.trackers import check_trackers, resolve_run_ids
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,10 @@ from typing import Any
 
 import ckpt_tools
 from ckpt_tools import SamplerPosition, Topology, TrainingStep, layout
-from trainer.config.parse import encode_config
-from trainer.config.train import TrainConfig
+from trainer.config.train import TrainConfig, encode_config
 from trainer.data.processors import Processor
+from trainer.engine.peft_policy import adapter_config
 from trainer.errors import CheckpointSaveError, ConfigError
-from trainer.peft import adapter_config
 
 
 def checkpoints_dir(output_dir: str) -> str:

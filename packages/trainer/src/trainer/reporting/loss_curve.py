@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer import run_files
+from trainer.reporting import run_files
 
 
 @dataclass

@@ -16,10 +16,10 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from trainer import run_files
 from trainer.config.train import TrainConfig
-from trainer.loss_curve import plot, read_history
-from trainer.trackers import GuardedTrackers, start_trackers
+from trainer.reporting import run_files
+from trainer.reporting.loss_curve import plot, read_history
+from trainer.reporting.trackers import GuardedTrackers, start_trackers
 
 METRICS_FILE = "metrics.jsonl"
 LOSS_CURVE_FILE = "loss_curve.png"

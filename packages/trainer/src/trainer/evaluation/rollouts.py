@@ -17,7 +17,7 @@ import torch
 
 from trainer.data import sim
 from trainer.data.dataset import ACTION_KEY, Dataset
-from trainer.validation import rank_batches
+from trainer.evaluation.validation import rank_batches
 
 EVAL_SEED_BASE = 10_000
 Reduce = Callable[[torch.Tensor], torch.Tensor]  # sum over ranks

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer import pretrained
 from trainer.config.train import TrainConfig
 from trainer.errors import ConfigError
+from trainer.policies import pretrained
 
 ADAPTER = "default"  # peft's adapter name when none is given
 PEFT_PREFIX = "base_model.model."

@@ -22,8 +22,8 @@ import ckpt_tools
 from ckpt_tools import ResumePlan, RunShape, Topology, layout
 from trainer.config.train import TrainConfig
 from trainer.distributed.agree import main_decides
+from trainer.engine.peft_policy import saved_weight_shapes
 from trainer.errors import ConfigError
-from trainer.peft import saved_weight_shapes
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,7 @@ class WandbTracker:
     def __init__(self, config: TrainConfig) -> None:
         import wandb
 
-        from trainer.config.parse import encode_config
+        from trainer.config.train import encode_config
 
         settings = config.wandb  # its run_id decided by the run plan
         self.run = wandb.init(
@@ -166,7 +166,7 @@ class TrackioTracker:
     def __init__(self, config: TrainConfig) -> None:
         import trackio
 
-        from trainer.config.parse import encode_config
+        from trainer.config.train import encode_config
 
         settings = config.trackio  # its run_name decided by the run plan
         self.trackio = trackio

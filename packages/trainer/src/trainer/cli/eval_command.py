@@ -20,12 +20,13 @@ import draccus
 import torch
 
 import ckpt_tools
-from trainer import evaluation, pretrained
-from trainer.config.parse import LEROBOT_FLAGS, settle_choice
-from trainer.data.dataset import DatasetConfig
+from trainer.cli.parse import LEROBOT_FLAGS, settle_choice
+from trainer.config.dataset import DatasetConfig
 from trainer.data.pendulum import PendulumConfig
 from trainer.errors import ConfigError
-from trainer.inference import LoadedPolicy, load_policy
+from trainer.evaluation import rollouts as evaluation
+from trainer.evaluation.inference import LoadedPolicy, load_policy
+from trainer.policies import pretrained
 
 USAGE = "usage: trainer eval --policy.path=PATH [--dataset.root=DIR --dataset.episodes=[...]] [--json]"
 HELP = f"""{USAGE}

@@ -22,20 +22,23 @@ import numpy as np
 import torch
 
 import ckpt_tools
-from trainer import checkpointing, evaluation, peft, publishing, resume, validation
 from trainer.config.train import TrainConfig
 from trainer.data.dataset import OBS_KEY
 from trainer.data.processors import build_processors
 from trainer.data.sampler import GlobalOrderSampler
 from trainer.distributed.agree import main_decides
 from trainer.distributed.factory import build_accelerator, prepare
+from trainer.distributed.interrupt import Interrupted, Interrupts
 from trainer.distributed.runlock import RunLock, watch_launcher
 from trainer.distributed.topology import launch_world_size
 from trainer.distributed.wrap import describe_parameters, resolve_wrap_plan
-from trainer.interrupt import Interrupted, Interrupts
-from trainer.metrics import make_logger
-from trainer.plan import RunPlan, resolve_plan
+from trainer.engine import checkpointing, publishing, resume
+from trainer.engine import peft_policy as peft
+from trainer.engine.plan import RunPlan, resolve_plan
+from trainer.evaluation import rollouts as evaluation
+from trainer.evaluation import validation
 from trainer.policies import build_policy
+from trainer.reporting.metrics import make_logger
 
 
 @dataclass

@@ -18,12 +18,11 @@ import torch
 
 import ckpt_tools
 from ckpt_tools import layout
-from trainer import pretrained
 from trainer.config.registry import register_import_path
 from trainer.data.dataset import ACTION_KEY, OBS_KEY
 from trainer.data.processors import Processor
 from trainer.errors import ConfigError
-from trainer.policies import Policy, PolicyConfig, build_policy
+from trainer.policies import Policy, PolicyConfig, build_policy, pretrained
 
 
 @dataclass

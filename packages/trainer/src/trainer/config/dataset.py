@@ -1,0 +1,43 @@
+"""The base of every dataset config: `--dataset.type` picks the subclass.
+
+Plain values only: the built-in datasets (`trainer/data/`) register their config subclasses where they
+are defined; `load()` returns an object of the dataset protocol (`trainer/data/dataset.py: Dataset`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import draccus
+
+if TYPE_CHECKING:
+    from trainer.data.dataset import Dataset
+
+
+@dataclass
+class DatasetConfig(draccus.ChoiceRegistry):
+    """Base of every dataset config; `--dataset.type` picks the subclass."""
+
+    @property
+    def type(self) -> str:
+        return self.get_choice_name(type(self))
+
+    def load(self, input_features: Sequence[str] = ()) -> Dataset:
+        """The training data. `input_features` are the observation features the policy asks for
+        (empty: the dataset's default); a feature the dataset cannot provide is a ConfigError."""
+        raise NotImplementedError
+
+    def load_validation(self, input_features: Sequence[str] = ()) -> Dataset | None:
+        """Held-out data for `val_loss`, or None when the config holds none out."""
+        return None
+
+    def banner(self) -> list[str]:
+        """Lines the run's start banner shows about the data (sources, unused features)."""
+        return []
+
+    @property
+    def rollout_episodes(self) -> int:
+        """Episodes of the simulated task rolled out at the end of training (0: the data has no sim)."""
+        return 0

@@ -1,0 +1,1 @@
+"""A run's outputs beside its checkpoints: metrics, the loss curve, experiment trackers, run files."""
