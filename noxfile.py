@@ -115,9 +115,10 @@ MUTATION_TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "dcp_index": ("dcp/index.py", ("test_dcp_index.py", "test_convert_guarantees.py", "test_safe_pickle.py")),
     "convert": (
-        "tools/convert.py",
+        "tools/convert/to_safetensors.py",
         ("test_convert_guarantees.py", "test_convert_outputs.py", "test_convert_cli.py"),
     ),
+    "chunk_copy": ("tools/convert/chunk_copy.py", ("test_convert_guarantees.py", "test_convert_outputs.py")),
     "save": ("state/save.py", ("test_state_single.py", ADAPTER_ROUND_TRIP)),
     "load": (
         "state/training_load.py",

@@ -105,7 +105,7 @@ def test_chunk_checks_refuse_before_the_first_byte(tmp_path: Path, offsets, size
 
 
 def test_a_written_header_unlike_the_plan_is_refused_and_discarded(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import ckpt_tools.tools.convert as convert
+    import ckpt_tools.tools.convert.to_safetensors as convert
 
     class Misnaming(convert.SafetensorsStreamWriter):  # type: ignore[misc,name-defined]
         """A writer bug: the header names one tensor differently from the plan."""

@@ -90,3 +90,22 @@ def record_deleted_dcp(source: str) -> None:
         rewritten[f"{layout.TRAINING_STATE_DIR}/{layout.TRAINING_STEP}"] = data
     removed = f"{layout.PRETRAINED_MODEL_DIR}/{source.rstrip('/').rsplit('/', 1)[-1]}"
     update_manifest(step_dir, removed=removed, rewritten=rewritten)
+
+
+def inside(path: str, root: str) -> bool:
+    """Whether `path` is `root` or lies below it (after symlinks on local disk); never touches either."""
+    fs_path, inner_path = storage.resolve(path)
+    fs_root, inner_root = storage.resolve(root)
+    if storage.is_local(fs_path) != storage.is_local(fs_root):
+        return False
+    if storage.is_local(fs_path):
+        inner_path, inner_root = os.path.realpath(inner_path), os.path.realpath(inner_root)
+    inner_path, inner_root = inner_path.rstrip("/"), inner_root.rstrip("/")
+    return inner_path == inner_root or inner_path.startswith(inner_root + "/")
+
+
+def refuse_inside(path: str, root: str, what: str, root_is: str) -> None:
+    if inside(path, root):
+        raise CheckpointError(
+            f"{what} {path} lies inside {root}, {root_is}: refused; choose a path outside it"
+        )
