@@ -114,6 +114,8 @@ MUTATION_TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("test_storage_commit.py", "test_last_never_absent.py", "test_retention.py"),
     ),
     "dcp_index": ("dcp/index.py", ("test_dcp_index.py", "test_convert_guarantees.py", "test_safe_pickle.py")),
+    "dcp_roles": ("dcp/roles.py", ("test_dcp_index.py", "test_inspect.py")),
+    "dcp_records": ("dcp/records.py", ("test_dcp_index.py", "test_convert_guarantees.py")),
     "convert": (
         "tools/convert/to_safetensors.py",
         ("test_convert_guarantees.py", "test_convert_outputs.py", "test_convert_cli.py"),

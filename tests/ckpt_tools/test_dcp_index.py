@@ -12,7 +12,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from ckpt_tools.dcp.index import ChunkEntry, locate_chunk_data, model_tensors, read_dcp_index
+from ckpt_tools.dcp.index import ChunkEntry, read_dcp_index
+from ckpt_tools.dcp.records import locate_chunk_data
+from ckpt_tools.dcp.roles import model_tensors
 from ckpt_tools.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,

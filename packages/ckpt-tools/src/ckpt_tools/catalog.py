@@ -16,14 +16,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt_tools.dcp.index import (
-    MODEL_WRAPPED,
-    OPTIMIZER_STATE,
-    TOP_LEVEL,
-    model_tensors,
-    read_dcp_index,
-    tensor_roles,
-)
+from ckpt_tools.dcp.index import read_dcp_index
+from ckpt_tools.dcp.roles import MODEL_WRAPPED, OPTIMIZER_STATE, TOP_LEVEL, model_tensors, tensor_roles
 from ckpt_tools.errors import CheckpointError
 from ckpt_tools.files import locate, storage
 from ckpt_tools.files.safetensors_io import read_safetensors_header
@@ -149,7 +143,7 @@ def _weight_sets(model_dir: str, step_dir: str | None) -> list[WeightSet]:
 
 def _dcp_directory(path: str) -> Catalog:
     """A bare DCP directory: its roles come from where its tensors sit in the saved state dict
-    (see `dcp_index.tensor_roles`), not from its name; `adapter_model_fsdp_0/` holds an adapter."""
+    (see `dcp.roles.tensor_roles`), not from its name; `adapter_model_fsdp_0/` holds an adapter."""
     roles = tensor_roles(read_dcp_index(path, check_files=False))
     name = path.rsplit("/", 1)[-1]
     sets = []

@@ -3,8 +3,8 @@
 torch's DCP writes one `.metadata` pickle (every tensor's shape, dtype and saved chunks, and where each
 chunk lies: file, offset, length) plus `.distcp` files holding the chunks. This module turns the
 metadata into plain frozen dataclasses through the restricted unpickler, so `ckpt inspect` answers
-without importing torch, and locates each chunk's raw element bytes inside its `torch.save` record so
-conversion can copy them by offset instead of loading tensors.
+without importing torch. Which tensors are model weights and which optimizer state is `roles.py`;
+where a chunk's raw element bytes lie inside its `torch.save` record is `records.py`.
 
 The metadata is untrusted (see `untrusted`): `.metadata` is read only as a regular file under a size
 limit, every field is type- and range-checked into the dataclasses below (one line naming the entry
@@ -15,33 +15,25 @@ a reader copy bytes from elsewhere.
 from __future__ import annotations
 
 import os
-import re
-import struct
-import zipfile
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import Any
 
 from ckpt_tools.dcp.safe_pickle import (
     MAX_DIMS,
     BytesStorageMetadata,
     Metadata,
     TensorStorageMetadata,
-    load_tensor_record,
     restricted_loads,
 )
 from ckpt_tools.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
     NotACheckpointError,
-    UnsafePickleError,
 )
 from ckpt_tools.files import storage
 from ckpt_tools.format import layout
-from ckpt_tools.format.dtypes import ITEMSIZE, SAFETENSORS_TO_TORCH, nbytes, safetensors_code
+from ckpt_tools.format.dtypes import nbytes, safetensors_code
 from ckpt_tools.format.untrusted import MAX_METADATA_BYTES, describe, is_count
-
-_MAX_RECORD_PICKLE = 1 << 20
-"""A chunk record's `data.pkl` names one tensor in a few hundred bytes."""
 
 
 @dataclass(frozen=True)
@@ -279,203 +271,3 @@ def dcp_file_problems(index: DcpIndex) -> list[str]:
                 "the save was interrupted, use another checkpoint"
             )
     return problems
-
-
-# --- model keys ----------------------------------------------------------------------------------
-# Which tensors of a DCP directory are model weights. Tools nest their state differently:
-#   ours, torch's plain `dcp.save(model_sd)`         model tensors at the top level
-#   accelerate's save_state (FSDP)                  `{"model": sd}` in pytorch_model_fsdp_0/,
-#                                                   `{"optimizer": osd}` in optimizer_0/
-#   torchtitan's CheckpointManager                  model tensors at the top level beside a nested
-#                                                   `optimizer` (and lr_scheduler, dataloader, ...)
-#   torch's get_state_dict pair                     `{"model": sd, "optim": osd}`
-# Optimizer state is recognised by its root key, nested or flattened (`optimizer.state.w.exp_avg`,
-# or a flattened optimizer state dict's own `state.` / `param_groups.` keys at the top level), so a
-# model whose top-level module is itself called `optimizer` or `state` would be misread: none is.
-
-_MODEL_ROOT = "model"
-_OPTIMIZER_ROOT = re.compile(
-    r"^(optim|optimizer|optimizers|optimizer_state|optim_state)(_\d+)?$|^(state|param_groups)$"
-)
-
-# (in angle brackets, so no root key of a saved state dict is mistaken for one)
-MODEL_WRAPPED = "<model>"  # tensors under a `model` entry
-TOP_LEVEL = "<top level>"  # tensors saved at the top level of the state dict
-OPTIMIZER_STATE = "<optimizer>"  # tensors under an optimizer root
-
-
-def tensor_roles(index: DcpIndex) -> dict[str, list[str]]:
-    """The tensor keys of a DCP directory by where they sit: `MODEL_WRAPPED`, `TOP_LEVEL`,
-    `OPTIMIZER_STATE`, or the name of any other root entry they are nested under."""
-    roles: dict[str, list[str]] = {}
-    for name in index.tensors:
-        path = index.paths.get(name)
-        root = path[0] if path and len(path) > 1 else None
-        first = name.split(".", 1)[0]
-        if root is None and "." in name and _OPTIMIZER_ROOT.match(first):
-            root = first  # a flattened optimizer state dict (`state.<param>.exp_avg`) or prefix
-        if root is None:
-            role = TOP_LEVEL
-        elif root == _MODEL_ROOT:
-            role = MODEL_WRAPPED
-        elif _OPTIMIZER_ROOT.match(root):
-            role = OPTIMIZER_STATE
-        else:
-            role = root
-        roles.setdefault(role, []).append(name)
-    return roles
-
-
-def model_tensors(index: DcpIndex) -> dict[str, TensorEntry]:
-    """The model weights of a DCP checkpoint, under their model state-dict names; optimizer state is
-    never returned, in any layout.
-
-    Tensors under a `model` entry lose that wrapper; top-level tensors keep their names. A directory
-    whose weights cannot be told apart (top-level tensors beside a `model` entry, or tensors nested
-    under a root that is neither) is refused rather than guessed; one holding only optimizer state
-    raises too.
-    """
-    if not index.tensors:
-        raise NotACheckpointError(
-            f"{index.path} holds no tensors ({len(index.objects)} other entries): no model weights"
-        )
-    roles = tensor_roles(index)
-    candidates = sorted(role for role in roles if role != OPTIMIZER_STATE)
-    if not candidates:
-        raise NotACheckpointError(
-            f"{index.path} holds optimizer state only, no model weights: convert the model's "
-            f"DCP directory ({layout.MODEL_DCP_DIR}/) instead"
-        )
-    if len(candidates) > 1 or candidates[0] not in (MODEL_WRAPPED, TOP_LEVEL):
-        where = ", ".join(
-            "the top level" if r == TOP_LEVEL else repr(_MODEL_ROOT if r == MODEL_WRAPPED else r)
-            for r in candidates
-        )
-        raise NotACheckpointError(
-            f"{index.path} holds tensors under {where}: which are the model weights is ambiguous; "
-            "save the model alone (or under 'model') and the optimizer under 'optimizer'"
-        )
-    if candidates[0] == MODEL_WRAPPED:
-        return {".".join(index.paths[name][1:]): index.tensors[name] for name in roles[MODEL_WRAPPED]}
-    return {name: index.tensors[name] for name in roles[TOP_LEVEL]}
-
-
-def optimizer_tensors(index: DcpIndex) -> dict[str, TensorEntry]:
-    """The optimizer-state tensors of a DCP checkpoint, under their saved (flattened) keys."""
-    return {name: index.tensors[name] for name in tensor_roles(index).get(OPTIMIZER_STATE, [])}
-
-
-# --- chunk records -------------------------------------------------------------------------------
-
-_LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
-_LOCAL_MAGIC = b"PK\x03\x04"
-
-
-@dataclass(frozen=True)
-class ChunkData:
-    """Where a chunk's element bytes lie in its file: C-contiguous, little-endian, `length` bytes."""
-
-    offset: int
-    length: int
-
-
-def locate_chunk_data(handle: IO[bytes], chunk: ChunkEntry, dtype: str, where: str) -> ChunkData | None:
-    """Find the raw bytes of `chunk` inside its open `.distcp` file, reading only small headers.
-
-    Returns None when the record is not a plain contiguous tensor of the expected dtype (a transform,
-    a non-contiguous view, a tensor subclass): the caller then loads that chunk with torch.
-    Raises CorruptCheckpointError when the record is damaged.
-    """
-    want = chunk.numel * ITEMSIZE[dtype]
-    if chunk.transforms:
-        return None
-    if chunk.length == want:  # a raw (non torch.save) record
-        return ChunkData(chunk.file_offset, want)
-    try:
-        with zipfile.ZipFile(_Slice(handle, chunk.file_offset, chunk.length)) as archive:
-            return _locate_in_archive(archive, handle, chunk, dtype, want, where)
-    except (
-        zipfile.BadZipFile,
-        EOFError,
-        struct.error,
-        ValueError,
-        OverflowError,
-        NotImplementedError,
-    ) as exc:
-        raise CorruptCheckpointError(f"{where}: chunk record is damaged ({str(exc)[:200]})") from None
-
-
-def _locate_in_archive(
-    archive: zipfile.ZipFile, handle: IO[bytes], chunk: ChunkEntry, dtype: str, want: int, where: str
-) -> ChunkData | None:
-    names = {info.filename.split("/", 1)[-1]: info for info in archive.infolist()}
-    stored = zipfile.ZIP_STORED
-    compressed = next((info.filename for info in names.values() if info.compress_type != stored), None)
-    if compressed is not None:
-        raise CorruptCheckpointError(
-            f"{where}: chunk record entry {describe(compressed)} is compressed; torch.save stores records "
-            "uncompressed, so this one is refused rather than inflated"
-        )
-    pickled = names.get("data.pkl")
-    byteorder = names.get("byteorder")
-    if pickled is None:
-        raise CorruptCheckpointError(f"{where}: chunk record has no data.pkl")
-    if pickled.file_size > _MAX_RECORD_PICKLE or (byteorder is not None and byteorder.file_size > 64):
-        raise CorruptCheckpointError(f"{where}: chunk record's data.pkl is larger than a tensor record")
-    if byteorder is not None and archive.read(byteorder).strip() != b"little":
-        return None
-    try:
-        record = load_tensor_record(archive.read(pickled), what=f"{where} (tensor record)")
-    except UnsafePickleError:
-        return None
-    info = names.get(f"data/{record.storage.key}")
-    itemsize = ITEMSIZE[dtype]
-    if (
-        info is None
-        or record.storage.dtype != SAFETENSORS_TO_TORCH[dtype]
-        or record.shape != chunk.sizes
-        or not _is_contiguous(record.shape, record.stride)
-        or (record.storage_offset + chunk.numel) * itemsize > info.file_size
-    ):
-        return None
-    handle.seek(chunk.file_offset + info.header_offset)
-    magic, *_rest, name_len, extra_len = _LOCAL_HEADER.unpack(handle.read(_LOCAL_HEADER.size))
-    if magic != _LOCAL_MAGIC:
-        raise CorruptCheckpointError(f"{where}: chunk record has a bad zip entry header")
-    start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
-    return ChunkData(chunk.file_offset + start + record.storage_offset * itemsize, want)
-
-
-def _is_contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    expected = 1
-    for dim, step in zip(reversed(shape), reversed(stride), strict=True):
-        if dim != 1 and step != expected:
-            return False
-        expected *= dim
-    return True
-
-
-class _Slice:
-    """A read-only, seekable window [start, start+length) of an open file, for zipfile."""
-
-    def __init__(self, handle: IO[bytes], start: int, length: int) -> None:
-        self._handle, self._start, self._length, self._pos = handle, start, length, 0
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self._length}[whence]
-        self._pos = max(0, base + pos)
-        return self._pos
-
-    def read(self, size: int = -1) -> bytes:
-        left = max(0, self._length - self._pos)
-        size = left if size is None or size < 0 else min(size, left)
-        self._handle.seek(self._start + self._pos)
-        data = self._handle.read(size)
-        self._pos += len(data)
-        return data

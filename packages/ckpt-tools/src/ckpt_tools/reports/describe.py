@@ -23,7 +23,8 @@ from ckpt_tools.catalog import (
     catalog,
     weights_for_report,
 )
-from ckpt_tools.dcp.index import DcpIndex, model_tensors, optimizer_tensors, read_dcp_index
+from ckpt_tools.dcp.index import DcpIndex, read_dcp_index
+from ckpt_tools.dcp.roles import model_tensors, optimizer_tensors
 from ckpt_tools.errors import NotACheckpointError
 from ckpt_tools.files import locate, storage
 from ckpt_tools.files.safetensors_io import read_safetensors_header, read_weight_map

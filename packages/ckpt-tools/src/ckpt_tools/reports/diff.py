@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from ckpt_tools.dcp.index import model_tensors, read_dcp_index
+from ckpt_tools.dcp.index import read_dcp_index
+from ckpt_tools.dcp.roles import model_tensors
 from ckpt_tools.errors import NotACheckpointError
 from ckpt_tools.files import storage
 from ckpt_tools.files.safetensors_io import read_safetensors_header

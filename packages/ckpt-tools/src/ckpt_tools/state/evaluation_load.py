@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from ckpt_tools import catalog
-from ckpt_tools.dcp.index import model_tensors, read_dcp_index
+from ckpt_tools.dcp.index import read_dcp_index
+from ckpt_tools.dcp.roles import model_tensors
 from ckpt_tools.errors import NotACheckpointError
 from ckpt_tools.files import storage
 from ckpt_tools.files.locate import read_training_step

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import IO, Any
 
-from ckpt_tools.dcp.index import ChunkEntry, TensorEntry, locate_chunk_data
+from ckpt_tools.dcp.index import ChunkEntry, TensorEntry
+from ckpt_tools.dcp.records import locate_chunk_data
 from ckpt_tools.errors import CorruptCheckpointError
 from ckpt_tools.files import storage
 from ckpt_tools.files.safetensors_writer import COPY_BLOCK, SafetensorsStreamWriter

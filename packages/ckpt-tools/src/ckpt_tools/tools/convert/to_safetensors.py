@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 
 from ckpt_tools.catalog import ADAPTER, DCP, MODEL, catalog
 from ckpt_tools.dcp.chunk_tiling import check_tiling
-from ckpt_tools.dcp.index import TensorEntry, model_tensors, read_dcp_index
+from ckpt_tools.dcp.index import TensorEntry, read_dcp_index
+from ckpt_tools.dcp.roles import model_tensors
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, OutputExistsError
 from ckpt_tools.files import storage
 from ckpt_tools.files.safetensors_io import read_safetensors_header
