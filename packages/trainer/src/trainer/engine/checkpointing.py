@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+import torch
 
 import ckpt_tools
 from ckpt_tools import SamplerPosition, Topology, TrainingStep, layout
@@ -13,6 +15,21 @@ from trainer.config.train import TrainConfig, encode_config
 from trainer.data.processors import Processor
 from trainer.engine.peft_policy import adapter_config
 from trainer.errors import CheckpointSaveError, ConfigError
+
+if TYPE_CHECKING:
+    from accelerate.scheduler import AcceleratedScheduler
+    from typing_extensions import Unpack
+
+
+class SavedObjects(TypedDict):
+    """What a checkpoint holds besides its step (`save`'s and `start`'s keyword arguments)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: AcceleratedScheduler
+    scaler: torch.amp.GradScaler | None
+    preprocessor: Processor
+    postprocessor: Processor
 
 
 def checkpoints_dir(output_dir: str) -> str:
@@ -61,7 +78,7 @@ def training_step(
     )
 
 
-def save(config: TrainConfig, state: TrainingStep, **objects: Any) -> str:
+def save(config: TrainConfig, state: TrainingStep, **objects: Unpack[SavedObjects]) -> str:
     """Collective: call on all ranks. `start` then `finish`: the step committed; returns its directory."""
     return finish(config, start(config, state, **objects))
 
@@ -69,39 +86,33 @@ def save(config: TrainConfig, state: TrainingStep, **objects: Any) -> str:
 def start(
     config: TrainConfig,
     state: TrainingStep,
-    *,
-    model: Any,
-    optimizer: Any,
-    scheduler: Any,
-    scaler: Any,
-    preprocessor: Processor,
-    postprocessor: Processor,
-) -> Any:
+    **objects: Unpack[SavedObjects],
+) -> ckpt_tools.PendingCheckpoint:
     """Collective: call on all ranks. Writes the step (its DCP shards in the background with
     --async_save) and returns the pending checkpoint that `finish` commits."""
     processors = {
-        layout.PREPROCESSOR: ckpt_tools.ProcessorState(*preprocessor.state()),
-        layout.POSTPROCESSOR: ckpt_tools.ProcessorState(*postprocessor.state()),
+        layout.PREPROCESSOR: ckpt_tools.ProcessorState(*objects["preprocessor"].state()),
+        layout.POSTPROCESSOR: ckpt_tools.ProcessorState(*objects["postprocessor"].state()),
     }
     with _one_line(config):
         return ckpt_tools.start_checkpoint(
             checkpoints_dir(config.output_dir),
             state,
-            model=model,
-            optimizer=optimizer,
+            model=objects["model"],
+            optimizer=objects["optimizer"],
             policy_config=config.policy.to_dict(),
             train_config=saved_config(config),
             processors=processors,
-            scheduler=scheduler,
-            scaler=scaler,
-            adapter_config=adapter_config(model, config),
+            scheduler=objects["scheduler"],
+            scaler=objects["scaler"],
+            adapter_config=adapter_config(objects["model"], config),
             keep_last=config.keep_last,
             manifest=config.checkpoint_manifest,
             background=config.async_save,
         )
 
 
-def finish(config: TrainConfig, pending: Any) -> str:
+def finish(config: TrainConfig, pending: ckpt_tools.PendingCheckpoint) -> str:
     """Collective: wait for the pending checkpoint's writes on every rank, commit it, move `last`, apply
     --keep_last. Returns the step directory."""
     with _one_line(config):

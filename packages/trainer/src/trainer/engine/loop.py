@@ -12,47 +12,39 @@ import os
 import random
 import signal
 import sys
-import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 import ckpt_tools
 from trainer.config.train import TrainConfig
-from trainer.data.dataset import OBS_KEY
-from trainer.data.processors import build_processors
+from trainer.data.dataset import OBS_KEY, Dataset
+from trainer.data.processors import Processor, build_processors
 from trainer.data.sampler import GlobalOrderSampler
 from trainer.distributed.agree import main_decides
 from trainer.distributed.factory import build_accelerator, prepare
-from trainer.distributed.interrupt import Interrupted, Interrupts
+from trainer.distributed.interrupt import Agreement, Interrupted, Interrupts
 from trainer.distributed.runlock import RunLock, watch_launcher
 from trainer.distributed.topology import launch_world_size
-from trainer.distributed.wrap import describe_parameters, resolve_wrap_plan
-from trainer.engine import checkpointing, publishing, resume
+from trainer.distributed.wrap import WrapPlan, describe_parameters, resolve_wrap_plan
 from trainer.engine import peft_policy as peft
+from trainer.engine import publishing, resume
+from trainer.engine.loss_window import LossWindow
 from trainer.engine.plan import RunPlan, resolve_plan
+from trainer.engine.run import Run, RunSummary
+from trainer.engine.save_schedule import SaveSchedule
 from trainer.evaluation import rollouts as evaluation
 from trainer.evaluation import validation
 from trainer.policies import build_policy
-from trainer.reporting.metrics import make_logger
+from trainer.reporting.metrics import Logger, make_logger
 
-
-@dataclass
-class RunSummary:
-    """What a finished run reports (every rank gets the same values, except `first_loss`: the run's
-    first logged loss, before any resume, which the main rank reads from metrics.jsonl; the other ranks
-    report their segment's first)."""
-
-    steps: int
-    first_loss: float
-    final_loss: float
-    policy_return: float
-    random_return: float
-    last_checkpoint: str | None
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from accelerate.scheduler import AcceleratedScheduler
 
 
 def seed_everything(seed: int) -> None:
@@ -60,24 +52,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-@dataclass
-class Run:
-    """Everything a run builds before its first step: prepared objects and where to start."""
-
-    config: TrainConfig
-    topology: Any
-    accelerator: Any
-    model: Any
-    optimizer: Any
-    scheduler: Any
-    sampler: GlobalOrderSampler
-    dataset: Any
-    val_dataset: Any
-    preprocessor: Any
-    postprocessor: Any
-    start_step: int
 
 
 def train(config: TrainConfig) -> RunSummary:
@@ -160,7 +134,7 @@ def _stop_orphan(launcher_pid: int) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, Any, Any]:
+def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPlan | None, resume.ResumePoint]:
     """Collective. Policy, accelerator, the run lock, optimizer; the two resume phases around
     `prepare()`. A stale lock taken over adds its warning to `notes`."""
     config, topology, dataset = plan.config, plan.topology, plan.dataset
@@ -215,100 +189,79 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, Any, An
     return run, wrap_plan, resume_point
 
 
-def _run_steps(run: Run, logger: Any, interrupts: Interrupts) -> tuple[list[float], str | None]:
-    """Collective. The loop steps from `run.start_step`; returns the logged losses and the last save.
-    Every rank checks for a signal at each optimizer-update boundary and stops at the same step."""
-    config, accelerator, sampler = run.config, run.accelerator, run.sampler
+def _run_steps(run: Run, logger: Logger, interrupts: Interrupts) -> tuple[list[float], str | None]:
+    """Collective. The loop steps from `run.start_step`: the step, the log, the save schedule. Returns
+    the logged losses and the last save. Every rank checks for a signal at each optimizer-update
+    boundary (the check's all-reduce starts inside the step) and stops at the same step."""
+    config, accelerator = run.config, run.accelerator
     accum = config.accelerator.gradient_accumulation.steps
     losses: list[float] = []
-    last_checkpoint: str | None = None
     grad_norm: torch.Tensor | None = None  # of the last optimizer update, read back when logged
-    saved_step = -1
-    pending: Any = None  # an --async_save checkpoint whose shards are still being written
-    window_loss = torch.zeros((), device=accelerator.device)
-    window_steps, window_start = 0, time.perf_counter()
+    window, saves = LossWindow(accelerator.device), SaveSchedule(run, logger)
     run.model.train()
     for step in range(run.start_step + 1, config.steps + 1):
-        batch = run.preprocessor(run.dataset.gather(sampler.next_indices(), config.policy.chunk_size))
-        batch = {key: value.to(accelerator.device) for key, value in batch.items()}
         boundary = step % accum == 0 or step == config.steps
-        agreement: list[Any] = []  # the boundary's signal check, started inside the step
-        check = partial(_start_agreement, agreement, interrupts, accelerator.device, pending)
-        loss, norm = _train_step(
-            accelerator,
-            run.model,
-            run.optimizer,
-            batch,
-            config.optimizer.grad_clip_norm,
-            check if boundary else None,
-        )
+        agreement: list[Agreement] = []
+        check = partial(_start_agreement, agreement, interrupts, accelerator.device, saves)
+        loss, norm = _train_step(run, _next_batch(run), check if boundary else None)
         if norm is not None:  # an optimizer update: the schedule catches up with the loop steps
             grad_norm = norm
             _advance_schedule(run.scheduler, step)
-        window_loss += loss
-        window_steps += 1
+        window.add(loss)
         logger.advance()
         if step % config.log_freq == 0 or step == config.steps:
-            mean_loss = float(accelerator.reduce(window_loss / window_steps, reduction="mean"))
-            losses.append(mean_loss)
-            logger.log(
-                {
-                    "step": step,
-                    "loss": mean_loss,
-                    **({"grad_norm": _read_norm(grad_norm)} if grad_norm is not None else {}),
-                    "lr": run.scheduler.get_last_lr()[0],
-                    "samples_per_s": window_steps
-                    * sampler.global_batch
-                    / (time.perf_counter() - window_start),
-                    "epoch": sampler.position[0],
-                }
-            )
-            window_loss.zero_()
-            window_steps, window_start = 0, time.perf_counter()
+            losses.append(_log_window(run, logger, step, window, grad_norm))
         if run.val_dataset is not None and (
             step == config.steps or (config.eval_freq and step % config.eval_freq == 0)
         ):
-            _log_val_loss(run, logger, step)
-        started = None  # a background write started by this step's save (after the flags were taken)
-        if step % config.save_freq == 0 or step == config.steps:
-            if pending is not None:  # the previous background write ends before the next one starts
-                last_checkpoint, pending = _commit(run, pending, logger), None
-            if config.async_save and step != config.steps:
-                pending = started = _start_save(run, step)
-            else:
-                last_checkpoint = _save(run, step)
-                logger.note(f"checkpoint {last_checkpoint}")
-            saved_step = step
+            _log_val_loss(run, run.val_dataset, logger, step)
+        saves.after_step(step)
         if boundary:
-            signum, writing = agreement[0].result()
-            writing = writing or started is not None  # just started: committed at a later boundary
-            if pending is not None and (not writing or signum):
-                last_checkpoint, pending = _commit(run, pending, logger), None
-            if signum:
-                if saved_step != step:
-                    last_checkpoint = _save(run, step)
-                raise Interrupted(signum, step, last_checkpoint, _resume_hint(config))
-    if pending is not None:
-        last_checkpoint = _commit(run, pending, logger)
-    return losses, last_checkpoint
+            saves.at_boundary(step, agreement[0])
+    return losses, saves.finish()
 
 
-def _start_agreement(into: list[Any], interrupts: Interrupts, device: Any, pending: Any) -> None:
+def _next_batch(run: Run) -> dict[str, torch.Tensor]:
+    """The rank's next batch in the global sample order, preprocessed, on the training device."""
+    indices = run.sampler.next_indices()
+    batch = run.preprocessor(run.dataset.gather(indices, run.config.policy.chunk_size))
+    return {key: value.to(run.accelerator.device) for key, value in batch.items()}
+
+
+def _start_agreement(
+    into: list[Agreement], interrupts: Interrupts, device: torch.device, saves: SaveSchedule
+) -> None:
     """Take this rank's flags now (a signal received so far; whether its background checkpoint write
     is still running) and start their all-reduce; the loop waits for it at the boundary."""
-    into.append(interrupts.start_agreement(device, pending is not None and not pending.written()))
+    into.append(interrupts.start_agreement(device, saves.writing()))
 
 
-def _resume_hint(config: TrainConfig) -> str:
-    return f"--resume=true --output_dir={os.path.abspath(config.output_dir)}"
+def _log_window(
+    run: Run, logger: Logger, step: int, window: LossWindow, grad_norm: torch.Tensor | None
+) -> float:
+    """Collective. Log the window's reduced loss (and the last update's gradient norm); returns the loss."""
+    loss, samples_per_s = window.close(run.accelerator, run.sampler.global_batch)
+    norm = {"grad_norm": _read_norm(grad_norm)} if grad_norm is not None else {}
+    lr = run.scheduler.get_last_lr()[0]
+    logger.log(
+        {
+            "step": step,
+            "loss": loss,
+            **norm,
+            "lr": lr,
+            "samples_per_s": samples_per_s,
+            "epoch": run.sampler.position[0],
+        }
+    )
+    return loss
 
 
-def _log_val_loss(run: Run, logger: Any, step: int) -> None:
+def _log_val_loss(run: Run, held_out: Dataset, logger: Logger, step: int) -> None:
     """Collective. The held-out loss, on the console and in metrics.jsonl (`"event": "val"`)."""
     loss = validation.held_out_loss(
         run.accelerator,
         run.model,
-        run.val_dataset,
+        held_out,
         run.preprocessor,
         run.config.batch_size,
         run.config.policy.chunk_size,
@@ -316,51 +269,15 @@ def _log_val_loss(run: Run, logger: Any, step: int) -> None:
     logger.note(f"step {step} val_loss={loss:.4g}", event="val", step=step, val_loss=loss)
 
 
-def _start_save(run: Run, step: int) -> Any:
-    """Collective. Start the checkpoint of `step`; its DCP shards are written in the background."""
-    return checkpointing.start(run.config, _state(run, step), **_saved_objects(run))
-
-
-def _commit(run: Run, pending: Any, logger: Any) -> str:
-    """Collective. Wait for a background checkpoint on every rank and commit it."""
-    path = checkpointing.finish(run.config, pending)
-    logger.note(f"checkpoint {path}")
-    return path
-
-
-def _save(run: Run, step: int) -> str:
-    """Collective. One checkpoint of the run at `step`, through ckpt_tools."""
-    return checkpointing.save(run.config, _state(run, step), **_saved_objects(run))
-
-
-def _state(run: Run, step: int) -> Any:
-    return checkpointing.training_step(run.config, run.topology, step, run.sampler.position)
-
-
-def _saved_objects(run: Run) -> dict[str, Any]:
-    return {
-        "model": run.accelerator.unwrap_model(run.model),
-        "optimizer": run.optimizer,
-        "scheduler": run.scheduler,
-        "scaler": run.accelerator.scaler,
-        "preprocessor": run.preprocessor,
-        "postprocessor": run.postprocessor,
-    }
-
-
 def _train_step(
-    accelerator: Any,
-    model: Any,
-    optimizer: Any,
-    batch: dict[str, torch.Tensor],
-    clip: float,
-    before_update: Any = None,
+    run: Run, batch: dict[str, torch.Tensor], before_update: Callable[[], None] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One micro-batch; the optimizer updates when accelerate says the accumulation is complete.
     Returns the loss and, on a step that updated, the global gradient norm before clipping, both as
     tensors: reading a value back waits for the device, so the loop does it only when it logs.
     `before_update()` (the boundary's signal check) is called after the backward, so its all-reduce
     completes while the optimizer steps instead of adding a synchronization point of its own."""
+    accelerator, model, clip = run.accelerator, run.model, run.config.optimizer.grad_clip_norm
     grad_norm = None
     with accelerator.accumulate(model):
         loss, _ = model(batch)
@@ -370,8 +287,8 @@ def _train_step(
             grad_norm = norm.detach()
         if before_update is not None:
             before_update()
-        optimizer.step()
-        optimizer.zero_grad()
+        run.optimizer.step()
+        run.optimizer.zero_grad()
     return loss.detach().float(), grad_norm
 
 
@@ -380,7 +297,7 @@ def _read_norm(norm: torch.Tensor) -> float:
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
-def _advance_schedule(scheduler: Any, step: int) -> None:
+def _advance_schedule(scheduler: AcceleratedScheduler, step: int) -> None:
     """Step the LR schedule up to loop step `step`, right after an optimizer update.
 
     The schedule counts loop steps, but is stepped only after updates: stepping it during an
@@ -393,7 +310,11 @@ def _advance_schedule(scheduler: Any, step: int) -> None:
 
 @torch.no_grad()
 def evaluate(
-    accelerator: Any, model: Any, preprocessor: Any, postprocessor: Any, config: TrainConfig
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    preprocessor: Processor,
+    postprocessor: Processor,
+    config: TrainConfig,
 ) -> tuple[float, float]:
     """Collective: call on all ranks. Mean return of the policy and of random torques on the same
     start states (`evaluation.rollout_returns`: split across ranks, every rank running as many, since a
@@ -416,7 +337,7 @@ def evaluate(
     return result["policy_return"], result["random_return"]
 
 
-def _processes(accelerator: Any) -> str:
+def _processes(accelerator: Accelerator) -> str:
     """ "1 process" or "4 processes, FSDP": accelerate's distributed type only when there is one."""
     count, kind = accelerator.num_processes, accelerator.distributed_type.value
     processes = "1 process" if count == 1 else f"{count} processes"
@@ -426,7 +347,7 @@ def _processes(accelerator: Any) -> str:
 def _data_banner(run: Run) -> list[str]:
     """What the policy reads: the frames, the observation features in their concatenation order."""
 
-    def frames(dataset: Any) -> str:
+    def frames(dataset: Dataset) -> str:
         return f"{len(dataset)} frames in {len(dataset.episode_bounds())} episodes"
 
     held_out = f"; held out for val_loss: {frames(run.val_dataset)}" if run.val_dataset is not None else ""
@@ -437,7 +358,13 @@ def _data_banner(run: Run) -> list[str]:
     ]
 
 
-def _banner(config: TrainConfig, topology: Any, wrap_plan: Any, accelerator: Any, samples: int) -> list[str]:
+def _banner(
+    config: TrainConfig,
+    topology: ckpt_tools.Topology,
+    wrap_plan: WrapPlan | None,
+    accelerator: Accelerator,
+    samples: int,
+) -> list[str]:
     accum = config.accelerator.gradient_accumulation.steps
     effective = config.batch_size * topology.dp_world_size * accum
     lines = [

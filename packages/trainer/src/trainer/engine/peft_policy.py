@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -25,6 +25,9 @@ from torch import nn
 from trainer.config.train import TrainConfig
 from trainer.errors import ConfigError
 from trainer.policies import pretrained
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 ADAPTER = "default"  # peft's adapter name when none is given
 PEFT_PREFIX = "base_model.model."
@@ -56,11 +59,11 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [param for param in model.parameters() if param.requires_grad]
 
 
-def adapter_config(model: Any, config: TrainConfig) -> dict[str, Any] | None:
+def adapter_config(model: torch.nn.Module, config: TrainConfig) -> dict[str, Any] | None:
     """`adapter_config.json` of a PEFT run (peft's own fields, base model recorded); None otherwise."""
     if not config.peft.enabled:
         return None
-    data = model.peft_config[ADAPTER].to_dict()
+    data = cast("PeftModel", model).peft_config[ADAPTER].to_dict()
     data["base_model_name_or_path"] = _base_reference(config.policy.path)
     return json.loads(json.dumps(data, default=_jsonable))
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, replace
-from typing import Any
 
 from ckpt_tools import Topology
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.train import TrainConfig
+from trainer.data.dataset import Dataset
 from trainer.distributed.factory import check_accelerate_env
 from trainer.distributed.topology import check_checkpoint_format, resolve_topology
 from trainer.engine import checkpointing, publishing
@@ -42,8 +42,8 @@ class RunPlan:
     world_size: int
     topology: Topology
     notes: tuple[str, ...]
-    dataset: Any
-    val_dataset: Any
+    dataset: Dataset
+    val_dataset: Dataset | None
 
 
 def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
@@ -133,7 +133,7 @@ def resolve_accelerator(config: TrainConfig, topology: Topology) -> AcceleratorC
     return replace(config.accelerator, fsdp=fsdp)
 
 
-def resolve_policy_features(policy: PolicyConfig, dataset: Any) -> PolicyConfig:
+def resolve_policy_features(policy: PolicyConfig, dataset: Dataset) -> PolicyConfig:
     """The policy config as the data shapes it: the observation features the dataset resolved (all of
     its float features when none were named) and the feature sizes left at 0, so the saved config.json
     rebuilds the same policy without the data."""

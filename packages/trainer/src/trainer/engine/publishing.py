@@ -16,11 +16,16 @@ import math
 import os
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ckpt_tools
 from trainer.config.train import TrainConfig
+from trainer.engine.run import RunSummary
 from trainer.errors import ConfigError, PublishFailedError
+from trainer.reporting.metrics import Logger
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 # How long the other ranks wait for the main rank's upload: a large model over a slow link takes far
 # longer than the process group's default collective timeout.
@@ -63,7 +68,7 @@ def check_publish_config(config: TrainConfig) -> str | None:
     return None
 
 
-def publish_final(config: TrainConfig, summary: Any, accelerator: Any, logger: Any) -> None:
+def publish_final(config: TrainConfig, summary: RunSummary, accelerator: Accelerator, logger: Logger) -> None:
     """Collective: call on all ranks after the final checkpoint is saved.
 
     Publishes `summary.last_checkpoint` when --policy.push_to_hub is set. Raises `PublishFailedError`
@@ -77,7 +82,7 @@ def publish_final(config: TrainConfig, summary: Any, accelerator: Any, logger: A
         raise PublishFailedError(error)
 
 
-def _publish_on_main(config: TrainConfig, summary: Any, logger: Any) -> str | None:
+def _publish_on_main(config: TrainConfig, summary: RunSummary, logger: Logger) -> str | None:
     """Convert a DCP-only checkpoint, then publish it. Returns None, or the one-line failure."""
     from huggingface_hub.utils import disable_progress_bars
 
@@ -116,7 +121,7 @@ def _publish_on_main(config: TrainConfig, summary: Any, logger: Any) -> str | No
     return None
 
 
-def _card_extras(config: TrainConfig, summary: Any) -> dict[str, Any]:
+def _card_extras(config: TrainConfig, summary: RunSummary) -> dict[str, Any]:
     """What the run knows beyond its files: the final loss, and the evaluation returns when it ran."""
     extras: dict[str, Any] = {}
     if not math.isnan(summary.final_loss):

@@ -16,14 +16,20 @@ import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+import torch
 
 import ckpt_tools
 from ckpt_tools import ResumePlan, RunShape, Topology, layout
 from trainer.config.train import TrainConfig
+from trainer.data.sampler import GlobalOrderSampler
 from trainer.distributed.agree import main_decides
 from trainer.engine.peft_policy import saved_weight_shapes
 from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from accelerate.scheduler import AcceleratedScheduler
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,12 @@ def find_checkpoint(config: TrainConfig) -> str | None:
 
 
 def before_prepare(
-    config: TrainConfig, topology: Topology, model: Any, sampler: Any, rank: int, world_size: int
+    config: TrainConfig,
+    topology: Topology,
+    model: torch.nn.Module,
+    sampler: GlobalOrderSampler,
+    rank: int,
+    world_size: int,
 ) -> ResumePoint:
     """Phase 1: plan the resume, restore RNG and sampler position. Collective: call on all ranks after
     the process group is up, before `prepare()`. The main rank alone resolves which step to resume
@@ -116,7 +127,14 @@ def before_prepare(
     return ResumePoint(step_dir, plan, "\n".join(lines))
 
 
-def after_prepare(point: ResumePoint, *, model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> None:
+def after_prepare(
+    point: ResumePoint,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: AcceleratedScheduler,
+    scaler: torch.amp.GradScaler | None,
+) -> None:
     """Phase 2. Collective: call on all ranks after `prepare()`. Loads model, optimizer, scheduler and
     loss-scaler state into the prepared objects, resharding onto the current topology."""
     if point.step_dir is None:
@@ -141,7 +159,7 @@ def _run_shape(config: TrainConfig, topology: Topology) -> RunShape:
     )
 
 
-def _check_weights_fit(step_dir: str, model: Any) -> None:
+def _check_weights_fit(step_dir: str, model: torch.nn.Module) -> None:
     """Compare the saved weights' names and shapes (metadata only) with the freshly built model, so a
     checkpoint of another architecture is refused before any collective load starts."""
     weights = ckpt_tools.describe_checkpoint(step_dir).weights

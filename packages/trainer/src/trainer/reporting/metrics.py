@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -25,6 +25,22 @@ METRICS_FILE = "metrics.jsonl"
 LOSS_CURVE_FILE = "loss_curve.png"
 STORE_FLUSH_S = 30.0
 """On a store, training records reach metrics.jsonl at most this often (notes go at once)."""
+
+
+class Logger(Protocol):
+    """What the engine writes run output to: `MetricsLogger` on the main rank, `NullLogger` elsewhere."""
+
+    def banner(self, lines: list[str]) -> None: ...
+
+    def log(self, record: dict[str, Any]) -> None: ...
+
+    def note(self, message: str, **record: Any) -> None: ...
+
+    def advance(self, steps: int = 1) -> None: ...
+
+    def first_loss(self, default: float) -> float: ...
+
+    def close(self) -> None: ...
 
 
 class MetricsLogger:
@@ -152,6 +168,6 @@ class NullLogger:
 
 def make_logger(
     is_main: bool, output_dir: str, total_steps: int, start_step: int, config: TrainConfig | None = None
-) -> MetricsLogger | NullLogger:
+) -> Logger:
     """The one rank gate for run output, and for the experiment trackers `config` enables."""
     return MetricsLogger(output_dir, total_steps, start_step, config) if is_main else NullLogger()

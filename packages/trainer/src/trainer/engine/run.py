@@ -1,0 +1,51 @@
+"""What a run builds before its first step and what it reports at its end: the types the loop, the
+save schedule, evaluation and publishing share, in a module that imports none of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+import ckpt_tools
+from trainer.config.train import TrainConfig
+from trainer.data.dataset import Dataset
+from trainer.data.processors import Processor
+from trainer.data.sampler import GlobalOrderSampler
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from accelerate.scheduler import AcceleratedScheduler
+
+
+@dataclass
+class Run:
+    """Everything a run builds before its first step: prepared objects and where to start."""
+
+    config: TrainConfig
+    topology: ckpt_tools.Topology
+    accelerator: Accelerator
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: AcceleratedScheduler
+    sampler: GlobalOrderSampler
+    dataset: Dataset
+    val_dataset: Dataset | None
+    preprocessor: Processor
+    postprocessor: Processor
+    start_step: int
+
+
+@dataclass
+class RunSummary:
+    """What a finished run reports (every rank gets the same values, except `first_loss`: the run's
+    first logged loss, before any resume, which the main rank reads from metrics.jsonl; the other ranks
+    report their segment's first)."""
+
+    steps: int
+    first_loss: float
+    final_loss: float
+    policy_return: float
+    random_return: float
+    last_checkpoint: str | None

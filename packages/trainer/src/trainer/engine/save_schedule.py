@@ -1,0 +1,92 @@
+"""When the loop saves, and the one background save that may be in flight.
+
+A checkpoint is saved every `--save_freq` loop steps and at the last step: synchronously, or with
+`--async_save` started in the background and committed later, once every rank's write is done (which
+the signal check at each update boundary tells). The previous background write is committed before the
+next one starts. On a signal every rank agreed on, the schedule commits what is in flight, saves the
+step every rank stopped at (unless it just did) and raises `Interrupted`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ckpt_tools
+from trainer.distributed.interrupt import Agreement, Interrupted
+from trainer.engine import checkpointing
+from trainer.engine.run import Run
+from trainer.reporting.metrics import Logger
+
+
+class SaveSchedule:
+    """The save side of the loop. Collective: every method is called on all ranks at the same steps."""
+
+    def __init__(self, run: Run, logger: Logger) -> None:
+        self.run, self.logger = run, logger
+        self.last_checkpoint: str | None = None
+        self._pending: ckpt_tools.PendingCheckpoint | None = None  # a background write not committed
+        self._started_now = False  # the pending write was started by this step's save
+        self._saved_step = -1
+
+    def writing(self) -> bool:
+        """Whether this rank's background write is still running (a flag of the boundary's agreement)."""
+        return self._pending is not None and not self._pending.written()
+
+    def after_step(self, step: int) -> None:
+        """Save at `--save_freq` and at the last step."""
+        config = self.run.config
+        self._started_now = False
+        if step % config.save_freq and step != config.steps:
+            return
+        self._commit_pending()
+        if config.async_save and step != config.steps:
+            self._pending = checkpointing.start(config, self._state(step), **_saved_objects(self.run))
+            self._started_now = True
+        else:
+            self.last_checkpoint = self._save(step)
+            self.logger.note(f"checkpoint {self.last_checkpoint}")
+        self._saved_step = step
+
+    def at_boundary(self, step: int, agreement: Agreement) -> None:
+        """The update boundary's agreed flags: commit a background write every rank has finished (any
+        write, on a signal); on a signal, save this step unless it was just saved, and stop."""
+        signum, writing = agreement.result()
+        writing = writing or self._started_now  # just started: committed at a later boundary
+        if not writing or signum:
+            self._commit_pending()
+        if signum:
+            if self._saved_step != step:
+                self.last_checkpoint = self._save(step)
+            config = self.run.config
+            hint = f"--resume=true --output_dir={os.path.abspath(config.output_dir)}"
+            raise Interrupted(signum, step, self.last_checkpoint, hint)
+
+    def finish(self) -> str | None:
+        """Commit the write still in flight at the end of the loop; the run's last checkpoint."""
+        self._commit_pending()
+        return self.last_checkpoint
+
+    def _commit_pending(self) -> None:
+        if self._pending is not None:
+            self.last_checkpoint = checkpointing.finish(self.run.config, self._pending)
+            self._pending = None
+            self.logger.note(f"checkpoint {self.last_checkpoint}")
+
+    def _save(self, step: int) -> str:
+        return checkpointing.save(self.run.config, self._state(step), **_saved_objects(self.run))
+
+    def _state(self, step: int) -> ckpt_tools.TrainingStep:
+        run = self.run
+        return checkpointing.training_step(run.config, run.topology, step, run.sampler.position)
+
+
+def _saved_objects(run: Run) -> checkpointing.SavedObjects:
+    """What a checkpoint of the run holds besides its step: the unwrapped model and the rest."""
+    return {
+        "model": run.accelerator.unwrap_model(run.model),
+        "optimizer": run.optimizer,
+        "scheduler": run.scheduler,
+        "scaler": run.accelerator.scaler,
+        "preprocessor": run.preprocessor,
+        "postprocessor": run.postprocessor,
+    }
