@@ -24,7 +24,7 @@ from trainer.engine.loop import train
 TRAINER_SRC = Path(__file__).parents[2] / "packages" / "trainer" / "src" / "trainer"
 # Names the engine binds config objects to: an attribute assigned through one of them edits a config.
 CONFIG_NAMES = {"config", "settings", "mpp", "fsdp", "acc", "policy_config", "plan"}
-PARSING = {"config/parse.py"}  # parse_config sets config_path, flags_given, the absolute output_dir
+PARSING = {"cli/parse.py"}  # parse_config sets config_path, flags_given, the absolute output_dir
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,9 @@
 """Typed errors of ckpt-tools.
 
 Every error carries one line that names the problem and the fix, so the CLI can print it as is and a
-library caller can show it to a user without a traceback. The CLI maps `CheckpointError` to exit 1.
+library caller can show it to a user without a traceback. The CLI maps `UsageError` (the caller asked
+for something malformed) to exit 2 and every other `CheckpointError` to exit 1; an unexpected
+`ValueError` from inside ckpt-tools is never taken for the user's fault.
 """
 
 from __future__ import annotations
@@ -9,6 +11,15 @@ from __future__ import annotations
 
 class CheckpointError(Exception):
     """Base class: something about a checkpoint (or a request about one) is wrong."""
+
+
+class UsageError(CheckpointError, ValueError):
+    """The request is malformed (an option value, an argument): the caller must change it. `option`
+    names the flag or argument when there is one."""
+
+    def __init__(self, message: str, *, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
 
 
 class NotACheckpointError(CheckpointError):

@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from ckpt_tools.cli.errors import run_guarded
 from ckpt_tools.cli.output import Output, layout_line
+from ckpt_tools.errors import UsageError
 
 _TARGETS = ("safetensors", "dcp")
 
@@ -72,28 +73,25 @@ def convert(
 
         if to not in _TARGETS:
             raise typer.BadParameter(f"--to {to!r}: choose one of {', '.join(_TARGETS)}")
-        try:
-            if to == "dcp":
-                if dtype or max_shard_size or delete_dcp or push_to_hub:
-                    raise ValueError(
-                        "--dtype, --max-shard-size, --delete-dcp and --push-to-hub apply to DCP -> safetensors"
-                    )
-                return lib.convert_safetensors_to_dcp(path, output, overwrite=overwrite).to_dict()
-            if delete_dcp and push_to_hub:  # deleted after the push: refuse a doomed output now
-                lib.check_deletable_source(path, output)
-            with _progress(out) as progress:
-                result = lib.convert_dcp_to_safetensors(
-                    path,
-                    output,
-                    dtype=dtype,
-                    max_shard_size=max_shard_size,
-                    delete_dcp=delete_dcp,
-                    keep_source=bool(push_to_hub),  # deleted only once the publish succeeded
-                    overwrite=overwrite,
-                    progress=progress,
+        if to == "dcp":
+            if dtype or max_shard_size or delete_dcp or push_to_hub:
+                raise UsageError(
+                    "--dtype, --max-shard-size, --delete-dcp and --push-to-hub apply to DCP -> safetensors"
                 )
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from None
+            return lib.convert_safetensors_to_dcp(path, output, overwrite=overwrite).to_dict()
+        if delete_dcp and push_to_hub:  # deleted after the push: refuse a doomed output now
+            lib.check_deletable_source(path, output)
+        with _progress(out) as progress:
+            result = lib.convert_dcp_to_safetensors(
+                path,
+                output,
+                dtype=dtype,
+                max_shard_size=max_shard_size,
+                delete_dcp=delete_dcp,
+                keep_source=bool(push_to_hub),  # deleted only once the publish succeeded
+                overwrite=overwrite,
+                progress=progress,
+            )
         if push_to_hub:
             return _push_then_delete(out, result, output, push_to_hub, delete_dcp)
         return result.to_dict()

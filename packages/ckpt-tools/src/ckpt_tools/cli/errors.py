@@ -13,7 +13,7 @@ from typing import NoReturn, TypeVar
 
 import typer
 
-from ckpt_tools.errors import CheckpointError
+from ckpt_tools.errors import CheckpointError, UsageError
 
 T = TypeVar("T")
 
@@ -24,9 +24,13 @@ EXIT_USAGE = 2  # typer's own exit code for bad flags
 
 def run_guarded(func: Callable[[], T], *, as_json: bool = False) -> T:
     """Run a command body; turn expected failures into `error: ...` on stderr (with `as_json`, a
-    `{"error": ...}` document on stdout, for scripts) and the exit code: 1, 2 for a bad option value."""
+    `{"error": ...}` document on stdout, for scripts) and the exit code: 1, 2 for a bad option value
+    (`UsageError`, typer's `BadParameter`)."""
     try:
-        return func()
+        try:
+            return func()
+        except UsageError as exc:  # the caller's request, not the checkpoint: typer's usage error (2)
+            raise typer.BadParameter(str(exc)) from None
     except (CheckpointError, FileNotFoundError, PermissionError, IsADirectoryError, OSError) as exc:
         if os.environ.get("CKPT_DEBUG") == "1":
             raise

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckpt_tools.dcp.index import read_dcp_index
 from ckpt_tools.dcp.roles import model_tensors
-from ckpt_tools.errors import NotACheckpointError
+from ckpt_tools.errors import NotACheckpointError, UsageError
 from ckpt_tools.files import storage
 from ckpt_tools.files.safetensors_io import read_safetensors_header
 from ckpt_tools.format import layout
@@ -108,7 +108,7 @@ def diff_checkpoints(
     before each value comparison, for progress display.
     """
     if atol < 0:
-        raise ValueError(f"atol must be >= 0, got {atol}")
+        raise UsageError(f"--atol must be >= 0, got {atol}", option="--atol")
     left, right = TensorSource.open(a), TensorSource.open(b)
     names_a, names_b = set(left.tensors), set(right.tensors)
     results = []

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ckpt_tools.errors import UsageError
 from ckpt_tools.files import manifest, storage
 from ckpt_tools.files.digest import Recorder
 from ckpt_tools.files.locate import resolve_model_dir
@@ -33,7 +34,7 @@ def check_processors(processors: Mapping[str, ProcessorState] | None) -> None:
     """Refuse an unknown processor name before the first byte is written."""
     for name in processors or {}:
         if name not in (layout.PREPROCESSOR, layout.POSTPROCESSOR):
-            raise ValueError(
+            raise UsageError(
                 f"processor {name!r} is not one of {layout.PREPROCESSOR!r}, {layout.POSTPROCESSOR!r}; "
                 "use the names in ckpt_tools.format.layout"
             )

@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
 )
 
-from ckpt_tools.errors import SaveFailedError
+from ckpt_tools.errors import SaveFailedError, UsageError
 from ckpt_tools.files import commit, storage
 from ckpt_tools.files.digest import Recorder
 from ckpt_tools.files.manifest import write_bytes, write_json, write_manifest
@@ -325,7 +325,7 @@ def _save_adapter(
 ) -> None:
     keys = adapter_keys(model)
     if not keys:
-        raise ValueError("adapter_config was given but the model has no trainable parameters to save")
+        raise UsageError("adapter_config was given but the model has no trainable parameters to save")
     if checkpoint_format in ("safetensors", "safetensors_dcp"):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
         full: dict[str, Any] = get_model_state_dict(model, options=options)  # collective: trainable part

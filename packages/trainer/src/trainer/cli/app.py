@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(USAGE + "\nFlags: trainer train --help, or docs/training.md.", file=sys.stderr)
         raise SystemExit(2)
     from trainer.distributed.interrupt import Interrupted
-    from trainer.errors import ConfigError
+    from trainer.errors import TrainerError
 
     try:
         if args[0] == "eval":
@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             from trainer.engine.loop import train
 
             train(parse_config(args[1:]))
-    except ConfigError as exc:
+    except TrainerError as exc:
         if os.environ.get("CKPT_DEBUG") == "1":  # developers keep the whole chain, causes included
             _print_chain(exc)
         _error_exit(f"error: {' '.join(str(exc).split())}")

@@ -26,7 +26,7 @@ from trainer.config.train import TrainConfig
 from trainer.data.sampler import GlobalOrderSampler
 from trainer.distributed.agree import main_decides
 from trainer.engine.peft_policy import saved_weight_shapes
-from trainer.errors import ConfigError
+from trainer.errors import CannotResumeError
 
 if TYPE_CHECKING:
     from accelerate.scheduler import AcceleratedScheduler
@@ -62,7 +62,7 @@ def saved_config_path(output_dir: str) -> str | None:
     try:
         ckpt_tools.read_training_step(step_dir)
     except ckpt_tools.ResumeRefusedError as exc:  # another tool's run (LeRobot's): its config is not ours
-        raise ConfigError(f"cannot resume from {step_dir}: {exc}") from None
+        raise CannotResumeError(step_dir, str(exc)) from None
     except ckpt_tools.CheckpointError:
         pass  # a damaged step is explained where the resume reads it
     return layout.join(step_dir, layout.PRETRAINED_MODEL_DIR, layout.TRAIN_CONFIG)
@@ -164,7 +164,7 @@ def _check_weights_fit(step_dir: str, model: torch.nn.Module) -> None:
     checkpoint of another architecture is refused before any collective load starts."""
     weights = ckpt_tools.describe_checkpoint(step_dir).weights
     if weights is None:
-        raise ckpt_tools.CorruptCheckpointError(f"{step_dir} holds no model weights; resume an earlier step")
+        raise CannotResumeError(step_dir, "it holds no model weights; resume an earlier step")
     saved = {t.name: tuple(t.shape) for t in weights.tensors}
     wanted = saved_weight_shapes(model)  # the adapter's names and shapes on a PEFT model
     missing, unexpected = sorted(wanted.keys() - saved.keys()), sorted(saved.keys() - wanted.keys())
@@ -177,10 +177,11 @@ def _check_weights_fit(step_dir: str, model: torch.nn.Module) -> None:
             if unexpected
             else f"{resized[0]} is {list(saved[resized[0]])} there but {list(wanted[resized[0]])} here"
         )
-        raise ckpt_tools.ResumeRefusedError(
+        raise CannotResumeError(
+            step_dir,
             f"its weights do not fit this policy ({len(missing)} missing, {len(unexpected)} unexpected, "
             f"{len(resized)} resized; {first}); resume with the policy settings it was saved with "
-            "(its train_config.json)"
+            "(its train_config.json)",
         )
 
 
@@ -192,10 +193,11 @@ def _refusals(step_dir: str) -> Iterator[None]:
     try:
         yield
     except ckpt_tools.CheckpointError as exc:
-        raise ConfigError(f"cannot resume from {step_dir}: {exc}") from None
+        raise CannotResumeError(step_dir, str(exc)) from None
     except CheckpointException as exc:  # a BaseException: per-rank failures of dcp.load
         first = " ".join(str(exc).split())[:300]
-        raise ConfigError(
-            f"cannot resume from {step_dir}: its DCP shards do not load into this run ({first}); "
-            "check the checkpoint with `ckpt verify` and resume with the settings it was saved with"
+        raise CannotResumeError(
+            step_dir,
+            f"its DCP shards do not load into this run ({first}); "
+            "check the checkpoint with `ckpt verify` and resume with the settings it was saved with",
         ) from None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from ckpt_tools.errors import UsageError
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -15,8 +17,10 @@ def parse_size(text: str | int) -> int:
         return text
     match = _SIZE.match(text)
     if not match:
-        raise ValueError(f"--max-shard-size {text!r} is not a size; use e.g. 5GB, 500MB or 2GiB")
+        raise UsageError(
+            f"--max-shard-size {text!r} is not a size; use e.g. 5GB, 500MB or 2GiB", option="--max-shard-size"
+        )
     size = int(float(match.group(1)) * _UNITS[(match.group(2) or "B").upper()])
     if size <= 0:
-        raise ValueError(f"--max-shard-size {text!r} must be positive")
+        raise UsageError(f"--max-shard-size {text!r} must be positive", option="--max-shard-size")
     return size

@@ -13,7 +13,7 @@ from ckpt_tools.catalog import ADAPTER, DCP, MODEL, catalog
 from ckpt_tools.dcp.chunk_tiling import check_tiling
 from ckpt_tools.dcp.index import TensorEntry, read_dcp_index
 from ckpt_tools.dcp.roles import model_tensors
-from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, OutputExistsError
+from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, OutputExistsError, UsageError
 from ckpt_tools.files import storage
 from ckpt_tools.files.safetensors_io import read_safetensors_header
 from ckpt_tools.files.safetensors_writer import SafetensorsStreamWriter, TensorSpec, aligned_order
@@ -136,7 +136,7 @@ def _target_dtype(dtype: str | None) -> str | None:
         return None
     name = dtype_name(dtype)
     if name is None:
-        raise ValueError(f"--dtype {dtype!r} is not one of {', '.join(USER_DTYPES)}")
+        raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(USER_DTYPES)}", option="--dtype")
     return USER_DTYPES[name]
 
 
@@ -161,7 +161,10 @@ def _plan_shards(
     if len(groups) == 1:
         return [(f"{stem}.safetensors", aligned_order(groups[0]))]
     if stem != _stem(layout.MODEL_SAFETENSORS):
-        raise ValueError("adapters are written as one file (PEFT reads no index); drop --max-shard-size")
+        raise UsageError(
+            "adapters are written as one file (PEFT reads no index); drop --max-shard-size",
+            option="--max-shard-size",
+        )
     return [(layout.sharded_model_name(i + 1, len(groups)), aligned_order(g)) for i, g in enumerate(groups)]
 
 
