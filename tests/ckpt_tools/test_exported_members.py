@@ -60,6 +60,10 @@ PUBLIC = {
     "publish_model",
     "select_publish_files",
     "is_fsspec_target",
+    # one line for an error; the main rank decides, every rank gets the value or the same error
+    "UsageError",
+    "one_line",
+    "main_decides",
     # every directory and file name of the format
     "layout",
 }

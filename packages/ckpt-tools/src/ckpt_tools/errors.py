@@ -65,3 +65,16 @@ class ForeignCheckpointError(ResumeRefusedError):
 class SaveFailedError(CheckpointError):
     """A collective save failed (a main-rank write or commit, or a rank's shard write): every rank of
     the save raises it with the same line, and the step was not committed (`last` is unchanged)."""
+
+
+def one_line(
+    error: BaseException | str, expected: tuple[type[BaseException], ...] = (CheckpointError,)
+) -> str:
+    """An error as the one line a user reads, whitespace folded. An exception whose message is not
+    written for the user (not one of `expected`) keeps its type in front: `KeyError: 'x'`."""
+    text = " ".join(str(error).split())
+    if isinstance(error, BaseException):
+        text = text or type(error).__name__
+        if not isinstance(error, expected):
+            text = f"{type(error).__name__}: {text}"
+    return text

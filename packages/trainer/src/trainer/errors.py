@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+import ckpt_tools
+
 
 class TrainerError(Exception):
     """Base of the trainer's errors: one line naming the problem and the fix."""
@@ -29,6 +31,11 @@ class CannotResumeError(ConfigError):
 
 class RunFailedError(TrainerError):
     """The run failed while running, on every rank with the same line; what was committed stays."""
+
+
+USER_ERRORS: tuple[type[BaseException], ...] = (TrainerError, ckpt_tools.CheckpointError)
+"""Errors whose message is written for the user (ours and ckpt_tools'): `ckpt_tools.one_line` prints
+them without their type, and `ckpt_tools.main_decides` shares them with every rank as they are."""
 
 
 class WrapPlanError(ConfigError):

@@ -13,7 +13,7 @@ from typing import NoReturn, TypeVar
 
 import typer
 
-from ckpt_tools.errors import CheckpointError, UsageError
+from ckpt_tools.errors import CheckpointError, UsageError, one_line
 
 T = TypeVar("T")
 
@@ -34,11 +34,11 @@ def run_guarded(func: Callable[[], T], *, as_json: bool = False) -> T:
     except (CheckpointError, FileNotFoundError, PermissionError, IsADirectoryError, OSError) as exc:
         if os.environ.get("CKPT_DEBUG") == "1":
             raise
-        _fail(_one_line(exc), EXIT_FAILURE, as_json)
+        _fail(one_line(exc, expected=(Exception,)), EXIT_FAILURE, as_json)
     except typer.BadParameter as exc:
         if not as_json:
             raise  # typer prints its usage box
-        _fail(_one_line(exc.format_message()), EXIT_USAGE, as_json)
+        _fail(one_line(exc.format_message()), EXIT_USAGE, as_json)
     except KeyboardInterrupt:
         _fail("interrupted; nothing was left half-written under a final name", 130, as_json)
 
@@ -49,8 +49,3 @@ def _fail(message: str, code: int, as_json: bool) -> NoReturn:
     else:
         print(f"error: {message}", file=sys.stderr)
     raise SystemExit(code) from None
-
-
-def _one_line(exc: BaseException | str) -> str:
-    text = str(exc) or type(exc).__name__
-    return " ".join(text.split())

@@ -30,7 +30,7 @@ from ckpt_tools.catalog import (
 )
 from ckpt_tools.dcp.chunk_tiling import dcp_index_problems
 from ckpt_tools.dcp.index import DcpIndex, dcp_file_problems, read_dcp_index
-from ckpt_tools.errors import CheckpointError, CorruptCheckpointError, NotACheckpointError
+from ckpt_tools.errors import CheckpointError, CorruptCheckpointError, NotACheckpointError, one_line
 from ckpt_tools.files import commit, locate, storage
 from ckpt_tools.files.manifest import manifest_problems
 from ckpt_tools.files.safetensors_io import read_safetensors_header, read_weight_map
@@ -75,7 +75,7 @@ class _Findings:
         try:
             result = func(*args)
         except CheckpointError as exc:
-            self.problems.append(_one_line(exc))
+            self.problems.append(one_line(exc, expected=(Exception,)))
             return None
         self.checked.append(what)
         return result
@@ -99,7 +99,7 @@ def verify_checkpoint(path: str | os.PathLike[str], *, deep: bool = False) -> Ve
     try:
         target = commit.follow_last(text)
     except CorruptCheckpointError as exc:  # `last` leads nowhere a reader may go: that is the finding
-        return VerifyReport(text, (), (_one_line(exc),))
+        return VerifyReport(text, (), (one_line(exc, expected=(Exception,)),))
     if target != text.rstrip("/"):
         findings.checked.append(f"{layout.LAST} names a step directory inside {layout.CHECKPOINTS_DIR}/")
     with storage.listed(target):  # on a bucket: one listing instead of a request per file asked about
@@ -335,7 +335,7 @@ def _check_json_if_present(findings: _Findings, path: str, kind: type[dict] | ty
     try:
         data = storage.read_json(path)
     except CheckpointError as exc:
-        findings.problems.append(_one_line(exc))
+        findings.problems.append(one_line(exc, expected=(Exception,)))
         return
     if not isinstance(data, kind):
         expected = "an object" if kind is dict else "a list"
@@ -344,10 +344,6 @@ def _check_json_if_present(findings: _Findings, path: str, kind: type[dict] | ty
         )
         return
     findings.checked.append(path.rsplit("/", 1)[-1])
-
-
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())
 
 
 # --- tensor groups ---------------------------------------------------------------------------------
@@ -395,7 +391,7 @@ def _weight_map_problems(index_path: str) -> list[str]:
         try:
             header = read_safetensors_header(layout.join(base, shard))
         except CheckpointError as exc:
-            problems.append(_one_line(exc))
+            problems.append(one_line(exc, expected=(Exception,)))
             continue
         listed = {name for name, file in weight_map.items() if file == shard}
         problems += [

@@ -10,13 +10,15 @@ replaces a barrier) broadcasts the outcome so that every rank raises the same `S
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ckpt_tools.errors import CheckpointError, SaveFailedError
+from ckpt_tools.errors import CheckpointError, SaveFailedError, one_line
+
+T = TypeVar("T")
 
 
 class Group:
@@ -73,10 +75,36 @@ class Group:
             raise SaveFailedError(f"{what} failed on the main rank: {failure}") from self._cause
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception as one line: our own errors' message, anything else with its type."""
-    text = " ".join(str(exc).split())
-    return text if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {text}"
+def main_decides(
+    compute: Callable[[], T],
+    *,
+    error: Callable[[str], Exception],
+    expected: tuple[type[BaseException], ...] = (CheckpointError,),
+    group: dist.ProcessGroup | None = None,
+) -> T:
+    """Collective when a process group is up: call on all ranks. `compute` runs on the main rank only
+    and its value is returned on every rank; when it raises, every rank raises `error(line)` with the
+    same one line, so no rank waits for ever for a peer that failed alone (a rank reading `last` on its
+    own could also see another step than its peers). A failure that is not one of the `expected` types
+    (a bug) is re-raised as it is on the main rank, its traceback kept; the others raise `error`.
+    `group` is the process group to broadcast on (the default one when None)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return compute()
+    box: list[Any] = [None]
+    failure: BaseException | None = None
+    if dist.get_rank() == 0:
+        try:
+            box[0] = (True, compute())
+        except Exception as exc:  # every rank must hear about it, or they wait for the main rank
+            failure = exc
+            box[0] = (False, one_line(exc, expected))
+    dist.broadcast_object_list(box, src=0, group=group)
+    ok, value = box[0]
+    if ok:
+        return value
+    if failure is not None and not isinstance(failure, expected):
+        raise failure
+    raise error(value) from None
 
 
 def is_sharded(model: nn.Module) -> bool:

@@ -25,7 +25,6 @@ from trainer.config.train import TrainConfig
 from trainer.data.dataset import OBS_KEY, Dataset
 from trainer.data.processors import Processor, build_processors
 from trainer.data.sampler import GlobalOrderSampler
-from trainer.distributed.agree import main_decides
 from trainer.distributed.factory import build_accelerator, prepare
 from trainer.distributed.interrupt import Agreement, Interrupted, Interrupts
 from trainer.distributed.runlock import RunLock, watch_launcher
@@ -37,6 +36,7 @@ from trainer.engine.loss_window import LossWindow
 from trainer.engine.plan import RunPlan, resolve_plan
 from trainer.engine.run import Run, RunSummary
 from trainer.engine.save_schedule import SaveSchedule
+from trainer.errors import USER_ERRORS, ConfigError
 from trainer.evaluation import rollouts as evaluation
 from trainer.evaluation import validation
 from trainer.policies import build_policy
@@ -119,7 +119,7 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
         **summary.__dict__,
     )
     logger.close()  # the loss curve first: a failed publish ends the process
-    publishing.publish_final(config, summary, run.accelerator, logger)  # --policy.push_to_hub
+    publishing.publish_final(config, summary, logger)  # --policy.push_to_hub
     run.accelerator.wait_for_everyone()
     return summary
 
@@ -145,7 +145,9 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
     accelerator = build_accelerator(config, topology, wrap_plan)
     # while the launcher's store is up (ranks it leaves behind still save), bounded like every collective
     ckpt_tools.prepare_save_groups(timedelta(seconds=config.collective_timeout_s))
-    lock_note = main_decides(lock.acquire)  # before anything is written to output_dir
+    lock_note = ckpt_tools.main_decides(
+        lock.acquire, error=ConfigError, expected=USER_ERRORS
+    )  # before anything is written to output_dir
     if lock_note:
         notes.append(lock_note)
     sampler = GlobalOrderSampler(

@@ -14,18 +14,18 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import ckpt_tools
 from trainer.config.train import TrainConfig
 from trainer.engine.run import RunSummary
-from trainer.errors import ConfigError, PublishFailedError
+from trainer.errors import USER_ERRORS, ConfigError, PublishFailedError
 from trainer.reporting.metrics import Logger
 
 if TYPE_CHECKING:
-    from accelerate import Accelerator
+    from torch.distributed import ProcessGroup
 
 # How long the other ranks wait for the main rank's upload: a large model over a slow link takes far
 # longer than the process group's default collective timeout.
@@ -68,7 +68,7 @@ def check_publish_config(config: TrainConfig) -> str | None:
     return None
 
 
-def publish_final(config: TrainConfig, summary: RunSummary, accelerator: Accelerator, logger: Logger) -> None:
+def publish_final(config: TrainConfig, summary: RunSummary, logger: Logger) -> None:
     """Collective: call on all ranks after the final checkpoint is saved.
 
     Publishes `summary.last_checkpoint` when --policy.push_to_hub is set. Raises `PublishFailedError`
@@ -76,14 +76,17 @@ def publish_final(config: TrainConfig, summary: RunSummary, accelerator: Acceler
     """
     if not config.policy.push_to_hub:
         return
-    with _outcome_channel() as share:  # opened before the upload, while every rank is here
-        error = share(_publish_on_main(config, summary, logger) if accelerator.is_main_process else None)
-    if error is not None:
-        raise PublishFailedError(error)
+    with _upload_group() as group:  # made before the upload, while every rank is here
+        ckpt_tools.main_decides(
+            lambda: _publish_on_main(config, summary, logger),
+            error=PublishFailedError,
+            expected=USER_ERRORS,
+            group=group,
+        )
 
 
-def _publish_on_main(config: TrainConfig, summary: RunSummary, logger: Logger) -> str | None:
-    """Convert a DCP-only checkpoint, then publish it. Returns None, or the one-line failure."""
+def _publish_on_main(config: TrainConfig, summary: RunSummary, logger: Logger) -> None:
+    """Convert a DCP-only checkpoint, then publish it; any failure is one `PublishFailedError` line."""
     from huggingface_hub.utils import disable_progress_bars
 
     step_dir, repo_id = summary.last_checkpoint, config.policy.repo_id
@@ -104,10 +107,10 @@ def _publish_on_main(config: TrainConfig, summary: RunSummary, logger: Logger) -
         # Not chained: a client exception carries the request, Authorization header included.
         detail = str(exc) if isinstance(exc, ckpt_tools.CheckpointError) else f"{type(exc).__name__}: {exc}"
         private = " --private" if config.policy.private else ""
-        return (
+        raise PublishFailedError(
             f"publishing {step_dir} to {repo_id} failed: {' '.join(detail.split())}; publish the intact "
             f"checkpoint later with `ckpt push {step_dir} {repo_id}{private}`"
-        )
+        ) from None
     for remark in result.notes:
         logger.note(f"warning: {remark}")
     commit = f" at commit {result.commit_oid}" if result.commit_oid else ""
@@ -118,7 +121,6 @@ def _publish_on_main(config: TrainConfig, summary: RunSummary, logger: Logger) -
         commit=result.commit_oid,
         files=result.files,
     )
-    return None
 
 
 def _card_extras(config: TrainConfig, summary: RunSummary) -> dict[str, Any]:
@@ -134,22 +136,17 @@ def _card_extras(config: TrainConfig, summary: RunSummary) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _outcome_channel() -> Iterator[Callable[[str | None], str | None]]:
-    """A function that returns the main rank's outcome on every rank. It broadcasts over a gloo group
-    created here, before the main rank starts uploading, with a timeout that outlasts the upload."""
+def _upload_group() -> Iterator[ProcessGroup | None]:
+    """A gloo group for the main rank's publish outcome, made before the upload starts, with a timeout
+    that outlasts the upload (the default group's would end the other ranks' wait too soon); None
+    without a process group."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        yield lambda outcome: outcome
+        yield None
         return
     group = dist.new_group(backend="gloo", timeout=UPLOAD_TIMEOUT)
-
-    def share(outcome: str | None) -> str | None:
-        box = [outcome]
-        dist.broadcast_object_list(box, src=0, group=group)
-        return box[0]
-
     try:
-        yield share
+        yield group
     finally:
         dist.destroy_process_group(group)

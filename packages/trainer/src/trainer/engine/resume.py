@@ -24,9 +24,8 @@ import ckpt_tools
 from ckpt_tools import ResumePlan, RunShape, Topology, layout
 from trainer.config.train import TrainConfig
 from trainer.data.sampler import GlobalOrderSampler
-from trainer.distributed.agree import main_decides
 from trainer.engine.peft_policy import saved_weight_shapes
-from trainer.errors import CannotResumeError
+from trainer.errors import USER_ERRORS, CannotResumeError, ConfigError
 
 if TYPE_CHECKING:
     from accelerate.scheduler import AcceleratedScheduler
@@ -100,7 +99,9 @@ def before_prepare(
     and computes the same plan."""
     if not config.resume:
         return FRESH
-    step_dir = main_decides(lambda: find_checkpoint(config))
+    step_dir = ckpt_tools.main_decides(
+        lambda: find_checkpoint(config), error=ConfigError, expected=USER_ERRORS
+    )
     if step_dir is None:
         return ResumePoint(
             None,

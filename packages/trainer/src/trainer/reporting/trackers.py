@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any, Literal, Protocol, cast
 from urllib.parse import urlparse
 
+import ckpt_tools
 from trainer.config.tracking import TrackioConfig, WandbConfig
 from trainer.config.train import TrainConfig
 from trainer.errors import ConfigError
@@ -93,7 +94,9 @@ def start_trackers(config: TrainConfig, warn: Callable[[str], None]) -> list[Tra
             try:
                 trackers.append(factory(config))
             except Exception as exc:  # a tracker must never stop training
-                warn(f"warning: {name} could not start ({_one_line(exc)}): training continues without it")
+                warn(
+                    f"warning: {name} could not start ({ckpt_tools.one_line(exc, expected=())}): training continues without it"
+                )
     return trackers
 
 
@@ -121,7 +124,7 @@ class GuardedTrackers:
             except Exception as exc:  # network, disk: warn once, keep training
                 self.trackers.remove(tracker)
                 self.warn(
-                    f"warning: {tracker.name} logging failed ({_one_line(exc)}): training continues without it"
+                    f"warning: {tracker.name} logging failed ({ckpt_tools.one_line(exc, expected=())}): training continues without it"
                 )
 
 
@@ -198,7 +201,3 @@ def _numbers(record: dict[str, Any]) -> dict[str, float]:
         for key, value in record.items()
         if key not in ("step", "event") and isinstance(value, int | float) and not isinstance(value, bool)
     }
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
