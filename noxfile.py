@@ -49,7 +49,8 @@ def bench(session: nox.Session) -> None:
     then the engine benchmark (trainer step time vs a bare FSDP2 loop, save stall vs a raw dcp.save,
     resume peak RSS per rank vs a fresh start), then the save stall of --async_save against a
     synchronous save, then the bucket benchmark (peak RSS of `ckpt convert` and `ckpt push` streaming
-    from and to moto's S3 server, against the S3 client's floor and a local conversion).
+    from and to moto's S3 server, against the S3 client's floor and a local conversion), then the start
+    time of `ckpt inspect --json` against `hf version`.
 
     Options after `--` go to the conversion benchmark, e.g. `nox -s bench -- --size-mb 1600 --repeat 3`.
     """
@@ -60,6 +61,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_engine.py")
     session.run("python", "benchmarks/bench_async_save.py")
     session.run("python", "benchmarks/bench_bucket.py")
+    session.run("python", "benchmarks/bench_cli.py")
 
 
 DEMO_OUTPUT = "outputs/demo"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import typer
 
 app = typer.Typer(
@@ -31,14 +33,19 @@ def _root(
     # A callback keeps `ckpt` a command group even while only one command is registered.
 
 
-def _register() -> None:
-    # Each command module exposes `register(app)`; importing them here keeps this file a table.
-    from ckpt_tools.cli import commands
+def _register(argv: Sequence[str] = ()) -> None:
+    """Import and register the modules of the commands this command line can run (commands.py;
+    every command without one)."""
+    import importlib
 
-    for module in commands.MODULES:
-        module.register(app)
+    from ckpt_tools.cli.commands import modules_for
+
+    for name in modules_for(argv):
+        importlib.import_module(name).register(app)
 
 
 def main() -> None:
-    _register()
+    import sys
+
+    _register(sys.argv[1:])
     app()
