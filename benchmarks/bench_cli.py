@@ -47,7 +47,7 @@ def main() -> None:
         "ckpt inspect --json": [_tool("ckpt"), "inspect", "--json", str(CHECKPOINT)],
     }
     times: dict[str, list[float]] = {name: [] for name in commands}
-    for name, command in commands.items():  # warm the page cache once
+    for command in commands.values():  # warm the page cache once
         _seconds(command)
     for round_ in range(args.repeat):
         order = list(commands.items())
