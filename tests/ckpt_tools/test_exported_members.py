@@ -62,6 +62,7 @@ PUBLIC = {
     "is_fsspec_target",
     # one line for an error; the main rank decides, every rank gets the value or the same error
     "UsageError",
+    "CheckpointFormat",
     "one_line",
     "main_decides",
     # every directory and file name of the format

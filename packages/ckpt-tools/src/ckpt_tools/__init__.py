@@ -21,6 +21,7 @@ _EXPORTS: dict[str, str] = {
     "TrainingStep": "ckpt_tools.format.meta",
     "Topology": "ckpt_tools.format.meta",
     "SamplerPosition": "ckpt_tools.format.meta",
+    "CheckpointFormat": "ckpt_tools.format.meta",
     "ProcessorState": "ckpt_tools.state.processor_state",
     "save_checkpoint": "ckpt_tools.state.save",
     "start_checkpoint": "ckpt_tools.state.save",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from ckpt_tools.errors import (
@@ -22,7 +23,31 @@ from ckpt_tools.errors import (
 from ckpt_tools.format.untrusted import MAX_INT, describe, parse_json
 
 FORMAT_VERSION = 1
-CHECKPOINT_FORMATS = ("safetensors", "dcp", "safetensors_dcp")
+
+
+class CheckpointFormat(str, Enum):
+    """Which weights a step holds (`checkpoint_format` in training_step.json, `--checkpoint_format`):
+    gathered safetensors, sharded DCP, or both. A `str`, so it compares and serializes as its value."""
+
+    SAFETENSORS = "safetensors"
+    DCP = "dcp"
+    SAFETENSORS_DCP = "safetensors_dcp"
+
+    @property
+    def has_safetensors(self) -> bool:
+        return self in (CheckpointFormat.SAFETENSORS, CheckpointFormat.SAFETENSORS_DCP)
+
+    @property
+    def has_dcp(self) -> bool:
+        return self in (CheckpointFormat.DCP, CheckpointFormat.SAFETENSORS_DCP)
+
+    @classmethod
+    def names(cls) -> str:
+        """The values, as an error message lists them."""
+        return ", ".join(member.value for member in cls)
+
+
+CHECKPOINT_FORMATS = tuple(member.value for member in CheckpointFormat)
 MIXED_PRECISION = ("no", "fp16", "bf16")
 MAX_RANKS = 1 << 20
 MAX_COUNT = 2**31 - 1
@@ -87,7 +112,7 @@ class TrainingStep:
         if self.checkpoint_format not in CHECKPOINT_FORMATS:
             raise CorruptCheckpointError(
                 f"training_step.json: checkpoint_format {describe(self.checkpoint_format)} is not one of "
-                f"{', '.join(CHECKPOINT_FORMATS)}"
+                f"{CheckpointFormat.names()}"
             )
         if self.mixed_precision not in MIXED_PRECISION:
             raise CorruptCheckpointError(

@@ -36,7 +36,7 @@ from ckpt_tools.files.manifest import manifest_problems
 from ckpt_tools.files.safetensors_io import read_safetensors_header, read_weight_map
 from ckpt_tools.format import layout
 from ckpt_tools.format.adapter_config import adapter_config_problems
-from ckpt_tools.format.meta import LeRobotStep, TrainingStep
+from ckpt_tools.format.meta import CheckpointFormat, LeRobotStep, TrainingStep
 from ckpt_tools.reports.describe import TensorGroup, dcp_group_from_index, read_group
 
 T = TypeVar("T")
@@ -209,13 +209,13 @@ def _check_required(
         return  # a DCP directory passed on its own (an optimizer_0/ too) is checked as what it holds
     role = ADAPTER if step.peft else MODEL
     fmt = step.checkpoint_format
-    if fmt in ("safetensors", "safetensors_dcp") and not present & {
+    if CheckpointFormat(fmt).has_safetensors and not present & {
         (role, SAFETENSORS),
         (role, SHARDED_SAFETENSORS),
     }:
         name = layout.ADAPTER_SAFETENSORS if step.peft else layout.MODEL_SAFETENSORS
         findings.problems.append(f"{layout.join(model_dir, name)} is missing; checkpoint_format is {fmt!r}")
-    if fmt in ("dcp", "safetensors_dcp") and (role, DCP) not in present:
+    if CheckpointFormat(fmt).has_dcp and (role, DCP) not in present:
         name = layout.ADAPTER_DCP_DIR if step.peft else layout.MODEL_DCP_DIR
         findings.problems.append(f"{layout.join(model_dir, name)}/ is missing; checkpoint_format is {fmt!r}")
     if state_dir is not None:

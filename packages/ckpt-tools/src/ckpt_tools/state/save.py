@@ -34,7 +34,7 @@ from ckpt_tools.files import commit, storage
 from ckpt_tools.files.digest import Recorder
 from ckpt_tools.files.manifest import write_bytes, write_json, write_manifest
 from ckpt_tools.format import layout
-from ckpt_tools.format.meta import TrainingStep
+from ckpt_tools.format.meta import CheckpointFormat, TrainingStep
 from ckpt_tools.reports.verify import verify_checkpoint
 from ckpt_tools.state.adapters import adapter_keys
 from ckpt_tools.state.collective import Group, is_sharded
@@ -307,11 +307,11 @@ def _save_model(
     recorder: Recorder | None,
     write_dcp: WriteDcp,
 ) -> None:
-    if checkpoint_format in ("safetensors", "safetensors_dcp"):
+    if CheckpointFormat(checkpoint_format).has_safetensors:
         full: dict[str, Any] = get_model_state_dict(model, options=_FULL_ON_MAIN)  # collective gather
         path = layout.join(model_dir, layout.MODEL_SAFETENSORS)
         group.on_main(write_safetensors, path, full, {"format": "pt"}, recorder)
-    if checkpoint_format in ("dcp", "safetensors_dcp"):
+    if CheckpointFormat(checkpoint_format).has_dcp:
         write_dcp(get_model_state_dict(model), layout.join(model_dir, layout.MODEL_DCP_DIR))
 
 
@@ -326,7 +326,7 @@ def _save_adapter(
     keys = adapter_keys(model)
     if not keys:
         raise UsageError("adapter_config was given but the model has no trainable parameters to save")
-    if checkpoint_format in ("safetensors", "safetensors_dcp"):
+    if CheckpointFormat(checkpoint_format).has_safetensors:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
         full: dict[str, Any] = get_model_state_dict(model, options=options)  # collective: trainable part
         path = layout.join(model_dir, layout.ADAPTER_SAFETENSORS)
@@ -335,7 +335,7 @@ def _save_adapter(
                 path, {keys[name]: full[name] for name in keys}, {"format": "pt"}, recorder
             )
         )
-    if checkpoint_format in ("dcp", "safetensors_dcp"):
+    if CheckpointFormat(checkpoint_format).has_dcp:
         sharded = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=True))
         write_dcp(
             {keys[name]: sharded[name] for name in keys}, layout.join(model_dir, layout.ADAPTER_DCP_DIR)

@@ -12,6 +12,7 @@ from typing import Any
 
 import draccus
 
+import ckpt_tools
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import DatasetConfig
 from trainer.config.parallelism import ParallelismConfig
@@ -20,8 +21,6 @@ from trainer.config.policy import PolicyConfig
 from trainer.config.registry import registered_default
 from trainer.config.tracking import TrackioConfig, WandbConfig
 from trainer.errors import ConfigError
-
-CHECKPOINT_FORMATS = ("safetensors", "dcp", "safetensors_dcp")
 
 
 @dataclass
@@ -148,9 +147,9 @@ class TrainConfig:
         self.flags_given: frozenset[str] = frozenset()
         if self.keep_last < 0:
             raise ConfigError(f"--keep_last must be >= 0 (0 keeps every checkpoint), got {self.keep_last}")
-        if self.checkpoint_format not in CHECKPOINT_FORMATS:
+        if self.checkpoint_format not in {member.value for member in ckpt_tools.CheckpointFormat}:
             raise ConfigError(
-                f"--checkpoint_format={self.checkpoint_format!r} is not one of {', '.join(CHECKPOINT_FORMATS)}"
+                f"--checkpoint_format={self.checkpoint_format!r} is not one of {ckpt_tools.CheckpointFormat.names()}"
             )
         if self.eval_freq < 0:
             raise ConfigError(f"--eval_freq must be >= 0, got {self.eval_freq}")
