@@ -66,3 +66,11 @@ def test_last_naming_garbage_is_corrupt(tmp_path):
     (tmp_path / "checkpoints" / "last").write_text("../../etc\n")
     with pytest.raises(CorruptCheckpointError, match="not a step directory"):
         locate.resolve_model_dir(tmp_path)
+
+
+def test_path_helpers_work_for_local_paths_and_urls() -> None:
+    assert layout.parent("/runs/a/checkpoints/000004") == "/runs/a/checkpoints"
+    assert layout.parent("s3://bucket/run/checkpoints/last/") == "s3://bucket/run/checkpoints"
+    assert layout.parent("/x") == "/" and layout.parent("model.safetensors") == "."
+    assert layout.name("s3://bucket/run/000004/") == "000004" and layout.name("a") == "a"
+    assert layout.is_url("s3://bucket/x") and not layout.is_url("/data/x")

@@ -96,10 +96,10 @@ def catalog(path: str | os.PathLike[str]) -> Catalog:
     text = os.fspath(path).rstrip("/") or "/"
     fs, inner = storage.resolve(text)
     if text.endswith(".safetensors") and fs.isfile(inner):
-        role = ADAPTER if text.rsplit("/", 1)[-1] == layout.ADAPTER_SAFETENSORS else MODEL
+        role = ADAPTER if layout.name(text) == layout.ADAPTER_SAFETENSORS else MODEL
         return Catalog(text, SAFETENSORS_FILE, None, text, (WeightSet(role, SAFETENSORS, text),))
     if fs.isdir(inner) and fs.exists(f"{inner}/{layout.DCP_METADATA}"):
-        return _dcp_directory(text if "://" in text else inner)
+        return _dcp_directory(text if layout.is_url(text) else inner)
     step_dir, model_dir = locate.resolve_model_dir(text)
     kind, lerobot = _step_layout(step_dir)
     return Catalog(text, kind, step_dir, model_dir, tuple(_weight_sets(model_dir, step_dir)), lerobot)
@@ -145,7 +145,7 @@ def _dcp_directory(path: str) -> Catalog:
     """A bare DCP directory: its roles come from where its tensors sit in the saved state dict
     (see `dcp.roles.tensor_roles`), not from its name; `adapter_model_fsdp_0/` holds an adapter."""
     roles = tensor_roles(read_dcp_index(path, check_files=False))
-    name = path.rsplit("/", 1)[-1]
+    name = layout.name(path)
     sets = []
     if set(roles) - {OPTIMIZER_STATE}:
         sets.append(WeightSet(ADAPTER if name == layout.ADAPTER_DCP_DIR else MODEL, DCP, path))
@@ -210,7 +210,7 @@ def _float_widths(weights: WeightSet) -> dict[str, int]:
     else:
         headers = [weights.path]
         if weights.format == SHARDED_SAFETENSORS:
-            base = weights.path.rsplit("/", 1)[0]
+            base = layout.parent(weights.path)
             shards = storage.read_json_object(weights.path).get("weight_map", {})
             headers = [layout.join(base, shard) for shard in sorted(set(shards.values()))]
         dtypes = {n: i.dtype for h in headers for n, i in read_safetensors_header(h).tensors.items()}

@@ -15,6 +15,7 @@ from rich.markup import escape
 from ckpt_tools.cli.errors import run_guarded
 from ckpt_tools.cli.output import Output, layout_line
 from ckpt_tools.errors import UsageError
+from ckpt_tools.format import layout
 
 _TARGETS = ("safetensors", "dcp")
 
@@ -132,7 +133,7 @@ def _push_then_delete(
     from ckpt_tools.cli.push import publish
     from ckpt_tools.tools import convert as lib
 
-    model_dir = result.files[0].rsplit("/", 1)[0]  # where the conversion wrote
+    model_dir = layout.parent(result.files[0])  # where the conversion wrote
     published = publish(out, model_dir, repo_id)
     if delete_dcp:
         lib.check_deletable_source(result.source, output)

@@ -252,7 +252,7 @@ def dcp_file_problems(index: DcpIndex) -> list[str]:
     records += [(o.file, o.file_offset + o.length) for o in index.objects.values()]
     for file, end in records:
         needed[file] = max(needed.get(file, 0), end)
-    listed = {entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry for entry in fs.ls(inner, detail=True)}
+    listed = {layout.name(entry["name"]): entry for entry in fs.ls(inner, detail=True)}
     sizes = {
         name: int(entry.get("size") or 0) for name, entry in listed.items() if entry.get("type") == "file"
     }

@@ -164,7 +164,7 @@ def _last_may_name(root: str, name: str) -> bool:
     if not has_last(root):
         return False
     try:
-        return read_last(root).rsplit("/", 1)[-1] == name
+        return layout.name(read_last(root)) == name
     except CheckpointError:
         return True
 
@@ -259,7 +259,7 @@ def prune_steps(checkpoints_dir: str | os.PathLike[str], keep_last: int) -> list
     root = os.fspath(checkpoints_dir).rstrip("/")
     if keep_last < 1 or not has_last(root):
         return []
-    newest = int(read_last(root).rsplit("/", 1)[-1])
+    newest = int(layout.name(read_last(root)))
     steps = sorted(int(name) for name in list_names(root) if layout.is_step_dir_name(name))
     older = [step for step in steps if step <= newest][:-keep_last]
     for step in older:

@@ -24,9 +24,9 @@ def resolve_model_dir(path: str | os.PathLike[str]) -> tuple[str | None, str]:
     fs, inner = resolve(text)
     if not fs.exists(inner):
         raise CheckpointNotFoundError(f"{text}: no such file or directory")
-    base = text if "://" in text else inner
-    if inner.rsplit("/", 1)[-1] == layout.PRETRAINED_MODEL_DIR:
-        return base.rsplit("/", 1)[0], base
+    base = text if layout.is_url(text) else inner
+    if layout.name(inner) == layout.PRETRAINED_MODEL_DIR:
+        return layout.parent(base), base
     if fs.isdir(f"{inner}/{layout.PRETRAINED_MODEL_DIR}"):
         return base, layout.join(base, layout.PRETRAINED_MODEL_DIR)
     return None, base

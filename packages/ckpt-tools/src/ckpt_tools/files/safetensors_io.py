@@ -17,6 +17,7 @@ from typing import Any
 
 from ckpt_tools.errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError
 from ckpt_tools.files import storage
+from ckpt_tools.format import layout
 from ckpt_tools.format.dtypes import ITEMSIZE, nbytes
 from ckpt_tools.format.untrusted import describe, is_count
 
@@ -70,7 +71,7 @@ def read_weight_map(index_path: str) -> dict[str, str]:
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CorruptCheckpointError(f"{index_path}: expected a 'weight_map' object of tensor -> file name")
-    base = index_path.rsplit("/", 1)[0] if "/" in index_path else "."
+    base = layout.parent(index_path)
     for shard in sorted(set(weight_map.values())):
         storage.contained(base, shard, f"{index_path.rsplit('/', 1)[-1]}'s weight_map")
     return weight_map

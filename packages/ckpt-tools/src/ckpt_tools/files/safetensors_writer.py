@@ -74,13 +74,13 @@ class SafetensorsStreamWriter:
 
     def __init__(self, path: str, specs: Sequence[TensorSpec], metadata: dict[str, str] | None = None):
         self.path = path.rstrip("/")
-        parent, name = self.path.rsplit("/", 1) if "/" in self.path else (".", self.path)
+        parent, name = layout.parent(self.path), layout.name(self.path)
         self.tmp_path = layout.join(parent, layout.TMP_PREFIX + name)
         self.specs = list(specs)
         header = build_header(self.specs, metadata)
         self.expected_size = len(header) + sum(s.nbytes for s in self.specs)
         self._fs, inner = storage.resolve(self.tmp_path)
-        self._fs.makedirs(inner.rsplit("/", 1)[0], exist_ok=True)
+        self._fs.makedirs(layout.parent(inner), exist_ok=True)
         self._handle: IO[bytes] = storage.open_file(self.tmp_path, "wb")
         self._written = 0
         self._kernel_copy = storage.is_local(self._fs)

@@ -22,6 +22,7 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from ckpt_tools.errors import CheckpointNotFoundError, CorruptCheckpointError
+from ckpt_tools.format import layout
 from ckpt_tools.format.untrusted import MAX_JSON_BYTES, describe, parse_json
 
 _KINDS = (
@@ -45,7 +46,7 @@ def resolve(path: str | os.PathLike[str]) -> tuple[fsspec.AbstractFileSystem, st
     store's own environment variables, never from the path, so no secret is ever part of a path that
     a checkpoint records."""
     text = os.fspath(path)
-    if "://" not in text:
+    if not layout.is_url(text):
         return url_to_fs(os.path.abspath(os.path.expanduser(text)))
     fs, inner = url_to_fs(text, **FSSPEC_OPTIONS)
     listing = getattr(_LISTED, "root", None)
@@ -206,7 +207,7 @@ def list_names(path: str | os.PathLike[str]) -> list[str]:
     fs, inner = resolve(path)
     if not fs.isdir(inner):
         return []
-    return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(inner, detail=False))
+    return sorted(layout.name(entry) for entry in fs.ls(inner, detail=False))
 
 
 def makedirs(path: str | os.PathLike[str]) -> None:

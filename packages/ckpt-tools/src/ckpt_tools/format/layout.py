@@ -116,3 +116,22 @@ def join(*parts: str) -> str:
     for part in rest:
         out = f"{out}/{part.strip('/')}"
     return out
+
+
+def parent(path: str) -> str:
+    """The directory holding `path` (a local path or an fsspec URL, '/'-separated, trailing slashes
+    ignored): `a/b/c` -> `a/b`, `/x` -> `/`, a bare name -> `.`."""
+    head, sep, _ = path.rstrip("/").rpartition("/")
+    if not sep:
+        return "."
+    return head or "/"
+
+
+def name(path: str) -> str:
+    """The last component of `path`, trailing slashes ignored: `a/b/` -> `b`."""
+    return path.rstrip("/").rpartition("/")[2]
+
+
+def is_url(text: str) -> bool:
+    """Whether `text` names an fsspec URL (`s3://bucket/run`) rather than a local path."""
+    return "://" in text

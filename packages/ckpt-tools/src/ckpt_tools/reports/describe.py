@@ -180,7 +180,7 @@ def sharded_safetensors_group(role: str, index_path: str) -> TensorGroup:
     """All tensors of the shards a `model.safetensors.index.json` names, read from their headers."""
     tensors: list[TensorSummary] = []
     for shard in sorted(set(read_weight_map(index_path).values())):
-        header = read_safetensors_header(layout.join(index_path.rsplit("/", 1)[0], shard))
+        header = read_safetensors_header(layout.join(layout.parent(index_path), shard))
         tensors.extend(_summaries_from_header(header.tensors.values()))
     return TensorGroup(role, SHARDED_SAFETENSORS, index_path, tuple(sorted(tensors, key=lambda t: t.name)))
 

@@ -184,7 +184,7 @@ def _safetensors_loaders(group: TensorGroup) -> dict[str, Callable[[], torch.Ten
 
 
 def _sharded_loaders(group: TensorGroup) -> dict[str, Callable[[], torch.Tensor]]:
-    base = group.path.rsplit("/", 1)[0]
+    base = layout.parent(group.path)
     loaders: dict[str, Callable[[], torch.Tensor]] = {}
     for shard in sorted(set(read_weight_map(group.path).values())):
         loaders.update(_loaders_for_file(layout.join(base, shard)))

@@ -113,7 +113,7 @@ def _verify_target(text: str, target: str, findings: _Findings, deep: bool) -> V
         return VerifyReport(text, tuple(findings.checked), tuple(findings.problems))
     step_dir, model_dir, state_dir = cat.step_dir, cat.model_dir, cat.state_dir
     locations = list(cat.weight_sets)
-    if target.rsplit("/", 1)[-1] == layout.PRETRAINED_MODEL_DIR:  # the weights only (docs/format.md)
+    if layout.name(target) == layout.PRETRAINED_MODEL_DIR:  # the weights only (docs/format.md)
         state_dir = None
         locations = [w for w in locations if w.role != OPTIMIZER]
     has_state = state_dir is not None and storage.exists(state_dir)
@@ -343,7 +343,7 @@ def _check_json_if_present(findings: _Findings, path: str, kind: type[dict] | ty
             f"{path} must hold {expected}, not {type(data).__name__}; the file is damaged"
         )
         return
-    findings.checked.append(path.rsplit("/", 1)[-1])
+    findings.checked.append(layout.name(path))
 
 
 # --- tensor groups ---------------------------------------------------------------------------------
@@ -385,7 +385,7 @@ def _weight_map_problems(index_path: str) -> list[str]:
         weight_map = read_weight_map(index_path)
     except CheckpointError:
         return []  # already reported when the group was read
-    base = index_path.rsplit("/", 1)[0]
+    base = layout.parent(index_path)
     problems = []
     for shard in sorted(set(weight_map.values())):
         try:

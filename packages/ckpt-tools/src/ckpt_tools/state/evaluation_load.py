@@ -108,6 +108,6 @@ def read_weight_set(weights: catalog.WeightSet) -> dict[str, torch.Tensor]:
     if weights.format == catalog.SAFETENSORS:
         return read_safetensors(weights.path)[0]
     if weights.format == catalog.SHARDED_SAFETENSORS:
-        return read_safetensors_model(weights.path.rsplit("/", 1)[0])
+        return read_safetensors_model(layout.parent(weights.path))
     entries = model_tensors(read_dcp_index(weights.path))
     return read_dcp_full(weights.path, {name: entry.name for name, entry in entries.items()})

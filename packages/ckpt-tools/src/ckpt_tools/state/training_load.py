@@ -141,7 +141,7 @@ def _headers_by_tensor(weights: WeightSet) -> dict[str, SafetensorsHeader]:
     if weights.format == SAFETENSORS:
         header = read_safetensors_header(weights.path)
         return dict.fromkeys(header.tensors, header)
-    model_dir = weights.path.rsplit("/", 1)[0]
+    model_dir = layout.parent(weights.path)
     weight_map = read_weight_map(weights.path)
     shard_headers = {
         shard: read_safetensors_header(layout.join(model_dir, shard)) for shard in set(weight_map.values())

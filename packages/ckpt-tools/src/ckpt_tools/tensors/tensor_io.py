@@ -203,7 +203,7 @@ def dcp_writer(path: str) -> dcp.StorageWriter:
     object itself is only uploaded by `close()` (pytorch/pytorch#142396). An object exists once its
     upload completes, so closing is the sync; the step commit (`commit.py`) makes the whole directory
     visible only after every rank's writer has closed its files."""
-    if "://" in path:
+    if layout.is_url(path):
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # not re-exported
 
         return FsspecWriter(path, sync_files=False, **storage.FSSPEC_OPTIONS)
@@ -212,7 +212,7 @@ def dcp_writer(path: str) -> dcp.StorageWriter:
 
 def dcp_reader(path: str) -> dcp.StorageReader:
     """A DCP reader for a local directory or an fsspec URL (torch's `FsspecReader`)."""
-    if "://" in path:
+    if layout.is_url(path):
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader  # not re-exported
 
         return FsspecReader(path, **storage.FSSPEC_OPTIONS)

@@ -114,7 +114,7 @@ def _details_table(info: CardInfo) -> str:
 
 
 def _load_snippet(repo_id: str, adapter: bool) -> str:
-    is_hub = "://" not in repo_id and not repo_id.startswith(("/", ".", "~"))
+    is_hub = not layout.is_url(repo_id) and not repo_id.startswith(("/", ".", "~"))
     fetch = (
         f'model_dir = snapshot_download("{repo_id}")'
         if is_hub
@@ -153,7 +153,7 @@ def _dataset_name(dataset: Any) -> str | None:
 
 
 def _looks_like_hub_id(name: str) -> bool:
-    return name.count("/") == 1 and "://" not in name and not name.startswith("/")
+    return name.count("/") == 1 and not layout.is_url(name) and not name.startswith("/")
 
 
 def _cell(value: Any) -> str:

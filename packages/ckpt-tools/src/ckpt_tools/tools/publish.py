@@ -63,7 +63,7 @@ class PublishResult:
 
 def is_fsspec_target(repo_id: str) -> bool:
     """A URL (`s3://bucket/prefix`, `memory://x`) or a local path; a Hub repo id is `namespace/name`."""
-    return "://" in repo_id or repo_id.startswith(("/", "./", "../", "~"))
+    return layout.is_url(repo_id) or repo_id.startswith(("/", "./", "../", "~"))
 
 
 def select_publish_files(model_dir: str | os.PathLike[str]) -> list[str]:
@@ -74,9 +74,7 @@ def select_publish_files(model_dir: str | os.PathLike[str]) -> list[str]:
     """
     root = os.fspath(model_dir).rstrip("/")
     fs, inner = storage.resolve(root)
-    entries = {
-        entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry["type"] for entry in fs.ls(inner, detail=True)
-    }
+    entries = {layout.name(entry["name"]): entry["type"] for entry in fs.ls(inner, detail=True)}
     present = {name for name, kind in entries.items() if kind == "file"}
     selected = {name for name in present if name in _SINGLE_FILES or name.startswith(_PROCESSOR_PREFIXES)}
     if layout.MODEL_INDEX in present:
@@ -131,7 +129,7 @@ def _portable_adapter_base(uploads: dict[str, str | bytes]) -> list[str]:
     raw = source if isinstance(source, bytes) else storage.read_bytes(source)
     config = json.loads(raw)
     base = config.get("base_model_name_or_path")
-    if not isinstance(base, str) or not is_fsspec_target(base) or "://" in base:
+    if not isinstance(base, str) or not is_fsspec_target(base) or layout.is_url(base):
         return []  # no base, a Hub repo id already, or a URL anyone with access can read
     found = _HUB_CACHE_SNAPSHOT.search(base.replace(os.sep, "/"))
     if found is None:
@@ -296,15 +294,15 @@ def _read_small(path: str) -> bytes | None:
 
 def _local_or_bytes(source: str | bytes) -> str | bytes:
     """A local file uploads from its path (streamed); a file on another fsspec store is read first."""
-    if isinstance(source, bytes) or "://" not in source:
+    if isinstance(source, bytes) or not layout.is_url(source):
         return source
     return storage.read_bytes(source)
 
 
 def _default_message(step_dir: str | None) -> str:
-    if step_dir is not None and "://" not in step_dir:
+    if step_dir is not None and not layout.is_url(step_dir):
         step_dir = os.path.realpath(step_dir)  # `last` -> 005000
-    name = (step_dir or "").rstrip("/").rsplit("/", 1)[-1]
+    name = layout.name(step_dir or "")
     if layout.is_step_dir_name(name):
         return f"Upload model from step {name} with ckpt-tools"
     return "Upload model with ckpt-tools"

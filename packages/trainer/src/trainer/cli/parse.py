@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 
 import draccus
 
+from ckpt_tools import layout
 from trainer.config.dataset import DatasetConfig
 from trainer.config.registry import known_types, register_import_path
 from trainer.config.train import TrainConfig
@@ -33,7 +34,7 @@ def parse_config(args: Sequence[str]) -> TrainConfig:
         config = _parse(rest, defaults_path)  # defaults_path: + `--policy.path`'s config.json
     config.config_path = config_path
     config.flags_given = flags_given
-    if "://" not in config.output_dir:  # resolved once: a resume from elsewhere writes the same run
+    if not layout.is_url(config.output_dir):  # resolved once: a resume from elsewhere writes the same run
         config.output_dir = os.path.abspath(os.path.expanduser(config.output_dir))
     return config
 
@@ -42,7 +43,7 @@ def parse_config(args: Sequence[str]) -> TrainConfig:
 def _local_copy(config_path: str | None) -> Iterator[str | None]:
     """A config file on a store (`s3://.../train_config.json`) as a local temporary copy, since the
     parser reads local files; a local path (or None) is passed through."""
-    if config_path is None or "://" not in config_path:
+    if config_path is None or not layout.is_url(config_path):
         yield config_path
         return
     import fsspec

@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ckpt_tools import layout
 from trainer.errors import ConfigError
 
 LOCK_FILE = "trainer.lock"
@@ -132,7 +133,7 @@ class _BucketStore:
 
 def _store(path: str) -> _LocalStore | _BucketStore | None:
     """Where the lock file `path` lives; None for a URL whose store offers no exclusive create."""
-    if "://" not in path:
+    if not layout.is_url(path):
         return _LocalStore(path)
     if path.split("://", 1)[0] in BUCKET_PROTOCOLS:
         return _BucketStore(path)
@@ -143,7 +144,7 @@ class RunLock:
     """The lock a run holds on its output_dir; `acquire` on the main rank only, `release` at the end."""
 
     def __init__(self, output_dir: str) -> None:
-        remote = "://" in output_dir
+        remote = layout.is_url(output_dir)
         self.output_dir = output_dir.rstrip("/") if remote else os.path.abspath(output_dir)
         self.path = f"{self.output_dir}/{LOCK_FILE}" if remote else os.path.join(self.output_dir, LOCK_FILE)
         self.store = _store(self.path)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
+from ckpt_tools import layout
 from trainer.config.train import TrainConfig
 from trainer.errors import ConfigError
 from trainer.policies import pretrained
@@ -159,7 +160,7 @@ def _check_ignored_modules(model: nn.Module, config: TrainConfig) -> None:
 
 def _base_reference(path: str | None) -> str | None:
     """The base model as recorded in adapter_config.json: an absolute local path, a URL or a repo id."""
-    if path is None or "://" in path or not os.path.exists(path):
+    if path is None or layout.is_url(path) or not os.path.exists(path):
         return path
     return os.path.realpath(path)  # `last` resolved: the base must not move under the adapter
 

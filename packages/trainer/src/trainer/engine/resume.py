@@ -76,11 +76,11 @@ def find_checkpoint(config: TrainConfig) -> str | None:
     """
     if config.config_path is not None:
         text = os.fspath(config.config_path)
-        model_dir = (text if "://" in text else os.path.abspath(text)).rsplit("/", 1)[0]  # URLs too
-        if model_dir.rsplit("/", 1)[-1] == layout.PRETRAINED_MODEL_DIR:
-            step_dir = model_dir.rsplit("/", 1)[0]
-            if step_dir.rsplit("/", 1)[-1] == layout.LAST:
-                return ckpt_tools.latest_step_dir(step_dir.rsplit("/", 1)[0])
+        model_dir = layout.parent(text if layout.is_url(text) else os.path.abspath(text))  # URLs too
+        if layout.name(model_dir) == layout.PRETRAINED_MODEL_DIR:
+            step_dir = layout.parent(model_dir)
+            if layout.name(step_dir) == layout.LAST:
+                return ckpt_tools.latest_step_dir(layout.parent(step_dir))
             return step_dir
     return ckpt_tools.latest_step_dir(config.output_dir)
 

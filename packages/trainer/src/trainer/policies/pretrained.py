@@ -26,7 +26,7 @@ _PATH_FLAG = "--policy.path="
 
 def resolve(path: str) -> str:
     """A local directory (or fsspec URL) holding the policy: `path` itself, or its Hub snapshot."""
-    if "://" in path or os.path.exists(path):
+    if layout.is_url(path) or os.path.exists(path):
         return path
     if not _REPO_ID.match(path):
         raise ConfigError(f"--policy.path={path}: no such directory; give a model or step directory")

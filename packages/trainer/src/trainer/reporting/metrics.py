@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from ckpt_tools import layout
 from trainer.config.train import TrainConfig
 from trainer.reporting import run_files
 from trainer.reporting.loss_curve import plot, read_history
@@ -68,7 +69,7 @@ class MetricsLogger:
         # Trackers start before the progress bar, so what they print stays above it.
         trackers = start_trackers(config, self.console.print) if config is not None else []
         self.trackers = GuardedTrackers(trackers, self.console.print)
-        self.title = config.job_name if config is not None else self.dir.rsplit("/", 1)[-1]
+        self.title = config.job_name if config is not None else layout.name(self.dir)
         self.progress: Progress | None = None
         if self.console.is_terminal:
             self.progress = Progress(

@@ -9,12 +9,14 @@ import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
+from ckpt_tools import layout
+
 
 def resolve(path: str | os.PathLike[str]) -> tuple[fsspec.AbstractFileSystem, str]:
     """The store and the path inside it. Listings are not cached: other processes (the next segment of
     a run, ckpt-tools' commit) write into the same prefix."""
     text = os.fspath(path)
-    if "://" not in text:
+    if not layout.is_url(text):
         return url_to_fs(os.path.abspath(text))
     return url_to_fs(text, use_listings_cache=False)
 

@@ -26,9 +26,9 @@ _WITHOUT_DCP = {"dcp": "safetensors", "safetensors_dcp": "safetensors"}
 
 def _step_of(model_dir: str) -> str | None:
     """The step directory a `pretrained_model/` belongs to; None for any other directory."""
-    if model_dir.rsplit("/", 1)[-1] != layout.PRETRAINED_MODEL_DIR:
+    if layout.name(model_dir) != layout.PRETRAINED_MODEL_DIR:
         return None
-    return model_dir.rsplit("/", 1)[0]
+    return layout.parent(model_dir)
 
 
 def _same(a: str, b: str) -> bool:
@@ -40,7 +40,7 @@ def output_dir(
 ) -> str:
     """The directory a DCP -> safetensors conversion of `source` (a DCP directory) writes into, or a
     one-line refusal when the request would change what the checkpoint means."""
-    model_dir = source.rstrip("/").rsplit("/", 1)[0]
+    model_dir = layout.parent(source.rstrip("/"))
     step_dir = _step_of(model_dir)
     out = os.fspath(output).rstrip("/") if output is not None else None
     if dtype is not None:
@@ -72,7 +72,7 @@ def record_deleted_dcp(source: str) -> None:
     """After the model's DCP shards of a step of ours were deleted, make `training_step.json` name
     the format the step now holds, so verify and resume read it as it is, and keep the step's
     manifest true (the shards dropped, the step file's new digest)."""
-    step_dir = _step_of(source.rstrip("/").rsplit("/", 1)[0])
+    step_dir = _step_of(layout.parent(source.rstrip("/")))
     if step_dir is None:
         return
     path = layout.join(step_dir, layout.TRAINING_STATE_DIR, layout.TRAINING_STEP)

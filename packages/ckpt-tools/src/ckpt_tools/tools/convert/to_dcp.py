@@ -46,7 +46,7 @@ def convert_safetensors_to_dcp(
     fs, inner_out = storage.resolve(out)
     if fs.exists(inner_out) and not fs.isdir(inner_out):
         raise OutputExistsError(f"{out} is a file, not a DCP directory; --overwrite replaces only DCP files")
-    parent, name = out.rsplit("/", 1) if "/" in out else (".", out)
+    parent, name = layout.parent(out), layout.name(out)
     tmp = layout.join(parent, layout.TMP_PREFIX + name)
     storage.remove_tree(tmp)
     with _mapped_tensors(files) as state:
@@ -92,7 +92,7 @@ def _find_safetensors_source(path: str | os.PathLike[str]) -> tuple[list[str], s
     """(safetensors files to read, default DCP output directory)."""
     text = os.fspath(path).rstrip("/")
     if text.endswith(".safetensors"):
-        model_dir, name = text.rsplit("/", 1) if "/" in text else (".", text)
+        model_dir, name = layout.parent(text), layout.name(text)
         dcp_name = layout.ADAPTER_DCP_DIR if name == layout.ADAPTER_SAFETENSORS else layout.MODEL_DCP_DIR
         return [text], layout.join(model_dir, dcp_name)
     cat = catalog(text)

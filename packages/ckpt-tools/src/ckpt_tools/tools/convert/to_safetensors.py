@@ -68,7 +68,7 @@ def convert_dcp_to_safetensors(
         check_tiling(entry, source)  # no hole, no element twice, before the first byte is written
     shards = _plan_shards(tensors, target, stem, parse_size(max_shard_size) if max_shard_size else None)
     _check_outputs(out_dir, stem, overwrite)
-    model_dir = source.rsplit("/", 1)[0]  # the configs and processors beside the shards
+    model_dir = layout.parent(source)  # the configs and processors beside the shards
     extra = companions.companion_names(model_dir, adapter=stem != "model")
     companions.check_companions(model_dir, out_dir, extra, overwrite)
     total = sum(spec.nbytes for _, specs in shards for spec in specs)
