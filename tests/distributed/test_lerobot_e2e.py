@@ -50,7 +50,7 @@ def test_fsdp2_lerobot_run_to_a_policy_that_acts(tmp_path, monkeypatch) -> None:
         f"--output_dir={out}",
         timeout=280,
     ).stdout
-    assert "image/video features unused: observation.images.front" in train_log
+    assert "cameras: observation.images.front (image)" in train_log
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     val = [r["val_loss"] for r in records if r.get("event") == "val"]
     assert len(val) == 6 and val[-1] < 0.9 * val[0] and min(val[3:]) < min(val[:3]), val

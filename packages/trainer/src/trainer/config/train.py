@@ -110,6 +110,11 @@ class TrainConfig:
     `ckpt verify --deep`; false saves the hashing time and the in-memory copy of the gathered weights."""
     batch_size: int = 32
     """Samples per rank per loop step."""
+    num_workers: int = 4
+    """DataLoader worker processes per rank that decode camera frames ahead of the loop (0 decodes in
+    the training process; data without cameras is always gathered in the training process)."""
+    prefetch_factor: int = 2
+    """Batches each data loader worker decodes ahead."""
     steps: int = 500
     """Loop steps (micro-batches), not optimizer updates."""
     save_freq: int = 250
@@ -151,9 +156,20 @@ class TrainConfig:
             raise ConfigError(
                 f"--checkpoint_format={self.checkpoint_format!r} is not one of {ckpt_tools.CheckpointFormat.names()}"
             )
+        if self.num_workers < 0:
+            raise ConfigError(
+                f"--num_workers must be >= 0 (0 decodes in the training process), got {self.num_workers}"
+            )
         if self.eval_freq < 0:
             raise ConfigError(f"--eval_freq must be >= 0, got {self.eval_freq}")
-        for name in ("batch_size", "steps", "save_freq", "log_freq", "collective_timeout_s"):
+        for name in (
+            "batch_size",
+            "steps",
+            "save_freq",
+            "log_freq",
+            "collective_timeout_s",
+            "prefetch_factor",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
         self._check_saves_end_windows()

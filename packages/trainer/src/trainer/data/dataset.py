@@ -9,7 +9,9 @@ outside one). Its config is a `DatasetConfig` subclass whose `load()` returns an
 - `gather(indices, chunk_size)`: a batch `{observation.state, action, action_is_pad}`, where the
   action chunk of a frame never crosses its episode's end;
 - `stats()`: mean/std per batch key, for the normalization processors;
-- `episode_bounds()`: one `[start, end)` frame range per episode.
+- `episode_bounds()`: one `[start, end)` frame range per episode;
+- optionally `gather_in_workers = True`: `gather` decodes (cameras), so the input pipeline runs it in
+  DataLoader workers (data/loader.py); in-memory data is gathered in the training process.
 
 `ArrayDataset` implements all of it over in-memory arrays, so a new dataset only has to produce
 observations, actions and episode lengths.

@@ -7,6 +7,12 @@ Face cache (downloaded once per node by its first rank, see `hub.download_once`)
 The policy's observation is every float vector `observation.*` feature (or `--policy.input_features`),
 concatenated in the order meta/info.json lists them; `action` is the target. The statistics for the
 normalization processors are meta/stats.json's mean and std of the same features.
+
+Cameras (`observation.images.*`, image or video features) are decoded only for a policy that asks for
+them by naming them in `--policy.input_features` (`observation.images.*`: every camera; a camera
+policy's config puts that in its default `input_features`); they
+reach the batch as uint8 `observation.images.<name>` (cameras.py), with per-channel statistics from
+stats.json or ImageNet's (`--dataset.use_imagenet_stats`).
 """
 
 from __future__ import annotations
@@ -20,10 +26,13 @@ import torch
 
 from trainer.config.dataset import DatasetConfig
 from trainer.data import lerobot_format as fmt
+from trainer.data.cameras import CameraDataset, Cameras, LeRobotFrames, camera_stats
 from trainer.data.dataset import ACTION_KEY, OBS_KEY, ArrayDataset, Stats, check_input_features
+from trainer.data.decode import VIDEO_BACKENDS
 from trainer.errors import ConfigError
 
 STD_FLOOR = 1e-6  # a constant feature's std would divide by zero
+ALL_CAMERAS = "observation.images.*"
 
 
 @DatasetConfig.register_subclass("lerobot")
@@ -39,8 +48,17 @@ class LeRobotConfig(DatasetConfig):
     """Train on these episode indices only; default: every episode not in --dataset.val_episodes."""
     val_episodes: list[int] = field(default_factory=list)
     """Held-out episode indices: never trained on, their val_loss is logged every --eval_freq steps."""
+    video_backend: str = "pyav"
+    """Video decoder: pyav (LeRobot's reference path) or torchcodec (needs the `torchcodec` extra)."""
+    use_imagenet_stats: bool = True
+    """Normalize 3-channel cameras with ImageNet's mean/std instead of stats.json's (LeRobot's default,
+    for vision backbones pretrained on ImageNet)."""
 
     def __post_init__(self) -> None:
+        if self.video_backend not in VIDEO_BACKENDS:
+            raise ConfigError(
+                f"--dataset.video_backend={self.video_backend} is not one of {', '.join(VIDEO_BACKENDS)}"
+            )
         if not self.root and not self.repo_id:
             raise ConfigError("--dataset.type=lerobot needs --dataset.root=PATH or --dataset.repo_id=ID")
         overlap = sorted(set(self.episodes or ()) & set(self.val_episodes))
@@ -66,23 +84,22 @@ class LeRobotConfig(DatasetConfig):
     def load(self, input_features: Sequence[str] = ()) -> ArrayDataset:
         root = self.local_root()
         ranges = fmt.read_episode_ranges(root)
-        return _load(root, self.train_episodes(ranges), ranges, input_features)
+        return _load(root, self.train_episodes(ranges), ranges, input_features, self)
 
     def load_validation(self, input_features: Sequence[str] = ()) -> ArrayDataset | None:
         if not self.val_episodes:
             return None
         root = self.local_root()
         ranges = fmt.read_episode_ranges(root)
-        return _load(
-            root, _check_episodes(self.val_episodes, ranges, "--dataset.val_episodes"), ranges, input_features
-        )
+        episodes = _check_episodes(self.val_episodes, ranges, "--dataset.val_episodes")
+        return _load(root, episodes, ranges, input_features, self)
 
     def banner(self) -> list[str]:
         info = fmt.read_info(self.local_root())
-        unused = ", ".join(info.visual_features) or "none"
+        cameras = ", ".join(f"{n} ({info.features[n]['dtype']})" for n in info.cameras) or "none"
         return [
             f"LeRobotDataset {self.repo_id or info.root} ({fmt.CODEBASE_VERSION}, {info.fps:g} fps); "
-            f"image/video features unused: {unused}"
+            f"cameras: {cameras}"
         ]
 
 
@@ -98,22 +115,74 @@ def _check_episodes(chosen: Sequence[int], ranges: dict[int, tuple[int, int]], f
 
 
 def _load(
-    root: Path, episodes: list[int], ranges: dict[int, tuple[int, int]], requested: Sequence[str]
+    root: Path,
+    episodes: list[int],
+    ranges: dict[int, tuple[int, int]],
+    requested: Sequence[str],
+    config: LeRobotConfig,
 ) -> ArrayDataset:
     info = fmt.read_info(root)
-    for name in requested:
-        if name in info.features and info.features[name].get("dtype") in fmt.VISUAL_DTYPES:
-            raise ConfigError(
-                f"--policy.input_features names {name!r}, a {info.features[name]['dtype']} feature: the "
-                "trainer's policies read float vectors only; drop it from --policy.input_features"
-            )
-    features = check_input_features(requested, info.observation_features, f"the dataset at {root}")
-    frames, lengths = fmt.read_frames(info, episodes, ranges, [*features, ACTION_KEY])
+    cameras = _requested_cameras(info, requested)
+    features = check_input_features(
+        [n for n in requested if n not in cameras and n != ALL_CAMERAS],
+        info.observation_features,
+        f"the dataset at {root}",
+    )
+    extra = [c for c in ("timestamp", "episode_index", "index") if cameras] + [
+        n for n in cameras if info.features[n]["dtype"] == "image"
+    ]
+    frames, lengths = fmt.read_frames(info, episodes, ranges, [*features, ACTION_KEY, *extra])
     observations = (
         frames[features[0]] if len(features) == 1 else np.concatenate([frames[n] for n in features], 1)
     )
-    stats = _stats(fmt.read_stats(root), features, frames)
-    return ArrayDataset(observations, frames[ACTION_KEY], lengths, features, stats)
+    saved = fmt.read_stats(root)
+    stats = _stats(saved, features, frames)
+    arrays = (observations, frames[ACTION_KEY], lengths, [*features, *cameras], stats)
+    if not cameras:
+        return ArrayDataset(*arrays)
+    reader = Cameras(info, cameras, frames, config.video_backend)
+    reader.check()
+    return CameraDataset(*arrays, reader, camera_stats(info, cameras, saved, config.use_imagenet_stats))
+
+
+def _requested_cameras(info: fmt.Info, requested: Sequence[str]) -> list[str]:
+    """The cameras among the requested features (`observation.images.*` names every camera: how a
+    camera policy's config asks for them by default); a depth map, audio or a non-camera image is
+    refused."""
+    cameras = []
+    for name in requested:
+        if name == ALL_CAMERAS:
+            cameras += [n for n in info.cameras if n not in cameras]
+            continue
+        feature = info.features.get(name, {})
+        if feature.get("dtype") == "audio" or feature.get("info", {}).get("is_depth_map"):
+            kind = "audio" if feature.get("dtype") == "audio" else "depth map"
+            raise ConfigError(
+                f"--policy.input_features names {name!r}, a {kind}: the trainer reads RGB cameras only; drop it"
+            )
+        if feature.get("dtype") in fmt.VISUAL_DTYPES:
+            if name not in info.cameras:
+                raise ConfigError(
+                    f"--policy.input_features names {name!r}, a {feature['dtype']} feature outside "
+                    "observation.images.*: only cameras are decoded; rename it or drop it"
+                )
+            cameras.append(name)
+    return cameras
+
+
+def open_dataset(
+    repo_id: str | None = None,
+    root: str | Path | None = None,
+    episodes: Sequence[int] | None = None,
+    return_uint8: bool = False,
+    video_backend: str = "pyav",
+) -> LeRobotFrames:
+    """The LeRobotDataset at `root` (else `repo_id` through the Hugging Face cache) as a map-style torch
+    dataset of LeRobot's item dicts; every camera file is checked before it returns."""
+    config = LeRobotConfig(
+        repo_id=repo_id, root=None if root is None else str(root), video_backend=video_backend
+    )
+    return LeRobotFrames(config.local_root(), episodes, return_uint8, video_backend)
 
 
 def _stats(saved: dict[str, dict], features: list[str], frames: dict[str, np.ndarray]) -> Stats:

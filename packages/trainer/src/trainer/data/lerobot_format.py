@@ -7,7 +7,9 @@ dataset_to_index)` frame range) and `data/chunk-*/file-*.parquet` (one row per f
 
 Parquet files are opened memory-mapped and read column by column: first only `index`, to find which
 rows belong to the chosen episodes, then only the feature columns the run uses, and only from files
-that hold such rows. Image and video columns are never read.
+that hold such rows. Image columns are read only when a run uses that camera (their PNG/JPEG bytes,
+decoded per sample by `decode.py`); video files are described by the episodes metadata
+(`read_video_places`) and decoded per sample.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ CODEBASE_VERSION = "v3.0"
 VISUAL_DTYPES = ("image", "video")
 FLOAT_DTYPES = ("float16", "float32", "float64")
 INDEX_COLUMN = "index"
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
 CONVERT_HINT = (
     "convert it with LeRobot's `python -m lerobot.datasets.v30.convert_dataset_v21_to_v30 --repo-id=ID`"
 )
@@ -38,6 +41,7 @@ class Info:
     root: Path
     fps: float
     features: dict[str, dict[str, Any]]
+    video_path: str = VIDEO_PATH
 
     def is_float_vector(self, name: str) -> bool:
         feature = self.features[name]
@@ -51,6 +55,16 @@ class Info:
     @property
     def visual_features(self) -> list[str]:
         return [n for n, f in self.features.items() if f.get("dtype") in VISUAL_DTYPES]
+
+    @property
+    def cameras(self) -> list[str]:
+        """`observation.images.*` image/video features: every one is a camera."""
+        return [n for n in self.visual_features if n.startswith("observation.images.")]
+
+    def camera_shape(self, name: str) -> tuple[int, int, int]:
+        """(C, H, W) of a camera, from info.json's (H, W, C) `shape`."""
+        height, width, channels = (int(v) for v in self.features[name]["shape"])
+        return channels, height, width
 
     def size(self, name: str) -> int:
         return int(np.prod(self.features[name].get("shape") or [1]))
@@ -73,7 +87,8 @@ def read_info(root: Path) -> Info:
     features = data.get("features")
     if not isinstance(features, dict) or "action" not in features:
         raise ConfigError(f"{path} lists no `action` feature; the trainer needs it as the training target")
-    return Info(root=root, fps=float(data.get("fps") or 0), features=features)
+    video_path = str(data.get("video_path") or VIDEO_PATH)
+    return Info(root=root, fps=float(data.get("fps") or 0), features=features, video_path=video_path)
 
 
 def read_stats(root: Path) -> dict[str, dict[str, Any]]:
@@ -95,11 +110,48 @@ def read_episode_ranges(root: Path) -> dict[int, tuple[int, int]]:
     return ranges
 
 
+@dataclass(frozen=True)
+class VideoPlace:
+    """Where one episode's frames of one camera are: its file and the file time of its first frame."""
+
+    path: Path
+    from_timestamp: float
+    to_timestamp: float
+
+
+def read_video_places(info: Info, key: str) -> dict[int, VideoPlace]:
+    """Episode index -> the video file (per info.json's `video_path`) and time span of camera `key`."""
+    prefix = f"videos/{key}/"
+    columns = [
+        "episode_index",
+        *(prefix + c for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")),
+    ]
+    places: dict[int, VideoPlace] = {}
+    for path in sorted((info.root / "meta" / "episodes").glob("chunk-*/file-*.parquet")):
+        values = _read_columns(path, columns)
+        for episode, chunk, file, start, end in zip(*(values[c].tolist() for c in columns), strict=True):
+            relative = info.video_path.format(video_key=key, chunk_index=int(chunk), file_index=int(file))
+            places[int(episode)] = VideoPlace(info.root / relative, float(start), float(end))
+    return places
+
+
+def read_tasks(root: Path) -> dict[int, str]:
+    """`meta/tasks.parquet`: task index -> the task's text ({} when the dataset has none)."""
+    path = root / "meta" / "tasks.parquet"
+    if not path.is_file():
+        return {}
+    values = _read_columns(path, ["task_index", "task"])
+    return {
+        int(i): str(t) for i, t in zip(values["task_index"].tolist(), values["task"].tolist(), strict=True)
+    }
+
+
 def read_frames(
     info: Info, episodes: Sequence[int], ranges: dict[int, tuple[int, int]], columns: Sequence[str]
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """The chosen `columns` (float32, frames x size) of `episodes`' frames in global frame order, and
-    each episode's length in the same order."""
+    """The chosen `columns` of `episodes`' frames in global frame order (float features as float32
+    frames x size, integer columns as int64, image columns as their encoded bytes), and each episode's
+    length in the same order."""
     by_start = sorted(episodes, key=lambda e: ranges[e][0])
     starts = np.array([ranges[e][0] for e in by_start], dtype=np.int64)
     ends = np.array([ranges[e][1] for e in by_start], dtype=np.int64)
@@ -160,6 +212,11 @@ def _to_numpy(column: Any, path: Path, name: str, info: Info | None) -> np.ndarr
     column = column.combine_chunks()
     if info is None:
         return column.to_numpy(zero_copy_only=False)
+    dtype = info.features[name].get("dtype")
+    if dtype == "image":  # the {"bytes", "path"} struct: the encoded bytes, decoded per sample
+        return column.field("bytes").to_numpy(zero_copy_only=False)
+    if str(dtype).startswith("int"):
+        return column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False).reshape(-1)
     size = info.size(name)
     flat = (
         column.flatten()

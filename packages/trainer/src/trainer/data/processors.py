@@ -1,7 +1,9 @@
 """Pre/post-processors: normalization with dataset statistics, kept beside the weights.
 
 The preprocessor maps raw observations (and, in training, target actions) to zero mean and unit
-variance; the postprocessor maps the policy's actions back to torques. Their statistics are saved with
+variance; the postprocessor maps the policy's actions back to torques. A camera
+(`observation.images.*`, uint8 in the batch) is first scaled to [0, 1] floats, then normalized with its
+per-channel (C, 1, 1) statistics. Their statistics are saved with
 every checkpoint, so a policy loaded for evaluation sees inputs on the scale it was trained on.
 """
 
@@ -13,6 +15,7 @@ import torch
 
 from trainer.data.dataset import ACTION_KEY, OBS_KEY
 
+CAMERA_PREFIX = "observation.images."
 PREPROCESSOR_KEYS = (OBS_KEY, ACTION_KEY)
 POSTPROCESSOR_KEYS = (ACTION_KEY,)
 
@@ -30,8 +33,11 @@ class Normalize:
         out = dict(batch)
         for key, s in self.stats.items():
             if key in out:
-                mean, std = s["mean"].to(out[key].device), s["std"].to(out[key].device)
-                out[key] = out[key] * std + mean if self.inverse else (out[key] - mean) / std
+                value = out[key]
+                if value.dtype == torch.uint8:  # a camera as decoded
+                    value = value.float() / 255
+                mean, std = s["mean"].to(value.device), s["std"].to(value.device)
+                out[key] = value * std + mean if self.inverse else (value - mean) / std
         return out
 
     def config(self) -> dict[str, Any]:
@@ -69,8 +75,9 @@ class Processor:
 
 
 def build_processors(stats: dict[str, dict[str, torch.Tensor]]) -> tuple[Processor, Processor]:
-    """(preprocessor, postprocessor) for a dataset's statistics."""
+    """(preprocessor, postprocessor) for a dataset's statistics (cameras: those the stats hold)."""
+    cameras = tuple(sorted(key for key in stats if key.startswith(CAMERA_PREFIX)))
     return (
-        Processor([Normalize(stats, PREPROCESSOR_KEYS, inverse=False)]),
+        Processor([Normalize(stats, (*PREPROCESSOR_KEYS, *cameras), inverse=False)]),
         Processor([Normalize(stats, POSTPROCESSOR_KEYS, inverse=True)]),
     )

@@ -12,7 +12,7 @@ import os
 import random
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING
@@ -22,6 +22,7 @@ import torch
 
 import ckpt_tools
 from trainer.config.train import TrainConfig
+from trainer.data import loader
 from trainer.data.dataset import OBS_KEY, Dataset
 from trainer.data.processors import Processor, build_processors
 from trainer.data.sampler import GlobalOrderSampler
@@ -201,11 +202,12 @@ def _run_steps(run: Run, logger: Logger, interrupts: Interrupts) -> tuple[list[f
     grad_norm: torch.Tensor | None = None  # of the last optimizer update, read back when logged
     window, saves = LossWindow(accelerator.device), SaveSchedule(run, logger)
     run.model.train()
+    feed = _batches(run)
     for step in range(run.start_step + 1, config.steps + 1):
         boundary = step % accum == 0 or step == config.steps
         agreement: list[Agreement] = []
         check = partial(_start_agreement, agreement, interrupts, accelerator.device, saves)
-        loss, norm = _train_step(run, _next_batch(run), check if boundary else None)
+        loss, norm = _train_step(run, _next_batch(run, feed), check if boundary else None)
         if norm is not None:  # an optimizer update: the schedule catches up with the loop steps
             grad_norm = norm
             _advance_schedule(run.scheduler, step)
@@ -223,11 +225,26 @@ def _run_steps(run: Run, logger: Logger, interrupts: Interrupts) -> tuple[list[f
     return losses, saves.finish()
 
 
-def _next_batch(run: Run) -> dict[str, torch.Tensor]:
-    """The rank's next batch in the global sample order, preprocessed, on the training device."""
-    indices = run.sampler.next_indices()
-    batch = run.preprocessor(run.dataset.gather(indices, run.config.policy.chunk_size))
-    return {key: value.to(run.accelerator.device) for key, value in batch.items()}
+def _batches(run: Run) -> Iterator[dict[str, torch.Tensor]]:
+    """This rank's batches from the resume point to the last step (data/loader.py)."""
+    config = run.config
+    return loader.batches(
+        run.dataset,
+        run.sampler,
+        config.steps - run.start_step,
+        config.policy.chunk_size,
+        config.num_workers,
+        config.prefetch_factor,
+        config.collective_timeout_s,
+        pin_memory=run.accelerator.device.type == "cuda",
+    )
+
+
+def _next_batch(run: Run, feed: Iterator[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The rank's next batch in the global sample order, on the training device, preprocessed there
+    (cameras arrive as uint8)."""
+    batch = {key: value.to(run.accelerator.device) for key, value in next(feed).items()}
+    return run.preprocessor(batch)
 
 
 def _start_agreement(

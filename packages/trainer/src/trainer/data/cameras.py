@@ -1,0 +1,207 @@
+"""The cameras of a LeRobotDataset: per-sample frames, the map-style dataset `trainer.open_dataset`
+returns (`LeRobotFrames`), and the training dataset that adds cameras to the batch.
+
+Batch contract (the policies build against it): a camera used by the run is `observation.images.<name>`
+in the batch, a uint8 (B, C, H, W) tensor exactly as decoded; the policy's preprocessor converts it to
+float in [0, 1], augments and normalizes it on the device. Decoding happens where `gather` runs: in the
+DataLoader workers (loader.py).
+
+Every file is checked when the dataset is opened (`Cameras.check`: it exists, opens, holds a video
+stream of info.json's size that covers its episodes' timestamps), so a bad file stops the run before its
+first step instead of inside a worker hours later. Each rank runs the same cheap checks and reaches the
+same verdict, so no rank waits on another's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer.data import lerobot_format as fmt
+from trainer.data.dataset import ArrayDataset, Stats
+from trainer.data.decode import DecodeError, VideoReader, decode_image, open_video, tolerance, video_duration
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+FRAME_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
+
+
+class Cameras:
+    """The frames of `names` for the loaded frames (positions 0..n-1, in global frame order)."""
+
+    def __init__(
+        self,
+        info: fmt.Info,
+        names: Sequence[str],
+        columns: dict[str, np.ndarray],
+        video_backend: str = "pyav",
+    ) -> None:
+        self.info = info
+        self.names = list(names)
+        self.episode = columns["episode_index"]
+        self.timestamp = columns["timestamp"].reshape(-1)
+        self.index = columns["index"]
+        self.images = {n: columns[n] for n in self.names if info.features[n]["dtype"] == "image"}
+        self.places = {n: fmt.read_video_places(info, n) for n in self.names if n not in self.images}
+        self.reader = VideoReader(video_backend)
+        self.tolerance = tolerance(info.fps)
+
+    def check(self) -> None:
+        """The cheap checks of every video the loaded episodes use (see the module docstring)."""
+        episodes = sorted({int(e) for e in self.episode.tolist()})
+        for name, places in self.places.items():
+            _, height, width = self.info.camera_shape(name)
+            files: dict[Path, list[int]] = {}
+            for episode in episodes:
+                if episode not in places:
+                    raise DecodeError(
+                        f"{self.info.root}: meta/episodes gives no video of {name} for episode {episode}; "
+                        "the dataset is incomplete, re-download or re-write it"
+                    )
+                files.setdefault(places[episode].path, []).append(episode)
+            for path, held in files.items():
+                if not path.is_file():
+                    raise DecodeError(
+                        f"{path}: the video of {name} for episode {held[0]} is missing; re-download it"
+                    )
+                container = open_video(path)
+                try:
+                    stream, covered = container.streams.video[0], video_duration(container)
+                    size = (stream.codec_context.height, stream.codec_context.width)
+                finally:
+                    container.close()
+                if size != (height, width):
+                    raise DecodeError(
+                        f"{path}: frames are {size[0]}x{size[1]}, meta/info.json says {name} is {height}x{width} "
+                        f"(episode {held[0]}); re-encode the video or fix meta/info.json"
+                    )
+                needed = max(self._last_time(places[e], e) for e in held)
+                if needed >= covered + self.tolerance:
+                    raise DecodeError(
+                        f"{path}: the video lasts {covered:.3f} s but episode {held[-1]} of {name} needs a frame "
+                        f"at {needed:.3f} s; the file is truncated: re-download or re-encode it"
+                    )
+
+    def _last_time(self, place: fmt.VideoPlace, episode: int) -> float:
+        return place.from_timestamp + float(self.timestamp[self.episode == episode].max())
+
+    def frame(self, name: str, position: int) -> torch.Tensor:
+        """Camera `name` at loaded frame `position`: uint8 (C, H, W)."""
+        episode = int(self.episode[position])
+        where = f"episode {episode}, index {int(self.index[position])}"
+        if name in self.images:
+            image = decode_image(self.images[name][position], f"{self.info.root} {name} ({where})")
+            source = f"the image of {name}"
+        else:
+            place = self.places[name][episode]
+            time = place.from_timestamp + float(self.timestamp[position])
+            image = self.reader.frame(place.path, time, self.tolerance, where)
+            source = str(place.path)
+        channels, height, width = self.info.camera_shape(name)
+        if image.shape != (height, width, channels):
+            raise DecodeError(
+                f"{source}: a frame of {image.shape[0]}x{image.shape[1]}x{image.shape[2]} ({where}), meta/info.json "
+                f"says {height}x{width}x{channels}; re-encode the camera or fix meta/info.json"
+            )
+        return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
+
+    def gather(self, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every camera at `positions`: uint8 (B, C, H, W) per camera key."""
+        return {
+            name: torch.stack([self.frame(name, int(p)) for p in positions.tolist()]) for name in self.names
+        }
+
+
+def camera_stats(info: fmt.Info, names: Sequence[str], saved: dict[str, dict], imagenet: bool) -> Stats:
+    """Per-channel mean/std, shape (C, 1, 1), of each camera: stats.json's, or ImageNet's
+    (`--dataset.use_imagenet_stats`, LeRobot's default, for backbones pretrained on ImageNet)."""
+    stats: Stats = {}
+    for name in names:
+        channels = info.camera_shape(name)[0]
+        if imagenet and channels == 3:
+            mean, std = torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)
+        elif "mean" in saved.get(name, {}) and "std" in saved[name]:
+            mean = torch.tensor(saved[name]["mean"], dtype=torch.float32).reshape(-1)
+            std = torch.tensor(saved[name]["std"], dtype=torch.float32).reshape(-1)
+        else:  # no statistics of this camera: keep [0, 1] as is
+            mean, std = torch.zeros(channels), torch.ones(channels)
+        stats[name] = {
+            "mean": mean.reshape(channels, 1, 1),
+            "std": std.clamp_min(1e-6).reshape(channels, 1, 1),
+        }
+    return stats
+
+
+class CameraDataset(ArrayDataset):
+    """`ArrayDataset` whose batches also carry the run's cameras (uint8, decoded in `gather`)."""
+
+    gather_in_workers = True
+
+    def __init__(
+        self,
+        observations: np.ndarray,
+        actions: np.ndarray,
+        episode_lengths: np.ndarray,
+        input_features: Sequence[str],
+        stats: Stats,
+        cameras: Cameras,
+        camera_stats: Stats,
+    ) -> None:
+        super().__init__(observations, actions, episode_lengths, input_features, stats)
+        self.cameras = cameras
+        self._camera_stats = camera_stats
+
+    def gather(self, indices: torch.Tensor, chunk_size: int) -> dict[str, torch.Tensor]:
+        return {**super().gather(indices, chunk_size), **self.cameras.gather(indices)}
+
+    def stats(self) -> Stats:
+        return {**super().stats(), **self._camera_stats}
+
+
+class LeRobotFrames(torch.utils.data.Dataset):
+    """A LeRobotDataset as LeRobot's `__getitem__` gives it: item `i` of the chosen episodes (global
+    frame order) is a dict of every camera (float32 (C, H, W) in [0, 1], or uint8), the float features,
+    `timestamp`, `frame_index`, `episode_index`, `index` and `task`."""
+
+    def __init__(
+        self,
+        root: Path,
+        episodes: Sequence[int] | None = None,
+        return_uint8: bool = False,
+        video_backend: str = "pyav",
+    ) -> None:
+        info = fmt.read_info(root)
+        ranges = fmt.read_episode_ranges(root)
+        chosen = sorted(ranges) if episodes is None else list(episodes)
+        unknown = [e for e in chosen if e not in ranges]
+        if unknown:
+            raise DecodeError(f"{root}: no episode {unknown[0]} (it holds {min(ranges)}..{max(ranges)})")
+        self.floats = [n for n in info.features if info.is_float_vector(n) and n not in FRAME_COLUMNS]
+        images = [n for n in info.cameras if info.features[n]["dtype"] == "image"]
+        columns, _ = fmt.read_frames(info, chosen, ranges, [*FRAME_COLUMNS, *self.floats, *images])
+        self.columns = columns
+        self.tasks = fmt.read_tasks(root)
+        self.cameras = Cameras(info, info.cameras, columns, video_backend)
+        self.cameras.check()
+        self.return_uint8 = return_uint8
+
+    def __len__(self) -> int:
+        return len(self.cameras.index)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if not 0 <= i < len(self):
+            raise IndexError(f"frame {i} is outside [0, {len(self)})")
+        item: dict[str, Any] = {}
+        for name in self.cameras.names:
+            frame = self.cameras.frame(name, i)
+            item[name] = frame if self.return_uint8 else frame.float() / 255
+        item.update({name: torch.from_numpy(self.columns[name][i].copy()) for name in self.floats})
+        item["timestamp"] = torch.tensor(float(self.cameras.timestamp[i]), dtype=torch.float32)
+        for name in ("frame_index", "episode_index", "index", "task_index"):
+            item[name] = torch.tensor(int(self.columns[name][i]))
+        item["task"] = self.tasks.get(int(self.columns["task_index"][i]), "")
+        return item

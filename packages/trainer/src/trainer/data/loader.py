@@ -1,0 +1,119 @@
+"""The input pipeline: each step's batch of this rank's samples, decoded ahead in DataLoader workers.
+
+The sample order stays the global-order sampler's (sampler.py): the loop's sampler advances by exactly
+one step per batch it receives, so the position a checkpoint records is that of the last batch trained
+on, never of a batch a worker has prefetched. The workers draw the same index lists from a copy of the
+sampler taken at the start (a resumed run's copy starts at its restored position), so with or without
+workers, resumed or not, step `s` trains on the same indices.
+
+Workers run only for a dataset whose `gather` decodes (`gather_in_workers`, the camera datasets): for
+in-memory arrays a worker would only add copies. A failing worker never reaches the loop as a
+DataLoader traceback: its error comes back as one line, and a killed or stalled worker is noticed within
+`timeout_s` (the run's --collective_timeout_s) and reported in one line, so the rank stops and its
+launcher stops the others.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainer.data.decode import DecodeError
+from trainer.data.sampler import GlobalOrderSampler
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A worker's error, returned instead of raised so the loop sees the line, not a traceback."""
+
+    line: str
+
+
+class _Gather(torch.utils.data.Dataset):
+    """The DataLoader's view of a dataset: item `indices` is the whole batch `gather(indices)`."""
+
+    def __init__(self, dataset: Any, chunk_size: int) -> None:
+        self.dataset = dataset
+        self.chunk_size = chunk_size
+
+    def __getitem__(self, indices: torch.Tensor) -> dict[str, torch.Tensor] | Failure:
+        try:
+            return self.dataset.gather(indices, self.chunk_size)
+        except Exception as exc:  # one line, whatever the cause: the loop raises it on this rank
+            return Failure(" ".join(str(exc).split()) or type(exc).__name__)
+
+
+class _Draws:
+    """The index lists of the next `steps` loop steps, drawn from a copy of the loop's sampler."""
+
+    def __init__(self, sampler: GlobalOrderSampler, steps: int) -> None:
+        self.sampler = copy.deepcopy(sampler)
+        self.steps = steps
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for _ in range(self.steps):
+            yield self.sampler.next_indices()
+
+
+def batches(
+    dataset: Any,
+    sampler: GlobalOrderSampler,
+    steps: int,
+    chunk_size: int,
+    num_workers: int,
+    prefetch_factor: int,
+    timeout_s: float,
+    pin_memory: bool = False,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """This rank's batches of the next `steps` loop steps, in the sampler's order; the sampler's
+    position moves with each batch handed out (see the module docstring)."""
+    if num_workers == 0 or not getattr(dataset, "gather_in_workers", False):
+        for _ in range(steps):
+            yield dataset.gather(sampler.next_indices(), chunk_size)
+        return
+    loader = torch.utils.data.DataLoader(
+        _Gather(dataset, chunk_size),
+        batch_size=None,
+        sampler=_Draws(sampler, steps),
+        num_workers=num_workers,
+        prefetch_factor=prefetch_factor,
+        persistent_workers=True,  # one iterator for the whole run: workers keep their open files
+        pin_memory=pin_memory,
+        timeout=timeout_s,
+    )
+    stream = iter(loader)
+    _no_async_worker_errors(stream)
+    for _ in range(steps):
+        sampler.next_indices()  # the recorded position follows the batches trained on
+        yield _received(stream, num_workers, timeout_s)
+
+
+def _no_async_worker_errors(stream: Any) -> None:
+    """torch reports a dead worker from its SIGCHLD handler, as a RuntimeError raised wherever the main
+    thread is (inside the policy's forward: a traceback no one can map). Unregistering the workers from
+    that handler leaves the report to `next()`, which notices a dead or stalled worker within the
+    DataLoader's `timeout` and is mapped to one line in `_received`. The test suite pins these torch
+    internals (tests/trainer/test_cameras.py)."""
+    from torch.utils.data._utils import signal_handling
+
+    if stream._worker_pids_set:
+        signal_handling._remove_worker_pids(id(stream))
+        stream._worker_pids_set = False
+
+
+def _received(stream: Iterator[Any], num_workers: int, timeout_s: float) -> dict[str, torch.Tensor]:
+    try:
+        batch = next(stream)
+    except RuntimeError as exc:  # DataLoader: a worker died (killed, out of memory) or timed out
+        detail = " ".join(str(exc).split())[:160]
+        raise DecodeError(
+            f"a data loader worker stopped delivering batches within {timeout_s:g} s ({detail}); check the "
+            f"machine's memory, or lower --num_workers={num_workers} (0 decodes in the training process)"
+        ) from None
+    if isinstance(batch, Failure):
+        raise DecodeError(batch.line)
+    return batch
