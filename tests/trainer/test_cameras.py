@@ -21,6 +21,7 @@ from helpers.fixtures import copy_fixture, fixture_dir
 from helpers.lerobot_data import IMAGE, write_dataset
 from trainer.cli.parse import parse_config
 from trainer.data import loader
+from trainer.data.augment import Augment, ImageTransformsConfig
 from trainer.data.cameras import IMAGENET_MEAN
 from trainer.data.decode import DecodeError
 from trainer.data.lerobot import LeRobotConfig
@@ -110,7 +111,8 @@ class _Indices:
 
 
 def _drawn(sampler: GlobalOrderSampler, steps: int, workers: int, dataset=None) -> list[list[int]]:
-    feed = loader.batches(dataset or _Indices(), sampler, steps, 1, workers, 2, 30)
+    settings = loader.LoaderSettings(num_workers=workers, timeout_s=30)
+    feed = loader.batches(dataset or _Indices(), sampler, range(steps), 1, settings)
     return [batch["indices"].tolist() for batch in feed]
 
 
@@ -132,7 +134,7 @@ def test_a_failing_or_killed_worker_is_one_line() -> None:
     sampler = GlobalOrderSampler(50, batch_size=50, dp_world_size=1, dp_rank=0, seed=0)
     with pytest.raises(DecodeError, match=r"^videos/x.mp4: cannot decode the frame at 0.1 s for episode 0$"):
         _drawn(sampler, 2, workers=1, dataset=_Indices(die_on=0))
-    feed = loader.batches(_Indices(die_on=3), sampler, 2, 1, 1, 2, timeout_s=3)
+    feed = loader.batches(_Indices(die_on=3), sampler, range(2), 1, loader.LoaderSettings(1, timeout_s=3))
     with pytest.raises(
         DecodeError, match=r"a data loader worker stopped delivering batches within 3 s"
     ) as info:
@@ -140,11 +142,42 @@ def test_a_failing_or_killed_worker_is_one_line() -> None:
     assert "\n" not in str(info.value) and "--num_workers=1" in str(info.value)
 
 
+def test_augmentation_is_drawn_from_the_step_and_rank_alone(video_root) -> None:
+    dataset = LeRobotConfig(root=str(video_root)).load([TOP])
+    batch = dataset.gather(torch.arange(16), 1)
+    augment = Augment(ImageTransformsConfig(enable=True), seed=3, rank=0)
+    torch.manual_seed(0)
+    first = augment(batch, step=5)[TOP]
+    global_draw = torch.rand(1)
+    torch.manual_seed(1)  # another global RNG state (another worker count, another resume point)
+    again = augment(batch, step=5)[TOP]
+    torch.manual_seed(0)
+    assert torch.equal(torch.rand(1), global_draw)  # the global RNG is not consumed
+    assert (
+        first.dtype == torch.float32
+        and first.shape == (16, 3, 24, 40)
+        and 0 <= first.min() <= first.max() <= 1
+    )
+    assert torch.equal(first, again)
+    assert not torch.equal(first, augment(batch, step=6)[TOP])
+    assert not torch.equal(first, Augment(ImageTransformsConfig(enable=True), seed=3, rank=1)(batch, 5)[TOP])
+    assert not torch.equal(first, batch[TOP].float() / 255)
+
+
+def test_augmentation_without_kornia_is_one_line(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "kornia", None)
+    with pytest.raises(
+        ConfigError, match=r"^--dataset.image_transforms.enable=true needs kornia: pip install"
+    ):
+        Augment(ImageTransformsConfig(enable=True), seed=0, rank=0)
+
+
 def test_camera_run_resumes_sample_exact_with_workers(video_root, tmp_path, clean_accelerate) -> None:
     from accelerate.state import AcceleratorState
 
     flags = [f"--dataset.root={video_root}", f"--policy.type={CAMERA_POLICY}", "--policy.dropout=0"]
     flags += ["--scheduler.type=constant", "--batch_size=8", "--save_freq=3", "--log_freq=3"]
+    flags += ["--dataset.image_transforms.enable=true"]  # drawn per step: the resumed run draws the same
     runs = []
     for name, extra, steps in [
         ("a", ["--num_workers=2"], 6),
@@ -160,7 +193,7 @@ def test_camera_run_resumes_sample_exact_with_workers(video_root, tmp_path, clea
         load_file(Path(s.last_checkpoint) / "pretrained_model" / "model.safetensors")
         for s in (runs[0], runs[1], resumed)
     ]
-    assert all(torch.equal(w["head.weight"], weights[0]["head.weight"]) for w in weights[1:])
+    assert [torch.equal(w["head.weight"], weights[0]["head.weight"]) for w in weights[1:]] == [True, True]
     saved = json.loads((Path(resumed.last_checkpoint) / "pretrained_model" / "config.json").read_text())
     assert saved["input_features"] == ["observation.state", TOP, WRIST]
 

@@ -16,6 +16,7 @@ from trainer.cli.flags import all_flags, help_text, markdown_table
 from trainer.cli.parse import parse_config
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.train import encode_config
+from trainer.data.augment import ImageTransformsConfig
 from trainer.data.lerobot import LeRobotConfig
 from trainer.distributed.factory import ALLOW_ENV, _quiet_mesh_slicing_warning, check_accelerate_env
 from trainer.distributed.topology import check_checkpoint_format, resolve_topology
@@ -254,7 +255,12 @@ def test_every_config_field_is_a_documented_flag() -> None:
     names = [flag.name for flag in all_flags()]
     leaves = set(_leaf_flags(encode_config(parse_config([])), "--"))
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(MLPConfig)}
-    leaves |= {f"--dataset.{field.name}" for field in dataclasses.fields(LeRobotConfig)}
+    leaves |= {f"--dataset.{field.name}" for field in dataclasses.fields(LeRobotConfig)} - {
+        "--dataset.image_transforms"
+    }
+    leaves |= {
+        f"--dataset.image_transforms.{field.name}" for field in dataclasses.fields(ImageTransformsConfig)
+    }
     assert leaves | {"--config_path"} == set(names) and len(names) == len(set(names))
     assert all(flag.meaning for flag in all_flags())
     help_lines = help_text().splitlines()

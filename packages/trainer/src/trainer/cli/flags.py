@@ -102,6 +102,10 @@ def _choice_flags(name: str, default: str, registry: Any, only: str | None) -> l
         for field in dataclasses.fields(cls):
             if field.name in common:
                 continue
+            if dataclasses.is_dataclass(_default(field)):  # a nested group, e.g. --dataset.image_transforms.*
+                nested = _walk(_default(field), f"{name}.{field.name}.")
+                own.update({f.name: Flag(f.name, f.default, f"({choice}) {f.meaning}") for f in nested})
+                continue
             flag = Flag(
                 f"{name}.{field.name}", _render(_default(field)), f"({choice}) {_meaning(cls, field.name)}"
             )
@@ -134,6 +138,8 @@ def _render(value: Any) -> str:
         return "-"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, dict):  # named entries (e.g. the transforms): their names
+        return "{" + ",".join(value) + "}"
     if isinstance(value, tuple | list):
         return f"[{','.join(str(v) for v in value)}]"
     return str(value)

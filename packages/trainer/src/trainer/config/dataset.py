@@ -6,13 +6,15 @@ are defined; `load()` returns an object of the dataset protocol (`trainer/data/d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import draccus
 
 if TYPE_CHECKING:
+    import torch
+
     from trainer.data.dataset import Dataset
 
 
@@ -36,6 +38,12 @@ class DatasetConfig(draccus.ChoiceRegistry):
     def banner(self) -> list[str]:
         """Lines the run's start banner shows about the data (sources, unused features)."""
         return []
+
+    def augmentation(
+        self, seed: int, rank: int
+    ) -> Callable[[dict[str, torch.Tensor], int], dict[str, torch.Tensor]] | None:
+        """`augment(batch, step)` for the training batches on the device, or None (no augmentation)."""
+        return None
 
     @property
     def rollout_episodes(self) -> int:

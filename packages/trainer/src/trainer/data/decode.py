@@ -9,6 +9,9 @@ start per sample: the seek costs at most one group of pictures.
 Open containers are kept in a small per-process LRU (`VideoReader`). It is opened lazily by the process
 that decodes (a DataLoader worker), and a reader copied into another process (fork, or pickled for a
 spawned worker) starts empty: a demuxer's file position shared across processes would corrupt both.
+The containers a forked child inherits are kept referenced and never closed there: closing one joins
+decoder threads that exist only in the parent, which hangs the child. Decoders run single-threaded
+(the parallelism is the DataLoader's worker processes), so a fork never copies a decoder mid-frame.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from trainer.errors import ConfigError
 
 VIDEO_BACKENDS = ("pyav", "torchcodec")
 OPEN_FILES = 8  # containers kept open per process: one per camera file a batch usually touches
+_INHERITED: list[Any] = []  # a forked child's copies of its parent's containers: never closed here
 
 
 class DecodeError(ConfigError):
@@ -49,6 +53,11 @@ class VideoReader:
         self.capacity = capacity
         self._open: OrderedDict[Path, Any] = OrderedDict()
         self._pid = os.getpid()
+
+    def __del__(self) -> None:
+        if self._pid == os.getpid() and self.backend == "pyav":
+            for container in self._open.values():
+                container.close()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"backend": self.backend, "capacity": self.capacity}
@@ -83,6 +92,7 @@ class VideoReader:
 
     def _container(self, path: Path) -> Any:
         if self._pid != os.getpid():  # copied into a forked child: never touch the parent's files
+            _INHERITED.append(self._open)
             self._open, self._pid = OrderedDict(), os.getpid()
         if path in self._open:
             self._open.move_to_end(path)
@@ -140,6 +150,7 @@ def open_video(path: Path) -> Any:
     if not container.streams.video:
         container.close()
         raise DecodeError(f"{path}: holds no video stream; re-encode the camera's video")
+    container.streams.video[0].thread_count = 1
     return container
 
 

@@ -26,6 +26,7 @@ import torch
 
 from trainer.config.dataset import DatasetConfig
 from trainer.data import lerobot_format as fmt
+from trainer.data.augment import Augment, ImageTransformsConfig
 from trainer.data.cameras import CameraDataset, Cameras, LeRobotFrames, camera_stats
 from trainer.data.dataset import ACTION_KEY, OBS_KEY, ArrayDataset, Stats, check_input_features
 from trainer.data.decode import VIDEO_BACKENDS
@@ -53,6 +54,8 @@ class LeRobotConfig(DatasetConfig):
     use_imagenet_stats: bool = True
     """Normalize 3-channel cameras with ImageNet's mean/std instead of stats.json's (LeRobot's default,
     for vision backbones pretrained on ImageNet)."""
+    image_transforms: ImageTransformsConfig = field(default_factory=ImageTransformsConfig)
+    """Training-time camera augmentation (data/augment.py)."""
 
     def __post_init__(self) -> None:
         if self.video_backend not in VIDEO_BACKENDS:
@@ -93,6 +96,9 @@ class LeRobotConfig(DatasetConfig):
         ranges = fmt.read_episode_ranges(root)
         episodes = _check_episodes(self.val_episodes, ranges, "--dataset.val_episodes")
         return _load(root, episodes, ranges, input_features, self)
+
+    def augmentation(self, seed: int, rank: int) -> Augment | None:
+        return Augment(self.image_transforms, seed, rank) if self.image_transforms.enable else None
 
     def banner(self) -> list[str]:
         info = fmt.read_info(self.local_root())

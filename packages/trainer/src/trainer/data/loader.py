@@ -16,7 +16,7 @@ launcher stops the others.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,20 @@ import torch
 
 from trainer.data.decode import DecodeError
 from trainer.data.sampler import GlobalOrderSampler
+
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """How a rank's batches are produced (the run's --num_workers, --prefetch_factor)."""
+
+    num_workers: int = 0
+    prefetch_factor: int = 2
+    timeout_s: float = 300.0
+    """How long a batch may take before the worker is reported stalled (--collective_timeout_s)."""
+    pin_memory: bool = False
+    """Page-locked batches for a fast, asynchronous copy to a CUDA device."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +54,7 @@ class _Gather(torch.utils.data.Dataset):
         self.dataset = dataset
         self.chunk_size = chunk_size
 
-    def __getitem__(self, indices: torch.Tensor) -> dict[str, torch.Tensor] | Failure:
+    def __getitem__(self, indices: torch.Tensor) -> Batch | Failure:
         try:
             return self.dataset.gather(indices, self.chunk_size)
         except Exception as exc:  # one line, whatever the cause: the loop raises it on this rank
@@ -62,16 +76,25 @@ class _Draws:
 def batches(
     dataset: Any,
     sampler: GlobalOrderSampler,
-    steps: int,
+    steps: range,
     chunk_size: int,
-    num_workers: int,
-    prefetch_factor: int,
-    timeout_s: float,
-    pin_memory: bool = False,
-) -> Iterator[dict[str, torch.Tensor]]:
-    """This rank's batches of the next `steps` loop steps, in the sampler's order; the sampler's
-    position moves with each batch handed out (see the module docstring)."""
-    if num_workers == 0 or not getattr(dataset, "gather_in_workers", False):
+    settings: LoaderSettings,
+    device: torch.device | None = None,
+    augment: Callable[[Batch, int], Batch] | None = None,
+) -> Iterator[Batch]:
+    """This rank's batch for each loop step in `steps`, in the sampler's order, on `device` and
+    augmented for its step; the sampler's position moves with each batch handed out (see the module
+    docstring)."""
+    device = device or torch.device("cpu")
+    for step, batch in zip(steps, _gathered(dataset, sampler, len(steps), chunk_size, settings), strict=True):
+        batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+        yield batch if augment is None else augment(batch, step)
+
+
+def _gathered(
+    dataset: Any, sampler: GlobalOrderSampler, steps: int, chunk_size: int, settings: LoaderSettings
+) -> Iterator[Batch]:
+    if settings.num_workers == 0 or not getattr(dataset, "gather_in_workers", False):
         for _ in range(steps):
             yield dataset.gather(sampler.next_indices(), chunk_size)
         return
@@ -79,17 +102,17 @@ def batches(
         _Gather(dataset, chunk_size),
         batch_size=None,
         sampler=_Draws(sampler, steps),
-        num_workers=num_workers,
-        prefetch_factor=prefetch_factor,
+        num_workers=settings.num_workers,
+        prefetch_factor=settings.prefetch_factor,
         persistent_workers=True,  # one iterator for the whole run: workers keep their open files
-        pin_memory=pin_memory,
-        timeout=timeout_s,
+        pin_memory=settings.pin_memory,
+        timeout=settings.timeout_s,
     )
     stream = iter(loader)
     _no_async_worker_errors(stream)
     for _ in range(steps):
         sampler.next_indices()  # the recorded position follows the batches trained on
-        yield _received(stream, num_workers, timeout_s)
+        yield _received(stream, settings)
 
 
 def _no_async_worker_errors(stream: Any) -> None:
@@ -105,14 +128,15 @@ def _no_async_worker_errors(stream: Any) -> None:
         stream._worker_pids_set = False
 
 
-def _received(stream: Iterator[Any], num_workers: int, timeout_s: float) -> dict[str, torch.Tensor]:
+def _received(stream: Iterator[Any], settings: LoaderSettings) -> Batch:
     try:
         batch = next(stream)
     except RuntimeError as exc:  # DataLoader: a worker died (killed, out of memory) or timed out
         detail = " ".join(str(exc).split())[:160]
         raise DecodeError(
-            f"a data loader worker stopped delivering batches within {timeout_s:g} s ({detail}); check the "
-            f"machine's memory, or lower --num_workers={num_workers} (0 decodes in the training process)"
+            f"a data loader worker stopped delivering batches within {settings.timeout_s:g} s ({detail}); check "
+            f"the machine's memory, or lower --num_workers={settings.num_workers} (0 decodes in the training "
+            "process)"
         ) from None
     if isinstance(batch, Failure):
         raise DecodeError(batch.line)

@@ -202,12 +202,13 @@ def _run_steps(run: Run, logger: Logger, interrupts: Interrupts) -> tuple[list[f
     grad_norm: torch.Tensor | None = None  # of the last optimizer update, read back when logged
     window, saves = LossWindow(accelerator.device), SaveSchedule(run, logger)
     run.model.train()
-    feed = _batches(run)
-    for step in range(run.start_step + 1, config.steps + 1):
+    steps = range(run.start_step + 1, config.steps + 1)
+    feed = _batches(run, steps)
+    for step in steps:
         boundary = step % accum == 0 or step == config.steps
         agreement: list[Agreement] = []
         check = partial(_start_agreement, agreement, interrupts, accelerator.device, saves)
-        loss, norm = _train_step(run, _next_batch(run, feed), check if boundary else None)
+        loss, norm = _train_step(run, run.preprocessor(next(feed)), check if boundary else None)
         if norm is not None:  # an optimizer update: the schedule catches up with the loop steps
             grad_norm = norm
             _advance_schedule(run.scheduler, step)
@@ -225,26 +226,21 @@ def _run_steps(run: Run, logger: Logger, interrupts: Interrupts) -> tuple[list[f
     return losses, saves.finish()
 
 
-def _batches(run: Run) -> Iterator[dict[str, torch.Tensor]]:
-    """This rank's batches from the resume point to the last step (data/loader.py)."""
-    config = run.config
-    return loader.batches(
-        run.dataset,
-        run.sampler,
-        config.steps - run.start_step,
-        config.policy.chunk_size,
+def _batches(run: Run, steps: range) -> Iterator[dict[str, torch.Tensor]]:
+    """This rank's batches of `steps` in the global sample order, on the training device, augmented
+    when the data says so (data/loader.py); the preprocessor runs on them there (cameras arrive as
+    uint8, or as augmented floats)."""
+    config, accelerator = run.config, run.accelerator
+    settings = loader.LoaderSettings(
         config.num_workers,
         config.prefetch_factor,
         config.collective_timeout_s,
-        pin_memory=run.accelerator.device.type == "cuda",
+        pin_memory=accelerator.device.type == "cuda",
     )
-
-
-def _next_batch(run: Run, feed: Iterator[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The rank's next batch in the global sample order, on the training device, preprocessed there
-    (cameras arrive as uint8)."""
-    batch = {key: value.to(run.accelerator.device) for key, value in next(feed).items()}
-    return run.preprocessor(batch)
+    augment = config.dataset.augmentation(config.seed, accelerator.process_index)
+    return loader.batches(
+        run.dataset, run.sampler, steps, config.policy.chunk_size, settings, accelerator.device, augment
+    )
 
 
 def _start_agreement(
