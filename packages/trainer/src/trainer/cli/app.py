@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 USAGE = (
     "usage: trainer train [--config_path=FILE] [--policy.type=act|mlp|module:Class] [--flag=value ...]\n"
-    "       trainer eval --policy.path=PATH [--dataset.root=DIR --dataset.episodes=[...]] [--json]"
+    "       trainer eval --policy.path=PATH [--dataset.root=DIR --dataset.episodes=[...]] [--json]\n"
+    "       trainer dataset info|show --dataset.root=DIR [--json | --episode=N]"
 )
 HELP_FLAGS = ("-h", "--help")
 
@@ -35,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         print(HELP)
         raise SystemExit(0)
-    if not args or args[0] not in ("train", "eval"):
+    if not args or args[0] not in ("train", "eval", "dataset"):
         print(USAGE + "\nFlags: trainer train --help, or docs/training.md.", file=sys.stderr)
         raise SystemExit(2)
     from trainer.distributed.interrupt import Interrupted
@@ -44,6 +45,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         if args[0] == "eval":
             _eval(args[1:])
+        elif args[0] == "dataset":
+            from trainer.dataset_command import run as dataset_command
+
+            print(dataset_command(args[1:]))
         else:
             from trainer.cli.parse import parse_config
             from trainer.engine.loop import train

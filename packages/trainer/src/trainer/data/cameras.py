@@ -179,7 +179,9 @@ class LeRobotFrames(torch.utils.data.Dataset):
         chosen = sorted(ranges) if episodes is None else list(episodes)
         unknown = [e for e in chosen if e not in ranges]
         if unknown:
-            raise DecodeError(f"{root}: no episode {unknown[0]} (it holds {min(ranges)}..{max(ranges)})")
+            raise DecodeError(
+                f"{root}: no episode {unknown[0]}; the dataset holds episodes {min(ranges)}..{max(ranges)}"
+            )
         self.floats = [n for n in info.features if info.is_float_vector(n) and n not in FRAME_COLUMNS]
         images = [n for n in info.cameras if info.features[n]["dtype"] == "image"]
         columns, _ = fmt.read_frames(info, chosen, ranges, [*FRAME_COLUMNS, *self.floats, *images])
