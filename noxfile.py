@@ -46,6 +46,7 @@ def typecheck(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Conversion benchmark (ckpt convert vs a copy, torch's dcp_to_torch_save, accelerate's merge),
     then the LeRobotDataset input benchmark (load time of 1M frames x 32 features, step time vs size),
+    then the camera benchmark (pipeline frames/s in training order vs PyAV front to back, worker RSS),
     then the engine benchmark (trainer step time vs a bare FSDP2 loop, save stall vs a raw dcp.save,
     resume peak RSS per rank vs a fresh start), then the save stall of --async_save against a
     synchronous save, then the bucket benchmark (peak RSS of `ckpt convert` and `ckpt push` streaming
@@ -57,6 +58,7 @@ def bench(session: nox.Session) -> None:
     install(session)
     session.run("python", "benchmarks/bench_convert.py", *session.posargs)
     session.run("python", "benchmarks/bench_lerobot.py")
+    session.run("python", "benchmarks/bench_video.py")
     session.run("python", "benchmarks/bench_manifest.py")
     session.run("python", "benchmarks/bench_engine.py")
     session.run("python", "benchmarks/bench_async_save.py")

@@ -23,7 +23,7 @@ from trainer.cli.parse import parse_config
 from trainer.data import loader
 from trainer.data.augment import Augment, ImageTransformsConfig
 from trainer.data.cameras import IMAGENET_MEAN
-from trainer.data.decode import DecodeError
+from trainer.data.decode import DecodeError, VideoReader, tolerance
 from trainer.data.lerobot import LeRobotConfig
 from trainer.data.processors import build_processors
 from trainer.data.sampler import GlobalOrderSampler
@@ -267,3 +267,31 @@ def test_torchcodec_is_refused_in_one_line_when_it_does_not_import(video_root, m
         ConfigError, match=r"^--dataset.video_backend=torchcodec needs torchcodec: pip install"
     ):
         LeRobotConfig(root=str(video_root), video_backend="torchcodec").load([TOP])
+
+
+class _Counting:
+    """A container that counts the frames decoded through it."""
+
+    def __init__(self, container, decoded: list[float]) -> None:
+        self.container, self.decoded, self.streams = container, decoded, container.streams
+
+    def seek(self, *args, **kwargs) -> None:
+        self.container.seek(*args, **kwargs)
+
+    def decode(self, stream):
+        for frame in self.container.decode(stream):
+            self.decoded.append(frame.time)
+            yield frame
+
+
+def test_a_frame_is_decoded_from_its_keyframe_never_from_the_file_start(video_root, monkeypatch) -> None:
+    decoded: list[float] = []
+    original = VideoReader._container
+    monkeypatch.setattr(
+        VideoReader, "_container", lambda self, path: _Counting(original(self, path), decoded)
+    )
+    path = video_root / f"videos/{TOP}/chunk-000/file-000.mp4"  # 60 frames, a keyframe every 2
+    image = VideoReader().frame(path, 5.9, tolerance(10), "episode 2, index 59")
+    reference = load_file(fixture_dir("lerobot", "dataset_video_frames.safetensors"))[TOP][3]  # index 59
+    assert (torch.from_numpy(image).permute(2, 0, 1).float() / 255 - reference).abs().mean() < 0.01
+    assert decoded == pytest.approx([5.8, 5.9])
