@@ -131,8 +131,8 @@ def _no_async_worker_errors(stream: Any) -> None:
 def _received(stream: Iterator[Any], settings: LoaderSettings) -> Batch:
     try:
         batch = next(stream)
-    except RuntimeError as exc:  # DataLoader: a worker died (killed, out of memory) or timed out
-        detail = " ".join(str(exc).split())[:160]
+    except Exception as exc:  # a worker died (killed, out of memory) or timed out; its half-sent batch
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]  # can fail to unpickle
         raise DecodeError(
             f"a data loader worker stopped delivering batches within {settings.timeout_s:g} s ({detail}); check "
             f"the machine's memory, or lower --num_workers={settings.num_workers} (0 decodes in the training "

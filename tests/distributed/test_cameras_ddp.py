@@ -1,0 +1,92 @@
+"""Cameras on 2 processes: DDP over gloo trains a camera policy on the LeRobot-written video dataset,
+frames decoded in DataLoader workers, cameras augmented; a run interrupted and resumed ends with the
+weights of the uninterrupted run, so every rank trained on exactly the same samples, frames and
+augmentations at every step. A data loader worker killed mid-run ends both ranks within the timeout,
+each with one error line and no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers.fixtures import copy_fixture
+from helpers.launch import launch_env, no_traceback_from_us, run_torchrun, torchrun_command
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+TRAIN = Path(__file__).parent / "scripts" / "train_cli.py"
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def _flags(tmp_path: Path, monkeypatch) -> list[str]:
+    """A camera policy on the video fixture, one DataLoader worker per rank."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    root = copy_fixture(tmp_path, "lerobot", "dataset_video")
+    return [
+        f"--dataset.root={root}",
+        "--policy.type=helpers.camera_policy:CameraPolicyConfig",
+        "--policy.dropout=0",
+        "--num_workers=1",
+        "--scheduler.type=constant",
+        "--batch_size=4",
+    ]
+
+
+def test_two_rank_camera_run_resumes_on_the_uninterrupted_samples(tmp_path, monkeypatch) -> None:
+    flags = [*_flags(tmp_path, monkeypatch), "--dataset.image_transforms.enable=true"]
+    flags += ["--save_freq=2", "--log_freq=2"]
+    run_torchrun(TRAIN, 2, *flags, "--steps=4", f"--output_dir={tmp_path / 'straight'}")
+    run_torchrun(TRAIN, 2, *flags, "--steps=2", f"--output_dir={tmp_path / 'cut'}")
+    log = run_torchrun(TRAIN, 2, "--resume=true", "--steps=4", f"--output_dir={tmp_path / 'cut'}").stdout
+    assert "resuming from" in log and no_traceback_from_us(log)
+    weights = [
+        load_file(tmp_path / run / "checkpoints/000004/pretrained_model/model.safetensors")
+        for run in ("straight", "cut")
+    ]
+    assert torch.equal(weights[0]["head.weight"], weights[1]["head.weight"])
+    first = load_file(tmp_path / "cut/checkpoints/000002/pretrained_model/model.safetensors")
+    assert not torch.equal(first["head.weight"], weights[1]["head.weight"])  # the resumed steps trained
+
+
+def test_a_killed_worker_ends_both_ranks_in_one_line_each(tmp_path, monkeypatch) -> None:
+    out = tmp_path / "run"
+    flags = [*_flags(tmp_path, monkeypatch), "--steps=100000", "--save_freq=100000", "--log_freq=1"]
+    command = torchrun_command(TRAIN, 2, *flags, "--collective_timeout_s=10", f"--output_dir={out}")
+    launcher = subprocess.Popen(
+        command, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _trained(out / "metrics.jsonl"):
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()[0]
+            time.sleep(0.2)
+        ranks = psutil.Process(launcher.pid).children()
+        workers = [worker for rank in ranks for worker in rank.children()]
+        assert len(ranks) == 2 and len(workers) == 2  # one data loader worker per rank
+        killed_at = time.monotonic()
+        workers[0].kill()
+        log, _ = launcher.communicate(timeout=90)
+    finally:
+        if launcher.poll() is None:
+            for process in psutil.Process(launcher.pid).children(recursive=True):
+                process.kill()
+            launcher.kill()
+    assert launcher.returncode != 0 and time.monotonic() - killed_at < 60, log
+    errors = [line for line in log.splitlines() if "error: " in line]
+    assert len(errors) == 2 and no_traceback_from_us(log), log
+    assert any("a data loader worker stopped delivering batches within 10 s" in line for line in errors), log
+
+
+def _trained(metrics: Path) -> bool:
+    """The run has logged a training step (its workers are up and decoding)."""
+    if not metrics.exists():
+        return False
+    return any(json.loads(line).get("step") for line in metrics.read_text().splitlines() if line.strip())
