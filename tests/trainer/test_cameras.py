@@ -295,3 +295,12 @@ def test_a_frame_is_decoded_from_its_keyframe_never_from_the_file_start(video_ro
     reference = load_file(fixture_dir("lerobot", "dataset_video_frames.safetensors"))[TOP][3]  # index 59
     assert (torch.from_numpy(image).permute(2, 0, 1).float() / 255 - reference).abs().mean() < 0.01
     assert decoded == pytest.approx([5.8, 5.9])
+
+
+def test_a_timestamp_past_the_video_names_file_time_and_nearest_frame(video_root) -> None:
+    path = video_root / f"videos/{TOP}/chunk-000/file-000.mp4"
+    with pytest.raises(
+        DecodeError, match=r"file-000.mp4: no frame within 0.0999 s of 7.5000 s for episode 2"
+    ) as info:
+        VideoReader().frame(path, 7.5, tolerance(10), "episode 2, index 59")
+    assert "the nearest frame is at 5.9000 s" in str(info.value) and "\n" not in str(info.value)

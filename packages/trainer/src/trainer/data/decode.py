@@ -16,6 +16,7 @@ decoder threads that exist only in the parent, which hangs the child. Decoders r
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -45,8 +46,7 @@ class VideoReader:
     """Frames of video files by timestamp, through `backend`, with a bounded LRU of open files."""
 
     def __init__(self, backend: str = "pyav", capacity: int = OPEN_FILES) -> None:
-        if backend not in VIDEO_BACKENDS:
-            raise ConfigError(f"--dataset.video_backend={backend} is not one of {', '.join(VIDEO_BACKENDS)}")
+        """`backend` is one of VIDEO_BACKENDS (LeRobotConfig checks the flag)."""
         if backend == "torchcodec":
             _import_torchcodec()
         self.backend = backend
@@ -77,7 +77,7 @@ class VideoReader:
         except DecodeError:
             raise
         except Exception as exc:  # PyAV/FFmpeg errors of a damaged file: one line, the file named
-            self._open.pop(path, None)
+            self._forget(path)
             raise DecodeError(
                 f"{path}: cannot decode the frame at {timestamp:.4f} s for {where} "
                 f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]}); re-download or re-encode the video"
@@ -89,6 +89,13 @@ class VideoReader:
                 "is shorter than its episodes metadata says: re-encode it or fix meta/episodes"
             )
         return image
+
+    def _forget(self, path: Path) -> None:
+        """Drop a container left in an unknown state by a failed decode (reopened on the next use)."""
+        handle = self._open.pop(path, None)
+        if handle is not None and self.backend == "pyav":
+            with contextlib.suppress(Exception):
+                handle.close()
 
     def _container(self, path: Path) -> Any:
         if self._pid != os.getpid():  # copied into a forked child: never touch the parent's files
