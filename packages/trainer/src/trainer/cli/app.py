@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args[0] == "eval":
             _eval(args[1:])
         elif args[0] == "dataset":
-            from trainer.dataset_command import run as dataset_command
+            from trainer.cli.dataset_command import run as dataset_command
 
             print(dataset_command(args[1:]))
         else:

@@ -47,12 +47,12 @@ class VideoReader:
 
     def __init__(self, backend: str = "pyav", capacity: int = OPEN_FILES) -> None:
         """`backend` is one of VIDEO_BACKENDS (LeRobotConfig checks the flag)."""
-        if backend == "torchcodec":
-            _import_torchcodec()
         self.backend = backend
         self.capacity = capacity
         self._open: OrderedDict[Path, Any] = OrderedDict()
         self._pid = os.getpid()
+        if backend == "torchcodec":
+            _import_torchcodec()
 
     def __del__(self) -> None:
         if self._pid == os.getpid() and self.backend == "pyav":
