@@ -1,6 +1,6 @@
 """Cameras on 2 processes: DDP over gloo trains a camera policy on the LeRobot-written video dataset,
-frames decoded in DataLoader workers, cameras augmented; a run interrupted and resumed ends with the
-weights of the uninterrupted run, so every rank trained on exactly the same samples, frames and
+frames decoded in DataLoader workers, cameras augmented; resumed from its step-2 checkpoint, it ends
+with the weights of the uninterrupted run, so every rank trained on exactly the same samples, frames and
 augmentations at every step. A data loader worker killed mid-run ends both ranks within the timeout,
 each with one error line and no traceback."""
 
@@ -44,15 +44,16 @@ def test_two_rank_camera_run_resumes_on_the_uninterrupted_samples(tmp_path, monk
     flags = [*_flags(tmp_path, monkeypatch), "--dataset.image_transforms.enable=true"]
     flags += ["--save_freq=2", "--log_freq=2"]
     run_torchrun(TRAIN, 2, *flags, "--steps=4", f"--output_dir={tmp_path / 'straight'}")
-    run_torchrun(TRAIN, 2, *flags, "--steps=2", f"--output_dir={tmp_path / 'cut'}")
-    log = run_torchrun(TRAIN, 2, "--resume=true", "--steps=4", f"--output_dir={tmp_path / 'cut'}").stdout
-    assert "resuming from" in log and no_traceback_from_us(log)
+    step_2 = tmp_path / "straight/checkpoints/000002/pretrained_model/train_config.json"
+    resumed = ["--resume=true", f"--config_path={step_2}", f"--output_dir={tmp_path / 'cut'}"]
+    log = run_torchrun(TRAIN, 2, *resumed).stdout  # the straight run's steps 3 and 4, again
+    assert "checkpoints/000002 at step 2" in log and no_traceback_from_us(log)
     weights = [
         load_file(tmp_path / run / "checkpoints/000004/pretrained_model/model.safetensors")
         for run in ("straight", "cut")
     ]
     assert torch.equal(weights[0]["head.weight"], weights[1]["head.weight"])
-    first = load_file(tmp_path / "cut/checkpoints/000002/pretrained_model/model.safetensors")
+    first = load_file(step_2.parent / "model.safetensors")
     assert not torch.equal(first["head.weight"], weights[1]["head.weight"])  # the resumed steps trained
 
 
