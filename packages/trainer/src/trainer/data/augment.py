@@ -71,8 +71,6 @@ class ImageTransformsConfig:
 
     def __post_init__(self) -> None:
         for name, tf in self.tfs.items():
-            if isinstance(tf, dict):  # from a saved train_config.json
-                self.tfs[name] = tf = ImageTransformConfig(**tf)
             if tf.type not in TRANSFORM_TYPES:
                 raise ConfigError(
                     f"--dataset.image_transforms.tfs.{name}.type={tf.type!r} is not one of {', '.join(TRANSFORM_TYPES)}"

@@ -52,42 +52,47 @@ class Cameras:
 
     def check(self) -> None:
         """The cheap checks of every video the loaded episodes use (see the module docstring)."""
-        episodes = sorted({int(e) for e in self.episode.tolist()})
+        episodes, slot = np.unique(self.episode, return_inverse=True)
+        last = np.full(len(episodes), -np.inf)
+        np.maximum.at(last, slot, self.timestamp)  # each episode's last timestamp
         for name, places in self.places.items():
             _, height, width = self.info.camera_shape(name)
-            files: dict[Path, list[int]] = {}
-            for episode in episodes:
+            files: dict[Path, list[tuple[int, float]]] = {}  # file -> (episode, file time it needs)
+            for episode, episode_last in zip(episodes.tolist(), last.tolist(), strict=True):
                 if episode not in places:
                     raise DecodeError(
                         f"{self.info.root}: meta/episodes gives no video of {name} for episode {episode}; "
                         "the dataset is incomplete, re-download or re-write it"
                     )
-                files.setdefault(places[episode].path, []).append(episode)
+                place = places[episode]
+                files.setdefault(place.path, []).append((episode, place.from_timestamp + episode_last))
             for path, held in files.items():
-                if not path.is_file():
-                    raise DecodeError(
-                        f"{path}: the video of {name} for episode {held[0]} is missing; re-download it"
-                    )
-                container = open_video(path)
-                try:
-                    stream, covered = container.streams.video[0], video_duration(container)
-                    size = (stream.codec_context.height, stream.codec_context.width)
-                finally:
-                    container.close()
-                if size != (height, width):
-                    raise DecodeError(
-                        f"{path}: frames are {size[0]}x{size[1]}, meta/info.json says {name} is {height}x{width} "
-                        f"(episode {held[0]}); re-encode the video or fix meta/info.json"
-                    )
-                needed = max(self._last_time(places[e], e) for e in held)
-                if needed >= covered + self.tolerance:
-                    raise DecodeError(
-                        f"{path}: the video lasts {covered:.3f} s but episode {held[-1]} of {name} needs a frame "
-                        f"at {needed:.3f} s; the file is truncated: re-download or re-encode it"
-                    )
+                self._check_file(name, path, held, height, width)
 
-    def _last_time(self, place: fmt.VideoPlace, episode: int) -> float:
-        return place.from_timestamp + float(self.timestamp[self.episode == episode].max())
+    def _check_file(
+        self, name: str, path: Path, held: list[tuple[int, float]], height: int, width: int
+    ) -> None:
+        if not path.is_file():
+            raise DecodeError(
+                f"{path}: the video of {name} for episode {held[0][0]} is missing; re-download it"
+            )
+        container = open_video(path)
+        try:
+            stream, covered = container.streams.video[0], video_duration(container)
+            size = (stream.codec_context.height, stream.codec_context.width)
+        finally:
+            container.close()
+        if size != (height, width):
+            raise DecodeError(
+                f"{path}: frames are {size[0]}x{size[1]}, meta/info.json says {name} is {height}x{width} "
+                f"(episode {held[0][0]}); re-encode the video or fix meta/info.json"
+            )
+        episode, needed = max(held, key=lambda entry: entry[1])
+        if needed >= covered + self.tolerance:
+            raise DecodeError(
+                f"{path}: the video lasts {covered:.3f} s but episode {episode} of {name} needs a frame at "
+                f"{needed:.3f} s; the file is truncated: re-download or re-encode it"
+            )
 
     def frame(self, name: str, position: int) -> torch.Tensor:
         """Camera `name` at loaded frame `position`: uint8 (C, H, W)."""

@@ -10,9 +10,9 @@ normalization processors are meta/stats.json's mean and std of the same features
 
 Cameras (`observation.images.*`, image or video features) are decoded only for a policy that asks for
 them by naming them in `--policy.input_features` (`observation.images.*`: every camera; a camera
-policy's config puts that in its default `input_features`); they
-reach the batch as uint8 `observation.images.<name>` (cameras.py), with per-channel statistics from
-stats.json or ImageNet's (`--dataset.use_imagenet_stats`).
+policy's config puts that in its default `input_features`). They reach the batch as uint8
+`observation.images.<name>` (cameras.py), with per-channel statistics from stats.json or ImageNet's
+(`--dataset.use_imagenet_stats`).
 """
 
 from __future__ import annotations
@@ -134,9 +134,8 @@ def _load(
         info.observation_features,
         f"the dataset at {root}",
     )
-    extra = [c for c in ("timestamp", "episode_index", "index") if cameras] + [
-        n for n in cameras if info.features[n]["dtype"] == "image"
-    ]
+    extra = ["timestamp", "episode_index", "index"] if cameras else []  # where each camera frame is
+    extra += [n for n in cameras if info.features[n]["dtype"] == "image"]
     frames, lengths = fmt.read_frames(info, episodes, ranges, [*features, ACTION_KEY, *extra])
     observations = (
         frames[features[0]] if len(features) == 1 else np.concatenate([frames[n] for n in features], 1)

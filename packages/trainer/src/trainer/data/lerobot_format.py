@@ -116,22 +116,18 @@ class VideoPlace:
 
     path: Path
     from_timestamp: float
-    to_timestamp: float
 
 
 def read_video_places(info: Info, key: str) -> dict[int, VideoPlace]:
-    """Episode index -> the video file (per info.json's `video_path`) and time span of camera `key`."""
+    """Episode index -> the video file (per info.json's `video_path`) and start time of camera `key`."""
     prefix = f"videos/{key}/"
-    columns = [
-        "episode_index",
-        *(prefix + c for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")),
-    ]
+    columns = ["episode_index", *(prefix + c for c in ("chunk_index", "file_index", "from_timestamp"))]
     places: dict[int, VideoPlace] = {}
     for path in sorted((info.root / "meta" / "episodes").glob("chunk-*/file-*.parquet")):
         values = _read_columns(path, columns)
-        for episode, chunk, file, start, end in zip(*(values[c].tolist() for c in columns), strict=True):
+        for episode, chunk, file, start in zip(*(values[c].tolist() for c in columns), strict=True):
             relative = info.video_path.format(video_key=key, chunk_index=int(chunk), file_index=int(file))
-            places[int(episode)] = VideoPlace(info.root / relative, float(start), float(end))
+            places[int(episode)] = VideoPlace(info.root / relative, float(start))
     return places
 
 
