@@ -13,7 +13,7 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["lint", "tests"]
 
 CONSTRAINTS = ("-c", "constraints.txt")
-PACKAGES = ("-e", "packages/ckpt-tools[test]", "-e", "packages/trainer[test,tracking]")
+PACKAGES = ("-e", "packages/ckpt-tools[test]", "-e", "packages/trainer[test,tracking,augment]")
 
 
 def install(session: nox.Session, *extra: str) -> None:
