@@ -18,6 +18,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, replace
 
+import torch
+
 from ckpt_tools import Topology
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.parallelism import ParallelismConfig
@@ -63,10 +65,9 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
         trackio=trackio,
     )
     publish_note = _check_startable(config, topology)
-    dataset = config.dataset.load(config.policy.input_features)
-    val_dataset = config.dataset.load_validation(dataset.input_features)
+    dataset, val_dataset, rename_note = load_renamed(config)
     config = config.derive(policy=resolve_policy_features(config.policy, dataset))
-    notes = tuple(note for note in (layout_note, format_note, publish_note) if note)
+    notes = tuple(note for note in (layout_note, format_note, publish_note, rename_note) if note)
     return RunPlan(config, world_size, topology, notes, dataset, val_dataset)
 
 
@@ -75,9 +76,52 @@ def _check_startable(config: TrainConfig, topology: Topology) -> str | None:
     publish_note = publishing.check_publish_config(config)  # a repo_id that will not be used
     check_trackers(config)
     check_accelerate_env()
+    check_policy_device(config.policy.device, torch.cuda.is_available())
     checkpointing.check_fresh_output_dir(config)
     checkpointing.check_async_save(config, topology)
     return publish_note
+
+
+def check_policy_device(device: str | None, cuda: bool) -> None:
+    """LeRobot's --policy.device, checked against the device this launch trains on (each rank's GPU
+    when torch sees one, else the CPU): a disagreeing value is refused, never silently ignored."""
+    launch = "cuda" if cuda else "cpu"
+    if device in (None, "auto", launch):
+        return
+    why = (
+        "torch sees a GPU (hide it with CUDA_VISIBLE_DEVICES= to train on cpu)"
+        if cuda
+        else "torch sees no GPU"
+    )
+    raise ConfigError(
+        f"--policy.device={device} disagrees with this launch, which trains on {launch}: {why}; drop "
+        f"--policy.device or set it to {launch} or auto"
+    )
+
+
+def load_renamed(config: TrainConfig) -> tuple[Dataset, Dataset | None, str]:
+    """The training and held-out data, with --rename_map applied to their observation feature names:
+    the policy asks for its names, the dataset is read under its own, and the loaded data carries the
+    policy's. Returns the note naming the renames that matched no feature the run reads ("" if none)."""
+    rename = config.rename_map
+    dataset_name = {new: old for old, new in rename.items()}
+    requested = [dataset_name.get(name, name) for name in config.policy.input_features]
+    dataset = config.dataset.load(requested)
+    val_dataset = config.dataset.load_validation(dataset.input_features)
+    unused = [old for old in rename if old not in dataset.input_features]
+    for data in (dataset, val_dataset):
+        if data is not None:
+            data.input_features = [rename.get(name, name) for name in data.input_features]
+    if not unused:
+        return dataset, val_dataset, ""
+    return (
+        dataset,
+        val_dataset,
+        (
+            f"--rename_map: {', '.join(unused)} is not among the observation features this run reads "
+            f"({', '.join(dataset.input_features)}): not renamed"
+        ),
+    )
 
 
 def settle_parallelism(config: TrainConfig, world_size: int) -> tuple[ParallelismConfig, str]:
