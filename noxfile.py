@@ -68,6 +68,16 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_cli.py")
 
 
+@nox.session
+def gpu(session: nox.Session) -> None:
+    """GPU smoke lane, on a CUDA machine (not CI): bf16 training on one GPU, synchronous and background
+    DCP saves, a bit-exact resume, conversion and load_policy on CUDA, with step time, samples/s and the
+    save stall against a raw dcp.save (benchmarks/gpu_smoke.py; says so and exits 0 without CUDA).
+    Installed without constraints.txt, whose torch pin is the CPU build: pip picks the CUDA wheel."""
+    session.install("-e", "packages/ckpt-tools", "-e", "packages/trainer")
+    session.run("python", "benchmarks/gpu_smoke.py", *session.posargs)
+
+
 DEMO_OUTPUT = "outputs/demo"
 
 
