@@ -112,8 +112,15 @@ def test_bad_compile_values_are_one_line(field: str, value: str, message: str) -
         AcceleratorConfig(**{field: value})
 
 
-def test_whole_model_compile_is_refused_on_a_sharded_run() -> None:
+def test_whole_model_compile_compiles_the_policy_and_is_refused_on_a_sharded_run() -> None:
     policy = build_policy(MLPConfig(hidden_dim=8), obs_dim=3, action_dim=1)
-    config = AcceleratorConfig(compile=True, compile_scope="model")
+    config = AcceleratorConfig(compile=True, compile_scope="model", compile_backend="aot_eager")
     with pytest.raises(ConfigError, match=re.escape("use --accelerator.compile_scope=units")):
         apply_unit_transforms(policy, WrapPlan(("MLPBlock",)), config, sharded=True)
+    lines = apply_unit_transforms(policy, None, config, sharded=False)  # no units needed
+    assert lines == ["torch.compile: the whole policy, backend aot_eager, mode default"]
+    assert policy._compiled_call_impl is not None
+    assert all(block._compiled_call_impl is None for block in policy.blocks)
+    assert [k for k, _ in policy.named_parameters()] == [
+        k for k, _ in build_policy(MLPConfig(hidden_dim=8), obs_dim=3, action_dim=1).named_parameters()
+    ]

@@ -35,34 +35,29 @@ def apply_unit_transforms(
             "--accelerator.compile_scope=model compiles around FSDP's root unit, which this trainer does "
             "not support on a sharded run: use --accelerator.compile_scope=units"
         )
-    if not (accelerator.activation_checkpointing or accelerator.compile):
-        return []
-    units = _units(policy, plan) if accelerator.transforms_units else []
-    lines = []
+    lines: list[str] = []
+    units: list[nn.Module] = []
+    described = ""
+    if accelerator.transforms_units:
+        if plan is None:
+            raise ValueError("per-unit transforms need the wrap plan (distributed.wrap.resolve_wrap_plan)")
+        modules = dict(policy.named_modules())
+        units = [modules[name] for name in unit_roots(policy, plan) if name]
+        described = plan.describe()
     if accelerator.activation_checkpointing:
         for unit in units:
             unit.forward = _checkpointed(unit.forward)
-        lines.append(f"activation checkpointing: {len(units)} units ({plan.describe() if plan else ''})")
+        lines.append(f"activation checkpointing: {len(units)} units ({described})")
     if accelerator.compile:
         targets = units if accelerator.compile_scope == "units" else [policy]
-        options = {
-            "backend": accelerator.compile_backend,
-            "mode": None if accelerator.compile_mode == "default" else accelerator.compile_mode,
-        }
+        mode = None if accelerator.compile_mode == "default" else accelerator.compile_mode
         for target in targets:
-            target.compile(**options)
+            target.compile(backend=accelerator.compile_backend, mode=mode)
         where = f"{len(targets)} units" if accelerator.compile_scope == "units" else "the whole policy"
         lines.append(
             f"torch.compile: {where}, backend {accelerator.compile_backend}, mode {accelerator.compile_mode}"
         )
     return lines
-
-
-def _units(policy: nn.Module, plan: WrapPlan | None) -> list[nn.Module]:
-    if plan is None:
-        raise ValueError("per-unit transforms need the wrap plan (distributed.wrap.resolve_wrap_plan)")
-    modules = dict(policy.named_modules())
-    return [modules[name] for name in unit_roots(policy, plan) if name]
 
 
 def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
