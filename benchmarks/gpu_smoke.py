@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -44,6 +45,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"gpu_smoke: no CUDA device here (torch {torch.__version__}): nothing to check; run it on a GPU machine"
         )
         return 0
+    if args.device == "cuda":
+        # The resume check compares two runs bit for bit, so both must run deterministic kernels: cuBLAS
+        # needs this workspace setting before its first handle, and torch its deterministic mode (CPU
+        # kernels are deterministic already).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     sizes = {
         **SIZES.get(args.device, TOY),
         **{k: getattr(args, k) for k in TOY if getattr(args, k) is not None},
