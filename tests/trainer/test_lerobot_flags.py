@@ -11,7 +11,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from safetensors.torch import load_file
 
+from helpers.fixtures import copy_fixture
 from helpers.lerobot_data import STATE, VELOCITY, write_dataset
 from trainer.cli.parse import parse_config
 from trainer.data import hub
@@ -79,8 +81,23 @@ def test_rename_map_renames_the_features_the_policy_reads_and_is_recorded(
     assert json.loads((model_dir / "train_config.json").read_text())["rename_map"] == rename
     assert (
         "--rename_map: observation.images.top is not among the observation features this run reads "
-        f"({STATE}, observation.speed): not renamed"
+        f"({STATE}, {VELOCITY}): not renamed"
     ) in capsys.readouterr().err
+
+
+def test_rename_map_renames_a_camera_in_every_batch_and_its_statistics(tmp_path, clean_accelerate) -> None:
+    """The camera policy asserts every camera arrives normalized (float32): a camera whose statistics
+    kept the dataset's name would reach it as uint8. One loader worker: the wrapper pickles with it."""
+    root = copy_fixture(tmp_path, "lerobot", "dataset_images")
+    rename = {"observation.images.top": "observation.images.front"}
+    flags = [f"--dataset.root={root}", "--policy.type=helpers.camera_policy:CameraPolicyConfig"]
+    flags += [f"--rename_map={json.dumps(rename)}", "--num_workers=1", f"--output_dir={tmp_path / 'run'}"]
+    flags += ["--steps=2", "--batch_size=4", "--save_freq=2", "--log_freq=1"]
+    model_dir = Path(train(parse_config(flags)).last_checkpoint) / "pretrained_model"
+    features = json.loads((model_dir / "config.json").read_text())["input_features"]
+    assert features == [STATE, "observation.images.front", "observation.images.wrist"]
+    saved_stats = load_file(model_dir / "policy_preprocessor_step_0.safetensors")
+    assert "observation.images.front.mean" in saved_stats and not any("images.top" in k for k in saved_stats)
 
 
 def test_eval_split_holds_out_a_fraction_of_each_tasks_episodes(root) -> None:
