@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from helpers.fixtures import copy_fixture
 from helpers.lerobot_data import STATE, VELOCITY, write_dataset
+from trainer.cli.eval_command import run_eval
 from trainer.cli.parse import parse_config
 from trainer.data import hub
 from trainer.data.lerobot import LeRobotConfig
@@ -83,6 +84,9 @@ def test_rename_map_renames_the_features_the_policy_reads_and_is_recorded(
         "--rename_map: observation.images.top is not among the observation features this run reads "
         f"({STATE}, {VELOCITY}): not renamed"
     ) in capsys.readouterr().err
+    # `trainer eval` reads the run's own --rename_map: the renamed policy scores on the same data
+    result = run_eval([f"--policy.path={out / 'checkpoints' / 'last'}"])
+    assert (result["episodes"], result["frames"]) == (len(LENGTHS), sum(LENGTHS))
 
 
 def test_rename_map_renames_a_camera_in_every_batch_and_its_statistics(tmp_path, clean_accelerate) -> None:

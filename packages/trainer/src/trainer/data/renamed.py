@@ -9,11 +9,34 @@ policy's names, while the dataset is read under its own.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
+from trainer.config.dataset import DatasetConfig
 from trainer.data.dataset import Dataset, Stats
+
+
+def load_renamed(
+    config: DatasetConfig, rename: Mapping[str, str], input_features: Sequence[str], *, held_out: bool
+) -> tuple[Dataset, Dataset | None, str]:
+    """The data (and with `held_out` the held-out data) for a policy that reads `input_features`
+    under `rename`: the dataset is asked for its own names and served under the policy's. Returns the
+    note naming the renames that matched no feature the run reads ("" if none)."""
+    dataset_name = {new: old for old, new in rename.items()}
+    dataset = config.load([dataset_name.get(name, name) for name in input_features])
+    validation = config.load_validation(dataset.input_features) if held_out else None
+    unused = [old for old in rename if old not in dataset.input_features]
+    note = (
+        f"--rename_map: {', '.join(unused)} is not among the observation features this run reads "
+        f"({', '.join(dataset.input_features)}): not renamed"
+        if unused
+        else ""
+    )
+    if len(unused) == len(rename):
+        return dataset, validation, note
+    renamed_validation = RenamedDataset(validation, rename) if validation is not None else None
+    return RenamedDataset(dataset, rename), renamed_validation, note
 
 
 class RenamedDataset:

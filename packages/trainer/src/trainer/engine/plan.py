@@ -25,7 +25,7 @@ from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.train import TrainConfig
 from trainer.data.dataset import Dataset
-from trainer.data.renamed import RenamedDataset
+from trainer.data.renamed import load_renamed
 from trainer.distributed.factory import check_accelerate_env
 from trainer.distributed.topology import check_checkpoint_format, resolve_topology
 from trainer.engine import checkpointing, publishing
@@ -66,7 +66,9 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
         trackio=trackio,
     )
     publish_note = _check_startable(config, topology)
-    dataset, val_dataset, rename_note = load_renamed(config)
+    dataset, val_dataset, rename_note = load_renamed(
+        config.dataset, config.rename_map, config.policy.input_features, held_out=True
+    )
     config = config.derive(policy=resolve_policy_features(config.policy, dataset))
     notes = tuple(note for note in (layout_note, format_note, publish_note, rename_note) if note)
     return RunPlan(config, world_size, topology, notes, dataset, val_dataset)
@@ -98,28 +100,6 @@ def check_policy_device(device: str | None, cuda: bool) -> None:
         f"--policy.device={device} disagrees with this launch, which trains on {launch}: {why}; drop "
         f"--policy.device or set it to {launch} or auto"
     )
-
-
-def load_renamed(config: TrainConfig) -> tuple[Dataset, Dataset | None, str]:
-    """The training and held-out data under --rename_map: the policy asks for its names, the dataset is
-    read under its own, and the loaded data serves the policy's (data/renamed.py). Returns the note
-    naming the renames that matched no feature the run reads ("" if none)."""
-    rename = config.rename_map
-    dataset_name = {new: old for old, new in rename.items()}
-    requested = [dataset_name.get(name, name) for name in config.policy.input_features]
-    dataset = config.dataset.load(requested)
-    val_dataset = config.dataset.load_validation(dataset.input_features)
-    unused = [old for old in rename if old not in dataset.input_features]
-    note = (
-        f"--rename_map: {', '.join(unused)} is not among the observation features this run reads "
-        f"({', '.join(dataset.input_features)}): not renamed"
-        if unused
-        else ""
-    )
-    if len(unused) == len(rename):
-        return dataset, val_dataset, note
-    renamed_val = RenamedDataset(val_dataset, rename) if val_dataset is not None else None
-    return RenamedDataset(dataset, rename), renamed_val, note
 
 
 def settle_parallelism(config: TrainConfig, world_size: int) -> tuple[ParallelismConfig, str]:
