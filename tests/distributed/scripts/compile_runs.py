@@ -4,6 +4,7 @@ usage: compile_runs.py OUT
 
 `plain`: 4 steps, no transforms; `fast`: the same with checkpointed and compiled wrap units (aot_eager);
 `mixed`: 2 plain steps, then a resume to 4 with the transforms on. Every run saves safetensors and DCP.
+`ddp_plain`, `ddp_fast`: the first two under DDP (2 replicas, safetensors).
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ FAST = [
 ]
 
 
+SHARDED = ["--parallelism.dp_shard=2", "--checkpoint_format=safetensors_dcp"]
+DDP = ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=1"]
+
+
 def flags(run: str, *extra: str) -> list[str]:
     return [
         "--policy.type=mlp",
         "--policy.hidden_dim=16",
         "--policy.dropout=0.2",
-        "--parallelism.dp_shard=2",
-        "--checkpoint_format=safetensors_dcp",
         f"--output_dir={OUT}/{run}",
         f"--dataset.cache_dir={OUT}/cache",
         "--dataset.episodes=4",
@@ -43,10 +46,12 @@ def flags(run: str, *extra: str) -> list[str]:
 
 
 RUNS = [
-    flags("plain", "--steps=4"),
-    flags("fast", "--steps=4", *FAST),
-    flags("mixed", "--steps=2"),
-    flags("mixed", "--steps=4", "--resume=true", *FAST),
+    flags("plain", "--steps=4", *SHARDED),
+    flags("fast", "--steps=4", *SHARDED, *FAST),
+    flags("mixed", "--steps=2", *SHARDED),
+    flags("mixed", "--steps=4", "--resume=true", *SHARDED, *FAST),
+    flags("ddp_plain", "--steps=4", *DDP),
+    flags("ddp_fast", "--steps=4", *DDP, *FAST),
 ]
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""Activation checkpointing and compile under FSDP2 (2 gloo ranks, one launch: scripts/compile_runs.py):
-the update is the plain run's bit for bit, the DCP and safetensors keys are the plain policy's, and a
-plain checkpoint resumes into a checkpointed, compiled run."""
+"""Activation checkpointing and compile under FSDP2 and DDP (2 gloo ranks, one launch:
+scripts/compile_runs.py): the update is the plain run's bit for bit, the DCP and safetensors keys are
+the plain policy's, and a plain checkpoint resumes into a checkpointed, compiled run."""
 
 from __future__ import annotations
 
@@ -28,12 +28,13 @@ def step(out: Path, run: str) -> Path:
     return out / run / "checkpoints" / "000004"
 
 
-def test_sharded_transforms_keep_the_plain_update_and_keys(runs) -> None:
+def test_fsdp_and_ddp_transforms_keep_the_plain_update_and_keys(runs) -> None:
     out, log = runs
     assert "activation checkpointing: 2 units (by class: MLPBlock)" in log
     assert "torch.compile: 2 units, backend aot_eager, mode default" in log
-    plain = read_safetensors(str(step(out, "plain") / "pretrained_model" / "model.safetensors"))[0]
-    for run in ("fast", "mixed"):  # mixed: a plain step-2 checkpoint resumed with the transforms on
+    # mixed: a plain step-2 checkpoint resumed with the transforms on
+    for reference, run in (("plain", "fast"), ("plain", "mixed"), ("ddp_plain", "ddp_fast")):
+        plain = read_safetensors(str(step(out, reference) / "pretrained_model" / "model.safetensors"))[0]
         got = read_safetensors(str(step(out, run) / "pretrained_model" / "model.safetensors"))[0]
         assert got.keys() == plain.keys()
         assert all(torch.equal(got[k], plain[k]) for k in plain), run
