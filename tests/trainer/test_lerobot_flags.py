@@ -22,6 +22,7 @@ from trainer.data.lerobot import LeRobotConfig
 from trainer.engine.loop import train
 from trainer.engine.plan import check_policy_device
 from trainer.errors import ConfigError
+from trainer.policies.pretrained import policy_defaults
 
 LENGTHS = [12, 15, 10, 14, 11, 13]  # episodes 0..5; tasks alternate "pick" (0, 2, 4) and "place"
 
@@ -172,3 +173,20 @@ def test_unsupported_or_bad_lerobot_flags_are_one_line(flags: list[str], message
 def test_accepted_lerobot_flags_parse() -> None:
     config = parse_config(["--ema.decay=0.99", "--save_checkpoint_to_hub=false", "--policy.device=auto"])
     assert (config.ema.decay, config.save_checkpoint_to_hub, config.policy.device) == (0.99, False, "auto")
+
+
+def test_a_lerobot_base_policys_device_and_repo_are_not_inherited(tmp_path) -> None:
+    """LeRobot's config.json records the device it trained on and its Hub repo: a fine-tune with
+    --policy.path chooses its own device (a base trained on cuda still fine-tunes on a CPU machine) and
+    never publishes over the base's repo unless told to."""
+    step = copy_fixture(tmp_path, "lerobot", "checkpoint_act") / "checkpoints" / "000004"
+    config_file = step / "pretrained_model" / "config.json"
+    saved = json.loads(config_file.read_text())
+    config_file.write_text(
+        json.dumps({**saved, "device": "cuda", "push_to_hub": True, "repo_id": "them/base"})
+    )
+    with policy_defaults([f"--policy.path={step}"], None) as merged:
+        assert merged is not None
+        policy = json.loads(Path(merged).read_text())["policy"]
+    assert not {"device", "push_to_hub", "repo_id", "private"} & set(policy)
+    assert policy["type"] == saved["type"] and policy["path"] == str(step)
