@@ -3,8 +3,8 @@ parallelism flags, several per launch of 4 ranks (tests/distributed/test_lerobot
 
 usage: lerobot_variants.py OUT DATASET_ROOT
 
-`fsdp`: FSDP2 over 4 ranks, 2 micro-batches per update; `hsdp`: 2 replicas x 2 shards; `lora`: LoRA
-adapters on `fsdp`'s policy (--policy.path), FSDP2 over 4 ranks.
+`fsdp`: FSDP2 over 4 ranks, 2 micro-batches per update; `hsdp`: 2 replicas x 2 shards, with activation
+checkpointing; `lora`: LoRA adapters on `fsdp`'s policy (--policy.path), FSDP2 over 4 ranks.
 """
 
 from __future__ import annotations
@@ -40,7 +40,12 @@ def lerobot(run: str, *extra: str) -> list[str]:
 
 RUNS = [
     lerobot("fsdp", "--parallelism.dp_shard=4", "--accelerator.gradient_accumulation.steps=2"),
-    lerobot("hsdp", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"),
+    lerobot(
+        "hsdp",
+        "--parallelism.dp_replicate=2",
+        "--parallelism.dp_shard=2",
+        "--accelerator.activation_checkpointing=true",
+    ),
     lerobot(
         "lora",
         f"--policy.path={OUT}/fsdp/checkpoints/last",
