@@ -353,6 +353,39 @@ for _command in ("inspect", "verify", "load"):
     )(lambda tmp, command=_command: [command, str(_step_linked_outside(tmp))])
 
 
+def _run_with_last(tmp: Path, make: Callable[[Path], None]) -> Path:
+    """A run whose one complete step is 000005 and whose `checkpoints/last` is what `make` puts there."""
+    checkpoints = tmp / "ckpt" / "run" / layout.CHECKPOINTS_DIR
+    checkpoints.mkdir(parents=True)
+    shutil.move(step_with_training_step(tmp / "steps"), checkpoints / "000005")
+    make(checkpoints / layout.LAST)
+    return checkpoints.parent
+
+
+def _sparse_text(path: Path) -> None:
+    with path.open("wb") as handle:
+        handle.write(b"000005")
+        handle.truncate(2 << 30)  # 2 GB of text (a sparse file: nothing is written)
+
+
+_BROKEN_LAST: dict[str, tuple[Callable[[Path], None], str]] = {
+    "a FIFO": (os.mkfifo, "is a FIFO, not a regular file"),
+    "a directory": (lambda path: path.mkdir(), "is a directory, not a pointer"),
+    "a link to itself": (lambda path: path.symlink_to(layout.LAST), "points to 'last', which is not a step"),
+    "a link to a missing step": (
+        lambda path: path.symlink_to("000009"),
+        "names 000009, which does not exist",
+    ),
+    "invalid UTF-8": (lambda path: path.write_bytes(b"\xff\xfe0005"), "holds bytes that are not text"),
+    "a 2 GB text file": (_sparse_text, "is larger than 4096 bytes"),
+}
+for _kind, (_make, _fragment) in _BROKEN_LAST.items():
+    for _command in ("inspect", "verify") if _kind in ("a FIFO", "a directory") else ("inspect",):
+        case(f"checkpoints/last {_kind} {_command}", FAILED if _command == "verify" else ERROR, _fragment)(
+            lambda tmp, command=_command, make=_make: [command, str(_run_with_last(tmp, make))]
+        )
+
+
 def _fifo_in_step(tmp: Path, *parts: str) -> Path:
     """A step directory whose file at `parts` is replaced by a FIFO (a read of it would block)."""
     step_dir = step_with_training_step(tmp)

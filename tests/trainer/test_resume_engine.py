@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import shutil
 from collections.abc import Iterator
@@ -382,3 +383,45 @@ def test_a_lerobot_run_is_refused_in_one_line(tmp_path, clean_accelerate, capsys
     err = capsys.readouterr().err.strip()
     assert "Traceback" not in err and "\n" not in err
     assert err.startswith(f"error: cannot resume from {out}/checkpoints/000004: ") and "by LeRobot" in err
+
+
+# ------------------------------------------------------------------------------ a broken `last`
+
+BROKEN_LAST = {
+    "fifo": os.mkfifo,
+    "directory": lambda path: path.mkdir(),
+    "self-link": lambda path: path.symlink_to("last"),
+    "missing-step": lambda path: path.symlink_to("000009"),
+    "not-utf8": lambda path: path.write_bytes(b"\xff\xfe"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BROKEN_LAST))
+def test_a_broken_last_refuses_the_resume_and_keeps_every_step(
+    saved, tmp_path, keep_rng, clean_accelerate, capsys, kind
+):
+    """`last` that is not a pointer to a complete step is a refusal, never "no checkpoint": a fresh
+    start would train over the run, and its retention (--keep_last=1) delete the committed steps."""
+    from trainer.cli import main
+
+    out = copy_run(saved[1], tmp_path)
+    (out / "checkpoints" / "last").unlink()
+    BROKEN_LAST[kind](out / "checkpoints" / "last")
+    with pytest.raises(SystemExit) as exited:
+        main(["train", "--resume=true", f"--output_dir={out}", "--keep_last=1", "--steps=12"])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert (
+        err.strip().splitlines()[-1].startswith(f"error: cannot resume from {out}: {out}/checkpoints/last ")
+    )
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["000003", "last"]
+
+
+def test_a_broken_last_refuses_a_fresh_run_in_that_output_dir(saved, tmp_path):
+    out = copy_run(saved[1], tmp_path)
+    (out / "checkpoints" / "last").unlink()
+    (out / "checkpoints" / "last").mkdir()
+    config = parse_config(flags(out, saved[0].config.dataset.cache_dir))
+    with pytest.raises(ConfigError, match=r"holds a broken checkpoint pointer: .*last is a directory"):
+        checkpointing.check_fresh_output_dir(config)

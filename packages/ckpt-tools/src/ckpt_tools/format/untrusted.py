@@ -20,6 +20,10 @@ MAX_METADATA_BYTES = 512 << 20
 """A DCP `.metadata` pickle: 20,000 chunks take 2.4 MB, so this allows about four million."""
 MAX_JSON_BYTES = 256 << 20
 """A JSON side file (`training_step.json`, configs, the index of a 10,000-shard model: a few MB)."""
+MAX_POINTER_BYTES = 4096
+"""The text form of `checkpoints/last`: a step name and a newline (a 2 GB file there is not read)."""
+MAX_CONFIG_BYTES = 16 << 20
+"""A config-sized JSON file (`train_config.json`, `config.json`, a scheduler's state): a few kB."""
 MAX_INT = 2**63 - 1
 """Every size, offset and count in a checkpoint fits int64, as torch and safetensors store them."""
 
