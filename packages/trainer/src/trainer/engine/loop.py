@@ -188,6 +188,7 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
         preprocessor=preprocessor,
         postprocessor=postprocessor,
         start_step=resume_point.start_step,
+        check_lock=lock.check,
     )
     return run, wrap_plan, resume_point
 

@@ -15,6 +15,7 @@ import ckpt_tools
 from trainer.distributed.interrupt import Agreement, Interrupted
 from trainer.engine import checkpointing
 from trainer.engine.run import Run
+from trainer.errors import USER_ERRORS, RunFailedError
 from trainer.reporting.metrics import Logger
 
 
@@ -40,6 +41,7 @@ class SaveSchedule:
             return
         self._commit_pending()
         if config.async_save and step != config.steps:
+            self._owns_output_dir()
             self._pending = checkpointing.start(config, self._state(step), **_saved_objects(self.run))
             self._started_now = True
         else:
@@ -68,12 +70,19 @@ class SaveSchedule:
 
     def _commit_pending(self) -> None:
         if self._pending is not None:
+            self._owns_output_dir()
             self.last_checkpoint = checkpointing.finish(self.run.config, self._pending)
             self._pending = None
             self.logger.note(f"checkpoint {self.last_checkpoint}")
 
     def _save(self, step: int) -> str:
+        self._owns_output_dir()
         return checkpointing.save(self.run.config, self._state(step), **_saved_objects(self.run))
+
+    def _owns_output_dir(self) -> None:
+        """Collective. A run whose output_dir another run took over (its lock's heartbeat found the
+        other owner) commits nothing more: every rank raises the lock's one line."""
+        ckpt_tools.main_decides(self.run.check_lock, error=RunFailedError, expected=USER_ERRORS)
 
     def _state(self, step: int) -> ckpt_tools.TrainingStep:
         run = self.run
