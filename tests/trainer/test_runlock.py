@@ -182,7 +182,7 @@ def test_two_racing_takeovers_of_a_stale_lock_have_exactly_one_winner(tmp_path):
     ]
     pid = dead_pid()
     try:
-        for trial in range(60):
+        for trial in range(200):
             out = tmp_path / f"run{trial}"
             write_lock(out, socket.gethostname(), pid, time.time())
             for racer in racers:

@@ -116,7 +116,24 @@ class _LocalStore:
 
 
 def _create_exclusive(path: str, text: str) -> bool:
-    """Create `path` holding `text` unless it exists (O_EXCL: one creator wins)."""
+    """Create `path` holding `text` unless it exists: written under a private name, then hard-linked
+    to `path` (the link fails if `path` exists), so it appears complete: a reader never sees a claim
+    half written and takes it for an unreadable, stale one. O_EXCL where links are not supported."""
+    tmp = f"{path}.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.new"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # no hard links here (some network filesystems)
+        return _create_excl_open(path, text)
+    finally:
+        os.remove(tmp)
+
+
+def _create_excl_open(path: str, text: str) -> bool:
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
