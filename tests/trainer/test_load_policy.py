@@ -183,3 +183,27 @@ def test_the_documented_rollout_script_runs_and_eval_rolls_out(
     result = json.loads(capsys.readouterr().out)
     assert set(result) == {"policy", "policy_return", "random_return", "episodes"} and result["episodes"] == 2
     assert result["random_return"] < -100  # real rollouts of 200 steps
+
+
+def test_a_checkpoint_naming_a_module_imports_nothing_unless_allowed(tmp_path, monkeypatch) -> None:
+    """config.json with `"type": "module:Class"`: load_policy refuses in one line before importing
+    it, and `trainer eval` too; `allow_types` names the types the caller trusts."""
+    marker = tmp_path / "imported"
+    (tmp_path / "tripwire_load.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\nclass Cfg:\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"type": "tripwire_load:Cfg"}))
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(model / "model.safetensors"))
+    with pytest.raises(ConfigError, match=r"'tripwire_load:Cfg', which would import and run .*allow_types"):
+        trainer.load_policy(str(model))
+    with pytest.raises(ConfigError, match="would import and run"):
+        run_eval([f"--policy.path={model}"])
+    assert not marker.exists() and "tripwire_load" not in sys.modules
+    with pytest.raises(ConfigError, match="not a PolicyConfig subclass"):  # allowed: imported, then checked
+        trainer.load_policy(str(model), allow_types=["tripwire_load:Cfg"])
+    assert marker.exists()

@@ -9,7 +9,7 @@ so every form of one checkpoint gives the same actions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,8 +63,14 @@ class LoadedPolicy:
         return self.postprocessor({ACTION_KEY: action})[ACTION_KEY]
 
 
-def load_policy(path: str, device: str | torch.device = "cpu") -> LoadedPolicy:
-    """Load the policy saved at `path` (see the module docstring for the accepted forms)."""
+def load_policy(
+    path: str, device: str | torch.device = "cpu", *, allow_types: Collection[str] = ()
+) -> LoadedPolicy:
+    """Load the policy saved at `path` (see the module docstring for the accepted forms).
+
+    The saved config.json may name a built-in or already registered policy type; a `module:Class`
+    type is imported only when `allow_types` lists it (importing runs the module's code, and a
+    checkpoint from elsewhere must not choose code to run)."""
     local = pretrained.resolve(path)
     try:
         checkpoint = ckpt_tools.open_checkpoint(local)
@@ -72,7 +78,7 @@ def load_policy(path: str, device: str | torch.device = "cpu") -> LoadedPolicy:
         processors = ckpt_tools.load_processors(local)
     except ckpt_tools.CheckpointError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    config = _policy_config(saved, path)
+    config = _policy_config(saved, path, tuple(allow_types))
     policy = build_policy(config, config.obs_dim, config.action_dim)
     pretrained.load_weights(policy, path)
     missing = [name for name in (layout.PREPROCESSOR, layout.POSTPROCESSOR) if name not in processors]
@@ -89,11 +95,11 @@ def load_policy(path: str, device: str | torch.device = "cpu") -> LoadedPolicy:
     return LoadedPolicy(policy=policy, preprocessor=pre, postprocessor=post, device=target)
 
 
-def _policy_config(saved: dict[str, Any], path: str) -> PolicyConfig:
+def _policy_config(saved: dict[str, Any], path: str, allow_types: tuple[str, ...]) -> PolicyConfig:
     policy_type = saved.get("type")
     if not isinstance(policy_type, str):
         raise ConfigError(f"{path}: its config.json names no policy type")
-    register_import_path(PolicyConfig, policy_type, "the saved policy type")
+    register_import_path(PolicyConfig, policy_type, f"the policy type of {path}", allowed=allow_types)
     try:
         config = draccus.decode(PolicyConfig, saved)
     except Exception as exc:  # draccus reports unknown fields and bad values in several types
