@@ -386,6 +386,13 @@ for _kind, (_make, _fragment) in _BROKEN_LAST.items():
         )
 
 
+case(
+    "training_step.json step 999 inside 000005 verify",
+    FAILED,
+    "records step 999 inside the step directory 000005",
+)(lambda tmp: ["verify", str(step_with_training_step(tmp, step=999))])
+
+
 def _fifo_in_step(tmp: Path, *parts: str) -> Path:
     """A step directory whose file at `parts` is replaced by a FIFO (a read of it would block)."""
     step_dir = step_with_training_step(tmp)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 
-from ckpt_tools.errors import CheckpointNotFoundError, NotACheckpointError
+from ckpt_tools.errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError
 from ckpt_tools.files.commit import follow_last
 from ckpt_tools.files.storage import read_bytes, resolve
 from ckpt_tools.format import layout
 from ckpt_tools.format.meta import TrainingStep
+from ckpt_tools.format.untrusted import MAX_CONFIG_BYTES
 
 
 def resolve_model_dir(path: str | os.PathLike[str]) -> tuple[str | None, str]:
@@ -42,4 +43,11 @@ def read_training_step(path: str | os.PathLike[str]) -> TrainingStep:
             "(checkpoints/005000) or checkpoints/last"
         )
     source = layout.join(step_dir, layout.TRAINING_STATE_DIR, layout.TRAINING_STEP)
-    return TrainingStep.from_json(read_bytes(source), source=source)
+    saved = TrainingStep.from_json(read_bytes(source, MAX_CONFIG_BYTES), source=source)
+    name = step_dir.rstrip("/").rsplit("/", 1)[-1]
+    if layout.is_step_dir_name(name) and int(name) != saved.step:
+        raise CorruptCheckpointError(
+            f"{source} records step {saved.step} inside the step directory {name}: one of them was edited "
+            "or copied over; resume from, or verify, a step whose name and record agree"
+        )
+    return saved

@@ -23,7 +23,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ckpt_tools.errors import CheckpointNotFoundError, CorruptCheckpointError
 from ckpt_tools.format import layout
-from ckpt_tools.format.untrusted import MAX_JSON_BYTES, describe, parse_json
+from ckpt_tools.format.untrusted import MAX_CONFIG_BYTES, MAX_JSON_BYTES, describe, parse_json
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -252,18 +252,26 @@ def move_tree(fs: fsspec.AbstractFileSystem, src: str, dst: str, *, last: str | 
         fs.rm(src, recursive=True)
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
+def read_json(path: str | os.PathLike[str], limit: int = MAX_JSON_BYTES) -> Any:
     """A JSON file's value; a file that does not parse (or nests too deeply, holds a 5,000-digit
-    integer, is not a regular file, is over `MAX_JSON_BYTES`) is a damaged checkpoint, named as such."""
-    return parse_json(read_bytes(path, MAX_JSON_BYTES), os.fspath(path))
+    integer, is not a regular file, is over `limit`) is a damaged checkpoint, named as such. Files of
+    a config's size pass `MAX_CONFIG_BYTES`: a 150 MB "config" is refused, not parsed into gigabytes."""
+    return parse_json(read_bytes(path, limit), os.fspath(path))
 
 
-def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_json_object(path: str | os.PathLike[str], limit: int = MAX_JSON_BYTES) -> dict[str, Any]:
     """`read_json` for files whose value must be an object (configs, indexes)."""
-    data = read_json(path)
+    data = read_json(path, limit)
     if not isinstance(data, dict):
         raise CorruptCheckpointError(f"{os.fspath(path)}: expected a JSON object, got {describe(data)}")
     return data
+
+
+def read_config_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A config file (`train_config.json`, `config.json`) as the untrusted input it is: a JSON object
+    under `MAX_CONFIG_BYTES`, every failure one CorruptCheckpointError line (what a resume or a
+    `--policy.path` reads before it trusts any field)."""
+    return read_json_object(path, MAX_CONFIG_BYTES)
 
 
 def json_bytes(data: Any) -> bytes:

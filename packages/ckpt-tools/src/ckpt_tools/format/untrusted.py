@@ -72,3 +72,38 @@ def _is_scalar(value: Any) -> bool:
 def is_count(value: Any) -> bool:
     """A non-negative integer within int64 (never a bool)."""
     return type(value) is int and 0 <= value <= MAX_INT
+
+
+def check_like(saved: Any, live: Any, source: str) -> None:
+    """Refuse a value read from a file (`saved`) unless it has the kind of value the object it goes
+    into holds now (`live`: a scheduler's or optimizer's own state), so a string where a count belongs
+    is one line before loading, not a TypeError at the first step. Dicts are compared key by key on
+    the keys both hold (an older file may lack a key a newer torch added), lists item by item; an int
+    must stay an int, a float may be any number; a live None or tensor takes anything."""
+    if isinstance(live, dict):
+        if not isinstance(saved, dict):
+            raise CorruptCheckpointError(f"{source} is {describe(saved)}, expected an object")
+        for key in live.keys() & saved.keys():
+            check_like(saved[key], live[key], f"{source}: {key}")
+    elif isinstance(live, (list, tuple)):
+        if not isinstance(saved, list) or len(saved) != len(live):
+            raise CorruptCheckpointError(f"{source} is {describe(saved)}, expected a list of {len(live)}")
+        for index, (item, like) in enumerate(zip(saved, live, strict=True)):
+            check_like(item, like, f"{source}[{index}]")
+    else:
+        kind = _kind(live)
+        if kind is not None and _kind(saved) not in _ACCEPTS[kind]:
+            raise CorruptCheckpointError(f"{source} is {describe(saved)}, expected a {kind}")
+
+
+_ACCEPTS = {"bool": {"bool"}, "int": {"int"}, "float": {"int", "float"}, "string": {"string"}}
+
+
+def _kind(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    return "string" if isinstance(value, str) else None

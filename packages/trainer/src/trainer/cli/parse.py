@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
 
 import draccus
 
+import ckpt_tools
 from ckpt_tools import layout
 from trainer.config.dataset import DatasetConfig
 from trainer.config.registry import known_types, register_import_path, split_allow_types
@@ -164,12 +164,11 @@ def _choice_type(args: list[str], config_path: str | None, section: str) -> tupl
         if arg.startswith(f"--{section}.type="):
             return arg.split("=", 1)[1], False
     if config_path is not None:
-        try:
-            with open(config_path, encoding="utf-8") as handle:
-                data = json.load(handle)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"--config_path={config_path}: cannot read it as JSON ({exc})") from None
-        part = data.get(section) if isinstance(data, dict) else None
+        try:  # a checkpoint's file, untrusted: bounded in size and depth before any field is used
+            data = ckpt_tools.read_config_json(config_path)
+        except ckpt_tools.CheckpointError as exc:
+            raise ConfigError(f"--config_path={config_path}: {exc}") from None
+        part = data.get(section)
         if isinstance(part, dict) and isinstance(part.get("type"), str):
             return part["type"], True
     return None, False

@@ -123,6 +123,12 @@ def before_prepare(
         plan = ckpt_tools.plan_resume(saved, _run_shape(config, topology))
         _check_weights_fit(step_dir, model)
         ckpt_tools.load_rng_state(step_dir, rank, world_size)
+    if plan.sampler.offset > sampler.num_samples:  # fewer --dataset.episodes than the run saved with
+        raise ConfigError(
+            f"cannot resume from {step_dir}: its sampler offset {plan.sampler.offset} lies beyond this "
+            f"run's dataset of {sampler.num_samples} samples; resume with the dataset it was trained on "
+            "(its train_config.json's --dataset.* settings)"
+        )
     sampler.set_position(plan.sampler.epoch, plan.sampler.offset)
     lines = [
         f"resuming from {step_dir} at step {plan.step} (epoch {plan.sampler.epoch}, "

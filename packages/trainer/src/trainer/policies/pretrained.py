@@ -110,14 +110,11 @@ def _adapter_base(model_dir: str, path: str) -> str:
 
 
 def _read_json_file(path: str) -> dict[str, Any]:
+    """A config file (bounded in size and depth: it may come from a downloaded checkpoint)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read it as JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    return data
+        return ckpt_tools.read_config_json(path)
+    except ckpt_tools.CheckpointError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 @contextlib.contextmanager
