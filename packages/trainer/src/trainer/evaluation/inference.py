@@ -79,17 +79,11 @@ def load_policy(
     except ckpt_tools.CheckpointError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     config = _policy_config(saved, path, tuple(allow_types))
+    state = pretrained.read_weights(path)
+    _check_config_fits(config, state, path)  # before anything of the config's size is allocated
+    pre, post = _processors(processors, config, path)
     policy = build_policy(config, config.obs_dim, config.action_dim)
-    pretrained.load_weights(policy, path)
-    missing = [name for name in (layout.PREPROCESSOR, layout.POSTPROCESSOR) if name not in processors]
-    if missing:
-        raise ConfigError(
-            f"{path} holds no {missing[0]}.json: it was saved without its normalization statistics"
-        )
-    pre, post = (
-        Processor.from_state(processors[n].config, processors[n].step_tensors)
-        for n in (layout.PREPROCESSOR, layout.POSTPROCESSOR)
-    )
+    pretrained.fit_weights(policy, state, path)
     target = torch.device(device)
     policy.to(target).eval()
     return LoadedPolicy(policy=policy, preprocessor=pre, postprocessor=post, device=target)
@@ -108,6 +102,47 @@ def _policy_config(saved: dict[str, Any], path: str, allow_types: tuple[str, ...
         ) from None
     assert isinstance(config, PolicyConfig)
     return config
+
+
+def _check_config_fits(config: PolicyConfig, state: Mapping[str, Any], path: str) -> None:
+    """Build the policy the config describes on the meta device (no memory) and compare its tensor
+    names and shapes with the saved weights: a config edited to hidden_dim=200000 is one line, not a
+    160 GB allocation."""
+    with torch.device("meta"):
+        shell = build_policy(config, config.obs_dim, config.action_dim)
+    wanted = {name: tuple(t.shape) for name, t in shell.state_dict().items()}
+    saved = {name: tuple(t.shape) for name, t in state.items()}
+    resized = sorted(name for name in wanted.keys() & saved.keys() if wanted[name] != saved[name])
+    missing = sorted(wanted.keys() - saved.keys())
+    if resized or missing:
+        first = (
+            f"{resized[0]} is {list(saved[resized[0]])} in the weights but {list(wanted[resized[0]])} by the config"
+            if resized
+            else f"the weights lack {missing[0]}"
+        )
+        raise ConfigError(
+            f"{path}: its config.json does not describe its weights ({len(resized)} resized, {len(missing)} "
+            f"missing; {first}): the config or the weights were edited or mixed up"
+        )
+
+
+def _processors(
+    processors: Mapping[str, Any], config: PolicyConfig, path: str
+) -> tuple[Processor, Processor]:
+    """The saved pre/post-processors, checked against their step files and the policy's feature sizes."""
+    missing = [name for name in (layout.PREPROCESSOR, layout.POSTPROCESSOR) if name not in processors]
+    if missing:
+        raise ConfigError(
+            f"{path} holds no {missing[0]}.json: it was saved without its normalization statistics"
+        )
+    sizes = {key: size for key, size in ((OBS_KEY, config.obs_dim), (ACTION_KEY, config.action_dim)) if size}
+    built = []
+    for name in (layout.PREPROCESSOR, layout.POSTPROCESSOR):
+        try:
+            built.append(Processor.from_state(processors[name].config, processors[name].step_tensors, sizes))
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {name}: {exc}") from None
+    return built[0], built[1]
 
 
 def _param_dtype(policy: Policy) -> torch.dtype:
