@@ -122,7 +122,7 @@ for _command in ("inspect", "verify", "convert", "load"):
     )(lambda tmp, command=_command: [command, str(_fifo_metadata(tmp))])
 
 
-@case(".metadata symlink to /dev/zero inspect", ERROR, "is a character device, not a regular file")
+@case(".metadata symlink to /dev/zero inspect", ERROR, "is a link leading outside the directory")
 def _dev_zero(tmp: Path) -> list[str]:
     directory, _ = small_dcp(tmp)
     (directory / layout.DCP_METADATA).unlink()
@@ -391,6 +391,37 @@ case(
     FAILED,
     "records step 999 inside the step directory 000005",
 )(lambda tmp: ["verify", str(step_with_training_step(tmp, step=999))])
+
+
+def _linked_out(tmp: Path, *parts: str) -> Path:
+    """A step directory whose entry at `parts` (a file or a directory) is a link to a copy outside."""
+    step_dir = step_with_training_step(tmp)
+    inside = step_dir.joinpath(*parts)
+    outside = tmp / "outside" / parts[-1]
+    outside.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(inside, outside)
+    inside.symlink_to(outside)
+    return step_dir
+
+
+_LINKED = {
+    "model.safetensors": (layout.PRETRAINED_MODEL_DIR, layout.MODEL_SAFETENSORS),
+    "training_state/": (layout.TRAINING_STATE_DIR,),
+}
+for _what, _parts in _LINKED.items():
+    for _command in ("inspect", "verify", "load", "diff", "push"):
+        case(
+            f"{_what} a link leading outside the step {_command}",
+            ERROR,  # verify too: the directory is refused before any file is checked
+            "is a link leading outside the directory",
+        )(
+            lambda tmp, command=_command, parts=_parts: [
+                command,
+                str(_linked_out(tmp, *parts)),
+                *([str(tmp / "ckpt" / "000005")] if command == "diff" else []),
+                *([str(tmp / "published")] if command == "push" else []),
+            ]
+        )
 
 
 def _fifo_in_step(tmp: Path, *parts: str) -> Path:

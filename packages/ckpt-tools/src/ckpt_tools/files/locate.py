@@ -7,7 +7,7 @@ import os
 
 from ckpt_tools.errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError
 from ckpt_tools.files.commit import follow_last
-from ckpt_tools.files.storage import read_bytes, resolve
+from ckpt_tools.files.storage import check_links, read_bytes, resolve
 from ckpt_tools.format import layout
 from ckpt_tools.format.meta import TrainingStep
 from ckpt_tools.format.untrusted import MAX_CONFIG_BYTES
@@ -19,7 +19,8 @@ def resolve_model_dir(path: str | os.PathLike[str]) -> tuple[str | None, str]:
 
     Returns `(step_dir, pretrained_model_dir)`; `step_dir` is None for a bare model directory
     (a converted or downloaded one). Raises `CheckpointNotFoundError` for a missing path and
-    `CorruptCheckpointError` for a `last` that `read_last` refuses.
+    `CorruptCheckpointError` for a `last` that `read_last` refuses, or a directory holding a link that
+    leads outside it (`storage.check_links`).
     """
     text = follow_last(path)
     fs, inner = resolve(text)
@@ -27,10 +28,13 @@ def resolve_model_dir(path: str | os.PathLike[str]) -> tuple[str | None, str]:
         raise CheckpointNotFoundError(f"{text}: no such file or directory")
     base = text if layout.is_url(text) else inner
     if layout.name(inner) == layout.PRETRAINED_MODEL_DIR:
-        return layout.parent(base), base
-    if fs.isdir(f"{inner}/{layout.PRETRAINED_MODEL_DIR}"):
-        return base, layout.join(base, layout.PRETRAINED_MODEL_DIR)
-    return None, base
+        step_dir, model_dir = layout.parent(base), base
+    elif fs.isdir(f"{inner}/{layout.PRETRAINED_MODEL_DIR}"):
+        step_dir, model_dir = base, layout.join(base, layout.PRETRAINED_MODEL_DIR)
+    else:
+        step_dir, model_dir = None, base
+    check_links(step_dir or model_dir)  # every reader comes through here
+    return step_dir, model_dir
 
 
 def read_training_step(path: str | os.PathLike[str]) -> TrainingStep:

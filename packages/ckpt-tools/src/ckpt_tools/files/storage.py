@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 import threading
 from collections.abc import Iterator
@@ -160,6 +161,46 @@ def contained(root: str, name: Any, what: str) -> str:
                 "refused (a checkpoint names only files inside itself)"
             )
     return path
+
+
+# A huggingface_hub cache snapshot: its files are links into the same repo's `blobs/`, followed.
+_HUB_SNAPSHOT = re.compile(r"^(?P<repo>.+/(?:models|datasets|spaces)--[^/]+--[^/]+)/snapshots/[^/]+$")
+_LINK_WALK_DEPTH = 4  # a step directory is 3 deep (step/training_state/optimizer_0/file)
+_LINK_WALK_ENTRIES = 200_000
+
+
+def check_links(root: str | os.PathLike[str]) -> None:
+    """Refuse a local step or model directory holding a file or directory that resolves outside it
+    (a symlink to elsewhere), before any reader opens one: `inspect`, `verify`, `diff`, the loaders,
+    resume and `push` would otherwise read, or upload, a file the checkpoint does not hold. Inside a
+    Hugging Face cache snapshot (`.../models--ns--name/snapshots/<rev>/`) links into the same repo's
+    `blobs/` are how the cache stores files, and are followed. Stores have no links; nothing to do.
+    The walk stops at a step directory's depth, so a stray `ckpt inspect ~` stays quick."""
+    fs, inner = resolve(root)
+    if not is_local(fs) or not os.path.isdir(inner):
+        return
+    base = os.path.realpath(inner)
+    hub = _HUB_SNAPSHOT.match(base)
+    allowed = [base, *([os.path.join(hub["repo"], "blobs")] if hub else [])]
+    seen = 0
+    for directory, dirs, files in os.walk(base):  # a directory link is listed, never descended
+        if directory[len(base) :].count(os.sep) >= _LINK_WALK_DEPTH:
+            dirs.clear()
+        for name in (*dirs, *files):
+            seen += 1
+            path = os.path.join(directory, name)
+            if os.path.islink(path) and not any(_within(os.path.realpath(path), a) for a in allowed):
+                raise CorruptCheckpointError(
+                    f"{os.fspath(root)}: {describe(os.path.relpath(path, base))} is a link leading outside the "
+                    "directory: refused (a checkpoint holds only its own files); copy the file in its place "
+                    "(cp --dereference)"
+                )
+        if seen > _LINK_WALK_ENTRIES:
+            return
+
+
+def _within(path: str, base: str) -> bool:
+    return os.path.commonpath([base, path]) == base
 
 
 def read_text(path: str | os.PathLike[str]) -> str:
