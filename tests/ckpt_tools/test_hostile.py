@@ -580,3 +580,25 @@ def test_trainer_console_prints_brackets(tmp_path: Path, capsys: pytest.CaptureF
     logger = MetricsLogger(str(tmp_path / "out[bold]"), total_steps=1, start_step=0)
     logger.note(f"saved {tmp_path}/out[bold]/checkpoints/000001")
     assert "out[bold]/checkpoints/000001" in capsys.readouterr().err
+
+
+def test_a_tiny_convert_runs_under_a_400_mb_address_space(tmp_path: Path) -> None:
+    """Reading a 2 kB `.metadata` under its 512 MiB limit allocated the limit, not the file (a
+    MemoryError under 400 MB); it reads what the file holds."""
+    raw_dcp(dcp_dir(tmp_path), (4, 4), [((0, 0), (4, 4))])
+    result = run_bounded(["convert", str(model_dir(tmp_path))], cwd=tmp_path, memory_limit=400 << 20)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_running_out_of_memory_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A MemoryError anywhere in a command (a limit below what it needed) is one `error:` line."""
+    from ckpt_tools.cli.errors import run_guarded
+
+    def needs_too_much() -> None:
+        raise MemoryError
+
+    with pytest.raises(SystemExit) as exited:
+        run_guarded(needs_too_much)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 1
+    assert len(lines) == 1 and lines[0].startswith("error: out of memory: "), lines

@@ -91,12 +91,22 @@ def read_bytes(path: str | os.PathLike[str], limit: int | None = None) -> bytes:
     """The whole content of a regular file; more than `limit` bytes (when given) is refused."""
     label = os.fspath(path)
     with open_regular(label) as handle:
-        data = handle.read() if limit is None else handle.read(limit + 1)
+        data = handle.read() if limit is None else _read_at_most(handle, limit + 1)
     if limit is not None and len(data) > limit:
         raise CorruptCheckpointError(
             f"{label} is larger than {limit} bytes, more than a checkpoint writes there"
         )
     return data
+
+
+def _read_at_most(handle: IO[bytes], size: int) -> bytes:
+    """Up to `size` bytes, read in pieces: `read(size)` allocates `size` bytes before reading, so a
+    512 MiB limit on a 2 kB `.metadata` would cost 512 MiB (a MemoryError under a memory limit)."""
+    pieces, left = [], size
+    while left > 0 and (piece := handle.read(min(left, COPY_BLOCK))):
+        pieces.append(piece)
+        left -= len(piece)
+    return b"".join(pieces)
 
 
 def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:
