@@ -457,6 +457,47 @@ def _manifest_outside(tmp: Path) -> list[str]:
     return ["verify", "--deep", str(step_dir)]
 
 
+@case(
+    "manifest.json naming a lone surrogate verify --deep", FAILED, "which is not valid text for a file name"
+)
+def _manifest_surrogate(tmp: Path) -> list[str]:
+    step_dir = step_with_training_step(tmp)
+    (step_dir / layout.MANIFEST).write_text(
+        '{"version": 1, "files": {"\\ud800": {"size": 1, "sha256": "00"}}}'
+    )
+    return ["verify", "--deep", str(step_dir)]
+
+
+def _surrogate_tensor(tmp: Path) -> Path:
+    model = model_dir(tmp)
+    header = b'{"\\ud800": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}'
+    raw_safetensors(model / layout.MODEL_SAFETENSORS, header)
+    return model
+
+
+for _command in ("verify", "inspect --tensors", "diff", "load"):
+    case(
+        f"tensor named by a lone surrogate {_command}",
+        FAILED if _command == "verify" else ERROR,
+        "the header holds the name '\\ud800', which is not valid text",
+    )(
+        lambda tmp, command=_command: [
+            *command.split(),
+            str(_surrogate_tensor(tmp)),
+            *([str(_surrogate_tensor(tmp))] if command == "diff" else []),
+        ]
+    )
+
+
+@case(
+    "safetensors shape of 1000 dimensions load", ERROR, "is not a list of non-negative integers (at most 64)"
+)
+def _thousand_dims(tmp: Path) -> list[str]:
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1] * 1000, "data_offsets": [0, 4]}}).encode()
+    raw_safetensors(model_dir(tmp) / layout.MODEL_SAFETENSORS, header)
+    return ["load", str(model_dir(tmp))]
+
+
 # --- data loss in convert -------------------------------------------------------------------------
 
 

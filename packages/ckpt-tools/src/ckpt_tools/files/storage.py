@@ -161,6 +161,12 @@ def contained(root: str, name: Any, what: str) -> str:
             f"{root}: {what} names {describe(name)}, outside its directory: refused (a checkpoint names "
             "only files inside itself)"
         )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no file can have that name, and printing it fails
+        raise CorruptCheckpointError(
+            f"{root}: {what} names {describe(name)}, which is not valid text for a file name; the file is damaged"
+        ) from None
     path = f"{root.rstrip('/')}/{name}"
     fs, inner = resolve(path)
     if is_local(fs):
