@@ -643,3 +643,20 @@ def test_running_out_of_memory_is_one_line(capsys: pytest.CaptureFixture[str]) -
     lines = capsys.readouterr().err.strip().splitlines()
     assert exited.value.code == 1
     assert len(lines) == 1 and lines[0].startswith("error: out of memory: "), lines
+
+
+def test_deep_verify_of_a_bare_dcp_directory_checks_every_record_s_crc(tmp_path: Path) -> None:
+    """No manifest hashes a bare DCP directory: `verify --deep` reads every record as conversion
+    does (zip structure) and checks each entry's CRC-32, so a flipped data byte is named; plain
+    `verify` (sizes and metadata) cannot see it."""
+    directory = tmp_path / "ckpt" / "shards"
+    dcp_save({"w": torch.arange(16384, dtype=torch.float32)}, directory)
+    (record,) = directory.glob("*.distcp")
+    data = bytearray(record.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    record.write_bytes(bytes(data))
+    assert run_bounded(["verify", str(directory)], cwd=tmp_path).returncode == 0
+    result = run_bounded(["verify", "--deep", str(directory)], cwd=tmp_path)
+    assert result.returncode == 1 and result.stdout.startswith("FAILED: "), result.stdout + result.stderr
+    assert f"{record.name} (a chunk of 'w'): chunk record is damaged (Bad CRC-32" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
