@@ -537,3 +537,19 @@ def test_a_damaged_saved_train_config_is_one_line(saved, tmp_path, text):
     with pytest.raises(ConfigError) as caught:
         parse_config(["--resume=true", f"--output_dir={out}"])
     assert "\n" not in str(caught.value) and "train_config.json" in str(caught.value)
+
+
+def test_a_real_resume_with_fewer_episodes_is_refused_at_its_sampler_offset(tmp_path, keep_rng):
+    """Saved at sample offset 256 of a 400-sample epoch (2 episodes); resumed with 1 episode (200
+    samples): one line naming the offset and the dataset, not a ValueError from the sampler."""
+    parts = Parts(flags(tmp_path / "run", str(tmp_path / "cache"), "--dataset.episodes=2", "--batch_size=64"))
+    parts.train_steps(4)
+    parts.save(4)
+    new = Parts(["--resume=true", f"--output_dir={tmp_path / 'run'}", "--dataset.episodes=1"])
+    with pytest.raises(ConfigError) as caught:
+        resume.before_prepare(new.config, SINGLE, new.policy, new.sampler, 0, 1)
+    message = str(caught.value)
+    assert message.startswith(
+        f"cannot resume from {tmp_path / 'run'}/checkpoints/000004: its sampler offset 256 "
+    )
+    assert "beyond this run's dataset of 200 samples" in message and "\n" not in message
