@@ -48,7 +48,7 @@ def read_training_step(path: str | os.PathLike[str]) -> TrainingStep:
         )
     source = layout.join(step_dir, layout.TRAINING_STATE_DIR, layout.TRAINING_STEP)
     saved = TrainingStep.from_json(read_bytes(source, MAX_CONFIG_BYTES), source=source)
-    name = step_dir.rstrip("/").rsplit("/", 1)[-1]
+    name = layout.name(step_dir)
     if layout.is_step_dir_name(name) and int(name) != saved.step:
         raise CorruptCheckpointError(
             f"{source} records step {saved.step} inside the step directory {name}: one of them was edited "
