@@ -155,15 +155,15 @@ def test_only_the_mesh_slicing_deprecation_warning_is_silenced() -> None:
     assert [str(w.message) for w in caught] == ["Slicing a tensor is fine"]
 
 
-def _policy(policy_type: str = "act"):
+def _policy(policy_type: str = "act_state"):
     return build_policy(parse_config([f"--policy.type={policy_type}"]).policy, 3, 1)
 
 
 def test_wrap_plan_from_policy_flag_or_size() -> None:
     policy = _policy()
     fsdp = parse_config([]).accelerator.fsdp
-    assert resolve_wrap_plan(policy, fsdp) == WrapPlan(class_names=("ACTEncoderLayer", "ACTDecoderLayer"))
-    fsdp.wrap_modules = ["ACTEncoderLayer"]
+    assert resolve_wrap_plan(policy, fsdp) == WrapPlan(class_names=("StateEncoderLayer", "StateDecoderLayer"))
+    fsdp.wrap_modules = ["StateEncoderLayer"]
     assert unit_roots(policy, resolve_wrap_plan(policy, fsdp)) == ["", "encoder.0", "encoder.1"]
     fsdp.wrap_modules = None
 
@@ -172,7 +172,12 @@ def test_wrap_plan_from_policy_flag_or_size() -> None:
     ("policy_type", "threshold", "classes", "roots"),
     [
         # the blocks' ModuleList is above the threshold too: looked through, never a unit
-        ("act", 5000, ("ACTEncoderLayer", "ACTDecoderLayer"), ["", "encoder.0", "encoder.1", "decoder.0"]),
+        (
+            "act_state",
+            5000,
+            ("StateEncoderLayer", "StateDecoderLayer"),
+            ["", "encoder.0", "encoder.1", "decoder.0"],
+        ),
         ("mlp", 10000, ("MLPBlock",), ["", "blocks.0", "blocks.1"]),  # not the Linear inside each block
         ("mlp", 10**9, (), [""]),
     ],
