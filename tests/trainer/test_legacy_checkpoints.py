@@ -12,9 +12,9 @@ import torch
 
 import trainer
 from helpers.fixtures import copy_fixture, fixture_dir
-from trainer.config.parse import parse_config
-from trainer.eval_command import run_eval
-from trainer.loop import train
+from trainer.cli.eval_command import run_eval
+from trainer.cli.parse import parse_config
+from trainer.engine.loop import train
 from trainer.policies import upgrade_policy_config
 
 EXPECTED = json.loads((fixture_dir("legacy") / "actions.json").read_text())

@@ -138,8 +138,8 @@ def test_saved_keys_follow_peft_naming():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--peft.target_modules=[nope]"], "does not fit ACTPolicy"),
-        (["--peft.full_training_modules=[nope]"], "names 'nope', which ACTPolicy does not have"),
+        (["--peft.target_modules=[nope]"], "does not fit ACTStatePolicy"),
+        (["--peft.full_training_modules=[nope]"], "names 'nope', which ACTStatePolicy does not have"),
     ],
 )
 def test_targets_that_do_not_exist_are_refused(args, message):

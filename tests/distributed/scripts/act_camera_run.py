@@ -15,8 +15,8 @@ import sys
 
 import clean_exit
 
-from trainer.config.parse import parse_config
-from trainer.loop import train
+from trainer.cli.parse import parse_config
+from trainer.engine.loop import train
 
 OUT = sys.argv[1]
 TINY_CAMERA_ACT = [
