@@ -301,3 +301,20 @@ def test_wrap_units_are_layers_and_trunk_stages() -> None:
     ]  # fmt: skip
     state_only = build_policy(ACTConfig(**TINY, input_features=["observation.state"]), 3, 2)
     assert resolve_wrap_plan(state_only, FsdpConfig()).class_names == ("ACTEncoderLayer", "ACTDecoderLayer")
+
+
+def test_help_for_act_lists_lerobots_flags(capsys) -> None:
+    from trainer.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--policy.type=act", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in (
+        "--policy.dim_model=512", "--policy.n_heads=8", "--policy.dim_feedforward=3200",
+        "--policy.n_encoder_layers=4", "--policy.chunk_size=100", "--policy.n_action_steps=100",
+        "--policy.kl_weight=10.0", "--policy.optimizer_lr_backbone=1e-05",
+        "--policy.pretrained_backbone_weights=ResNet18_Weights.IMAGENET1K_V1",
+    ):  # fmt: skip
+        assert flag in out
+    assert "--policy.dim=" not in out and "(act_state)" not in out

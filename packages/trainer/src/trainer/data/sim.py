@@ -126,23 +126,20 @@ _ROWS, _COLS = np.mgrid[0:FRAME_SIZE, 0:FRAME_SIZE].astype(np.float32)
 
 
 def render(state: np.ndarray, target: float) -> np.ndarray:
-    """The camera frame (FRAME_SIZE x FRAME_SIZE x 3 uint8): the rod in light grey from the pivot, the
-    target as a yellow disc on the circle the rod's tip sweeps, and the background tinted by the
-    target's direction (red by its cosine, blue by its sine), a cue a small network picks up in a few
-    hundred steps, where the disc alone takes a convolutional trunk far longer to localize."""
+    """The camera frame (FRAME_SIZE x FRAME_SIZE x 3 uint8) of a camera riding on the rod: the rod
+    points up from the pivot, the target is a yellow disc at its bearing from the rod on the circle the
+    tip sweeps, and the background is tinted by that bearing (red by its cosine, blue by its sine), a
+    cue a small network picks up in a few hundred steps, where the disc alone takes a convolutional
+    trunk far longer to localize."""
+    bearing = _wrap(target - math.atan2(float(state[1]), float(state[0])))
     centre, radius = (FRAME_SIZE - 1) / 2, FRAME_SIZE * 0.38
-    tint = (128 + 100 * math.cos(target), 60, 128 + 100 * math.sin(target))
+    tint = (128 + 100 * math.cos(bearing), 60, 128 + 100 * math.sin(bearing))
     frame = np.empty((FRAME_SIZE, FRAME_SIZE, 3), dtype=np.uint8)
     frame[...] = np.array(tint, dtype=np.float32).round().astype(np.uint8)
-    target_row, target_col = centre - radius * math.cos(target), centre + radius * math.sin(target)
-    disc = (_ROWS - target_row) ** 2 + (_COLS - target_col) ** 2 <= 2.5**2
-    frame[disc] = (240, 220, 40)
-    cos_t, sin_t = float(state[0]), float(state[1])
-    tip = np.array([-radius * cos_t, radius * sin_t], dtype=np.float32)  # (row, col) from the pivot
-    rel = np.stack([_ROWS - centre, _COLS - centre], axis=-1)
-    along = np.clip(rel @ tip / float(tip @ tip), 0.0, 1.0)
-    distance = np.linalg.norm(rel - along[..., None] * tip, axis=-1)
-    frame[distance <= 1.0] = (220, 220, 220)
+    row, col = centre - radius * math.cos(bearing), centre + radius * math.sin(bearing)
+    frame[(_ROWS - row) ** 2 + (_COLS - col) ** 2 <= 2.5**2] = (240, 220, 40)
+    rod = (np.abs(_COLS - centre) <= 1.0) & (centre >= _ROWS) & (centre - radius <= _ROWS)
+    frame[rod] = (220, 220, 220)
     return frame
 
 
