@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -35,7 +36,7 @@ from trainer.errors import ConfigError
 from trainer.policies import resnet
 from trainer.policies.base import Policy
 
-_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"relu": F.relu, "gelu": F.gelu}
 
 
 @PolicyConfig.register_subclass("act")
@@ -45,7 +46,7 @@ class ACTConfig(PolicyConfig):
 
     n_obs_steps: int = 1
     """Observation steps per prediction (ACT reads the current one only)."""
-    chunk_size: int = 100  # type: ignore[assignment]  # a field here, a property on the base
+    chunk_size: int = 100  # a field here, a property on the base
     """Actions predicted per observation."""
     n_action_steps: int = 100
     """Actions of each chunk executed before the model runs again (<= chunk_size)."""

@@ -64,9 +64,11 @@ def optimizer_params(model: nn.Module, policy: Policy) -> list[nn.Parameter] | l
     def group_of(name: str) -> str | None:
         return next((g for g in groups if g in name.split(".")), None)
 
-    rest = [param for name, param in trainable if group_of(name) is None]
-    named = [{"params": [p for n, p in trainable if group_of(n) == g], "lr": lr} for g, lr in groups.items()]
-    return [{"params": rest}, *(group for group in named if group["params"])]
+    rest: dict[str, Any] = {"params": [param for name, param in trainable if group_of(name) is None]}
+    named: list[dict[str, Any]] = [
+        {"params": [p for n, p in trainable if group_of(n) == g], "lr": lr} for g, lr in groups.items()
+    ]
+    return [rest, *(group for group in named if group["params"])]
 
 
 def build_policy(config: PolicyConfig, obs_dim: int, action_dim: int) -> Policy:

@@ -33,6 +33,11 @@ _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 class FrozenBatchNorm2d(nn.Module):
     """Batch norm with fixed statistics and affine terms (buffers, never trained)."""
 
+    weight: torch.Tensor
+    bias: torch.Tensor
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+
     def __init__(self, channels: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.eps = eps
