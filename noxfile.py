@@ -78,11 +78,11 @@ DEMO_ACT = [
     "--policy.chunk_size=10", "--policy.n_action_steps=5", "--policy.dropout=0",
     "--policy.pretrained_backbone_weights=null", "--policy.optimizer_lr_backbone=1e-3", "--optimizer.lr=1e-3",
     "--dataset.camera=true", "--dataset.episodes=40", "--dataset.eval_episodes=8",
-    "--steps=400", "--save_freq=200", "--log_freq=50", "--batch_size=16",
+    "--steps=200", "--save_freq=100", "--log_freq=50", "--batch_size=16",
 ]  # fmt: skip
 DEMO_NOTE = (
     "demo: ACT with the camera on the embedded camera task (--dataset.camera=true), smaller than "
-    "LeRobot's defaults (dim_model=64, 2 encoder layers, chunk_size=10, 400 steps) and with the ResNet-18 "
+    "LeRobot's defaults (dim_model=64, 2 encoder layers, chunk_size=10, 200 steps) and with the ResNet-18 "
     "trunk trained from scratch (offline), so that it finishes in about 5 minutes on 2 CPU cores"
 )
 
@@ -124,7 +124,7 @@ def demo_epilogue(output: str, bin_dir: str) -> str:
             f"Run the tools yourself (the demo's environment is {bin_dir}; `source {bin_dir}/activate` first):",
             f"  ckpt inspect {last}            # summary; --tensors lists every tensor",
             f"  ckpt verify {last}",
-            f"  ckpt diff {output}/checkpoints/000200 {last}",
+            f"  ckpt diff {output}/checkpoints/000100 {last}",
             f"  trainer eval --policy.path={last}          # rollouts on the camera task, from pixels + state",
             "  trainer train --policy.type=act --help     # every flag of ACT",
             f"  trainer train --output_dir={output} --resume=true --steps=600   # continue this run",

@@ -151,3 +151,22 @@ def test_the_camera_dataset_stores_uint8_frames_normalized_with_imagenet_stats(t
     # the target shows in the picture only: the same state with two targets gives two frames
     state = np.array([1.0, 0.0, 0.0], np.float32)
     assert not np.array_equal(sim.render(state, 0.5), sim.render(state, -0.5))
+
+
+def test_offline_eval_scores_each_frame_by_its_first_predicted_action(tmp_path, clean_accelerate) -> None:
+    """ACT's action queue must not carry actions from one batch of dataset frames to the next."""
+    from helpers.lerobot_data import write_dataset
+
+    write_dataset(tmp_path / "ds", [30, 30], rows_per_file=50)
+    out = tmp_path / "run"
+    flags = [*TINY_ACT, f"--dataset.root={tmp_path / 'ds'}", "--policy.n_action_steps=10", "--steps=2"]
+    train(parse_config([*flags, "--batch_size=8", f"--output_dir={out}"]))
+    result = run_eval([f"--policy.path={out}", "--batch_size=7"])  # 60 frames: batches of 7 and a 4
+    loaded = trainer.load_policy(str(out))
+    dataset = parse_config(flags).dataset.load(loaded.input_features)
+    batch = dataset.gather(torch.arange(len(dataset)), 1)
+    normalized = loaded.preprocessor({"observation.state": batch["observation.state"]})
+    first = loaded.policy.predict_chunk(normalized)[:, 0]
+    predicted = loaded.postprocessor({"action": first})["action"].double()
+    want = (predicted - batch["action"][:, 0].double()).square().mean().item()
+    assert result["frames"] == 60 and result["action_mse"] == pytest.approx(want, rel=1e-6)

@@ -86,7 +86,9 @@ def run_eval(args: Sequence[str]) -> dict[str, Any]:
         )
     else:
         dataset = config.dataset.load(loaded.input_features)
-        result = evaluation.action_errors(loaded.act, dataset, world, rank, reduce, config.batch_size)
+        result = evaluation.action_errors(
+            loaded.act, dataset, world, rank, reduce, config.batch_size, loaded.reset
+        )
     return {"policy": path, **result}
 
 

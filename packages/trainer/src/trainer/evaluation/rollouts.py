@@ -61,13 +61,17 @@ def action_errors(
     rank: int,
     reduce: Reduce,
     batch_size: int = 256,
+    reset: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
     """`action_mse` of `act` (a raw batch -> actions) on every frame of `dataset`, and
-    `baseline_mse` of predicting the dataset's mean action."""
+    `baseline_mse` of predicting the dataset's mean action. `reset` runs before each batch: the frames
+    of a batch are not one episode's steps, so each is scored by the first action predicted for it
+    (not by an action left in ACT's queue by the previous batch)."""
     mean = dataset.stats()[ACTION_KEY]["mean"].double()
     totals = torch.zeros(3, dtype=torch.float64)
     for indices, weight in rank_batches(len(dataset), world, rank, batch_size):
         batch = dataset.gather(indices, 1)
+        reset()
         target = batch[ACTION_KEY][:, 0].double()
         observation = {k: v for k, v in batch.items() if k not in (ACTION_KEY, PAD_KEY)}
         predicted = act(observation).double().cpu()
