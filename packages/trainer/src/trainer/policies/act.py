@@ -283,6 +283,10 @@ class TemporalEnsembler:
 
 
 class ACTPolicy(Policy):
+    """The module names follow LeRobot's ACT (`backbone`, `encoder_img_feat_input_proj`,
+    `vae_encoder_*`, ...) without its `model.` prefix; the trunk exists only when a camera is among the
+    input features, the state projections only when there is a state vector."""
+
     _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("ACTEncoderLayer", "ACTDecoderLayer", "ResNetStage")
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action",)
     _peft_target_modules: ClassVar[tuple[str, ...]] = ("q_proj", "k_proj", "v_proj", "out_proj")
