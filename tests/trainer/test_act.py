@@ -119,8 +119,8 @@ def test_trunk_weights_of_another_architecture_or_source_are_one_line_errors(tmp
     save_file(state, str(path))
     with pytest.raises(ConfigError, match=r"'conv1.weight' is \(64, 1, 7, 7\).*another architecture"):
         load_pretrained(ResNetTrunk("resnet18"), str(path))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     for source in ("ResNet18_Weights.IMAGENET1K_V1", "someone/resnet"):
         with pytest.raises(ConfigError) as info:
             load_pretrained(ResNetTrunk("resnet18"), source)
@@ -151,7 +151,6 @@ def test_hub_id_is_read_through_the_hf_cache(tmp_path, monkeypatch) -> None:
     state = _torchvision_resnet18_state(seed=3)
     save_file(state, str(snapshot / "model.safetensors"))
     cache = tmp_path / "hub"
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     put_in_hub_cache(snapshot, "timm/resnet18.tv_in1k", "model", str(cache))

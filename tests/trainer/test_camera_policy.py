@@ -170,3 +170,18 @@ def test_offline_eval_scores_each_frame_by_its_first_predicted_action(tmp_path, 
     predicted = loaded.postprocessor({"action": first})["action"].double()
     want = (predicted - batch["action"][:, 0].double()).square().mean().item()
     assert result["frames"] == 60 and result["action_mse"] == pytest.approx(want, rel=1e-6)
+
+
+def test_default_trunk_weights_offline_are_one_line_at_start(
+    runs, tmp_path, monkeypatch, clean_accelerate
+) -> None:
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    flags = [f for f in TINY_ACT if not f.startswith("--policy.pretrained_backbone_weights")]
+    data = ["--dataset.camera=true", f"--dataset.cache_dir={runs['cache']}", "--dataset.episodes=20"]
+    with pytest.raises(ConfigError) as info:
+        train(parse_config([*flags, *data, "--steps=1", f"--output_dir={tmp_path / 'run'}"]))
+    message = str(info.value)
+    assert message.startswith("--policy.pretrained_backbone_weights=ResNet18_Weights.IMAGENET1K_V1:")
+    assert "\n" not in message and "null" in message
+    assert not (tmp_path / "run" / "checkpoints").exists()
