@@ -51,7 +51,8 @@ def bench(session: nox.Session) -> None:
     resume peak RSS per rank vs a fresh start), then the save stall of --async_save against a
     synchronous save, then the bucket benchmark (peak RSS of `ckpt convert` and `ckpt push` streaming
     from and to moto's S3 server, against the S3 client's floor and a local conversion), then the start
-    time of `ckpt inspect --json` against `hf version`.
+    time of `ckpt inspect --json` against `hf version`, then the ACT benchmark (two 96x96 cameras:
+    trainer step time vs a bare FSDP2 loop, peak RSS with the trunk frozen vs trained).
 
     Options after `--` go to the conversion benchmark, e.g. `nox -s bench -- --size-mb 1600 --repeat 3`.
     """
@@ -64,6 +65,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_async_save.py")
     session.run("python", "benchmarks/bench_bucket.py")
     session.run("python", "benchmarks/bench_cli.py")
+    session.run("python", "benchmarks/bench_act.py")
 
 
 DEMO_OUTPUT = "outputs/demo"

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -113,4 +114,7 @@ if __name__ == "__main__":
 
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps(result), flush=True)
+    dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # FSDP2 on gloo can abort at interpreter teardown (tests/distributed/scripts/clean_exit.py)
