@@ -15,7 +15,7 @@ import trainer
 from trainer.cli.eval_command import run_eval
 from trainer.cli.parse import parse_config
 from trainer.data import sim
-from trainer.data.dataset import IMAGENET_STATS, ArrayDataset
+from trainer.data.dataset import ALL_CAMERAS, IMAGENET_STATS, ArrayDataset
 from trainer.data.pendulum import PendulumConfig
 from trainer.engine.loop import train
 from trainer.errors import ConfigError
@@ -141,13 +141,15 @@ def test_frames_of_another_size_than_the_checkpoints_are_refused(runs) -> None:
 
 
 def test_the_camera_dataset_stores_uint8_frames_normalized_with_imagenet_stats(tmp_path) -> None:
-    dataset = PendulumConfig(camera=True, episodes=2, cache_dir=str(tmp_path)).load()
+    dataset = PendulumConfig(camera=True, episodes=2, cache_dir=str(tmp_path)).load([ALL_CAMERAS])
     batch = dataset.gather(torch.tensor([0, 150]), 3)
     assert batch[CAM].dtype == torch.uint8 and batch[CAM].shape == (2, 3, sim.FRAME_SIZE, sim.FRAME_SIZE)
     assert dataset.input_features == ["observation.state", CAM] and dataset.obs_dim == 3
     assert torch.equal(dataset.stats()[CAM]["mean"], IMAGENET_STATS["mean"])
-    state_only = PendulumConfig(camera=True, episodes=2, cache_dir=str(tmp_path)).load(["observation.state"])
-    assert CAM not in state_only.gather(torch.tensor([0]), 1)  # a camera not asked for is not gathered
+    for asked in ([], ["observation.state"]):  # the default of a policy that does not see, and a restriction
+        state_only = PendulumConfig(camera=True, episodes=2, cache_dir=str(tmp_path)).load(asked)
+        assert state_only.input_features == ["observation.state"]
+        assert CAM not in state_only.gather(torch.tensor([0]), 1)  # a camera not asked for is not gathered
     # the target shows in the picture only: the same state with two targets gives two frames
     state = np.array([1.0, 0.0, 0.0], np.float32)
     assert not np.array_equal(sim.render(state, 0.5), sim.render(state, -0.5))
@@ -160,6 +162,7 @@ def test_offline_eval_scores_each_frame_by_its_first_predicted_action(tmp_path, 
     write_dataset(tmp_path / "ds", [30, 30], rows_per_file=50)
     out = tmp_path / "run"
     flags = [*TINY_ACT, f"--dataset.root={tmp_path / 'ds'}", "--policy.n_action_steps=10", "--steps=2"]
+    flags.append("--policy.input_features=[observation.state]")
     train(parse_config([*flags, "--batch_size=8", f"--output_dir={out}"]))
     result = run_eval([f"--policy.path={out}", "--batch_size=7"])  # 60 frames: batches of 7 and a 4
     loaded = trainer.load_policy(str(out))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import draccus
 
@@ -59,9 +59,6 @@ class PolicyConfig(draccus.ChoiceRegistry):
             raise ConfigError(
                 "--policy.push_to_hub=true needs --policy.repo_id=namespace/name (or an fsspec URL)"
             )
-
-    sees_cameras: ClassVar[bool] = False
-    """Whether the policy reads camera frames; the cameras of a dataset are dropped for one that does not."""
 
     @property
     def type(self) -> str:

@@ -34,6 +34,7 @@ OBS_KEY = "observation.state"
 ACTION_KEY = "action"
 PAD_KEY = "action_is_pad"
 CAMERA_PREFIX = "observation.images."
+ALL_CAMERAS = CAMERA_PREFIX + "*"  # in --policy.input_features: every camera of the dataset
 # What a camera is normalized with, as LeRobot does by default (its datasets' `use_imagenet_stats`):
 # the statistics the pretrained ResNet trunks were trained with, on the [0, 1] scale.
 IMAGENET_STATS = {

@@ -19,7 +19,7 @@ import numpy as np
 
 from trainer.config.dataset import DatasetConfig
 from trainer.data import sim
-from trainer.data.dataset import OBS_KEY, ArrayDataset, check_input_features
+from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, ArrayDataset, check_input_features, is_camera
 from trainer.errors import ConfigError
 
 
@@ -67,9 +67,13 @@ class PendulumConfig(DatasetConfig):
 
     def load(self, input_features: Sequence[str] = ()) -> ArrayDataset:
         """Read the cached episodes, generating them first when the cache is missing."""
-        available = [OBS_KEY, sim.CAMERA] if self.camera else [OBS_KEY]
+        cameras = [sim.CAMERA] if self.camera else []
         what = "the pendulum dataset" + ("" if self.camera else " (without --dataset.camera=true)")
-        features = check_input_features(input_features, available, what)
+        named = [name for name in input_features if name != ALL_CAMERAS]
+        vectors = check_input_features([n for n in named if not is_camera(n)], [OBS_KEY], what)
+        named_cameras = check_input_features([n for n in named if is_camera(n)], cameras, what)
+        chosen = named_cameras if any(is_camera(n) for n in named) else []
+        features = [*vectors, *(cameras if ALL_CAMERAS in input_features else chosen)]
         path = self.cache_path()
         if not path.exists():
             _write_atomically(path, _generate(self))

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.config.policy import PolicyConfig
-from trainer.data.dataset import ACTION_KEY, OBS_KEY, PAD_KEY, is_camera
+from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, PAD_KEY, is_camera
 from trainer.errors import ConfigError
 from trainer.policies import resnet
 from trainer.policies.base import Policy
@@ -85,11 +85,13 @@ class ACTConfig(PolicyConfig):
     """Weight of the KL term in the loss."""
     optimizer_lr_backbone: float = 1e-5
     """Learning rate of the camera trunk (its own optimizer parameter group; the rest uses --optimizer.lr)."""
+    input_features: list[str] = field(default_factory=lambda: [ALL_CAMERAS])
+    """Observation features the policy reads: float vectors, concatenated in this order into
+    `observation.state`, and cameras; `observation.images.*` stands for every camera of the dataset,
+    beside every float vector when none is named (config.json records the resolved list)."""
     image_shapes: dict[str, list[int]] = field(default_factory=dict)
     """Frame shape (C, H, W) of each camera, taken from the dataset (config.json records it; frames of
     another shape are refused)."""
-
-    sees_cameras: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -295,7 +297,7 @@ class ACTPolicy(Policy):
         super().__init__(config)
         self.config: ACTConfig = config
         d = config.dim_model
-        self.cameras = [name for name in config.input_features if is_camera(name)]
+        self.cameras = [n for n in config.input_features if is_camera(n) and n != ALL_CAMERAS]
         if not self.cameras and not config.obs_dim:
             raise ConfigError(
                 "--policy.type=act needs a camera or a state vector among --policy.input_features"

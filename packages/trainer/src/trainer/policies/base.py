@@ -19,7 +19,6 @@ from torch import nn
 from trainer.config import registry
 from trainer.config.policy import PolicyConfig
 from trainer.data.dataset import Dataset, is_camera
-from trainer.errors import ConfigError
 
 
 class Policy(nn.Module):
@@ -85,17 +84,11 @@ def build_policy(config: PolicyConfig, obs_dim: int, action_dim: int) -> Policy:
 
 
 def fit_to_data(config: PolicyConfig, dataset: Dataset) -> PolicyConfig:
-    """`config` as the data shapes it (a new object): the features the dataset resolved (its cameras
-    dropped for a policy that does not see), the sizes left at 0, and the cameras' frame shapes
-    (`PolicyConfig.with_frame_shapes`), so the saved config.json rebuilds the same policy without the
-    data. A camera named in --policy.input_features of a policy that does not see is refused."""
-    cameras = [name for name in dataset.input_features if is_camera(name)]
-    if cameras and not config.sees_cameras and config.input_features:
-        raise ConfigError(
-            f"--policy.input_features names the camera {cameras[0]!r}, but --policy.type={config.type} "
-            "reads no images: drop it, or use --policy.type=act"
-        )
-    features = [name for name in dataset.input_features if config.sees_cameras or not is_camera(name)]
+    """`config` as the data shapes it (a new object): the features the dataset resolved, the sizes
+    left at 0, and the cameras' frame shapes (`PolicyConfig.with_frame_shapes`), so the saved
+    config.json rebuilds the same policy without the data. (A dataset gives cameras only to a policy
+    that asks for them: ACT's default `observation.images.*`, or named ones.)"""
+    features = list(dataset.input_features)
     fitted = dataclasses.replace(
         config,
         input_features=features,
