@@ -53,9 +53,9 @@ _LOAD = (
 )
 
 
-def _limits(file_limit: int | None) -> Callable[[], None]:
+def _limits(file_limit: int | None, memory_limit: int = MEMORY_LIMIT) -> Callable[[], None]:
     def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+        resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
         if file_limit is not None:  # a disk that fills up: writes past the limit fail (EFBIG)
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
@@ -64,11 +64,12 @@ def _limits(file_limit: int | None) -> Callable[[], None]:
 
 
 def run_bounded(
-    args: list[str], cwd: Path, file_limit: int | None = None
+    args: list[str], cwd: Path, file_limit: int | None = None, memory_limit: int = MEMORY_LIMIT
 ) -> subprocess.CompletedProcess[str]:
     """`ckpt *args` (or, for `load`, ckpt_tools.load_model_state_dict) in a fresh process under the
     address-space limit and the timeout; CKPT_DEBUG is dropped so the user's view is tested.
-    `file_limit` caps the size of every file it writes, as a full disk would."""
+    `file_limit` caps the size of every file it writes, as a full disk would; `memory_limit` is the
+    address-space limit (2 GiB unless given)."""
     command = [sys.executable, "-c", _LOAD, *args[1:]] if args[0] == "load" else [str(CKPT_CLI), *args]
     env = {k: v for k, v in os.environ.items() if k != "CKPT_DEBUG"}
     return subprocess.run(
@@ -76,7 +77,7 @@ def run_bounded(
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
-        preexec_fn=_limits(file_limit),
+        preexec_fn=_limits(file_limit, memory_limit),
         env={**env, "OMP_NUM_THREADS": "1", "COLUMNS": "200"},
         cwd=cwd,
     )
@@ -90,6 +91,8 @@ def tree_state(root: Path) -> dict[str, str]:
         key = str(path.relative_to(root))
         if stat.S_ISLNK(mode):
             state[key] = "link:" + os.readlink(path)
+        elif stat.S_ISREG(mode) and path.lstat().st_size > 64 << 20:  # a sparse giant: not read
+            state[key] = f"large:{path.lstat().st_size}:{path.lstat().st_mtime_ns}"
         elif stat.S_ISREG(mode):
             state[key] = hashlib.sha256(path.read_bytes()).hexdigest()
         else:

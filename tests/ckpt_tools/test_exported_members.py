@@ -37,6 +37,7 @@ PUBLIC = {
     "load_rng_state",
     "read_training_step",
     "latest_step_dir",
+    "read_config_json",
     "RunShape",
     "ResumePlan",
     "plan_resume",

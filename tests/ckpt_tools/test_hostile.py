@@ -122,7 +122,7 @@ for _command in ("inspect", "verify", "convert", "load"):
     )(lambda tmp, command=_command: [command, str(_fifo_metadata(tmp))])
 
 
-@case(".metadata symlink to /dev/zero inspect", ERROR, "is a character device, not a regular file")
+@case(".metadata symlink to /dev/zero inspect", ERROR, "is a link leading outside the directory")
 def _dev_zero(tmp: Path) -> list[str]:
     directory, _ = small_dcp(tmp)
     (directory / layout.DCP_METADATA).unlink()
@@ -353,6 +353,77 @@ for _command in ("inspect", "verify", "load"):
     )(lambda tmp, command=_command: [command, str(_step_linked_outside(tmp))])
 
 
+def _run_with_last(tmp: Path, make: Callable[[Path], None]) -> Path:
+    """A run whose one complete step is 000005 and whose `checkpoints/last` is what `make` puts there."""
+    checkpoints = tmp / "ckpt" / "run" / layout.CHECKPOINTS_DIR
+    checkpoints.mkdir(parents=True)
+    shutil.move(step_with_training_step(tmp / "steps"), checkpoints / "000005")
+    make(checkpoints / layout.LAST)
+    return checkpoints.parent
+
+
+def _sparse_text(path: Path) -> None:
+    with path.open("wb") as handle:
+        handle.write(b"000005")
+        handle.truncate(2 << 30)  # 2 GB of text (a sparse file: nothing is written)
+
+
+_BROKEN_LAST: dict[str, tuple[Callable[[Path], None], str]] = {
+    "a FIFO": (os.mkfifo, "is a FIFO, not a regular file"),
+    "a directory": (lambda path: path.mkdir(), "is a directory, not a pointer"),
+    "a link to itself": (lambda path: path.symlink_to(layout.LAST), "points to 'last', which is not a step"),
+    "a link to a missing step": (
+        lambda path: path.symlink_to("000009"),
+        "names 000009, which does not exist",
+    ),
+    "invalid UTF-8": (lambda path: path.write_bytes(b"\xff\xfe0005"), "holds bytes that are not text"),
+    "a 2 GB text file": (_sparse_text, "is larger than 4096 bytes"),
+}
+for _kind, (_make, _fragment) in _BROKEN_LAST.items():
+    for _command in ("inspect", "verify") if _kind in ("a FIFO", "a directory") else ("inspect",):
+        case(f"checkpoints/last {_kind} {_command}", FAILED if _command == "verify" else ERROR, _fragment)(
+            lambda tmp, command=_command, make=_make: [command, str(_run_with_last(tmp, make))]
+        )
+
+
+case(
+    "training_step.json step 999 inside 000005 verify",
+    FAILED,
+    "records step 999 inside the step directory 000005",
+)(lambda tmp: ["verify", str(step_with_training_step(tmp, step=999))])
+
+
+def _linked_out(tmp: Path, *parts: str) -> Path:
+    """A step directory whose entry at `parts` (a file or a directory) is a link to a copy outside."""
+    step_dir = step_with_training_step(tmp)
+    inside = step_dir.joinpath(*parts)
+    outside = tmp / "outside" / parts[-1]
+    outside.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(inside, outside)
+    inside.symlink_to(outside)
+    return step_dir
+
+
+_LINKED = {
+    "model.safetensors": (layout.PRETRAINED_MODEL_DIR, layout.MODEL_SAFETENSORS),
+    "training_state/": (layout.TRAINING_STATE_DIR,),
+}
+for _what, _parts in _LINKED.items():
+    for _command in ("inspect", "verify", "load", "diff", "push"):
+        case(
+            f"{_what} a link leading outside the step {_command}",
+            ERROR,  # verify too: the directory is refused before any file is checked
+            "is a link leading outside the directory",
+        )(
+            lambda tmp, command=_command, parts=_parts: [
+                command,
+                str(_linked_out(tmp, *parts)),
+                *([str(tmp / "ckpt" / "000005")] if command == "diff" else []),
+                *([str(tmp / "published")] if command == "push" else []),
+            ]
+        )
+
+
 def _fifo_in_step(tmp: Path, *parts: str) -> Path:
     """A step directory whose file at `parts` is replaced by a FIFO (a read of it would block)."""
     step_dir = step_with_training_step(tmp)
@@ -384,6 +455,47 @@ def _manifest_outside(tmp: Path) -> list[str]:
         json.dumps({"version": 1, "files": {"../../outside/secret.bin": entry}})
     )
     return ["verify", "--deep", str(step_dir)]
+
+
+@case(
+    "manifest.json naming a lone surrogate verify --deep", FAILED, "which is not valid text for a file name"
+)
+def _manifest_surrogate(tmp: Path) -> list[str]:
+    step_dir = step_with_training_step(tmp)
+    (step_dir / layout.MANIFEST).write_text(
+        '{"version": 1, "files": {"\\ud800": {"size": 1, "sha256": "00"}}}'
+    )
+    return ["verify", "--deep", str(step_dir)]
+
+
+def _surrogate_tensor(tmp: Path) -> Path:
+    model = model_dir(tmp)
+    header = b'{"\\ud800": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}'
+    raw_safetensors(model / layout.MODEL_SAFETENSORS, header)
+    return model
+
+
+for _command in ("verify", "inspect --tensors", "diff", "load"):
+    case(
+        f"tensor named by a lone surrogate {_command}",
+        FAILED if _command == "verify" else ERROR,
+        "the header holds the name '\\ud800', which is not valid text",
+    )(
+        lambda tmp, command=_command: [
+            *command.split(),
+            str(_surrogate_tensor(tmp)),
+            *([str(_surrogate_tensor(tmp))] if command == "diff" else []),
+        ]
+    )
+
+
+@case(
+    "safetensors shape of 1000 dimensions load", ERROR, "is not a list of non-negative integers (at most 64)"
+)
+def _thousand_dims(tmp: Path) -> list[str]:
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1] * 1000, "data_offsets": [0, 4]}}).encode()
+    raw_safetensors(model_dir(tmp) / layout.MODEL_SAFETENSORS, header)
+    return ["load", str(model_dir(tmp))]
 
 
 # --- data loss in convert -------------------------------------------------------------------------
@@ -509,3 +621,42 @@ def test_trainer_console_prints_brackets(tmp_path: Path, capsys: pytest.CaptureF
     logger = MetricsLogger(str(tmp_path / "out[bold]"), total_steps=1, start_step=0)
     logger.note(f"saved {tmp_path}/out[bold]/checkpoints/000001")
     assert "out[bold]/checkpoints/000001" in capsys.readouterr().err
+
+
+def test_a_tiny_convert_runs_under_a_400_mb_address_space(tmp_path: Path) -> None:
+    """Reading a 2 kB `.metadata` under its 512 MiB limit allocated the limit, not the file (a
+    MemoryError under 400 MB); it reads what the file holds."""
+    raw_dcp(dcp_dir(tmp_path), (4, 4), [((0, 0), (4, 4))])
+    result = run_bounded(["convert", str(model_dir(tmp_path))], cwd=tmp_path, memory_limit=400 << 20)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_running_out_of_memory_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A MemoryError anywhere in a command (a limit below what it needed) is one `error:` line."""
+    from ckpt_tools.cli.errors import run_guarded
+
+    def needs_too_much() -> None:
+        raise MemoryError
+
+    with pytest.raises(SystemExit) as exited:
+        run_guarded(needs_too_much)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 1
+    assert len(lines) == 1 and lines[0].startswith("error: out of memory: "), lines
+
+
+def test_deep_verify_of_a_bare_dcp_directory_checks_every_record_s_crc(tmp_path: Path) -> None:
+    """No manifest hashes a bare DCP directory: `verify --deep` reads every record as conversion
+    does (zip structure) and checks each entry's CRC-32, so a flipped data byte is named; plain
+    `verify` (sizes and metadata) cannot see it."""
+    directory = tmp_path / "ckpt" / "shards"
+    dcp_save({"w": torch.arange(16384, dtype=torch.float32)}, directory)
+    (record,) = directory.glob("*.distcp")
+    data = bytearray(record.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    record.write_bytes(bytes(data))
+    assert run_bounded(["verify", str(directory)], cwd=tmp_path).returncode == 0
+    result = run_bounded(["verify", "--deep", str(directory)], cwd=tmp_path)
+    assert result.returncode == 1 and result.stdout.startswith("FAILED: "), result.stdout + result.stderr
+    assert f"{record.name} (a chunk of 'w'): chunk record is damaged (Bad CRC-32" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr

@@ -117,3 +117,24 @@ def test_delete_dcp_keeps_the_manifest_true(tmp_path_factory, tmp_path: Path) ->
     report = ckpt_tools.verify_checkpoint(step_dir, deep=True)
     assert report.ok, report.problems
     assert not any(layout.MODEL_DCP_DIR in name for name in listed(step_dir))
+
+
+def test_a_file_listed_400_times_is_hashed_once(saved: Path, tmp_path: Path, monkeypatch) -> None:
+    """`./x`, `././x`, ... are one file: listed once after normalizing, hashed once by --deep."""
+    from ckpt_tools.files import manifest
+
+    step_dir = tmp_path / "step"
+    shutil.copytree(saved, step_dir)
+    entries = listed(step_dir)
+    name = f"{layout.PRETRAINED_MODEL_DIR}/{layout.MODEL_SAFETENSORS}"
+    entries.update({"./" * i + name: entries[name] for i in range(1, 400)})
+    (step_dir / layout.MANIFEST).write_text(json.dumps({"version": 1, "files": entries}))
+    hashed: list[str] = []
+    real = manifest._sha256
+    monkeypatch.setattr(manifest, "_sha256", lambda path: hashed.append(path) or real(path))
+    assert deep_problems(step_dir) == ()
+    assert sum(path.endswith(name) for path in hashed) == 1
+    entries["././" + name] = {"size": 1, "sha256": "0" * 64}  # the same file, another record
+    (step_dir / layout.MANIFEST).write_text(json.dumps({"version": 1, "files": entries}))
+    (problem,) = deep_problems(step_dir)
+    assert f"lists {name} more than once, with different sizes or hashes" in problem

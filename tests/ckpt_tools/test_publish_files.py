@@ -214,3 +214,41 @@ def test_an_optimizers_dcp_shards_alone_are_no_weights_to_convert(tmp_path):
     (step_dir / layout.TRAINING_STATE_DIR / layout.OPTIMIZER_DCP_DIR / layout.DCP_METADATA).write_bytes(b"m")
     with pytest.raises(NotACheckpointError, match=f"^{step_dir} has no model weights"):
         select_publish_files(step_dir)
+
+
+def _hub_cache_snapshot(tmp_path, model):
+    """`model` as huggingface_hub's cache stores it: every file a relative link into `blobs/`."""
+    repo = tmp_path / "hub" / "models--ns--policy"
+    snapshot_dir = repo / "snapshots" / ("0" * 40)
+    snapshot_dir.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for path in sorted(model.iterdir()):
+        if path.is_file():
+            blob = repo / "blobs" / uuid.uuid4().hex
+            shutil.copyfile(path, blob)
+            (snapshot_dir / path.name).symlink_to(os.path.relpath(blob, snapshot_dir))
+    return snapshot_dir
+
+
+def test_a_hub_cache_snapshot_publishes_every_file_through_its_links(tmp_path):
+    """The snapshot's files are links into the repo's blobs/: followed, by selection and copy alike
+    (they were listed as `other` and dropped: "no model weights", a processor file missing)."""
+    model = _model(make_step_dir(tmp_path / "run"))
+    cached = _hub_cache_snapshot(tmp_path, model)
+    expected = select_publish_files(model)
+    assert select_publish_files(cached) == expected
+    publish_model(cached, str(tmp_path / "published"))
+    for name in expected:
+        copy = tmp_path / "published" / name
+        assert copy.is_file() and not copy.is_symlink() and sha256(copy) == sha256(model / name), name
+
+
+def test_a_link_leading_outside_a_hub_snapshot_or_a_model_dir_is_refused(tmp_path):
+    model = _model(make_step_dir(tmp_path / "run"))
+    cached = _hub_cache_snapshot(tmp_path, model)
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"token": "hf_x"}')
+    (cached / "policy_preprocessor_extra.json").symlink_to(secret)  # a processor-named file: selected
+    with pytest.raises(CorruptCheckpointError, match="is a link leading outside the directory"):
+        publish_model(cached, str(tmp_path / "published"))
+    assert not (tmp_path / "published").exists()

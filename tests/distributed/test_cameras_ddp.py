@@ -46,6 +46,7 @@ def test_two_rank_camera_run_resumes_on_the_uninterrupted_samples(tmp_path, monk
     run_torchrun(TRAIN, 2, *flags, "--steps=4", f"--output_dir={tmp_path / 'straight'}")
     step_2 = tmp_path / "straight/checkpoints/000002/pretrained_model/train_config.json"
     resumed = ["--resume=true", f"--config_path={step_2}", f"--output_dir={tmp_path / 'cut'}"]
+    resumed.append("--allow_types=helpers.camera_policy:CameraPolicyConfig")  # the saved config names it
     log = run_torchrun(TRAIN, 2, *resumed).stdout  # the straight run's steps 3 and 4, again
     assert "checkpoints/000002 at step 2" in log and no_traceback_from_us(log)
     weights = [

@@ -342,3 +342,39 @@ def test_async_save_needs_a_sharded_run():
         check_async_save(config, Topology(dp_replicate=2))
     check_async_save(config, Topology(dp_shard=2))  # FSDP2: accepted
     check_async_save(parse_config([]), Topology(dp_replicate=2))  # not asked for: nothing to check
+
+
+# ----------------------------------------------------------------- a saved file names no code
+
+
+def _tripwire_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> Path:
+    """A module on sys.path whose import leaves a marker file: the code a hostile checkpoint names."""
+    marker = tmp_path / f"{name}.imported"
+    (tmp_path / f"{name}.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+        "from trainer.data.pendulum import PendulumConfig\n"
+        "from trainer.policies.mlp import MLPConfig\n"
+        "class Data(PendulumConfig):\n    pass\n"
+        "class Policy(MLPConfig):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return marker
+
+
+@pytest.mark.parametrize("section", ["policy", "dataset"])
+def test_a_saved_config_naming_a_module_is_refused_unless_allowed(tmp_path, monkeypatch, section) -> None:
+    """A train_config.json (a checkpoint's, read by a resume) whose type is `module:Class` imports
+    nothing: one line naming the type and --allow_types; with that flag, the type loads."""
+    name = f"tripwire_{section}"
+    marker = _tripwire_module(tmp_path, monkeypatch, name)
+    type_name = f"{name}:{'Data' if section == 'dataset' else 'Policy'}"
+    saved = tmp_path / "train_config.json"
+    saved.write_text(json.dumps({section: {"type": type_name}}))
+    with pytest.raises(ConfigError) as refused:
+        parse_config([f"--config_path={saved}"])
+    message = str(refused.value)
+    assert f"the {section} type of {saved} is '{type_name}', which would import and run" in message
+    assert f"--allow_types={type_name}" in message and "\n" not in message
+    assert not marker.exists()
+    config = parse_config([f"--config_path={saved}", f"--allow_types={type_name}"])
+    assert marker.exists() and getattr(config, section).type == type_name

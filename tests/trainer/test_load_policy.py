@@ -184,3 +184,108 @@ def test_the_documented_rollout_script_runs_and_eval_rolls_out(
     result = json.loads(capsys.readouterr().out)
     assert set(result) == {"policy", "policy_return", "random_return", "episodes"} and result["episodes"] == 2
     assert result["random_return"] < -100  # real rollouts of 200 steps
+
+
+def test_a_checkpoint_naming_a_module_imports_nothing_unless_allowed(tmp_path, monkeypatch) -> None:
+    """config.json with `"type": "module:Class"`: load_policy refuses in one line before importing
+    it, and `trainer eval` too; `allow_types` names the types the caller trusts."""
+    marker = tmp_path / "imported"
+    (tmp_path / "tripwire_load.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\nclass Cfg:\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"type": "tripwire_load:Cfg"}))
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(model / "model.safetensors"))
+    with pytest.raises(ConfigError, match=r"'tripwire_load:Cfg', which would import and run .*allow_types"):
+        trainer.load_policy(str(model))
+    with pytest.raises(ConfigError, match="would import and run"):
+        run_eval([f"--policy.path={model}"])
+    assert not marker.exists() and "tripwire_load" not in sys.modules
+    with pytest.raises(ConfigError, match="not a PolicyConfig subclass"):  # allowed: imported, then checked
+        trainer.load_policy(str(model), allow_types=["tripwire_load:Cfg"])
+    assert marker.exists()
+
+
+_LOAD_BOUNDED = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+import trainer
+from trainer.errors import ConfigError
+try:
+    trainer.load_policy(sys.argv[1])
+except ConfigError as exc:
+    print("error: " + str(exc), file=sys.stderr)
+    sys.exit(1)
+print("loaded")
+"""
+
+
+def _edited_model(run: dict[str, Path], tmp_path: Path, edit) -> Path:
+    model = tmp_path / "model"
+    shutil.copytree(run["base"] / "checkpoints" / "000008" / "pretrained_model", model)
+    edit(model)
+    return model
+
+
+def _config_edit(**fields):
+    def edit(model: Path) -> None:
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, **fields}))
+
+    return edit
+
+
+def _processor_edit(name: str, text: str):
+    return lambda model: (model / name).write_text(text)
+
+
+def _processor_tensor(model: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = model / "policy_preprocessor_step_0.safetensors"
+    tensors = load_file(str(path))
+    tensors["observation.state.mean"] = torch.zeros(5)
+    save_file(tensors, str(path))
+
+
+EDITED = {
+    "hidden size 200000": (_config_edit(dim=200_000), "does not describe its weights"),
+    "more encoder layers": (_config_edit(encoder_layers=3), "the weights lack"),
+    "processor steps without files": (
+        _processor_edit("policy_preprocessor.json", '{"steps": [{"type": "normalize", "features": []}, {}]}'),
+        "lists 2 steps for 1 step files",
+    ),
+    "processor step not a normalize": (
+        _processor_edit("policy_postprocessor.json", '{"steps": [{"type": "exec", "features": ["action"]}]}'),
+        "step 0 is not a normalize step",
+    ),
+    "processor feature without its stats": (
+        _processor_edit(
+            "policy_preprocessor.json",
+            '{"steps": [{"type": "normalize", "features": ["observation.image"]}]}',
+        ),
+        "has no observation.image.mean tensor",
+    ),
+    "processor stats of another size": (_processor_tensor, "observation.state.mean has shape [5]"),
+}
+
+
+@pytest.mark.parametrize("case", list(EDITED))
+def test_load_policy_checks_the_config_against_the_weights_before_building(run, tmp_path, case) -> None:
+    """Under a 3 GB address-space limit: each edit is one `error:` line, nothing allocated."""
+    import subprocess
+
+    edit, fragment = EDITED[case]
+    model = _edited_model(run, tmp_path, edit)
+    result = subprocess.run(
+        [sys.executable, "-c", _LOAD_BOUNDED, str(model)], capture_output=True, text=True, timeout=120
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr[
+        -2000:
+    ]
+    assert fragment in lines[0], lines[0]

@@ -71,3 +71,40 @@ def test_metrics_on_local_disk_are_appended_at_every_record(tmp_path):
     logger.log({"step": 2, "loss": 0.25})
     assert train_steps((tmp_path / METRICS_FILE).read_text()) == [1, 2]
     logger.close()
+
+
+def test_a_full_disk_under_metrics_jsonl_stops_the_run_in_one_line_after_a_save(
+    tmp_path, dataset_cache, clean_accelerate, monkeypatch, capsys
+) -> None:
+    """ENOSPC while appending to metrics.jsonl (simulated): one warning, training goes on to its next
+    checkpoint, which is saved and verifies, then one `error:` line naming the file and the resume."""
+    import builtins
+    import errno
+
+    import ckpt_tools
+    from helpers.train_flags import tiny_args
+    from trainer.cli import main
+    from trainer.reporting import metrics
+
+    real_open, appends = builtins.open, []
+
+    def full_disk(file, mode="r", *args, **kwargs):
+        if str(file).endswith("metrics.jsonl") and "a" in mode:
+            appends.append(file)
+            if len(appends) > 2:  # the banner and the first note get in, then the disk is full
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(metrics, "open", full_disk, raising=False)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exited:
+        main(["train", *tiny_args(str(out), dataset_cache, "--policy.type=mlp", "--steps=6", "--log_freq=1")])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.count("warning: writing ") == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"error: writing {out}/metrics.jsonl failed (No space left on device): ")
+    assert f"the run stopped after saving {out}/checkpoints/000002" in last and "--resume=true" in last
+    assert ckpt_tools.verify_checkpoint(str(out / "checkpoints" / "000002")).ok
+    assert not (out / "checkpoints" / "000004").exists()

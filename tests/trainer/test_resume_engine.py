@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import shutil
 from collections.abc import Iterator
@@ -382,3 +383,173 @@ def test_a_lerobot_run_is_refused_in_one_line(tmp_path, clean_accelerate, capsys
     err = capsys.readouterr().err.strip()
     assert "Traceback" not in err and "\n" not in err
     assert err.startswith(f"error: cannot resume from {out}/checkpoints/000004: ") and "by LeRobot" in err
+
+
+# ------------------------------------------------------------------------------ a broken `last`
+
+BROKEN_LAST = {
+    "fifo": os.mkfifo,
+    "directory": lambda path: path.mkdir(),
+    "self-link": lambda path: path.symlink_to("last"),
+    "missing-step": lambda path: path.symlink_to("000009"),
+    "not-utf8": lambda path: path.write_bytes(b"\xff\xfe"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BROKEN_LAST))
+def test_a_broken_last_refuses_the_resume_and_keeps_every_step(
+    saved, tmp_path, keep_rng, clean_accelerate, capsys, kind
+):
+    """`last` that is not a pointer to a complete step is a refusal, never "no checkpoint": a fresh
+    start would train over the run, and its retention (--keep_last=1) delete the committed steps."""
+    from trainer.cli import main
+
+    out = copy_run(saved[1], tmp_path)
+    (out / "checkpoints" / "last").unlink()
+    BROKEN_LAST[kind](out / "checkpoints" / "last")
+    with pytest.raises(SystemExit) as exited:
+        main(["train", "--resume=true", f"--output_dir={out}", "--keep_last=1", "--steps=12"])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert (
+        err.strip().splitlines()[-1].startswith(f"error: cannot resume from {out}: {out}/checkpoints/last ")
+    )
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["000003", "last"]
+
+
+def test_a_broken_last_refuses_a_fresh_run_in_that_output_dir(saved, tmp_path):
+    out = copy_run(saved[1], tmp_path)
+    (out / "checkpoints" / "last").unlink()
+    (out / "checkpoints" / "last").mkdir()
+    config = parse_config(flags(out, saved[0].config.dataset.cache_dir))
+    with pytest.raises(ConfigError, match=r"holds a broken checkpoint pointer: .*last is a directory"):
+        checkpointing.check_fresh_output_dir(config)
+
+
+# ------------------------------------------------------- every resume input checked, one line each
+
+
+def _with_metadata(path: Path, **changes: str | None) -> None:
+    """Rewrite a safetensors file with metadata entries changed (None removes one)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), "pt") as handle:
+        metadata = dict(handle.metadata() or {})
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
+    for key, value in changes.items():
+        if value is None:
+            metadata.pop(key, None)
+        else:
+            metadata[key] = value
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def _rng(**changes: str | None):
+    return lambda state: _with_metadata(state / "rng_state.safetensors", **changes)
+
+
+def _write(name: str, text: str):
+    return lambda state: (state / name).write_text(text)
+
+
+def _sparse(name: str, size: int):
+    def make(state: Path) -> None:
+        with (state / name).open("wb") as handle:
+            handle.truncate(size)
+
+    return make
+
+
+def _step_record(**fields: object):
+    def edit(state: Path) -> None:
+        data = json.loads((state / "training_step.json").read_text())
+        for key, value in fields.items():
+            target, name = (data["sampler"], key[8:]) if key.startswith("sampler_") else (data, key)
+            target[name] = value
+        (state / "training_step.json").write_text(json.dumps(data))
+
+    return edit
+
+
+RESUME_DAMAGE = {
+    "rng python deep": (_rng(**{"rank0/python": "[" * 100_000 + "]" * 100_000}), "nests JSON too deeply"),
+    "rng python 5000 digits": (_rng(**{"rank0/python": "[" + "9" * 5000 + ", null]"}), "JSON cannot carry"),
+    "rng python not JSON": (_rng(**{"rank0/python": "version three"}), "is not valid JSON"),
+    "rng python wrong arity": (_rng(**{"rank0/python": "[3]"}), "not the 2 values a generator state"),
+    "rng numpy wrong types": (_rng(**{"rank0/numpy": '[1, "a", 0, 0.0]'}), "not the 4 values"),
+    "rng python missing": (_rng(**{"rank0/python": None}), "metadata lacks rank0/python"),
+    "rng world_size huge": (_rng(world_size="9" * 5000), "metadata world_size is"),
+    "rng version out of range": (_rng(**{"rank0/python": "[99, null]"}), "does not load"),
+    "optimizer extras not objects": (
+        lambda state: _with_metadata(state / "optimizer_state.safetensors", state_extras='{"0.weight": 5}'),
+        "state_extras is",
+    ),
+    "param groups an object": (_write("optimizer_param_groups.json", '{"params": 1}'), "not a list of param"),
+    "param groups a string lr": (
+        lambda state: _write(
+            "optimizer_param_groups.json",
+            json.dumps(
+                [{**json.loads((state / "optimizer_param_groups.json").read_text())[0], "lr": "fast"}]
+            ),
+        )(state),
+        "optimizer_param_groups.json[0]: lr is 'fast', expected a float",
+    ),
+    "param groups two groups": (
+        _write("optimizer_param_groups.json", '[{"params": []}, {"params": []}]'),
+        "holds 2 param groups and this optimizer 1",
+    ),
+    "scheduler a string step": (
+        _write("scheduler_state.json", '{"last_epoch": "three"}'),
+        "scheduler_state.json: last_epoch is 'three', expected a int",
+    ),
+    "scheduler a list": (_write("scheduler_state.json", "[]"), "expected a JSON object"),
+    "scheduler 150 MB": (_sparse("scheduler_state.json", 150 << 20), "is larger than 16777216 bytes"),
+    "step 999 inside 000003": (_step_record(step=999), "records step 999 inside the step directory 000003"),
+    "sampler offset beyond the dataset": (_step_record(sampler_offset=10**9), "sampler offset 1000000000"),
+}
+
+
+@pytest.mark.parametrize("case", list(RESUME_DAMAGE))
+def test_every_resume_input_is_checked_in_one_line(saved, tmp_path, keep_rng, case):
+    """Each damaged file is one `cannot resume from <step>: ...` line, before any step runs
+    (RecursionError, ValueError, TypeError and MemoryError tracebacks before)."""
+    damage, fragment = RESUME_DAMAGE[case]
+    out = copy_run(saved[1], tmp_path)
+    damage(out / "checkpoints" / "000003" / "training_state")
+    new = Parts(["--resume=true", f"--output_dir={out}"])
+    with pytest.raises(ConfigError) as caught:
+        point = resume.before_prepare(new.config, SINGLE, new.policy, new.sampler, 0, 1)
+        resume.after_prepare(
+            point, model=new.policy, optimizer=new.optimizer, scheduler=new.scheduler, scaler=new.scaler
+        )
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"cannot resume from {out}/checkpoints/000003: ")
+    assert fragment in message, message
+    assert len(message) < 600
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000, '{"steps": 1' + "0" * 5000 + "}"], ids=["deep", "digits"])
+def test_a_damaged_saved_train_config_is_one_line(saved, tmp_path, text):
+    out = copy_run(saved[1], tmp_path)
+    (out / "checkpoints" / "000003" / "pretrained_model" / "train_config.json").write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        parse_config(["--resume=true", f"--output_dir={out}"])
+    assert "\n" not in str(caught.value) and "train_config.json" in str(caught.value)
+
+
+def test_a_real_resume_with_fewer_episodes_is_refused_at_its_sampler_offset(tmp_path, keep_rng):
+    """Saved at sample offset 256 of a 400-sample epoch (2 episodes); resumed with 1 episode (200
+    samples): one line naming the offset and the dataset, not a ValueError from the sampler."""
+    parts = Parts(flags(tmp_path / "run", str(tmp_path / "cache"), "--dataset.episodes=2", "--batch_size=64"))
+    parts.train_steps(4)
+    parts.save(4)
+    new = Parts(["--resume=true", f"--output_dir={tmp_path / 'run'}", "--dataset.episodes=1"])
+    with pytest.raises(ConfigError) as caught:
+        resume.before_prepare(new.config, SINGLE, new.policy, new.sampler, 0, 1)
+    message = str(caught.value)
+    assert message.startswith(
+        f"cannot resume from {tmp_path / 'run'}/checkpoints/000004: its sampler offset 256 "
+    )
+    assert "beyond this run's dataset of 200 samples" in message and "\n" not in message

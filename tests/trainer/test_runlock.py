@@ -14,7 +14,7 @@ import pytest
 
 from trainer.distributed import runlock
 from trainer.distributed.runlock import LOCK_FILE, STALE_AFTER_S, RunLock
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, RunFailedError
 
 
 def write_lock(out, host: str, pid: int, heartbeat: float) -> None:
@@ -153,3 +153,120 @@ def test_a_url_without_exclusive_create_is_not_locked_and_the_run_says_so():
         "directories and s3:// buckets are): make sure no other run writes to it"
     )
     lock.release()
+
+
+# ----------------------------------------------------------------------- one owner, provably
+
+_RACER = """
+import sys
+from trainer.distributed.runlock import RunLock
+from trainer.errors import ConfigError, RunFailedError
+for line in sys.stdin:
+    try:
+        warning = RunLock(line.strip()).acquire()  # held (not released) until the process ends
+        print("won" if "took over" in warning else "won-fresh", flush=True)
+    except ConfigError:
+        print("refused", flush=True)
+"""
+
+
+def test_two_racing_takeovers_of_a_stale_lock_have_exactly_one_winner(tmp_path):
+    """Two real processes take over the same stale lock (a dead pid on this host) at once, many
+    times: each time exactly one wins and the lock names it. Without an exclusive takeover both won."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(2)
+    ]
+    pid = dead_pid()
+    try:
+        for trial in range(200):
+            out = tmp_path / f"run{trial}"
+            write_lock(out, socket.gethostname(), pid, time.time())
+            for racer in racers:
+                racer.stdin.write(f"{out}\n")
+                racer.stdin.flush()
+            results = sorted(racer.stdout.readline().strip() for racer in racers)
+            assert results == ["refused", "won"], (trial, results)
+            holder = json.loads((out / LOCK_FILE).read_text())["pid"]
+            assert holder in {racer.pid for racer in racers}
+            assert [p.name for p in out.iterdir()] == [LOCK_FILE]  # no claim file left behind
+    finally:
+        for racer in racers:
+            racer.stdin.close()
+            racer.wait(timeout=30)
+
+
+def test_a_live_pid_on_this_host_is_never_stale_whatever_its_heartbeat(tmp_path):
+    write_lock(tmp_path, socket.gethostname(), os.getpid(), time.time() - 10 * STALE_AFTER_S)
+    with pytest.raises(ConfigError, match=f"in use by another run: host .* pid {os.getpid()} "):
+        RunLock(str(tmp_path)).acquire()
+
+
+def test_an_owner_whose_lock_was_taken_over_stops_before_its_next_commit(tmp_path, monkeypatch):
+    """The heartbeat finds the lock naming another run: it leaves that lock as it is, and `check`
+    (called before each commit) raises one line naming the new holder."""
+    monkeypatch.setattr(runlock, "HEARTBEAT_S", 3600.0)  # beats driven by the test
+    lock = RunLock(str(tmp_path))
+    lock.acquire()
+    try:
+        lock.beat()
+        lock.check()  # still ours
+        write_lock(tmp_path, "node-elsewhere", 4242, time.time())
+        lock.beat()
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["host"] == "node-elsewhere"
+        with pytest.raises(RunFailedError) as lost:
+            lock.check()
+        message = str(lost.value)
+        assert (
+            "\n" not in message and "was taken over by another run (host node-elsewhere pid 4242" in message
+        )
+    finally:
+        lock.release()
+
+
+def test_a_claim_left_by_a_dead_claimer_does_not_block_the_takeover(tmp_path):
+    """A process that died between its claim and its rename leaves the claim: it is stale in turn."""
+    pid = dead_pid()
+    write_lock(tmp_path, socket.gethostname(), pid, time.time())
+    store = runlock._LocalStore(str(tmp_path / LOCK_FILE))
+    _, version = store.read()
+    claimer = {"host": socket.gethostname(), "pid": pid, "started": 0.0, "heartbeat": 0.0}
+    assert runlock._create_exclusive(
+        str(tmp_path / LOCK_FILE) + ".claim-" + _claim_hash(version), json.dumps(claimer)
+    )
+    lock = RunLock(str(tmp_path))
+    assert "took over the stale lock" in lock.acquire()
+    lock.release()
+    assert list(tmp_path.iterdir()) == []
+
+
+def _claim_hash(version: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(version.encode()).hexdigest()[:16]
+
+
+def test_the_loop_commits_nothing_once_the_lock_is_lost(
+    tmp_path, dataset_cache, clean_accelerate, monkeypatch
+):
+    """Wired into the loop: a run whose heartbeat found another owner stops before its next commit
+    (here the first), in one line, and commits no step."""
+    from helpers.train_flags import tiny_args
+    from trainer.cli.parse import parse_config
+    from trainer.engine.loop import train
+
+    acquire = RunLock.acquire
+
+    def acquire_then_lose(self):
+        warning = acquire(self)
+        write_lock(tmp_path, "node-elsewhere", 4242, time.time())
+        self.beat()
+        return warning
+
+    monkeypatch.setattr(RunLock, "acquire", acquire_then_lose)
+    with pytest.raises(RunFailedError, match="was taken over by another run"):
+        train(parse_config(tiny_args(str(tmp_path), dataset_cache, "--policy.type=mlp", "--steps=2")))
+    assert not (tmp_path / "checkpoints" / "last").exists()

@@ -85,6 +85,7 @@ def test_both_trackers_log_everything_and_a_resumed_run_continues_them(
 
 
 def test_missing_credentials_and_library_are_one_line_at_start(tmp_path, offline, monkeypatch) -> None:
+    monkeypatch.delenv("WANDB_MODE")  # online: the config's default
     config = parse_config(["--wandb.enable=true", f"--output_dir={tmp_path}"])  # online by default
     with pytest.raises(ConfigError, match=r"--wandb.mode=online needs W&B credentials: set WANDB_API_KEY"):
         trackers.check_trackers(config)
@@ -95,8 +96,10 @@ def test_missing_credentials_and_library_are_one_line_at_start(tmp_path, offline
         trackers.check_trackers(parse_config(["--trackio.enable=true"]))
 
 
-def test_the_cli_refuses_in_one_line_before_any_work(tmp_path, offline, capsys) -> None:
+def test_the_cli_refuses_in_one_line_before_any_work(tmp_path, offline, capsys, monkeypatch) -> None:
     from trainer.cli import main
+
+    monkeypatch.delenv("WANDB_MODE")
 
     out = tmp_path / "never-created"
     with pytest.raises(SystemExit) as info:
@@ -105,6 +108,34 @@ def test_the_cli_refuses_in_one_line_before_any_work(tmp_path, offline, capsys) 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --wandb.mode=online needs W&B credentials")
     assert not out.exists()  # nothing was built, loaded or written
+
+
+@pytest.mark.parametrize(
+    ("env", "flags", "refused"),
+    [
+        ({"WANDB_MODE": "offline"}, [], False),
+        ({"WANDB_MODE": "disabled"}, [], False),
+        ({"WANDB_MODE": "dryrun"}, [], False),
+        ({"WANDB_DISABLED": "true"}, [], False),
+        ({"WANDB_IDENTITY_TOKEN_FILE": "/run/token"}, [], False),
+        ({"WANDB_MODE": "offline"}, ["--wandb.mode=online"], True),  # the flag wins, as in wandb.init
+        ({}, [], True),
+    ],
+)
+def test_the_credentials_check_honours_the_w_and_b_environment(
+    tmp_path, offline, monkeypatch, env, flags, refused
+) -> None:
+    """WANDB_MODE=offline/disabled (and W&B's other variables) need no key; the mode checked is the
+    mode `wandb.init` gets."""
+    monkeypatch.delenv("WANDB_MODE")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = parse_config(["--wandb.enable=true", f"--output_dir={tmp_path}", *flags])
+    if refused:
+        with pytest.raises(ConfigError, match="needs W&B credentials"):
+            trackers.check_trackers(config)
+    else:
+        trackers.check_trackers(config)
 
 
 class _Recorder:

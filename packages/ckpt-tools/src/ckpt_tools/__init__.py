@@ -18,6 +18,7 @@ _EXPORTS: dict[str, str] = {
     "LegacyCheckpointError": "ckpt_tools.errors",
     "UnsupportedVersionError": "ckpt_tools.errors",
     "dtype_name": "ckpt_tools.format.dtypes",
+    "read_config_json": "ckpt_tools.files.storage",
     "TrainingStep": "ckpt_tools.format.meta",
     "Topology": "ckpt_tools.format.meta",
     "SamplerPosition": "ckpt_tools.format.meta",

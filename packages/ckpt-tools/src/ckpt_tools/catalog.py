@@ -99,6 +99,7 @@ def catalog(path: str | os.PathLike[str]) -> Catalog:
         role = ADAPTER if layout.name(text) == layout.ADAPTER_SAFETENSORS else MODEL
         return Catalog(text, SAFETENSORS_FILE, None, text, (WeightSet(role, SAFETENSORS, text),))
     if fs.isdir(inner) and fs.exists(f"{inner}/{layout.DCP_METADATA}"):
+        storage.check_links(text)
         return _dcp_directory(text if layout.is_url(text) else inner)
     step_dir, model_dir = locate.resolve_model_dir(text)
     kind, lerobot = _step_layout(step_dir)

@@ -47,5 +47,9 @@ def _register(argv: Sequence[str] = ()) -> None:
 def main() -> None:
     import sys
 
+    for stream in (sys.stdout, sys.stderr):  # a name from a checkpoint (a lone surrogate) never fails a print
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     _register(sys.argv[1:])
     app()

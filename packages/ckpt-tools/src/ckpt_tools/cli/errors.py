@@ -39,6 +39,15 @@ def run_guarded(func: Callable[[], T], *, as_json: bool = False) -> T:
         if not as_json:
             raise  # typer prints its usage box
         _fail(one_line(exc.format_message()), EXIT_USAGE, as_json)
+    except MemoryError:  # a limit (ulimit -v, a cgroup) below what the command needed
+        if os.environ.get("CKPT_DEBUG") == "1":
+            raise
+        _fail(
+            "out of memory: the command needed more memory than this process may use; raise the limit "
+            "(ulimit -v, the job's memory) or run it on a larger machine; nothing was left half-written",
+            EXIT_FAILURE,
+            as_json,
+        )
     except KeyboardInterrupt:
         _fail("interrupted; nothing was left half-written under a final name", 130, as_json)
 

@@ -11,14 +11,17 @@ import zipfile
 from dataclasses import dataclass
 from typing import IO
 
-from ckpt_tools.dcp.index import ChunkEntry
+from ckpt_tools.dcp.index import ChunkEntry, DcpIndex
 from ckpt_tools.dcp.safe_pickle import (
     load_tensor_record,
 )
 from ckpt_tools.errors import (
+    CheckpointError,
     CorruptCheckpointError,
     UnsafePickleError,
+    one_line,
 )
+from ckpt_tools.files import storage
 from ckpt_tools.format.dtypes import ITEMSIZE, SAFETENSORS_TO_TORCH
 from ckpt_tools.format.untrusted import describe
 
@@ -102,6 +105,51 @@ def _locate_in_archive(
         raise CorruptCheckpointError(f"{where}: chunk record has a bad zip entry header")
     start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
     return ChunkData(chunk.file_offset + start + record.storage_offset * itemsize, want)
+
+
+def dcp_record_problems(index: DcpIndex) -> list[str]:
+    """One line per damaged chunk record (at most one per file): each record's zip structure, as
+    conversion reads it (`locate_chunk_data`), and the CRC-32 of every entry it holds, read through
+    in blocks. `verify --deep` runs it where no manifest hashes the files (a bare DCP directory), so a
+    flipped byte there is found before `ckpt convert` copies it."""
+    problems: dict[str, str] = {}
+    for entry in index.tensors.values():
+        for chunk in entry.chunks:
+            if chunk.file in problems:
+                continue
+            where = f"{index.path}/{chunk.file} (a chunk of {describe(entry.name)})"
+            try:
+                with storage.open_regular(
+                    storage.contained(index.path, chunk.file, "a chunk record")
+                ) as handle:
+                    _check_record(handle, chunk, entry.dtype, where)
+            except CheckpointError as exc:
+                problems[chunk.file] = one_line(exc)
+    return [problems[file] for file in sorted(problems)]
+
+
+def _check_record(handle: IO[bytes], chunk: ChunkEntry, dtype: str, where: str) -> None:
+    locate_chunk_data(handle, chunk, dtype, where)  # the structure, as conversion checks it
+    if chunk.transforms or chunk.length == chunk.numel * ITEMSIZE[dtype]:
+        return  # a raw record (or one left to torch's transforms): no CRC-32 to check
+    try:
+        with zipfile.ZipFile(_Slice(handle, chunk.file_offset, chunk.length)) as archive:
+            for info in archive.infolist():
+                with archive.open(info) as member:  # zipfile checks the CRC-32 at the end of each entry
+                    while member.read(_CRC_BLOCK):
+                        pass
+    except (
+        zipfile.BadZipFile,
+        EOFError,
+        struct.error,
+        ValueError,
+        OverflowError,
+        NotImplementedError,
+    ) as exc:
+        raise CorruptCheckpointError(f"{where}: chunk record is damaged ({str(exc)[:200]})") from None
+
+
+_CRC_BLOCK = 1 << 20
 
 
 def _is_contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import fsspec
 
-from ckpt_tools.errors import CheckpointError, CorruptCheckpointError
+from ckpt_tools.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from ckpt_tools.files.storage import (
     contained,
     exists,
@@ -21,12 +21,13 @@ from ckpt_tools.files.storage import (
     list_names,
     makedirs,
     move_tree,
-    read_text,
+    read_bytes,
     remove_tree,
     resolve,
     write_text,
 )
 from ckpt_tools.format import layout
+from ckpt_tools.format.untrusted import MAX_POINTER_BYTES, describe
 
 
 def follow_last(path: str | os.PathLike[str]) -> str:
@@ -51,12 +52,14 @@ def follow_last(path: str | os.PathLike[str]) -> str:
 
 
 def has_last(checkpoints_dir: str | os.PathLike[str]) -> bool:
-    """Whether `checkpoints_dir` holds a `last` pointer (a link, even a dangling one, or a text file)."""
+    """Whether `checkpoints_dir` holds an entry named `last`, whatever it is (a link, even a dangling
+    one, a text file, a directory, a FIFO): anything there is a pointer for `read_last` to accept or
+    refuse, never "no checkpoint yet", so a broken `last` cannot start a fresh run over the old steps."""
     fs, inner = resolve(checkpoints_dir)
     last = f"{inner.rstrip('/')}/{layout.LAST}"
-    if is_local(fs) and os.path.islink(last):
-        return True
-    return bool(fs.isfile(last))
+    if is_local(fs):
+        return os.path.lexists(last)
+    return bool(fs.exists(last))
 
 
 def read_last(checkpoints_dir: str | os.PathLike[str]) -> str:
@@ -79,10 +82,10 @@ def read_last(checkpoints_dir: str | os.PathLike[str]) -> str:
             f"or replace it with a link: ln -sfn <step, e.g. 005000> {last}"
         )
     else:
-        name = read_text(last).strip()
+        name = _pointer_text(last)
     if not layout.is_step_dir_name(name):
         raise CorruptCheckpointError(
-            f"{last} points to {name!r}, which is not a step directory inside {root}; readers follow it "
+            f"{last} points to {describe(name)}, which is not a step directory inside {root}; readers follow it "
             f"only to a complete step beside it: repoint it (ln -sfn <step, e.g. 005000> {last})"
         )
     step = contained(root, name, f"{layout.LAST} (through the step directory)")  # a link out is refused
@@ -92,6 +95,25 @@ def read_last(checkpoints_dir: str | os.PathLike[str]) -> str:
             f"(ln -sfn <step> {last}) or pass a step directory"
         )
     return step
+
+
+def _pointer_text(last: str) -> str:
+    """The step name the text form of `last` holds, read under `MAX_POINTER_BYTES` (a FIFO, a device
+    or a huge file there is refused, never read), as one line naming the fix."""
+    fix = f"replace it with a link to a complete step: ln -sfn <step, e.g. 005000> {last}"
+    try:
+        data = read_bytes(last, MAX_POINTER_BYTES)
+    except CheckpointNotFoundError:
+        raise CorruptCheckpointError(f"{last} vanished while it was read; {fix}") from None
+    except CorruptCheckpointError as exc:
+        detail = str(exc).removeprefix(f"{last} ")  # "is a FIFO, not a regular file: refused (...)"
+        raise CorruptCheckpointError(f"{last} {detail}, not a pointer to a step; {fix}") from None
+    try:
+        return data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise CorruptCheckpointError(
+            f"{last} holds bytes that are not text, not a step name; {fix}"
+        ) from None
 
 
 def _link_step_name(link: str) -> str:
@@ -224,6 +246,12 @@ def point_last(checkpoints_dir: str | os.PathLike[str], step_name: str) -> None:
     if not is_local(fs):
         write_text(layout.join(root, layout.LAST), step_name + "\n")
         return
+    last = os.path.join(inner_root, layout.LAST)
+    if os.path.isdir(last) and not os.path.islink(last):  # os.replace cannot put a link over it
+        raise CorruptCheckpointError(
+            f"{last} is a directory, not a pointer: move it away (it may hold a copied step), then "
+            f"resume; the step was written but `last` still does not name it"
+        )
     tmp = os.path.join(inner_root, f"{layout.TMP_PREFIX}{layout.LAST}-{os.getpid()}")
     if os.path.lexists(tmp):
         os.remove(tmp)
@@ -232,7 +260,7 @@ def point_last(checkpoints_dir: str | os.PathLike[str], step_name: str) -> None:
     except OSError:  # a local filesystem without symlinks: fall back to the text form
         with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(step_name + "\n")
-    os.replace(tmp, os.path.join(inner_root, layout.LAST))
+    os.replace(tmp, last)
 
 
 def latest_step_dir(path: str | os.PathLike[str]) -> str | None:

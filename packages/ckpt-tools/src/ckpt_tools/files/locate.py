@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 
-from ckpt_tools.errors import CheckpointNotFoundError, NotACheckpointError
+from ckpt_tools.errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError
 from ckpt_tools.files.commit import follow_last
-from ckpt_tools.files.storage import read_bytes, resolve
+from ckpt_tools.files.storage import check_links, read_bytes, resolve
 from ckpt_tools.format import layout
 from ckpt_tools.format.meta import TrainingStep
+from ckpt_tools.format.untrusted import MAX_CONFIG_BYTES
 
 
 def resolve_model_dir(path: str | os.PathLike[str]) -> tuple[str | None, str]:
@@ -18,7 +19,8 @@ def resolve_model_dir(path: str | os.PathLike[str]) -> tuple[str | None, str]:
 
     Returns `(step_dir, pretrained_model_dir)`; `step_dir` is None for a bare model directory
     (a converted or downloaded one). Raises `CheckpointNotFoundError` for a missing path and
-    `CorruptCheckpointError` for a `last` that `read_last` refuses.
+    `CorruptCheckpointError` for a `last` that `read_last` refuses, or a directory holding a link that
+    leads outside it (`storage.check_links`).
     """
     text = follow_last(path)
     fs, inner = resolve(text)
@@ -26,10 +28,13 @@ def resolve_model_dir(path: str | os.PathLike[str]) -> tuple[str | None, str]:
         raise CheckpointNotFoundError(f"{text}: no such file or directory")
     base = text if layout.is_url(text) else inner
     if layout.name(inner) == layout.PRETRAINED_MODEL_DIR:
-        return layout.parent(base), base
-    if fs.isdir(f"{inner}/{layout.PRETRAINED_MODEL_DIR}"):
-        return base, layout.join(base, layout.PRETRAINED_MODEL_DIR)
-    return None, base
+        step_dir, model_dir = layout.parent(base), base
+    elif fs.isdir(f"{inner}/{layout.PRETRAINED_MODEL_DIR}"):
+        step_dir, model_dir = base, layout.join(base, layout.PRETRAINED_MODEL_DIR)
+    else:
+        step_dir, model_dir = None, base
+    check_links(step_dir or model_dir)  # every reader comes through here
+    return step_dir, model_dir
 
 
 def read_training_step(path: str | os.PathLike[str]) -> TrainingStep:
@@ -42,4 +47,11 @@ def read_training_step(path: str | os.PathLike[str]) -> TrainingStep:
             "(checkpoints/005000) or checkpoints/last"
         )
     source = layout.join(step_dir, layout.TRAINING_STATE_DIR, layout.TRAINING_STEP)
-    return TrainingStep.from_json(read_bytes(source), source=source)
+    saved = TrainingStep.from_json(read_bytes(source, MAX_CONFIG_BYTES), source=source)
+    name = layout.name(step_dir)
+    if layout.is_step_dir_name(name) and int(name) != saved.step:
+        raise CorruptCheckpointError(
+            f"{source} records step {saved.step} inside the step directory {name}: one of them was edited "
+            "or copied over; resume from, or verify, a step whose name and record agree"
+        )
+    return saved

@@ -11,12 +11,14 @@ conversion that deletes or rewrites a listed file updates the manifest. A step w
 from __future__ import annotations
 
 import hashlib
+import posixpath
 from typing import Any
 
 from ckpt_tools.errors import CorruptCheckpointError
 from ckpt_tools.files import storage
 from ckpt_tools.files.digest import Recorder
 from ckpt_tools.format import layout
+from ckpt_tools.format.untrusted import describe
 
 VERSION = 1
 _BLOCK = 16 * 1024 * 1024
@@ -63,9 +65,27 @@ def read_manifest(step_dir: str) -> dict[str, dict[str, Any]] | None:
         raise CorruptCheckpointError(
             f"{path}: expected {{'files': {{name: {{size, sha256}}}}}}; the file is damaged"
         )
-    for name in files:  # a listed file is read by verify --deep: it must lie inside the step
+    return _normalized(step_dir, path, files)
+
+
+def _normalized(step_dir: str, path: str, files: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The entries keyed by their normal name (`./x`, `././x` and `x//` are `x`), each listed once:
+    `verify --deep` hashes a file once however often it is listed. Every name must lie inside the
+    step (it is read); one file listed twice with different sizes or hashes is a damaged manifest."""
+    normal: dict[str, dict[str, Any]] = {}
+    for name, entry in files.items():
         storage.contained(step_dir, name, layout.MANIFEST)
-    return files
+        key = posixpath.normpath(name.replace("\\", "/"))
+        if key in (".", ""):
+            raise CorruptCheckpointError(
+                f"{path} lists {describe(name)}, which names no file; the file is damaged"
+            )
+        if key in normal and normal[key] != entry:
+            raise CorruptCheckpointError(
+                f"{path} lists {key} more than once, with different sizes or hashes; the file is damaged"
+            )
+        normal[key] = entry
+    return normal
 
 
 def manifest_problems(step_dir: str, deep: bool = False, only: str | None = None) -> list[str] | None:

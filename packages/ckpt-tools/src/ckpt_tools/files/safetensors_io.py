@@ -145,9 +145,22 @@ def _parse_header_json(name: str, raw: bytes) -> tuple[dict[str, Any], dict[str,
     return data, metadata
 
 
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _no_duplicates(name: str, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
+        if not key.isascii() and not _is_text(key):
+            raise CorruptCheckpointError(
+                f"{name}: the header holds the name {describe(key)}, which is not valid text (a lone "
+                "surrogate); the file is damaged"
+            )
         if key in out:
             raise CorruptCheckpointError(
                 f"{name}: the header lists {describe(key)} twice; the file is damaged"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 import threading
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ckpt_tools.errors import CheckpointNotFoundError, CorruptCheckpointError
 from ckpt_tools.format import layout
-from ckpt_tools.format.untrusted import MAX_JSON_BYTES, describe, parse_json
+from ckpt_tools.format.untrusted import MAX_CONFIG_BYTES, MAX_JSON_BYTES, describe, parse_json
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -90,12 +91,22 @@ def read_bytes(path: str | os.PathLike[str], limit: int | None = None) -> bytes:
     """The whole content of a regular file; more than `limit` bytes (when given) is refused."""
     label = os.fspath(path)
     with open_regular(label) as handle:
-        data = handle.read() if limit is None else handle.read(limit + 1)
+        data = handle.read() if limit is None else _read_at_most(handle, limit + 1)
     if limit is not None and len(data) > limit:
         raise CorruptCheckpointError(
             f"{label} is larger than {limit} bytes, more than a checkpoint writes there"
         )
     return data
+
+
+def _read_at_most(handle: IO[bytes], size: int) -> bytes:
+    """Up to `size` bytes, read in pieces: `read(size)` allocates `size` bytes before reading, so a
+    512 MiB limit on a 2 kB `.metadata` would cost 512 MiB (a MemoryError under a memory limit)."""
+    pieces, left = [], size
+    while left > 0 and (piece := handle.read(min(left, COPY_BLOCK))):
+        pieces.append(piece)
+        left -= len(piece)
+    return b"".join(pieces)
 
 
 def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:
@@ -150,6 +161,12 @@ def contained(root: str, name: Any, what: str) -> str:
             f"{root}: {what} names {describe(name)}, outside its directory: refused (a checkpoint names "
             "only files inside itself)"
         )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no file can have that name, and printing it fails
+        raise CorruptCheckpointError(
+            f"{root}: {what} names {describe(name)}, which is not valid text for a file name; the file is damaged"
+        ) from None
     path = f"{root.rstrip('/')}/{name}"
     fs, inner = resolve(path)
     if is_local(fs):
@@ -160,6 +177,46 @@ def contained(root: str, name: Any, what: str) -> str:
                 "refused (a checkpoint names only files inside itself)"
             )
     return path
+
+
+# A huggingface_hub cache snapshot: its files are links into the same repo's `blobs/`, followed.
+_HUB_SNAPSHOT = re.compile(r"^(?P<repo>.+/(?:models|datasets|spaces)--[^/]+--[^/]+)/snapshots/[^/]+$")
+_LINK_WALK_DEPTH = 4  # a step directory is 3 deep (step/training_state/optimizer_0/file)
+_LINK_WALK_ENTRIES = 200_000
+
+
+def check_links(root: str | os.PathLike[str]) -> None:
+    """Refuse a local step or model directory holding a file or directory that resolves outside it
+    (a symlink to elsewhere), before any reader opens one: `inspect`, `verify`, `diff`, the loaders,
+    resume and `push` would otherwise read, or upload, a file the checkpoint does not hold. Inside a
+    Hugging Face cache snapshot (`.../models--ns--name/snapshots/<rev>/`) links into the same repo's
+    `blobs/` are how the cache stores files, and are followed. Stores have no links; nothing to do.
+    The walk stops at a step directory's depth, so a stray `ckpt inspect ~` stays quick."""
+    fs, inner = resolve(root)
+    if not is_local(fs) or not os.path.isdir(inner):
+        return
+    base = os.path.realpath(inner)
+    hub = _HUB_SNAPSHOT.match(base)
+    allowed = [base, *([os.path.join(hub["repo"], "blobs")] if hub else [])]
+    seen = 0
+    for directory, dirs, files in os.walk(base):  # a directory link is listed, never descended
+        if directory[len(base) :].count(os.sep) >= _LINK_WALK_DEPTH:
+            dirs.clear()
+        for name in (*dirs, *files):
+            seen += 1
+            path = os.path.join(directory, name)
+            if os.path.islink(path) and not any(_within(os.path.realpath(path), a) for a in allowed):
+                raise CorruptCheckpointError(
+                    f"{os.fspath(root)}: {describe(os.path.relpath(path, base))} is a link leading outside the "
+                    "directory: refused (a checkpoint holds only its own files); copy the file in its place "
+                    "(cp --dereference)"
+                )
+        if seen > _LINK_WALK_ENTRIES:
+            return
+
+
+def _within(path: str, base: str) -> bool:
+    return os.path.commonpath([base, path]) == base
 
 
 def read_text(path: str | os.PathLike[str]) -> str:
@@ -252,18 +309,26 @@ def move_tree(fs: fsspec.AbstractFileSystem, src: str, dst: str, *, last: str | 
         fs.rm(src, recursive=True)
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
+def read_json(path: str | os.PathLike[str], limit: int = MAX_JSON_BYTES) -> Any:
     """A JSON file's value; a file that does not parse (or nests too deeply, holds a 5,000-digit
-    integer, is not a regular file, is over `MAX_JSON_BYTES`) is a damaged checkpoint, named as such."""
-    return parse_json(read_bytes(path, MAX_JSON_BYTES), os.fspath(path))
+    integer, is not a regular file, is over `limit`) is a damaged checkpoint, named as such. Files of
+    a config's size pass `MAX_CONFIG_BYTES`: a 150 MB "config" is refused, not parsed into gigabytes."""
+    return parse_json(read_bytes(path, limit), os.fspath(path))
 
 
-def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_json_object(path: str | os.PathLike[str], limit: int = MAX_JSON_BYTES) -> dict[str, Any]:
     """`read_json` for files whose value must be an object (configs, indexes)."""
-    data = read_json(path)
+    data = read_json(path, limit)
     if not isinstance(data, dict):
         raise CorruptCheckpointError(f"{os.fspath(path)}: expected a JSON object, got {describe(data)}")
     return data
+
+
+def read_config_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A config file (`train_config.json`, `config.json`) as the untrusted input it is: a JSON object
+    under `MAX_CONFIG_BYTES`, every failure one CorruptCheckpointError line (what a resume or a
+    `--policy.path` reads before it trusts any field)."""
+    return read_json_object(path, MAX_CONFIG_BYTES)
 
 
 def json_bytes(data: Any) -> bytes:

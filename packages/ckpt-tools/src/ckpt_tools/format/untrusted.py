@@ -20,6 +20,10 @@ MAX_METADATA_BYTES = 512 << 20
 """A DCP `.metadata` pickle: 20,000 chunks take 2.4 MB, so this allows about four million."""
 MAX_JSON_BYTES = 256 << 20
 """A JSON side file (`training_step.json`, configs, the index of a 10,000-shard model: a few MB)."""
+MAX_POINTER_BYTES = 4096
+"""The text form of `checkpoints/last`: a step name and a newline (a 2 GB file there is not read)."""
+MAX_CONFIG_BYTES = 16 << 20
+"""A config-sized JSON file (`train_config.json`, `config.json`, a scheduler's state): a few kB."""
 MAX_INT = 2**63 - 1
 """Every size, offset and count in a checkpoint fits int64, as torch and safetensors store them."""
 
@@ -68,3 +72,38 @@ def _is_scalar(value: Any) -> bool:
 def is_count(value: Any) -> bool:
     """A non-negative integer within int64 (never a bool)."""
     return type(value) is int and 0 <= value <= MAX_INT
+
+
+def check_like(saved: Any, live: Any, source: str) -> None:
+    """Refuse a value read from a file (`saved`) unless it has the kind of value the object it goes
+    into holds now (`live`: a scheduler's or optimizer's own state), so a string where a count belongs
+    is one line before loading, not a TypeError at the first step. Dicts are compared key by key on
+    the keys both hold (an older file may lack a key a newer torch added), lists item by item; an int
+    must stay an int, a float may be any number; a live None or tensor takes anything."""
+    if isinstance(live, dict):
+        if not isinstance(saved, dict):
+            raise CorruptCheckpointError(f"{source} is {describe(saved)}, expected an object")
+        for key in live.keys() & saved.keys():
+            check_like(saved[key], live[key], f"{source}: {key}")
+    elif isinstance(live, (list, tuple)):
+        if not isinstance(saved, list) or len(saved) != len(live):
+            raise CorruptCheckpointError(f"{source} is {describe(saved)}, expected a list of {len(live)}")
+        for index, (item, like) in enumerate(zip(saved, live, strict=True)):
+            check_like(item, like, f"{source}[{index}]")
+    else:
+        kind = _kind(live)
+        if kind is not None and _kind(saved) not in _ACCEPTS[kind]:
+            raise CorruptCheckpointError(f"{source} is {describe(saved)}, expected a {kind}")
+
+
+_ACCEPTS = {"bool": {"bool"}, "int": {"int"}, "float": {"int", "float"}, "string": {"string"}}
+
+
+def _kind(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    return "string" if isinstance(value, str) else None

@@ -30,6 +30,7 @@ from ckpt_tools.catalog import (
 )
 from ckpt_tools.dcp.chunk_tiling import dcp_index_problems
 from ckpt_tools.dcp.index import DcpIndex, dcp_file_problems, read_dcp_index
+from ckpt_tools.dcp.records import dcp_record_problems
 from ckpt_tools.errors import CheckpointError, CorruptCheckpointError, NotACheckpointError, one_line
 from ckpt_tools.files import commit, locate, storage
 from ckpt_tools.files.manifest import manifest_problems
@@ -130,7 +131,9 @@ def _verify_target(text: str, target: str, findings: _Findings, deep: bool) -> V
             _verify_lerobot_state(findings, state_dir)
         else:
             step = _verify_training_state(findings, step_dir, state_dir)
-    groups = _verify_groups(findings, locations)
+    # --deep: the bytes of DCP records no manifest hashes (a bare DCP directory) are checked by CRC-32
+    unhashed = deep and (step_dir is None or not storage.exists(layout.join(step_dir, layout.MANIFEST)))
+    groups = _verify_groups(findings, locations, records=unhashed)
     _check_required(findings, step, locations, model_dir, state_dir)
     _verify_side_files(findings, model_dir, locations)
     _compare_formats(findings, groups)
@@ -349,7 +352,9 @@ def _check_json_if_present(findings: _Findings, path: str, kind: type[dict] | ty
 # --- tensor groups ---------------------------------------------------------------------------------
 
 
-def _verify_groups(findings: _Findings, locations: list[WeightSet]) -> list[TensorGroup]:
+def _verify_groups(
+    findings: _Findings, locations: list[WeightSet], *, records: bool = False
+) -> list[TensorGroup]:
     groups = []
     indexes: dict[str, DcpIndex | None] = {}  # a DCP directory may hold two roles (torchtitan's)
     for location in locations:
@@ -360,6 +365,10 @@ def _verify_groups(findings: _Findings, locations: list[WeightSet]) -> list[Tens
                 if index is not None:
                     findings.extend(f"{location.path}: files", dcp_file_problems(index))
                     findings.extend(f"{location.path}: chunks", dcp_index_problems(index))
+                    if records:
+                        findings.extend(
+                            f"{location.path}: chunk records (CRC-32)", dcp_record_problems(index)
+                        )
                 indexes[location.path] = index
             index = indexes[location.path]
             if index is not None:

@@ -12,10 +12,12 @@ from typing import Any
 
 import torch
 
+from ckpt_tools.errors import CorruptCheckpointError
 from ckpt_tools.files import manifest, storage
 from ckpt_tools.files.digest import Recorder
 from ckpt_tools.files.safetensors_io import SafetensorsHeader, read_safetensors_header
 from ckpt_tools.format import layout
+from ckpt_tools.format.untrusted import MAX_CONFIG_BYTES, check_like, describe, parse_json
 from ckpt_tools.tensors.tensor_io import read_safetensors, read_safetensors_block, write_safetensors
 
 
@@ -79,18 +81,67 @@ def _assemble(
     metadata: dict[str, str],
     optimizer: torch.optim.Optimizer | None,
 ) -> dict:
-    groups = storage.read_json(layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS))
-    state: dict[str, dict[str, Any]] = json.loads(metadata.get("state_extras", "{}"))
+    """The state dict from the file's tensors, its metadata and the JSON param groups, each part
+    checked (these files are untrusted: a resume refuses them in one line before it loads anything)."""
+    groups_path = layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS)
+    groups = _param_groups(groups_path, optimizer)
+    file = layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS)
+    state = parse_json(
+        metadata.get("state_extras", "{}").encode("utf-8", "surrogatepass"), f"{file}: state_extras"
+    )
+    if not (isinstance(state, dict) and all(isinstance(v, dict) for v in state.values())):
+        raise CorruptCheckpointError(
+            f"{file}: metadata state_extras is {describe(state)}, not an object of objects"
+        )
     for key, tensor in tensors.items():
-        kind, rest = key.split("/", 1)
-        owner, name = rest.rsplit("/", 1)
+        kind, owner, name = _tensor_key(key, len(groups), file)
         if kind == "state":
             state.setdefault(owner, {})[name] = tensor
         else:
             groups[int(owner)][name] = tensor
     if optimizer is not None:
+        for index, (group, live) in enumerate(zip(groups, optimizer.param_groups, strict=True)):
+            check_like(_without_params(group), _without_params(live), f"{groups_path}[{index}]")
         restore_tuples(groups, optimizer.param_groups)
     return {"state": state, "param_groups": groups}
+
+
+def _param_groups(path: str, optimizer: torch.optim.Optimizer | None) -> list[dict[str, Any]]:
+    """`optimizer_param_groups.json`: a list of objects whose `params` are parameter names, one per
+    group of the optimizer it goes into."""
+    groups = storage.read_json(path, MAX_CONFIG_BYTES)
+    if not isinstance(groups, list) or not all(
+        isinstance(g, dict)
+        and isinstance(g.get("params"), list)
+        and all(isinstance(p, str) for p in g["params"])
+        for g in groups
+    ):
+        raise CorruptCheckpointError(
+            f"{path} is {describe(groups)}, not a list of param groups naming their parameters; the file is damaged"
+        )
+    if optimizer is not None and len(groups) != len(optimizer.param_groups):
+        raise CorruptCheckpointError(
+            f"{path} holds {len(groups)} param groups and this optimizer {len(optimizer.param_groups)}; "
+            "resume with the optimizer settings the checkpoint was trained with"
+        )
+    return groups
+
+
+def _tensor_key(key: str, groups: int, file: str) -> tuple[str, str, str]:
+    """`state/<param fqn>/<name>` or `param_groups/<i>/<key>` split, anything else refused."""
+    kind, _, rest = key.partition("/")
+    owner, _, name = rest.rpartition("/")
+    index_ok = kind != "param_groups" or (owner.isdigit() and len(owner) < 7 and int(owner) < groups)
+    if kind not in ("state", "param_groups") or not owner or not name or not index_ok:
+        raise CorruptCheckpointError(
+            f"{file} holds the tensor {describe(key)}, which is neither state/<param>/<name> nor "
+            f"param_groups/<i>/<key> of its {groups} groups; the file is damaged"
+        )
+    return kind, owner, name
+
+
+def _without_params(group: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in group.items() if key != "params"}
 
 
 def restore_tuples(groups: list[dict[str, Any]], like: list[dict[str, Any]]) -> None:

@@ -17,6 +17,7 @@ from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError
 from ckpt_tools.files.digest import Recorder
 from ckpt_tools.files.locate import resolve_model_dir
 from ckpt_tools.format import layout
+from ckpt_tools.format.untrusted import describe, parse_json
 from ckpt_tools.tensors.tensor_io import read_safetensors, write_safetensors
 
 RngSnapshot = tuple[dict[str, torch.Tensor], dict[str, str]]  # one rank's tensors and metadata
@@ -62,6 +63,47 @@ def write_rng_state(
     write_safetensors(path, tensors, metadata, recorder)
 
 
+def _saved_world(metadata: dict[str, str], path: str) -> int:
+    text = metadata.get("world_size", "")
+    if not (text.isdigit() and len(text) <= 6 and int(text) >= 1):
+        raise CorruptCheckpointError(
+            f"{path}: metadata world_size is {describe(text)}, not a rank count; the file is damaged"
+        )
+    return int(text)
+
+
+def _saved_states(
+    tensors: dict[str, torch.Tensor], metadata: dict[str, str], prefix: str, path: str
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The python and numpy generator states of one saved rank, every part type-checked: the metadata
+    is untrusted JSON (parsed by `parse_json`), the tensors must be there."""
+    for key in ("python", "numpy", "torch"):
+        if prefix + key not in tensors:
+            raise CorruptCheckpointError(f"{path} lacks the tensor {prefix}{key}; the file is damaged")
+    python = _metadata_list(metadata, prefix + "python", path, (int, (float, type(None))))
+    numpy_meta = _metadata_list(metadata, prefix + "numpy", path, (str, int, int, (int, float)))
+    words = tuple(tensors[prefix + "python"].tolist())
+    keys = tensors[prefix + "numpy"].numpy().astype(np.uint32)
+    return (python[0], words, python[1]), (numpy_meta[0], keys, *numpy_meta[1:])
+
+
+def _metadata_list(metadata: dict[str, str], key: str, path: str, kinds: tuple[Any, ...]) -> list[Any]:
+    """A metadata entry that must be a JSON list of len(kinds) values of those types (bools refused)."""
+    if key not in metadata:
+        raise CorruptCheckpointError(f"{path}: metadata lacks {key}; the file is damaged")
+    value = parse_json(metadata[key].encode("utf-8", "surrogatepass"), f"{path}: metadata {key}")
+    ok = isinstance(value, list) and len(value) == len(kinds)
+    ok = ok and all(
+        isinstance(v, kind) and not isinstance(v, bool) for v, kind in zip(value, kinds, strict=True)
+    )
+    if not ok:
+        raise CorruptCheckpointError(
+            f"{path}: metadata {key} is {describe(value)}, not the {len(kinds)} values a generator state "
+            "holds; the file is damaged"
+        )
+    return value
+
+
 def rng_snapshot(rank: int) -> RngSnapshot:
     """This rank's RNG states now, keyed for `write_rng_state`."""
     prefix = f"rank{rank}/"
@@ -94,21 +136,23 @@ def load_rng_state(step_dir: str | os.PathLike[str], rank: int, world_size: int)
         raise NotACheckpointError(f"{os.fspath(step_dir)} has no training_state/; pass a step directory")
     path = layout.join(step, layout.TRAINING_STATE_DIR, layout.RNG_STATE)
     tensors, metadata = read_safetensors(path)
-    saved_world = int(metadata.get("world_size", "0"))
-    if saved_world < 1:
-        raise CorruptCheckpointError(f"{path}: metadata has no world_size; the file is damaged")
+    saved_world = _saved_world(metadata, path)
     prefix = f"rank{rank % saved_world}/"
-    version, gauss = json.loads(metadata[prefix + "python"])
-    random.setstate((version, tuple(tensors[prefix + "python"].tolist()), gauss))
-    np_name, np_pos, np_has_gauss, np_gauss = json.loads(metadata[prefix + "numpy"])
-    np_keys = tensors[prefix + "numpy"].numpy().astype(np.uint32)
-    np.random.set_state((np_name, np_keys, np_pos, np_has_gauss, np_gauss))
-    torch.set_rng_state(tensors[prefix + "torch"])
-    if torch.cuda.is_available():
-        for device in range(torch.cuda.device_count()):
-            key = f"{prefix}cuda/{device}"
-            if key in tensors:
-                torch.cuda.set_rng_state(tensors[key], device)
+    try:  # the types are checked; a value the generators still reject (a wrong length) is one line too
+        python, numpy_state = _saved_states(tensors, metadata, prefix, path)
+        random.setstate(python)
+        np.random.set_state(numpy_state)
+        torch.set_rng_state(tensors[prefix + "torch"])
+        if torch.cuda.is_available():
+            for device in range(torch.cuda.device_count()):
+                key = f"{prefix}cuda/{device}"
+                if key in tensors:
+                    torch.cuda.set_rng_state(tensors[key], device)
+    except (ValueError, TypeError, RuntimeError, OverflowError) as exc:
+        raise CorruptCheckpointError(
+            f"{path}: the saved RNG state of {prefix.rstrip('/')} does not load ({' '.join(str(exc).split())[:200]}); "
+            "the file is damaged: resume from an earlier step"
+        ) from None
     if rank >= saved_world:
         digest = hashlib.sha256(tensors[prefix + "torch"].numpy().tobytes() + rank.to_bytes(8, "little"))
         seed = int.from_bytes(digest.digest()[:8], "little") >> 1

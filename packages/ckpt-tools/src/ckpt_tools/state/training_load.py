@@ -31,6 +31,7 @@ from ckpt_tools.files.locate import read_training_step, resolve_model_dir
 from ckpt_tools.files.safetensors_io import SafetensorsHeader, read_safetensors_header, read_weight_map
 from ckpt_tools.format import layout
 from ckpt_tools.format.meta import TrainingStep
+from ckpt_tools.format.untrusted import MAX_CONFIG_BYTES, check_like
 from ckpt_tools.state.adapters import adapter_keys
 from ckpt_tools.state.collective import Group, is_sharded
 from ckpt_tools.state.evaluation_load import read_weight_set
@@ -71,9 +72,18 @@ def load_training_state(
     if optimizer is not None:
         _load_optimizer(state_dir, saved, model, optimizer, group)
     if scheduler is not None:
-        scheduler.load_state_dict(storage.read_json(layout.join(state_dir, layout.SCHEDULER_STATE)))
+        scheduler.load_state_dict(_checked_state(layout.join(state_dir, layout.SCHEDULER_STATE), scheduler))
     if scaler is not None and storage.exists(layout.join(state_dir, layout.SCALER_STATE)):
-        scaler.load_state_dict(storage.read_json(layout.join(state_dir, layout.SCALER_STATE)))
+        scaler.load_state_dict(_checked_state(layout.join(state_dir, layout.SCALER_STATE), scaler))
+
+
+def _checked_state(path: str, target: Any) -> dict[str, Any]:
+    """A scheduler's or loss scaler's saved state, refused unless each value it shares with the live
+    object's own `state_dict()` has that value's type (a string step count is one line here, not a
+    TypeError at the first step)."""
+    saved = storage.read_json_object(path, MAX_CONFIG_BYTES)
+    check_like(saved, target.state_dict(), path)
+    return saved
 
 
 def _load_model(model_dir: str, model: nn.Module, group: Group) -> None:

@@ -59,12 +59,12 @@ def read_safetensors(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]
     from safetensors.torch import load
 
     fs, inner = storage.resolve(path)
+    header = read_safetensors_header(path)  # every reader validates alike (verify's rules), names the file
     try:
-        if storage.is_local(fs) and fs.exists(inner):
+        if storage.is_local(fs):
             with safe_open(inner, framework="pt") as handle:
                 tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
                 return tensors, handle.metadata() or {}
-        header = read_safetensors_header(path)  # validates, and names the file when it is damaged
         return load(storage.read_bytes(path)), header.metadata
     except SafetensorError as exc:
         raise CorruptCheckpointError(f"{path}: {exc}; the file is damaged, re-copy or re-save it") from exc

@@ -73,9 +73,10 @@ def select_publish_files(model_dir: str | os.PathLike[str]) -> list[str]:
     `CorruptCheckpointError` for a shard index naming a missing shard.
     """
     root = os.fspath(model_dir).rstrip("/")
+    storage.check_links(root)  # a link out is refused; a Hub cache snapshot's links are followed
     fs, inner = storage.resolve(root)
     entries = {layout.name(entry["name"]): entry["type"] for entry in fs.ls(inner, detail=True)}
-    present = {name for name, kind in entries.items() if kind == "file"}
+    present = {name for name, kind in entries.items() if _is_file(fs, inner, name, kind)}
     selected = {name for name in present if name in _SINGLE_FILES or name.startswith(_PROCESSOR_PREFIXES)}
     if layout.MODEL_INDEX in present:
         selected |= {layout.MODEL_INDEX, *_index_shards(root, present)}
@@ -354,6 +355,14 @@ def _remove_quietly(fs: Any, paths: list[str]) -> None:
 
 
 # --- selection helpers ------------------------------------------------------------------------------
+
+
+def _is_file(fs: Any, inner: str, name: str, kind: str) -> bool:
+    """A listed entry that is a file: fsspec lists a local link as `other`, so a link (to a file inside
+    the directory, or a Hub cache snapshot's link to its blob) is asked where it leads."""
+    if kind == "other" and storage.is_local(fs):
+        return os.path.isfile(os.path.join(inner, name))
+    return kind == "file"
 
 
 def _index_shards(model_dir: str, present: set[str]) -> set[str]:

@@ -22,6 +22,7 @@ import torch
 import ckpt_tools
 from trainer.cli.parse import LEROBOT_FLAGS, settle_choice
 from trainer.config.dataset import DatasetConfig
+from trainer.config.registry import split_allow_types
 from trainer.data import sim
 from trainer.data.dataset import OBS_KEY
 from trainer.data.pendulum import PendulumConfig
@@ -40,7 +41,8 @@ Scores a saved policy without training (docs/training.md, Evaluation):
                        action error over --dataset.episodes, default every episode)
   --batch_size=256     frames per forward pass on a dataset
   --device=cpu         where the policy runs
-  --json               print one JSON object instead of a line"""
+  --json               print one JSON object instead of a line
+  --allow_types=a:B,.. module:Class types the checkpoint may name (imported: trust them first)"""
 _SPLIT_FIELDS = ("episodes", "val_episodes")  # a LeRobot run's split: not inherited by eval
 
 
@@ -62,14 +64,14 @@ class EvalConfig:
 
 def run_eval(args: Sequence[str]) -> dict[str, Any]:
     """Parse, load, score; returns the result (the same on every rank)."""
-    rest = [a for a in args if a != "--json"]
+    allowed, rest = split_allow_types([a for a in args if a != "--json"])
     path = next((a.split("=", 1)[1] for a in reversed(rest) if a.startswith("--policy.path=")), None)
     if not path:
         raise ConfigError(
             f"trainer eval needs --policy.path=PATH (a checkpoint, model directory or Hub id); {USAGE}"
         )
     with _saved_dataset(path, rest) as config_path:
-        settle_choice(rest, config_path, DatasetConfig, "dataset")
+        settle_choice(rest, config_path, DatasetConfig, "dataset", allowed)
         try:
             config = draccus.parse(EvalConfig, config_path=config_path, args=rest, exit_on_error=False)
         except Exception as exc:  # draccus wraps bad flags and values in several exception types
@@ -77,7 +79,7 @@ def run_eval(args: Sequence[str]) -> dict[str, Any]:
             raise (
                 cause if isinstance(cause, ConfigError) else ConfigError(" ".join(str(exc).split()))
             ) from None
-    loaded = load_policy(path, config.device)
+    loaded = load_policy(path, config.device, allow_types=allowed)
     world, rank, reduce = _ranks()
     if config.dataset.rollout_episodes:
         camera = _sim_camera(config.dataset, loaded)

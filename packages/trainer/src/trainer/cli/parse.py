@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
 
 import draccus
 
+import ckpt_tools
 from ckpt_tools import layout
 from trainer.config.dataset import DatasetConfig
-from trainer.config.registry import known_types, register_import_path
+from trainer.config.registry import known_types, register_import_path, split_allow_types
 from trainer.config.train import TrainConfig
 from trainer.errors import ConfigError
 from trainer.policies.base import PolicyConfig
@@ -26,12 +26,13 @@ LEROBOT_FLAGS = ("--dataset.repo_id", "--dataset.root")
 def parse_config(args: Sequence[str]) -> TrainConfig:
     """Flags override the `--config_path` file, which overrides the defaults. With `--resume=true` and
     no `--config_path`, the file is the train_config.json of `--output_dir`'s last checkpoint, if any."""
-    config_path, rest = _split_config_path(normalize_argv(args))
+    allowed, argv = split_allow_types(normalize_argv(args))
+    config_path, rest = _split_config_path(argv)
     if config_path is None:
         config_path = _auto_resume_config_path(rest)
     flags_given = frozenset(arg[2:].partition("=")[0] for arg in rest if arg.startswith("--"))
     with _local_copy(config_path) as local, policy_defaults(rest, local) as defaults_path:
-        config = _parse(rest, defaults_path)  # defaults_path: + `--policy.path`'s config.json
+        config = _parse(rest, defaults_path, allowed)  # defaults_path: + `--policy.path`'s config.json
     config.config_path = config_path
     config.flags_given = flags_given
     if not layout.is_url(config.output_dir):  # resolved once: a resume from elsewhere writes the same run
@@ -92,9 +93,9 @@ def _auto_resume_config_path(args: list[str]) -> str | None:
     return saved_config_path(values.get("--output_dir", TrainConfig.output_dir))
 
 
-def _parse(rest: list[str], config_path: str | None) -> TrainConfig:
+def _parse(rest: list[str], config_path: str | None, allowed: tuple[str, ...]) -> TrainConfig:
     for registry, section in ((PolicyConfig, "policy"), (DatasetConfig, "dataset")):
-        settle_choice(rest, config_path, registry, section)
+        settle_choice(rest, config_path, registry, section, allowed)
     try:
         config = draccus.parse(TrainConfig, config_path=config_path, args=rest, exit_on_error=False)
     except ConfigError:
@@ -130,19 +131,25 @@ def _split_config_path(args: list[str]) -> tuple[str | None, list[str]]:
 
 
 def settle_choice(
-    rest: list[str], config_path: str | None, registry: type[draccus.ChoiceRegistry], section: str
+    rest: list[str],
+    config_path: str | None,
+    registry: type[draccus.ChoiceRegistry],
+    section: str,
+    allowed: tuple[str, ...] = (),
 ) -> None:
     """Name the section's type before draccus sees its fields (draccus needs the choice first):
     `--policy.dim=32` alone means the default policy, and LeRobot's `--dataset.repo_id` / `--dataset.root`
-    alone mean a LeRobotDataset. An import-path type is registered on the way."""
+    alone mean a LeRobotDataset. An import-path type is registered on the way: one typed as a flag
+    always, one read from the config file (a checkpoint's) only when `allowed` (`--allow_types`) names it."""
     flag = f"--{section}.type"
-    chosen = _choice_type(rest, config_path, section)
+    chosen, from_file = _choice_type(rest, config_path, section)
     if chosen is None and any(arg.startswith(f"--{section}.") for arg in rest):
         lerobot = section == "dataset" and any(arg.startswith(LEROBOT_FLAGS) for arg in rest)
         chosen = "lerobot" if lerobot else registry.default_choice_name() or DEFAULT_TYPES[section]
         rest.insert(0, f"{flag}={chosen}")
     if chosen is not None:
-        register_import_path(registry, chosen, flag)
+        source = f"the {section} type of {config_path}" if from_file else flag
+        register_import_path(registry, chosen, source, allowed=allowed if from_file else None)
         if chosen not in known_types(registry):
             built_in = ", ".join(t for t in known_types(registry) if ":" not in t)
             raise ConfigError(
@@ -150,18 +157,18 @@ def settle_choice(
             )
 
 
-def _choice_type(args: list[str], config_path: str | None, section: str) -> str | None:
-    """The type a flag or the config file asks for in `section` (policy or dataset)."""
+def _choice_type(args: list[str], config_path: str | None, section: str) -> tuple[str | None, bool]:
+    """The type a flag or the config file asks for in `section` (policy or dataset), and whether it
+    came from the file."""
     for arg in reversed(args):
         if arg.startswith(f"--{section}.type="):
-            return arg.split("=", 1)[1]
+            return arg.split("=", 1)[1], False
     if config_path is not None:
-        try:
-            with open(config_path, encoding="utf-8") as handle:
-                data = json.load(handle)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"--config_path={config_path}: cannot read it as JSON ({exc})") from None
-        part = data.get(section) if isinstance(data, dict) else None
+        try:  # a checkpoint's file, untrusted: bounded in size and depth before any field is used
+            data = ckpt_tools.read_config_json(config_path)
+        except ckpt_tools.CheckpointError as exc:
+            raise ConfigError(f"--config_path={config_path}: {exc}") from None
+        part = data.get(section)
         if isinstance(part, dict) and isinstance(part.get("type"), str):
-            return part["type"]
-    return None
+            return part["type"], True
+    return None, False

@@ -8,19 +8,38 @@ records the same name, finds the class again.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TypeVar
 
 import draccus
 
 from trainer.errors import ConfigError
 
+ALLOW_TYPES_FLAG = "--allow_types"
 
-def register_import_path(registry: type[draccus.ChoiceRegistry], type_name: str, flag: str) -> None:
-    """Import `module:Class` and register it in `registry` under that name (other names: no-op)."""
+
+def register_import_path(
+    registry: type[draccus.ChoiceRegistry],
+    type_name: str,
+    flag: str,
+    *,
+    allowed: Collection[str] | None = None,
+) -> None:
+    """Import `module:Class` and register it in `registry` under that name (other names: no-op).
+
+    `allowed` is None for a name the caller typed (a flag, code). A name read from a file (a
+    checkpoint's config.json, a saved train_config.json) passes the caller's allow-list instead:
+    importing a module runs its code, and a downloaded checkpoint must not choose code to run, so an
+    unregistered type outside the list is refused before anything is imported."""
     if ":" not in type_name or type_name in registry.get_known_choices():
         return
     module_name, _, class_name = type_name.partition(":")
+    if allowed is not None and type_name not in allowed:
+        raise ConfigError(
+            f"{flag} is {type_name[:120]!r}, which would import and run the module {module_name[:120]!r}: "
+            "refused, a saved file may name only built-in or registered types; if you trust it, allow it "
+            f"with {ALLOW_TYPES_FLAG}={type_name[:120]} (load_policy(path, allow_types=[...]) in code)"
+        )
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as exc:
@@ -52,6 +71,21 @@ def registered_default(registry: type[Choice], type_name: str, package: str) -> 
         return choice()
 
     return build
+
+
+def split_allow_types(args: list[str]) -> tuple[tuple[str, ...], list[str]]:
+    """`--allow_types=a.b:C,d:E` (the `module:Class` types a saved file may name) taken out of the
+    arguments. It is a command-line flag only, never a config field: a saved file listing its own
+    types would allow itself."""
+    allowed: list[str] = []
+    rest = []
+    for arg in args:
+        if arg.startswith(ALLOW_TYPES_FLAG + "="):
+            value = arg.split("=", 1)[1].strip().removeprefix("[").removesuffix("]")
+            allowed += [name.strip() for name in value.split(",") if name.strip()]
+        else:
+            rest.append(arg)
+    return tuple(allowed), rest
 
 
 def known_types(registry: type[draccus.ChoiceRegistry]) -> list[str]:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from trainer.data.dataset import ACTION_KEY, OBS_KEY, is_camera
+from trainer.errors import ConfigError
 
 PREPROCESSOR_KEYS = (OBS_KEY, ACTION_KEY)
 POSTPROCESSOR_KEYS = (ACTION_KEY,)
@@ -62,16 +63,58 @@ class Processor:
         return {"steps": [step.config() for step in self.steps]}, [step.tensors() for step in self.steps]
 
     @classmethod
-    def from_state(cls, config: dict[str, Any], step_tensors: list[dict[str, torch.Tensor]]) -> Processor:
-        """The processor `state()` described (read back from a checkpoint)."""
+    def from_state(
+        cls, config: Any, step_tensors: list[dict[str, torch.Tensor]], sizes: dict[str, int] | None = None
+    ) -> Processor:
+        """The processor `state()` described (read back from a checkpoint, so checked first: the
+        config's steps against the step files, each feature's `mean` and `std` present, 1-D, of the
+        size `sizes` gives for it). Raises `ConfigError` naming the first problem."""
+        steps_config = config.get("steps") if isinstance(config, dict) else None
+        if not isinstance(steps_config, list) or len(steps_config) != len(step_tensors):
+            raise ConfigError(
+                f"its processor config lists {_count(steps_config)} steps for {len(step_tensors)} step files"
+            )
         steps = []
-        for step, tensors in zip(config.get("steps", []), step_tensors, strict=True):
+        for index, (step, tensors) in enumerate(zip(steps_config, step_tensors, strict=True)):
+            features, inverse = _step_config(step, index)
             stats: dict[str, dict[str, torch.Tensor]] = {}
             for name, tensor in tensors.items():
                 key, _, stat = name.rpartition(".")
                 stats.setdefault(key, {})[stat] = tensor
-            steps.append(Normalize(stats, tuple(step["features"]), inverse=step["type"] == "unnormalize"))
+            for feature in features:
+                _check_stats(stats.get(feature, {}), feature, index, (sizes or {}).get(feature))
+            steps.append(Normalize(stats, features, inverse=inverse))
         return cls(steps)
+
+
+def _count(value: Any) -> str:
+    return str(len(value)) if isinstance(value, list) else "no list of"
+
+
+def _step_config(step: Any, index: int) -> tuple[tuple[str, ...], bool]:
+    """(features, inverse) of one saved step: `{"type": "normalize"|"unnormalize", "features": [...]}`."""
+    kind = step.get("type") if isinstance(step, dict) else None
+    features = step.get("features") if isinstance(step, dict) else None
+    if kind not in ("normalize", "unnormalize") or not (
+        isinstance(features, list) and all(isinstance(f, str) for f in features)
+    ):
+        raise ConfigError(f"its processor step {index} is not a normalize step naming its features")
+    return tuple(features), kind == "unnormalize"
+
+
+def _check_stats(stats: dict[str, torch.Tensor], feature: str, index: int, size: int | None) -> None:
+    for stat in ("mean", "std"):
+        tensor = stats.get(stat)
+        if tensor is None:
+            raise ConfigError(f"its processor step {index} has no {feature}.{stat} tensor in its step file")
+        shape_ok = tensor.ndim == 1 or (
+            is_camera(feature) and tensor.ndim == 3 and tensor.shape[1:] == (1, 1)
+        )
+        if not shape_ok or (size is not None and tensor.shape[0] != size):
+            raise ConfigError(
+                f"its processor step {index}'s {feature}.{stat} has shape {list(tensor.shape)}, but the "
+                f"policy's {feature} has {size} values"
+            )
 
 
 def build_processors(stats: dict[str, dict[str, torch.Tensor]]) -> tuple[Processor, Processor]:

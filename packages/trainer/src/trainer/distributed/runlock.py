@@ -6,14 +6,24 @@ behind (each rank lives in a session of its own) all look the same. The main ran
 `<output_dir>/trainer.lock` (owner host, pid, start time, a heartbeat rewritten every `HEARTBEAT_S`) for
 the whole run. Another run finding it refuses to start and names the holder; a lock whose owner is dead on
 this host, or whose heartbeat is older than `STALE_AFTER_S` (an owner on another host), is stale and taken
-over with a warning. Creation is exclusive, so of two runs starting together exactly one wins: O_EXCL on a
-local (or shared POSIX) directory, a conditional write (`If-None-Match: *`) in an s3:// bucket. Other
-fsspec URLs have no exclusive create: such an output_dir is not locked, and the run says so at start.
+over with a warning. A live pid on this host is never stale, however old its heartbeat (a stopped or
+swapping process still owns its run). Creation is exclusive, so of two runs starting together exactly one
+wins: O_EXCL on a local (or shared POSIX) directory, a conditional write (`If-None-Match: *`) in an s3://
+bucket. Replacing the lock (a takeover, and every heartbeat) is exclusive too: on local disk whoever
+replaces the text T first creates the claim file `trainer.lock.claim-<hash of T>` with O_EXCL, then checks
+that the lock still holds T, then renames its own text over it; in a bucket the write is conditional on
+the version read (`If-Match`). So of two racing takeovers exactly one wins, and an owner whose lock was
+taken over learns it at its next heartbeat (`RunLock.check` then stops the run before its next commit).
+Other fsspec URLs have no exclusive create: such an output_dir is not locked, and the run says so at start.
+The window that remains (docs/resume.md): an owner on another host that is alive but silent for longer
+than `STALE_AFTER_S` (or whose clock is that far off) can be taken over; it stops at its next heartbeat,
+and may finish one commit that had already started.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import socket
@@ -23,12 +33,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ckpt_tools import layout
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, RunFailedError
 
 LOCK_FILE = "trainer.lock"
 HEARTBEAT_S = 10.0
 STALE_AFTER_S = 120.0
 PARENT_POLL_S = 1.0
+MAX_LOCK_BYTES = 4096
 BUCKET_PROTOCOLS = ("s3", "s3a")  # fsspec stores whose writes can be conditional (exclusive create)
 
 
@@ -48,38 +59,51 @@ class Owner:
         )
 
     def is_stale(self, now: float) -> bool:
-        """Dead on this host, or silent for longer than STALE_AFTER_S (another host's owner)."""
-        if self.host == socket.gethostname() and not _alive(self.pid):
-            return True
+        """Dead on this host (a live pid here never is, whatever its heartbeat says: the process may
+        only be stopped), or silent for longer than STALE_AFTER_S (another host's owner)."""
+        if self.host == socket.gethostname():
+            return not _alive(self.pid)
         return now - self.heartbeat > STALE_AFTER_S
 
 
 class _LocalStore:
-    """The lock file on a local (or shared POSIX) filesystem: O_EXCL creates it, renames replace it."""
+    """The lock file on a local (or shared POSIX) filesystem: O_EXCL creates it; a replacement is
+    exclusive through a claim file created with O_EXCL before the lock is checked and renamed over."""
 
     def __init__(self, path: str) -> None:
         self.path = path
 
     def create(self, text: str) -> bool:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        return True
+        return _create_exclusive(self.path, text)
 
     def read(self) -> tuple[str | None, Any]:
-        try:
-            with open(self.path, encoding="utf-8") as handle:
-                return handle.read(), None
-        except OSError:
-            return None, None
+        """The lock's text; its version is the text itself (what a replacement must still find)."""
+        text = _read_small(self.path)
+        return text, text
 
     def replace(self, text: str, version: Any) -> bool:
-        self.write(text)
-        return True
+        """Put `text` in place of the lock only if it still holds `version`: create-then-verify, so of
+        two processes replacing the same text exactly one succeeds. A claim left by a claimer that died
+        is itself stale, and is taken over the same way (one level down)."""
+        if version is None:  # vanished (or unreadable) since it was read: take it as new
+            return self.create(text)
+        claim = f"{self.path}.claim-{hashlib.sha256(version.encode()).hexdigest()[:16]}"
+        if not _create_exclusive(claim, text):
+            claimer = _read_small(claim)
+            owner = _decode(claimer)
+            if claimer is None or (owner is not None and not owner.is_stale(time.time())):
+                return False  # a live process is replacing this version now
+            if not _LocalStore(claim).replace(text, claimer):
+                return False
+        try:
+            if _read_small(self.path) != version:
+                return False
+            self.write(text)
+            return True
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(claim)
 
     def write(self, text: str) -> None:
         tmp = f"{self.path}.{os.getpid()}.tmp"
@@ -89,6 +113,43 @@ class _LocalStore:
 
     def remove(self) -> None:
         os.remove(self.path)
+
+
+def _create_exclusive(path: str, text: str) -> bool:
+    """Create `path` holding `text` unless it exists: written under a private name, then hard-linked
+    to `path` (the link fails if `path` exists), so it appears complete: a reader never sees a claim
+    half written and takes it for an unreadable, stale one. O_EXCL where links are not supported."""
+    tmp = f"{path}.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.new"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # no hard links here (some network filesystems)
+        return _create_excl_open(path, text)
+    finally:
+        os.remove(tmp)
+
+
+def _create_excl_open(path: str, text: str) -> bool:
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return True
+
+
+def _read_small(path: str) -> str | None:
+    """A lock or claim file's text (a few hundred bytes; more, or not text, reads as unreadable)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(MAX_LOCK_BYTES + 1).decode("utf-8") if os.path.isfile(path) else None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 class _BucketStore:
@@ -149,6 +210,8 @@ class RunLock:
         self.path = f"{self.output_dir}/{LOCK_FILE}" if remote else os.path.join(self.output_dir, LOCK_FILE)
         self.store = _store(self.path)
         self.owner: Owner | None = None
+        self.lost: str | None = None  # the line `check` raises once another run holds the lock
+        self._text: str | None = None  # what this run last wrote to the lock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -175,7 +238,7 @@ class RunLock:
                 f"warning: took over the stale lock {self.path} of "
                 f"{holder.describe(now) if holder else 'an unreadable owner'}"
             )
-        self.owner = me
+        self.owner, self._text = me, _encode(me)
         self._thread = threading.Thread(target=self._beat, name="trainer-run-lock", daemon=True)
         self._thread.start()
         return warning
@@ -200,12 +263,39 @@ class RunLock:
             f"{who}; wait for it to end or stop it, or choose another --output_dir"
         )
 
+    def check(self) -> None:
+        """Raise `ConfigError` when a heartbeat found the lock in another run's hands: the main rank
+        calls it before each commit, so a run that lost its directory writes no further step there."""
+        if self.lost is not None:
+            raise RunFailedError(self.lost)
+
+    def beat(self) -> None:
+        """One heartbeat: rewrite the lock only if it still holds what this run last wrote, through the
+        store's exclusive replace. A lock naming someone else sets `lost` and ends the heartbeat."""
+        assert self.owner is not None and self.store is not None
+        text, version = self.store.read()
+        if text == self._text:
+            fresh = Owner(self.owner.host, self.owner.pid, self.owner.started, time.time())
+            try:
+                if self.store.replace(_encode(fresh), version):
+                    self.owner, self._text = fresh, _encode(fresh)
+                    return
+            except OSError:  # a full disk must not end the run: the lock only looks older
+                return
+            text = self.store.read()[0]
+            if text == self._text:
+                return  # another process is replacing it right now: the next beat sees who won
+        holder = _decode(text)
+        who = holder.describe(time.time()) if holder is not None else "an unreadable or missing lock"
+        self.lost = (
+            f"--output_dir={self.output_dir} was taken over by another run ({who}): this run stops "
+            "before its next commit; the checkpoints it committed stay. Run one job per --output_dir"
+        )
+        self._stop.set()
+
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            assert self.owner is not None and self.store is not None
-            self.owner = Owner(self.owner.host, self.owner.pid, self.owner.started, time.time())
-            with contextlib.suppress(OSError):  # a full disk must not end the run: the lock looks older
-                self.store.write(_encode(self.owner))
+            self.beat()
 
 
 def _encode(owner: Owner) -> str:

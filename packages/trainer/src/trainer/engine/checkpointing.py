@@ -38,7 +38,15 @@ def checkpoints_dir(output_dir: str) -> str:
 
 def check_fresh_output_dir(config: TrainConfig) -> None:
     """A new run must not mix its checkpoints with an older run's."""
-    if not config.resume and ckpt_tools.latest_step_dir(config.output_dir) is not None:
+    if config.resume:
+        return
+    try:
+        holds = ckpt_tools.latest_step_dir(config.output_dir) is not None
+    except ckpt_tools.CheckpointError as exc:  # a broken `last` is still an older run's
+        raise ConfigError(
+            f"--output_dir={config.output_dir} holds a broken checkpoint pointer: {exc}"
+        ) from None
+    if holds:
         raise ConfigError(
             f"--output_dir={config.output_dir} already holds checkpoints: choose another --output_dir, "
             "or continue that run with --resume=true"

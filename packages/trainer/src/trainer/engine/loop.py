@@ -36,7 +36,7 @@ from trainer.engine import publishing, resume
 from trainer.engine.loss_window import LossWindow
 from trainer.engine.plan import RunPlan, resolve_plan
 from trainer.engine.run import Run, RunSummary
-from trainer.engine.save_schedule import SaveSchedule
+from trainer.engine.save_schedule import SaveSchedule, check_writes
 from trainer.errors import USER_ERRORS, ConfigError
 from trainer.evaluation import rollouts as evaluation
 from trainer.evaluation import validation
@@ -121,6 +121,7 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
         **summary.__dict__,
     )
     logger.close()  # the loss curve first: a failed publish ends the process
+    check_writes(logger, config, last_checkpoint)  # a metrics write that failed after the last save
     publishing.publish_final(config, summary, logger)  # --policy.push_to_hub
     run.accelerator.wait_for_everyone()
     return summary
@@ -190,6 +191,7 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
         preprocessor=preprocessor,
         postprocessor=postprocessor,
         start_step=resume_point.start_step,
+        check_lock=lock.check,
     )
     return run, wrap_plan, resume_point
 

@@ -55,7 +55,7 @@ FRESH = ResumePoint(step_dir=None, plan=None, message="")
 def saved_config_path(output_dir: str) -> str | None:
     """`train_config.json` of the run's latest checkpoint (`checkpoints/last`), or None before the
     first save: what `--resume=true --output_dir=DIR` starts from when no --config_path is given."""
-    step_dir = ckpt_tools.latest_step_dir(output_dir)
+    step_dir = resume_pointer(output_dir)
     if step_dir is None:
         return None
     try:
@@ -65,6 +65,16 @@ def saved_config_path(output_dir: str) -> str | None:
     except ckpt_tools.CheckpointError:
         pass  # a damaged step is explained where the resume reads it
     return layout.join(step_dir, layout.PRETRAINED_MODEL_DIR, layout.TRAIN_CONFIG)
+
+
+def resume_pointer(path: str) -> str | None:
+    """The step `last` names under a run's output_dir or `checkpoints/` (None before the first save).
+    A `last` that is not a valid pointer to a complete step is a refusal, never "no checkpoint": a
+    fresh start would save over the run, and its retention delete the steps it could not find."""
+    try:
+        return ckpt_tools.latest_step_dir(path)
+    except ckpt_tools.CheckpointError as exc:
+        raise ConfigError(f"cannot resume from {path}: {exc}") from None
 
 
 def find_checkpoint(config: TrainConfig) -> str | None:
@@ -80,9 +90,9 @@ def find_checkpoint(config: TrainConfig) -> str | None:
         if layout.name(model_dir) == layout.PRETRAINED_MODEL_DIR:
             step_dir = layout.parent(model_dir)
             if layout.name(step_dir) == layout.LAST:
-                return ckpt_tools.latest_step_dir(layout.parent(step_dir))
+                return resume_pointer(layout.parent(step_dir))
             return step_dir
-    return ckpt_tools.latest_step_dir(config.output_dir)
+    return resume_pointer(config.output_dir)
 
 
 def before_prepare(
@@ -113,6 +123,12 @@ def before_prepare(
         plan = ckpt_tools.plan_resume(saved, _run_shape(config, topology))
         _check_weights_fit(step_dir, model)
         ckpt_tools.load_rng_state(step_dir, rank, world_size)
+    if plan.sampler.offset > sampler.num_samples:  # fewer --dataset.episodes than the run saved with
+        raise ConfigError(
+            f"cannot resume from {step_dir}: its sampler offset {plan.sampler.offset} lies beyond this "
+            f"run's dataset of {sampler.num_samples} samples; resume with the dataset it was trained on "
+            "(its train_config.json's --dataset.* settings)"
+        )
     sampler.set_position(plan.sampler.epoch, plan.sampler.offset)
     lines = [
         f"resuming from {step_dir} at step {plan.step} (epoch {plan.sampler.epoch}, "

@@ -3,6 +3,7 @@ save schedule, evaluation and publishing share, in a module that imports none of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,8 @@ class Run:
     preprocessor: Processor
     postprocessor: Processor
     start_step: int
+    check_lock: Callable[[], None] = lambda: None
+    """Raises once another run took the output_dir over (the run lock's `check`, main rank)."""
 
 
 @dataclass

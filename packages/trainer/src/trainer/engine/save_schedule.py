@@ -10,11 +10,14 @@ step every rank stopped at (unless it just did) and raises `Interrupted`.
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import ckpt_tools
+from trainer.config.train import TrainConfig
 from trainer.distributed.interrupt import Agreement, Interrupted
 from trainer.engine import checkpointing
 from trainer.engine.run import Run
+from trainer.errors import USER_ERRORS, RunFailedError
 from trainer.reporting.metrics import Logger
 
 
@@ -40,12 +43,14 @@ class SaveSchedule:
             return
         self._commit_pending()
         if config.async_save and step != config.steps:
+            self._owns_output_dir()
             self._pending = checkpointing.start(config, self._state(step), **_saved_objects(self.run))
             self._started_now = True
         else:
             self.last_checkpoint = self._save(step)
             self.logger.note(f"checkpoint {self.last_checkpoint}")
         self._saved_step = step
+        check_writes(self.logger, self.run.config, self.last_checkpoint)  # a full disk stops the run here
 
     def at_boundary(self, step: int, agreement: Agreement) -> None:
         """The update boundary's agreed flags: commit a background write every rank has finished (any
@@ -57,9 +62,7 @@ class SaveSchedule:
         if signum:
             if self._saved_step != step:
                 self.last_checkpoint = self._save(step)
-            config = self.run.config
-            hint = f"--resume=true --output_dir={os.path.abspath(config.output_dir)}"
-            raise Interrupted(signum, step, self.last_checkpoint, hint)
+            raise Interrupted(signum, step, self.last_checkpoint, resume_hint(self.run.config))
 
     def finish(self) -> str | None:
         """Commit the write still in flight at the end of the loop; the run's last checkpoint."""
@@ -68,16 +71,34 @@ class SaveSchedule:
 
     def _commit_pending(self) -> None:
         if self._pending is not None:
+            self._owns_output_dir()
             self.last_checkpoint = checkpointing.finish(self.run.config, self._pending)
             self._pending = None
             self.logger.note(f"checkpoint {self.last_checkpoint}")
 
     def _save(self, step: int) -> str:
+        self._owns_output_dir()
         return checkpointing.save(self.run.config, self._state(step), **_saved_objects(self.run))
+
+    def _owns_output_dir(self) -> None:
+        """Collective. A run whose output_dir another run took over (its lock's heartbeat found the
+        other owner) commits nothing more: every rank raises the lock's one line."""
+        ckpt_tools.main_decides(self.run.check_lock, error=RunFailedError, expected=USER_ERRORS)
 
     def _state(self, step: int) -> ckpt_tools.TrainingStep:
         run = self.run
         return checkpointing.training_step(run.config, run.topology, step, run.sampler.position)
+
+
+def check_writes(logger: Logger, config: TrainConfig, checkpoint: str | None) -> None:
+    """Collective. Every rank raises the logger's one line when a metrics write failed (a full disk):
+    called after a save, so the steps trained since the failure are kept."""
+    check = partial(logger.check_writes, checkpoint, resume_hint(config))
+    ckpt_tools.main_decides(check, error=RunFailedError, expected=USER_ERRORS)
+
+
+def resume_hint(config: TrainConfig) -> str:
+    return f"--resume=true --output_dir={os.path.abspath(config.output_dir)}"
 
 
 def _saved_objects(run: Run) -> checkpointing.SavedObjects:

@@ -9,7 +9,7 @@ so every form of one checkpoint gives the same actions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,8 +74,14 @@ class LoadedPolicy:
         return {OBS_KEY, *self.input_features}
 
 
-def load_policy(path: str, device: str | torch.device = "cpu") -> LoadedPolicy:
-    """Load the policy saved at `path` (see the module docstring for the accepted forms)."""
+def load_policy(
+    path: str, device: str | torch.device = "cpu", *, allow_types: Collection[str] = ()
+) -> LoadedPolicy:
+    """Load the policy saved at `path` (see the module docstring for the accepted forms).
+
+    The saved config.json may name a built-in or already registered policy type; a `module:Class`
+    type is imported only when `allow_types` lists it (importing runs the module's code, and a
+    checkpoint from elsewhere must not choose code to run)."""
     local = pretrained.resolve(path)
     try:
         checkpoint = ckpt_tools.open_checkpoint(local)
@@ -83,29 +89,23 @@ def load_policy(path: str, device: str | torch.device = "cpu") -> LoadedPolicy:
         processors = ckpt_tools.load_processors(local)
     except ckpt_tools.CheckpointError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    config = _policy_config(saved, path)
+    config = _policy_config(saved, path, tuple(allow_types))
+    state = pretrained.read_weights(path)
+    _check_config_fits(config, state, path)  # before anything of the config's size is allocated
+    pre, post = _processors(processors, config, path)
     policy = build_policy(config, config.obs_dim, config.action_dim)
-    pretrained.load_weights(policy, path)
-    missing = [name for name in (layout.PREPROCESSOR, layout.POSTPROCESSOR) if name not in processors]
-    if missing:
-        raise ConfigError(
-            f"{path} holds no {missing[0]}.json: it was saved without its normalization statistics"
-        )
-    pre, post = (
-        Processor.from_state(processors[n].config, processors[n].step_tensors)
-        for n in (layout.PREPROCESSOR, layout.POSTPROCESSOR)
-    )
+    pretrained.fit_weights(policy, state, path)
     target = torch.device(device)
     policy.to(target).eval()
     return LoadedPolicy(policy=policy, preprocessor=pre, postprocessor=post, device=target)
 
 
-def _policy_config(saved: dict[str, Any], path: str) -> PolicyConfig:
+def _policy_config(saved: dict[str, Any], path: str, allow_types: tuple[str, ...]) -> PolicyConfig:
     saved = upgrade_policy_config(saved)
     policy_type = saved.get("type")
     if not isinstance(policy_type, str):
         raise ConfigError(f"{path}: its config.json names no policy type")
-    register_import_path(PolicyConfig, policy_type, "the saved policy type")
+    register_import_path(PolicyConfig, policy_type, f"the policy type of {path}", allowed=allow_types)
     try:
         config = draccus.decode(PolicyConfig, saved)
     except Exception as exc:  # draccus reports unknown fields and bad values in several types
@@ -114,6 +114,47 @@ def _policy_config(saved: dict[str, Any], path: str) -> PolicyConfig:
         ) from None
     assert isinstance(config, PolicyConfig)
     return config
+
+
+def _check_config_fits(config: PolicyConfig, state: Mapping[str, Any], path: str) -> None:
+    """Build the policy the config describes on the meta device (no memory) and compare its tensor
+    names and shapes with the saved weights: a config edited to hidden_dim=200000 is one line, not a
+    160 GB allocation."""
+    with torch.device("meta"):
+        shell = build_policy(config, config.obs_dim, config.action_dim)
+    wanted = {name: tuple(t.shape) for name, t in shell.state_dict().items()}
+    saved = {name: tuple(t.shape) for name, t in state.items()}
+    resized = sorted(name for name in wanted.keys() & saved.keys() if wanted[name] != saved[name])
+    missing = sorted(wanted.keys() - saved.keys())
+    if resized or missing:
+        first = (
+            f"{resized[0]} is {list(saved[resized[0]])} in the weights but {list(wanted[resized[0]])} by the config"
+            if resized
+            else f"the weights lack {missing[0]}"
+        )
+        raise ConfigError(
+            f"{path}: its config.json does not describe its weights ({len(resized)} resized, {len(missing)} "
+            f"missing; {first}): the config or the weights were edited or mixed up"
+        )
+
+
+def _processors(
+    processors: Mapping[str, Any], config: PolicyConfig, path: str
+) -> tuple[Processor, Processor]:
+    """The saved pre/post-processors, checked against their step files and the policy's feature sizes."""
+    missing = [name for name in (layout.PREPROCESSOR, layout.POSTPROCESSOR) if name not in processors]
+    if missing:
+        raise ConfigError(
+            f"{path} holds no {missing[0]}.json: it was saved without its normalization statistics"
+        )
+    sizes = {key: size for key, size in ((OBS_KEY, config.obs_dim), (ACTION_KEY, config.action_dim)) if size}
+    built = []
+    for name in (layout.PREPROCESSOR, layout.POSTPROCESSOR):
+        try:
+            built.append(Processor.from_state(processors[name].config, processors[name].step_tensors, sizes))
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {name}: {exc}") from None
+    return built[0], built[1]
 
 
 def _param_dtype(policy: Policy) -> torch.dtype:

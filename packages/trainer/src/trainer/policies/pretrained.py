@@ -94,13 +94,21 @@ def _written(data: dict[str, Any]) -> Iterator[str]:
 
 def load_weights(policy: Any, path: str) -> None:
     """Copy the pretrained weights at `path` into `policy` (every rank reads them; nothing is shared)."""
+    fit_weights(policy, read_weights(path), path)
+
+
+def read_weights(path: str) -> dict[str, Any]:
+    """The pretrained weights at `path` as a state dict (an adapter merged into the base it records)."""
     local = resolve(path)
     with _checkpoint_errors(path):
         checkpoint = ckpt_tools.open_checkpoint(local)
         if checkpoint.is_adapter:
-            state = ckpt_tools.merge_adapter_dir(resolve(_adapter_base(checkpoint.model_dir, path)), local)
-        else:
-            state = ckpt_tools.load_model_state_dict(local)
+            return ckpt_tools.merge_adapter_dir(resolve(_adapter_base(checkpoint.model_dir, path)), local)
+        return ckpt_tools.load_model_state_dict(local)
+
+
+def fit_weights(policy: Any, state: dict[str, Any], path: str) -> None:
+    """Copy `state` into `policy`, refusing weights that do not fit it in one line."""
     missing, unexpected = policy.load_state_dict(state, strict=False)
     if missing or unexpected:
         first = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
@@ -124,14 +132,11 @@ def _adapter_base(model_dir: str, path: str) -> str:
 
 
 def _read_json_file(path: str) -> dict[str, Any]:
+    """A config file (bounded in size and depth: it may come from a downloaded checkpoint)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read it as JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    return data
+        return ckpt_tools.read_config_json(path)
+    except ckpt_tools.CheckpointError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 @contextlib.contextmanager

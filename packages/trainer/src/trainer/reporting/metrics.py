@@ -8,9 +8,11 @@ fsspec URL (`s3://bucket/run`, run_files.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from rich.console import Console
@@ -18,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ckpt_tools import layout
 from trainer.config.train import TrainConfig
+from trainer.errors import RunFailedError
 from trainer.reporting import run_files
 from trainer.reporting.loss_curve import plot, read_history
 from trainer.reporting.trackers import GuardedTrackers, start_trackers
@@ -41,6 +44,8 @@ class Logger(Protocol):
 
     def first_loss(self, default: float) -> float: ...
 
+    def check_writes(self, checkpoint: str | None, resume_hint: str) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -63,6 +68,7 @@ class MetricsLogger:
         # Objects cannot be appended to: on a store the file is rewritten whole from this copy.
         self.text = None if run_files.is_local(fs) else run_files.read_text(self.path)
         self._unwritten = False  # on a store: `text` holds records the object does not have yet
+        self.write_failure: str | None = None  # set by a failed write, raised by `check_writes`
         self._written_at = time.monotonic()
         # No markup: lines hold paths and values, and `[...]` in a path would vanish as a style tag.
         self.console = Console(file=sys.stderr, highlight=False, soft_wrap=True, markup=False)
@@ -117,8 +123,9 @@ class MetricsLogger:
     def _append(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, sort_keys=True) + "\n"
         if self.text is None:
-            with open(run_files.resolve(self.path)[1], "a", encoding="utf-8") as handle:
-                handle.write(line)
+            if self.write_failure is None:
+                with self._writing(), open(run_files.resolve(self.path)[1], "a", encoding="utf-8") as handle:
+                    handle.write(line)
         else:
             self.text += line
             self._unwritten = True
@@ -127,16 +134,35 @@ class MetricsLogger:
 
     def flush(self) -> None:
         """Write the records a store's metrics.jsonl does not have yet (local records are on disk)."""
-        if self.text is not None and self._unwritten:
-            run_files.write_bytes(self.path, self.text.encode("utf-8"))
-            self._unwritten = False
-            self._written_at = time.monotonic()
+        if self.text is not None and self._unwritten and self.write_failure is None:
+            with self._writing():
+                run_files.write_bytes(self.path, self.text.encode("utf-8"))
+                self._unwritten = False
+                self._written_at = time.monotonic()
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A failed metrics write (a full disk, a quota) does not end the run at once with a traceback:
+        it is recorded and warned about once, and `check_writes` stops the run after its next save, so
+        the steps trained meanwhile are kept."""
+        try:
+            yield
+        except OSError as exc:
+            self.write_failure = f"writing {self.path} failed ({exc.strerror or exc})"
+            self.console.print(f"warning: {self.write_failure}; the run stops after its next checkpoint")
+
+    def check_writes(self, checkpoint: str | None, resume_hint: str) -> None:
+        """Raise `RunFailedError` (one line) when a metrics write failed; call after a save."""
+        if self.write_failure is not None:
+            saved = f"the run stopped after saving {checkpoint}" if checkpoint else "no checkpoint was saved"
+            raise RunFailedError(f"{self.write_failure}: {saved}; free space, then resume with {resume_hint}")
 
     def _plot(self) -> None:
         """The whole run's curve, read back from metrics.jsonl (earlier segments included)."""
         history = read_history(self.path)
         if history.loss or history.val_loss:
-            plot(history, f"{self.dir}/{LOSS_CURVE_FILE}", f"{self.title}: loss over the whole run")
+            with self._writing():
+                plot(history, f"{self.dir}/{LOSS_CURVE_FILE}", f"{self.title}: loss over the whole run")
 
     def first_loss(self, default: float) -> float:
         """The run's first logged loss, from before any resume (`default` when none was logged)."""
@@ -162,6 +188,9 @@ class NullLogger:
 
     def first_loss(self, default: float) -> float:
         return default
+
+    def check_writes(self, checkpoint: str | None, resume_hint: str) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -52,11 +52,31 @@ def check_trackers(config: TrainConfig) -> None:
             raise ConfigError(
                 f"{flag}=true needs the {package} package: pip install 'trainer[{package}]' (or disable it)"
             )
-    if config.wandb.enable and config.wandb.mode == "online" and not _wandb_credentials():
+    if config.wandb.enable and wandb_mode(config) == "online" and not _wandb_credentials():
         raise ConfigError(
             "--wandb.mode=online needs W&B credentials: set WANDB_API_KEY or run `wandb login`, or log "
-            "locally with --wandb.mode=offline (then `wandb sync` the run directory)"
+            "locally with --wandb.mode=offline or WANDB_MODE=offline (then `wandb sync` the run directory)"
         )
+
+
+_ENV_MODES = {
+    "online": "online",
+    "run": "online",
+    "offline": "offline",
+    "dryrun": "offline",
+    "disabled": "disabled",
+}
+
+
+def wandb_mode(config: TrainConfig) -> str:
+    """The W&B mode the run uses, decided once for the pre-check and for `wandb.init`: a
+    `--wandb.mode` flag typed for this run wins (wandb.init's arguments override the environment),
+    then the environment W&B itself reads (`WANDB_MODE`, `WANDB_DISABLED=true`), then the config."""
+    if "wandb.mode" in config.flags_given:
+        return config.wandb.mode
+    if os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1", "yes"):
+        return "disabled"
+    return _ENV_MODES.get(os.environ.get("WANDB_MODE", "").strip().lower(), config.wandb.mode)
 
 
 def resolve_run_ids(config: TrainConfig) -> tuple[WandbConfig, TrackioConfig]:
@@ -72,7 +92,7 @@ def resolve_run_ids(config: TrainConfig) -> tuple[WandbConfig, TrackioConfig]:
 
 def _wandb_credentials() -> bool:
     """An API key in the environment or in the netrc file `wandb login` writes."""
-    if os.environ.get("WANDB_API_KEY"):
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
     host = urlparse(os.environ.get("WANDB_BASE_URL", WANDB_HOST)).hostname or ""
     path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
@@ -142,7 +162,7 @@ class WandbTracker:
         self.run = wandb.init(
             project=settings.project,
             entity=settings.entity,
-            mode=cast(Literal["online", "offline", "disabled"], settings.mode),  # checked at parse
+            mode=cast(Literal["online", "offline", "disabled"], wandb_mode(config)),  # as pre-checked
             notes=settings.notes,
             name=config.job_name,
             id=settings.run_id,
