@@ -48,8 +48,11 @@ def test_demo_ends_with_where_the_outputs_are_and_how_to_run_the_tools(noxfile, 
     monkeypatch.setattr("shutil.rmtree", lambda *args, **kwargs: None)
     session = _Session()
     noxfile.demo(session)
-    assert session.calls[-1][:2] == ("ckpt", "verify")  # the epilogue comes after the last command
-    (text,) = session.logged
+    assert session.calls[-2][:2] == ("ckpt", "verify")
+    assert session.calls[-1][:2] == ("trainer", "eval")  # the epilogue comes after the last command
+    note, text = session.logged
+    assert "--dataset.camera=true" in note and "smaller than LeRobot's defaults" in note
+    assert "--policy.type=act" in session.calls[0] and "--dataset.camera=true" in session.calls[0]
     out = noxfile.DEMO_OUTPUT
     for expected in (
         f"{out}/checkpoints/",
@@ -57,7 +60,8 @@ def test_demo_ends_with_where_the_outputs_are_and_how_to_run_the_tools(noxfile, 
         f"{out}/metrics.jsonl",
         f"source {session.bin}/activate",
         f"ckpt inspect {out}/checkpoints/last",
-        "trainer train --help",
+        "trainer train --policy.type=act --help",
+        f"trainer eval --policy.path={out}/checkpoints/last",
         f"trainer train --output_dir={out} --resume=true",
     ):
         assert expected in text, expected

@@ -186,7 +186,7 @@ def test_merged_model_computes_what_base_plus_adapter_computes(runs, tmp_path):
     lora = LoraConfig(r=config["r"], lora_alpha=config["lora_alpha"], target_modules=config["target_modules"])
     with_adapter = get_peft_model(base, lora).eval()
     set_peft_model_state_dict(with_adapter, converted)
-    obs = torch.randn(16, 3, generator=torch.Generator().manual_seed(0))
+    obs = {"observation.state": torch.randn(16, 3, generator=torch.Generator().manual_seed(0))}
     with torch.no_grad():
         want = with_adapter.select_action(obs)
         got = merged.select_action(obs)

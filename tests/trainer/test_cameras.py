@@ -22,7 +22,7 @@ from helpers.lerobot_data import IMAGE, write_dataset
 from trainer.cli.parse import parse_config
 from trainer.data import loader
 from trainer.data.augment import Augment, ImageTransformsConfig
-from trainer.data.cameras import IMAGENET_MEAN
+from trainer.data.dataset import IMAGENET_STATS
 from trainer.data.decode import DecodeError, VideoReader, tolerance
 from trainer.data.lerobot import LeRobotConfig
 from trainer.data.processors import build_processors
@@ -85,7 +85,7 @@ def test_the_batch_carries_uint8_cameras_normalized_by_the_preprocessor(video_ro
     expected = (batch[TOP].float() / 255 - stats[TOP]["mean"]) / stats[TOP]["std"]
     assert normalized.dtype == torch.float32 and torch.allclose(normalized, expected)
     imagenet = LeRobotConfig(root=str(video_root)).load([TOP]).stats()[TOP]["mean"]
-    assert imagenet.flatten().tolist() == pytest.approx(IMAGENET_MEAN)
+    assert imagenet.flatten().tolist() == pytest.approx(IMAGENET_STATS["mean"].flatten().tolist())
 
 
 def test_a_policy_that_asks_for_no_camera_gets_none(video_root) -> None:

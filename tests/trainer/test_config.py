@@ -23,13 +23,14 @@ from trainer.distributed.topology import check_checkpoint_format, resolve_topolo
 from trainer.distributed.wrap import WrapPlan, check_tied_weights, resolve_wrap_plan, unit_roots
 from trainer.errors import ConfigError, WrapPlanError
 from trainer.policies import build_policy
+from trainer.policies.act import ACTConfig
 from trainer.policies.mlp import MLPConfig
 
 
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        (["--policy.type=nope"], r"--policy.type='nope' is unknown: choose one of act, mlp"),
+        (["--policy.type=nope"], r"--policy.type='nope' is unknown: choose one of act, act_state, mlp"),
         (["--policy.type=no.such.module:Cfg"], r"cannot import Cfg from no.such.module"),
         (["--parallelism.cp_size=2"], r"--parallelism.cp_size=2 is not supported"),
         (["--parallelism.tp_size=2"], r"--parallelism.tp_size=2 is not supported"),
@@ -155,15 +156,15 @@ def test_only_the_mesh_slicing_deprecation_warning_is_silenced() -> None:
     assert [str(w.message) for w in caught] == ["Slicing a tensor is fine"]
 
 
-def _policy(policy_type: str = "act"):
+def _policy(policy_type: str = "act_state"):
     return build_policy(parse_config([f"--policy.type={policy_type}"]).policy, 3, 1)
 
 
 def test_wrap_plan_from_policy_flag_or_size() -> None:
     policy = _policy()
     fsdp = parse_config([]).accelerator.fsdp
-    assert resolve_wrap_plan(policy, fsdp) == WrapPlan(class_names=("ACTEncoderLayer", "ACTDecoderLayer"))
-    fsdp.wrap_modules = ["ACTEncoderLayer"]
+    assert resolve_wrap_plan(policy, fsdp) == WrapPlan(class_names=("StateEncoderLayer", "StateDecoderLayer"))
+    fsdp.wrap_modules = ["StateEncoderLayer"]
     assert unit_roots(policy, resolve_wrap_plan(policy, fsdp)) == ["", "encoder.0", "encoder.1"]
     fsdp.wrap_modules = None
 
@@ -172,7 +173,12 @@ def test_wrap_plan_from_policy_flag_or_size() -> None:
     ("policy_type", "threshold", "classes", "roots"),
     [
         # the blocks' ModuleList is above the threshold too: looked through, never a unit
-        ("act", 5000, ("ACTEncoderLayer", "ACTDecoderLayer"), ["", "encoder.0", "encoder.1", "decoder.0"]),
+        (
+            "act_state",
+            5000,
+            ("StateEncoderLayer", "StateDecoderLayer"),
+            ["", "encoder.0", "encoder.1", "decoder.0"],
+        ),
         ("mlp", 10000, ("MLPBlock",), ["", "blocks.0", "blocks.1"]),  # not the Linear inside each block
         ("mlp", 10**9, (), [""]),
     ],
@@ -196,7 +202,7 @@ def test_wrap_modules_must_exist() -> None:
     policy = _policy()
     fsdp = parse_config([]).accelerator.fsdp
     fsdp.wrap_modules, fsdp.min_num_params = ["Nope"], None
-    with pytest.raises(WrapPlanError, match=r"wrap module class\(es\) Nope not found in ACTPolicy"):
+    with pytest.raises(WrapPlanError, match=r"wrap module class\(es\) Nope not found in ACTStatePolicy"):
         resolve_wrap_plan(policy, fsdp)
 
 
@@ -255,6 +261,7 @@ def test_every_config_field_is_a_documented_flag() -> None:
     names = [flag.name for flag in all_flags()]
     leaves = set(_leaf_flags(encode_config(parse_config([])), "--"))
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(MLPConfig)}
+    leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(ACTConfig)}
     leaves |= {f"--dataset.{field.name}" for field in dataclasses.fields(LeRobotConfig)} - {
         "--dataset.image_transforms"
     }

@@ -121,7 +121,8 @@ def test_select_action_takes_raw_observations_and_returns_dataset_units(run) -> 
     raw = torch.from_numpy(np.concatenate([obs[STATE], obs[VELOCITY]], axis=1))
     act_stats = loaded.postprocessor.steps[0].stats["action"]
     by_hand = (
-        loaded.policy.select_action((raw - stats["mean"]) / stats["std"]) * act_stats["std"]
+        loaded.policy.select_action({"observation.state": (raw - stats["mean"]) / stats["std"]})
+        * act_stats["std"]
         + act_stats["mean"]
     )
     assert torch.equal(batched, by_hand)

@@ -23,7 +23,7 @@ from trainer.engine.loop import train
 from trainer.engine.peft_policy import adapter_config, start_policy
 from trainer.engine.plan import resolve_accelerator
 from trainer.errors import ConfigError
-from trainer.policies.act import ACTConfig
+from trainer.policies.act_state import ACTStateConfig
 from trainer.policies.base import build_policy
 
 TINY_ACT = {"dim": 16, "heads": 2, "ffn_dim": 32, "encoder_layers": 1, "decoder_layers": 1, "chunk": 4}
@@ -31,7 +31,7 @@ TINY_ACT = {"dim": 16, "heads": 2, "ffn_dim": 32, "encoder_layers": 1, "decoder_
 
 def tiny_act(seed: int = 0, **overrides) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return build_policy(ACTConfig(**{**TINY_ACT, **overrides}), 3, 1)
+    return build_policy(ACTStateConfig(**{**TINY_ACT, **overrides}), 3, 1)
 
 
 def training_step(step: int, checkpoint_format: str = "safetensors", peft: bool = True) -> TrainingStep:
@@ -56,7 +56,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def peft_config(args: list[str], base: Path | None = None) -> object:
-    path = [f"--policy.path={base}"] if base is not None else ["--policy.type=act"]
+    path = [f"--policy.path={base}"] if base is not None else ["--policy.type=act_state"]
     return parse_config([*path, "--peft.method_type=lora", "--peft.r=4", *args])
 
 
@@ -91,9 +91,9 @@ def test_peft_is_off_by_default_and_method_is_case_insensitive():
 
 def test_policy_path_supplies_the_policy_config_and_flags_override_it(base):
     config = parse_config([f"--policy.path={base}", "--policy.dropout=0"])
-    assert (config.policy.type, config.policy.dim, config.policy.chunk) == ("act", 16, 4)
+    assert (config.policy.type, config.policy.dim, config.policy.chunk) == ("act_state", 16, 4)
     assert config.policy.dropout == 0 and config.policy.path == str(base)
-    with pytest.raises(ConfigError, match=r"holds a act policy: drop --policy\.type"):
+    with pytest.raises(ConfigError, match=r"holds a act_state policy: drop --policy\.type"):
         parse_config([f"--policy.path={base}", "--policy.type=mlp"])
 
 
@@ -138,8 +138,8 @@ def test_saved_keys_follow_peft_naming():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--peft.target_modules=[nope]"], "does not fit ACTPolicy"),
-        (["--peft.full_training_modules=[nope]"], "names 'nope', which ACTPolicy does not have"),
+        (["--peft.target_modules=[nope]"], "does not fit ACTStatePolicy"),
+        (["--peft.full_training_modules=[nope]"], "names 'nope', which ACTStatePolicy does not have"),
     ],
 )
 def test_targets_that_do_not_exist_are_refused(args, message):

@@ -33,7 +33,7 @@ from trainer.engine.loop import train
 OUT, CASE = sys.argv[1:3]
 BASE = f"{OUT}/fsdp2/base/checkpoints/last"
 TINY_ACT = [
-    "--policy.type=act",
+    "--policy.type=act_state",
     "--policy.dim=16",
     "--policy.heads=2",
     "--policy.ffn_dim=32",

@@ -23,6 +23,8 @@ import ckpt_tools
 from trainer.cli.parse import LEROBOT_FLAGS, settle_choice
 from trainer.config.dataset import DatasetConfig
 from trainer.config.registry import split_allow_types
+from trainer.data import sim
+from trainer.data.dataset import OBS_KEY
 from trainer.data.pendulum import PendulumConfig
 from trainer.data.renamed import load_renamed
 from trainer.errors import ConfigError
@@ -84,16 +86,35 @@ def run_eval(args: Sequence[str]) -> dict[str, Any]:
     loaded = load_policy(path, config.device, allow_types=allowed)
     world, rank, reduce = _ranks()
     if config.dataset.rollout_episodes:
-        act = _sim_actor(loaded)
-        result = evaluation.rollout_returns(act, config.dataset.rollout_episodes, world, rank, reduce)
+        camera = _sim_camera(config.dataset, loaded)
+        result = evaluation.rollout_returns(
+            _sim_actor(loaded), config.dataset.rollout_episodes, world, rank, reduce, camera, loaded.reset
+        )
     else:
         dataset, _, _ = load_renamed(config.dataset, config.rename_map, loaded.input_features, held_out=False)
-        result = evaluation.action_errors(loaded.act, dataset, world, rank, reduce, config.batch_size)
+        result = evaluation.action_errors(
+            loaded.act, dataset, world, rank, reduce, config.batch_size, loaded.reset
+        )
     return {"policy": path, **result}
 
 
 def _sim_actor(loaded: LoadedPolicy) -> Any:
-    return lambda obs: loaded.act(torch.from_numpy(obs)[None])[0].cpu().numpy()
+    return lambda obs: loaded.select_action(obs).cpu().numpy()
+
+
+def _sim_camera(dataset: DatasetConfig, loaded: LoadedPolicy) -> bool:
+    """Whether the rollouts run the camera task; a policy reading a feature the sim does not give
+    (a camera it was trained on, without --dataset.camera=true) is refused in one line."""
+    camera = dataset.rollout_camera
+    given = (OBS_KEY, sim.CAMERA) if camera else (OBS_KEY,)
+    missing = [name for name in loaded.input_features if name not in given]
+    if missing:
+        fix = "pass --dataset.camera=true" if missing[0] == sim.CAMERA else "evaluate it on its own dataset"
+        raise ConfigError(
+            f"the policy reads {missing[0]!r}, which the sim task gives no value for (it gives "
+            f"{', '.join(given)}): {fix}"
+        )
+    return camera
 
 
 @contextlib.contextmanager

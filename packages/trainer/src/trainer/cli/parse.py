@@ -19,7 +19,7 @@ from trainer.policies.base import PolicyConfig
 from trainer.policies.pretrained import policy_defaults
 
 _CONFIG_FLAG = "--config_path"
-DEFAULT_TYPES = {"policy": "act", "dataset": "pendulum"}
+DEFAULT_TYPES = {"policy": "act_state", "dataset": "pendulum"}
 LEROBOT_FLAGS = ("--dataset.repo_id", "--dataset.root")
 
 

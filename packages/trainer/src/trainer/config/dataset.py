@@ -49,3 +49,8 @@ class DatasetConfig(draccus.ChoiceRegistry):
     def rollout_episodes(self) -> int:
         """Episodes of the simulated task rolled out at the end of training (0: the data has no sim)."""
         return 0
+
+    @property
+    def rollout_camera(self) -> bool:
+        """Whether those rollouts run the sim's camera task (data/sim.py)."""
+        return False

@@ -40,9 +40,9 @@ class PolicyConfig(draccus.ChoiceRegistry):
     action_dim: int = 0
     """Action size; 0 takes it from the dataset."""
     input_features: list[str] = field(default_factory=list)
-    """Observation features concatenated, in this order, into the policy's input vector; empty takes
-    every float `observation.*` feature of the dataset in its metadata's order (config.json records
-    the list)."""
+    """Observation features the policy reads: float vectors, concatenated in this order into
+    `observation.state`, and cameras (`observation.images.<name>`, for policies that see); empty takes
+    every one the dataset provides in its metadata's order (config.json records the list)."""
     path: str | None = None
     """Start from this pretrained policy: a local model or step directory, or a Hub repo id (its
     config.json supplies the other policy fields; flags still override them)."""
@@ -71,6 +71,11 @@ class PolicyConfig(draccus.ChoiceRegistry):
     @property
     def type(self) -> str:
         return self.get_choice_name(type(self))
+
+    def with_frame_shapes(self, shapes: dict[str, list[int]]) -> PolicyConfig:
+        """This config for cameras of these frame shapes (C, H, W) by feature (a policy that sees
+        records them, and refuses shapes other than those it was trained on)."""
+        return self
 
     @property
     def chunk_size(self) -> int:

@@ -109,7 +109,9 @@ class EmaConfig:
 class TrainConfig:
     """`trainer train`: everything a run needs, and nothing read from elsewhere."""
 
-    policy: PolicyConfig = field(default_factory=registered_default(PolicyConfig, "act", "trainer.policies"))
+    policy: PolicyConfig = field(
+        default_factory=registered_default(PolicyConfig, "act_state", "trainer.policies")
+    )
     dataset: DatasetConfig = field(
         default_factory=registered_default(DatasetConfig, "pendulum", "trainer.data")
     )

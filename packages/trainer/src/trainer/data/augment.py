@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
+from trainer.data.dataset import CAMERA_PREFIX
 from trainer.errors import ConfigError
 
-CAMERA_PREFIX = "observation.images."
 TRANSFORM_TYPES = ("ColorJitter", "SharpnessJitter", "RandomAffine", "Identity")
 
 Batch = dict[str, torch.Tensor]

@@ -22,11 +22,9 @@ import numpy as np
 import torch
 
 from trainer.data import lerobot_format as fmt
-from trainer.data.dataset import ArrayDataset, Stats
+from trainer.data.dataset import IMAGENET_STATS, ArrayDataset, Stats
 from trainer.data.decode import DecodeError, VideoReader, decode_image, open_video, tolerance, video_duration
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 FRAME_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 
 
@@ -128,7 +126,7 @@ def camera_stats(info: fmt.Info, names: Sequence[str], saved: dict[str, dict], i
     for name in names:
         channels = info.camera_shape(name)[0]
         if imagenet and channels == 3:
-            mean, std = torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)
+            mean, std = IMAGENET_STATS["mean"].reshape(-1), IMAGENET_STATS["std"].reshape(-1)
         elif "mean" in saved.get(name, {}) and "std" in saved[name]:
             mean = torch.tensor(saved[name]["mean"], dtype=torch.float32).reshape(-1)
             std = torch.tensor(saved[name]["std"], dtype=torch.float32).reshape(-1)

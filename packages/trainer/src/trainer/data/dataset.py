@@ -7,8 +7,10 @@ outside one). Its config is a `DatasetConfig` subclass whose `load()` returns an
 - `obs_dim`, `action_dim`, `input_features`: feature sizes, and the names of the observation
   features concatenated (in this order) into the policy's observation vector;
 - `gather(indices, chunk_size)`: a batch `{observation.state, action, action_is_pad}`, where the
-  action chunk of a frame never crosses its episode's end;
-- `stats()`: mean/std per batch key, for the normalization processors;
+  action chunk of a frame never crosses its episode's end, plus each camera among `input_features` as
+  `observation.images.<name>`: uint8 frames (B, C, H, W), normalized by the policy's preprocessor;
+- `stats()`: mean/std per batch key, for the normalization processors (a camera's per channel,
+  shaped (C, 1, 1), on the [0, 1] scale);
 - `episode_bounds()`: one `[start, end)` frame range per episode;
 - optionally `gather_in_workers = True`: `gather` decodes (cameras), so the input pipeline runs it in
   DataLoader workers (data/loader.py); in-memory data is gathered in the training process.
@@ -31,6 +33,14 @@ from trainer.errors import ConfigError
 OBS_KEY = "observation.state"
 ACTION_KEY = "action"
 PAD_KEY = "action_is_pad"
+CAMERA_PREFIX = "observation.images."
+ALL_CAMERAS = CAMERA_PREFIX + "*"  # in --policy.input_features: every camera of the dataset
+# What a camera is normalized with, as LeRobot does by default (its datasets' `use_imagenet_stats`):
+# the statistics the pretrained ResNet trunks were trained with, on the [0, 1] scale.
+IMAGENET_STATS = {
+    "mean": torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1),
+    "std": torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1),
+}
 
 Stats = dict[str, dict[str, torch.Tensor]]
 
@@ -56,8 +66,16 @@ class Dataset(Protocol):
     def episode_bounds(self) -> torch.Tensor: ...
 
 
+def is_camera(feature: str) -> bool:
+    return feature.startswith(CAMERA_PREFIX)
+
+
 class ArrayDataset:
-    """The protocol over flat in-memory arrays: frames of consecutive episodes, one after another."""
+    """The protocol over flat in-memory arrays: frames of consecutive episodes, one after another.
+
+    `images` holds each camera's frames as uint8 (frames, C, H, W); the cameras among `input_features`
+    are gathered into batches (kept uint8 until the preprocessor, so a batch moves at a quarter of the
+    bytes)."""
 
     def __init__(
         self,
@@ -66,6 +84,7 @@ class ArrayDataset:
         episode_lengths: Sequence[int] | np.ndarray,
         input_features: Sequence[str] = (OBS_KEY,),
         stats: Stats | None = None,
+        images: dict[str, np.ndarray | torch.Tensor] | None = None,
     ) -> None:
         with warnings.catch_warnings():  # arrays read from Arrow are read-only views; nothing writes them
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -86,6 +105,15 @@ class ArrayDataset:
         self.episode_last = torch.repeat_interleave(ends - 1, lengths)
         self.input_features = list(input_features)
         self._stats = stats
+        self.images = {
+            name: torch.as_tensor(frames) for name, frames in (images or {}).items() if name in input_features
+        }
+        for name, frames in self.images.items():
+            if frames.dtype != torch.uint8 or frames.ndim != 4 or len(frames) != len(self.actions):
+                raise ConfigError(
+                    f"camera {name!r}: expected uint8 frames (frames, C, H, W) for {len(self.actions)} frames, "
+                    f"got {frames.dtype} {tuple(frames.shape)}"
+                )
 
     def __len__(self) -> int:
         return len(self.observations)
@@ -107,15 +135,21 @@ class ArrayDataset:
             OBS_KEY: self.observations[indices],
             ACTION_KEY: self.actions[torch.minimum(steps, last)],
             PAD_KEY: steps > last,
+            **{name: frames[indices] for name, frames in self.images.items()},
         }
 
     def stats(self) -> Stats:
-        """The statistics given at construction, else mean and std over these frames."""
+        """The statistics given at construction, else mean and std over these frames; ImageNet's for
+        the cameras."""
+        cameras = {name: dict(IMAGENET_STATS) for name in self.images}
         if self._stats is not None:
-            return self._stats
+            return {**cameras, **self._stats}
         return {
-            key: {"mean": data.mean(0), "std": data.std(0).clamp_min(1e-6)}
-            for key, data in ((OBS_KEY, self.observations), (ACTION_KEY, self.actions))
+            **cameras,
+            **{
+                key: {"mean": data.mean(0), "std": data.std(0).clamp_min(1e-6)}
+                for key, data in ((OBS_KEY, self.observations), (ACTION_KEY, self.actions))
+            },
         }
 
     def episode_bounds(self) -> torch.Tensor:
@@ -127,7 +161,7 @@ def check_input_features(requested: Sequence[str], available: Sequence[str], wha
     unknown = [name for name in requested if name not in available]
     if unknown:
         raise ConfigError(
-            f"--policy.input_features names {unknown[0]!r}, which {what} does not provide as a float vector "
+            f"--policy.input_features names {unknown[0]!r}, which {what} does not provide "
             f"(available: {', '.join(available) or 'none'}); choose among those"
         )
     return list(requested) or list(available)

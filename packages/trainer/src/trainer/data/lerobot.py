@@ -28,12 +28,11 @@ from trainer.config.dataset import DatasetConfig
 from trainer.data import lerobot_format as fmt
 from trainer.data.augment import Augment, ImageTransformsConfig
 from trainer.data.cameras import CameraDataset, Cameras, LeRobotFrames, camera_stats
-from trainer.data.dataset import ACTION_KEY, OBS_KEY, ArrayDataset, Stats, check_input_features
+from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, ArrayDataset, Stats, check_input_features
 from trainer.data.decode import VIDEO_BACKENDS
 from trainer.errors import ConfigError
 
 STD_FLOOR = 1e-6  # a constant feature's std would divide by zero
-ALL_CAMERAS = "observation.images.*"
 
 
 @DatasetConfig.register_subclass("lerobot")

@@ -1,5 +1,8 @@
 """The embedded demonstration dataset: scripted-expert episodes of the sim task, cached on disk.
 
+`--dataset.camera=true` switches to the camera task (data/sim.py): the episodes then also store the
+camera's frames (`observation.images.top`, uint8), and the run's rollouts are scored on that task.
+
 Generation is deterministic in (episodes, seed), so every rank may build or read the cache on its own:
 the file is written under a temporary name and renamed, and identical bytes win any race.
 """
@@ -16,7 +19,7 @@ import numpy as np
 
 from trainer.config.dataset import DatasetConfig
 from trainer.data import sim
-from trainer.data.dataset import OBS_KEY, ArrayDataset, check_input_features
+from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, ArrayDataset, check_input_features, is_camera
 from trainer.errors import ConfigError
 
 
@@ -37,6 +40,9 @@ class PendulumConfig(DatasetConfig):
     eval_episodes: int = 8
     """Episodes rolled out at the end to compare the policy with a random one (split across
     ranks)."""
+    camera: bool = False
+    """Use the camera task: a 32x32 picture `observation.images.top` shows the target angle to reach
+    and hold, which the state does not contain (100-step episodes, low gravity)."""
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
@@ -50,36 +56,48 @@ class PendulumConfig(DatasetConfig):
     def rollout_episodes(self) -> int:
         return self.eval_episodes
 
+    @property
+    def rollout_camera(self) -> bool:
+        return self.camera
+
     def cache_path(self) -> Path:
         root = self.cache_dir or os.environ.get("TRAINER_CACHE") or Path.home() / ".cache" / "trainer"
-        return Path(root) / f"pendulum_v1_ep{self.episodes}_seed{self.seed}_noise{self.noise:g}.npz"
+        task = "_camera" if self.camera else ""
+        return Path(root) / f"pendulum_v1{task}_ep{self.episodes}_seed{self.seed}_noise{self.noise:g}.npz"
 
     def load(self, input_features: Sequence[str] = ()) -> ArrayDataset:
         """Read the cached episodes, generating them first when the cache is missing."""
-        features = check_input_features(input_features, [OBS_KEY], "the pendulum dataset")
+        cameras = [sim.CAMERA] if self.camera else []
+        what = "the pendulum dataset" + ("" if self.camera else " (without --dataset.camera=true)")
+        named = [name for name in input_features if name != ALL_CAMERAS]
+        vectors = check_input_features([n for n in named if not is_camera(n)], [OBS_KEY], what)
+        named_cameras = check_input_features([n for n in named if is_camera(n)], cameras, what)
+        chosen = named_cameras if any(is_camera(n) for n in named) else []
+        features = [*vectors, *(cameras if ALL_CAMERAS in input_features else chosen)]
         path = self.cache_path()
         if not path.exists():
             _write_atomically(path, _generate(self))
         with np.load(path) as data:
             ends = np.unique(data["episode_last"]) + 1
             lengths = np.diff(ends, prepend=0)
-            return ArrayDataset(data["observations"], data["actions"], lengths, features)
+            images = {sim.CAMERA: data["frames"].transpose(0, 3, 1, 2)} if self.camera else None
+            return ArrayDataset(data["observations"], data["actions"], lengths, features, images=images)
 
 
 def _generate(config: PendulumConfig) -> dict[str, np.ndarray]:
-    observations, actions, episode_last = [], [], []
-    count = 0
-    for episode in range(config.episodes):
-        obs, act, _ = sim.rollout(sim.expert_action, seed=config.seed * 100_003 + episode, noise=config.noise)
-        observations.append(obs)
-        actions.append(act)
-        count += len(obs)
-        episode_last.append(np.full(len(obs), count - 1, dtype=np.int64))
-    return {
-        "observations": np.concatenate(observations),
-        "actions": np.concatenate(actions),
-        "episode_last": np.concatenate(episode_last),
+    episodes = [
+        sim.rollout(sim.expert_action, config.seed * 100_003 + i, config.noise, config.camera)
+        for i in range(config.episodes)
+    ]
+    ends = np.cumsum([len(e.actions) for e in episodes])
+    arrays = {
+        "observations": np.concatenate([e.observations for e in episodes]),
+        "actions": np.concatenate([e.actions for e in episodes]),
+        "episode_last": np.repeat(ends - 1, [len(e.actions) for e in episodes]),
     }
+    if config.camera:
+        arrays["frames"] = np.concatenate([e.frames for e in episodes if e.frames is not None])
+    return arrays
 
 
 def _write_atomically(path: Path, arrays: dict[str, np.ndarray]) -> None:

@@ -4,19 +4,19 @@ The preprocessor maps raw observations (and, in training, target actions) to zer
 variance; the postprocessor maps the policy's actions back to torques. A camera
 (`observation.images.*`, uint8 in the batch) is first scaled to [0, 1] floats, then normalized with its
 per-channel (C, 1, 1) statistics. Their statistics are saved with
-every checkpoint, so a policy loaded for evaluation sees inputs on the scale it was trained on.
-"""
+every checkpoint, so a policy loaded for evaluation sees inputs on the scale it was trained on."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
-from trainer.data.dataset import ACTION_KEY, OBS_KEY
+from trainer.data.dataset import ACTION_KEY, OBS_KEY, is_camera
 from trainer.errors import ConfigError
 
-CAMERA_PREFIX = "observation.images."
 PREPROCESSOR_KEYS = (OBS_KEY, ACTION_KEY)
 POSTPROCESSOR_KEYS = (ACTION_KEY,)
 
@@ -107,7 +107,10 @@ def _check_stats(stats: dict[str, torch.Tensor], feature: str, index: int, size:
         tensor = stats.get(stat)
         if tensor is None:
             raise ConfigError(f"its processor step {index} has no {feature}.{stat} tensor in its step file")
-        if tensor.ndim != 1 or (size is not None and tensor.shape[0] != size):
+        shape_ok = tensor.ndim == 1 or (
+            is_camera(feature) and tensor.ndim == 3 and tensor.shape[1:] == (1, 1)
+        )
+        if not shape_ok or (size is not None and tensor.shape[0] != size):
             raise ConfigError(
                 f"its processor step {index}'s {feature}.{stat} has shape {list(tensor.shape)}, but the "
                 f"policy's {feature} has {size} values"
@@ -115,9 +118,38 @@ def _check_stats(stats: dict[str, torch.Tensor], feature: str, index: int, size:
 
 
 def build_processors(stats: dict[str, dict[str, torch.Tensor]]) -> tuple[Processor, Processor]:
-    """(preprocessor, postprocessor) for a dataset's statistics (cameras: those the stats hold)."""
-    cameras = tuple(sorted(key for key in stats if key.startswith(CAMERA_PREFIX)))
+    """(preprocessor, postprocessor) for a dataset's statistics (its cameras' included)."""
+    cameras = tuple(sorted(key for key in stats if is_camera(key)))
     return (
-        Processor([Normalize(stats, (*PREPROCESSOR_KEYS, *cameras), inverse=False)]),
+        Processor([Normalize(stats, PREPROCESSOR_KEYS + cameras, inverse=False)]),
         Processor([Normalize(stats, POSTPROCESSOR_KEYS, inverse=True)]),
     )
+
+
+def observation_batch(
+    observation: Mapping[str, Any], features: Sequence[str]
+) -> tuple[dict[str, torch.Tensor], bool]:
+    """Raw observations as the batch the preprocessor takes, and whether they were one unbatched
+    observation. Vector features ((n,) or (B, n), arrays or tensors) are concatenated in `features`'
+    order into `observation.state`. A camera is accepted as a camera gives it, a uint8 numpy array
+    ((B,) H, W, C), or as a tensor ((B,) C, H, W): uint8, or float in [0, 1] as LeRobot's dataset gives
+    it; the preprocessor scales uint8 to [0, 1]."""
+    missing = [name for name in features if name not in observation]
+    if missing:
+        raise KeyError(f"the observation lacks {missing[0]!r}; the policy reads {list(features)}")
+    vectors = [
+        torch.as_tensor(np.asarray(observation[n]), dtype=torch.float32) for n in features if not is_camera(n)
+    ]
+    cameras = {name: _frames(observation[name]) for name in features if is_camera(name)}
+    single = vectors[0].ndim == 1 if vectors else next(iter(cameras.values())).ndim == 3
+    batch = {name: frames[None] if single else frames for name, frames in cameras.items()}
+    if vectors:
+        batch[OBS_KEY] = torch.cat([v.reshape(1, -1) if single else v for v in vectors], dim=-1)
+    return batch, single
+
+
+def _frames(value: Any) -> torch.Tensor:
+    if isinstance(value, np.ndarray) and value.dtype == np.uint8:  # a camera's H x W x C
+        return torch.from_numpy(np.ascontiguousarray(np.moveaxis(value, -1, -3)))
+    frames = torch.as_tensor(value)
+    return frames if frames.dtype == torch.uint8 else frames.float()

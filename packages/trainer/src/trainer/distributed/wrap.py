@@ -38,14 +38,17 @@ def resolve_wrap_plan(policy: nn.Module, fsdp: FsdpConfig) -> WrapPlan:
         return WrapPlan(
             class_names=_classes_above(policy, fsdp.min_num_params), min_num_params=fsdp.min_num_params
         )
-    names = tuple(fsdp.wrap_modules or getattr(policy, "_fsdp_wrap_modules", ()) or ())
+    present = {type(m).__name__ for m in policy.modules()}
+    declared = tuple(getattr(policy, "_fsdp_wrap_modules", ()) or ())
+    # A declaration may name classes that this configuration of the policy does not build (ACT without
+    # cameras has no trunk stages); the classes of a flag must all exist.
+    names = tuple(fsdp.wrap_modules or [name for name in declared if name in present])
     if not names:
         raise WrapPlanError(
             f"{type(policy).__name__} declares no _fsdp_wrap_modules, so a sharded run (or activation "
             "checkpointing, or a per-unit compile) would not know its units: set --accelerator.fsdp.wrap_modules=[ClassName,...] or "
             "--accelerator.fsdp.min_num_params=N"
         )
-    present = {type(m).__name__ for m in policy.modules()}
     missing = [name for name in names if name not in present]
     if missing:
         raise WrapPlanError(

@@ -23,8 +23,8 @@ import torch
 import ckpt_tools
 from trainer.config.train import TrainConfig
 from trainer.data import loader
-from trainer.data.dataset import OBS_KEY, Dataset
-from trainer.data.processors import Processor, build_processors
+from trainer.data.dataset import Dataset
+from trainer.data.processors import Processor, build_processors, observation_batch
 from trainer.data.sampler import GlobalOrderSampler
 from trainer.distributed.factory import build_accelerator, prepare
 from trainer.distributed.interrupt import Agreement, Interrupted, Interrupts
@@ -42,6 +42,7 @@ from trainer.errors import USER_ERRORS, ConfigError
 from trainer.evaluation import rollouts as evaluation
 from trainer.evaluation import validation
 from trainer.policies import build_policy
+from trainer.policies.base import optimizer_params
 from trainer.reporting.metrics import Logger, make_logger
 
 if TYPE_CHECKING:
@@ -141,7 +142,8 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
     """Collective. Policy, accelerator, the run lock, optimizer; the two resume phases around
     `prepare()`. A stale lock taken over adds its warning to `notes`."""
     config, topology, dataset = plan.config, plan.topology, plan.dataset
-    policy: torch.nn.Module = build_policy(config.policy, dataset.obs_dim, dataset.action_dim)
+    base_policy = build_policy(config.policy, dataset.obs_dim, dataset.action_dim)
+    policy: torch.nn.Module = base_policy
     policy = peft.start_policy(policy, config, topology.is_sharded)  # --policy.path weights, --peft adapters
     acc = config.accelerator
     wrap_plan = resolve_wrap_plan(policy, acc.fsdp) if topology.is_sharded else None
@@ -159,7 +161,7 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
     sampler = GlobalOrderSampler(
         len(dataset), config.batch_size, topology.dp_world_size, accelerator.process_index, config.seed
     )
-    optimizer = config.optimizer.build(peft.trainable_parameters(policy))
+    optimizer = config.optimizer.build(optimizer_params(policy, base_policy))
     scheduler = config.scheduler.build(optimizer, config.steps)
 
     # ---- Resume, phase 1 (before prepare): restore the step, the RNG and the sampler position. ----
@@ -344,16 +346,22 @@ def evaluate(
     policy.eval()
     device = accelerator.device
 
-    def act(obs: np.ndarray) -> np.ndarray:
-        batch = preprocessor({OBS_KEY: torch.from_numpy(obs)[None].to(device)})
-        action = policy.select_action(batch[OBS_KEY]).float()
+    features = list(config.policy.input_features)
+
+    def act(observation: dict[str, np.ndarray]) -> np.ndarray:
+        raw, _ = observation_batch(observation, features)
+        batch = preprocessor({name: value.to(device) for name, value in raw.items()})
+        action = policy.select_action(batch).float()
         return postprocessor({"action": action})["action"][0].cpu().numpy()
 
     def reduce(totals: torch.Tensor) -> torch.Tensor:
         return accelerator.reduce(totals.to(device), reduction="sum").cpu()
 
     world, rank = accelerator.num_processes, accelerator.process_index
-    result = evaluation.rollout_returns(act, config.dataset.rollout_episodes, world, rank, reduce)
+    camera = config.dataset.rollout_camera
+    result = evaluation.rollout_returns(
+        act, config.dataset.rollout_episodes, world, rank, reduce, camera, policy.reset
+    )
     policy.train()
     return result["policy_return"], result["random_return"]
 

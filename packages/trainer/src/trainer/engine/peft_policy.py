@@ -26,6 +26,7 @@ from ckpt_tools import layout
 from trainer.config.train import TrainConfig
 from trainer.errors import ConfigError
 from trainer.policies import pretrained
+from trainer.policies.base import Policy
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -36,12 +37,15 @@ _OPTIONAL_PREFIX = r"(?:base_model\.model\.)?"
 
 
 def start_policy(policy: nn.Module, config: TrainConfig, is_sharded: bool) -> nn.Module:
-    """The module the run trains: `--policy.path` weights loaded, then LoRA applied with `--peft.*`.
+    """The module the run trains: `--policy.path` weights loaded (else the policy's own pretrained
+    parts, ACT's camera trunk), then LoRA applied with `--peft.*`.
 
     Call on every rank before the wrap plan, the optimizer and `prepare()`.
     """
     if config.policy.path is not None:
         pretrained.load_weights(policy, config.policy.path)
+    elif isinstance(policy, Policy):
+        policy.load_pretrained_parts()
     if not config.peft.enabled:
         return policy
     _check_dtypes(policy, config, is_sharded)
@@ -53,11 +57,6 @@ def start_policy(policy: nn.Module, config: TrainConfig, is_sharded: bool) -> nn
     if is_sharded:
         _check_ignored_modules(model, config)
     return model
-
-
-def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """What the optimizer updates: every parameter of a plain policy, the adapters of a PEFT one."""
-    return [param for param in model.parameters() if param.requires_grad]
 
 
 def adapter_config(model: torch.nn.Module, config: TrainConfig) -> dict[str, Any] | None:

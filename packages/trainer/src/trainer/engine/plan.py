@@ -32,6 +32,7 @@ from trainer.engine import checkpointing, publishing
 from trainer.engine.peft_policy import ignored_modules_pattern
 from trainer.errors import ConfigError
 from trainer.policies import PolicyConfig
+from trainer.policies.base import fit_to_data
 from trainer.reporting.trackers import check_trackers, resolve_run_ids
 
 
@@ -156,12 +157,7 @@ def resolve_accelerator(config: TrainConfig, topology: Topology) -> AcceleratorC
 
 
 def resolve_policy_features(policy: PolicyConfig, dataset: Dataset) -> PolicyConfig:
-    """The policy config as the data shapes it: the observation features the dataset resolved (all of
-    its float features when none were named) and the feature sizes left at 0, so the saved config.json
-    rebuilds the same policy without the data."""
-    return replace(
-        policy,
-        input_features=list(dataset.input_features),
-        obs_dim=policy.obs_dim or dataset.obs_dim,
-        action_dim=policy.action_dim or dataset.action_dim,
-    )
+    """The policy config as the data shapes it (`policies.base.fit_to_data`: the features the dataset
+    resolved, the sizes left at 0, a camera policy's frame shapes), so the saved config.json rebuilds
+    the same policy without the data."""
+    return fit_to_data(policy, dataset)

@@ -20,9 +20,9 @@ import ckpt_tools
 from ckpt_tools import layout
 from trainer.config.registry import register_import_path
 from trainer.data.dataset import ACTION_KEY, OBS_KEY
-from trainer.data.processors import Processor
+from trainer.data.processors import Processor, observation_batch
 from trainer.errors import ConfigError
-from trainer.policies import Policy, PolicyConfig, build_policy, pretrained
+from trainer.policies import Policy, PolicyConfig, build_policy, pretrained, upgrade_policy_config
 
 
 @dataclass
@@ -40,27 +40,38 @@ class LoadedPolicy:
 
     @property
     def input_features(self) -> list[str]:
-        """The observation features `select_action` reads, concatenated in this order."""
+        """The observation features `select_action` reads (vectors concatenated in this order)."""
         return list(self.config.input_features) or [OBS_KEY]
 
     @torch.no_grad()
     def select_action(self, observation: Mapping[str, Any]) -> torch.Tensor:
         """The next action, in the dataset's units, for raw observations: a dict holding each input
-        feature as a tensor or array, batched (`[B, n]`) or not (`[n]`, giving an `[action_dim]` action)."""
-        missing = [name for name in self.input_features if name not in observation]
-        if missing:
-            raise KeyError(f"the observation lacks {missing[0]!r}; the policy reads {self.input_features}")
-        parts = [torch.as_tensor(observation[name], dtype=torch.float32) for name in self.input_features]
-        single = parts[0].ndim == 1
-        action = self.act(torch.cat([p.reshape(1, -1) if single else p for p in parts], dim=-1))
+        feature, batched or not (an unbatched one gives an `[action_dim]` action). Vectors are `[n]` or
+        `[B, n]`; camera frames uint8 `H x W x 3` arrays as a camera gives them, or `(C, H, W)` tensors
+        (uint8, or float in [0, 1] as LeRobot's dataset gives them), with a leading batch dimension or
+        not (processors.observation_batch). ACT acts from its action queue: call `reset()` between
+        episodes."""
+        batch, single = observation_batch(observation, self.input_features)
+        action = self.act(batch)
         return action[0] if single else action
 
     @torch.no_grad()
-    def act(self, observations: torch.Tensor) -> torch.Tensor:
-        """Actions (dataset units) for a batch of raw observation vectors, features already concatenated."""
-        normalized = self.preprocessor({OBS_KEY: observations.float().to(self.device)})[OBS_KEY]
-        action = self.policy.select_action(normalized.to(_param_dtype(self.policy))).float()
+    def act(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Actions (dataset units) for a raw batch: `observation.state` with the vector features
+        concatenated, cameras as (B, C, H, W) frames."""
+        raw = {name: value.to(self.device) for name, value in batch.items() if name in self._batch_keys}
+        normalized = self.preprocessor(raw)
+        dtype = _param_dtype(self.policy)
+        action = self.policy.select_action({k: v.to(dtype) for k, v in normalized.items()}).float()
         return self.postprocessor({ACTION_KEY: action})[ACTION_KEY]
+
+    def reset(self) -> None:
+        """Start a new episode (empties ACT's action queue and temporal ensemble)."""
+        self.policy.reset()
+
+    @property
+    def _batch_keys(self) -> set[str]:
+        return {OBS_KEY, *self.input_features}
 
 
 def load_policy(
@@ -90,6 +101,7 @@ def load_policy(
 
 
 def _policy_config(saved: dict[str, Any], path: str, allow_types: tuple[str, ...]) -> PolicyConfig:
+    saved = upgrade_policy_config(saved)
     policy_type = saved.get("type")
     if not isinstance(policy_type, str):
         raise ConfigError(f"{path}: its config.json names no policy type")

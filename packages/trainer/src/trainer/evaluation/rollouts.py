@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from trainer.data import sim
-from trainer.data.dataset import ACTION_KEY, Dataset
+from trainer.data.dataset import ACTION_KEY, OBS_KEY, PAD_KEY, Dataset
 from trainer.evaluation.validation import rank_batches
 
 EVAL_SEED_BASE = 10_000
@@ -25,15 +25,24 @@ Reduce = Callable[[torch.Tensor], torch.Tensor]  # sum over ranks
 
 @torch.no_grad()
 def rollout_returns(
-    act: Callable[[np.ndarray], np.ndarray], episodes: int, world: int, rank: int, reduce: Reduce
+    act: Callable[[dict[str, np.ndarray]], np.ndarray],
+    episodes: int,
+    world: int,
+    rank: int,
+    reduce: Reduce,
+    camera: bool = False,
+    reset: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
-    """Mean return of `act` and of random torques over `episodes` start states split across ranks."""
+    """Mean return of `act` and of random torques over `episodes` start states split across ranks, on
+    the camera task with `camera`. `act` gets the raw observation a robot would give (the state
+    vector, and the camera frame as uint8 H x W x 3); `reset` runs before each of its episodes."""
     per_rank = -(-episodes // world)
     totals = torch.zeros(3, dtype=torch.float64)
     for i in range(per_rank):
         seed = EVAL_SEED_BASE + rank * per_rank + i
-        totals[0] += sim.rollout(act, seed)[2]
-        totals[1] += sim.rollout(sim.random_controller(seed), seed)[2]
+        reset()
+        totals[0] += sim.rollout(lambda obs: act(raw_observation(obs)), seed, camera=camera).total_return
+        totals[1] += sim.rollout(sim.random_controller(seed), seed, camera=camera).total_return
         totals[2] += 1
     totals = reduce(totals)
     count = max(float(totals[2]), 1.0)
@@ -46,21 +55,26 @@ def rollout_returns(
 
 @torch.no_grad()
 def action_errors(
-    act: Callable[[torch.Tensor], torch.Tensor],
+    act: Callable[[dict[str, torch.Tensor]], torch.Tensor],
     dataset: Dataset,
     world: int,
     rank: int,
     reduce: Reduce,
     batch_size: int = 256,
+    reset: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
-    """`action_mse` of `act` (raw observation vectors -> actions) on every frame of `dataset`, and
-    `baseline_mse` of predicting the dataset's mean action."""
+    """`action_mse` of `act` (a raw batch -> actions) on every frame of `dataset`, and
+    `baseline_mse` of predicting the dataset's mean action. `reset` runs before each batch: the frames
+    of a batch are not one episode's steps, so each is scored by the first action predicted for it
+    (not by an action left in ACT's queue by the previous batch)."""
     mean = dataset.stats()[ACTION_KEY]["mean"].double()
     totals = torch.zeros(3, dtype=torch.float64)
     for indices, weight in rank_batches(len(dataset), world, rank, batch_size):
         batch = dataset.gather(indices, 1)
+        reset()
         target = batch[ACTION_KEY][:, 0].double()
-        predicted = act(batch["observation.state"]).double().cpu()
+        observation = {k: v for k, v in batch.items() if k not in (ACTION_KEY, PAD_KEY)}
+        predicted = act(observation).double().cpu()
         totals[0] += weight * (predicted - target).square().mean(1).sum()
         totals[1] += weight * (mean - target).square().mean(1).sum()
         totals[2] += weight * len(indices)
@@ -72,6 +86,15 @@ def action_errors(
         "episodes": len(dataset.episode_bounds()),
         "frames": int(totals[2]),
     }
+
+
+def raw_observation(obs: sim.Observation) -> dict[str, np.ndarray]:
+    """A sim step's observation as a robot gives it: the state vector, and the camera frame if any
+    (the target, the expert's privileged information, is left out)."""
+    raw = {OBS_KEY: obs.state}
+    if obs.frame is not None:
+        raw[sim.CAMERA] = obs.frame
+    return raw
 
 
 def summary_line(result: dict[str, Any]) -> str:

@@ -1,7 +1,9 @@
 """The policy interface and the policy type registry.
 
 A policy is an `nn.Module` built from its config and the dataset's feature sizes. It returns
-`(loss, metrics)` from `forward(batch)` and an action from `select_action(obs)`. Two class attributes
+`(loss, metrics)` from `forward(batch)` and an action from `select_action(batch)`, where a batch holds
+the normalized `observation.state` vector and, for a policy that sees, each camera's normalized frames
+as `observation.images.<name>` (B, C, H, W). `reset()` starts a new episode (ACT's action queue). Two class attributes
 tell the engine how to shard it: `_fsdp_wrap_modules` (class names that become FSDP units) and
 `_fsdp_forward_methods` (entry points other than `forward` that need the sharded parameters gathered).
 """
@@ -9,13 +11,14 @@ tell the engine how to shard it: `_fsdp_wrap_modules` (class names that become F
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from trainer.config import registry
 from trainer.config.policy import PolicyConfig
+from trainer.data.dataset import Dataset, is_camera
 
 
 class Policy(nn.Module):
@@ -31,9 +34,40 @@ class Policy(nn.Module):
     def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         raise NotImplementedError
 
-    def select_action(self, obs: torch.Tensor) -> torch.Tensor:
+    def select_action(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The next action for a batch of (normalized) observations."""
         raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget what earlier steps of an episode left behind (a policy without memory has nothing)."""
+
+    def load_pretrained_parts(self) -> None:
+        """Load the pretrained weights the config names for parts of a freshly built policy (ACT's
+        camera trunk); called at the start of training, not when a checkpoint's weights follow."""
+
+    def parameter_groups(self) -> dict[str, float]:
+        """Submodules trained at their own learning rate, by name (ACT's camera trunk): each becomes an
+        optimizer parameter group; the rest uses --optimizer.lr."""
+        return {}
+
+
+def optimizer_params(model: nn.Module, policy: Policy) -> list[nn.Parameter] | list[dict[str, Any]]:
+    """What the optimizer updates: the trainable parameters of `model` (the policy, or its PEFT
+    wrapper), split into the groups `policy.parameter_groups()` names; a plain list when it names none,
+    so the optimizer state of a one-group policy keeps the layout earlier checkpoints hold."""
+    trainable = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
+    groups = policy.parameter_groups()
+    if not groups:
+        return [param for _, param in trainable]
+
+    def group_of(name: str) -> str | None:
+        return next((g for g in groups if g in name.split(".")), None)
+
+    rest: dict[str, Any] = {"params": [param for name, param in trainable if group_of(name) is None]}
+    named: list[dict[str, Any]] = [
+        {"params": [p for n, p in trainable if group_of(n) == g], "lr": lr} for g, lr in groups.items()
+    ]
+    return [rest, *(group for group in named if group["params"])]
 
 
 def build_policy(config: PolicyConfig, obs_dim: int, action_dim: int) -> Policy:
@@ -47,6 +81,25 @@ def build_policy(config: PolicyConfig, obs_dim: int, action_dim: int) -> Policy:
     if config.dtype is not None:
         policy.to(getattr(torch, config.dtype))
     return policy
+
+
+def fit_to_data(config: PolicyConfig, dataset: Dataset) -> PolicyConfig:
+    """`config` as the data shapes it (a new object): the features the dataset resolved, the sizes
+    left at 0, and the cameras' frame shapes (`PolicyConfig.with_frame_shapes`), so the saved
+    config.json rebuilds the same policy without the data. (A dataset gives cameras only to a policy
+    that asks for them: ACT's default `observation.images.*`, or named ones.)"""
+    features = list(dataset.input_features)
+    fitted = dataclasses.replace(
+        config,
+        input_features=features,
+        obs_dim=config.obs_dim or dataset.obs_dim,
+        action_dim=config.action_dim or dataset.action_dim,
+    )
+    seen = [name for name in features if is_camera(name)]
+    if not seen:
+        return fitted
+    batch = dataset.gather(torch.zeros(1, dtype=torch.long), 1)
+    return fitted.with_frame_shapes({name: list(batch[name].shape[1:]) for name in seen})
 
 
 def register_import_path(type_name: str) -> None:

@@ -66,5 +66,5 @@ class MLPPolicy(Policy):
         return loss, {}
 
     @torch.no_grad()
-    def select_action(self, obs: torch.Tensor) -> torch.Tensor:
-        return self._predict(obs)
+    def select_action(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._predict(batch[OBS_KEY])

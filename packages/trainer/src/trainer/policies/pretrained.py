@@ -20,6 +20,7 @@ import ckpt_tools
 from ckpt_tools import layout
 from trainer.config.policy import RUN_FIELDS
 from trainer.errors import ConfigError
+from trainer.policies.act_state import upgrade_policy_config
 
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _PATH_FLAG = "--policy.path="
@@ -46,7 +47,7 @@ def resolve(path: str) -> str:
 def base_policy_config(path: str) -> dict[str, Any]:
     """The saved policy config (`config.json`) at `path`, with `path` recorded."""
     with _checkpoint_errors(path):
-        config = ckpt_tools.open_checkpoint(resolve(path)).policy_config()
+        config = upgrade_policy_config(ckpt_tools.open_checkpoint(resolve(path)).policy_config())
     if not isinstance(config.get("type"), str):
         raise ConfigError(f"--policy.path={path}: its config.json names no policy type")
     return {**config, "path": path}
@@ -56,12 +57,19 @@ def base_policy_config(path: str) -> dict[str, Any]:
 def policy_defaults(args: list[str], config_path: str | None) -> Iterator[str | None]:
     """The config file to parse with: `config_path` unchanged without a `--policy.path` flag, else a
     temporary copy whose policy section is the base's config.json (a `--config_path` file's own policy
-    fields of the same type win over it, flags win over both)."""
+    fields of the same type win over it, flags win over both). A saved policy section of an earlier
+    release is upgraded on the way (`upgrade_policy_config`: the state-only `act` is `act_state`)."""
     path = next((a.removeprefix(_PATH_FLAG) for a in reversed(args) if a.startswith(_PATH_FLAG)), None)
-    if path is None:
-        yield config_path
-        return
     data = _read_json_file(config_path) if config_path is not None else {}
+    if path is None:
+        own = data.get("policy")
+        if not isinstance(own, dict) or upgrade_policy_config(own) is own:
+            yield config_path
+            return
+        data["policy"] = upgrade_policy_config(own)  # a run saved before ACT became LeRobot's
+        with _written(data) as upgraded:
+            yield upgraded
+        return
     # the base's run settings (LeRobot's config.json records its device and Hub repo) are not inherited:
     # a fine-tune chooses its own device and never publishes over the base's repo by default
     base = {k: v for k, v in base_policy_config(path).items() if k not in RUN_FIELDS}
@@ -74,11 +82,17 @@ def policy_defaults(args: list[str], config_path: str | None) -> Iterator[str | 
         raise ConfigError(
             f"--policy.type={explicit} but --policy.path={path} holds a {base['type']} policy: drop --policy.type"
         )
-    with tempfile.TemporaryDirectory(prefix="trainer-config-") as tmp:
-        merged = os.path.join(tmp, "train_config.json")
-        with open(merged, "w", encoding="utf-8") as handle:
-            json.dump(data, handle)
+    with _written(data) as merged:
         yield merged
+
+
+@contextlib.contextmanager
+def _written(data: dict[str, Any]) -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="trainer-config-") as tmp:
+        file = os.path.join(tmp, "train_config.json")
+        with open(file, "w", encoding="utf-8") as handle:
+            json.dump(data, handle)
+        yield file
 
 
 def load_weights(policy: Any, path: str) -> None:

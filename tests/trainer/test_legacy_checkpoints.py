@@ -1,0 +1,65 @@
+"""Checkpoints written before ACT became LeRobot's ACT (tests/fixtures/legacy, commit 3d11015) still
+load with `load_policy` (acting bit for bit as they did), evaluate with `trainer eval`, start a run with
+`--policy.path` and resume: a `type: act` config with the old fields is the `act_state` policy."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import trainer
+from helpers.fixtures import copy_fixture, fixture_dir
+from trainer.cli.eval_command import run_eval
+from trainer.cli.parse import parse_config
+from trainer.engine.loop import train
+from trainer.policies import upgrade_policy_config
+
+EXPECTED = json.loads((fixture_dir("legacy") / "actions.json").read_text())
+
+
+def _step(kind: str) -> str:
+    return str(fixture_dir("legacy", f"checkpoint_{kind}") / "checkpoints" / "000002")
+
+
+@pytest.mark.parametrize("kind", ["act", "mlp"])
+def test_old_checkpoint_acts_as_it_did(kind) -> None:
+    loaded = trainer.load_policy(_step(kind))
+    assert loaded.config.type == ("act_state" if kind == "act" else "mlp")
+    obs = np.array(EXPECTED["observation.state"], dtype=np.float32)
+    assert torch.equal(loaded.select_action({"observation.state": obs}), torch.tensor(EXPECTED[kind]))
+
+
+def test_only_the_old_act_fields_mean_act_state() -> None:
+    assert upgrade_policy_config({"type": "act", "dim": 8})["type"] == "act_state"
+    new = {"type": "act", "dim_model": 8}
+    assert upgrade_policy_config(new) is new
+    assert upgrade_policy_config({"type": "mlp", "hidden_dim": 8})["type"] == "mlp"
+
+
+def test_old_checkpoint_evaluates(tmp_path) -> None:
+    result = run_eval(
+        [f"--policy.path={_step('act')}", f"--dataset.cache_dir={tmp_path}", "--dataset.eval_episodes=1"]
+    )
+    assert result["episodes"] == 1 and np.isfinite(result["policy_return"])
+
+
+@pytest.mark.parametrize("kind", ["act", "mlp"])
+def test_old_checkpoint_starts_a_run_and_resumes(kind, tmp_path, dataset_cache, clean_accelerate) -> None:
+    common = [f"--dataset.cache_dir={dataset_cache}", "--dataset.episodes=2", "--dataset.eval_episodes=0"]
+    config = parse_config(
+        [f"--policy.path={_step(kind)}", *common, "--steps=1", f"--output_dir={tmp_path / 'ft'}"]
+    )
+    assert config.policy.type == ("act_state" if kind == "act" else "mlp")
+    assert train(config).steps == 1
+    run = copy_fixture(tmp_path, "legacy", f"checkpoint_{kind}")
+    resumed = parse_config(["--resume=true", f"--output_dir={run}", *common, "--steps=3", "--save_freq=3"])
+    assert resumed.policy.type == ("act_state" if kind == "act" else "mlp")
+    summary = train(resumed)
+    assert summary.steps == 3 and summary.last_checkpoint is not None
+    assert (
+        json.loads((run / "checkpoints" / "000003" / "pretrained_model" / "config.json").read_text())["type"]
+        == resumed.policy.type
+    )
