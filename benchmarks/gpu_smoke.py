@@ -213,7 +213,7 @@ def check_dcp(workdir: Path, device: str, sizes: dict[str, int]) -> dict[str, fl
             raise SystemExit(f"gpu_smoke: the background save does not verify: {'; '.join(report.problems)}")
         ckpt_tools.convert_dcp_to_safetensors(step_dir)
         loaded = trainer.load_policy(str(step_dir), device=device)
-        obs = torch.randn(4, 3, device=device)
+        obs = {"observation.state": torch.randn(4, 3, device=device)}
         with torch.no_grad():
             expected = policy.select_action(obs)
             got = loaded.policy.select_action(obs)

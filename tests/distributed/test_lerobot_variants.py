@@ -12,6 +12,7 @@ import pytest
 import ckpt_tools
 from helpers.launch import run_torchrun
 from helpers.lerobot_data import write_dataset
+from helpers.train_flags import TINY_LEROBOT_ACT
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
@@ -20,7 +21,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "lerobot_variants.py"
 
 def test_lerobot_fsdp_hsdp_lora_and_accumulation_commands_run(tmp_path) -> None:
     write_dataset(tmp_path / "ds", [20] * 4, rows_per_file=30)
-    log = run_torchrun(SCRIPT, 4, str(tmp_path), str(tmp_path / "ds"), timeout=400).stdout
+    log = run_torchrun(SCRIPT, 4, str(tmp_path), str(tmp_path / "ds"), *TINY_LEROBOT_ACT, timeout=400).stdout
     expected = {
         "fsdp": ((1, 4), 2, "effective batch size 16 = batch_size 2 x dp_world_size 4 x grad_accum 2"),
         "hsdp": ((2, 2), 1, "effective batch size 8 = batch_size 2 x dp_world_size 4 x grad_accum 1"),

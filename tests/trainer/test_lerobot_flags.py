@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from helpers.fixtures import copy_fixture
 from helpers.lerobot_data import STATE, VELOCITY, write_dataset
+from helpers.train_flags import TINY_LEROBOT_ACT
 from trainer.cli.eval_command import run_eval
 from trainer.cli.parse import parse_config
 from trainer.data import hub
@@ -40,12 +41,14 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def lerobot_command(root: Path, out: Path, *extra: str) -> list[str]:
-    """The command of LeRobot's docs, with policy-agnostic flags that keep it tiny."""
+def lerobot_command(
+    root: Path, out: Path, *extra: str, policy: tuple[str, ...] = ("--policy.type=act", *TINY_LEROBOT_ACT)
+) -> list[str]:
+    """The command of LeRobot's docs, with flags that keep it tiny (ACT's sizes among them)."""
     return [
         "--dataset.repo_id=someone/my_dataset",
         f"--dataset.root={root}",
-        "--policy.type=act",
+        *policy,
         "--policy.repo_id=someone/my_policy",
         f"--output_dir={out}",
         "--job_name=act_lerobot",
@@ -74,7 +77,11 @@ def test_rename_map_renames_the_features_the_policy_reads_and_is_recorded(
 ) -> None:
     out = tmp_path / "run"
     rename = {VELOCITY: "observation.speed", "observation.images.top": "observation.images.front"}
-    train(parse_config(lerobot_command(root, out, "--policy.type=mlp", f"--rename_map={json.dumps(rename)}")))
+    train(
+        parse_config(
+            lerobot_command(root, out, f"--rename_map={json.dumps(rename)}", policy=("--policy.type=mlp",))
+        )
+    )
     model_dir = out / "checkpoints" / "000002" / "pretrained_model"
     assert json.loads((model_dir / "config.json").read_text())["input_features"] == [
         STATE,

@@ -17,11 +17,11 @@ from fresh_accelerator import reset_accelerate
 from trainer.cli.parse import parse_config
 from trainer.engine.loop import train
 
-OUT, ROOT = sys.argv[1:3]
+OUT, ROOT, *SIZES = sys.argv[1:]  # SIZES: the policy flags that keep it tiny
 
 
 def lerobot(run: str, *extra: str) -> list[str]:
-    """The command of LeRobot's docs, with policy-agnostic flags that keep it tiny."""
+    """The command of LeRobot's docs, with flags that keep it tiny (ACT's sizes among them)."""
     return [
         "--dataset.repo_id=someone/my_dataset",
         f"--dataset.root={ROOT}",
@@ -34,6 +34,7 @@ def lerobot(run: str, *extra: str) -> list[str]:
         "--steps=2",
         "--save_freq=2",
         "--log_freq=1",
+        *SIZES,
         *extra,
     ]
 
