@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 import trainer
 from helpers.launch import run_torchrun
+from helpers.train_flags import TINY_LEROBOT_ACT
 from trainer.data import sim
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
@@ -25,7 +26,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "act_camera_run.py"
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("act_camera")
-    return out, run_torchrun(SCRIPT, 2, str(out), timeout=300).stdout
+    return out, run_torchrun(SCRIPT, 2, str(out), *TINY_LEROBOT_ACT, timeout=300).stdout
 
 
 def _records(run: Path) -> list[dict]:

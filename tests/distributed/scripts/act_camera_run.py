@@ -18,21 +18,8 @@ import clean_exit
 from trainer.cli.parse import parse_config
 from trainer.engine.loop import train
 
-OUT = sys.argv[1]
-TINY_CAMERA_ACT = [
-    "--policy.type=act",
-    "--policy.dim_model=16",
-    "--policy.n_heads=2",
-    "--policy.dim_feedforward=32",
-    "--policy.n_encoder_layers=1",
-    "--policy.n_vae_encoder_layers=1",
-    "--policy.latent_dim=4",
-    "--policy.chunk_size=4",
-    "--policy.n_action_steps=2",
-    "--policy.pretrained_backbone_weights=null",
-    "--policy.dropout=0",
-    "--dataset.camera=true",
-]
+OUT, *SIZES = sys.argv[1:]  # SIZES: the flags that narrow LeRobot's ACT to test sizes
+TINY_CAMERA_ACT = ["--policy.type=act", *SIZES, "--policy.dropout=0", "--dataset.camera=true"]
 
 
 def common(run: str) -> list[str]:

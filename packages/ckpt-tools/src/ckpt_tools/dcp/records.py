@@ -30,6 +30,12 @@ _MAX_RECORD_PICKLE = 1 << 20
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 _LOCAL_MAGIC = b"PK\x03\x04"
+# What zipfile and struct raise on a record whose bytes are damaged (a truncated or altered archive).
+_DAMAGED_RECORD = (zipfile.BadZipFile, EOFError, struct.error, ValueError, OverflowError, NotImplementedError)
+
+
+def _damaged(where: str, exc: Exception) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"{where}: chunk record is damaged ({str(exc)[:200]})")
 
 
 @dataclass(frozen=True)
@@ -55,15 +61,8 @@ def locate_chunk_data(handle: IO[bytes], chunk: ChunkEntry, dtype: str, where: s
     try:
         with zipfile.ZipFile(_Slice(handle, chunk.file_offset, chunk.length)) as archive:
             return _locate_in_archive(archive, handle, chunk, dtype, want, where)
-    except (
-        zipfile.BadZipFile,
-        EOFError,
-        struct.error,
-        ValueError,
-        OverflowError,
-        NotImplementedError,
-    ) as exc:
-        raise CorruptCheckpointError(f"{where}: chunk record is damaged ({str(exc)[:200]})") from None
+    except _DAMAGED_RECORD as exc:
+        raise _damaged(where, exc) from None
 
 
 def _locate_in_archive(
@@ -138,15 +137,8 @@ def _check_record(handle: IO[bytes], chunk: ChunkEntry, dtype: str, where: str) 
                 with archive.open(info) as member:  # zipfile checks the CRC-32 at the end of each entry
                     while member.read(_CRC_BLOCK):
                         pass
-    except (
-        zipfile.BadZipFile,
-        EOFError,
-        struct.error,
-        ValueError,
-        OverflowError,
-        NotImplementedError,
-    ) as exc:
-        raise CorruptCheckpointError(f"{where}: chunk record is damaged ({str(exc)[:200]})") from None
+    except _DAMAGED_RECORD as exc:
+        raise _damaged(where, exc) from None
 
 
 _CRC_BLOCK = 1 << 20
