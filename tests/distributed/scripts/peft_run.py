@@ -23,6 +23,7 @@ import sys
 import clean_exit
 import torch
 import torch.distributed as dist
+from accelerate_reset import reset_accelerate
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 import trainer.engine.checkpointing as checkpointing
@@ -123,15 +124,6 @@ RUNS = {
         )
     },
 }
-
-
-def reset_accelerate() -> None:
-    """A fresh Accelerator per run in this process (the process group stays)."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    for name in [n for n in os.environ if n.startswith(("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_"))]:
-        del os.environ[name]
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import draccus
 import ckpt_tools
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import DatasetConfig
+from trainer.config.ema import EmaConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.peft import PeftConfig
 from trainer.config.policy import PolicyConfig
@@ -102,6 +103,7 @@ class TrainConfig:
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     accelerator: AcceleratorConfig = field(default_factory=AcceleratorConfig)
     peft: PeftConfig = field(default_factory=PeftConfig)
+    ema: EmaConfig = field(default_factory=EmaConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     trackio: TrackioConfig = field(default_factory=TrackioConfig)
     checkpoint_format: str = "safetensors"

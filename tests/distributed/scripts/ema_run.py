@@ -1,0 +1,97 @@
+"""EMA runs of the real trainer on 2 gloo ranks, several per launch.
+
+usage: ema_run.py OUT
+
+Each run is `trainer.engine.loop.train(parse_config(flags))` in this process. A spy wraps
+`trainer.engine.ema.Ema`: at the shadow's start and after each of its updates it gathers every trained
+parameter in full (collective) and rank 0 folds it into a reference EMA computed on full tensors with
+the same decay, stored as `<run>/reference_ema.safetensors` when the run ends: the shadow the trainer
+kept on its shards must equal it.
+
+`ddp`     DDP on 2 ranks, safetensors, saves at 2 and 4.
+`fsdp2`   FSDP2 on 2 ranks, dcp, saves at 2 and 4.
+`fsdp2_r` resumes `fsdp2` at step 2 on the same topology, into its own output_dir.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import clean_exit
+import torch
+import torch.distributed as dist
+from accelerate_reset import reset_accelerate
+from safetensors.torch import save_file
+from torch.distributed.tensor import DTensor
+
+import trainer.engine.ema as ema
+from trainer.cli.parse import parse_config
+from trainer.engine.loop import train
+
+OUT = sys.argv[1]
+REFERENCE: dict[str, torch.Tensor] = {}
+
+
+def _full(model_params: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [p.full_tensor() if isinstance(p, DTensor) else p.detach().clone() for p in model_params]
+
+
+class SpiedEma(ema.Ema):
+    def __init__(self, config, model) -> None:
+        super().__init__(config, model)
+        full = _full(self._params)
+        REFERENCE.clear()
+        REFERENCE.update({name: value.clone() for name, value in zip(self.shadow, full, strict=True)})
+
+    def update(self, updates: int) -> float:
+        decay = super().update(updates)
+        for name, value in zip(self.shadow, _full(self._params), strict=True):
+            REFERENCE[name] = torch.lerp(REFERENCE[name], value, 1.0 - decay)
+        return decay
+
+
+ema.Ema = SpiedEma  # type: ignore[misc]
+import trainer.engine.loop as loop  # noqa: E402
+
+loop.Ema = SpiedEma  # type: ignore[misc]
+
+
+def flags(run: str, *extra: str) -> list[str]:
+    return [
+        f"--output_dir={OUT}/{run}",
+        f"--dataset.cache_dir={OUT}/cache",
+        "--policy.type=mlp",
+        "--policy.hidden_dim=16",
+        "--policy.dropout=0",
+        "--dataset.episodes=2",
+        "--dataset.eval_episodes=0",
+        "--steps=4",
+        "--save_freq=2",
+        "--log_freq=2",
+        "--batch_size=8",
+        "--seed=3",
+        "--ema.enable=true",
+        "--ema.update_after_step=1",
+        *extra,
+    ]
+
+
+RUNS = {
+    "ddp": flags("ddp", "--parallelism.dp_shard=1", "--checkpoint_format=safetensors"),
+    "fsdp2": flags("fsdp2", "--parallelism.dp_shard=2", "--checkpoint_format=dcp"),
+    "fsdp2_r": [
+        *flags("fsdp2_r", "--parallelism.dp_shard=2", "--checkpoint_format=dcp"),
+        "--resume=true",
+        f"--config_path={OUT}/fsdp2/checkpoints/000002/pretrained_model/train_config.json",
+    ],
+}
+
+if __name__ == "__main__":
+    for run, run_flags in RUNS.items():
+        train(parse_config(run_flags))
+        reset_accelerate()
+        if dist.get_rank() == 0 and run != "fsdp2_r":  # a resumed run's reference starts mid-way
+            save_file(
+                {k: v.contiguous() for k, v in REFERENCE.items()}, f"{OUT}/{run}/reference_ema.safetensors"
+            )
+    clean_exit.leave()
