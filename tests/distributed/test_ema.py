@@ -70,6 +70,30 @@ def test_resume_on_the_same_topology_continues_the_shadow_bit_exact(runs: Path) 
     assert_equal(final_ema(runs, "fsdp2_r"), final_ema(runs, "fsdp2"))
 
 
+def test_fsdp2_resumes_the_ddp_shadow(runs: Path) -> None:
+    """DDP -> FSDP2 on 2 ranks: each rank reads its shard's rows of the gathered ema.safetensors."""
+    got, want = final_ema(runs, "ddp_to_fsdp2"), final_ema(runs, "ddp")
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-7)
+
+
+def test_load_policy_and_eval_take_the_ema_by_default(runs: Path) -> None:
+    from trainer.cli.eval_command import run_eval
+    from trainer.evaluation.inference import load_policy
+
+    step = runs / "ddp" / "checkpoints" / "000004"
+    ema, model = final_ema(runs, "ddp"), ckpt_tools.load_model_state_dict(step)
+    loaded = load_policy(str(step))
+    assert loaded.weights == "ema"
+    assert_equal({k: v.detach() for k, v in loaded.policy.state_dict().items()}, ema)
+    trained = load_policy(str(step), weights="model")
+    assert_equal({k: v.detach() for k, v in trained.policy.state_dict().items()}, model)
+    result = run_eval(
+        [f"--policy.path={step}", f"--dataset.cache_dir={runs}/cache", "--dataset.eval_episodes=1"]
+    )
+    assert result["weights"] == "ema"
+
+
 def test_one_process_resumes_the_fsdp2_shadow(runs: Path) -> None:
     """FSDP2 on 2 ranks -> 1 process: the DCP shadow resharded into plain tensors. Had it been lost,
     the shadow would restart from the step-2 weights and end ~1e-4 away from the uninterrupted run's."""

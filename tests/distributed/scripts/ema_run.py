@@ -11,6 +11,7 @@ kept on its shards must equal it.
 `ddp`     DDP on 2 ranks, safetensors, saves at 2 and 4.
 `fsdp2`   FSDP2 on 2 ranks, dcp, saves at 2 and 4.
 `fsdp2_r` resumes `fsdp2` at step 2 on the same topology, into its own output_dir.
+`ddp_to_fsdp2` resumes `ddp` at step 2 under FSDP2 (the gathered ema.safetensors read block by block).
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ def flags(run: str, *extra: str) -> list[str]:
         "--batch_size=8",
         "--seed=3",
         "--ema.enable=true",
-        "--ema.update_after_step=1",
+        # the default warmup: decay 0 at the first update, 1 - 2**(-2/3) at the second, so the step-2
+        # shadow differs from the step-2 weights and a resume that lost it would show
+        "--ema.power=0.6666666666666666",
         *extra,
     ]
 
@@ -84,13 +87,19 @@ RUNS = {
         "--resume=true",
         f"--config_path={OUT}/fsdp2/checkpoints/000002/pretrained_model/train_config.json",
     ],
+    "ddp_to_fsdp2": [
+        *flags("ddp_to_fsdp2", "--parallelism.dp_shard=2", "--checkpoint_format=safetensors"),
+        "--resume=true",
+        f"--config_path={OUT}/ddp/checkpoints/000002/pretrained_model/train_config.json",
+    ],
 }
+RESUMED = ("fsdp2_r", "ddp_to_fsdp2")  # their references would start mid-way
 
 if __name__ == "__main__":
     for run, run_flags in RUNS.items():
         train(parse_config(run_flags))
         reset_accelerate()
-        if dist.get_rank() == 0 and run != "fsdp2_r":  # a resumed run's reference starts mid-way
+        if dist.get_rank() == 0 and run not in RESUMED:
             save_file(
                 {k: v.contiguous() for k, v in REFERENCE.items()}, f"{OUT}/{run}/reference_ema.safetensors"
             )
