@@ -94,6 +94,29 @@ def test_load_policy_and_eval_take_the_ema_by_default(runs: Path) -> None:
     assert result["weights"] == "ema"
 
 
+def test_peft_averages_the_adapters_only(runs: Path) -> None:
+    """LoRA under FSDP2: the shadow holds the trainable (adapter) parameters' shards, saved under the
+    adapter file's key names in both forms; the EMA policy is the base with the EMA adapters merged."""
+    from ckpt_tools.state.adapters import peft_key
+    from trainer.evaluation.inference import load_policy
+
+    reference = {
+        peft_key(name): t for name, t in load_file(runs / "peft" / "reference_ema.safetensors").items()
+    }
+    step = runs / "peft" / "checkpoints" / "000004"
+    adapter = ckpt_tools.load_model_state_dict(step)
+    assert reference.keys() == adapter.keys() and any("lora_A" in name for name in reference)
+    assert_equal(ckpt_tools.load_model_state_dict(step, weights="ema"), reference)
+    model_dir = step / "pretrained_model"
+    assert (model_dir / layout.EMA_SAFETENSORS).exists() and (model_dir / layout.EMA_DCP_DIR).exists()
+    assert ckpt_tools.verify_checkpoint(step, deep=True).ok
+    ema_policy, trained_policy = load_policy(str(step)), load_policy(str(step), weights="model")
+    assert (ema_policy.weights, trained_policy.weights) == ("ema", "model")
+    ema_state, trained_state = ema_policy.policy.state_dict(), trained_policy.policy.state_dict()
+    assert not torch.equal(ema_state["blocks.0.linear.weight"], trained_state["blocks.0.linear.weight"])
+    assert torch.equal(ema_state["inp.weight"], trained_state["inp.weight"])  # frozen: the base's
+
+
 def test_one_process_resumes_the_fsdp2_shadow(runs: Path) -> None:
     """FSDP2 on 2 ranks -> 1 process: the DCP shadow resharded into plain tensors. Had it been lost,
     the shadow would restart from the step-2 weights and end ~1e-4 away from the uninterrupted run's."""
@@ -108,6 +131,7 @@ def test_one_process_resumes_the_fsdp2_shadow(runs: Path) -> None:
             f"--output_dir={out}",
             "--parallelism.dp_shard=1",
             "--batch_size=16",
+            "--async_save=false",
         ],
         env=launch_env(),
         stdout=subprocess.PIPE,

@@ -9,9 +9,11 @@ the same decay, stored as `<run>/reference_ema.safetensors` when the run ends: t
 kept on its shards must equal it.
 
 `ddp`     DDP on 2 ranks, safetensors, saves at 2 and 4.
-`fsdp2`   FSDP2 on 2 ranks, dcp, saves at 2 and 4.
+`fsdp2`   FSDP2 on 2 ranks, dcp, saves at 2 (in the background: --async_save) and 4.
 `fsdp2_r` resumes `fsdp2` at step 2 on the same topology, into its own output_dir.
 `ddp_to_fsdp2` resumes `ddp` at step 2 under FSDP2 (the gathered ema.safetensors read block by block).
+`base`    FSDP2, no EMA, 2 steps: the base of `peft`.
+`peft`    LoRA on `base` under FSDP2 with EMA (of the adapters only), safetensors + dcp.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def flags(run: str, *extra: str) -> list[str]:
 
 RUNS = {
     "ddp": flags("ddp", "--parallelism.dp_shard=1", "--checkpoint_format=safetensors"),
-    "fsdp2": flags("fsdp2", "--parallelism.dp_shard=2", "--checkpoint_format=dcp"),
+    "fsdp2": flags("fsdp2", "--parallelism.dp_shard=2", "--checkpoint_format=dcp", "--async_save=true"),
     "fsdp2_r": [
         *flags("fsdp2_r", "--parallelism.dp_shard=2", "--checkpoint_format=dcp"),
         "--resume=true",
@@ -92,14 +94,26 @@ RUNS = {
         "--resume=true",
         f"--config_path={OUT}/ddp/checkpoints/000002/pretrained_model/train_config.json",
     ],
+    "base": flags("base", "--parallelism.dp_shard=2", "--ema.enable=false", "--steps=2"),
+    "peft": flags(
+        "peft",
+        "--parallelism.dp_shard=2",
+        "--checkpoint_format=safetensors_dcp",
+        f"--policy.path={OUT}/base/checkpoints/last",
+        "--peft.method_type=LORA",
+        "--peft.r=2",
+        "--peft.alpha=4",
+        "--optimizer.lr=0.01",
+    ),
 }
 RESUMED = ("fsdp2_r", "ddp_to_fsdp2")  # their references would start mid-way
 
 if __name__ == "__main__":
     for run, run_flags in RUNS.items():
+        REFERENCE.clear()
         train(parse_config(run_flags))
         reset_accelerate()
-        if dist.get_rank() == 0 and run not in RESUMED:
+        if dist.get_rank() == 0 and run not in RESUMED and REFERENCE:
             save_file(
                 {k: v.contiguous() for k, v in REFERENCE.items()}, f"{OUT}/{run}/reference_ema.safetensors"
             )
