@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 import ckpt_tools
 from ckpt_tools import layout
@@ -80,3 +80,15 @@ def test_verify_refuses_an_ema_that_does_not_fit_the_weights(saved) -> None:
     with pytest.raises(ckpt_tools.CorruptCheckpointError, match=r"has shape \[2, 2\] for 0\.weight"):
         model, _, _ = make_run()
         ckpt_tools.load_training_state(step, model=model, ema=shadow_of(model))
+
+
+def test_publishing_takes_the_ema_when_present(saved, tmp_path) -> None:
+    step, _, ema = saved
+    model_state = ckpt_tools.load_model_state_dict(step)
+    result = ckpt_tools.publish_model(step, str(tmp_path / "pub"))
+    assert layout.EMA_SAFETENSORS not in result.files and layout.MODEL_SAFETENSORS in result.files
+    assert any("EMA weights" in note for note in result.notes)
+    assert_same_tensors(load_file(tmp_path / "pub" / layout.MODEL_SAFETENSORS), {**model_state, **ema})
+    plain = ckpt_tools.publish_model(step, str(tmp_path / "plain"), weights="model")
+    assert not plain.notes
+    assert_same_tensors(load_file(tmp_path / "plain" / layout.MODEL_SAFETENSORS), model_state)

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 
-from ckpt_tools.catalog import ADAPTER, DCP, MODEL, catalog
-from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, PublishError
+from ckpt_tools.catalog import ADAPTER, DCP, EMA, MODEL, catalog
+from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, PublishError, UsageError
 from ckpt_tools.files import locate, storage
 from ckpt_tools.files.safetensors_io import read_weight_map
 from ckpt_tools.format import layout
@@ -95,7 +95,7 @@ def publish_model(
     token: str | None = None,
     endpoint: str | None = None,
     extra_card_info: dict[str, Any] | None = None,
-    weights: str = "model",
+    weights: str | None = None,
 ) -> PublishResult:
     """Publish the model at `path` (a step dir, its `pretrained_model/`, `last`, or a converted model
     dir) to the Hub repo `repo_id`, or copy it to `repo_id` when that is an fsspec URL or local path.
@@ -103,13 +103,19 @@ def publish_model(
     A model card is generated unless the directory has its own `README.md`. Not collective: the trainer
     calls it from the main rank behind its own barrier. `weights="ema"` publishes the step's EMA (its
     gathered file or its shards) in the model's place, as the one `model.safetensors` (or
-    `adapter_model.safetensors`) a Hub user loads, so the repo reads like any other.
+    `adapter_model.safetensors`) a Hub user loads, so the repo reads like any other; None takes the EMA
+    when the step holds one (the default, as `trainer eval` scores it), the model otherwise. The result's notes say so.
     """
+    if weights not in (None, "model", "ema"):
+        raise UsageError(f"--weights={weights}: choose model or ema", option="--weights")
     step_dir, model_dir = locate.resolve_model_dir(path)
     names = select_publish_files(model_dir)
     uploads: dict[str, str | bytes] = {name: layout.join(model_dir, name) for name in names}
-    if weights == "ema":
+    has_ema = bool(catalog(model_dir).of_role(EMA))
+    ema_notes = []
+    if weights == "ema" or (weights is None and has_ema):
         _use_ema(uploads, model_dir)
+        ema_notes.append("published the EMA weights (--ema.enable) in the model's place")
     if layout.MODEL_CARD not in uploads:
         info = gather_card_info(step_dir, model_dir, names, extra_card_info)
         uploads[layout.MODEL_CARD] = render_model_card(info, repo_id).encode()
@@ -121,7 +127,7 @@ def publish_model(
     else:
         message = commit_message or _default_message(step_dir)
         result = _publish_hub(uploads, repo_id, private, revision, message, token, endpoint)
-    return replace(result, notes=notes)
+    return replace(result, notes=ema_notes + notes)
 
 
 def _use_ema(uploads: dict[str, str | bytes], model_dir: str) -> None:
