@@ -29,7 +29,8 @@ SCRIPTS = Path(__file__).parent / "scripts"
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ema_runs")
-    run_torchrun(SCRIPTS / "ema_run.py", 2, str(out), timeout=240)
+    launch = run_torchrun(SCRIPTS / "ema_run.py", 2, str(out), timeout=240)
+    (out / "launch.log").write_text(launch.stdout)
     return out
 
 
@@ -57,6 +58,13 @@ def test_shadow_is_the_reference_ema_of_the_weight_trajectory(runs: Path, run: s
     assert f"pretrained_model/{name}" in manifest
     assert ckpt_tools.verify_checkpoint(step, deep=True).ok
     assert ckpt_tools.open_checkpoint(step).has_ema
+
+
+def test_the_end_of_run_rollouts_say_they_score_the_ema(runs: Path) -> None:
+    """Only the ddp run rolls out (--dataset.eval_episodes=2); the main rank says so once."""
+    assert (runs / "launch.log").read_text().count(
+        "evaluating the EMA weights (--ema.use_for_eval=true)"
+    ) == 1
 
 
 def test_ddp_and_fsdp2_keep_the_same_shadow(runs: Path) -> None:

@@ -8,7 +8,7 @@ parameter in full (collective) and rank 0 folds it into a reference EMA computed
 the same decay, stored as `<run>/reference_ema.safetensors` when the run ends: the shadow the trainer
 kept on its shards must equal it.
 
-`ddp`     DDP on 2 ranks, safetensors, saves at 2 and 4.
+`ddp`     DDP on 2 ranks, safetensors, saves at 2 and 4; the end-of-run rollouts score the EMA.
 `fsdp2`   FSDP2 on 2 ranks, dcp, saves at 2 (in the background: --async_save) and 4.
 `fsdp2_r` resumes `fsdp2` at step 2 on the same topology, into its own output_dir.
 `ddp_to_fsdp2` resumes `ddp` at step 2 under FSDP2 (the gathered ema.safetensors read block by block).
@@ -82,7 +82,10 @@ def flags(run: str, *extra: str) -> list[str]:
 
 
 RUNS = {
-    "ddp": flags("ddp", "--parallelism.dp_shard=1", "--checkpoint_format=safetensors"),
+    "ddp": [
+        *flags("ddp", "--parallelism.dp_shard=1", "--checkpoint_format=safetensors"),
+        "--dataset.eval_episodes=2",
+    ],
     "fsdp2": flags("fsdp2", "--parallelism.dp_shard=2", "--checkpoint_format=dcp", "--async_save=true"),
     "fsdp2_r": [
         *flags("fsdp2_r", "--parallelism.dp_shard=2", "--checkpoint_format=dcp"),
