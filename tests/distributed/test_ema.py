@@ -1,6 +1,7 @@
 """`--ema.*` on real gloo process groups: the shadow kept on every rank in the parameters' own sharding.
 
-One torchrun launch on 2 ranks (scripts/ema_run.py says what it runs) serves every test here: the
+One torchrun launch on 2 ranks (scripts/ema_run.py says what it runs) serves every test here but the
+HSDP one (a second launch, on 4 ranks): the
 saved shadow equals a reference EMA computed in one process on full tensors from the same weight
 trajectory (bit for bit: the update is elementwise, so a shard's result is the full tensor's slice),
 a same-topology resume continues it bit for bit, and one process resumes the FSDP2 step (DCP shards
@@ -29,9 +30,16 @@ SCRIPTS = Path(__file__).parent / "scripts"
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ema_runs")
-    launch = run_torchrun(SCRIPTS / "ema_run.py", 2, str(out), timeout=240)
+    launch = run_torchrun(SCRIPTS / "ema_run.py", 2, str(out), "two", timeout=240)
     (out / "launch.log").write_text(launch.stdout)
     return out
+
+
+@pytest.fixture(scope="module")
+def hsdp_runs(runs: Path) -> Path:
+    """The 4-rank launch, after the 2-rank one whose FSDP2 step it resumes."""
+    run_torchrun(SCRIPTS / "ema_run.py", 4, str(runs), "hsdp", timeout=240)
+    return runs
 
 
 def final_ema(runs: Path, run: str) -> dict[str, torch.Tensor]:
@@ -58,6 +66,18 @@ def test_shadow_is_the_reference_ema_of_the_weight_trajectory(runs: Path, run: s
     assert f"pretrained_model/{name}" in manifest
     assert ckpt_tools.verify_checkpoint(step, deep=True).ok
     assert ckpt_tools.open_checkpoint(step).has_ema
+
+
+def test_hsdp_shadow_is_the_reference_and_resumes_from_fsdp2(hsdp_runs: Path) -> None:
+    """HSDP 2x2: each rank holds its shard of a replicated group's parameters; both saved forms equal
+    the reference, and FSDP2 on 2 ranks -> HSDP 2x2 continues the FSDP2 shadow."""
+    reference = load_file(hsdp_runs / "hsdp" / "reference_ema.safetensors")
+    step = hsdp_runs / "hsdp" / "checkpoints" / "000004"
+    assert_equal(ckpt_tools.load_model_state_dict(step, weights="ema"), reference)
+    assert ckpt_tools.verify_checkpoint(step, deep=True).ok  # ema.safetensors and ema_dcp/ agree
+    got, want = final_ema(hsdp_runs, "fsdp2_to_hsdp"), final_ema(hsdp_runs, "fsdp2")
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-7)
 
 
 def test_the_end_of_run_rollouts_say_they_score_the_ema(runs: Path) -> None:

@@ -1,6 +1,6 @@
 """EMA runs of the real trainer on 2 gloo ranks, several per launch.
 
-usage: ema_run.py OUT
+usage: ema_run.py OUT CASE   (CASE: two, on 2 ranks, first | hsdp, on 4 ranks)
 
 Each run is `trainer.engine.loop.train(parse_config(flags))` in this process. A spy wraps
 `trainer.engine.ema.Ema`: at the shadow's start and after each of its updates it gathers every trained
@@ -14,6 +14,9 @@ kept on its shards must equal it.
 `ddp_to_fsdp2` resumes `ddp` at step 2 under FSDP2 (the gathered ema.safetensors read block by block).
 `base`    FSDP2, no EMA, 2 steps: the base of `peft`.
 `peft`    LoRA on `base` under FSDP2 with EMA (of the adapters only), safetensors + dcp.
+hsdp (4 ranks, the same global batch of 16):
+`hsdp`    HSDP 2x2, safetensors + dcp.
+`fsdp2_to_hsdp` resumes `fsdp2` at step 2 under HSDP 2x2 (its DCP shadow resharded onto the 2-D mesh).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import trainer.engine.ema as ema
 from trainer.cli.parse import parse_config
 from trainer.engine.loop import train
 
-OUT = sys.argv[1]
+OUT, CASE = sys.argv[1:3]
 REFERENCE: dict[str, torch.Tensor] = {}
 
 
@@ -81,7 +84,7 @@ def flags(run: str, *extra: str) -> list[str]:
     ]
 
 
-RUNS = {
+TWO = {
     "ddp": [
         *flags("ddp", "--parallelism.dp_shard=1", "--checkpoint_format=safetensors"),
         "--dataset.eval_episodes=2",
@@ -109,7 +112,17 @@ RUNS = {
         "--optimizer.lr=0.01",
     ),
 }
-RESUMED = ("fsdp2_r", "ddp_to_fsdp2")  # their references would start mid-way
+HSDP = ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--batch_size=4"]
+FOUR = {
+    "hsdp": flags("hsdp", *HSDP, "--checkpoint_format=safetensors_dcp"),
+    "fsdp2_to_hsdp": [
+        *flags("fsdp2_to_hsdp", *HSDP, "--checkpoint_format=dcp"),
+        "--resume=true",
+        f"--config_path={OUT}/fsdp2/checkpoints/000002/pretrained_model/train_config.json",
+    ],
+}
+RUNS = {"two": TWO, "hsdp": FOUR}[CASE]
+RESUMED = ("fsdp2_r", "ddp_to_fsdp2", "fsdp2_to_hsdp")  # their references would start mid-way
 
 if __name__ == "__main__":
     for run, run_flags in RUNS.items():
