@@ -143,6 +143,7 @@ def test_peft_averages_the_adapters_only(runs: Path) -> None:
     ema_state, trained_state = ema_policy.policy.state_dict(), trained_policy.policy.state_dict()
     assert not torch.equal(ema_state["blocks.0.linear.weight"], trained_state["blocks.0.linear.weight"])
     assert torch.equal(ema_state["inp.weight"], trained_state["inp.weight"])  # frozen: the base's
+    assert_equal(final_ema(runs, "peft_r"), final_ema(runs, "peft"))  # a resume continues it bit for bit
 
 
 def test_one_process_resumes_the_fsdp2_shadow(runs: Path) -> None:

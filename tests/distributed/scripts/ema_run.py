@@ -14,6 +14,7 @@ kept on its shards must equal it.
 `ddp_to_fsdp2` resumes `ddp` at step 2 under FSDP2 (the gathered ema.safetensors read block by block).
 `base`    FSDP2, no EMA, 2 steps: the base of `peft`.
 `peft`    LoRA on `base` under FSDP2 with EMA (of the adapters only), safetensors + dcp.
+`peft_r`  resumes `peft` at step 2 on the same topology (the shadow read under the adapter's names).
 hsdp (4 ranks, the same global batch of 16):
 `hsdp`    HSDP 2x2, safetensors + dcp.
 `fsdp2_to_hsdp` resumes `fsdp2` at step 2 under HSDP 2x2 (its DCP shadow resharded onto the 2-D mesh).
@@ -111,6 +112,11 @@ TWO = {
         "--peft.alpha=4",
         "--optimizer.lr=0.01",
     ),
+    "peft_r": [
+        "--resume=true",
+        f"--config_path={OUT}/peft/checkpoints/000002/pretrained_model/train_config.json",
+        f"--output_dir={OUT}/peft_r",
+    ],
 }
 HSDP = ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--batch_size=4"]
 FOUR = {
@@ -122,7 +128,7 @@ FOUR = {
     ],
 }
 RUNS = {"two": TWO, "hsdp": FOUR}[CASE]
-RESUMED = ("fsdp2_r", "ddp_to_fsdp2", "fsdp2_to_hsdp")  # their references would start mid-way
+RESUMED = ("fsdp2_r", "ddp_to_fsdp2", "peft_r", "fsdp2_to_hsdp")  # their references would start mid-way
 
 if __name__ == "__main__":
     for run, run_flags in RUNS.items():

@@ -29,7 +29,7 @@ from ckpt_tools.format.meta import LeRobotStep, is_lerobot_step
 MODEL = "model"
 ADAPTER = "adapter"
 OPTIMIZER = "optimizer"
-EMA = "ema"  # the exponential moving average of the trained parameters (model names, fp32)
+EMA = "ema"  # the moving average of the trained parameters, under the names of the weights beside it
 
 # formats
 SAFETENSORS = "safetensors"

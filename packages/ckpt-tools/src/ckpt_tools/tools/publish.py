@@ -111,9 +111,8 @@ def publish_model(
     step_dir, model_dir = locate.resolve_model_dir(path)
     names = select_publish_files(model_dir)
     uploads: dict[str, str | bytes] = {name: layout.join(model_dir, name) for name in names}
-    has_ema = bool(catalog(model_dir).of_role(EMA))
     ema_notes = []
-    if weights == "ema" or (weights is None and has_ema):
+    if weights == "ema" or (weights is None and catalog(model_dir).of_role(EMA)):
         _use_ema(uploads, model_dir)
         ema_notes.append("published the EMA weights (--ema.enable) in the model's place")
     if layout.MODEL_CARD not in uploads:
