@@ -78,3 +78,11 @@ def test_swapped_in_evaluates_the_shadow_and_restores_the_weights() -> None:
         assert torch.equal(net[1].weight, ema.shadow["1.weight"])
     for name, param in net.named_parameters():
         assert torch.equal(param, trained[name]), name
+
+
+def test_the_eval_line_names_the_ema_weights() -> None:
+    from trainer.evaluation.rollouts import summary_line
+
+    result = {"policy_return": -150.0, "random_return": -1200.0, "episodes": 2}
+    assert summary_line({**result, "weights": "ema"}).endswith("over 2 episodes (EMA weights)")
+    assert summary_line({**result, "weights": "model"}).endswith("over 2 episodes")
