@@ -422,6 +422,15 @@ def _banner(
         f"mixed precision {config.accelerator.mixed_precision}, checkpoints {config.checkpoint_format} "
         f"every {config.save_freq} steps in {config.output_dir}",
     ]
+    if config.ema.enable:
+        ema = config.ema
+        warmup = f"warmup inv_gamma={ema.inv_gamma} power={ema.power:.4g}" if ema.power else "no warmup"
+        lines.append(
+            f"EMA of the trained parameters on every rank in their own sharding: decay up to "
+            f"{min(ema.decay, ema.max_decay)} ({warmup}; the first {ema.update_after_step + 1} update(s) "
+            f"copy the weights), saved in every checkpoint; end-of-run rollouts score "
+            f"{'the EMA' if ema.use_for_eval else 'the trained weights'}"
+        )
     if wrap_plan is not None:
         mpp = config.accelerator.fsdp.mixed_precision_policy
         effective_policy = (
