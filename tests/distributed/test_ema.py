@@ -10,6 +10,7 @@ resharded into plain tensors).
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from safetensors.torch import load_file
 
 import ckpt_tools
 from ckpt_tools import layout
-from helpers.launch import launch_env, run_torchrun
+from helpers.launch import CKPT_CLI, launch_env, run_torchrun
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -144,6 +145,30 @@ def test_peft_averages_the_adapters_only(runs: Path) -> None:
     assert not torch.equal(ema_state["blocks.0.linear.weight"], trained_state["blocks.0.linear.weight"])
     assert torch.equal(ema_state["inp.weight"], trained_state["inp.weight"])  # frozen: the base's
     assert_equal(final_ema(runs, "peft_r"), final_ema(runs, "peft"))  # a resume continues it bit for bit
+
+
+def test_convert_turns_the_ema_shards_into_ema_safetensors(runs: Path, tmp_path: Path) -> None:
+    """`ckpt convert --weights ema --delete-dcp` on a copy of the FSDP2 step: ema_dcp/ becomes
+    ema.safetensors (the same tensors), the model's shards and checkpoint_format stay as they were."""
+    step = tmp_path / "000004"
+    shutil.copytree(runs / "fsdp2" / "checkpoints" / "000004", step)
+    before = ckpt_tools.load_model_state_dict(step, weights="ema")
+    result = subprocess.run(
+        [str(CKPT_CLI), "convert", str(step), "--weights", "ema", "--delete-dcp"],
+        env=launch_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout
+    model_dir = step / "pretrained_model"
+    assert not (model_dir / layout.EMA_DCP_DIR).exists() and (model_dir / layout.MODEL_DCP_DIR).exists()
+    converted = load_file(model_dir / layout.EMA_SAFETENSORS)
+    assert converted.keys() == before.keys()  # the MLP has no buffers: the model's tensors are parameters
+    assert_equal(converted, before)
+    assert ckpt_tools.read_training_step(step).checkpoint_format == "dcp"
+    assert ckpt_tools.verify_checkpoint(step, deep=True).ok
 
 
 def test_one_process_resumes_the_fsdp2_shadow(runs: Path) -> None:
