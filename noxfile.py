@@ -48,7 +48,8 @@ def bench(session: nox.Session) -> None:
     then the LeRobotDataset input benchmark (load time of 1M frames x 32 features, step time vs size),
     then the camera benchmark (pipeline frames/s in training order vs PyAV front to back, worker RSS),
     then the engine benchmark (trainer step time vs a bare FSDP2 loop, save stall vs a raw dcp.save,
-    resume peak RSS per rank vs a fresh start), then the save stall of --async_save against a
+    resume peak RSS per rank vs a fresh start), then activation checkpointing's saved activations and
+    step time and compile's step time against a plain policy, then the save stall of --async_save against a
     synchronous save, then the bucket benchmark (peak RSS of `ckpt convert` and `ckpt push` streaming
     from and to moto's S3 server, against the S3 client's floor and a local conversion), then the start
     time of `ckpt inspect --json` against `hf version`, then the ACT benchmark (two 96x96 cameras:
@@ -62,10 +63,21 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_video.py")
     session.run("python", "benchmarks/bench_manifest.py")
     session.run("python", "benchmarks/bench_engine.py")
+    session.run("python", "benchmarks/bench_compile.py")
     session.run("python", "benchmarks/bench_async_save.py")
     session.run("python", "benchmarks/bench_bucket.py")
     session.run("python", "benchmarks/bench_cli.py")
     session.run("python", "benchmarks/bench_act.py")
+
+
+@nox.session
+def gpu(session: nox.Session) -> None:
+    """GPU smoke lane, on a CUDA machine (not CI): bf16 training on one GPU, synchronous and background
+    DCP saves, a bit-exact resume, conversion and load_policy on CUDA, with step time, samples/s and the
+    save stall against a raw dcp.save (benchmarks/gpu_smoke.py; says so and exits 0 without CUDA).
+    Installed without constraints.txt, whose torch pin is the CPU build: pip picks the CUDA wheel."""
+    session.install("-e", "packages/ckpt-tools", "-e", "packages/trainer")
+    session.run("python", "benchmarks/gpu_smoke.py", *session.posargs)
 
 
 DEMO_OUTPUT = "outputs/demo"

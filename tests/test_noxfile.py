@@ -65,3 +65,13 @@ def test_demo_ends_with_where_the_outputs_are_and_how_to_run_the_tools(noxfile, 
         f"trainer train --output_dir={out} --resume=true",
     ):
         assert expected in text, expected
+
+
+def test_gpu_runs_the_smoke_script_without_the_cpu_torch_pin(noxfile) -> None:
+    installed: list[tuple[str, ...]] = []
+    session = _Session()
+    session.install = lambda *args: installed.append(args)  # type: ignore[method-assign]
+    session.posargs = ["--steps", "50"]
+    noxfile.gpu(session)
+    assert session.calls == [("python", "benchmarks/gpu_smoke.py", "--steps", "50")]
+    assert installed and not any("constraints.txt" in arg for args in installed for arg in args)

@@ -3,12 +3,13 @@
 The frames follow learnable dynamics: the state turns by a fixed rotation each step and the action
 is a fixed linear map of the state, so a chunk of future actions is a function of the present
 observation. Frames are cut into data files of `rows_per_file` rows across two chunk directories,
-so episodes span files and files hold several episodes. Each frame also carries an image column
-(PNG-like bytes) that the trainer must never read.
+so episodes span files and files hold several episodes. Each frame also carries a camera, an image
+column of 4 x 4 PNG frames as LeRobot's writer stores them, which a state-only policy never reads.
 """
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -57,9 +58,14 @@ def frames(episode_lengths: list[int], seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def write_dataset(
-    root: Path, episode_lengths: list[int], rows_per_file: int = 37, seed: int = 0
+    root: Path,
+    episode_lengths: list[int],
+    rows_per_file: int = 37,
+    seed: int = 0,
+    broken_images: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Write the dataset under `root`; returns the frames written (for comparisons)."""
+    """Write the dataset under `root`; returns the frames written (for comparisons). `broken_images`
+    stores bytes that are not an image in the camera column."""
     data = frames(episode_lengths, seed)
     total = len(data["index"])
     file_of_row = []
@@ -67,7 +73,7 @@ def write_dataset(
         chunk, file = divmod(n, 2)  # two files per chunk directory: several chunks too
         rows = slice(start, min(start + rows_per_file, total))
         file_of_row += [(chunk, file)] * (rows.stop - rows.start)
-        _write_data_file(root / f"data/chunk-{chunk:03d}/file-{file:03d}.parquet", data, rows)
+        _write_data_file(root / f"data/chunk-{chunk:03d}/file-{file:03d}.parquet", data, rows, broken_images)
     ends = np.cumsum(episode_lengths)
     starts = ends - np.asarray(episode_lengths)
     episodes = pa.table(
@@ -104,7 +110,17 @@ def write_dataset(
     return data
 
 
-def _write_data_file(path: Path, data: dict[str, np.ndarray], rows: slice) -> None:
+def _png(index: int) -> bytes:
+    """A 4 x 4 RGB frame as LeRobot's writer stores an image feature: PNG bytes (its colour from `index`)."""
+    from PIL import Image
+
+    pixels = np.full((4, 4, 3), int(index) % 256, dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _write_data_file(path: Path, data: dict[str, np.ndarray], rows: slice, broken_images: bool) -> None:
     n = rows.stop - rows.start
 
     def vectors(values: np.ndarray, fixed: bool = False) -> pa.Array:
@@ -115,7 +131,10 @@ def _write_data_file(path: Path, data: dict[str, np.ndarray], rows: slice) -> No
         return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * width), flat)
 
     image = pa.array(
-        [{"bytes": b"\x89PNG-not-decoded", "path": None}] * n,
+        [
+            {"bytes": b"\x89PNG-cut" if broken_images else _png(data["index"][i]), "path": None}
+            for i in range(rows.start, rows.stop)
+        ],
         pa.struct([("bytes", pa.binary()), ("path", pa.string())]),
     )
     table = pa.table(

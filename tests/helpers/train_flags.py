@@ -16,3 +16,18 @@ def tiny_args(output_dir: str, cache: str, *extra: str) -> list[str]:
         "--batch_size=8",
         *extra,
     ]
+
+
+# LeRobot's ACT narrowed to test sizes (its defaults are a 512-wide transformer and a 100-action chunk),
+# trained from scratch: the ImageNet trunk weights it names by default cannot be downloaded here.
+TINY_LEROBOT_ACT = (
+    "--policy.dim_model=16",
+    "--policy.n_heads=2",
+    "--policy.dim_feedforward=32",
+    "--policy.n_encoder_layers=1",
+    "--policy.n_vae_encoder_layers=1",
+    "--policy.latent_dim=4",
+    "--policy.chunk_size=4",
+    "--policy.n_action_steps=2",
+    "--policy.pretrained_backbone_weights=null",
+)

@@ -255,7 +255,7 @@ def test_bad_camera_files_are_one_line_errors_at_load(video_root, tmp_path, dama
 
 
 def test_an_undecodable_image_names_the_episode_and_the_fix(tmp_path) -> None:
-    write_dataset(tmp_path / "ds", [5, 5], rows_per_file=4)  # its image bytes are not a PNG
+    write_dataset(tmp_path / "ds", [5, 5], rows_per_file=4, broken_images=True)
     dataset = LeRobotConfig(root=str(tmp_path / "ds")).load([IMAGE])
     with pytest.raises(DecodeError, match=r"images.front \(episode 1, index 6\): the image bytes do not"):
         dataset.gather(torch.tensor([6]), 1)

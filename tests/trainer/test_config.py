@@ -275,10 +275,11 @@ def test_every_config_field_is_a_documented_flag() -> None:
 
 
 def _leaf_flags(tree: dict, prefix: str) -> list[str]:
-    """Dotted flag names of a train_config.json (what draccus encodes: every field)."""
+    """Dotted flag names of a train_config.json (what draccus encodes: every field); an empty dict is
+    a dict-valued flag's default (--rename_map), not a section."""
     flags = []
     for key, value in tree.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and value:
             flags += _leaf_flags(value, f"{prefix}{key}.")
         else:
             flags.append(f"{prefix}{key}")

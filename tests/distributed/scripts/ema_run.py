@@ -27,7 +27,7 @@ import sys
 import clean_exit
 import torch
 import torch.distributed as dist
-from accelerate_reset import reset_accelerate
+from fresh_accelerator import reset_accelerate
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 

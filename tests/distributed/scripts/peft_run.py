@@ -23,7 +23,7 @@ import sys
 import clean_exit
 import torch
 import torch.distributed as dist
-from accelerate_reset import reset_accelerate
+from fresh_accelerator import reset_accelerate
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 import trainer.engine.checkpointing as checkpointing

@@ -26,6 +26,7 @@ from trainer.config.registry import split_allow_types
 from trainer.data import sim
 from trainer.data.dataset import OBS_KEY
 from trainer.data.pendulum import PendulumConfig
+from trainer.data.renamed import load_renamed
 from trainer.errors import ConfigError
 from trainer.evaluation import rollouts as evaluation
 from trainer.evaluation.inference import LoadedPolicy, load_policy
@@ -39,12 +40,13 @@ Scores a saved policy without training (docs/training.md, Evaluation):
   --dataset.*          the data; default: the dataset section of the run's train_config.json
                        (sim task: rollouts over --dataset.eval_episodes; LeRobotDataset: offline
                        action error over --dataset.episodes, default every episode)
+  --rename_map={...}   dataset feature -> policy feature names; default: the run's own
   --batch_size=256     frames per forward pass on a dataset
   --device=cpu         where the policy runs
   --weights=model|ema  which weights; default: the EMA when the checkpoint holds one (--ema.enable)
   --json               print one JSON object instead of a line
   --allow_types=a:B,.. module:Class types the checkpoint may name (imported: trust them first)"""
-_SPLIT_FIELDS = ("episodes", "val_episodes")  # a LeRobot run's split: not inherited by eval
+_SPLIT_FIELDS = ("episodes", "val_episodes", "eval_split")  # a LeRobot run's split: not inherited by eval
 
 
 @dataclass
@@ -57,6 +59,8 @@ class EvalPolicy:
 class EvalConfig:
     policy: EvalPolicy = field(default_factory=EvalPolicy)
     dataset: DatasetConfig = field(default_factory=PendulumConfig)
+    rename_map: dict[str, str] = field(default_factory=dict)
+    """Dataset observation feature -> the policy's name for it; default: the run's own --rename_map."""
     batch_size: int = 256
     """Frames per forward pass on a dataset."""
     device: str = "cpu"
@@ -90,7 +94,7 @@ def run_eval(args: Sequence[str]) -> dict[str, Any]:
             _sim_actor(loaded), config.dataset.rollout_episodes, world, rank, reduce, camera, loaded.reset
         )
     else:
-        dataset = config.dataset.load(loaded.input_features)
+        dataset, _, _ = load_renamed(config.dataset, config.rename_map, loaded.input_features, held_out=False)
         result = evaluation.action_errors(
             loaded.act, dataset, world, rank, reduce, config.batch_size, loaded.reset
         )
@@ -118,11 +122,13 @@ def _sim_camera(dataset: DatasetConfig, loaded: LoadedPolicy) -> bool:
 
 @contextlib.contextmanager
 def _saved_dataset(path: str, args: list[str]) -> Iterator[str | None]:
-    """A config file holding the run's own dataset section, unless the flags choose another type."""
+    """A config file holding the run's own dataset section and --rename_map, unless the flags choose
+    another dataset type."""
     try:
-        saved = ckpt_tools.open_checkpoint(pretrained.resolve(path)).train_config().get("dataset")
+        train_config = ckpt_tools.open_checkpoint(pretrained.resolve(path)).train_config()
     except ckpt_tools.CheckpointError:
-        saved = None
+        train_config = {}
+    saved = train_config.get("dataset")
     explicit = next((a.split("=", 1)[1] for a in reversed(args) if a.startswith("--dataset.type=")), None)
     implied = explicit or ("lerobot" if any(a.startswith(LEROBOT_FLAGS) for a in args) else None)
     if not isinstance(saved, dict) or (implied is not None and implied != saved.get("type")):
@@ -133,7 +139,7 @@ def _saved_dataset(path: str, args: list[str]) -> Iterator[str | None]:
     with tempfile.TemporaryDirectory(prefix="trainer-eval-") as tmp:
         file = os.path.join(tmp, "eval_config.json")
         with open(file, "w", encoding="utf-8") as handle:
-            json.dump({"dataset": saved}, handle)
+            json.dump({"dataset": saved, "rename_map": train_config.get("rename_map", {})}, handle)
         yield file
 
 

@@ -12,6 +12,8 @@ from typing import Any
 from trainer.errors import ConfigError
 
 MIXED_PRECISION = ("no", "fp16", "bf16")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_SCOPES = ("units", "model")
 DTYPES = ("float32", "bfloat16", "float16")
 _SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
@@ -202,6 +204,20 @@ class AcceleratorConfig:
     gradient_accumulation: GradientAccumulationConfig = field(default_factory=GradientAccumulationConfig)
     fsdp: FsdpConfig = field(default_factory=FsdpConfig)
     ddp: DdpConfig = field(default_factory=DdpConfig)
+    activation_checkpointing: bool = False
+    """Recompute each wrap unit's activations in backward instead of keeping them (the policy's
+    `_fsdp_wrap_modules`, or --accelerator.fsdp.wrap_modules / min_num_params): less memory, one more
+    forward per unit. Works with or without FSDP; checkpoint keys are unchanged."""
+    compile: bool = False
+    """torch.compile the wrap units (or the whole policy, --accelerator.compile_scope=model) in place:
+    the module tree and so the checkpoint keys stay those of the plain policy (no `_orig_mod.`)."""
+    compile_mode: str = "default"
+    """torch.compile mode: default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs."""
+    compile_scope: str = "units"
+    """units (each wrap unit compiled on its own, the FSDP-friendly choice) or model (the whole policy;
+    non-sharded runs only)."""
+    compile_backend: str = "inductor"
+    """torch.compile backend: inductor (needs a C++ compiler on CPU, Triton on GPU), or e.g. aot_eager."""
 
     def __post_init__(self) -> None:
         from ckpt_tools import dtype_name
@@ -214,9 +230,23 @@ class AcceleratorConfig:
             raise ConfigError(
                 f"--accelerator.mixed_precision={self.mixed_precision!r} is not one of {', '.join(MIXED_PRECISION)}"
             )
+        if self.compile_mode not in COMPILE_MODES:
+            raise ConfigError(
+                f"--accelerator.compile_mode={self.compile_mode!r} is not one of {', '.join(COMPILE_MODES)}"
+            )
+        if self.compile_scope not in COMPILE_SCOPES:
+            raise ConfigError(
+                f"--accelerator.compile_scope={self.compile_scope!r} is not one of {', '.join(COMPILE_SCOPES)}"
+            )
         mpp = self.fsdp.mixed_precision_policy
         if "float16" in (mpp.param_dtype, mpp.reduce_dtype) and self.mixed_precision != "fp16":
             raise ConfigError(
                 "float16 parameters in --accelerator.fsdp.mixed_precision_policy need a loss scaler: "
                 "set --accelerator.mixed_precision=fp16"
             )
+
+    @property
+    def transforms_units(self) -> bool:
+        """Whether activation checkpointing or compile works per wrap unit, so the run needs a wrap
+        plan even when it is not sharded."""
+        return self.activation_checkpointing or (self.compile and self.compile_scope == "units")

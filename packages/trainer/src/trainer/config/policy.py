@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 # PolicyConfig fields that say where a run publishes, not what the policy is.
 PUBLISH_FIELDS = ("push_to_hub", "repo_id", "private")
+# Fields of the run, not of the policy: kept out of config.json like the publish settings.
+RUN_FIELDS = (*PUBLISH_FIELDS, "device")
+DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
 @dataclass
@@ -50,11 +53,16 @@ class PolicyConfig(draccus.ChoiceRegistry):
     """Hub repo (`namespace/name`) or fsspec target (`s3://bucket/prefix`, a local path) to publish to."""
     private: bool = False
     """Create the Hub repo private (an existing repo keeps its visibility)."""
+    device: str | None = None
+    """LeRobot's device flag (auto, cpu, cuda, mps): the launch decides the device (every rank its GPU,
+    else the CPU), so a value that disagrees with it is refused rather than ignored."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"--policy.dropout must be in [0, 1), got {self.dropout}")
         self.dtype = dtype_flag("--policy.dtype", self.dtype)
+        if self.device is not None and self.device not in DEVICES:
+            raise ConfigError(f"--policy.device={self.device!r} is not one of {', '.join(DEVICES)}")
         if self.push_to_hub and not self.repo_id:
             raise ConfigError(
                 "--policy.push_to_hub=true needs --policy.repo_id=namespace/name (or an fsspec URL)"
@@ -78,10 +86,10 @@ class PolicyConfig(draccus.ChoiceRegistry):
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:
-        """The policy's `config.json`: its type and every field but the publish settings, which belong
-        to the run (train_config.json): a run started from a published model with --policy.path must
+        """The policy's `config.json`: its type and every field but the run's settings (publishing,
+        device), which belong to train_config.json: a run started from a published model with --policy.path must
         not publish over that model's repo."""
         fields = dataclasses.asdict(self)
-        for name in PUBLISH_FIELDS:
+        for name in RUN_FIELDS:
             fields.pop(name)
         return {"type": self.type, **fields}

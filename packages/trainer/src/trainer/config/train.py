@@ -106,6 +106,13 @@ class TrainConfig:
     ema: EmaConfig = field(default_factory=EmaConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     trackio: TrackioConfig = field(default_factory=TrackioConfig)
+    rename_map: dict[str, str] = field(default_factory=dict)
+    """Dataset observation feature -> the name the policy reads it as (a JSON object, LeRobot's flag),
+    e.g. '{"observation.images.top": "observation.images.front"}'; applied to the features the run
+    reads, and recorded in train_config.json with the renamed names in the policy's config.json."""
+    save_checkpoint_to_hub: bool = False
+    """LeRobot's upload of every checkpoint: refused; publish a step with `ckpt push STEP_DIR REPO_ID`,
+    or the final policy with --policy.push_to_hub=true."""
     checkpoint_format: str = "safetensors"
     """safetensors (gathered weights), dcp (sharded weights) or safetensors_dcp (both); sharded runs only
     for the last two (a resumed run's saved dcp format becomes safetensors on a non-sharded run)."""
@@ -154,6 +161,14 @@ class TrainConfig:
         # names typed as flags, so a value that came from a saved config can be told from a chosen one.
         self.config_path: str | None = None
         self.flags_given: frozenset[str] = frozenset()
+        if self.save_checkpoint_to_hub:
+            raise ConfigError(
+                "--save_checkpoint_to_hub=true is not supported: publish a checkpoint with `ckpt push "
+                "<step dir> <repo id>`, or the final policy with --policy.push_to_hub=true"
+            )
+        renamed = list(self.rename_map.values())
+        if len(set(renamed)) != len(renamed):
+            raise ConfigError(f"--rename_map gives two features the same name: {self.rename_map}")
         if self.keep_last < 0:
             raise ConfigError(f"--keep_last must be >= 0 (0 keeps every checkpoint), got {self.keep_last}")
         if self.checkpoint_format not in {member.value for member in ckpt_tools.CheckpointFormat}:

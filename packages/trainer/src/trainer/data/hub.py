@@ -20,33 +20,34 @@ _OK = "ok"
 
 
 @functools.cache
-def download_once(repo_id: str) -> str:
-    """The local snapshot directory of dataset `repo_id`."""
+def download_once(repo_id: str, revision: str | None = None) -> str:
+    """The local snapshot directory of dataset `repo_id` at `revision` (a branch, tag or commit; None:
+    the default branch)."""
     store = _agent_store()
     if store is None or int(os.environ.get("LOCAL_RANK", "0")) == 0:
         try:
-            path = _snapshot(repo_id, local_only=False)
+            path = _snapshot(repo_id, revision, local_only=False)
         except ConfigError as exc:
-            _publish(store, repo_id, str(exc))
+            _publish(store, repo_id, revision, str(exc))
             raise
-        _publish(store, repo_id, _OK)
+        _publish(store, repo_id, revision, _OK)
         return path
-    key = _key(repo_id)
+    key = _key(repo_id, revision)
     store.wait([key], WAIT)
     outcome = store.get(key).decode()
     if outcome != _OK:
         raise ConfigError(outcome)
-    return _snapshot(repo_id, local_only=True)
+    return _snapshot(repo_id, revision, local_only=True)
 
 
-def _snapshot(repo_id: str, local_only: bool) -> str:
+def _snapshot(repo_id: str, revision: str | None, local_only: bool) -> str:
     from huggingface_hub import snapshot_download
 
     try:
-        return snapshot_download(repo_id, repo_type="dataset", local_files_only=local_only)
+        return snapshot_download(repo_id, repo_type="dataset", revision=revision, local_files_only=local_only)
     except Exception as exc:  # offline without a cached copy, unknown repo, no access: one outcome
         raise ConfigError(
-            f"--dataset.repo_id={repo_id}: no local copy in the Hugging Face cache and it could not be "
+            f"--dataset.repo_id={repo_id}{_at(revision)}: no local copy in the Hugging Face cache and it could not be "
             f"downloaded ({type(exc).__name__}); pass the dataset directory with --dataset.root=PATH"
         ) from None
 
@@ -60,11 +61,15 @@ def _agent_store() -> Any:
     return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=WAIT)
 
 
-def _key(repo_id: str) -> str:
+def _at(revision: str | None) -> str:
+    return f" --dataset.revision={revision}" if revision else ""
+
+
+def _key(repo_id: str, revision: str | None = None) -> str:
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return f"trainer/dataset/{attempt}/{os.environ.get('GROUP_RANK', '0')}/{repo_id}"
+    return f"trainer/dataset/{attempt}/{os.environ.get('GROUP_RANK', '0')}/{repo_id}@{revision or ''}"
 
 
-def _publish(store: Any, repo_id: str, outcome: str) -> None:
+def _publish(store: Any, repo_id: str, revision: str | None, outcome: str) -> None:
     if store is not None:
-        store.set(_key(repo_id), outcome)
+        store.set(_key(repo_id, revision), outcome)

@@ -44,6 +44,8 @@ class LeRobotConfig(DatasetConfig):
     """Hugging Face dataset repo id; without --dataset.root it is read through the Hub cache."""
     root: str | None = None
     """Local directory of the dataset (the one holding meta/ and data/)."""
+    revision: str | None = None
+    """Branch, tag or commit of --dataset.repo_id to download (default: the repo's default branch)."""
     episodes: list[int] | None = None
     """Train on these episode indices only; default: every episode not in --dataset.val_episodes."""
     val_episodes: list[int] = field(default_factory=list)
@@ -55,6 +57,9 @@ class LeRobotConfig(DatasetConfig):
     for vision backbones pretrained on ImageNet)."""
     image_transforms: ImageTransformsConfig = field(default_factory=ImageTransformsConfig)
     """Training-time camera augmentation (data/augment.py)."""
+    eval_split: float = 0.0
+    """Hold out this fraction of each task's episodes (its last ones by index, at least one, never all)
+    instead of naming them with --dataset.val_episodes."""
 
     def __post_init__(self) -> None:
         if self.video_backend not in VIDEO_BACKENDS:
@@ -63,6 +68,12 @@ class LeRobotConfig(DatasetConfig):
             )
         if not self.root and not self.repo_id:
             raise ConfigError("--dataset.type=lerobot needs --dataset.root=PATH or --dataset.repo_id=ID")
+        if not 0.0 <= self.eval_split < 1.0:
+            raise ConfigError(f"--dataset.eval_split must be in [0, 1), got {self.eval_split}")
+        if self.eval_split and self.val_episodes:
+            raise ConfigError(
+                "--dataset.eval_split and --dataset.val_episodes both choose the held-out episodes: set one"
+            )
         overlap = sorted(set(self.episodes or ()) & set(self.val_episodes))
         if overlap:
             raise ConfigError(
@@ -77,24 +88,43 @@ class LeRobotConfig(DatasetConfig):
         from trainer.data.hub import download_once
 
         assert self.repo_id is not None
-        return Path(download_once(self.repo_id))
+        return Path(download_once(self.repo_id, self.revision))
 
-    def train_episodes(self, ranges: dict[int, tuple[int, int]]) -> list[int]:
-        chosen = self.episodes if self.episodes is not None else sorted(set(ranges) - set(self.val_episodes))
+    def train_episodes(self, root: Path, ranges: dict[int, tuple[int, int]]) -> list[int]:
+        held_out = set(self.held_out_episodes(root, ranges))
+        chosen = self.episodes if self.episodes is not None else sorted(set(ranges) - held_out)
+        if self.eval_split:
+            chosen = [e for e in chosen if e not in held_out]
         return _check_episodes(chosen, ranges, "--dataset.episodes")
+
+    def held_out_episodes(self, root: Path, ranges: dict[int, tuple[int, int]]) -> list[int]:
+        """--dataset.val_episodes, or the --dataset.eval_split of each task's episodes (of
+        --dataset.episodes when given)."""
+        if not self.eval_split:
+            return list(self.val_episodes)
+        tasks = fmt.read_episode_tasks(root)
+        by_task: dict[tuple[str, ...], list[int]] = {}
+        for episode in sorted(self.episodes if self.episodes is not None else ranges):
+            by_task.setdefault(tasks.get(episode, ()), []).append(episode)
+        held: list[int] = []
+        for episodes in by_task.values():
+            count = min(max(1, round(len(episodes) * self.eval_split)), len(episodes) - 1)
+            held.extend(episodes[len(episodes) - count :])
+        return sorted(held)
 
     def load(self, input_features: Sequence[str] = ()) -> ArrayDataset:
         root = self.local_root()
         ranges = fmt.read_episode_ranges(root)
-        return _load(root, self.train_episodes(ranges), ranges, input_features, self)
+        return _load(root, self.train_episodes(root, ranges), ranges, input_features, self)
 
     def load_validation(self, input_features: Sequence[str] = ()) -> ArrayDataset | None:
-        if not self.val_episodes:
+        if not self.val_episodes and not self.eval_split:
             return None
         root = self.local_root()
         ranges = fmt.read_episode_ranges(root)
-        episodes = _check_episodes(self.val_episodes, ranges, "--dataset.val_episodes")
-        return _load(root, episodes, ranges, input_features, self)
+        held_out = self.held_out_episodes(root, ranges)
+        flag = "--dataset.eval_split" if self.eval_split else "--dataset.val_episodes"
+        return _load(root, _check_episodes(held_out, ranges, flag), ranges, input_features, self)
 
     def augmentation(self, seed: int, rank: int) -> Augment | None:
         return Augment(self.image_transforms, seed, rank) if self.image_transforms.enable else None
@@ -103,8 +133,8 @@ class LeRobotConfig(DatasetConfig):
         info = fmt.read_info(self.local_root())
         cameras = ", ".join(f"{n} ({info.features[n]['dtype']})" for n in info.cameras) or "none"
         return [
-            f"LeRobotDataset {self.repo_id or info.root} ({fmt.CODEBASE_VERSION}, {info.fps:g} fps); "
-            f"cameras: {cameras}"
+            f"LeRobotDataset {self.repo_id or info.root}{f'@{self.revision}' if self.revision else ''} "
+            f"({fmt.CODEBASE_VERSION}, {info.fps:g} fps); cameras: {cameras}"
         ]
 
 

@@ -142,6 +142,23 @@ def read_tasks(root: Path) -> dict[int, str]:
     }
 
 
+def read_episode_tasks(root: Path) -> dict[int, tuple[str, ...]]:
+    """Episode index -> its tasks, from the episodes metadata's `tasks` column; a dataset whose
+    metadata has none is one task (every episode maps to ())."""
+    import pyarrow.parquet as pq
+
+    tasks: dict[int, tuple[str, ...]] = {}
+    for path in sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet")):
+        names = ["episode_index", "tasks"]
+        if "tasks" not in pq.ParquetFile(path, memory_map=True).schema_arrow.names:
+            names = names[:1]
+        columns = _read_columns(path, names)
+        listed = columns.get("tasks", [()] * len(columns["episode_index"]))
+        for episode, episode_tasks in zip(columns["episode_index"].tolist(), listed, strict=True):
+            tasks[int(episode)] = tuple(str(task) for task in episode_tasks)
+    return tasks
+
+
 def read_frames(
     info: Info, episodes: Sequence[int], ranges: dict[int, tuple[int, int]], columns: Sequence[str]
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:

@@ -32,7 +32,8 @@ class WrapPlan:
 
 
 def resolve_wrap_plan(policy: nn.Module, fsdp: FsdpConfig) -> WrapPlan:
-    """The plan for a sharded run; a policy with neither a declaration nor a flag is refused."""
+    """The plan for a sharded run, or for the per-unit activation checkpointing and compile of any run;
+    a policy with neither a declaration nor a flag is refused."""
     if fsdp.min_num_params is not None:
         return WrapPlan(
             class_names=_classes_above(policy, fsdp.min_num_params), min_num_params=fsdp.min_num_params
@@ -44,8 +45,8 @@ def resolve_wrap_plan(policy: nn.Module, fsdp: FsdpConfig) -> WrapPlan:
     names = tuple(fsdp.wrap_modules or [name for name in declared if name in present])
     if not names:
         raise WrapPlanError(
-            f"{type(policy).__name__} declares no _fsdp_wrap_modules, so a sharded run would not know its "
-            "FSDP units: set --accelerator.fsdp.wrap_modules=[ClassName,...] or "
+            f"{type(policy).__name__} declares no _fsdp_wrap_modules, so a sharded run (or activation "
+            "checkpointing, or a per-unit compile) would not know its units: set --accelerator.fsdp.wrap_modules=[ClassName,...] or "
             "--accelerator.fsdp.min_num_params=N"
         )
     missing = [name for name in names if name not in present]

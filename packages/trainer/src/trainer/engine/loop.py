@@ -31,6 +31,7 @@ from trainer.distributed.factory import build_accelerator, prepare
 from trainer.distributed.interrupt import Agreement, Interrupted, Interrupts
 from trainer.distributed.runlock import RunLock, watch_launcher
 from trainer.distributed.topology import launch_world_size
+from trainer.distributed.units import apply_unit_transforms
 from trainer.distributed.wrap import WrapPlan, describe_parameters, resolve_wrap_plan
 from trainer.engine import peft_policy as peft
 from trainer.engine import publishing, resume
@@ -156,7 +157,10 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
     base_policy = build_policy(config.policy, dataset.obs_dim, dataset.action_dim)
     policy: torch.nn.Module = base_policy
     policy = peft.start_policy(policy, config, topology.is_sharded)  # --policy.path weights, --peft adapters
-    wrap_plan = resolve_wrap_plan(policy, config.accelerator.fsdp) if topology.is_sharded else None
+    acc = config.accelerator
+    wrap_plan = resolve_wrap_plan(policy, acc.fsdp) if topology.is_sharded else None
+    unit_plan = wrap_plan or (resolve_wrap_plan(policy, acc.fsdp) if acc.transforms_units else None)
+    notes.extend(apply_unit_transforms(policy, unit_plan, acc, topology.is_sharded))  # before sharding
     preprocessor, postprocessor = build_processors(dataset.stats())
     accelerator = build_accelerator(config, topology, wrap_plan)
     # while the launcher's store is up (ranks it leaves behind still save), bounded like every collective

@@ -18,11 +18,14 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, replace
 
+import torch
+
 from ckpt_tools import Topology
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.train import TrainConfig
 from trainer.data.dataset import Dataset
+from trainer.data.renamed import load_renamed
 from trainer.distributed.factory import check_accelerate_env
 from trainer.distributed.topology import check_checkpoint_format, resolve_topology
 from trainer.engine import checkpointing, publishing
@@ -64,10 +67,11 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
         trackio=trackio,
     )
     publish_note = _check_startable(config, topology)
-    dataset = config.dataset.load(config.policy.input_features)
-    val_dataset = config.dataset.load_validation(dataset.input_features)
+    dataset, val_dataset, rename_note = load_renamed(
+        config.dataset, config.rename_map, config.policy.input_features, held_out=True
+    )
     config = config.derive(policy=resolve_policy_features(config.policy, dataset))
-    notes = tuple(note for note in (layout_note, format_note, publish_note) if note)
+    notes = tuple(note for note in (layout_note, format_note, publish_note, rename_note) if note)
     return RunPlan(config, world_size, topology, notes, dataset, val_dataset)
 
 
@@ -76,9 +80,27 @@ def _check_startable(config: TrainConfig, topology: Topology) -> str | None:
     publish_note = publishing.check_publish_config(config)  # a repo_id that will not be used
     check_trackers(config)
     check_accelerate_env()
+    check_policy_device(config.policy.device, torch.cuda.is_available())
     checkpointing.check_fresh_output_dir(config)
     checkpointing.check_async_save(config, topology)
     return publish_note
+
+
+def check_policy_device(device: str | None, cuda: bool) -> None:
+    """LeRobot's --policy.device, checked against the device this launch trains on (each rank's GPU
+    when torch sees one, else the CPU): a disagreeing value is refused, never silently ignored."""
+    launch = "cuda" if cuda else "cpu"
+    if device in (None, "auto", launch):
+        return
+    why = (
+        "torch sees a GPU (hide it with CUDA_VISIBLE_DEVICES= to train on cpu)"
+        if cuda
+        else "torch sees no GPU"
+    )
+    raise ConfigError(
+        f"--policy.device={device} disagrees with this launch, which trains on {launch}: {why}; drop "
+        f"--policy.device or set it to {launch} or auto"
+    )
 
 
 def settle_parallelism(config: TrainConfig, world_size: int) -> tuple[ParallelismConfig, str]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import ckpt_tools
 from ckpt_tools import layout
+from trainer.config.policy import RUN_FIELDS
 from trainer.errors import ConfigError
 from trainer.policies.act_state import upgrade_policy_config
 
@@ -69,7 +70,9 @@ def policy_defaults(args: list[str], config_path: str | None) -> Iterator[str | 
         with _written(data) as upgraded:
             yield upgraded
         return
-    base = base_policy_config(path)
+    # the base's run settings (LeRobot's config.json records its device and Hub repo) are not inherited:
+    # a fine-tune chooses its own device and never publishes over the base's repo by default
+    base = {k: v for k, v in base_policy_config(path).items() if k not in RUN_FIELDS}
     own = data.get("policy")
     own = own if isinstance(own, dict) else {}
     same_type = own.get("type") == base["type"]

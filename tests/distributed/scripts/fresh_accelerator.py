@@ -1,5 +1,5 @@
-"""Several trainer runs in one torchrun launch: a fresh Accelerator per run (the process group stays).
-Scripts in this folder import it by name (torchrun puts the script's folder on sys.path)."""
+"""A fresh Accelerator per `train()` call in one torchrun process (the process group stays): scripts
+that run several trainer runs per launch call `reset_accelerate()` between them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import os
 
 
 def reset_accelerate() -> None:
-    """Forget accelerate's singleton state and the environment variables its last run set."""
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)

@@ -1,0 +1,69 @@
+"""`--rename_map`: a dataset served under the observation names the policy expects.
+
+LeRobot's flag maps a dataset's feature names to a policy's (a camera recorded as
+`observation.images.top` that the policy reads as `observation.images.front`). The wrapper renames the
+keys of everything the loop reads from the dataset (its feature names, each batch, the statistics the
+processors are built from), so the policy, its processors and the saved config.json see only the
+policy's names, while the dataset is read under its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from trainer.config.dataset import DatasetConfig
+from trainer.data.dataset import Dataset, Stats
+
+
+def load_renamed(
+    config: DatasetConfig, rename: Mapping[str, str], input_features: Sequence[str], *, held_out: bool
+) -> tuple[Dataset, Dataset | None, str]:
+    """The data (and with `held_out` the held-out data) for a policy that reads `input_features`
+    under `rename`: the dataset is asked for its own names and served under the policy's. Returns the
+    note naming the renames that matched no feature the run reads ("" if none)."""
+    dataset_name = {new: old for old, new in rename.items()}
+    dataset = config.load([dataset_name.get(name, name) for name in input_features])
+    validation = config.load_validation(dataset.input_features) if held_out else None
+    unused = [old for old in rename if old not in dataset.input_features]
+    note = (
+        f"--rename_map: {', '.join(unused)} is not among the observation features this run reads "
+        f"({', '.join(dataset.input_features)}): not renamed"
+        if unused
+        else ""
+    )
+    if len(unused) == len(rename):
+        return dataset, validation, note
+    renamed_validation = RenamedDataset(validation, rename) if validation is not None else None
+    return RenamedDataset(dataset, rename), renamed_validation, note
+
+
+class RenamedDataset:
+    """`inner` with its keys renamed by `rename` (dataset name -> policy name); other keys unchanged."""
+
+    def __init__(self, inner: Dataset, rename: Mapping[str, str]) -> None:
+        self.inner, self.rename = inner, dict(rename)
+        self.input_features = [self.rename.get(name, name) for name in inner.input_features]
+        # decoding datasets (cameras) gather in the loader's workers; the wrapper pickles with them
+        self.gather_in_workers = bool(getattr(inner, "gather_in_workers", False))
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    @property
+    def obs_dim(self) -> int:
+        return self.inner.obs_dim
+
+    @property
+    def action_dim(self) -> int:
+        return self.inner.action_dim
+
+    def gather(self, indices: torch.Tensor, chunk_size: int) -> dict[str, torch.Tensor]:
+        return {self.rename.get(k, k): v for k, v in self.inner.gather(indices, chunk_size).items()}
+
+    def stats(self) -> Stats:
+        return {self.rename.get(k, k): v for k, v in self.inner.stats().items()}
+
+    def episode_bounds(self) -> torch.Tensor:
+        return self.inner.episode_bounds()
