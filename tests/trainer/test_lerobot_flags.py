@@ -162,7 +162,7 @@ def test_policy_device_must_agree_with_the_launch() -> None:
             ["--save_checkpoint_to_hub=true"],
             "--save_checkpoint_to_hub=true is not supported: publish a checkpoint with `ckpt push",
         ),
-        (["--ema.enable=true", "--ema.decay=0.99"], "--ema.enable=true: EMA is not supported yet"),
+        (["--ema.enable=true", "--ema.decay=1.5"], "--ema.decay must be in (0, 1), got 1.5"),
         (
             ["--dataset.root=x", "--dataset.eval_split=0.2", "--dataset.val_episodes=[1]"],
             "--dataset.eval_split and --dataset.val_episodes both choose",

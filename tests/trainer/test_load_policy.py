@@ -140,7 +140,7 @@ def test_eval_on_held_out_episodes_reports_errors_against_the_mean(run, capsys) 
     assert exit_info.value.code == 0
     printed = json.loads(capsys.readouterr().out)
     assert (
-        set(printed) == {"policy", "action_mse", "baseline_mse", "episodes", "frames"}
+        set(printed) == {"policy", "weights", "action_mse", "baseline_mse", "episodes", "frames"}
         and printed["frames"] == 160
     )
 
@@ -182,7 +182,8 @@ def test_the_documented_rollout_script_runs_and_eval_rolls_out(
     with pytest.raises(SystemExit):
         cli.main(["eval", f"--policy.path={out}", "--dataset.eval_episodes=2", "--json"])
     result = json.loads(capsys.readouterr().out)
-    assert set(result) == {"policy", "policy_return", "random_return", "episodes"} and result["episodes"] == 2
+    assert set(result) == {"policy", "weights", "policy_return", "random_return", "episodes"}
+    assert result["episodes"] == 2 and result["weights"] == "model"  # saved without --ema.enable
     assert result["random_return"] < -100  # real rollouts of 200 steps
 
 

@@ -4,7 +4,7 @@ Every command and loader asks this module instead of probing for file names itse
 `ckpt inspect`, `verify`, `diff`, `convert`, `push`, the loaders, resume and the trainer. Torch-free;
 it reads directory listings, `training_step.json` and, for a bare DCP directory, its `.metadata`.
 
-Vocabulary. A weight set has a role (`model`, `adapter`, `optimizer`) and a format (`safetensors`,
+Vocabulary. A weight set has a role (`model`, `adapter`, `optimizer`, `ema`) and a format (`safetensors`,
 `sharded safetensors`, `dcp`); its label is `safetensors`, `dcp`, `adapter safetensors`,
 `optimizer dcp`, ... A path is in one layout: ours, LeRobot's, an older release of ours, a model
 directory, a single safetensors file, or a bare DCP directory (ours, accelerate's, torchtitan's).
@@ -29,6 +29,7 @@ from ckpt_tools.format.meta import LeRobotStep, is_lerobot_step
 MODEL = "model"
 ADAPTER = "adapter"
 OPTIMIZER = "optimizer"
+EMA = "ema"  # the moving average of the trained parameters, under the names of the weights beside it
 
 # formats
 SAFETENSORS = "safetensors"
@@ -133,6 +134,8 @@ def _weight_sets(model_dir: str, step_dir: str | None) -> list[WeightSet]:
         WeightSet(MODEL, DCP, layout.join(model_dir, layout.MODEL_DCP_DIR)),
         WeightSet(ADAPTER, SAFETENSORS, layout.join(model_dir, layout.ADAPTER_SAFETENSORS)),
         WeightSet(ADAPTER, DCP, layout.join(model_dir, layout.ADAPTER_DCP_DIR)),
+        WeightSet(EMA, SAFETENSORS, layout.join(model_dir, layout.EMA_SAFETENSORS)),
+        WeightSet(EMA, DCP, layout.join(model_dir, layout.EMA_DCP_DIR)),
     ]
     if state_dir:
         candidates += [
@@ -233,6 +236,18 @@ def weights_for_resume(cat: Catalog, *, sharded: bool) -> WeightSet | None:
     files = ((role, SAFETENSORS), (role, SHARDED_SAFETENSORS))
     shards = ((role, DCP),)
     return _first(cat, shards + files if sharded else files + shards)
+
+
+def ema_for_resume(cat: Catalog, *, sharded: bool) -> WeightSet | None:
+    """The EMA shadow a resume loads, by the model's rule (`weights_for_resume`): DCP shards first on a
+    sharded run, the gathered file first otherwise. None for a step saved without EMA."""
+    order = ((EMA, DCP), (EMA, SAFETENSORS))
+    return _first(cat, order if sharded else order[::-1])
+
+
+def ema_for_loading(cat: Catalog) -> WeightSet | None:
+    """The EMA shadow a full-state-dict reader loads: the gathered file (cheapest), else the shards."""
+    return _first(cat, ((EMA, SAFETENSORS), (EMA, DCP)))
 
 
 def weights_for_publishing(cat: Catalog) -> WeightSet | None:

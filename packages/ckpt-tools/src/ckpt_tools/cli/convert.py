@@ -59,6 +59,12 @@ def convert(
         ),
     ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace existing output files.")] = False,
+    weights: Annotated[
+        str,
+        typer.Option(
+            "--weights", help="model (default) or ema: the EMA shards (ema_dcp/) -> ema.safetensors."
+        ),
+    ] = "model",
     to: Annotated[
         str, typer.Option("--to", help="Target format: safetensors (default) or dcp.")
     ] = "safetensors",
@@ -75,11 +81,13 @@ def convert(
         if to not in _TARGETS:
             raise typer.BadParameter(f"--to {to!r}: choose one of {', '.join(_TARGETS)}")
         if to == "dcp":
-            if dtype or max_shard_size or delete_dcp or push_to_hub:
+            if dtype or max_shard_size or delete_dcp or push_to_hub or weights != "model":
                 raise UsageError(
-                    "--dtype, --max-shard-size, --delete-dcp and --push-to-hub apply to DCP -> safetensors"
+                    "--dtype, --max-shard-size, --delete-dcp, --push-to-hub and --weights apply to DCP -> safetensors"
                 )
             return lib.convert_safetensors_to_dcp(path, output, overwrite=overwrite).to_dict()
+        if weights == "ema" and push_to_hub:
+            raise UsageError("--push-to-hub publishes the model; push the step itself to publish its EMA")
         if delete_dcp and push_to_hub:  # deleted after the push: refuse a doomed output now
             lib.check_deletable_source(path, output)
         with _progress(out) as progress:
@@ -92,6 +100,7 @@ def convert(
                 keep_source=bool(push_to_hub),  # deleted only once the publish succeeded
                 overwrite=overwrite,
                 progress=progress,
+                weights=weights,
             )
         if push_to_hub:
             return _push_then_delete(out, result, output, push_to_hub, delete_dcp)

@@ -24,6 +24,9 @@ def push(
     private: bool = typer.Option(False, "--private", help="Create the Hub repo as private."),
     revision: str | None = typer.Option(None, "--revision", help="Branch to commit to (created if missing)."),
     commit_message: str | None = typer.Option(None, "--commit-message", help="Hub commit message."),
+    weights: str | None = typer.Option(
+        None, "--weights", help="model or ema (a run's --ema.enable average); default: ema when present."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Publish the weights, configs, processor files and a model card; never DCP shards or training state.
@@ -33,7 +36,12 @@ def push(
     out = Output(as_json=as_json)
 
     def body() -> None:
-        options = {"private": private, "revision": revision, "commit_message": commit_message}
+        options = {
+            "private": private,
+            "revision": revision,
+            "commit_message": commit_message,
+            "weights": weights,
+        }
         result = publish(out, str(path), repo_id, **options)
         layout = layout_line(str(path))
         if as_json:

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from ckpt_tools.catalog import (
     ADAPTER,
     DCP,
+    EMA,
     LEROBOT,
     MODEL,
     OPTIMIZER,
@@ -423,6 +424,26 @@ def _compare_formats(findings: _Findings, groups: list[TensorGroup]) -> None:
             continue  # safetensors and DCP optimizer state use different key schemes
         for other in same[1:]:
             findings.extend(f"{same[0].label} and {other.label} agree", _group_differences(same[0], other))
+    weights = by_role.get(ADAPTER) or by_role.get(MODEL) or []
+    for ema in by_role.get(EMA, []) if weights else []:
+        findings.extend(f"{ema.label} averages {weights[0].label}", _ema_differences(ema, weights[0]))
+
+
+def _ema_differences(ema: TensorGroup, weights: TensorGroup) -> list[str]:
+    """The EMA averages some of the weights (the trained parameters): each of its tensors MUST be one of
+    theirs, with the same shape and dtype, or loading it in their place would not fit the model."""
+    theirs = {t.name: t for t in weights.tensors}
+    problems = []
+    for tensor in ema.tensors:
+        mine = theirs.get(tensor.name)
+        if mine is None:
+            problems.append(f"{tensor.name!r} is in {ema.label} but not in {weights.label}")
+        elif (mine.shape, mine.dtype) != (tensor.shape, tensor.dtype):
+            problems.append(
+                f"{tensor.name!r} is {tensor.dtype}{list(tensor.shape)} in {ema.label} but "
+                f"{mine.dtype}{list(mine.shape)} in {weights.label}"
+            )
+    return problems
 
 
 def _group_differences(a: TensorGroup, b: TensorGroup) -> list[str]:

@@ -144,13 +144,14 @@ def _require(base: Mapping[str, torch.Tensor], name: str, adapter_key: str) -> N
 
 
 def merge_adapter_dir(
-    base_path: str | os.PathLike[str], adapter_path: str | os.PathLike[str]
+    base_path: str | os.PathLike[str], adapter_path: str | os.PathLike[str], *, weights: str = "model"
 ) -> dict[str, torch.Tensor]:
     """Load a base model and an adapter checkpoint (any format ckpt-tools reads, the adapter's DCP
-    shards included), return merged weights: what an evaluation pipeline loads into a plain policy."""
+    shards included), return merged weights: what an evaluation pipeline loads into a plain policy.
+    `weights="ema"` merges the EMA of the adapter instead (`load_model_state_dict`)."""
     _, adapter_dir = resolve_model_dir(adapter_path)
     config = storage.read_json_object(layout.join(adapter_dir, layout.ADAPTER_CONFIG))
-    adapter = load_model_state_dict(adapter_dir)
+    adapter = load_model_state_dict(adapter_dir, weights=weights)
     return merge_lora(load_model_state_dict(base_path), adapter, config)
 
 

@@ -16,7 +16,7 @@ import torch
 from ckpt_tools import catalog
 from ckpt_tools.dcp.index import read_dcp_index
 from ckpt_tools.dcp.roles import model_tensors
-from ckpt_tools.errors import NotACheckpointError
+from ckpt_tools.errors import NotACheckpointError, UsageError
 from ckpt_tools.files import storage
 from ckpt_tools.files.locate import read_training_step
 from ckpt_tools.format import layout
@@ -31,7 +31,9 @@ class Checkpoint:
     """An opened checkpoint. `step_dir` is None outside a step directory (a converted, downloaded or
     DCP directory); `model_dir` holds the weights; `formats` lists the weight sets present in the
     catalog's vocabulary (`safetensors`, `sharded safetensors`, `dcp`, `adapter safetensors`,
-    `adapter dcp`; optimizer state is not a weight set of the model); `layout` says whose layout it is (`ckpt-tools`, `LeRobot`, ...)."""
+    `adapter dcp`, `ema safetensors`, `ema dcp`; optimizer state is not a weight set of the model);
+    `layout` says whose layout it is (`ckpt-tools`, `LeRobot`, ...); `has_ema`: the step holds the EMA
+    of its trained parameters (`load_model_state_dict(..., weights="ema")`)."""
 
     step_dir: str | None
     model_dir: str
@@ -39,6 +41,7 @@ class Checkpoint:
     layout: str = catalog.OURS
     is_adapter: bool = False
     publishable: bool = False
+    has_ema: bool = False
 
     def training_step(self) -> TrainingStep:
         """The run's `training_step.json` (step, topology, batch factorization, format)."""
@@ -71,6 +74,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         layout=cat.layout,
         is_adapter=preferred.role == catalog.ADAPTER,
         publishable=catalog.weights_for_publishing(cat) is not None,
+        has_ema=catalog.ema_for_loading(cat) is not None,
     )
 
 
@@ -86,8 +90,11 @@ def _loadable(path: str | os.PathLike[str]) -> tuple[catalog.Catalog, catalog.We
     return cat, preferred
 
 
+WEIGHTS = ("model", "ema")  # what `load_model_state_dict(weights=...)` takes
+
+
 def load_model_state_dict(
-    path: str | os.PathLike[str], *, dtype: torch.dtype | None = None
+    path: str | os.PathLike[str], *, dtype: torch.dtype | None = None, weights: str = "model"
 ) -> dict[str, torch.Tensor]:
     """The full model state dict on CPU, from the weight set `catalog.weights_for_loading` picks.
 
@@ -95,16 +102,30 @@ def load_model_state_dict(
     ranks, in any layout (ours, accelerate's `model` entry, torchtitan's top-level tensors): only model
     tensors, never optimizer state. A PEFT checkpoint holds only its adapter: its tensors are returned
     under PEFT's names (merge them with `ckpt_tools.state.adapters`). `dtype` casts floating tensors.
+
+    `weights="ema"` returns the same state dict with the step's EMA shadow in place of the trained
+    tensors it averages (the EMA holds parameters only: buffers and frozen weights come from the model
+    set, so the result loads like the model's); a step without EMA is refused with one line.
     """
-    _, weights = _loadable(path)
-    tensors = read_weight_set(weights)
+    if weights not in WEIGHTS:
+        raise UsageError(f"weights={weights!r} is not one of {', '.join(WEIGHTS)}", option="--weights")
+    cat, preferred = _loadable(path)
+    tensors = read_weight_set(preferred)
+    if weights == "ema":
+        ema = catalog.ema_for_loading(cat)
+        if ema is None:
+            raise NotACheckpointError(
+                f"{os.fspath(path)} holds no EMA weights ({layout.EMA_SAFETENSORS} or {layout.EMA_DCP_DIR}/):"
+                " it was saved without --ema.enable; load its model weights"
+            )
+        tensors = {**tensors, **read_weight_set(ema)}
     if dtype is not None:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
     return tensors
 
 
 def read_weight_set(weights: catalog.WeightSet) -> dict[str, torch.Tensor]:
-    """Every tensor of one model or adapter weight set, full and on CPU."""
+    """Every tensor of one model, adapter or EMA weight set, full and on CPU."""
     if weights.format == catalog.SAFETENSORS:
         return read_safetensors(weights.path)[0]
     if weights.format == catalog.SHARDED_SAFETENSORS:

@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 from ckpt_tools.errors import SaveFailedError, UsageError
 from ckpt_tools.files import commit, storage
@@ -63,6 +64,7 @@ def start_checkpoint(
     keep_last: int = 0,
     manifest: bool = True,
     background: bool = False,
+    ema: Mapping[str, torch.Tensor] | None = None,
 ) -> PendingCheckpoint:
     """Collective: call on all ranks. Write `<checkpoints_dir>/<step:06d>/`; `finish()` on the result
     (collective) moves `last` to it and, with `keep_last=K` > 0, deletes all but the K newest steps
@@ -90,6 +92,13 @@ def start_checkpoint(
     `manifest` (default on) writes `manifest.json`: every file's size and sha256, hashed from the bytes
     as they are written (each rank its own shards, gathered to the main rank), which
     `ckpt verify --deep` checks. Off, the gathered files stream to disk without a second copy in memory.
+
+    `ema` is a run's EMA shadow: parameter name (the model's state-dict name) -> tensor, sharded like the
+    parameter (a DTensor on a sharded model, the same on every rank otherwise). It is a weight set of its
+    own beside the model's, by the same format rule: gathered into `ema.safetensors` and/or written from
+    every rank as `ema_dcp/`, so a resume reshards it like the weights and a reader loads it like them.
+    A PEFT run's shadow (its trainable parameters) is saved under the adapter's key names (`peft_key`),
+    so it stands in for the adapter file as the EMA of a full model stands in for the model file.
     """
     group = Group(process_group)
     recorder = Recorder() if manifest else None
@@ -107,6 +116,9 @@ def start_checkpoint(
             _save_model(model_dir, model, training_step.checkpoint_format, group, recorder, write_dcp)
         else:
             _save_adapter(model_dir, model, training_step.checkpoint_format, group, recorder, write_dcp)
+        if ema is not None:
+            saved_ema = _peft_names(ema, model) if adapter_config is not None else ema
+            _save_ema(model_dir, saved_ema, training_step.checkpoint_format, group, recorder, write_dcp)
         _save_optimizer(
             layout.join(tmp, layout.TRAINING_STATE_DIR), model, optimizer, group, recorder, write_dcp
         )
@@ -232,7 +244,7 @@ class PendingCheckpoint:
             write_manifest(tmp, files | self.recorder.entries())
 
 
-MAX_DCP_PARTS = 2  # DCP directories one step writes: the weights (or adapter) and the optimizer
+MAX_DCP_PARTS = 3  # DCP directories one step writes: the weights (or adapter), the EMA and the optimizer
 _BACKGROUND_GROUPS: dict[Any, list[Any]] = {}  # the current default process group -> its DCP write groups
 _SAVE_POOL: list[ThreadPoolExecutor] = []  # the threads of `writer`, made once per process
 
@@ -340,6 +352,33 @@ def _save_adapter(
         write_dcp(
             {keys[name]: sharded[name] for name in keys}, layout.join(model_dir, layout.ADAPTER_DCP_DIR)
         )
+
+
+def _save_ema(
+    model_dir: str,
+    ema: Mapping[str, torch.Tensor],
+    checkpoint_format: str,
+    group: Group,
+    recorder: Recorder | None,
+    write_dcp: WriteDcp,
+) -> None:
+    """The EMA shadow as the model is written: gathered on the main rank (`full_tensor`, collective per
+    sharded tensor, in the same order on every rank) and/or as DCP shards from every rank."""
+    if CheckpointFormat(checkpoint_format).has_safetensors:
+        full = {
+            name: (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu()
+            for name, value in ema.items()
+        }
+        path = layout.join(model_dir, layout.EMA_SAFETENSORS)
+        group.on_main(write_safetensors, path, full, {"format": "pt"}, recorder)
+    if CheckpointFormat(checkpoint_format).has_dcp:
+        write_dcp(dict(ema), layout.join(model_dir, layout.EMA_DCP_DIR))
+
+
+def _peft_names(ema: Mapping[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """A PEFT run's EMA shadow under the adapter file's key names."""
+    keys = adapter_keys(model)
+    return {keys[name]: value for name, value in ema.items()}
 
 
 def _save_optimizer(

@@ -4,6 +4,7 @@ of a resume, docs/resume.md)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -19,7 +20,15 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # not re-exported
 
-from ckpt_tools.catalog import ADAPTER, DCP, SAFETENSORS, WeightSet, catalog, weights_for_resume
+from ckpt_tools.catalog import (
+    ADAPTER,
+    DCP,
+    SAFETENSORS,
+    WeightSet,
+    catalog,
+    ema_for_resume,
+    weights_for_resume,
+)
 from ckpt_tools.errors import (
     CheckpointError,
     CorruptCheckpointError,
@@ -52,7 +61,8 @@ def load_training_state(
     scheduler: Any = None,
     scaler: Any = None,
     process_group: dist.ProcessGroup | None = None,
-) -> None:
+    ema: Mapping[str, torch.Tensor] | None = None,
+) -> bool:
     """Collective: call on all ranks after the model and optimizer are prepared (phase 2 of a resume).
 
     Loads whatever format the step holds into the current topology. DCP shards are resharded by torch
@@ -61,6 +71,10 @@ def load_training_state(
     `optimizer_state.safetensors` goes into a sharded optimizer the same way.
     A sharded run's checkpoint without `optimizer_0/` (an older release's gathered optimizer) is
     refused with `LegacyCheckpointError`. `step_dir` may also be `last` or an output_dir.
+
+    `ema` (the run's EMA shadow, as `start_checkpoint` takes it) is filled in place from the step's EMA
+    weight set by the model's rules (DCP resharded by torch, a gathered file block by block); returns
+    whether it was, False for a step saved without EMA (the shadow is then left as it is).
     """
     group = Group(process_group)
     step, model_dir = resolve_model_dir(step_dir)
@@ -75,6 +89,34 @@ def load_training_state(
         scheduler.load_state_dict(_checked_state(layout.join(state_dir, layout.SCHEDULER_STATE), scheduler))
     if scaler is not None and storage.exists(layout.join(state_dir, layout.SCALER_STATE)):
         scaler.load_state_dict(_checked_state(layout.join(state_dir, layout.SCALER_STATE), scaler))
+    return ema is not None and _load_ema(model_dir, ema, model, group)
+
+
+def _load_ema(model_dir: str, shadow: Mapping[str, torch.Tensor], model: nn.Module, group: Group) -> bool:
+    """Fill the EMA shadow in place from the step's EMA set (a PEFT step's under the adapter's key
+    names, as `save` wrote it); False when the step has none."""
+    cat = catalog(model_dir)
+    weights = ema_for_resume(cat, sharded=is_sharded(model))
+    if weights is None:
+        return False
+    keys = adapter_keys(model) if cat.of_role(ADAPTER) else {name: name for name in shadow}
+    ema = {keys[name]: value for name, value in shadow.items()}
+    if weights.format == DCP:
+        validate_dcp_metadata(weights.path)
+        dcp_load(dict(ema), weights.path, group.pg, group.distributed)
+        return True
+    header = read_safetensors_header(weights.path)
+    for name, value in ema.items():  # every name and shape before the first copy
+        saved = header.tensors.get(name)
+        if saved is None or tuple(saved.shape) != tuple(value.shape):
+            what = "lacks" if saved is None else f"has shape {list(saved.shape)} for"
+            raise CorruptCheckpointError(
+                f"{weights.path} {what} {name} (the run's is {list(value.shape)}); resume with the "
+                "model and --ema/--peft settings the checkpoint was trained with"
+            )
+    for name, value in ema.items():
+        _copy_own_block(header, name, value)
+    return True
 
 
 def _checked_state(path: str, target: Any) -> dict[str, Any]:

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 
-from ckpt_tools.catalog import ADAPTER, DCP, MODEL, catalog
-from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, PublishError
+from ckpt_tools.catalog import ADAPTER, DCP, EMA, MODEL, catalog
+from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, PublishError, UsageError
 from ckpt_tools.files import locate, storage
 from ckpt_tools.files.safetensors_io import read_weight_map
 from ckpt_tools.format import layout
@@ -95,16 +95,26 @@ def publish_model(
     token: str | None = None,
     endpoint: str | None = None,
     extra_card_info: dict[str, Any] | None = None,
+    weights: str | None = None,
 ) -> PublishResult:
     """Publish the model at `path` (a step dir, its `pretrained_model/`, `last`, or a converted model
     dir) to the Hub repo `repo_id`, or copy it to `repo_id` when that is an fsspec URL or local path.
 
     A model card is generated unless the directory has its own `README.md`. Not collective: the trainer
-    calls it from the main rank behind its own barrier.
+    calls it from the main rank behind its own barrier. `weights="ema"` publishes the step's EMA (its
+    gathered file or its shards) in the model's place, as the one `model.safetensors` (or
+    `adapter_model.safetensors`) a Hub user loads, so the repo reads like any other; None takes the EMA
+    when the step holds one (the default, as `trainer eval` scores it), the model otherwise. The result's notes say so.
     """
+    if weights not in (None, "model", "ema"):
+        raise UsageError(f"--weights={weights}: choose model or ema", option="--weights")
     step_dir, model_dir = locate.resolve_model_dir(path)
     names = select_publish_files(model_dir)
     uploads: dict[str, str | bytes] = {name: layout.join(model_dir, name) for name in names}
+    ema_notes = []
+    if weights == "ema" or (weights is None and catalog(model_dir).of_role(EMA)):
+        _use_ema(uploads, model_dir)
+        ema_notes.append("published the EMA weights (--ema.enable) in the model's place")
     if layout.MODEL_CARD not in uploads:
         info = gather_card_info(step_dir, model_dir, names, extra_card_info)
         uploads[layout.MODEL_CARD] = render_model_card(info, repo_id).encode()
@@ -116,7 +126,23 @@ def publish_model(
     else:
         message = commit_message or _default_message(step_dir)
         result = _publish_hub(uploads, repo_id, private, revision, message, token, endpoint)
-    return replace(result, notes=notes)
+    return replace(result, notes=ema_notes + notes)
+
+
+def _use_ema(uploads: dict[str, str | bytes], model_dir: str) -> None:
+    """Replace the uploaded weights (one file, or an index and its shards) with the EMA state dict
+    (`load_model_state_dict(weights="ema")`: the EMA's parameters, the model's buffers) in one file."""
+    from safetensors.torch import save
+
+    from ckpt_tools.state.evaluation_load import load_model_state_dict
+
+    tensors = load_model_state_dict(model_dir, weights="ema")
+    name = layout.ADAPTER_SAFETENSORS if layout.ADAPTER_SAFETENSORS in uploads else layout.MODEL_SAFETENSORS
+    if layout.MODEL_INDEX in uploads:
+        for shard in set(read_weight_map(layout.join(model_dir, layout.MODEL_INDEX)).values()):
+            uploads.pop(shard, None)
+        del uploads[layout.MODEL_INDEX]
+    uploads[name] = save(tensors, metadata={"format": "pt"})
 
 
 def _portable_adapter_base(uploads: dict[str, str | bytes]) -> list[str]:

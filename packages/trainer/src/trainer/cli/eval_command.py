@@ -43,6 +43,7 @@ Scores a saved policy without training (docs/training.md, Evaluation):
   --rename_map={...}   dataset feature -> policy feature names; default: the run's own
   --batch_size=256     frames per forward pass on a dataset
   --device=cpu         where the policy runs
+  --weights=model|ema  which weights; default: the EMA when the checkpoint holds one (--ema.enable)
   --json               print one JSON object instead of a line
   --allow_types=a:B,.. module:Class types the checkpoint may name (imported: trust them first)"""
 _SPLIT_FIELDS = ("episodes", "val_episodes", "eval_split")  # a LeRobot run's split: not inherited by eval
@@ -64,6 +65,8 @@ class EvalConfig:
     """Frames per forward pass on a dataset."""
     device: str = "cpu"
     """Where the policy runs."""
+    weights: str | None = None
+    """model or ema (a run's --ema.enable average); unset: the EMA when the checkpoint holds one."""
 
 
 def run_eval(args: Sequence[str]) -> dict[str, Any]:
@@ -83,7 +86,7 @@ def run_eval(args: Sequence[str]) -> dict[str, Any]:
             raise (
                 cause if isinstance(cause, ConfigError) else ConfigError(" ".join(str(exc).split()))
             ) from None
-    loaded = load_policy(path, config.device, allow_types=allowed)
+    loaded = load_policy(path, config.device, config.weights, allow_types=allowed)
     world, rank, reduce = _ranks()
     if config.dataset.rollout_episodes:
         camera = _sim_camera(config.dataset, loaded)
@@ -95,7 +98,7 @@ def run_eval(args: Sequence[str]) -> dict[str, Any]:
         result = evaluation.action_errors(
             loaded.act, dataset, world, rank, reduce, config.batch_size, loaded.reset
         )
-    return {"policy": path, **result}
+    return {"policy": path, "weights": loaded.weights, **result}
 
 
 def _sim_actor(loaded: LoadedPolicy) -> Any:

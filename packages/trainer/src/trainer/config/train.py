@@ -15,6 +15,7 @@ import draccus
 import ckpt_tools
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import DatasetConfig
+from trainer.config.ema import EmaConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.peft import PeftConfig
 from trainer.config.policy import PolicyConfig
@@ -88,24 +89,6 @@ class SchedulerConfig:
 
 
 @dataclass
-class EmaConfig:
-    """An exponential moving average of the weights (LeRobot forks' `--ema.*`): parsed so their commands
-    name it, refused when enabled, since the trainer does not keep one yet."""
-
-    enable: bool = False
-    """Keep an EMA of the weights (not supported yet: refused)."""
-    decay: float = 0.999
-    """EMA decay per optimizer update."""
-
-    def __post_init__(self) -> None:
-        if self.enable:
-            raise ConfigError(
-                "--ema.enable=true: EMA is not supported yet; drop the --ema.* flags (the checkpoints hold "
-                "the trained weights themselves)"
-            )
-
-
-@dataclass
 class TrainConfig:
     """`trainer train`: everything a run needs, and nothing read from elsewhere."""
 
@@ -120,9 +103,9 @@ class TrainConfig:
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     accelerator: AcceleratorConfig = field(default_factory=AcceleratorConfig)
     peft: PeftConfig = field(default_factory=PeftConfig)
+    ema: EmaConfig = field(default_factory=EmaConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     trackio: TrackioConfig = field(default_factory=TrackioConfig)
-    ema: EmaConfig = field(default_factory=EmaConfig)
     rename_map: dict[str, str] = field(default_factory=dict)
     """Dataset observation feature -> the name the policy reads it as (a JSON object, LeRobot's flag),
     e.g. '{"observation.images.top": "observation.images.front"}'; applied to the features the run

@@ -18,7 +18,7 @@ from trainer.errors import CheckpointSaveError, ConfigError
 
 if TYPE_CHECKING:
     from accelerate.scheduler import AcceleratedScheduler
-    from typing_extensions import Unpack
+    from typing_extensions import NotRequired, Unpack
 
 
 class SavedObjects(TypedDict):
@@ -30,6 +30,7 @@ class SavedObjects(TypedDict):
     scaler: torch.amp.GradScaler | None
     preprocessor: Processor
     postprocessor: Processor
+    ema: NotRequired[dict[str, torch.Tensor] | None]  # the --ema.enable shadow: a weight set of its own
 
 
 def checkpoints_dir(output_dir: str) -> str:
@@ -117,6 +118,7 @@ def start(
             keep_last=config.keep_last,
             manifest=config.checkpoint_manifest,
             background=config.async_save,
+            ema=objects.get("ema"),
         )
 
 

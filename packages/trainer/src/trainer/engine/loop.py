@@ -8,6 +8,7 @@ resolves the run plan (plan.py); everything after it reads the plan's config and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -34,6 +35,7 @@ from trainer.distributed.units import apply_unit_transforms
 from trainer.distributed.wrap import WrapPlan, describe_parameters, resolve_wrap_plan
 from trainer.engine import peft_policy as peft
 from trainer.engine import publishing, resume
+from trainer.engine.ema import Ema
 from trainer.engine.loss_window import LossWindow
 from trainer.engine.plan import RunPlan, resolve_plan
 from trainer.engine.run import Run, RunSummary
@@ -98,7 +100,8 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
         logger.note(stop.line(), event="interrupted", step=stop.step, checkpoint=stop.checkpoint)
         logger.close()
         raise
-    returns = evaluate(run.accelerator, run.model, run.preprocessor, run.postprocessor, config)
+    with _evaluated_weights(run, logger):
+        returns = evaluate(run.accelerator, run.model, run.preprocessor, run.postprocessor, config)
     summary = RunSummary(
         steps=config.steps,
         first_loss=logger.first_loss(losses[0] if losses else float("nan")),  # before any resume
@@ -126,6 +129,15 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
     publishing.publish_final(config, summary, logger)  # --policy.push_to_hub
     run.accelerator.wait_for_everyone()
     return summary
+
+
+def _evaluated_weights(run: Run, logger: Logger) -> contextlib.AbstractContextManager[None]:
+    """The weights the end-of-run rollouts score: the EMA's with --ema.use_for_eval (said once), else
+    the trained ones."""
+    if run.ema is None or not run.config.ema.use_for_eval or not run.config.dataset.rollout_episodes:
+        return contextlib.nullcontext()
+    logger.note("evaluating the EMA weights (--ema.use_for_eval=true)")
+    return run.ema.swapped_in()
 
 
 def _stop_orphan(launcher_pid: int) -> None:
@@ -171,14 +183,20 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
 
     model, optimizer, scheduler = prepare(accelerator, policy, optimizer, scheduler, wrap_plan)
 
-    # ---- Resume, phase 2 (after prepare): load model/optimizer/scheduler state (ckpt_tools). ----
-    resume.after_prepare(
+    # ---- Resume, phase 2 (after prepare): load model/optimizer/scheduler/EMA state (ckpt_tools). ----
+    unwrapped = accelerator.unwrap_model(model)
+    ema = Ema(config.ema, unwrapped) if config.ema.enable else None
+    ema_loaded = resume.after_prepare(
         resume_point,
-        model=accelerator.unwrap_model(model),
+        model=unwrapped,
         optimizer=optimizer,
         scheduler=scheduler,
         scaler=accelerator.scaler,
+        ema=ema.shadow if ema is not None else None,
     )
+    if ema is not None and resume_point.step_dir is not None and not ema_loaded:
+        ema = Ema(config.ema, unwrapped)  # from the resumed weights
+        notes.append(f"{resume_point.step_dir} holds no EMA weights: the EMA starts from its weights")
     # accelerate counts accumulation windows from its own start: count them from step 0 instead, so a
     # resumed run's windows end where the uninterrupted run's do (docs/resume.md).
     accelerator.step = resume_point.start_step
@@ -196,6 +214,7 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
         postprocessor=postprocessor,
         start_step=resume_point.start_step,
         check_lock=lock.check,
+        ema=ema,
     )
     return run, wrap_plan, resume_point
 
@@ -220,6 +239,8 @@ def _run_steps(run: Run, logger: Logger, interrupts: Interrupts) -> tuple[list[f
         if norm is not None:  # an optimizer update: the schedule catches up with the loop steps
             grad_norm = norm
             _advance_schedule(run.scheduler, step)
+            if run.ema is not None:  # after the update, once per update (not per micro-batch)
+                run.ema.update(step // accum)
         window.add(loss)
         logger.advance()
         if step % config.log_freq == 0 or step == config.steps:
@@ -405,6 +426,15 @@ def _banner(
         f"mixed precision {config.accelerator.mixed_precision}, checkpoints {config.checkpoint_format} "
         f"every {config.save_freq} steps in {config.output_dir}",
     ]
+    if config.ema.enable:
+        ema = config.ema
+        warmup = f"warmup inv_gamma={ema.inv_gamma} power={ema.power:.4g}" if ema.power else "no warmup"
+        lines.append(
+            f"EMA of the trained parameters on every rank in their own sharding: decay up to "
+            f"{min(ema.decay, ema.max_decay)} ({warmup}; the first {ema.update_after_step + 1} update(s) "
+            f"copy the weights), saved in every checkpoint; end-of-run rollouts score "
+            f"{'the EMA' if ema.use_for_eval else 'the trained weights'}"
+        )
     if wrap_plan is not None:
         mpp = config.accelerator.fsdp.mixed_precision_policy
         effective_policy = (

@@ -95,13 +95,16 @@ def _publish_on_main(config: TrainConfig, summary: RunSummary, logger: Logger) -
         if not ckpt_tools.open_checkpoint(step_dir).publishable:
             logger.note(f"converting the DCP shards of {step_dir} to safetensors for publishing")
             ckpt_tools.convert_dcp_to_safetensors(step_dir)
-        logger.note(f"publishing {step_dir} to {repo_id}")
+        # a run that kept an EMA publishes it (what `trainer eval` and `load_policy` score by default)
+        weights = "ema" if ckpt_tools.open_checkpoint(step_dir).has_ema else "model"
+        logger.note(f"publishing {step_dir} ({weights} weights) to {repo_id}")
         result = ckpt_tools.publish_model(
             step_dir,
             repo_id,
             private=config.policy.private,
             endpoint=os.environ.get("HF_ENDPOINT"),  # read now, not when huggingface_hub was imported
             extra_card_info=_card_extras(config, summary),
+            weights=weights,
         )
     except Exception as exc:  # any failure must reach the other ranks, or they wait for ever
         # Not chained: a client exception carries the request, Authorization header included.

@@ -151,18 +151,21 @@ def after_prepare(
     optimizer: torch.optim.Optimizer,
     scheduler: AcceleratedScheduler,
     scaler: torch.amp.GradScaler | None,
-) -> None:
+    ema: dict[str, torch.Tensor] | None = None,
+) -> bool:
     """Phase 2. Collective: call on all ranks after `prepare()`. Loads model, optimizer, scheduler and
-    loss-scaler state into the prepared objects, resharding onto the current topology."""
+    loss-scaler state into the prepared objects, resharding onto the current topology, and the EMA
+    shadow in place when `ema` is given; returns whether the step held one to load."""
     if point.step_dir is None:
-        return
+        return False
     with _refusals(point.step_dir):
-        ckpt_tools.load_training_state(
+        return ckpt_tools.load_training_state(
             point.step_dir,
             model=model,
             optimizer=getattr(optimizer, "optimizer", optimizer),  # accelerate's wrapper holds the real one
             scheduler=getattr(scheduler, "scheduler", scheduler),
             scaler=scaler,
+            ema=ema,
         )
 
 

@@ -14,6 +14,7 @@ from trainer.config.train import TrainConfig
 from trainer.data.dataset import Dataset
 from trainer.data.processors import Processor
 from trainer.data.sampler import GlobalOrderSampler
+from trainer.engine.ema import Ema
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -38,6 +39,7 @@ class Run:
     start_step: int
     check_lock: Callable[[], None] = lambda: None
     """Raises once another run took the output_dir over (the run lock's `check`, main rank)."""
+    ema: Ema | None = None  # --ema.enable: the shadow of the trained parameters
 
 
 @dataclass

@@ -110,4 +110,5 @@ def _saved_objects(run: Run) -> checkpointing.SavedObjects:
         "scaler": run.accelerator.scaler,
         "preprocessor": run.preprocessor,
         "postprocessor": run.postprocessor,
+        "ema": run.ema.shadow if run.ema is not None else None,
     }

@@ -33,6 +33,7 @@ class LoadedPolicy:
     preprocessor: Processor
     postprocessor: Processor
     device: torch.device
+    weights: str = "model"  # which weight set was loaded: "model" or "ema"
 
     @property
     def config(self) -> PolicyConfig:
@@ -74,14 +75,27 @@ class LoadedPolicy:
         return {OBS_KEY, *self.input_features}
 
 
+WEIGHTS = ("model", "ema")
+
+
 def load_policy(
-    path: str, device: str | torch.device = "cpu", *, allow_types: Collection[str] = ()
+    path: str,
+    device: str | torch.device = "cpu",
+    weights: str | None = None,
+    *,
+    allow_types: Collection[str] = (),
 ) -> LoadedPolicy:
     """Load the policy saved at `path` (see the module docstring for the accepted forms).
 
     The saved config.json may name a built-in or already registered policy type; a `module:Class`
     type is imported only when `allow_types` lists it (importing runs the module's code, and a
-    checkpoint from elsewhere must not choose code to run)."""
+    checkpoint from elsewhere must not choose code to run).
+
+    `weights`: "model" (the trained parameters' last values) or "ema" (their `--ema.enable` average);
+    None takes the EMA when the checkpoint holds one, since a run that kept an EMA kept it to be used
+    (LeRobot's evaluation does the same), and the model otherwise. `LoadedPolicy.weights` says which."""
+    if weights is not None and weights not in WEIGHTS:
+        raise ConfigError(f"weights={weights!r} is not one of {', '.join(WEIGHTS)}")
     local = pretrained.resolve(path)
     try:
         checkpoint = ckpt_tools.open_checkpoint(local)
@@ -89,15 +103,16 @@ def load_policy(
         processors = ckpt_tools.load_processors(local)
     except ckpt_tools.CheckpointError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    chosen = weights or ("ema" if checkpoint.has_ema else "model")
     config = _policy_config(saved, path, tuple(allow_types))
-    state = pretrained.read_weights(path)
+    state = pretrained.read_weights(path, chosen)
     _check_config_fits(config, state, path)  # before anything of the config's size is allocated
     pre, post = _processors(processors, config, path)
     policy = build_policy(config, config.obs_dim, config.action_dim)
     pretrained.fit_weights(policy, state, path)
     target = torch.device(device)
     policy.to(target).eval()
-    return LoadedPolicy(policy=policy, preprocessor=pre, postprocessor=post, device=target)
+    return LoadedPolicy(policy=policy, preprocessor=pre, postprocessor=post, device=target, weights=chosen)
 
 
 def _policy_config(saved: dict[str, Any], path: str, allow_types: tuple[str, ...]) -> PolicyConfig:

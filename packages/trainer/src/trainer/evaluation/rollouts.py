@@ -98,13 +98,14 @@ def raw_observation(obs: sim.Observation) -> dict[str, np.ndarray]:
 
 
 def summary_line(result: dict[str, Any]) -> str:
-    """The human-readable result of `trainer eval`."""
+    """The human-readable result of `trainer eval`; the EMA weights are named when they were scored."""
+    weights = " (EMA weights)" if result.get("weights") == "ema" else ""
     if "action_mse" in result:
         return (
             f"action_mse {result['action_mse']:.5g} vs baseline_mse {result['baseline_mse']:.5g} (predicting the "
-            f"dataset's mean action) over {result['frames']} frames of {result['episodes']} episodes"
+            f"dataset's mean action) over {result['frames']} frames of {result['episodes']} episodes{weights}"
         )
     return (
         f"policy return {result['policy_return']:.1f} vs random_return {result['random_return']:.1f} "
-        f"over {result['episodes']} episodes"
+        f"over {result['episodes']} episodes{weights}"
     )

@@ -100,14 +100,16 @@ def load_weights(policy: Any, path: str) -> None:
     fit_weights(policy, read_weights(path), path)
 
 
-def read_weights(path: str) -> dict[str, Any]:
-    """The pretrained weights at `path` as a state dict (an adapter merged into the base it records)."""
+def read_weights(path: str, weights: str = "model") -> dict[str, Any]:
+    """The pretrained weights at `path` as a state dict (an adapter merged into the base it records);
+    `weights="ema"` takes the checkpoint's EMA of its trained parameters instead of their last values."""
     local = resolve(path)
     with _checkpoint_errors(path):
         checkpoint = ckpt_tools.open_checkpoint(local)
         if checkpoint.is_adapter:
-            return ckpt_tools.merge_adapter_dir(resolve(_adapter_base(checkpoint.model_dir, path)), local)
-        return ckpt_tools.load_model_state_dict(local)
+            base = resolve(_adapter_base(checkpoint.model_dir, path))
+            return ckpt_tools.merge_adapter_dir(base, local, weights=weights)
+        return ckpt_tools.load_model_state_dict(local, weights=weights)
 
 
 def fit_weights(policy: Any, state: dict[str, Any], path: str) -> None:

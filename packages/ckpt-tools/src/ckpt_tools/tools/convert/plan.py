@@ -69,7 +69,7 @@ def output_dir(
 
 
 def record_deleted_dcp(source: str) -> None:
-    """After the model's DCP shards of a step of ours were deleted, make `training_step.json` name
+    """After the model's (or EMA's) DCP shards of a step of ours were deleted, make `training_step.json` name
     the format the step now holds, so verify and resume read it as it is, and keep the step's
     manifest true (the shards dropped, the step file's new digest)."""
     step_dir = _step_of(layout.parent(source.rstrip("/")))
@@ -82,7 +82,8 @@ def record_deleted_dcp(source: str) -> None:
         step = TrainingStep.from_json(storage.read_bytes(path), source=path)
     except CheckpointError:
         return  # not ours (LeRobot's has no checkpoint_format): nothing names the format
-    now = _WITHOUT_DCP.get(step.checkpoint_format)
+    # the weights' shards name the format; the EMA's (`ema_dcp/`) follow it and leave it as it is
+    now = None if layout.name(source) == layout.EMA_DCP_DIR else _WITHOUT_DCP.get(step.checkpoint_format)
     rewritten = {}
     if now is not None:
         data = dataclasses.replace(step, checkpoint_format=now).to_json().encode("utf-8")

@@ -9,7 +9,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 
-from ckpt_tools.catalog import ADAPTER, DCP, MODEL, catalog
+from ckpt_tools.catalog import ADAPTER, DCP, EMA, MODEL, catalog
 from ckpt_tools.dcp.chunk_tiling import check_tiling
 from ckpt_tools.dcp.index import TensorEntry, read_dcp_index
 from ckpt_tools.dcp.roles import model_tensors
@@ -40,6 +40,7 @@ def convert_dcp_to_safetensors(
     keep_source: bool = False,
     overwrite: bool = False,
     progress: Progress | None = None,
+    weights: str = "model",
 ) -> ConversionResult:
     """Convert the DCP model (or PEFT adapter) shards of a checkpoint into safetensors, streaming.
 
@@ -54,8 +55,10 @@ def convert_dcp_to_safetensors(
     renamed; `delete_dcp` removes the shards only after that (`keep_source`: plan and check as for
     a deletion, but leave it to the caller, who deletes with `delete_source` after a publish). Peak memory stays at a copy buffer
     (or the largest tensor split along an inner dimension), whatever the model size.
+    `weights="ema"` converts the step's EMA shards (`ema_dcp/`) into `ema.safetensors` the same way
+    instead (one file; deleting them leaves the step's `checkpoint_format` as it is).
     """
-    source, stem = _find_dcp_source(path)
+    source, stem = _find_dcp_source(path, weights)
     target = _target_dtype(dtype)
     out_dir = plan.output_dir(source, output, dtype, delete_dcp)
     if delete_dcp:
@@ -90,10 +93,12 @@ def delete_source(source: str) -> None:
     plan.record_deleted_dcp(source)
 
 
-def check_deletable_source(path: str | os.PathLike[str], output: str | os.PathLike[str] | None) -> str:
+def check_deletable_source(
+    path: str | os.PathLike[str], output: str | os.PathLike[str] | None, weights: str = "model"
+) -> str:
     """The DCP directory a conversion of `path` reads, refused (before anything is written) when the
     output directory would lie inside it, since deleting the shards would delete the output too."""
-    source, _ = _find_dcp_source(path)
+    source, _ = _find_dcp_source(path, weights)
     out_dir = plan.output_dir(source, output, None, delete_dcp=True)
     refuse_inside(out_dir, source, "--output", "the DCP directory that --delete-dcp removes")
     return source
@@ -114,8 +119,18 @@ def _advance(progress: Progress | None, total: int) -> _Advance:
     return advance
 
 
-def _find_dcp_source(path: str | os.PathLike[str]) -> tuple[str, str]:
-    """(DCP directory, output stem `model` or `adapter_model`), from the catalog of `path`."""
+def _find_dcp_source(path: str | os.PathLike[str], weights: str = "model") -> tuple[str, str]:
+    """(DCP directory, output stem `model`, `adapter_model` or `ema`), from the catalog of `path`."""
+    if weights not in ("model", "ema"):
+        raise UsageError(f"--weights {weights!r}: choose model or ema", option="--weights")
+    if weights == "ema":
+        ema = next((w for w in catalog(path).weight_sets if w.format == DCP and w.role == EMA), None)
+        if ema is None:
+            raise NotACheckpointError(
+                f"{os.fspath(path)} has no EMA shards ({layout.EMA_DCP_DIR}/); it was saved without "
+                "--ema.enable, or with its EMA as safetensors already"
+            )
+        return ema.path, _stem(layout.EMA_SAFETENSORS)
     found = [w for w in catalog(path).weight_sets if w.format == DCP and w.role in (MODEL, ADAPTER)]
     if not found:
         raise NotACheckpointError(
@@ -162,7 +177,7 @@ def _plan_shards(
         return [(f"{stem}.safetensors", aligned_order(groups[0]))]
     if stem != _stem(layout.MODEL_SAFETENSORS):
         raise UsageError(
-            "adapters are written as one file (PEFT reads no index); drop --max-shard-size",
+            "adapters and the EMA are written as one file (no reader takes an index); drop --max-shard-size",
             option="--max-shard-size",
         )
     return [(layout.sharded_model_name(i + 1, len(groups)), aligned_order(g)) for i, g in enumerate(groups)]
