@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from helpers.fixtures import copy_fixture
 from helpers.launch import launch_env, no_traceback_from_us, run_torchrun, torchrun_command
+from helpers.train_flags import TINY_LEROBOT_ACT
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -92,3 +93,36 @@ def _trained(metrics: Path) -> bool:
     if not metrics.exists():
         return False
     return any(json.loads(line).get("step") for line in metrics.read_text().splitlines() if line.strip())
+
+
+def test_fsdp2_act_with_two_workers_on_the_video_fixture_resumes_sample_exact(tmp_path) -> None:
+    """LeRobot's ACT (narrowed) on both cameras of the LeRobot-written video fixture, FSDP2 over 2
+    ranks, two DataLoader workers per rank: resumed from step 2, it ends with the uninterrupted run's
+    gathered weights bit for bit."""
+    root = copy_fixture(tmp_path, "lerobot", "dataset_video")
+    flags = [
+        f"--dataset.root={root}",
+        "--policy.type=act",
+        *TINY_LEROBOT_ACT,
+        "--policy.dropout=0",
+        "--parallelism.dp_shard=2",
+        "--num_workers=2",
+        "--scheduler.type=constant",
+        "--batch_size=2",
+        "--save_freq=2",
+        "--log_freq=2",
+    ]
+    run_torchrun(TRAIN, 2, *flags, "--steps=4", f"--output_dir={tmp_path / 'straight'}")
+    step_2 = tmp_path / "straight/checkpoints/000002/pretrained_model/train_config.json"
+    log = run_torchrun(
+        TRAIN, 2, "--resume=true", f"--config_path={step_2}", f"--output_dir={tmp_path / 'cut'}"
+    ).stdout
+    assert "checkpoints/000002 at step 2" in log and no_traceback_from_us(log)
+    assert "observation.images.top" in log and "observation.images.wrist" in log  # both cameras read
+    straight, cut = (
+        load_file(tmp_path / run / "checkpoints/000004/pretrained_model/model.safetensors")
+        for run in ("straight", "cut")
+    )
+    assert straight.keys() == cut.keys() and all(torch.equal(straight[k], cut[k]) for k in straight)
+    first = load_file(step_2.parent / "model.safetensors")
+    assert any(not torch.equal(first[k], cut[k]) for k in first)  # the resumed steps trained

@@ -107,6 +107,10 @@ def _gathered(
         persistent_workers=True,  # one iterator for the whole run: workers keep their open files
         pin_memory=settings.pin_memory,
         timeout=settings.timeout_s,
+        # The workers' base seed comes from a generator of their own: drawn from the global one, it
+        # would shift the training RNG (dropout, the CVAE's noise) by one draw at the iterator's start,
+        # which a resumed run makes at another step than the uninterrupted one.
+        generator=torch.Generator().manual_seed(0),
     )
     stream = iter(loader)
     _no_async_worker_errors(stream)
