@@ -106,14 +106,7 @@ def _load_ema(model_dir: str, shadow: Mapping[str, torch.Tensor], model: nn.Modu
         dcp_load(dict(ema), weights.path, group.pg, group.distributed)
         return True
     header = read_safetensors_header(weights.path)
-    for name, value in ema.items():  # every name and shape before the first copy
-        saved = header.tensors.get(name)
-        if saved is None or tuple(saved.shape) != tuple(value.shape):
-            what = "lacks" if saved is None else f"has shape {list(saved.shape)} for"
-            raise CorruptCheckpointError(
-                f"{weights.path} {what} {name} (the run's is {list(value.shape)}); resume with the "
-                "model and --ema/--peft settings the checkpoint was trained with"
-            )
+    _check_fits(header, ema, "the run's", "model and --ema/--peft settings")  # before the first copy
     for name, value in ema.items():
         _copy_own_block(header, name, value)
     return True
@@ -267,6 +260,21 @@ def _load_optimizer(
     restore_tuples(optimizer.param_groups, before)  # torch's state-dict paths may turn tuples into lists
 
 
+def _check_fits(
+    header: SafetensorsHeader, tensors: Mapping[str, torch.Tensor], whose: str, settings: str
+) -> None:
+    """Every name and shape of `tensors` in the file `header` describes, else one line naming the first
+    misfit and the `settings` to resume with: checked before the first byte is copied."""
+    for name, value in tensors.items():
+        saved = header.tensors.get(name)
+        if saved is None or tuple(saved.shape) != tuple(value.shape):
+            what = "lacks" if saved is None else f"has shape {list(saved.shape)} for"
+            raise CorruptCheckpointError(
+                f"{header.path} {what} {name} ({whose} is {list(value.shape)}); resume with the "
+                f"{settings} the checkpoint was trained with"
+            )
+
+
 def _load_full_optimizer_into_shards(
     state_dir: str, model: nn.Module, optimizer: torch.optim.Optimizer
 ) -> None:
@@ -282,14 +290,7 @@ def _load_full_optimizer_into_shards(
         }
         if fqn not in saved["state"] and not any(key in header.tensors for key in tensors):
             continue  # a parameter the saved run never stepped keeps no state, as in a full load
-        for key, value in tensors.items():  # every tensor checked before the first copy
-            found = header.tensors.get(key)
-            if found is None or tuple(found.shape) != tuple(value.shape):
-                what = "lacks" if found is None else f"has shape {list(found.shape)} for"
-                raise CorruptCheckpointError(
-                    f"{header.path} {what} {key} (this optimizer's is {list(value.shape)}); resume with the "
-                    "model and optimizer settings the checkpoint was trained with"
-                )
+        _check_fits(header, tensors, "this optimizer's", "model and optimizer settings")  # before any copy
         state[fqn] = {**saved["state"].get(fqn, {}), **param_state}
     for fqn, param_state in state.items():
         for name, entry in param_state.items():
