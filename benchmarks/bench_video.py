@@ -61,7 +61,16 @@ def write_video(path: Path, frames: np.ndarray, codec: str) -> None:
         container.mux(stream.encode())
 
 
-def write_dataset(root: Path, episodes: int, length: int, height: int, width: int, codec: str) -> None:
+def write_dataset(
+    root: Path,
+    episodes: int,
+    length: int,
+    height: int,
+    width: int,
+    codec: str,
+    cameras: tuple[str, ...] = (CAMERA,),
+) -> None:
+    """A LeRobotDataset v3.0 whose `cameras` are videos (each camera's frames shifted, so they differ)."""
     total = episodes * length
     rng = np.random.default_rng(0)
     t = np.arange(total)[:, None, None]
@@ -70,7 +79,10 @@ def write_dataset(root: Path, episodes: int, length: int, height: int, width: in
     noise = rng.integers(-20, 20, size=(total, height, width), dtype=np.int16)
     gray = np.clip(base + noise, 0, 255).astype(np.uint8)
     frames = np.stack([gray, np.roll(gray, 3, axis=2), 255 - gray], axis=-1)
-    write_video(root / f"videos/{CAMERA}/chunk-000/file-000.mp4", frames, codec)
+    for shift, camera in enumerate(cameras):
+        write_video(
+            root / f"videos/{camera}/chunk-000/file-000.mp4", np.roll(frames, 5 * shift, axis=2), codec
+        )
     state = rng.standard_normal((total, 4)).astype(np.float32)
     episode = np.repeat(np.arange(episodes), length)
     frame_index = np.tile(np.arange(length), episodes)
@@ -98,10 +110,16 @@ def write_dataset(root: Path, episodes: int, length: int, height: int, width: in
                 "episode_index": pa.array(np.arange(episodes)),
                 "dataset_from_index": pa.array(starts),
                 "dataset_to_index": pa.array(starts + length),
-                f"videos/{CAMERA}/chunk_index": pa.array(np.zeros(episodes, dtype=np.int64)),
-                f"videos/{CAMERA}/file_index": pa.array(np.zeros(episodes, dtype=np.int64)),
-                f"videos/{CAMERA}/from_timestamp": pa.array(np.arange(episodes) * seconds),
-                f"videos/{CAMERA}/to_timestamp": pa.array((np.arange(episodes) + 1) * seconds),
+                **{
+                    column: values
+                    for camera in cameras
+                    for column, values in (
+                        (f"videos/{camera}/chunk_index", pa.array(np.zeros(episodes, dtype=np.int64))),
+                        (f"videos/{camera}/file_index", pa.array(np.zeros(episodes, dtype=np.int64))),
+                        (f"videos/{camera}/from_timestamp", pa.array(np.arange(episodes) * seconds)),
+                        (f"videos/{camera}/to_timestamp", pa.array((np.arange(episodes) + 1) * seconds)),
+                    )
+                },
             }
         ),
         root / "meta/episodes/chunk-000/file-000.parquet",
@@ -110,7 +128,10 @@ def write_dataset(root: Path, episodes: int, length: int, height: int, width: in
     integer = {"dtype": "int64", "shape": [1], "names": None}
     features = {
         STATE: {"dtype": "float32", "shape": [4], "names": None},
-        CAMERA: {"dtype": "video", "shape": [height, width, 3], "names": ["height", "width", "channels"]},
+        **{
+            camera: {"dtype": "video", "shape": [height, width, 3], "names": ["height", "width", "channels"]}
+            for camera in cameras
+        },
         ACTION: {"dtype": "float32", "shape": [2], "names": None},
         "timestamp": scalar,
         **{name: integer for name in ("frame_index", "episode_index", "index", "task_index")},
