@@ -4,7 +4,7 @@
   counting every import statement, those inside functions included;
 - each package's folders are its layers (`LAYERS`, lowest first): a module imports only from its own
   layer or the layers below it;
-  imports under `if TYPE_CHECKING:` are for the type checker only and do not count;
+  imports under `if TYPE_CHECKING:` count too (an annotation is a dependency of the reader);
 - the metadata path of ckpt_tools (format, files, dcp, catalog) never imports torch;
 - ckpt_tools never imports accelerate, peft or trainer;
 - the trainer uses only the names `ckpt_tools/__init__.py` exports (`import ckpt_tools` then
@@ -39,24 +39,11 @@ def _modules(package: str) -> dict[str, Path]:
     return found
 
 
-def _runtime_nodes(tree: ast.Module) -> Iterator[ast.AST]:
-    """Every node of a module but those under `if TYPE_CHECKING:`, which only the type checker runs
-    (an annotation naming a class of a higher layer is not a dependency of the running code)."""
-    todo: list[ast.AST] = [tree]
-    while todo:
-        node = todo.pop()
-        yield node
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            todo.extend(node.orelse)
-            continue
-        todo.extend(ast.iter_child_nodes(node))
-
-
 def _imports(module: str, path: Path) -> Iterator[tuple[ast.stmt, list[str]]]:
     """Every import statement of a module (at any depth) and the dotted names it imports: for
     `from a.b import c` both `a.b.c` and `a.b`, since `c` may be a module or a name in `a.b`."""
     is_package = path.name == "__init__.py"
-    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             yield node, [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

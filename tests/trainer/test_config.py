@@ -379,3 +379,17 @@ def test_a_saved_config_naming_a_module_is_refused_unless_allowed(tmp_path, monk
     assert not marker.exists()
     config = parse_config([f"--config_path={saved}", f"--allow_types={type_name}"])
     assert marker.exists() and getattr(config, section).type == type_name
+
+
+def test_a_policy_class_that_builds_no_policy_is_one_line() -> None:
+    """`policy_class()` is typed as any module factory (config/ names no class above it): what it
+    builds must still be a `Policy`, checked by `build_policy`."""
+    from trainer.config.policy import PolicyConfig
+
+    @dataclass
+    class NotAPolicyConfig(PolicyConfig):  # not registered: no other test sees it
+        def policy_class(self):  # type: ignore[no-untyped-def]
+            return lambda config: torch.nn.Linear(1, 1)
+
+    with pytest.raises(ConfigError, match=r"^NotAPolicyConfig.policy_class\(\) built a Linear, not a"):
+        build_policy(NotAPolicyConfig(), 1, 1)

@@ -1,21 +1,44 @@
 """The base of every dataset config: `--dataset.type` picks the subclass.
 
 Plain values only: the built-in datasets (`trainer/data/`) register their config subclasses where they
-are defined; `load()` returns an object of the dataset protocol (`trainer/data/dataset.py: Dataset`).
+are defined; `load()` returns an object of the `Dataset` protocol defined here, what the engine reads
+from any data (`trainer/data/dataset.py: ArrayDataset` implements it over arrays).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import draccus
 
 if TYPE_CHECKING:
     import torch
 
-    from trainer.data.dataset import Dataset
+Stats = dict[str, dict[str, "torch.Tensor"]]
+"""Mean and std (and the like) per batch key, for the normalization processors."""
+
+
+@runtime_checkable
+class Dataset(Protocol):
+    """What the training loop, validation and evaluation read from a dataset."""
+
+    input_features: list[str]
+
+    def __len__(self) -> int: ...
+
+    @property
+    def obs_dim(self) -> int: ...
+
+    @property
+    def action_dim(self) -> int: ...
+
+    def gather(self, indices: torch.Tensor, chunk_size: int) -> dict[str, torch.Tensor]: ...
+
+    def stats(self) -> Stats: ...
+
+    def episode_bounds(self) -> torch.Tensor: ...
 
 
 @dataclass

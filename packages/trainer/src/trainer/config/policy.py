@@ -6,8 +6,8 @@ type registers its config subclass; `policy_class()` names the class a config bu
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +17,7 @@ from trainer.config.accelerator import dtype_flag
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.policies.base import Policy
+    from torch import nn
 
 # PolicyConfig fields that say where a run publishes, not what the policy is.
 PUBLISH_FIELDS = ("push_to_hub", "repo_id", "private")
@@ -82,7 +82,9 @@ class PolicyConfig(draccus.ChoiceRegistry):
         """Actions predicted per observation."""
         return 1
 
-    def policy_class(self) -> builtins.type[Policy]:  # `type` here is the property above
+    def policy_class(self) -> Callable[[PolicyConfig], nn.Module]:
+        """The class this config builds, called with the config (`trainer.policies.Policy` subclasses;
+        `build_policy` refuses anything else)."""
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The dataset plug-in protocol: what the engine asks of any demonstration data.
+"""The dataset plug-in protocol (`trainer.config.dataset.Dataset`) over in-memory arrays, the batch keys,
+and the feature checks datasets share.
 
 A dataset is chosen with `--dataset.type` (a built-in name, or `package.module:ConfigClass` for an
 outside one). Its config is a `DatasetConfig` subclass whose `load()` returns an object with:
@@ -23,11 +24,11 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
+from trainer.config.dataset import Stats
 from trainer.errors import ConfigError
 
 OBS_KEY = "observation.state"
@@ -41,29 +42,6 @@ IMAGENET_STATS = {
     "mean": torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1),
     "std": torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1),
 }
-
-Stats = dict[str, dict[str, torch.Tensor]]
-
-
-@runtime_checkable
-class Dataset(Protocol):
-    """What the training loop, validation and evaluation read from a dataset."""
-
-    input_features: list[str]
-
-    def __len__(self) -> int: ...
-
-    @property
-    def obs_dim(self) -> int: ...
-
-    @property
-    def action_dim(self) -> int: ...
-
-    def gather(self, indices: torch.Tensor, chunk_size: int) -> dict[str, torch.Tensor]: ...
-
-    def stats(self) -> Stats: ...
-
-    def episode_bounds(self) -> torch.Tensor: ...
 
 
 def is_camera(feature: str) -> bool:

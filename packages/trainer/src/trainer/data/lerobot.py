@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer.config.dataset import DatasetConfig
+from trainer.config.dataset import DatasetConfig, Stats
 from trainer.data import lerobot_format as fmt
 from trainer.data.augment import Augment, ImageTransformsConfig
 from trainer.data.cameras import CameraDataset, Cameras, LeRobotFrames, camera_stats
-from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, ArrayDataset, Stats, check_input_features
+from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, ArrayDataset, check_input_features
 from trainer.data.decode import VIDEO_BACKENDS
 from trainer.errors import ConfigError
 

@@ -13,8 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from trainer.config.dataset import DatasetConfig
-from trainer.data.dataset import Dataset, Stats
+from trainer.config.dataset import Dataset, DatasetConfig, Stats
 
 
 def load_renamed(

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 import ckpt_tools
+from trainer.config.dataset import Dataset
 from trainer.config.train import TrainConfig
 from trainer.data import loader
-from trainer.data.dataset import Dataset
 from trainer.data.processors import Processor, build_processors, observation_batch
 from trainer.data.sampler import GlobalOrderSampler
 from trainer.distributed.factory import build_accelerator, prepare

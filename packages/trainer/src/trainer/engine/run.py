@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import torch
 
 import ckpt_tools
+from trainer.config.dataset import Dataset
 from trainer.config.train import TrainConfig
-from trainer.data.dataset import Dataset
 from trainer.data.processors import Processor
 from trainer.data.sampler import GlobalOrderSampler
 from trainer.engine.ema import Ema

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.config.dataset import Dataset
 from trainer.data import sim
-from trainer.data.dataset import ACTION_KEY, OBS_KEY, PAD_KEY, Dataset
+from trainer.data.dataset import ACTION_KEY, OBS_KEY, PAD_KEY
 from trainer.evaluation.validation import rank_batches
 
 EVAL_SEED_BASE = 10_000

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from trainer.data.dataset import Dataset
+from trainer.config.dataset import Dataset
 
 
 def rank_batches(

@@ -17,8 +17,10 @@ import torch
 from torch import nn
 
 from trainer.config import registry
+from trainer.config.dataset import Dataset
 from trainer.config.policy import PolicyConfig
-from trainer.data.dataset import Dataset, is_camera
+from trainer.data.dataset import is_camera
+from trainer.errors import ConfigError
 
 
 class Policy(nn.Module):
@@ -78,6 +80,11 @@ def build_policy(config: PolicyConfig, obs_dim: int, action_dim: int) -> Policy:
         config, obs_dim=config.obs_dim or obs_dim, action_dim=config.action_dim or action_dim
     )
     policy = config.policy_class()(config)
+    if not isinstance(policy, Policy):
+        raise ConfigError(
+            f"{type(config).__name__}.policy_class() built a {type(policy).__name__}, not a "
+            "trainer.policies.Policy subclass; return one"
+        )
     if config.dtype is not None:
         policy.to(getattr(torch, config.dtype))
     return policy
