@@ -16,37 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from statistics import median
 
+from bench_engine import torchrun
+
 HERE = Path(__file__).parent
 WORKER = HERE / "act_cameras.py"
 TRAIN = HERE.parent / "tests" / "distributed" / "scripts" / "train_cli.py"
-
-
-def torchrun(script: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-    }
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--rdzv-endpoint=localhost:0"]
-    result = subprocess.run(
-        [*command, "--nproc-per-node=2", str(script), *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    if result.returncode != 0:
-        raise SystemExit(f"{script.name} {' '.join(args[:2])} failed:\n{result.stdout[-4000:]}")
-    return result.stdout
 
 
 def bare(workdir: Path, mode: str, batch: int, steps: int, window: int) -> dict:

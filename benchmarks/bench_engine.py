@@ -40,7 +40,13 @@ TRAIN = HERE.parent / "tests" / "distributed" / "scripts" / "train_cli.py"
 
 
 def torchrun(script: Path, *args: str) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    """Run `script` on 2 gloo ranks with benchmarks/ on the path (workers and dataset plug-ins live here)."""
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--rdzv-endpoint=localhost:0"]
     result = subprocess.run(
         [*command, "--nproc-per-node=2", str(script), *args],
