@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from huggingface_hub import ModelCard
 from huggingface_hub.errors import HfHubHTTPError
 from publish_fixtures import DATASET, POLICY_TYPE, SINGLE_FILES, make_step_dir, sha256, snapshot
 
-from ckpt_tools import PublishError, layout, publish_model
+from ckpt_tools import PublishError, UsageError, layout, publish_model
 from ckpt_tools.tools.publish import _map_hub_failure
 
 TOKEN = "hf_loopbackSECRETtoken1234567890"
@@ -289,3 +290,38 @@ def test_a_refusal_carries_the_servers_message_on_one_line_and_other_errors_pass
     bare = _map_hub_failure(HfHubHTTPError("422", response=response), "http://hub", "committing to acme/x")
     assert str(bare) == "the Hub refused committing to acme/x (HTTP 422); nothing was deleted"
     assert _map_hub_failure(ValueError("not the client's"), "http://hub", "committing to acme/x") is None
+
+
+def test_a_tag_names_the_commit_and_moves_to_a_later_publish_of_the_same_step(tmp_path, hub):
+    step_dir = make_step_dir(tmp_path)
+    first = publish_model(step_dir, REPO, token=TOKEN, endpoint=hub.url, tag="step-000010")
+    assert hub.repo(REPO).tags == {"step-000010": first.commit_oid}
+    (_model_dir(step_dir) / "config.json").write_text(json.dumps({"type": POLICY_TYPE, "changed": True}))
+    second = publish_model(step_dir, REPO, token=TOKEN, endpoint=hub.url, tag="step-000010")
+    assert second.commit_oid != first.commit_oid
+    assert hub.repo(REPO).tags == {"step-000010": second.commit_oid}  # moved, not refused
+    assert json.loads(hub.tagged(REPO, "step-000010")["config.json"])["changed"] is True
+
+
+def test_training_state_is_published_under_its_own_path_only_when_asked(tmp_path, hub):
+    step_dir = make_step_dir(tmp_path)
+    publish_model(step_dir, REPO, token=TOKEN, endpoint=hub.url)
+    assert not any(name.startswith("training_state/") for name in hub.files(REPO))
+    result = publish_model(step_dir, REPO, token=TOKEN, endpoint=hub.url, training_state=True)
+    state = step_dir / layout.TRAINING_STATE_DIR
+    expected = {f"training_state/{p.relative_to(state)}" for p in state.rglob("*") if p.is_file()}
+    assert expected and expected <= set(result.files)
+    for name in expected:
+        assert hub.files(REPO)[name] == (step_dir / name).read_bytes()
+    bare = shutil.copytree(_model_dir(step_dir), tmp_path / "converted")  # a model directory alone
+    with pytest.raises(UsageError, match="is a model directory, not a step directory"):
+        publish_model(bare, REPO, token=TOKEN, endpoint=hub.url, training_state=True)
+
+
+def test_server_errors_and_rate_limits_are_transient_refusals_are_not(tmp_path, hub):
+    step_dir = make_step_dir(tmp_path)
+    for status, transient in ((503, True), (429, True), (403, False), (422, False)):
+        hub.fail("commit", status)
+        with pytest.raises(PublishError) as failed:
+            publish_model(step_dir, REPO, token=TOKEN, endpoint=hub.url)
+        assert failed.value.transient is transient, status

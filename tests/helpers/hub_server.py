@@ -1,8 +1,9 @@
 """A small Hugging Face Hub-compatible HTTP server for the publishing tests.
 
 It implements the endpoints huggingface_hub uses to create a model repo and commit files to it (the
-requests of `HfApi.create_repo`, `create_commit` and `preupload_lfs_files`), keeps repos, commits and
-LFS objects in memory, and can be told to fail a route with a given status. It runs on 127.0.0.1 with
+requests of `HfApi.create_repo`, `create_commit`, `preupload_lfs_files`, `create_tag` and `delete_tag`),
+keeps repos, commits (each with the files it left), tags and LFS objects in memory, and can be told to
+fail a route with a given status (for ever, or the next N requests) or to answer it slowly. It runs on 127.0.0.1 with
 a random port in a background thread, so the real client (`HfApi(endpoint=server.url)`) runs end to
 end with no network. The client must run with `HF_HUB_DISABLE_XET=1` (set before huggingface_hub is
 imported).
@@ -15,6 +16,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -31,6 +33,7 @@ class Commit:
     branch: str
     summary: str
     files: list[str]
+    snapshot: dict[str, bytes] = field(default_factory=dict)  # the branch's files after this commit
 
 
 @dataclass
@@ -39,6 +42,7 @@ class Repo:
     private: bool
     branches: dict[str, dict[str, bytes]] = field(default_factory=lambda: {"main": {}})
     commits: list[Commit] = field(default_factory=list)
+    tags: dict[str, str] = field(default_factory=dict)  # tag -> commit oid
 
 
 @dataclass
@@ -57,6 +61,8 @@ class HubState:
     lfs: dict[str, bytes] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     failures: dict[str, int] = field(default_factory=dict)
+    failures_left: dict[str, int] = field(default_factory=dict)  # route -> forced failures still to answer
+    delays: dict[str, float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -74,6 +80,8 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/preupload/(?P<rev>[^/]+)$"), "preupload"),
     ("POST", re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/commit/(?P<rev>[^/]+)$"), "commit"),
     ("POST", re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/branch/(?P<rev>[^/]+)$"), "branch"),
+    ("POST", re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/tag/(?P<rev>[^/]+)$"), "tag"),
+    ("DELETE", re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/tag/(?P<rev>[^/]+)$"), "delete_tag"),
     ("POST", re.compile(r"^/(?P<repo>[^/]+/[^/]+)\.git/info/lfs/objects/batch$"), "lfs_batch"),
     ("PUT", re.compile(r"^/lfs-upload/(?P<oid>[0-9a-f]{64})$"), "lfs_upload"),
     ("POST", re.compile(r"^/lfs-verify/(?P<oid>[0-9a-f]{64})$"), "lfs_verify"),
@@ -96,6 +104,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._dispatch()
 
+    def do_DELETE(self) -> None:
+        self._dispatch()
+
     def _dispatch(self) -> None:
         path = urlsplit(self.path).path
         body = self._read_body()
@@ -104,6 +115,11 @@ class _Handler(BaseHTTPRequestHandler):
         with state.lock:
             state.requests.append(Request(self.command, path, route, self.headers.get("Authorization")))
             forced = state.failures.get(route)
+            if state.failures_left.get(route, 0) > 0:
+                state.failures_left[route] -= 1
+                forced = 500
+            delay = state.delays.get(route, 0.0)
+        time.sleep(delay)  # outside the lock: other requests go on meanwhile
         try:
             if forced is not None:
                 raise HubError(forced, f"forced {forced} on {route}")
@@ -226,10 +242,31 @@ class _Handler(BaseHTTPRequestHandler):
                     raise HubError(400, f"LFS object for {value['path']} was never uploaded")
                 files[value["path"]] = data
         repo.branches[branch].update(files)
-        oid = hashlib.sha1(body).hexdigest()
-        repo.commits.append(Commit(oid, branch, header["summary"], sorted(files)))
+        oid = hashlib.sha1(body + str(len(repo.commits)).encode()).hexdigest()  # same files twice: 2 commits
+        repo.commits.append(
+            Commit(oid, branch, header["summary"], sorted(files), dict(repo.branches[branch]))
+        )
         url = f"{self.server.url}/{repo.repo_id}/commit/{oid}"
         return 200, {"commitUrl": url, "commitOid": oid, "success": True}
+
+    def _tag(self, params: dict[str, str], body: bytes) -> tuple[int, Any]:
+        repo = self._repo(params["repo"])
+        revision, tag = unquote(params["rev"]), json.loads(body)["tag"]
+        oid = next((c.oid for c in repo.commits if c.oid == revision), None)
+        if oid is None and revision in repo.branches:
+            oid = next((c.oid for c in reversed(repo.commits) if c.branch == revision), None)
+        if oid is None:
+            raise HubError(404, f"revision {revision} not found")
+        if tag in repo.tags:
+            raise HubError(409, f"tag {tag} already exists")
+        repo.tags[tag] = oid
+        return 200, {}
+
+    def _delete_tag(self, params: dict[str, str], body: bytes) -> tuple[int, Any]:
+        repo = self._repo(params["repo"])
+        if repo.tags.pop(unquote(params["rev"]), None) is None:
+            raise HubError(404, f"tag {params['rev']} not found")
+        return 200, {}
 
 
 def _match(method: str, path: str) -> tuple[str, dict[str, str]]:
@@ -277,11 +314,26 @@ class HubServer:
         with self.state.lock:
             self.state.failures[route] = status
 
+    def fail_next(self, route: str, times: int) -> None:
+        """Answer the next `times` requests to `route` with HTTP 500, then serve it again."""
+        with self.state.lock:
+            self.state.failures_left[route] = times
+
+    def slow(self, route: str, seconds: float) -> None:
+        """Wait `seconds` before answering each request to `route` (an upload in flight, for longer)."""
+        with self.state.lock:
+            self.state.delays[route] = seconds
+
     def repo(self, repo_id: str) -> Repo:
         return self.state.repos[repo_id]
 
     def files(self, repo_id: str, branch: str = "main") -> dict[str, bytes]:
         return dict(self.state.repos[repo_id].branches[branch])
+
+    def tagged(self, repo_id: str, tag: str) -> dict[str, bytes]:
+        """The files of the commit `tag` names."""
+        repo = self.state.repos[repo_id]
+        return dict(next(c.snapshot for c in repo.commits if c.oid == repo.tags[tag]))
 
     def routes(self) -> list[str]:
         return [request.route for request in self.state.requests]

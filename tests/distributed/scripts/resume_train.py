@@ -63,13 +63,13 @@ def kill_in_training(rank: int, calls: int) -> None:
 def kill_in_save(rank: int, step: int) -> None:
     finish = save.PendingCheckpoint.finish
 
-    def finish_or_die(pending):
+    def finish_or_die(pending, keep=()):
         if FIRST_ATTEMPT and rank == RANK and pending.step == step:
             for future in pending._futures:  # this rank's shards are written
                 future.result()
             print(f"hook: rank {RANK} killed inside the save of step {step}", flush=True)
             _die()
-        return finish(pending)
+        return finish(pending, keep)
 
     save.PendingCheckpoint.finish = finish_or_die
 

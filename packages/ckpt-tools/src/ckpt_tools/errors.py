@@ -55,7 +55,13 @@ class OutputExistsError(CheckpointError):
 
 
 class PublishError(CheckpointError):
-    """Publishing to the Hub or to an fsspec target failed; nothing local was deleted."""
+    """Publishing to the Hub or to an fsspec target failed; nothing local was deleted. `transient` says
+    the same publish may succeed later (a server error, a rate limit, an unreachable endpoint), so a
+    caller that retries knows which failures are worth retrying."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class ForeignCheckpointError(ResumeRefusedError):

@@ -9,7 +9,7 @@ caller passes that check (`is_complete`), so this module needs nothing above pla
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import fsspec
 
@@ -275,9 +275,12 @@ def latest_step_dir(path: str | os.PathLike[str]) -> str | None:
     return read_last(root) if has_last(root) else None
 
 
-def prune_steps(checkpoints_dir: str | os.PathLike[str], keep_last: int) -> list[str]:
+def prune_steps(
+    checkpoints_dir: str | os.PathLike[str], keep_last: int, keep: Collection[str] = ()
+) -> list[str]:
     """Retention after a commit: delete all but the `keep_last` newest step directories up to the one
-    `last` names (0 keeps all). Returns the names deleted, oldest first.
+    `last` names (0 keeps all), and never the steps named in `keep` (one a background push still reads:
+    a later retention deletes it). Returns the names deleted, oldest first.
 
     It counts what is on disk, so it works across restarts. It never deletes the step `last` names
     (the newest one kept), a step newer than `last` (left by a run that was resumed from an earlier
@@ -290,6 +293,7 @@ def prune_steps(checkpoints_dir: str | os.PathLike[str], keep_last: int) -> list
     newest = int(layout.name(read_last(root)))
     steps = sorted(int(name) for name in list_names(root) if layout.is_step_dir_name(name))
     older = [step for step in steps if step <= newest][:-keep_last]
+    older = [step for step in older if layout.step_dir_name(step) not in keep]
     for step in older:
         remove_tree(layout.join(root, layout.step_dir_name(step)))
     return [layout.step_dir_name(step) for step in older]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -214,9 +214,10 @@ class PendingCheckpoint:
         """Whether this rank's background writes are done (a local check, no collective)."""
         return all(future.done() for future in self._futures)
 
-    def finish(self) -> str:
-        """Collective: wait for every background write, then commit, move `last` and apply retention.
-        Raises `SaveFailedError` on every rank when any part failed (the step is then not committed)."""
+    def finish(self, keep: Collection[str] = ()) -> str:
+        """Collective: wait for every background write, then commit, move `last` and apply retention,
+        which spares the step names in `keep` (the main rank's are used). Raises `SaveFailedError` on
+        every rank when any part failed (the step is then not committed)."""
         group, root, step, recorder = self.group, self.root, self.step, self.recorder
         tmp = commit.tmp_step_dir(root, step)
         with _shard_failures(self.what):
@@ -231,7 +232,7 @@ class PendingCheckpoint:
         group.on_main(self._write_gathered, tmp, gathered)
         what = self.what if group.failure is not None else f"committing checkpoint step {step}"
         group.on_main(lambda: commit.commit_step_dir(tmp, root, step, is_complete=_verifies))
-        group.on_main(commit.prune_steps, root, self.keep_last)
+        group.on_main(commit.prune_steps, root, self.keep_last, keep)
         group.agree(what)  # nobody reads `last` before it
         return layout.join(root, layout.step_dir_name(step))
 

@@ -96,6 +96,8 @@ def publish_model(
     endpoint: str | None = None,
     extra_card_info: dict[str, Any] | None = None,
     weights: str | None = None,
+    tag: str | None = None,
+    training_state: bool = False,
 ) -> PublishResult:
     """Publish the model at `path` (a step dir, its `pretrained_model/`, `last`, or a converted model
     dir) to the Hub repo `repo_id`, or copy it to `repo_id` when that is an fsspec URL or local path.
@@ -105,12 +107,17 @@ def publish_model(
     gathered file or its shards) in the model's place, as the one `model.safetensors` (or
     `adapter_model.safetensors`) a Hub user loads, so the repo reads like any other; None takes the EMA
     when the step holds one (the default, as `trainer eval` scores it), the model otherwise. The result's notes say so.
+    `tag` names the commit as well (moved there when an earlier publish left a tag of that name), so it
+    can be loaded by revision; `training_state=True` adds the step's `training_state/` (optimizer, RNG,
+    sampler position) under the same path, for a step pushed to be resumed from elsewhere.
     """
     if weights not in (None, "model", "ema"):
         raise UsageError(f"--weights={weights}: choose model or ema", option="--weights")
     step_dir, model_dir = locate.resolve_model_dir(path)
     names = select_publish_files(model_dir)
     uploads: dict[str, str | bytes] = {name: layout.join(model_dir, name) for name in names}
+    if training_state:
+        uploads.update(_training_state_files(step_dir, path))
     ema_notes = []
     if weights == "ema" or (weights is None and catalog(model_dir).of_role(EMA)):
         _use_ema(uploads, model_dir)
@@ -120,12 +127,12 @@ def publish_model(
         uploads[layout.MODEL_CARD] = render_model_card(info, repo_id).encode()
     notes = _portable_adapter_base(uploads)
     if is_fsspec_target(repo_id):
-        if private or revision:
-            raise PublishError(f"--private and --revision apply to Hub repos only, not to {repo_id}")
+        if private or revision or tag:
+            raise PublishError(f"--private, --revision and tags apply to Hub repos only, not to {repo_id}")
         result = _publish_fsspec(uploads, repo_id)
     else:
         message = commit_message or _default_message(step_dir)
-        result = _publish_hub(uploads, repo_id, private, revision, message, token, endpoint)
+        result = _publish_hub(uploads, repo_id, private, revision, message, token, endpoint, tag)
     return replace(result, notes=ema_notes + notes)
 
 
@@ -143,6 +150,20 @@ def _use_ema(uploads: dict[str, str | bytes], model_dir: str) -> None:
             uploads.pop(shard, None)
         del uploads[layout.MODEL_INDEX]
     uploads[name] = save(tensors, metadata={"format": "pt"})
+
+
+def _training_state_files(step_dir: str | None, path: str | os.PathLike[str]) -> dict[str, str]:
+    """Every file of the step's `training_state/`, by its path inside the step directory."""
+    if step_dir is None:
+        raise UsageError(
+            f"{os.fspath(path)} is a model directory, not a step directory: it has no training state to "
+            "publish; pass the step directory",
+            option="training_state",
+        )
+    root = layout.join(step_dir, layout.TRAINING_STATE_DIR)
+    fs, inner = storage.resolve(root)
+    relative = [name[len(inner) :].lstrip("/") for name in fs.find(inner, detail=False)]
+    return {f"{layout.TRAINING_STATE_DIR}/{name}": layout.join(root, name) for name in relative}
 
 
 def _portable_adapter_base(uploads: dict[str, str | bytes]) -> list[str]:
@@ -180,6 +201,7 @@ def _publish_hub(
     message: str,
     token: str | None,
     endpoint: str | None,
+    tag: str | None,
 ) -> PublishResult:
     from huggingface_hub import CommitOperationAdd, HfApi
 
@@ -207,8 +229,28 @@ def _publish_hub(
         f"committing to {repo_id}",
         lambda: api.create_commit(repo_id, operations, commit_message=message, revision=revision),
     )
+    if tag is not None:
+        _hub_call(
+            api.endpoint,
+            f"tagging commit {commit.oid[:8]} as {tag}",
+            lambda: _tag(api, repo_id, tag, commit.oid),
+        )
     logger.info("published %s at commit %s", repo_id, commit.oid)
     return PublishResult(url=repo_url, commit_oid=commit.oid, files=sorted(uploads))
+
+
+def _tag(api: Any, repo_id: str, tag: str, oid: str) -> None:
+    """Point `tag` at commit `oid`. A tag of that name already there (a run resumed from an earlier step
+    saves the later steps again) is moved: a step's tag names the weights that step last had."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        api.create_tag(repo_id, tag=tag, revision=oid)
+    except HfHubHTTPError as exc:
+        if exc.response is None or exc.response.status_code != 409:
+            raise
+        api.delete_tag(repo_id, tag=tag)
+        api.create_tag(repo_id, tag=tag, revision=oid)
 
 
 def _create_repo(api: Any, repo_id: str, private: bool) -> str:
@@ -254,10 +296,12 @@ def _map_hub_failure(exc: BaseException, endpoint: str, action: str) -> PublishE
                     f"not authorized while {action} on {endpoint} (HTTP {status}): set HF_TOKEN or run "
                     "`hf auth login` with a write token; nothing was deleted"
                 )
-            if status is not None and status >= 500:
+            if status is not None and (status >= 500 or status == 429):
+                kind = "rate limit" if status == 429 else "server error"
                 return PublishError(
-                    f"Hub server error (HTTP {status}) while {action} on {endpoint}; retry later; "
-                    "nothing was deleted"
+                    f"Hub {kind} (HTTP {status}) while {action} on {endpoint}; retry later; "
+                    "nothing was deleted",
+                    transient=True,
                 )
             detail = " ".join((err.server_message or "").split())
             return PublishError(
@@ -266,7 +310,8 @@ def _map_hub_failure(exc: BaseException, endpoint: str, action: str) -> PublishE
         if isinstance(err, _transport_errors()):
             return PublishError(
                 f"cannot reach {endpoint} while {action} ({type(err).__name__}): check the network / "
-                "HF_ENDPOINT; nothing was deleted"
+                "HF_ENDPOINT; nothing was deleted",
+                transient=True,
             )
     return None
 
