@@ -1,6 +1,7 @@
 """The end-of-training publish is collective: 2 FSDP2 ranks through the real CLI, DCP-only checkpoints,
 the loopback Hub server in this pytest process. Every rank enters; the main rank converts the DCP shards
-and uploads once; a failed upload ends every rank with one error line and exit code 1, never a hang."""
+and uploads once; a failed upload ends every rank with one error line and exit code 1, never a hang.
+The same run pushes each checkpoint while it trains (--save_checkpoint_to_hub), through a Hub failure."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
         yield server
 
 
-def _launch(out: Path, repo_id: str, check: bool):
+def _launch(out: Path, repo_id: str, check: bool, *extra: str):
     args = [
         f"--output_dir={out}",
         f"--dataset.cache_dir={out.parent / 'dataset_cache'}",
@@ -45,20 +46,29 @@ def _launch(out: Path, repo_id: str, check: bool):
         "--checkpoint_format=dcp",
         "--policy.push_to_hub=true",
         f"--policy.repo_id={repo_id}",
+        *extra,
     ]
     return run_torchrun(SCRIPT, 2, *args, timeout=180, check=check)
 
 
-def test_fsdp2_dcp_run_publishes_once_from_the_main_rank(tmp_path, hub) -> None:
-    log = _launch(tmp_path / "run", REPO, check=True).stdout
+def test_fsdp2_dcp_run_pushes_each_checkpoint_and_publishes_once_from_the_main_rank(tmp_path, hub) -> None:
+    hub.fail_next("commit", 1)  # step 2's first push attempt: retried
+    pushes = ("--save_checkpoint_to_hub=true", "--steps=4", "--keep_last=1")
+    log = _launch(tmp_path / "run", REPO, True, *pushes).stdout
 
     last = Path(ckpt_tools.latest_step_dir(str(tmp_path / "run")))
     model_dir = last / "pretrained_model"
     assert (model_dir / "pytorch_model_fsdp_0" / ".metadata").is_file()  # the DCP shards stay
     assert ckpt_tools.verify_checkpoint(last).ok  # the converted file agrees with the shards
     arrived = hub.files(REPO)
-    assert len(hub.repo(REPO).commits) == 1 and hub.routes().count("commit") == 1
-    assert log.count("published ") == 1
+    summaries = [commit.summary for commit in hub.repo(REPO).commits]
+    assert [s[:25] for s in summaries[:2]] == ["Checkpoint at step 000002", "Checkpoint at step 000004"]
+    assert len(summaries) == 3 and hub.routes().count("commit") == 4  # 2 pushes (one retried), 1 publish
+    assert set(hub.repo(REPO).tags) == {"step-000002", "step-000004"}
+    assert (
+        hub.tagged(REPO, "step-000004")["model.safetensors"] == (model_dir / "model.safetensors").read_bytes()
+    )
+    assert log.count("published ") == 1 and log.count("pushed step ") == 2 and "warning" not in log
     assert arrived["model.safetensors"] == (model_dir / "model.safetensors").read_bytes()
     assert {"config.json", "train_config.json", "README.md"} <= set(arrived)
     assert not any(name.endswith(".distcp") or name.startswith("pytorch_model_fsdp") for name in arrived)

@@ -158,10 +158,7 @@ def test_policy_device_must_agree_with_the_launch() -> None:
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (
-            ["--save_checkpoint_to_hub=true"],
-            "--save_checkpoint_to_hub=true is not supported: publish a checkpoint with `ckpt push",
-        ),
+        (["--save_checkpoint_to_hub=true"], "--save_checkpoint_to_hub=true needs the Hub repo"),
         (["--ema.enable=true", "--ema.decay=1.5"], "--ema.decay must be in (0, 1), got 1.5"),
         (
             ["--dataset.root=x", "--dataset.eval_split=0.2", "--dataset.val_episodes=[1]"],

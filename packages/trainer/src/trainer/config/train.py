@@ -111,8 +111,10 @@ class TrainConfig:
     e.g. '{"observation.images.top": "observation.images.front"}'; applied to the features the run
     reads, and recorded in train_config.json with the renamed names in the policy's config.json."""
     save_checkpoint_to_hub: bool = False
-    """LeRobot's upload of every checkpoint: refused; publish a step with `ckpt push STEP_DIR REPO_ID`,
-    or the final policy with --policy.push_to_hub=true."""
+    """Push every committed checkpoint's model to the Hub repo --policy.repo_id in the background while
+    training goes on: one commit per step, tagged `step-<step>` (docs/publishing.md)."""
+    push_training_state: bool = False
+    """With --save_checkpoint_to_hub: push each step's training_state/ too (optimizer, RNG, sampler)."""
     checkpoint_format: str = "safetensors"
     """safetensors (gathered weights), dcp (sharded weights) or safetensors_dcp (both); sharded runs only
     for the last two (a resumed run's saved dcp format becomes safetensors on a non-sharded run)."""
@@ -161,11 +163,7 @@ class TrainConfig:
         # names typed as flags, so a value that came from a saved config can be told from a chosen one.
         self.config_path: str | None = None
         self.flags_given: frozenset[str] = frozenset()
-        if self.save_checkpoint_to_hub:
-            raise ConfigError(
-                "--save_checkpoint_to_hub=true is not supported: publish a checkpoint with `ckpt push "
-                "<step dir> <repo id>`, or the final policy with --policy.push_to_hub=true"
-            )
+        self._check_hub_pushes()
         renamed = list(self.rename_map.values())
         if len(set(renamed)) != len(renamed):
             raise ConfigError(f"--rename_map gives two features the same name: {self.rename_map}")
@@ -192,6 +190,23 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
         self._check_saves_end_windows()
+
+    def _check_hub_pushes(self) -> None:
+        repo_id = self.policy.repo_id
+        if self.push_training_state and not self.save_checkpoint_to_hub:
+            raise ConfigError(
+                "--push_training_state=true applies to the pushes of --save_checkpoint_to_hub=true: add it, "
+                "or drop --push_training_state"
+            )
+        if self.save_checkpoint_to_hub and repo_id is None:
+            raise ConfigError(
+                "--save_checkpoint_to_hub=true needs the Hub repo: add --policy.repo_id=namespace/name"
+            )
+        if self.save_checkpoint_to_hub and ckpt_tools.is_fsspec_target(repo_id):
+            raise ConfigError(
+                f"--save_checkpoint_to_hub=true pushes to a Hub repo, and --policy.repo_id={repo_id} is a path or "
+                "URL: to keep checkpoints in a bucket, set --output_dir to it (checkpoints are written there)"
+            )
 
     def derive(self, **changes: Any) -> TrainConfig:
         """A new config with `changes` applied (dataclasses.replace), carrying the parse-time

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
@@ -87,9 +87,11 @@ def training_step(
     )
 
 
-def save(config: TrainConfig, state: TrainingStep, **objects: Unpack[SavedObjects]) -> str:
+def save(
+    config: TrainConfig, state: TrainingStep, *, keep: Collection[str] = (), **objects: Unpack[SavedObjects]
+) -> str:
     """Collective: call on all ranks. `start` then `finish`: the step committed; returns its directory."""
-    return finish(config, start(config, state, **objects))
+    return finish(config, start(config, state, **objects), keep)
 
 
 def start(
@@ -122,11 +124,11 @@ def start(
         )
 
 
-def finish(config: TrainConfig, pending: ckpt_tools.PendingCheckpoint) -> str:
+def finish(config: TrainConfig, pending: ckpt_tools.PendingCheckpoint, keep: Collection[str] = ()) -> str:
     """Collective: wait for the pending checkpoint's writes on every rank, commit it, move `last`, apply
-    --keep_last. Returns the step directory."""
+    --keep_last, which spares the step names in `keep` (those a push reads). Returns the step directory."""
     with _one_line(config):
-        return str(pending.finish())
+        return str(pending.finish(keep))
 
 
 @contextlib.contextmanager

@@ -36,6 +36,7 @@ from trainer.distributed.wrap import WrapPlan, describe_parameters, resolve_wrap
 from trainer.engine import peft_policy as peft
 from trainer.engine import publishing, resume
 from trainer.engine.ema import Ema
+from trainer.engine.hub_pushes import CheckpointPusher
 from trainer.engine.loss_window import LossWindow
 from trainer.engine.plan import RunPlan, resolve_plan
 from trainer.engine.run import Run, RunSummary
@@ -94,10 +95,19 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
         logger.note(resume_point.message, event="resume", step=run.start_step, changes=resume_point.changes)
     for note in notes:
         logger.note(note)
+    pushes = (
+        CheckpointPusher(config, logger)
+        if config.save_checkpoint_to_hub and run.accelerator.is_main_process
+        else None
+    )
+    if pushes is not None:
+        pushes.resumed_from(resume_point.step_dir)
     try:
-        losses, last_checkpoint = _run_steps(run, logger, interrupts)
+        losses, last_checkpoint = _run_steps(run, logger, interrupts, pushes)
     except Interrupted as stop:
         logger.note(stop.line(), event="interrupted", step=stop.step, checkpoint=stop.checkpoint)
+        if pushes is not None:  # the checkpoint just saved is the one a vanishing machine needs most
+            pushes.close()
         logger.close()
         raise
     with _evaluated_weights(run, logger):
@@ -126,7 +136,7 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
     )
     logger.close()  # the loss curve first: a failed publish ends the process
     check_writes(logger, config, last_checkpoint)  # a metrics write that failed after the last save
-    publishing.publish_final(config, summary, logger)  # --policy.push_to_hub
+    publishing.publish_final(config, summary, logger, pushes)  # --policy.push_to_hub
     run.accelerator.wait_for_everyone()
     return summary
 
@@ -219,7 +229,9 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
     return run, wrap_plan, resume_point
 
 
-def _run_steps(run: Run, logger: Logger, interrupts: Interrupts) -> tuple[list[float], str | None]:
+def _run_steps(
+    run: Run, logger: Logger, interrupts: Interrupts, pushes: CheckpointPusher | None
+) -> tuple[list[float], str | None]:
     """Collective. The loop steps from `run.start_step`: the step, the log, the save schedule. Returns
     the logged losses and the last save. Every rank checks for a signal at each optimizer-update
     boundary (the check's all-reduce starts inside the step) and stops at the same step."""
@@ -227,7 +239,7 @@ def _run_steps(run: Run, logger: Logger, interrupts: Interrupts) -> tuple[list[f
     accum = config.accelerator.gradient_accumulation.steps
     losses: list[float] = []
     grad_norm: torch.Tensor | None = None  # of the last optimizer update, read back when logged
-    window, saves = LossWindow(accelerator.device), SaveSchedule(run, logger)
+    window, saves = LossWindow(accelerator.device), SaveSchedule(run, logger, pushes)
     run.model.train()
     steps = range(run.start_step + 1, config.steps + 1)
     feed = _batches(run, steps)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import ckpt_tools
 from trainer.config.train import TrainConfig
+from trainer.engine.hub_pushes import CheckpointPusher
 from trainer.engine.run import RunSummary
 from trainer.errors import USER_ERRORS, ConfigError, PublishFailedError
 from trainer.reporting.metrics import Logger
@@ -38,12 +39,13 @@ def check_publish_config(config: TrainConfig) -> str | None:
     fsspec target. Returns a warning for a repo id that will not be used (LeRobot launch lines name
     one without --policy.push_to_hub and expect a publish)."""
     policy = config.policy
-    if policy.repo_id is not None and not policy.push_to_hub:
+    pushes = policy.push_to_hub or config.save_checkpoint_to_hub
+    if policy.repo_id is not None and not pushes:
         return (
             f"warning: --policy.repo_id={policy.repo_id} is set but --policy.push_to_hub is false: nothing "
             "will be published (add --policy.push_to_hub=true, or publish later with `ckpt push`)"
         )
-    if not policy.push_to_hub or policy.repo_id is None:
+    if not pushes or policy.repo_id is None:
         return None
     if ckpt_tools.is_fsspec_target(policy.repo_id):
         if policy.private:
@@ -62,27 +64,38 @@ def check_publish_config(config: TrainConfig) -> str | None:
     if "/" not in policy.repo_id:
         raise ConfigError(f"--policy.repo_id={policy.repo_id} needs a namespace: give namespace/name")
     if get_token() is None:
-        raise ConfigError(
-            "--policy.push_to_hub=true needs a Hub token with write access: set HF_TOKEN or run `hf auth login`"
-        )
+        flag = "--policy.push_to_hub=true" if policy.push_to_hub else "--save_checkpoint_to_hub=true"
+        raise ConfigError(f"{flag} needs a Hub token with write access: set HF_TOKEN or run `hf auth login`")
     return None
 
 
-def publish_final(config: TrainConfig, summary: RunSummary, logger: Logger) -> None:
+def publish_final(
+    config: TrainConfig, summary: RunSummary, logger: Logger, pushes: CheckpointPusher | None = None
+) -> None:
     """Collective: call on all ranks after the final checkpoint is saved.
 
-    Publishes `summary.last_checkpoint` when --policy.push_to_hub is set. Raises `PublishFailedError`
-    on every rank when the main rank's publish failed.
+    Waits for the main rank's checkpoint pushes (`pushes`, --save_checkpoint_to_hub), then publishes
+    `summary.last_checkpoint` when --policy.push_to_hub is set. Raises `PublishFailedError` on every
+    rank when the main rank's publish failed (a failed push is a warning, never an error).
     """
-    if not config.policy.push_to_hub:
+    if not (config.policy.push_to_hub or config.save_checkpoint_to_hub):
         return
     with _upload_group() as group:  # made before the upload, while every rank is here
         ckpt_tools.main_decides(
-            lambda: _publish_on_main(config, summary, logger),
+            lambda: _finish_on_main(config, summary, logger, pushes),
             error=PublishFailedError,
             expected=USER_ERRORS,
             group=group,
         )
+
+
+def _finish_on_main(
+    config: TrainConfig, summary: RunSummary, logger: Logger, pushes: CheckpointPusher | None
+) -> None:
+    if pushes is not None:
+        pushes.close()
+    if config.policy.push_to_hub:
+        _publish_on_main(config, summary, logger)
 
 
 def _publish_on_main(config: TrainConfig, summary: RunSummary, logger: Logger) -> None:

@@ -4,11 +4,13 @@ A checkpoint is saved every `--save_freq` loop steps and at the last step: synch
 `--async_save` started in the background and committed later, once every rank's write is done (which
 the signal check at each update boundary tells). The previous background write is committed before the
 next one starts. On a signal every rank agreed on, the schedule commits what is in flight, saves the
-step every rank stopped at (unless it just did) and raises `Interrupted`.
+step every rank stopped at (unless it just did) and raises `Interrupted`. With --save_checkpoint_to_hub
+the main rank hands each committed step to its `CheckpointPusher`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from functools import partial
 
@@ -16,6 +18,7 @@ import ckpt_tools
 from trainer.config.train import TrainConfig
 from trainer.distributed.interrupt import Agreement, Interrupted
 from trainer.engine import checkpointing
+from trainer.engine.hub_pushes import CheckpointPusher
 from trainer.engine.run import Run
 from trainer.errors import USER_ERRORS, RunFailedError
 from trainer.reporting.metrics import Logger
@@ -24,8 +27,8 @@ from trainer.reporting.metrics import Logger
 class SaveSchedule:
     """The save side of the loop. Collective: every method is called on all ranks at the same steps."""
 
-    def __init__(self, run: Run, logger: Logger) -> None:
-        self.run, self.logger = run, logger
+    def __init__(self, run: Run, logger: Logger, pushes: CheckpointPusher | None = None) -> None:
+        self.run, self.logger, self.pushes = run, logger, pushes  # pushes: the main rank's, if any
         self.last_checkpoint: str | None = None
         self._pending: ckpt_tools.PendingCheckpoint | None = None  # a background write not committed
         self._started_now = False  # the pending write was started by this step's save
@@ -39,6 +42,8 @@ class SaveSchedule:
         """Save at `--save_freq` and at the last step."""
         config = self.run.config
         self._started_now = False
+        if self.pushes is not None:
+            self.pushes.poll()
         if step % config.save_freq and step != config.steps:
             return
         self._commit_pending()
@@ -47,8 +52,7 @@ class SaveSchedule:
             self._pending = checkpointing.start(config, self._state(step), **_saved_objects(self.run))
             self._started_now = True
         else:
-            self.last_checkpoint = self._save(step)
-            self.logger.note(f"checkpoint {self.last_checkpoint}")
+            self._save(step)
         self._saved_step = step
         check_writes(self.logger, self.run.config, self.last_checkpoint)  # a full disk stops the run here
 
@@ -61,7 +65,7 @@ class SaveSchedule:
             self._commit_pending()
         if signum:
             if self._saved_step != step:
-                self.last_checkpoint = self._save(step)
+                self._save(step)
             raise Interrupted(signum, step, self.last_checkpoint, resume_hint(self.run.config))
 
     def finish(self) -> str | None:
@@ -72,13 +76,26 @@ class SaveSchedule:
     def _commit_pending(self) -> None:
         if self._pending is not None:
             self._owns_output_dir()
-            self.last_checkpoint = checkpointing.finish(self.run.config, self._pending)
-            self._pending = None
-            self.logger.note(f"checkpoint {self.last_checkpoint}")
+            pending, self._pending = self._pending, None
+            with self._retention() as keep:
+                self._committed(checkpointing.finish(self.run.config, pending, keep))
 
-    def _save(self, step: int) -> str:
+    def _save(self, step: int) -> None:
         self._owns_output_dir()
-        return checkpointing.save(self.run.config, self._state(step), **_saved_objects(self.run))
+        with self._retention() as keep:
+            state, objects = self._state(step), _saved_objects(self.run)
+            self._committed(checkpointing.save(self.run.config, state, keep=keep, **objects))
+
+    def _committed(self, step_dir: str) -> None:
+        self.last_checkpoint = step_dir
+        self.logger.note(f"checkpoint {step_dir}")
+        if self.pushes is not None:
+            self.pushes.submit(step_dir)
+
+    def _retention(self) -> contextlib.AbstractContextManager[frozenset[str]]:
+        """A commit, its retention and the hand-over of the step to the pushes, with the push queue held
+        still (`CheckpointPusher.hold`): yields the steps retention keeps."""
+        return self.pushes.hold() if self.pushes is not None else contextlib.nullcontext(frozenset())
 
     def _owns_output_dir(self) -> None:
         """Collective. A run whose output_dir another run took over (its lock's heartbeat found the

@@ -40,6 +40,8 @@ class Logger(Protocol):
 
     def note(self, message: str, **record: Any) -> None: ...
 
+    def record(self, record: dict[str, Any]) -> None: ...
+
     def advance(self, steps: int = 1) -> None: ...
 
     def first_loss(self, default: float) -> float: ...
@@ -98,6 +100,10 @@ class MetricsLogger:
         self.trackers.log(record)
         parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()]
         self.console.print(" ".join(parts))
+
+    def record(self, record: dict[str, Any]) -> None:
+        """A record for metrics.jsonl alone: no console line, no tracker (a retried push, say)."""
+        self._append(record)
 
     def note(self, message: str, **record: Any) -> None:
         self.console.print(message)
@@ -181,6 +187,9 @@ class NullLogger:
         pass
 
     def note(self, message: str, **record: Any) -> None:
+        pass
+
+    def record(self, record: dict[str, Any]) -> None:
         pass
 
     def advance(self, steps: int = 1) -> None:
