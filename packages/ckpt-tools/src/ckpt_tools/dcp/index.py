@@ -28,6 +28,7 @@ from ckpt_tools.dcp.safe_pickle import (
 from ckpt_tools.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
+    Finding,
     NotACheckpointError,
 )
 from ckpt_tools.files import storage
@@ -125,7 +126,7 @@ def read_dcp_index(path: str | os.PathLike[str], *, check_files: bool = True) ->
     index = _build_index(root, metadata)
     problems = dcp_file_problems(index) if check_files else []
     if problems:
-        raise CorruptCheckpointError(problems[0])
+        raise CorruptCheckpointError(problems[0].message)
     return index
 
 
@@ -244,8 +245,8 @@ def _numel(shape: tuple[int, ...]) -> int:
     return count
 
 
-def dcp_file_problems(index: DcpIndex) -> list[str]:
-    """One line per referenced `.distcp` file that is missing or shorter than its furthest record."""
+def dcp_file_problems(index: DcpIndex) -> list[Finding]:
+    """One finding per referenced `.distcp` file that is missing or shorter than its furthest record."""
     fs, inner = storage.resolve(index.path)
     needed: dict[str, int] = {}
     records = [(c.file, c.file_offset + c.length) for t in index.tensors.values() for c in t.chunks]
@@ -258,16 +259,20 @@ def dcp_file_problems(index: DcpIndex) -> list[str]:
     }
     problems = []
     for file, end in sorted(needed.items()):
+        path = f"{index.path}/{file}"
         if file in listed and file not in sizes:
-            problems.append(f"{index.path}/{file} is not a regular file: refused; .metadata references it")
+            problems.append(Finding(path, f"{path} is not a regular file: refused; .metadata references it"))
             continue
         if file not in sizes and fs.isfile(f"{inner}/{file}"):  # a record in a subdirectory
             sizes[file] = int(fs.size(f"{inner}/{file}"))
         if file not in sizes:
-            problems.append(f"{index.path}/{file} is missing; .metadata references it")
+            problems.append(Finding(path, f"{path} is missing; .metadata references it"))
         elif sizes[file] < end:
             problems.append(
-                f"{index.path}/{file} is truncated: {sizes[file]} bytes, .metadata needs {end}; "
-                "the save was interrupted, use another checkpoint"
+                Finding(
+                    path,
+                    f"{path} is truncated: {sizes[file]} bytes, .metadata needs {end}; "
+                    "the save was interrupted, use another checkpoint",
+                )
             )
     return problems
