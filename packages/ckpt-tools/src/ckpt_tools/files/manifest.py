@@ -107,10 +107,9 @@ def manifest_problems(step_dir: str, deep: bool = False, only: str | None = None
 
 def _file_problem(path: str, entry: dict[str, Any], deep: bool) -> str | None:
     """What is wrong with one listed file, or None when it matches its entry."""
-    fs, inner = storage.resolve(path)
-    if not fs.exists(inner):
+    if not storage.exists(path):
         return f"{path} is missing; the manifest lists it"
-    size = int(fs.size(inner))
+    size = storage.size(path)
     if size != entry["size"]:
         return f"{path} has {size} bytes, the manifest says {entry['size']}: the file was changed"
     if deep and _sha256(path) != entry["sha256"]:
