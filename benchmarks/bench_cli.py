@@ -1,6 +1,8 @@
 """How long a metadata command takes to answer: `ckpt inspect --json` on a small LeRobot checkpoint
-against huggingface_hub's `hf version` (a CLI of the same stack: typer, rich, huggingface_hub) and a
-bare Python start, run alternately in fresh processes; medians, as ratios to `hf version`.
+against huggingface_hub's `hf version` (a CLI of the same stack: typer, rich, huggingface_hub), a
+bare Python start and a bare typer app with `ckpt inspect`'s signature (one str argument, two bool
+options: the floor typer itself sets, as it builds a pydantic TypeAdapter for each non-bool
+parameter), run alternately in fresh processes; medians, as ratios to `hf version`.
 
 Commands register lazily (ckpt_tools/cli/commands.py): `ckpt inspect` imports inspect's modules only,
 not conversion's, publishing's or diff's. Run through `nox -s bench`.
@@ -21,6 +23,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CHECKPOINT = HERE.parent / "tests" / "fixtures" / "lerobot" / "checkpoint_act" / "checkpoints" / "000004"
+BARE_TYPER = """
+import typer
+app = typer.Typer(add_completion=False)
+@app.command()
+def inspect(path: str = typer.Argument(...), tensors: bool = typer.Option(False, "--tensors"),
+            as_json: bool = typer.Option(False, "--json")) -> None:
+    print("{}")
+app()
+"""
 
 
 def _seconds(command: list[str]) -> float:
@@ -43,6 +54,7 @@ def main() -> None:
     commands = {
         "python -c pass": [sys.executable, "-c", "pass"],
         "hf version": [_tool("hf"), "version"],
+        "bare typer (inspect's signature)": [sys.executable, "-c", BARE_TYPER, "--json", str(CHECKPOINT)],
         "ckpt --version": [_tool("ckpt"), "--version"],
         "ckpt inspect --json": [_tool("ckpt"), "inspect", "--json", str(CHECKPOINT)],
     }
@@ -56,10 +68,10 @@ def main() -> None:
             times[name].append(_seconds(command))
     baseline = statistics.median(times["hf version"])
     print(f"CLI start, median of {args.repeat} alternated runs (load {os.getloadavg()[0]:.1f}):")
-    print(f"{'command':24s} {'seconds':>8s} {'/ hf version':>13s}")
+    print(f"{'command':32s} {'seconds':>8s} {'/ hf version':>13s}")
     for name, values in times.items():
         median = statistics.median(values)
-        print(f"{name:24s} {median:8.3f} {median / baseline:13.2f}")
+        print(f"{name:32s} {median:8.3f} {median / baseline:13.2f}")
 
 
 if __name__ == "__main__":

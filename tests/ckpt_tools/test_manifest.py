@@ -138,3 +138,32 @@ def test_a_file_listed_400_times_is_hashed_once(saved: Path, tmp_path: Path, mon
     (step_dir / layout.MANIFEST).write_text(json.dumps({"version": 1, "files": entries}))
     (problem,) = deep_problems(step_dir)
     assert f"lists {name} more than once, with different sizes or hashes" in problem
+
+
+def _model_weights(step_dir: Path) -> Path:
+    return step_dir / layout.PRETRAINED_MODEL_DIR / layout.MODEL_SAFETENSORS
+
+
+def test_a_file_two_checks_find_fault_with_is_named_once(saved: Path, tmp_path: Path) -> None:
+    """A truncated model.safetensors fails its header check and the manifest's size check: the report
+    names it once, by the header check (the manifest skips a file already reported, by its path)."""
+    step_dir = Path(shutil.copytree(saved, tmp_path / saved.name))
+    weights = _model_weights(step_dir)
+    weights.write_bytes(weights.read_bytes()[:-10])
+    (problem,) = deep_problems(step_dir)
+    assert problem.startswith(f"{weights}: truncated"), problem
+
+
+def test_a_longer_file_name_does_not_hide_a_changed_file(saved: Path, tmp_path: Path) -> None:
+    """`model.safetensors.index.json`'s problem contains the text of `model.safetensors`' path, yet is
+    about another file: the manifest still names the changed `model.safetensors`."""
+    step_dir = Path(shutil.copytree(saved, tmp_path / saved.name))
+    weights = _model_weights(step_dir)
+    index = weights.parent / layout.MODEL_INDEX
+    index.write_text(json.dumps({"weight_map": {"ghost": layout.MODEL_SAFETENSORS}}))
+    entries = listed(step_dir)
+    entries[f"{layout.PRETRAINED_MODEL_DIR}/{layout.MODEL_SAFETENSORS}"]["size"] += 1
+    (step_dir / layout.MANIFEST).write_text(json.dumps({"version": 1, "files": entries}))
+    problems = ckpt_tools.verify_checkpoint(step_dir).problems
+    assert any(p.startswith(f"{index}: 'ghost' is not in") for p in problems), problems
+    assert any(p.startswith(f"{weights} has ") and "the manifest says" in p for p in problems), problems

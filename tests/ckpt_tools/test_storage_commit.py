@@ -75,6 +75,29 @@ def test_output_dir_and_file_url_find_the_last_step(tmp_path):
     assert locate.resolve_model_dir(checkpoints / "last")[0] == f"{checkpoints}/000010"
 
 
+def test_a_file_url_is_local_disk_for_every_check(tmp_path):
+    """Plain paths are answered with os, file:// URLs through fsspec: both get the local checks (a
+    link leading out is refused, `last` as a link) and the same answers."""
+    step = write_step_dir(tmp_path / "run", "safetensors")
+    (tmp_path / "secret").write_text("{}")
+    (step / "pretrained_model" / "config.json").unlink()
+    os.symlink(tmp_path / "secret", step / "pretrained_model" / "config.json")
+    for path in (str(step), f"file://{step}"):
+        with pytest.raises(CorruptCheckpointError, match="link leading outside"):
+            storage.check_links(path)
+        with pytest.raises(CorruptCheckpointError, match="link leading outside"):
+            storage.contained(path, "pretrained_model/config.json", "a test")
+        model = f"{path}/pretrained_model"
+        assert storage.local_path(model) == str(step / "pretrained_model")
+        assert storage.is_dir(model) and not storage.is_file(model) and storage.exists(model)
+        assert storage.is_link(f"{model}/config.json") and storage.size(f"{model}/config.json") == 2
+        files = storage.list_files(model)
+        assert files["config.json"] is None  # a link is no regular file, as fsspec's listing types it
+        assert files["model.safetensors"] == (step / "pretrained_model" / "model.safetensors").stat().st_size
+        assert storage.list_names(model) == sorted(os.listdir(step / "pretrained_model"))
+    assert storage.local_path("memory://x/y") is None
+
+
 def test_memory_store_uses_a_text_pointer():
     root = "memory://storage-commit/checkpoints"
     assert commit.latest_step_dir(root) is None

@@ -199,6 +199,17 @@ def test_sharded_safetensors_index_must_match_its_shards(tmp_path: Path) -> None
     assert any("holds 'head.count', which the index does not list" in p for p in problems), problems
 
 
+def test_a_damaged_shard_is_named_once(tmp_path: Path) -> None:
+    """The group's headers and the index's shard check read the same shard: its damage is one line."""
+    state = tiny_model_state()
+    shard = tmp_path / layout.sharded_model_name(1, 1)
+    save_file(state, str(shard))
+    (tmp_path / layout.MODEL_INDEX).write_text(json.dumps({"weight_map": dict.fromkeys(state, shard.name)}))
+    shard.write_bytes(shard.read_bytes()[:-4])
+    (problem,) = verify_checkpoint(tmp_path).problems
+    assert problem.startswith(f"{shard}: truncated"), problem
+
+
 def test_bad_training_step_is_a_problem_not_a_crash(tmp_path: Path) -> None:
     step_dir = write_step_dir(tmp_path, "safetensors")
     path = state_dir(step_dir) / layout.TRAINING_STEP

@@ -95,13 +95,12 @@ def catalog(path: str | os.PathLike[str]) -> Catalog:
     """Catalog a step directory, `checkpoints/last`, an output_dir, a `pretrained_model/`, a model
     directory, one `.safetensors` file or a DCP directory. Reads no tensor bytes."""
     text = os.fspath(path).rstrip("/") or "/"
-    fs, inner = storage.resolve(text)
-    if text.endswith(".safetensors") and fs.isfile(inner):
+    if text.endswith(".safetensors") and storage.is_file(text):
         role = ADAPTER if layout.name(text) == layout.ADAPTER_SAFETENSORS else MODEL
         return Catalog(text, SAFETENSORS_FILE, None, text, (WeightSet(role, SAFETENSORS, text),))
-    if fs.isdir(inner) and fs.exists(f"{inner}/{layout.DCP_METADATA}"):
+    if storage.is_dir(text) and storage.exists(layout.join(text, layout.DCP_METADATA)):
         storage.check_links(text)
-        return _dcp_directory(text if layout.is_url(text) else inner)
+        return _dcp_directory(text if layout.is_url(text) else storage.absolute(text))
     step_dir, model_dir = locate.resolve_model_dir(text)
     kind, lerobot = _step_layout(step_dir)
     return Catalog(text, kind, step_dir, model_dir, tuple(_weight_sets(model_dir, step_dir)), lerobot)

@@ -8,6 +8,19 @@ for something malformed) to exit 2 and every other `CheckpointError` to exit 1; 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A problem a check lists instead of raising (`ckpt verify` reports every one), with the file or
+    directory it is about: a report names each file once by comparing paths, never by searching the
+    text of other messages for a file name (which a longer name containing it would match). A path
+    of None: about no one file (two weight sets that disagree)."""
+
+    path: str | None
+    message: str
+
 
 class CheckpointError(Exception):
     """Base class: something about a checkpoint (or a request about one) is wrong."""

@@ -116,7 +116,7 @@ def convert(
 
 
 def _report(out: Output, result: dict[str, Any]) -> None:
-    from ckpt_tools.cli.inspect_command import human_bytes
+    from ckpt_tools.cli.inspect_tables import human_bytes
 
     if result["source_layout"]:
         out.print(f"read {result['source_layout']}")

@@ -7,21 +7,37 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
 PIPE_WIDTH = 10_000  # columns a table may take when stdout is not a terminal
 
 
 class Output:
+    """The consoles are made on first use: `--json` output writes with `json` and never imports rich."""
+
     def __init__(self, *, as_json: bool = False, quiet: bool = False) -> None:
         self.as_json = as_json
         self.quiet = quiet
-        # Piped or redirected output is read by scripts and grep: never cut a name to fit 80 columns.
+
+    @cached_property
+    def out(self) -> Console:
+        """stdout. Piped or redirected output is read by scripts and grep: never cut a name to fit 80
+        columns."""
+        from rich.console import Console
+
         width = None if sys.stdout.isatty() else PIPE_WIDTH
-        self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width)
-        self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+        return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width)
+
+    @cached_property
+    def err(self) -> Console:
+        """stderr: progress and notes."""
+        from rich.console import Console
+
+        return Console(file=sys.stderr, highlight=False, soft_wrap=True)
 
     @property
     def interactive(self) -> bool:

@@ -28,6 +28,7 @@ from ckpt_tools.dcp.safe_pickle import (
 from ckpt_tools.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
+    Finding,
     NotACheckpointError,
 )
 from ckpt_tools.files import storage
@@ -108,11 +109,9 @@ def read_dcp_index(path: str | os.PathLike[str], *, check_files: bool = True) ->
     passes `check_files=False` and lists every bad file with `dcp_file_problems`.
     """
     root = os.fspath(path).rstrip("/")
-    fs, inner = storage.resolve(root)
-    if not fs.exists(inner):
+    if not storage.exists(root):
         raise CheckpointNotFoundError(f"{root}: no such file or directory")
-    meta_path = f"{inner}/{layout.DCP_METADATA}"
-    if not fs.isdir(inner) or not fs.exists(meta_path):
+    if not storage.is_dir(root) or not storage.exists(layout.join(root, layout.DCP_METADATA)):
         raise NotACheckpointError(
             f"{root} has no {layout.DCP_METADATA} file: not a DCP checkpoint directory "
             "(pass the directory torch.distributed.checkpoint saved into)"
@@ -125,7 +124,7 @@ def read_dcp_index(path: str | os.PathLike[str], *, check_files: bool = True) ->
     index = _build_index(root, metadata)
     problems = dcp_file_problems(index) if check_files else []
     if problems:
-        raise CorruptCheckpointError(problems[0])
+        raise CorruptCheckpointError(problems[0].message)
     return index
 
 
@@ -244,30 +243,31 @@ def _numel(shape: tuple[int, ...]) -> int:
     return count
 
 
-def dcp_file_problems(index: DcpIndex) -> list[str]:
-    """One line per referenced `.distcp` file that is missing or shorter than its furthest record."""
-    fs, inner = storage.resolve(index.path)
+def dcp_file_problems(index: DcpIndex) -> list[Finding]:
+    """One finding per referenced `.distcp` file that is missing or shorter than its furthest record."""
     needed: dict[str, int] = {}
     records = [(c.file, c.file_offset + c.length) for t in index.tensors.values() for c in t.chunks]
     records += [(o.file, o.file_offset + o.length) for o in index.objects.values()]
     for file, end in records:
         needed[file] = max(needed.get(file, 0), end)
-    listed = {layout.name(entry["name"]): entry for entry in fs.ls(inner, detail=True)}
-    sizes = {
-        name: int(entry.get("size") or 0) for name, entry in listed.items() if entry.get("type") == "file"
-    }
+    listed = storage.list_files(index.path)
+    sizes = {name: size for name, size in listed.items() if size is not None}
     problems = []
     for file, end in sorted(needed.items()):
+        path = f"{index.path}/{file}"
         if file in listed and file not in sizes:
-            problems.append(f"{index.path}/{file} is not a regular file: refused; .metadata references it")
+            problems.append(Finding(path, f"{path} is not a regular file: refused; .metadata references it"))
             continue
-        if file not in sizes and fs.isfile(f"{inner}/{file}"):  # a record in a subdirectory
-            sizes[file] = int(fs.size(f"{inner}/{file}"))
+        if file not in sizes and storage.is_file(path):  # a record in a subdirectory
+            sizes[file] = storage.size(path)
         if file not in sizes:
-            problems.append(f"{index.path}/{file} is missing; .metadata references it")
+            problems.append(Finding(path, f"{path} is missing; .metadata references it"))
         elif sizes[file] < end:
             problems.append(
-                f"{index.path}/{file} is truncated: {sizes[file]} bytes, .metadata needs {end}; "
-                "the save was interrupted, use another checkpoint"
+                Finding(
+                    path,
+                    f"{path} is truncated: {sizes[file]} bytes, .metadata needs {end}; "
+                    "the save was interrupted, use another checkpoint",
+                )
             )
     return problems

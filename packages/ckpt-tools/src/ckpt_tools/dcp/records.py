@@ -18,6 +18,7 @@ from ckpt_tools.dcp.safe_pickle import (
 from ckpt_tools.errors import (
     CheckpointError,
     CorruptCheckpointError,
+    Finding,
     UnsafePickleError,
     one_line,
 )
@@ -106,8 +107,8 @@ def _locate_in_archive(
     return ChunkData(chunk.file_offset + start + record.storage_offset * itemsize, want)
 
 
-def dcp_record_problems(index: DcpIndex) -> list[str]:
-    """One line per damaged chunk record (at most one per file): each record's zip structure, as
+def dcp_record_problems(index: DcpIndex) -> list[Finding]:
+    """One finding per damaged chunk record (at most one per file, keyed by that file): each record's zip structure, as
     conversion reads it (`locate_chunk_data`), and the CRC-32 of every entry it holds, read through
     in blocks. `verify --deep` runs it where no manifest hashes the files (a bare DCP directory), so a
     flipped byte there is found before `ckpt convert` copies it."""
@@ -124,7 +125,7 @@ def dcp_record_problems(index: DcpIndex) -> list[str]:
                     _check_record(handle, chunk, entry.dtype, where)
             except CheckpointError as exc:
                 problems[chunk.file] = one_line(exc)
-    return [problems[file] for file in sorted(problems)]
+    return [Finding(f"{index.path}/{file}", problems[file]) for file in sorted(problems)]
 
 
 def _check_record(handle: IO[bytes], chunk: ChunkEntry, dtype: str, where: str) -> None:

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Collection
-
-import fsspec
+from typing import TYPE_CHECKING
 
 from ckpt_tools.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from ckpt_tools.files.storage import (
     contained,
     exists,
+    is_dir,
+    is_link,
     is_local,
+    lexists,
     list_names,
+    local_path,
     makedirs,
     move_tree,
     read_bytes,
@@ -28,6 +31,9 @@ from ckpt_tools.files.storage import (
 )
 from ckpt_tools.format import layout
 from ckpt_tools.format.untrusted import MAX_POINTER_BYTES, describe
+
+if TYPE_CHECKING:
+    import fsspec
 
 
 def follow_last(path: str | os.PathLike[str]) -> str:
@@ -55,11 +61,7 @@ def has_last(checkpoints_dir: str | os.PathLike[str]) -> bool:
     """Whether `checkpoints_dir` holds an entry named `last`, whatever it is (a link, even a dangling
     one, a text file, a directory, a FIFO): anything there is a pointer for `read_last` to accept or
     refuse, never "no checkpoint yet", so a broken `last` cannot start a fresh run over the old steps."""
-    fs, inner = resolve(checkpoints_dir)
-    last = f"{inner.rstrip('/')}/{layout.LAST}"
-    if is_local(fs):
-        return os.path.lexists(last)
-    return bool(fs.exists(last))
+    return lexists(layout.join(os.fspath(checkpoints_dir), layout.LAST))
 
 
 def read_last(checkpoints_dir: str | os.PathLike[str]) -> str:
@@ -73,10 +75,10 @@ def read_last(checkpoints_dir: str | os.PathLike[str]) -> str:
     """
     root = os.fspath(checkpoints_dir).rstrip("/")
     last = layout.join(root, layout.LAST)
-    fs, inner = resolve(last)
-    if is_local(fs) and os.path.islink(inner):
-        name = _link_step_name(inner)
-    elif fs.isdir(inner):
+    link = local_path(last) if is_link(last) else None
+    if link is not None:
+        name = _link_step_name(link)
+    elif is_dir(last):
         raise CorruptCheckpointError(
             f"{last} is a directory, not a pointer (copied with links followed?); pass a step directory, "
             f"or replace it with a link: ln -sfn <step, e.g. 005000> {last}"
@@ -89,7 +91,7 @@ def read_last(checkpoints_dir: str | os.PathLike[str]) -> str:
             f"only to a complete step beside it: repoint it (ln -sfn <step, e.g. 005000> {last})"
         )
     step = contained(root, name, f"{layout.LAST} (through the step directory)")  # a link out is refused
-    if not fs.isdir(resolve(step)[1]):
+    if not is_dir(step):
         raise CorruptCheckpointError(
             f"{last} names {name}, which does not exist; repoint it at a complete step "
             f"(ln -sfn <step> {last}) or pass a step directory"

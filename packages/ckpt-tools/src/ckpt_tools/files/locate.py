@@ -7,7 +7,7 @@ import os
 
 from ckpt_tools.errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError
 from ckpt_tools.files.commit import follow_last
-from ckpt_tools.files.storage import check_links, read_bytes, resolve
+from ckpt_tools.files.storage import absolute, check_links, exists, is_dir, read_bytes
 from ckpt_tools.format import layout
 from ckpt_tools.format.meta import TrainingStep
 from ckpt_tools.format.untrusted import MAX_CONFIG_BYTES
@@ -23,13 +23,12 @@ def resolve_model_dir(path: str | os.PathLike[str]) -> tuple[str | None, str]:
     leads outside it (`storage.check_links`).
     """
     text = follow_last(path)
-    fs, inner = resolve(text)
-    if not fs.exists(inner):
+    if not exists(text):
         raise CheckpointNotFoundError(f"{text}: no such file or directory")
-    base = text if layout.is_url(text) else inner
-    if layout.name(inner) == layout.PRETRAINED_MODEL_DIR:
+    base = text if layout.is_url(text) else absolute(text)
+    if layout.name(base) == layout.PRETRAINED_MODEL_DIR:
         step_dir, model_dir = layout.parent(base), base
-    elif fs.isdir(f"{inner}/{layout.PRETRAINED_MODEL_DIR}"):
+    elif is_dir(layout.join(base, layout.PRETRAINED_MODEL_DIR)):
         step_dir, model_dir = base, layout.join(base, layout.PRETRAINED_MODEL_DIR)
     else:
         step_dir, model_dir = None, base

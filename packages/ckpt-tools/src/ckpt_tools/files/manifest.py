@@ -14,7 +14,7 @@ import hashlib
 import posixpath
 from typing import Any
 
-from ckpt_tools.errors import CorruptCheckpointError
+from ckpt_tools.errors import CorruptCheckpointError, Finding
 from ckpt_tools.files import storage
 from ckpt_tools.files.digest import Recorder
 from ckpt_tools.format import layout
@@ -88,8 +88,8 @@ def _normalized(step_dir: str, path: str, files: dict[str, dict[str, Any]]) -> d
     return normal
 
 
-def manifest_problems(step_dir: str, deep: bool = False, only: str | None = None) -> list[str] | None:
-    """One line per listed file that is missing, of another size or (with `deep`) of other bytes;
+def manifest_problems(step_dir: str, deep: bool = False, only: str | None = None) -> list[Finding] | None:
+    """One finding per listed file that is missing, of another size or (with `deep`) of other bytes;
     `only` limits the check to files under that subdirectory. None when there is no manifest."""
     files = read_manifest(step_dir)
     if files is None:
@@ -99,18 +99,22 @@ def manifest_problems(step_dir: str, deep: bool = False, only: str | None = None
         if only is not None and not name.startswith(only.rstrip("/") + "/"):
             continue
         path = layout.join(step_dir, name)
-        fs, inner = storage.resolve(path)
-        if not fs.exists(inner):
-            problems.append(f"{path} is missing; the manifest lists it")
-            continue
-        size = int(fs.size(inner))
-        if size != entry["size"]:
-            problems.append(
-                f"{path} has {size} bytes, the manifest says {entry['size']}: the file was changed"
-            )
-        elif deep and _sha256(path) != entry["sha256"]:
-            problems.append(f"{path}: its bytes differ from the manifest's sha256: the file was changed")
+        problem = _file_problem(path, entry, deep)
+        if problem is not None:
+            problems.append(Finding(path, problem))
     return problems
+
+
+def _file_problem(path: str, entry: dict[str, Any], deep: bool) -> str | None:
+    """What is wrong with one listed file, or None when it matches its entry."""
+    if not storage.exists(path):
+        return f"{path} is missing; the manifest lists it"
+    size = storage.size(path)
+    if size != entry["size"]:
+        return f"{path} has {size} bytes, the manifest says {entry['size']}: the file was changed"
+    if deep and _sha256(path) != entry["sha256"]:
+        return f"{path}: its bytes differ from the manifest's sha256: the file was changed"
+    return None
 
 
 def _sha256(path: str) -> str:

@@ -85,13 +85,12 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     a truncated or inconsistent one.
     """
     name = os.fspath(path)
-    fs, inner = storage.resolve(name)
-    if not fs.exists(inner):
+    if not storage.exists(name):
         raise CheckpointNotFoundError(f"{name}: no such file")
-    if fs.isdir(inner):
+    if storage.is_dir(name):
         raise NotACheckpointError(f"{name} is a directory, not a safetensors file")
     with storage.open_regular(name) as handle:
-        file_size = int(fs.size(inner))
+        file_size = storage.size(name)
         prefix = handle.read(_LENGTH_PREFIX)
         if len(prefix) < _LENGTH_PREFIX:
             raise CorruptCheckpointError(

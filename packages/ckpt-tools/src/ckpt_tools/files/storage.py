@@ -1,6 +1,10 @@
 """Filesystem access through fsspec, so a checkpoint reads the same from disk, `memory://` or a bucket.
 
 Local paths stay plain paths for the user; URLs with a protocol go to the matching fsspec filesystem.
+fsspec is imported only for a URL or a write: the read helpers (`exists`, `is_dir`, `is_file`, `size`,
+`list_names`, `list_files`, `read_bytes`, `open_regular`, `contained`, `check_links`) answer a plain
+local path with `os`, so `ckpt inspect` on a local checkpoint never pays fsspec's import (a quarter of
+the command). A `file://` URL goes through fsspec as before and is local disk for every check.
 A checkpoint's files are untrusted input (`untrusted`): `read_bytes` and `open_regular` read only
 regular files (a FIFO would block forever, a link to `/dev/zero` read until memory runs out), JSON is
 read under a size limit and parsed into one-line errors, and `contained` keeps a file name that a
@@ -15,16 +19,17 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Iterator
-from typing import IO, Any
-
-import fsspec
-from fsspec.core import url_to_fs
-from fsspec.implementations.local import LocalFileSystem
+from collections.abc import Callable, Iterator
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from ckpt_tools.errors import CheckpointNotFoundError, CorruptCheckpointError
 from ckpt_tools.format import layout
 from ckpt_tools.format.untrusted import MAX_CONFIG_BYTES, MAX_JSON_BYTES, describe, parse_json
+
+if TYPE_CHECKING:
+    import fsspec
+
+T = TypeVar("T")
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -46,9 +51,11 @@ def resolve(path: str | os.PathLike[str]) -> tuple[fsspec.AbstractFileSystem, st
     A URL's store takes its options (endpoint, credentials) from fsspec's configuration and the
     store's own environment variables, never from the path, so no secret is ever part of a path that
     a checkpoint records."""
+    from fsspec.core import url_to_fs
+
     text = os.fspath(path)
     if not layout.is_url(text):
-        return url_to_fs(os.path.abspath(os.path.expanduser(text)))
+        return url_to_fs(absolute(text))
     fs, inner = url_to_fs(text, **FSSPEC_OPTIONS)
     listing = getattr(_LISTED, "root", None)
     if listing is not None and (inner == listing[1] or inner.startswith(listing[1] + "/")):
@@ -66,10 +73,12 @@ def listed(root: str | os.PathLike[str]) -> Iterator[None]:
     one listing of everything below it, taken on entry, instead of a request each. For read-only walks
     (verifying a step asks about some twenty files): a write inside the block, or by another process
     meanwhile, is not seen. Local paths, and a block nested in another, read as they are."""
-    fs, inner = resolve(root)
-    if is_local(fs) or getattr(_LISTED, "root", None) is not None:
+    if local_path(root) is not None or getattr(_LISTED, "root", None) is not None:
         yield
         return
+    from fsspec.core import url_to_fs
+
+    _, inner = resolve(root)
     with _LISTING_LOCK:
         cached, _ = url_to_fs(os.fspath(root), use_listings_cache=True, listings_expiry_time=None)
         cached.invalidate_cache()
@@ -82,9 +91,74 @@ def listed(root: str | os.PathLike[str]) -> Iterator[None]:
             cached.invalidate_cache()
 
 
+def absolute(path: str | os.PathLike[str]) -> str:
+    """A local path as `resolve` names it inside the local filesystem: `~` expanded, made absolute."""
+    return os.path.abspath(os.path.expanduser(os.fspath(path)))
+
+
+def local_path(path: str | os.PathLike[str]) -> str | None:
+    """Where `path` lies on local disk, or None for a store. A plain path is answered without fsspec;
+    a `file://` URL is resolved by fsspec, as every local check (`contained`, links) must apply to it."""
+    text = os.fspath(path)
+    if not layout.is_url(text):
+        return absolute(text)
+    fs, inner = resolve(text)
+    return inner if is_local(fs) else None
+
+
+def _ask(path: str | os.PathLike[str], local: Callable[[str], T], method: str) -> T:
+    """One question about a path, asked of `os` on local disk (fsspec's local answers are `os.path`'s)
+    and of the store's filesystem (its `method`) otherwise."""
+    inner = local_path(path)
+    if inner is not None:
+        return local(inner)
+    fs, store_path = resolve(path)
+    answer: T = getattr(fs, method)(store_path)
+    return answer
+
+
 def exists(path: str | os.PathLike[str]) -> bool:
+    """Whether anything is there (a dangling local link is not)."""
+    return bool(_ask(path, os.path.exists, "exists"))
+
+
+def lexists(path: str | os.PathLike[str]) -> bool:
+    """`exists`, counting a local link even when it leads nowhere (a broken `last` is still a pointer)."""
+    local = local_path(path)
+    return os.path.lexists(local) if local is not None else exists(path)
+
+
+def is_link(path: str | os.PathLike[str]) -> bool:
+    """A local symlink; never on a store (stores have no links)."""
+    local = local_path(path)
+    return local is not None and os.path.islink(local)
+
+
+def is_dir(path: str | os.PathLike[str]) -> bool:
+    return bool(_ask(path, os.path.isdir, "isdir"))
+
+
+def is_file(path: str | os.PathLike[str]) -> bool:
+    return bool(_ask(path, os.path.isfile, "isfile"))
+
+
+def size(path: str | os.PathLike[str]) -> int:
+    """A file's size in bytes (a local link's target's)."""
+    return int(_ask(path, os.path.getsize, "size"))
+
+
+def list_files(path: str | os.PathLike[str]) -> dict[str, int | None]:
+    """The entries directly inside a directory: name -> size of a regular file, None for anything
+    else (a subdirectory, a link, a FIFO), as fsspec's detailed listing types them."""
+    local = local_path(path)
+    if local is not None:
+        with os.scandir(local) as entries:
+            return {e.name: e.stat().st_size if e.is_file(follow_symlinks=False) else None for e in entries}
     fs, inner = resolve(path)
-    return bool(fs.exists(inner))
+    listed = fs.ls(inner, detail=True)
+    return {
+        layout.name(e["name"]): int(e.get("size") or 0) if e.get("type") == "file" else None for e in listed
+    }
 
 
 def read_bytes(path: str | os.PathLike[str], limit: int | None = None) -> bytes:
@@ -117,10 +191,11 @@ def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:
     CorruptCheckpointError for anything that is not a regular file.
     """
     label = os.fspath(path)
-    fs, inner = resolve(label)
-    if not is_local(fs):
+    inner = local_path(label)
+    if inner is None:
+        fs, store_path = resolve(label)
         try:
-            kind = fs.info(inner).get("type")
+            kind = fs.info(store_path).get("type")
         except FileNotFoundError:
             raise CheckpointNotFoundError(f"{label}: no such file") from None
         if kind != "file":
@@ -168,9 +243,9 @@ def contained(root: str, name: Any, what: str) -> str:
             f"{root}: {what} names {describe(name)}, which is not valid text for a file name; the file is damaged"
         ) from None
     path = f"{root.rstrip('/')}/{name}"
-    fs, inner = resolve(path)
-    if is_local(fs):
-        base = os.path.realpath(resolve(root)[1])
+    inner = local_path(path)
+    if inner is not None:
+        base = os.path.realpath(local_path(root) or root)
         if os.path.commonpath([base, os.path.realpath(inner)]) != base:
             raise CorruptCheckpointError(
                 f"{root}: {what} names {describe(name)}, which is a link leading outside the directory: "
@@ -192,8 +267,8 @@ def check_links(root: str | os.PathLike[str]) -> None:
     Hugging Face cache snapshot (`.../models--ns--name/snapshots/<rev>/`) links into the same repo's
     `blobs/` are how the cache stores files, and are followed. Stores have no links; nothing to do.
     The walk stops at a step directory's depth, so a stray `ckpt inspect ~` stays quick."""
-    fs, inner = resolve(root)
-    if not is_local(fs) or not os.path.isdir(inner):
+    inner = local_path(root)
+    if inner is None or not os.path.isdir(inner):
         return
     base = os.path.realpath(inner)
     hub = _HUB_SNAPSHOT.match(base)
@@ -256,11 +331,16 @@ def open_sequential(path: str | os.PathLike[str]) -> Any:
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     """Local disk (a plain path or `file://`): the one store with atomic renames and symlinks."""
+    from fsspec.implementations.local import LocalFileSystem  # loaded with `fs`'s own fsspec
+
     return isinstance(fs, LocalFileSystem)
 
 
 def list_names(path: str | os.PathLike[str]) -> list[str]:
     """Names of the entries directly inside a directory, sorted; empty when it is not a directory."""
+    local = local_path(path)
+    if local is not None:
+        return sorted(os.listdir(local)) if os.path.isdir(local) else []
     fs, inner = resolve(path)
     if not fs.isdir(inner):
         return []

@@ -8,6 +8,7 @@ and torch is never imported, so describing a 100 GB checkpoint takes as long as 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,7 @@ from ckpt_tools.dcp.index import DcpIndex, read_dcp_index
 from ckpt_tools.dcp.roles import model_tensors, optimizer_tensors
 from ckpt_tools.errors import NotACheckpointError
 from ckpt_tools.files import locate, storage
-from ckpt_tools.files.safetensors_io import read_safetensors_header, read_weight_map
+from ckpt_tools.files.safetensors_io import SafetensorsHeader, read_safetensors_header, read_weight_map
 from ckpt_tools.format import layout
 from ckpt_tools.format.meta import LeRobotStep, TrainingStep
 
@@ -178,10 +179,17 @@ def safetensors_group(role: str, path: str) -> TensorGroup:
 
 def sharded_safetensors_group(role: str, index_path: str) -> TensorGroup:
     """All tensors of the shards a `model.safetensors.index.json` names, read from their headers."""
-    tensors: list[TensorSummary] = []
-    for shard in sorted(set(read_weight_map(index_path).values())):
-        header = read_safetensors_header(layout.join(layout.parent(index_path), shard))
-        tensors.extend(_summaries_from_header(header.tensors.values()))
+    shards = sorted(set(read_weight_map(index_path).values()))
+    headers = [read_safetensors_header(layout.join(layout.parent(index_path), shard)) for shard in shards]
+    return sharded_group_from_headers(role, index_path, headers)
+
+
+def sharded_group_from_headers(
+    role: str, index_path: str, headers: Iterable[SafetensorsHeader]
+) -> TensorGroup:
+    """The group of shards whose headers are already read (verify reads each once, to name a damaged
+    shard once)."""
+    tensors = [summary for header in headers for summary in _summaries_from_header(header.tensors.values())]
     return TensorGroup(role, SHARDED_SAFETENSORS, index_path, tuple(sorted(tensors, key=lambda t: t.name)))
 
 

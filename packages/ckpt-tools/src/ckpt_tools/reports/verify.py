@@ -5,21 +5,21 @@ Every check runs even after one fails, so a damaged checkpoint is explained in o
 file), every DCP chunk table (chunks tile each tensor without gaps or overlaps, records lie inside
 their `.distcp` files without sharing bytes, each missing or short file named), processor step files,
 adapter files, agreement of names, shapes and dtypes between the formats when a checkpoint holds more
-than one, and the `last` pointer a path goes through.
+than one, and the `last` pointer a path goes through. The tensor checks (headers, chunk tables,
+formats agreeing) are in `verify_groups`; every finding is keyed by the file it is about (`findings`),
+so the manifest's check names only files no other check found fault with.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from ckpt_tools.catalog import (
     ADAPTER,
     DCP,
-    EMA,
     LEROBOT,
     MODEL,
     OPTIMIZER,
@@ -29,19 +29,15 @@ from ckpt_tools.catalog import (
     WeightSet,
     catalog,
 )
-from ckpt_tools.dcp.chunk_tiling import dcp_index_problems
-from ckpt_tools.dcp.index import DcpIndex, dcp_file_problems, read_dcp_index
-from ckpt_tools.dcp.records import dcp_record_problems
-from ckpt_tools.errors import CheckpointError, CorruptCheckpointError, NotACheckpointError, one_line
+from ckpt_tools.errors import CheckpointError, CorruptCheckpointError, Finding, NotACheckpointError, one_line
 from ckpt_tools.files import commit, locate, storage
 from ckpt_tools.files.manifest import manifest_problems
-from ckpt_tools.files.safetensors_io import read_safetensors_header, read_weight_map
+from ckpt_tools.files.safetensors_io import read_safetensors_header
 from ckpt_tools.format import layout
 from ckpt_tools.format.adapter_config import adapter_config_problems
 from ckpt_tools.format.meta import CheckpointFormat, LeRobotStep, TrainingStep
-from ckpt_tools.reports.describe import TensorGroup, dcp_group_from_index, read_group
-
-T = TypeVar("T")
+from ckpt_tools.reports.findings import Findings
+from ckpt_tools.reports.verify_groups import compare_formats, verify_groups
 
 
 @dataclass(frozen=True)
@@ -65,30 +61,6 @@ class VerifyReport:
         }
 
 
-class _Findings:
-    """Collects problems instead of stopping at the first one."""
-
-    def __init__(self) -> None:
-        self.checked: list[str] = []
-        self.problems: list[str] = []
-
-    def run(self, what: str, func: Callable[..., T], *args: Any) -> T | None:
-        """Run one check; a CheckpointError becomes a problem, success records `what`."""
-        try:
-            result = func(*args)
-        except CheckpointError as exc:
-            self.problems.append(one_line(exc, expected=(Exception,)))
-            return None
-        self.checked.append(what)
-        return result
-
-    def extend(self, what: str, problems: Iterable[str]) -> None:
-        found = list(problems)
-        self.problems.extend(found)
-        if not found:
-            self.checked.append(what)
-
-
 def verify_checkpoint(path: str | os.PathLike[str], *, deep: bool = False) -> VerifyReport:
     """Check a step directory, `last`, an output_dir, a model directory or one `.safetensors` file.
 
@@ -97,7 +69,7 @@ def verify_checkpoint(path: str | os.PathLike[str], *, deep: bool = False) -> Ve
     verify (missing path, not a checkpoint); every other problem is listed in the report.
     """
     text = os.fspath(path)
-    findings = _Findings()
+    findings = Findings()
     try:
         target = commit.follow_last(text)
     except CorruptCheckpointError as exc:  # `last` leads nowhere a reader may go: that is the finding
@@ -108,11 +80,11 @@ def verify_checkpoint(path: str | os.PathLike[str], *, deep: bool = False) -> Ve
         return _verify_target(text, target, findings, deep)
 
 
-def _verify_target(text: str, target: str, findings: _Findings, deep: bool) -> VerifyReport:
+def _verify_target(text: str, target: str, findings: Findings, deep: bool) -> VerifyReport:
     cat = catalog(target)
     if cat.layout == SAFETENSORS_FILE:
-        findings.run(f"{target}: safetensors header", read_safetensors_header, target)
-        return VerifyReport(text, tuple(findings.checked), tuple(findings.problems))
+        findings.run(f"{target}: safetensors header", read_safetensors_header, target, about=target)
+        return VerifyReport(text, tuple(findings.checked), findings.problems)
     step_dir, model_dir, state_dir = cat.step_dir, cat.model_dir, cat.state_dir
     locations = list(cat.weight_sets)
     if layout.name(target) == layout.PRETRAINED_MODEL_DIR:  # the weights only (docs/format.md)
@@ -125,7 +97,7 @@ def _verify_target(text: str, target: str, findings: _Findings, deep: bool) -> V
             f"step directory, checkpoints/{layout.LAST} or a {layout.PRETRAINED_MODEL_DIR}/ directory"
         )
     if state_dir and not has_state:
-        findings.problems.append(f"{state_dir} is missing: the step directory is incomplete")
+        findings.add(state_dir, f"{state_dir} is missing: the step directory is incomplete")
     step = None
     if has_state and step_dir and state_dir:
         if cat.layout == LEROBOT:
@@ -134,30 +106,31 @@ def _verify_target(text: str, target: str, findings: _Findings, deep: bool) -> V
             step = _verify_training_state(findings, step_dir, state_dir)
     # --deep: the bytes of DCP records no manifest hashes (a bare DCP directory) are checked by CRC-32
     unhashed = deep and (step_dir is None or not storage.exists(layout.join(step_dir, layout.MANIFEST)))
-    groups = _verify_groups(findings, locations, records=unhashed)
+    groups = verify_groups(findings, locations, records=unhashed)
     _check_required(findings, step, locations, model_dir, state_dir)
     _verify_side_files(findings, model_dir, locations)
-    _compare_formats(findings, groups)
+    compare_formats(findings, groups)
     if step_dir is not None:
         only = layout.PRETRAINED_MODEL_DIR if state_dir is None else None
         _verify_manifest(findings, step_dir, deep, only)
     root = (step_dir or model_dir).rstrip("/") + "/"
     checked = tuple(item.removeprefix(root) for item in findings.checked)
-    return VerifyReport(text, checked, tuple(findings.problems))
+    return VerifyReport(text, checked, findings.problems)
 
 
 # --- training state --------------------------------------------------------------------------------
 
 
-def _verify_training_state(findings: _Findings, step_dir: str, state_dir: str) -> TrainingStep | None:
+def _verify_training_state(findings: Findings, step_dir: str, state_dir: str) -> TrainingStep | None:
     step = None
-    if _require(findings, layout.join(state_dir, layout.TRAINING_STEP), "the step directory is incomplete"):
-        step = findings.run(layout.TRAINING_STEP, locate.read_training_step, step_dir)
+    step_file = layout.join(state_dir, layout.TRAINING_STEP)
+    if _require(findings, step_file, "the step directory is incomplete"):
+        step = findings.run(layout.TRAINING_STEP, locate.read_training_step, step_dir, about=step_file)
     rng = layout.join(state_dir, layout.RNG_STATE)
     if storage.exists(rng):
-        findings.run(layout.RNG_STATE, read_safetensors_header, rng)
+        findings.run(layout.RNG_STATE, read_safetensors_header, rng, about=rng)
     else:
-        findings.problems.append(f"{rng} is missing: a resume could not restore the random state")
+        findings.add(rng, f"{rng} is missing: a resume could not restore the random state")
     for name, kind in (
         (layout.SCHEDULER_STATE, dict),
         (layout.SCALER_STATE, dict),
@@ -171,23 +144,25 @@ def _verify_training_state(findings: _Findings, step_dir: str, state_dir: str) -
     return step
 
 
-def _verify_manifest(findings: _Findings, step_dir: str, deep: bool, only: str | None) -> None:
-    """Sizes (and with `deep` digests) of the files the save listed; nothing for a step without one."""
-    problems = findings.run(layout.MANIFEST, manifest_problems, step_dir, deep, only)
+def _verify_manifest(findings: Findings, step_dir: str, deep: bool, only: str | None) -> None:
+    """Sizes (and with `deep` digests) of the files the save listed; nothing for a step without one.
+    A file another check already found fault with is not named twice (compared by path)."""
+    manifest = layout.join(step_dir, layout.MANIFEST)
+    problems = findings.run(layout.MANIFEST, manifest_problems, step_dir, deep, only, about=manifest)
     if problems is not None:
-        named = " ".join(findings.problems)  # a file another check already named is not named twice
-        fresh = [line for line in problems if line.split(" ", 1)[0].rstrip(":") not in named]
+        fresh = [finding for finding in problems if not findings.reported(finding.path)]
         findings.extend("sha256 of every listed file" if deep else "size of every listed file", fresh)
 
 
-def _verify_lerobot_state(findings: _Findings, state_dir: str) -> None:
+def _verify_lerobot_state(findings: Findings, state_dir: str) -> None:
     """LeRobot's `training_state/`: its step file, RNG state and optimizer files, all present and
     readable (it is not ours to resume, but a damaged one should not pass)."""
     source = layout.join(state_dir, layout.TRAINING_STEP)
-    findings.run(layout.TRAINING_STEP, _read_lerobot_step, source)
+    findings.run(layout.TRAINING_STEP, _read_lerobot_step, source, about=source)
     for name in (layout.RNG_STATE, layout.OPTIMIZER_SAFETENSORS):
-        if _require(findings, layout.join(state_dir, name), "LeRobot writes it with every checkpoint"):
-            findings.run(name, read_safetensors_header, layout.join(state_dir, name))
+        path = layout.join(state_dir, name)
+        if _require(findings, path, "LeRobot writes it with every checkpoint"):
+            findings.run(name, read_safetensors_header, path, about=path)
     if _require(findings, layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS), "LeRobot writes it too"):
         _check_json_if_present(findings, layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS), list)
 
@@ -198,7 +173,7 @@ def _read_lerobot_step(source: str) -> LeRobotStep:
 
 
 def _check_required(
-    findings: _Findings,
+    findings: Findings,
     step: TrainingStep | None,
     locations: list[WeightSet],
     model_dir: str,
@@ -209,7 +184,7 @@ def _check_required(
     if step is None:
         bare_dcp = any(loc.format == DCP and loc.path == model_dir for loc in locations)
         if not bare_dcp and not any(loc.role in (MODEL, ADAPTER) for loc in locations):
-            findings.problems.append(f"{model_dir} holds no model weights")
+            findings.add(model_dir, f"{model_dir} holds no model weights")
         return  # a DCP directory passed on its own (an optimizer_0/ too) is checked as what it holds
     role = ADAPTER if step.peft else MODEL
     fmt = step.checkpoint_format
@@ -217,28 +192,32 @@ def _check_required(
         (role, SAFETENSORS),
         (role, SHARDED_SAFETENSORS),
     }:
-        name = layout.ADAPTER_SAFETENSORS if step.peft else layout.MODEL_SAFETENSORS
-        findings.problems.append(f"{layout.join(model_dir, name)} is missing; checkpoint_format is {fmt!r}")
+        path = layout.join(model_dir, layout.ADAPTER_SAFETENSORS if step.peft else layout.MODEL_SAFETENSORS)
+        findings.add(path, f"{path} is missing; checkpoint_format is {fmt!r}")
     if CheckpointFormat(fmt).has_dcp and (role, DCP) not in present:
-        name = layout.ADAPTER_DCP_DIR if step.peft else layout.MODEL_DCP_DIR
-        findings.problems.append(f"{layout.join(model_dir, name)}/ is missing; checkpoint_format is {fmt!r}")
+        path = layout.join(model_dir, layout.ADAPTER_DCP_DIR if step.peft else layout.MODEL_DCP_DIR)
+        findings.add(path, f"{path}/ is missing; checkpoint_format is {fmt!r}")
     if state_dir is not None:
         _check_optimizer_files(findings, step, present, state_dir)
 
 
-def _check_optimizer_files(findings: _Findings, step: TrainingStep, present: set, state_dir: str) -> None:
+def _check_optimizer_files(findings: Findings, step: TrainingStep, present: set, state_dir: str) -> None:
     if (OPTIMIZER, DCP) in present:
         return
-    if step.topology.is_sharded and storage.exists(layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS)):
-        findings.problems.append(
+    gathered = layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS)
+    if step.topology.is_sharded and storage.exists(gathered):
+        findings.add(
+            gathered,
             f"{state_dir} holds a gathered {layout.OPTIMIZER_SAFETENSORS} from a sharded run (an older "
-            "release's layout): it cannot be resumed; its weights still load (--policy.path)"
+            "release's layout): it cannot be resumed; its weights still load (--policy.path)",
         )
         return
     if step.topology.is_sharded:
-        findings.problems.append(
-            f"{layout.join(state_dir, layout.OPTIMIZER_DCP_DIR)}/ is missing; a sharded run "
-            f"({step.topology.describe()}) stores its optimizer as DCP shards"
+        shards = layout.join(state_dir, layout.OPTIMIZER_DCP_DIR)
+        findings.add(
+            shards,
+            f"{shards}/ is missing; a sharded run ({step.topology.describe()}) stores its optimizer as "
+            "DCP shards",
         )
         return
     _require(findings, layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS), "the optimizer state is missing")
@@ -247,54 +226,60 @@ def _check_optimizer_files(findings: _Findings, step: TrainingStep, present: set
     )
 
 
-def _verify_side_files(findings: _Findings, model_dir: str, locations: list[WeightSet]) -> None:
+def _verify_side_files(findings: Findings, model_dir: str, locations: list[WeightSet]) -> None:
     for name in (layout.POLICY_CONFIG, layout.TRAIN_CONFIG, layout.ADAPTER_CONFIG):
         _check_json_if_present(findings, layout.join(model_dir, name), dict)
     adapter_config = layout.join(model_dir, layout.ADAPTER_CONFIG)
     if storage.exists(adapter_config):
-        findings.extend("adapter_config.json fields", _adapter_config_problems(adapter_config))
+        findings.extend_about(
+            "adapter_config.json fields", adapter_config, _adapter_config_problems(adapter_config)
+        )
     has_adapter = any(loc.role == ADAPTER for loc in locations)
     if has_adapter:
-        _require(findings, layout.join(model_dir, layout.ADAPTER_CONFIG), "adapter weights need their config")
-    elif storage.exists(layout.join(model_dir, layout.ADAPTER_CONFIG)):
-        findings.problems.append(
-            f"{layout.join(model_dir, layout.ADAPTER_CONFIG)} has no adapter weights beside it "
-            f"({layout.ADAPTER_SAFETENSORS} or {layout.ADAPTER_DCP_DIR}/): the adapter is incomplete"
+        _require(findings, adapter_config, "adapter weights need their config")
+    elif storage.exists(adapter_config):
+        findings.add(
+            adapter_config,
+            f"{adapter_config} has no adapter weights beside it "
+            f"({layout.ADAPTER_SAFETENSORS} or {layout.ADAPTER_DCP_DIR}/): the adapter is incomplete",
         )
     names = storage.list_names(model_dir)
     for processor in (layout.PREPROCESSOR, layout.POSTPROCESSOR):
         _verify_processor(findings, model_dir, processor, names)
 
 
-def _verify_processor(findings: _Findings, model_dir: str, processor: str, names: list[str]) -> None:
+def _verify_processor(findings: Findings, model_dir: str, processor: str, names: list[str]) -> None:
     """A processor is `<name>.json` plus `<name>_step_0..N-1.safetensors`, numbered without gaps."""
     config_name = layout.processor_config_name(processor)
     pattern = re.compile(rf"^{re.escape(processor)}_step_(\d+)\.safetensors$")
     indices = sorted(int(match[1]) for name in names if (match := pattern.match(name)))
+    config = layout.join(model_dir, config_name)
     if config_name not in names:
         if indices:
-            findings.problems.append(
-                f"{layout.join(model_dir, config_name)} is missing: {len(indices)} {processor} step "
-                "file(s) have no config"
+            findings.add(
+                config, f"{config} is missing: {len(indices)} {processor} step file(s) have no config"
             )
         return
-    _check_json_if_present(findings, layout.join(model_dir, config_name), dict)
-    named = findings.run(f"{processor} state files", _named_state_files, layout.join(model_dir, config_name))
+    _check_json_if_present(findings, config, dict)
+    named = findings.run(f"{processor} state files", _named_state_files, config, about=config)
     if named:
         _verify_named_state_files(findings, model_dir, processor, [n for n in named if n])
         return
     gaps = sorted(set(range(indices[-1] + 1)) - set(indices)) if indices else []
+    missing = [layout.join(model_dir, layout.processor_step_name(processor, index)) for index in gaps]
     findings.extend(
         f"{processor} steps",
         (
-            f"{layout.join(model_dir, layout.processor_step_name(processor, index))} is missing: "
-            f"{processor} steps must be numbered 0..{indices[-1]} without gaps"
-            for index in gaps
+            Finding(
+                path, f"{path} is missing: {processor} steps must be numbered 0..{indices[-1]} without gaps"
+            )
+            for path in missing
         ),
     )
     for index in indices:
         name = layout.processor_step_name(processor, index)
-        findings.run(name, read_safetensors_header, layout.join(model_dir, name))
+        path = layout.join(model_dir, name)
+        findings.run(name, read_safetensors_header, path, about=path)
 
 
 def _named_state_files(config_path: str) -> list[str | None] | None:
@@ -305,14 +290,14 @@ def _named_state_files(config_path: str) -> list[str | None] | None:
     return layout.named_state_files(config, config_path)
 
 
-def _verify_named_state_files(findings: _Findings, model_dir: str, processor: str, names: list[str]) -> None:
+def _verify_named_state_files(findings: Findings, model_dir: str, processor: str, names: list[str]) -> None:
     """Each state file a processor config names (LeRobot's `state_file`) exists and reads."""
     for name in names:
         path = layout.join(model_dir, name)
         if _require(
             findings, path, f"{layout.processor_config_name(processor)} names it as a step's state_file"
         ):
-            findings.run(name, read_safetensors_header, path)
+            findings.run(name, read_safetensors_header, path, about=path)
 
 
 def _adapter_config_problems(path: str) -> list[str]:
@@ -324,141 +309,25 @@ def _adapter_config_problems(path: str) -> list[str]:
     return adapter_config_problems(config, path) if isinstance(config, dict) else []
 
 
-def _require(findings: _Findings, path: str, why: str) -> bool:
+def _require(findings: Findings, path: str, why: str) -> bool:
     """Record a problem when `path` is missing; return whether it exists."""
     if storage.exists(path):
         return True
-    findings.problems.append(f"{path} is missing: {why}")
+    findings.add(path, f"{path} is missing: {why}")
     return False
 
 
-def _check_json_if_present(findings: _Findings, path: str, kind: type[dict] | type[list]) -> None:
+def _check_json_if_present(findings: Findings, path: str, kind: type[dict] | type[list]) -> None:
     """A JSON side file, when present, parses to the kind the format gives it (object or list)."""
     if not storage.exists(path):
         return
     try:
         data = storage.read_json(path)
     except CheckpointError as exc:
-        findings.problems.append(one_line(exc, expected=(Exception,)))
+        findings.add(path, one_line(exc, expected=(Exception,)))
         return
     if not isinstance(data, kind):
         expected = "an object" if kind is dict else "a list"
-        findings.problems.append(
-            f"{path} must hold {expected}, not {type(data).__name__}; the file is damaged"
-        )
+        findings.add(path, f"{path} must hold {expected}, not {type(data).__name__}; the file is damaged")
         return
     findings.checked.append(layout.name(path))
-
-
-# --- tensor groups ---------------------------------------------------------------------------------
-
-
-def _verify_groups(
-    findings: _Findings, locations: list[WeightSet], *, records: bool = False
-) -> list[TensorGroup]:
-    groups = []
-    indexes: dict[str, DcpIndex | None] = {}  # a DCP directory may hold two roles (torchtitan's)
-    for location in locations:
-        if location.format == DCP:
-            group = None
-            if location.path not in indexes:
-                index = findings.run(f"{location.path}: .metadata", _read_index_only, location.path)
-                if index is not None:
-                    findings.extend(f"{location.path}: files", dcp_file_problems(index))
-                    findings.extend(f"{location.path}: chunks", dcp_index_problems(index))
-                    if records:
-                        findings.extend(
-                            f"{location.path}: chunk records (CRC-32)", dcp_record_problems(index)
-                        )
-                indexes[location.path] = index
-            index = indexes[location.path]
-            if index is not None:
-                what = f"{location.path}: {location.role} keys"
-                group = findings.run(what, dcp_group_from_index, location.role, index)
-        else:
-            group = findings.run(f"{location.path}: headers", read_group, location)
-        if location.format == SHARDED_SAFETENSORS:
-            findings.extend(f"{location.path}: weight map", _weight_map_problems(location.path))
-        if group is not None:
-            groups.append(group)
-    return groups
-
-
-def _read_index_only(path: str) -> DcpIndex:
-    """The chunk table without the file checks, which `dcp_file_problems` lists one by one."""
-    return read_dcp_index(path, check_files=False)
-
-
-def _weight_map_problems(index_path: str) -> list[str]:
-    """Each tensor of the index lives in the shard it names, and each shard tensor is indexed."""
-    try:
-        weight_map = read_weight_map(index_path)
-    except CheckpointError:
-        return []  # already reported when the group was read
-    base = layout.parent(index_path)
-    problems = []
-    for shard in sorted(set(weight_map.values())):
-        try:
-            header = read_safetensors_header(layout.join(base, shard))
-        except CheckpointError as exc:
-            problems.append(one_line(exc, expected=(Exception,)))
-            continue
-        listed = {name for name, file in weight_map.items() if file == shard}
-        problems += [
-            f"{index_path}: {name!r} is not in {shard}" for name in sorted(listed - set(header.tensors))
-        ]
-        problems += [
-            f"{index_path}: {shard} holds {name!r}, which the index does not list"
-            for name in sorted(set(header.tensors) - listed)
-        ]
-    return problems
-
-
-def _compare_formats(findings: _Findings, groups: list[TensorGroup]) -> None:
-    """Two groups of the same role (model safetensors and model DCP) must hold the same tensors."""
-    by_role: dict[str, list[TensorGroup]] = {}
-    for group in groups:
-        by_role.setdefault(group.role, []).append(group)
-    for role, same in by_role.items():
-        if role == OPTIMIZER:
-            continue  # safetensors and DCP optimizer state use different key schemes
-        for other in same[1:]:
-            findings.extend(f"{same[0].label} and {other.label} agree", _group_differences(same[0], other))
-    weights = by_role.get(ADAPTER) or by_role.get(MODEL) or []
-    for ema in by_role.get(EMA, []) if weights else []:
-        findings.extend(f"{ema.label} averages {weights[0].label}", _ema_differences(ema, weights[0]))
-
-
-def _ema_differences(ema: TensorGroup, weights: TensorGroup) -> list[str]:
-    """The EMA averages some of the weights (the trained parameters): each of its tensors MUST be one of
-    theirs, with the same shape and dtype, or loading it in their place would not fit the model."""
-    theirs = {t.name: t for t in weights.tensors}
-    problems = []
-    for tensor in ema.tensors:
-        mine = theirs.get(tensor.name)
-        if mine is None:
-            problems.append(f"{tensor.name!r} is in {ema.label} but not in {weights.label}")
-        elif (mine.shape, mine.dtype) != (tensor.shape, tensor.dtype):
-            problems.append(
-                f"{tensor.name!r} is {tensor.dtype}{list(tensor.shape)} in {ema.label} but "
-                f"{mine.dtype}{list(mine.shape)} in {weights.label}"
-            )
-    return problems
-
-
-def _group_differences(a: TensorGroup, b: TensorGroup) -> list[str]:
-    left = {t.name: t for t in a.tensors}
-    right = {t.name: t for t in b.tensors}
-    problems = [
-        f"{name!r} is in {a.label} but not in {b.label}" for name in sorted(left.keys() - right.keys())
-    ]
-    problems += [
-        f"{name!r} is in {b.label} but not in {a.label}" for name in sorted(right.keys() - left.keys())
-    ]
-    for name in sorted(left.keys() & right.keys()):
-        x, y = left[name], right[name]
-        if (x.shape, x.dtype) != (y.shape, y.dtype):
-            problems.append(
-                f"{name!r} is {x.dtype}{list(x.shape)} in {a.label} but {y.dtype}{list(y.shape)} in {b.label}"
-            )
-    return problems
