@@ -66,8 +66,9 @@ PUBLIC = {
     "CheckpointFormat",
     "one_line",
     "main_decides",
-    # every directory and file name of the format
+    # every directory and file name of the format; file access on local disk or any fsspec store
     "layout",
+    "storage",
 }
 
 

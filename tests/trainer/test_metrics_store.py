@@ -18,16 +18,16 @@ def train_steps(text: str) -> list[int]:
 
 @pytest.fixture
 def metrics_writes(monkeypatch) -> list[str]:
-    """The whole-object writes of metrics.jsonl (run_files.write_bytes), in order."""
+    """The whole-object writes of metrics.jsonl (storage.write_bytes), in order."""
     writes: list[str] = []
-    write = metrics.run_files.write_bytes
+    write = metrics.storage.write_bytes
 
     def counted(path: str, data: bytes) -> None:
         if path.endswith(METRICS_FILE):
             writes.append(path)
         write(path, data)
 
-    monkeypatch.setattr(metrics.run_files, "write_bytes", counted)
+    monkeypatch.setattr(metrics.storage, "write_bytes", counted)
     return writes
 
 

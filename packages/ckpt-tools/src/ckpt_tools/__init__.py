@@ -61,15 +61,16 @@ _EXPORTS: dict[str, str] = {
     "verify_checkpoint": "ckpt_tools.reports.verify",
 }
 
-# public modules: `layout` holds every directory and file name of the format (torch-free constants)
-_MODULES = ("layout",)
+# public modules: `layout` holds every directory and file name of the format (torch-free constants);
+# `storage` reads and writes files on local disk or any fsspec store, as the checkpoints do
+_MODULES: dict[str, str] = {"layout": "ckpt_tools.format.layout", "storage": "ckpt_tools.files.storage"}
 
 __all__ = sorted([*_EXPORTS, *_MODULES])
 
 
 def __getattr__(name: str) -> Any:
     if name in _MODULES:
-        return importlib.import_module(f"ckpt_tools.format.{name}")
+        return importlib.import_module(_MODULES[name])
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'ckpt_tools' has no attribute {name!r}")

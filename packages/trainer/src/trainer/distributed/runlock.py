@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ckpt_tools import layout
+from ckpt_tools import layout, storage
 from trainer.errors import ConfigError, RunFailedError
 
 LOCK_FILE = "trainer.lock"
@@ -158,9 +158,7 @@ class _BucketStore:
     only the version that was read. Best effort: a store that ignores these headers locks nothing."""
 
     def __init__(self, url: str) -> None:
-        from trainer.reporting.run_files import resolve
-
-        self.fs, self.path = resolve(url)
+        self.fs, self.path = storage.resolve(url)
 
     def create(self, text: str) -> bool:
         try:

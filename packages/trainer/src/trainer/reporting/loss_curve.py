@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.reporting import run_files
+from ckpt_tools import storage
 
 
 @dataclass
@@ -32,11 +32,16 @@ class History:
         self.resumes = [s for s in self.resumes if s < step]
 
 
+def read_text_or_empty(path: str | os.PathLike[str]) -> str:
+    """A run file's text (local or on a store); empty before the run first wrote it."""
+    return storage.read_text(path) if storage.exists(path) else ""
+
+
 def read_history(path: str | os.PathLike[str]) -> History:
     """The history of the run whose latest segment writes `path` (empty when there is no file); a local
     path or a URL."""
     history, fresh = History(), False
-    lines = run_files.read_text(path).splitlines()
+    lines = read_text_or_empty(path).splitlines()
     for line in lines:
         try:
             record = json.loads(line)
@@ -66,7 +71,7 @@ def plot(history: History, path: str | os.PathLike[str], title: str) -> None:
     image = io.BytesIO()
     fig.savefig(image, format="png", dpi=100)
     plt.close(fig)
-    run_files.write_bytes(path, image.getvalue())
+    storage.write_bytes(path, image.getvalue())
 
 
 def draw(history: History, title: str) -> Any:

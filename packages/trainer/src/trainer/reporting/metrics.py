@@ -3,7 +3,7 @@ experiment trackers (trackers.py) that the run enables.
 
 Non-main ranks get a `NullLogger` with the same methods, so the loop calls the logger on every rank
 and never branches on the rank itself. The files go where the checkpoints go: a local directory or any
-fsspec URL (`s3://bucket/run`, run_files.py).
+fsspec URL (`s3://bucket/run`, through `ckpt_tools.storage`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from typing import Any, Protocol
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ckpt_tools import layout
+from ckpt_tools import layout, storage
 from trainer.config.train import TrainConfig
 from trainer.errors import RunFailedError
-from trainer.reporting import run_files
-from trainer.reporting.loss_curve import plot, read_history
+from trainer.reporting.loss_curve import plot, read_history, read_text_or_empty
 from trainer.reporting.trackers import GuardedTrackers, start_trackers
 
 METRICS_FILE = "metrics.jsonl"
@@ -63,12 +62,11 @@ class MetricsLogger:
     def __init__(
         self, output_dir: str, total_steps: int, start_step: int, config: TrainConfig | None = None
     ) -> None:
-        fs, inner = run_files.resolve(output_dir)
-        fs.makedirs(inner, exist_ok=True)
+        storage.makedirs(output_dir)
         self.dir = output_dir.rstrip("/")
         self.path = f"{self.dir}/{METRICS_FILE}"
         # Objects cannot be appended to: on a store the file is rewritten whole from this copy.
-        self.text = None if run_files.is_local(fs) else run_files.read_text(self.path)
+        self.text = None if storage.local_path(output_dir) is not None else read_text_or_empty(self.path)
         self._unwritten = False  # on a store: `text` holds records the object does not have yet
         self.write_failure: str | None = None  # set by a failed write, raised by `check_writes`
         self._written_at = time.monotonic()
@@ -130,7 +128,7 @@ class MetricsLogger:
         line = json.dumps(record, sort_keys=True) + "\n"
         if self.text is None:
             if self.write_failure is None:
-                with self._writing(), open(run_files.resolve(self.path)[1], "a", encoding="utf-8") as handle:
+                with self._writing(), open(storage.absolute(self.path), "a", encoding="utf-8") as handle:
                     handle.write(line)
         else:
             self.text += line
@@ -142,7 +140,7 @@ class MetricsLogger:
         """Write the records a store's metrics.jsonl does not have yet (local records are on disk)."""
         if self.text is not None and self._unwritten and self.write_failure is None:
             with self._writing():
-                run_files.write_bytes(self.path, self.text.encode("utf-8"))
+                storage.write_bytes(self.path, self.text.encode("utf-8"))
                 self._unwritten = False
                 self._written_at = time.monotonic()
 
