@@ -39,7 +39,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def hsdp_runs(runs: Path) -> Path:
     """The 4-rank launch, after the 2-rank one whose FSDP2 step it resumes."""
-    run_torchrun(SCRIPTS / "ema_run.py", 4, str(runs), "hsdp", timeout=240)
+    launch = run_torchrun(SCRIPTS / "ema_run.py", 4, str(runs), "hsdp", timeout=240)
+    (runs / "hsdp_launch.log").write_text(launch.stdout)
     return runs
 
 
@@ -79,6 +80,21 @@ def test_hsdp_shadow_is_the_reference_and_resumes_from_fsdp2(hsdp_runs: Path) ->
     got, want = final_ema(hsdp_runs, "fsdp2_to_hsdp"), final_ema(hsdp_runs, "fsdp2")
     for name, tensor in want.items():
         torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-7)
+
+
+def test_hsdp_with_checkpointing_and_compile_is_the_plain_hsdp_run(hsdp_runs: Path) -> None:
+    """HSDP 2x2 with every wrap unit checkpointed and compiled: the same weights and EMA bit for bit,
+    saved under the plain policy's names in both formats (no `_orig_mod.`, no checkpoint wrapper)."""
+    from ckpt_tools.tensors.tensor_io import read_dcp_full
+
+    log = (hsdp_runs / "hsdp_launch.log").read_text()
+    assert "torch.compile: 2 units, backend aot_eager" in log and "activation checkpointing: 2 units" in log
+    plain, fast = (hsdp_runs / run / "checkpoints" / "000004" for run in ("hsdp", "hsdp_compiled"))
+    assert_equal(ckpt_tools.load_model_state_dict(fast), ckpt_tools.load_model_state_dict(plain))
+    assert_equal(final_ema(hsdp_runs, "hsdp_compiled"), final_ema(hsdp_runs, "hsdp"))
+    shards = read_dcp_full(str(fast / "pretrained_model" / "pytorch_model_fsdp_0"))
+    assert_equal(shards, read_dcp_full(str(plain / "pretrained_model" / "pytorch_model_fsdp_0")))
+    assert not any("_orig_mod" in name or "checkpoint_wrapped" in name for name in shards)
 
 
 def test_the_end_of_run_rollouts_say_they_score_the_ema(runs: Path) -> None:

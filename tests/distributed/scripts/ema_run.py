@@ -17,6 +17,7 @@ kept on its shards must equal it.
 `peft_r`  resumes `peft` at step 2 on the same topology (the shadow read under the adapter's names).
 hsdp (4 ranks, the same global batch of 16):
 `hsdp`    HSDP 2x2, safetensors + dcp.
+`hsdp_compiled` the same with activation checkpointing and compile (aot_eager) on every wrap unit.
 `fsdp2_to_hsdp` resumes `fsdp2` at step 2 under HSDP 2x2 (its DCP shadow resharded onto the 2-D mesh).
 """
 
@@ -119,8 +120,14 @@ TWO = {
     ],
 }
 HSDP = ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--batch_size=4"]
+TRANSFORMS = [  # aot_eager: compile's graph capture and autograd without inductor's C++ build
+    "--accelerator.activation_checkpointing=true",
+    "--accelerator.compile=true",
+    "--accelerator.compile_backend=aot_eager",
+]
 FOUR = {
     "hsdp": flags("hsdp", *HSDP, "--checkpoint_format=safetensors_dcp"),
+    "hsdp_compiled": flags("hsdp_compiled", *HSDP, "--checkpoint_format=safetensors_dcp", *TRANSFORMS),
     "fsdp2_to_hsdp": [
         *flags("fsdp2_to_hsdp", *HSDP, "--checkpoint_format=dcp"),
         "--resume=true",
