@@ -52,7 +52,8 @@ def bench(session: nox.Session) -> None:
     resume peak RSS per rank vs a fresh start), then activation checkpointing's saved activations and
     step time and compile's step time against a plain policy, then the save stall of --async_save against a
     synchronous save, then the bucket benchmark (peak RSS of `ckpt convert` and `ckpt push` streaming
-    from and to moto's S3 server, against the S3 client's floor and a local conversion), then the start
+    from and to moto's S3 server, against the S3 client's floor and a local conversion), then what
+    --save_checkpoint_to_hub costs a run against the same run without pushes (loopback Hub), then the start
     time of `ckpt inspect --json` against `hf version`, then the ACT benchmark (two 96x96 cameras:
     trainer step time vs a bare FSDP2 loop, peak RSS with the trunk frozen vs trained).
 
@@ -68,6 +69,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_compile.py")
     session.run("python", "benchmarks/bench_async_save.py")
     session.run("python", "benchmarks/bench_bucket.py")
+    session.run("python", "benchmarks/bench_hub_push.py")
     session.run("python", "benchmarks/bench_cli.py")
     session.run("python", "benchmarks/bench_act.py")
 

@@ -106,6 +106,7 @@ class CheckpointPusher:
     def close(self) -> None:
         """Wait for the push in flight and the one waiting, then say which steps failed. A second
         interrupt ends the wait (and the process) at once."""
+        self.poll()
         with self._lock:
             busy = self._in_flight
         if busy is not None:
