@@ -178,6 +178,7 @@ MUTATION_TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
         ),
     ),
     "publish": ("tools/publish.py", ("test_publish_hub.py", "test_publish_files.py")),
+    "hub_commit": ("tools/hub_commit.py", ("test_publish_hub.py",)),
 }
 
 # cosmic-ray replaces each arithmetic/bitwise operator by ten others; keep one replacement per site

@@ -26,7 +26,7 @@ from huggingface_hub.errors import HfHubHTTPError
 from publish_fixtures import DATASET, POLICY_TYPE, SINGLE_FILES, make_step_dir, sha256, snapshot
 
 from ckpt_tools import PublishError, UsageError, layout, publish_model
-from ckpt_tools.tools.publish import _map_hub_failure
+from ckpt_tools.tools.hub_commit import _map_hub_failure
 
 TOKEN = "hf_loopbackSECRETtoken1234567890"
 REPO = "acme/act-pusht"
