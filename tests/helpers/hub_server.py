@@ -15,8 +15,8 @@ import base64
 import hashlib
 import json
 import re
+import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -63,6 +63,7 @@ class HubState:
     failures: dict[str, int] = field(default_factory=dict)
     failures_left: dict[str, int] = field(default_factory=dict)  # route -> forced failures still to answer
     delays: dict[str, float] = field(default_factory=dict)
+    released: threading.Event = field(default_factory=threading.Event)  # ends the waits of `slow`
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -118,8 +119,8 @@ class _Handler(BaseHTTPRequestHandler):
             if state.failures_left.get(route, 0) > 0:
                 state.failures_left[route] -= 1
                 forced = 500
-            delay = state.delays.get(route, 0.0)
-        time.sleep(delay)  # outside the lock: other requests go on meanwhile
+            delay, released = state.delays.get(route, 0.0), state.released
+        released.wait(delay)  # outside the lock: other requests go on meanwhile
         try:
             if forced is not None:
                 raise HubError(forced, f"forced {forced} on {route}")
@@ -285,6 +286,13 @@ class _Server(ThreadingHTTPServer):
         self.state = state
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (a trainer killed mid-upload) is part of the tests, not an error:
+        socketserver would print its traceback into whichever test's stderr is captured by then."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
 
 class HubServer:
     """Start with `with HubServer() as hub:`; point the client at `hub.url`."""
@@ -305,6 +313,7 @@ class HubServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.state.released.set()  # no handler thread outlives the server in a wait
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
@@ -320,9 +329,13 @@ class HubServer:
             self.state.failures_left[route] = times
 
     def slow(self, route: str, seconds: float) -> None:
-        """Wait `seconds` before answering each request to `route` (an upload in flight, for longer)."""
+        """Wait `seconds` before answering each request to `route` (an upload in flight, for longer);
+        0 also ends the waits in progress."""
         with self.state.lock:
             self.state.delays[route] = seconds
+            if not seconds:
+                self.state.released.set()
+                self.state.released = threading.Event()
 
     def repo(self, repo_id: str) -> Repo:
         return self.state.repos[repo_id]
