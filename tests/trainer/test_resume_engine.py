@@ -24,8 +24,8 @@ from ckpt_tools.tensors.tensor_io import read_safetensors
 from helpers.pickle_payload import malicious_dcp_metadata
 from trainer.cli.parse import parse_config
 from trainer.config.train import encode_config
-from trainer.data.processors import build_processors
-from trainer.data.sampler import GlobalOrderSampler
+from trainer.data.pipeline.processors import build_processors
+from trainer.data.pipeline.sampler import GlobalOrderSampler
 from trainer.engine import checkpointing, resume
 from trainer.engine.plan import resolve_policy_features, settle_checkpoint_format, settle_parallelism
 from trainer.errors import ConfigError

@@ -14,7 +14,7 @@ outside one). Its config is a `DatasetConfig` subclass whose `load()` returns an
   shaped (C, 1, 1), on the [0, 1] scale);
 - `episode_bounds()`: one `[start, end)` frame range per episode;
 - optionally `gather_in_workers = True`: `gather` decodes (cameras), so the input pipeline runs it in
-  DataLoader workers (data/loader.py); in-memory data is gathered in the training process.
+  DataLoader workers (data/pipeline/loader.py); in-memory data is gathered in the training process.
 
 `ArrayDataset` implements all of it over in-memory arrays, so a new dataset only has to produce
 observations, actions and episode lengths.

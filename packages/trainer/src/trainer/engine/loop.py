@@ -24,9 +24,9 @@ import torch
 import ckpt_tools
 from trainer.config.dataset import Dataset
 from trainer.config.train import TrainConfig
-from trainer.data import loader
-from trainer.data.processors import Processor, build_processors, observation_batch
-from trainer.data.sampler import GlobalOrderSampler
+from trainer.data.pipeline import loader
+from trainer.data.pipeline.processors import Processor, build_processors, observation_batch
+from trainer.data.pipeline.sampler import GlobalOrderSampler
 from trainer.distributed.factory import build_accelerator, prepare
 from trainer.distributed.interrupt import Agreement, Interrupted, Interrupts
 from trainer.distributed.runlock import RunLock, watch_launcher
@@ -269,7 +269,7 @@ def _run_steps(
 
 def _batches(run: Run, steps: range) -> Iterator[dict[str, torch.Tensor]]:
     """This rank's batches of `steps` in the global sample order, on the training device, augmented
-    when the data says so (data/loader.py); the preprocessor runs on them there (cameras arrive as
+    when the data says so (data/pipeline/loader.py); the preprocessor runs on them there (cameras arrive as
     uint8, or as augmented floats)."""
     config, accelerator = run.config, run.accelerator
     settings = loader.LoaderSettings(

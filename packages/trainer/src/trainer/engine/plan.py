@@ -25,7 +25,7 @@ from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import Dataset
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.train import TrainConfig
-from trainer.data.renamed import load_renamed
+from trainer.data.pipeline.renamed import load_renamed
 from trainer.distributed.factory import check_accelerate_env
 from trainer.distributed.topology import check_checkpoint_format, resolve_topology
 from trainer.engine import checkpointing, publishing

@@ -23,7 +23,7 @@ import torch
 import ckpt_tools
 from ckpt_tools import ResumePlan, RunShape, Topology, layout
 from trainer.config.train import TrainConfig
-from trainer.data.sampler import GlobalOrderSampler
+from trainer.data.pipeline.sampler import GlobalOrderSampler
 from trainer.engine.peft_policy import saved_weight_shapes
 from trainer.errors import USER_ERRORS, CannotResumeError, ConfigError
 

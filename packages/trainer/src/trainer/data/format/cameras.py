@@ -22,9 +22,16 @@ import numpy as np
 import torch
 
 from trainer.config.dataset import Stats
-from trainer.data import lerobot_format as fmt
 from trainer.data.dataset import IMAGENET_STATS, ArrayDataset
-from trainer.data.decode import DecodeError, VideoReader, decode_image, open_video, tolerance, video_duration
+from trainer.data.format import metadata as fmt
+from trainer.data.format.decode import (
+    DecodeError,
+    VideoReader,
+    decode_image,
+    open_video,
+    tolerance,
+    video_duration,
+)
 
 FRAME_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 
