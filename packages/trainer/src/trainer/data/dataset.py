@@ -83,6 +83,7 @@ class ArrayDataset:
         self.episode_last = torch.repeat_interleave(ends - 1, lengths)
         self.input_features = list(input_features)
         self._stats = stats
+        self.notes: list[str] = []  # lines the run's banner prints about this data (frames skipped...)
         self.images = {
             name: torch.as_tensor(frames) for name, frames in (images or {}).items() if name in input_features
         }

@@ -415,6 +415,7 @@ def _data_banner(run: Run) -> list[str]:
     held_out = f"; held out for val_loss: {frames(run.val_dataset)}" if run.val_dataset is not None else ""
     return [
         *run.config.dataset.banner(),
+        *getattr(run.dataset, "notes", []),
         f"data {run.config.dataset.type}: {frames(run.dataset)}{held_out}; observation = "
         f"{' + '.join(run.dataset.input_features)} ({run.dataset.obs_dim} values), action {run.dataset.action_dim} values",
     ]
