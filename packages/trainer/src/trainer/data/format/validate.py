@@ -150,7 +150,8 @@ def check_ranges(path: Path, episodes: np.ndarray, starts: np.ndarray, ends: np.
     if bad.size:
         i = int(bad[0])
         raise ConfigError(
-            f"{path}: episode {episodes[i]} has dataset_from_index {starts[i]} >= dataset_to_index {ends[i]}; "
+            f"{path}: episode {episodes[i]} has dataset_from_index {starts.tolist()[i]} >= dataset_to_index "
+            f"{ends.tolist()[i]}; "
             f"an episode holds at least one frame: {_REWRITE}"
         )
 
@@ -167,8 +168,8 @@ def check_video_rows(path: Path, key: str, columns: dict[str, np.ndarray]) -> No
     if bad.size:
         i = int(bad[0])
         raise ConfigError(
-            f"{path}: episode {episodes[i]} of {key} has from_timestamp {starts[i]} and to_timestamp "
-            f"{ends[i]}; they must be finite with 0 <= from < to: {_REWRITE}"
+            f"{path}: episode {episodes[i]} of {key} has from_timestamp {starts.tolist()[i]} and to_timestamp "
+            f"{ends.tolist()[i]}; they must be finite with 0 <= from < to: {_REWRITE}"
         )
 
 
@@ -179,7 +180,7 @@ def _check_indices(path: Path, column: str, episodes: np.ndarray, values: np.nda
     if bad.size:
         i = int(bad[0])
         raise ConfigError(
-            f"{path}: {column} of row {i} (episode {episodes[i]}) is {values[i]!r}, not an index >= 0; "
+            f"{path}: {column} of row {i} (episode {episodes[i]}) is {values.tolist()[i]!r}, not an index >= 0; "
             f"the metadata is damaged: {_REWRITE}"
         )
 
