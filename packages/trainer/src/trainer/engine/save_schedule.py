@@ -17,7 +17,7 @@ from functools import partial
 import ckpt_tools
 from trainer.config.train import TrainConfig
 from trainer.distributed.interrupt import Agreement, Interrupted
-from trainer.engine import checkpointing
+from trainer.engine import checkpointing, disk_forecast
 from trainer.engine.hub_pushes import CheckpointPusher
 from trainer.engine.run import Run
 from trainer.errors import USER_ERRORS, RunFailedError
@@ -87,8 +87,11 @@ class SaveSchedule:
             self._committed(checkpointing.save(self.run.config, state, keep=keep, **objects))
 
     def _committed(self, step_dir: str) -> None:
-        self.last_checkpoint = step_dir
+        first, self.last_checkpoint = self.last_checkpoint is None, step_dir
         self.logger.note(f"checkpoint {step_dir}")
+        if first:  # will the rest of the run's checkpoints fit on this disk?
+            line, record = disk_forecast.first_save_note(step_dir, self.run.config)
+            self.logger.note(line, **record)
         if self.pushes is not None:
             self.pushes.submit(step_dir)
 
