@@ -202,7 +202,9 @@ def _opened_image(data: bytes | None, where: str, size: tuple[int, int]) -> Iter
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as exc:
-        raise DecodeError(f"{where}: {exc}; the image is not the camera's, re-write the dataset") from None
+        raise DecodeError(
+            f"{where}: {str(exc).rstrip('.')}; the image is not the camera's, re-write the dataset"
+        ) from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise DecodeError(_undecodable(where, exc)) from None
     with image:
