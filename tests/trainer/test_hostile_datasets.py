@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import struct
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -592,3 +593,25 @@ def test_a_declared_huge_frame_allocates_nothing(name, size, damaged, tmp_path) 
     )
     result = run_child(_PEAK, str(valid), str(root))
     assert result["line"] and result["growth_kib"] < 20 * 1024, result
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", ["fps NaN", "garbage images found in the workers"])
+def test_two_ranks_end_in_one_line_each_in_bounded_time(name, damaged, tmp_path, monkeypatch) -> None:
+    """2 gloo ranks with 2 workers each: a damage found at open and one found in the workers end every
+    rank with the case's line, no traceback, well within the launch's timeout."""
+    from helpers.launch import no_traceback_from_us, run_torchrun
+
+    tests = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]))
+    damage = next(d for d in DAMAGES if d.name == name)
+    args = [f"--dataset.root={damaged(damage)}", f"--policy.type={CAMERA_POLICY}", "--num_workers=2"]
+    args += ["--steps=4", "--batch_size=4", "--collective_timeout_s=60", f"--output_dir={tmp_path / 'run'}"]
+    started = time.monotonic()
+    done = run_torchrun(tests / "distributed/scripts/train_cli.py", 2, *args, timeout=180, check=False)
+    errors = [line for line in done.stdout.splitlines() if line.startswith("error: ")]
+    assert done.returncode != 0 and no_traceback_from_us(done.stdout), done.stdout
+    assert len(errors) == 2 and all(re.search(damage.line, line) for line in errors), (
+        done.stdout
+    )  # a line per rank
+    assert time.monotonic() - started < 120
