@@ -293,6 +293,12 @@ DAMAGES = [
         r"'observation.state' has shape \[-4\], not a list of positive integers",
     ),
     Damage(
+        "camera of two dimensions",
+        "dataset_images",
+        _json("meta/info.json", _set("features", TOP, "shape", [24, 40])),
+        r"'observation.images.top' has shape \[24, 40\]; an image or video is \[height, width, channels\]",
+    ),
+    Damage(
         "camera key with ../",
         "dataset_video",
         _json("meta/info.json", _rename_camera),

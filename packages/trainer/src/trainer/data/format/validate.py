@@ -79,8 +79,10 @@ def _check_feature(path: Path, name: Any, feature: Any, max_size: int) -> None:
         )
     if feature["dtype"] in ("image", "video"):
         check_camera_key(path, name)
-        if len(shape) != 3 or shape[2] != 3:
-            raise ConfigError(f"{where} has shape {shape}; a camera is [height, width, 3] (RGB); {_REWRITE}")
+        if len(shape) != 3:  # a depth map's [height, width, 1] is listed too: refused only if a run asks
+            raise ConfigError(
+                f"{where} has shape {shape}; an image or video is [height, width, channels]; {_REWRITE}"
+            )
 
 
 def check_camera_key(path: Path, name: str) -> None:
