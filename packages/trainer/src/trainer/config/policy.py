@@ -87,6 +87,12 @@ class PolicyConfig(draccus.ChoiceRegistry):
         `build_policy` refuses anything else)."""
         raise NotImplementedError
 
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> dict[str, Any]:
+        """A saved config.json of this type as this class's fields (a type whose config.json follows
+        another tool's schema, LeRobot's SmolVLA, maps it here; the others are saved as they are)."""
+        return saved
+
     def to_dict(self) -> dict[str, Any]:
         """The policy's `config.json`: its type and every field but the run's settings (publishing,
         device), which belong to train_config.json: a run started from a published model with --policy.path must

@@ -36,6 +36,9 @@ ACTION_KEY = "action"
 PAD_KEY = "action_is_pad"
 CAMERA_PREFIX = "observation.images."
 ALL_CAMERAS = CAMERA_PREFIX + "*"  # in --policy.input_features: every camera of the dataset
+# In --policy.input_features: the frame's task text, gathered as UTF-8 bytes (B, longest) zero-padded
+# (a batch holds tensors only; a language policy decodes them with `task_texts`).
+TASK_KEY = "task"
 # What a camera is normalized with, as LeRobot does by default (its datasets' `use_imagenet_stats`):
 # the statistics the pretrained ResNet trunks were trained with, on the [0, 1] scale.
 IMAGENET_STATS = {
@@ -132,6 +135,21 @@ class ArrayDataset:
 
     def episode_bounds(self) -> torch.Tensor:
         return self._bounds
+
+
+def task_bytes(texts: Sequence[str]) -> torch.Tensor:
+    """Task texts as a uint8 tensor (B, longest in bytes), zero-padded (`task_texts` inverts it)."""
+    encoded = [text.encode("utf-8") for text in texts]
+    out = torch.zeros(len(encoded), max((len(e) for e in encoded), default=0), dtype=torch.uint8)
+    for row, data in enumerate(encoded):
+        out[row, : len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else out[row, :0]
+    return out
+
+
+def task_texts(tensor: torch.Tensor) -> list[str]:
+    """The texts `task_bytes` encoded (any dtype holding the byte values, on any device)."""
+    rows = tensor.detach().to("cpu", torch.uint8).numpy()
+    return [bytes(row).rstrip(b"\0").decode("utf-8") for row in rows]
 
 
 def check_input_features(requested: Sequence[str], available: Sequence[str], what: str) -> list[str]:
