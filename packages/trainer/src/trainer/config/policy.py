@@ -87,6 +87,16 @@ class PolicyConfig(draccus.ChoiceRegistry):
         `build_policy` refuses anything else)."""
         raise NotImplementedError
 
+    def normalization_stats(self, stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """The statistics the processors normalize with, from the dataset's (a policy whose cameras
+        stay on [0, 1], SmolVLA's, replaces theirs with mean 0 and std 1)."""
+        return stats
+
+    @classmethod
+    def check_path_flags(cls, base: dict[str, Any], flags: dict[str, str], path: str) -> None:
+        """Refuse `--policy.<field>` flags (`flags`: field -> value) that a `--policy.path` base's
+        weights cannot follow (SmolVLA: another backbone); raises ConfigError."""
+
     @classmethod
     def from_saved(cls, saved: dict[str, Any]) -> dict[str, Any]:
         """A saved config.json of this type as this class's fields (a type whose config.json follows

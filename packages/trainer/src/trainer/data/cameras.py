@@ -154,8 +154,9 @@ class CameraDataset(ArrayDataset):
         stats: Stats,
         cameras: Cameras,
         camera_stats: Stats,
+        tasks: Sequence[str] | None = None,
     ) -> None:
-        super().__init__(observations, actions, episode_lengths, input_features, stats)
+        super().__init__(observations, actions, episode_lengths, input_features, stats, tasks=tasks)
         self.cameras = cameras
         self._camera_stats = camera_stats
 

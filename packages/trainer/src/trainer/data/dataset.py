@@ -10,6 +10,8 @@ outside one). Its config is a `DatasetConfig` subclass whose `load()` returns an
 - `gather(indices, chunk_size)`: a batch `{observation.state, action, action_is_pad}`, where the
   action chunk of a frame never crosses its episode's end, plus each camera among `input_features` as
   `observation.images.<name>`: uint8 frames (B, C, H, W), normalized by the policy's preprocessor;
+- with `task` among `input_features`, each frame's task text as UTF-8 bytes (`task_bytes`), for a
+  policy that reads the language instruction;
 - `stats()`: mean/std per batch key, for the normalization processors (a camera's per channel,
   shaped (C, 1, 1), on the [0, 1] scale);
 - `episode_bounds()`: one `[start, end)` frame range per episode;
@@ -66,6 +68,7 @@ class ArrayDataset:
         input_features: Sequence[str] = (OBS_KEY,),
         stats: Stats | None = None,
         images: dict[str, np.ndarray | torch.Tensor] | None = None,
+        tasks: Sequence[str] | None = None,
     ) -> None:
         with warnings.catch_warnings():  # arrays read from Arrow are read-only views; nothing writes them
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -89,6 +92,9 @@ class ArrayDataset:
         self.images = {
             name: torch.as_tensor(frames) for name, frames in (images or {}).items() if name in input_features
         }
+        if tasks is not None and len(tasks) != len(self.actions):
+            raise ConfigError(f"a dataset's tasks cover {len(tasks)} frames, its actions {len(self.actions)}")
+        self.tasks = list(tasks) if tasks is not None and TASK_KEY in input_features else None
         for name, frames in self.images.items():
             if frames.dtype != torch.uint8 or frames.ndim != 4 or len(frames) != len(self.actions):
                 raise ConfigError(
@@ -117,6 +123,11 @@ class ArrayDataset:
             ACTION_KEY: self.actions[torch.minimum(steps, last)],
             PAD_KEY: steps > last,
             **{name: frames[indices] for name, frames in self.images.items()},
+            **(
+                {}
+                if self.tasks is None
+                else {TASK_KEY: task_bytes([self.tasks[i] for i in indices.tolist()])}
+            ),
         }
 
     def stats(self) -> Stats:

@@ -28,7 +28,14 @@ from trainer.config.dataset import DatasetConfig, Stats
 from trainer.data import lerobot_format as fmt
 from trainer.data.augment import Augment, ImageTransformsConfig
 from trainer.data.cameras import CameraDataset, Cameras, LeRobotFrames, camera_stats
-from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, ArrayDataset, check_input_features
+from trainer.data.dataset import (
+    ACTION_KEY,
+    ALL_CAMERAS,
+    OBS_KEY,
+    TASK_KEY,
+    ArrayDataset,
+    check_input_features,
+)
 from trainer.data.decode import VIDEO_BACKENDS
 from trainer.errors import ConfigError
 
@@ -159,24 +166,40 @@ def _load(
     info = fmt.read_info(root)
     cameras = _requested_cameras(info, requested)
     features = check_input_features(
-        [n for n in requested if n not in cameras and n != ALL_CAMERAS],
+        [n for n in requested if n not in cameras and n not in (ALL_CAMERAS, TASK_KEY)],
         info.observation_features,
         f"the dataset at {root}",
     )
     extra = ["timestamp", "episode_index", "index"] if cameras else []  # where each camera frame is
     extra += [n for n in cameras if info.features[n]["dtype"] == "image"]
+    language = [TASK_KEY] if TASK_KEY in requested else []
+    extra += ["task_index"] if language else []
     frames, lengths = fmt.read_frames(info, episodes, ranges, [*features, ACTION_KEY, *extra])
     observations = (
         frames[features[0]] if len(features) == 1 else np.concatenate([frames[n] for n in features], 1)
     )
     saved = fmt.read_stats(root)
     stats = _stats(saved, features, frames)
-    arrays = (observations, frames[ACTION_KEY], lengths, [*features, *cameras], stats)
+    arrays = (observations, frames[ACTION_KEY], lengths, [*features, *cameras, *language], stats)
+    tasks = _task_texts(root, frames["task_index"]) if language else None
     if not cameras:
-        return ArrayDataset(*arrays)
+        return ArrayDataset(*arrays, tasks=tasks)
     reader = Cameras(info, cameras, frames, config.video_backend)
     reader.check()
-    return CameraDataset(*arrays, reader, camera_stats(info, cameras, saved, config.use_imagenet_stats))
+    camera = camera_stats(info, cameras, saved, config.use_imagenet_stats)
+    return CameraDataset(*arrays, reader, camera, tasks=tasks)
+
+
+def _task_texts(root: Path, task_index: np.ndarray) -> list[str]:
+    """Each frame's task text (meta/tasks.parquet); a frame whose task is not listed is refused."""
+    table = fmt.read_tasks(root)
+    missing = sorted({int(i) for i in np.unique(task_index)} - table.keys())
+    if missing:
+        raise ConfigError(
+            f"{root}: frames name task_index {missing[0]}, which meta/tasks.parquet does not list; "
+            "the policy reads the task text: repair the dataset's meta/tasks.parquet"
+        )
+    return [table[int(i)] for i in task_index.reshape(-1).tolist()]
 
 
 def _requested_cameras(info: fmt.Info, requested: Sequence[str]) -> list[str]:

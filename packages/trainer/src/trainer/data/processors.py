@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.data.dataset import ACTION_KEY, OBS_KEY, is_camera
+from trainer.data.dataset import ACTION_KEY, OBS_KEY, TASK_KEY, is_camera, task_bytes
 from trainer.errors import ConfigError
 
 PREPROCESSOR_KEYS = (OBS_KEY, ACTION_KEY)
@@ -186,18 +186,24 @@ def observation_batch(
 ) -> tuple[dict[str, torch.Tensor], bool]:
     """Raw observations as the batch the preprocessor takes, and whether they were one unbatched
     observation. Vector features ((n,) or (B, n), arrays or tensors) are concatenated in `features`'
-    order into `observation.state`. A camera is accepted as a camera gives it, a uint8 numpy array
+    order into `observation.state`; the task text (`task`, for a language policy) is a string or one per
+    observation. A camera is accepted as a camera gives it, a uint8 numpy array
     ((B,) H, W, C), or as a tensor ((B,) C, H, W): uint8, or float in [0, 1] as LeRobot's dataset gives
     it; the preprocessor scales uint8 to [0, 1]."""
     missing = [name for name in features if name not in observation]
     if missing:
         raise KeyError(f"the observation lacks {missing[0]!r}; the policy reads {list(features)}")
     vectors = [
-        torch.as_tensor(np.asarray(observation[n]), dtype=torch.float32) for n in features if not is_camera(n)
+        torch.as_tensor(np.asarray(observation[n]), dtype=torch.float32)
+        for n in features
+        if not is_camera(n) and n != TASK_KEY
     ]
     cameras = {name: _frames(observation[name]) for name in features if is_camera(name)}
     single = vectors[0].ndim == 1 if vectors else next(iter(cameras.values())).ndim == 3
     batch = {name: frames[None] if single else frames for name, frames in cameras.items()}
+    if TASK_KEY in features:  # the language instruction: a string, or one per observation
+        task = observation[TASK_KEY]
+        batch[TASK_KEY] = task_bytes([task] if isinstance(task, str) else list(task))
     if vectors:
         batch[OBS_KEY] = torch.cat([v.reshape(1, -1) if single else v for v in vectors], dim=-1)
     return batch, single

@@ -171,7 +171,7 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
     wrap_plan = resolve_wrap_plan(policy, acc.fsdp) if topology.is_sharded else None
     unit_plan = wrap_plan or (resolve_wrap_plan(policy, acc.fsdp) if acc.transforms_units else None)
     notes.extend(apply_unit_transforms(policy, unit_plan, acc, topology.is_sharded))  # before sharding
-    preprocessor, postprocessor = build_processors(dataset.stats())
+    preprocessor, postprocessor = build_processors(config.policy.normalization_stats(dataset.stats()))
     accelerator = build_accelerator(config, topology, wrap_plan)
     # while the launcher's store is up (ranks it leaves behind still save), bounded like every collective
     ckpt_tools.prepare_save_groups(timedelta(seconds=config.collective_timeout_s))

@@ -18,7 +18,7 @@ from typing import Any
 
 import ckpt_tools
 from ckpt_tools import layout
-from trainer.config.policy import RUN_FIELDS
+from trainer.config.policy import RUN_FIELDS, PolicyConfig
 from trainer.errors import ConfigError
 from trainer.policies.act_state import upgrade_policy_config
 
@@ -82,6 +82,13 @@ def policy_defaults(args: list[str], config_path: str | None) -> Iterator[str | 
         raise ConfigError(
             f"--policy.type={explicit} but --policy.path={path} holds a {base['type']} policy: drop --policy.type"
         )
+    if base["type"] in PolicyConfig.get_known_choices():
+        typed = {
+            a.split("=", 1)[0].removeprefix("--policy."): a.split("=", 1)[1]
+            for a in args
+            if a.startswith("--policy.") and "=" in a
+        }
+        PolicyConfig.get_choice_class(base["type"]).check_path_flags(base, typed, path)
     with _written(data) as merged:
         yield merged
 

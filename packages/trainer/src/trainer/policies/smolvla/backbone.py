@@ -1,7 +1,6 @@
 """The SmolVLM backbone and the action expert as `transformers` builds them, and the task tokenizer.
 
-`--policy.vlm_model_name` is resolved as LeRobot resolves it: a directory (a relative path from the
-working directory), else a Hub repo id read through the Hugging Face cache. The VLM is built from its
+`--policy.vlm_model_name` is resolved as LeRobot resolves it (resolve.py). The VLM is built from its
 config (random init); `load_vlm_weights` copies the backbone's pretrained weights in later
 (`load_pretrained_parts`), so loading a checkpoint never reads them. The expert is a Llama model of the
 VLM's text config made `expert_width_multiplier` times narrower, with LeRobot's intermediate size; in
@@ -19,11 +18,11 @@ import torch
 from torch import nn
 
 from trainer.errors import ConfigError
+from trainer.policies.smolvla.resolve import FLAG as _FLAG
+from trainer.policies.smolvla.resolve import resolve_backbone
 
 if TYPE_CHECKING:
     from trainer.policies.smolvla.config import SmolVLAConfig
-
-_FLAG = "--policy.vlm_model_name"
 
 
 def _transformers() -> Any:
@@ -34,24 +33,6 @@ def _transformers() -> Any:
             "--policy.type=smolvla needs transformers: pip install 'ckpt-trainer[smolvla]'"
         ) from None
     return transformers
-
-
-def resolve_backbone(name: str) -> str:
-    """The local directory holding the backbone's config and tokenizer: `name` itself when it is a
-    directory, else its snapshot in the Hugging Face cache (downloaded when online and not cached)."""
-    if os.path.isdir(name):
-        return name
-    if os.path.isabs(name) or name.startswith(".") or name.count("/") != 1:
-        raise ConfigError(f"{_FLAG}={name}: no such directory (a relative path is read from {os.getcwd()})")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return snapshot_download(name, repo_type="model", allow_patterns=["*.json", "*.txt", "*.model"])
-    except Exception as exc:  # offline and not cached, unknown repo: the same one line
-        raise ConfigError(
-            f"{_FLAG}={name}: not a local directory, and the Hub repo could not be read "
-            f"({type(exc).__name__}); download it first (huggingface-cli download {name}) or give a directory"
-        ) from None
 
 
 def vlm_config(config: SmolVLAConfig) -> Any:

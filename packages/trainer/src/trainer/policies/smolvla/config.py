@@ -13,9 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import torch
+
 from trainer.config.policy import PolicyConfig
-from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, is_camera
+from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, TASK_KEY, is_camera
 from trainer.errors import ConfigError
+from trainer.policies.smolvla.resolve import same_backbone
 
 ATTENTION_MODES = ("cross_attn", "self_attn")
 PAD_LANGUAGE = ("longest", "max_length")
@@ -118,9 +121,10 @@ class SmolVLAConfig(PolicyConfig):
     """LeRobot's torch.compile switch (use --accelerator.compile here: must stay false)."""
     compile_mode: str = "max-autotune"
     """LeRobot's torch.compile mode (kept for its config.json)."""
-    input_features: list[str] = field(default_factory=lambda: [OBS_KEY, ALL_CAMERAS])
-    """The state vector and the cameras, in this order (`observation.images.*`: every camera of the
-    dataset); config.json records the resolved list with each feature's shape."""
+    input_features: list[str] = field(default_factory=lambda: [OBS_KEY, ALL_CAMERAS, TASK_KEY])
+    """The state vector, the cameras (`observation.images.*`: every camera of the dataset, their
+    tokens in this order) and the task text; config.json records the state and cameras with their
+    shapes, in LeRobot's schema."""
     image_shapes: dict[str, list[int]] = field(default_factory=dict)
     """Frame shape (C, H, W) of each camera, taken from the dataset."""
 
@@ -177,6 +181,31 @@ class SmolVLAConfig(PolicyConfig):
                 )
         return dataclasses.replace(self, image_shapes={**self.image_shapes, **shapes})
 
+    @classmethod
+    def check_path_flags(cls, base: dict[str, Any], flags: dict[str, str], path: str) -> None:
+        """A `--policy.vlm_model_name` other than the base's is refused unless it names the same
+        backbone (the same config.json): the base's weights belong to its own backbone."""
+        name, saved = flags.get("vlm_model_name"), base.get("vlm_model_name")
+        if name is None or not isinstance(saved, str) or name == saved:
+            return
+        if not same_backbone(name, saved):
+            raise ConfigError(
+                f"--policy.vlm_model_name={name} but --policy.path={path} was trained on {saved} (another "
+                "backbone config): drop --policy.vlm_model_name, or give a copy of that backbone"
+            )
+
+    def normalization_stats(self, stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Cameras under `normalization_mapping["VISUAL"] = IDENTITY` (LeRobot's default) keep their
+        [0, 1] values: mean 0, std 1 (the preprocessor still scales uint8 frames to [0, 1])."""
+        if self.normalization_mapping.get("VISUAL", "IDENTITY") != "IDENTITY":
+            return stats
+        return {
+            key: {"mean": torch.zeros_like(value["mean"]), "std": torch.ones_like(value["std"])}
+            if is_camera(key)
+            else value
+            for key, value in stats.items()
+        }
+
     def to_dict(self) -> dict[str, Any]:
         """config.json in LeRobot's SmolVLAConfig schema (LeRobot's `from_pretrained` refuses any field
         it does not know, so ours that have no LeRobot counterpart stay in train_config.json)."""
@@ -225,7 +254,7 @@ class SmolVLAConfig(PolicyConfig):
                 shapes[name] = [int(s) for s in shape]
         action = (saved.get("output_features") or {}).get(ACTION_KEY, {})
         out.update(
-            input_features=names,
+            input_features=[*names, TASK_KEY],
             image_shapes=shapes,
             obs_dim=obs_dim,
             action_dim=int(action.get("shape", [0])[0]) if isinstance(action, dict) else 0,
