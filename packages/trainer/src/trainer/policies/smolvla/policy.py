@@ -47,9 +47,11 @@ def pad_last(x: torch.Tensor, size: int) -> torch.Tensor:
 class SmolVLAPolicy(Policy):
     """Parameter names are LeRobot's (`model.vlm_with_expert.vlm...`, `model.state_proj`, ...)."""
 
-    # Decoder layers are never called as a whole (joint.py), so their units are the parts that are:
-    # the attention projections, the norms and the MLP of each text/expert layer (distributed/units.py).
-    _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("SmolVLMEncoderLayer", "LlamaMLP")
+    # FSDP units are modules whose forward() runs: a vision encoder layer, and in the text and expert
+    # decoder layers, whose own forward() is never called (joint.py), their MLPs and every projection
+    # (Linear); the norms and embeddings stay in the root unit. A unit per decoder layer would never be
+    # gathered by its own hooks (tests/distributed/test_smolvla_sharded.py shows it failing).
+    _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("SmolVLMEncoderLayer", "LlamaMLP", "Linear")
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action", "predict_action_chunk")
     _peft_target_modules: ClassVar[tuple[str, ...]] = ("q_proj", "v_proj")
 

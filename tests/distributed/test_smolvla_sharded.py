@@ -1,0 +1,76 @@
+"""SmolVLA sharded on 2 gloo ranks, one torchrun launch (scripts/smolvla_run.py): a unit per decoder
+layer (the naive choice) fails, since SmolVLA never calls a decoder layer's forward(); the policy's own
+units (the parts whose forward() runs) train exactly as DDP does, and the sharded run saves LeRobot's
+tensor names."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+import trainer
+from helpers.fixtures import fixture_dir
+from helpers.launch import run_torchrun
+from trainer.data.dataset import task_bytes
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
+pytest.importorskip("transformers")
+
+SCRIPT = Path(__file__).parent / "scripts" / "smolvla_run.py"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    work = tmp_path_factory.mktemp("smolvla_sharded")
+    shutil.copytree(fixture_dir("lerobot_smolvla_tiny", "tiny_smolvlm"), work / "tiny_smolvlm")
+    shutil.copytree(fixture_dir("lerobot", "dataset_video"), work / "dataset_video")
+    return work, run_torchrun(SCRIPT, 2, str(work / "out"), str(work), timeout=400).stdout
+
+
+def _shapes(path: Path) -> dict[str, list[int]]:
+    with safe_open(str(path), "pt") as handle:
+        return {key: list(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
+
+
+def _losses(run: Path) -> list[float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if r.get("event") == "train"]
+
+
+def test_a_unit_per_decoder_layer_is_never_gathered(runs) -> None:
+    _, stdout = runs
+    assert stdout.count("naive failed: RuntimeError:") == 2  # on both ranks, at the first forward
+    assert "mixed torch.Tensor and DTensor" in stdout
+
+
+def test_fsdp2_with_the_policys_units_trains_as_ddp_does(runs) -> None:
+    work, stdout = runs
+    assert "FSDP units by class: SmolVLMEncoderLayer, LlamaMLP, Linear" in stdout
+    fsdp2, ddp = _losses(work / "out" / "fsdp2"), _losses(work / "out" / "ddp")
+    assert len(fsdp2) == 2
+    np.testing.assert_allclose(fsdp2, ddp, rtol=1e-5)
+
+
+def test_the_sharded_run_saves_lerobots_tensors_and_acts_as_ddps(runs, monkeypatch) -> None:
+    work, _ = runs
+    monkeypatch.chdir(work)  # the config names its backbone by the relative path tiny_smolvlm
+    lerobot = fixture_dir("lerobot_smolvla_tiny", "pretrained_model", "model.safetensors")
+    steps = {name: work / "out" / name / "checkpoints" / "last" for name in ("fsdp2", "ddp")}
+    assert _shapes(steps["fsdp2"] / "pretrained_model" / "model.safetensors") == _shapes(lerobot)
+    policies = {name: trainer.load_policy(str(step)).policy for name, step in steps.items()}
+    g = torch.Generator().manual_seed(0)
+    batch = {
+        "observation.state": torch.randn(2, 4, generator=g),
+        "observation.images.top": torch.rand(2, 3, 24, 40, generator=g),
+        "observation.images.wrist": torch.rand(2, 3, 24, 40, generator=g),
+        "task": task_bytes(["reach the corner the colour names", "push"]),
+    }
+    noise = torch.randn(2, 5, 32, generator=g)
+    actions = {name: p.predict_action_chunk(batch, noise=noise) for name, p in policies.items()}
+    torch.testing.assert_close(actions["fsdp2"], actions["ddp"], rtol=1e-4, atol=1e-5)
