@@ -25,6 +25,7 @@ from trainer.errors import ConfigError, WrapPlanError
 from trainer.policies import build_policy
 from trainer.policies.act import ACTConfig
 from trainer.policies.mlp import MLPConfig
+from trainer.policies.smolvla import SmolVLAConfig
 
 
 @pytest.mark.parametrize(
@@ -262,6 +263,7 @@ def test_every_config_field_is_a_documented_flag() -> None:
     leaves = set(_leaf_flags(encode_config(parse_config([])), "--"))
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(MLPConfig)}
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(ACTConfig)}
+    leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(SmolVLAConfig)}
     leaves |= {f"--dataset.{field.name}" for field in dataclasses.fields(LeRobotConfig)} - {
         "--dataset.image_transforms"
     }

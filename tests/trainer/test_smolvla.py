@@ -7,6 +7,7 @@ the working directory: the tests run from a private copy of the fixture.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import draccus
@@ -147,3 +148,36 @@ def test_trainable_parameters_are_lerobots(loaded) -> None:
 def test_a_wider_state_than_max_state_dim_is_one_line() -> None:
     with pytest.raises(ConfigError, match=r"the state has 40 values, more than --policy.max_state_dim=32"):
         SmolVLAConfig(obs_dim=40)
+
+
+def test_a_task_longer_than_tokenizer_max_length_is_truncated_as_lerobot_does(loaded) -> None:
+    """LeRobot's tokenizer step truncates (truncation=True, max_length=tokenizer_max_length): a
+    LeRobot checkpoint acts the same here on the same long instruction."""
+    tokens, mask = loaded.policy.tokenizer(["reach the corner " * 40, "push"])
+    assert tokens.shape == (2, 48) and mask[0].all() and mask[1].sum() < 48
+
+
+# SmolVLM2-500M-Video-Instruct's published configuration (text and vision towers), as the fixture's
+# tensors.txt lists it; nothing downloads.
+SMOLVLM2_500M_TEXT = {"hidden_size": 960, "intermediate_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 15, "num_key_value_heads": 5, "head_dim": 64, "vocab_size": 49280}  # fmt: skip
+SMOLVLM2_500M_VISION = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12, "patch_size": 16, "image_size": 512}  # fmt: skip
+
+
+def test_the_default_size_has_lerobots_parameter_count(fixture: Path, tmp_path: Path) -> None:
+    """LeRobot's defaults on SmolVLM2-500M, built on the meta device: 450,046,176 parameters
+    (402,737,376 without the unused lm_head), as LeRobot's own SmolVLAPolicy counts them."""
+    from trainer.policies.base import build_policy
+
+    backbone = tmp_path / "smolvlm2_500m"
+    shutil.copytree(fixture / "tiny_smolvlm", backbone)
+    config = json.loads((backbone / "config.json").read_text())
+    config["scale_factor"] = 4
+    config["text_config"].update(SMOLVLM2_500M_TEXT)
+    config["vision_config"].update(SMOLVLM2_500M_VISION)
+    (backbone / "config.json").write_text(json.dumps(config))
+    features = ["observation.state", "observation.images.top", "task"]
+    with torch.device("meta"):
+        policy = build_policy(SmolVLAConfig(vlm_model_name=str(backbone), input_features=features), 6, 6)
+    total = sum(p.numel() for p in policy.parameters())
+    assert total == 450_046_176
+    assert total - policy.model.vlm_with_expert.vlm.lm_head.weight.numel() == 402_737_376

@@ -106,7 +106,7 @@ def _from_lerobot(
     ours: list[dict[str, Any]] = []
     tensors: list[dict[str, torch.Tensor]] = []
     for index, (step, state) in enumerate(zip(steps, step_tensors, strict=False)):
-        inverse = _LEROBOT_NORMALIZERS.get(step.get("registry_name")) if isinstance(step, dict) else None
+        inverse = _LEROBOT_NORMALIZERS.get(str(step.get("registry_name"))) if isinstance(step, dict) else None
         if inverse is None:
             continue
         config = step.get("config") if isinstance(step.get("config"), dict) else {}

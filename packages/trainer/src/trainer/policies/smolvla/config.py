@@ -242,7 +242,9 @@ class SmolVLAConfig(PolicyConfig):
             for k, v in saved.items()
             if k not in _LEROBOT_RUN_FIELDS and k not in ("output_features", "rtc_config")
         }
-        names, shapes, obs_dim = [], {}, 0
+        names: list[str] = []
+        shapes: dict[str, list[int]] = {}
+        obs_dim = 0
         for name, feature in features.items():
             kind = feature.get("type") if isinstance(feature, dict) else None
             shape = list(feature.get("shape", [])) if isinstance(feature, dict) else []

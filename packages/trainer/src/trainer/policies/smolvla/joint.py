@@ -13,9 +13,10 @@ Sampling computes the prefix's keys and values once (`KeyValues`) and reuses the
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from trainer.policies.smolvla.backbone import VLMWithExpert
 
@@ -53,21 +54,22 @@ def attend(
     return out.transpose(1, 2).reshape(b, -1, heads * d)
 
 
-def _qkv(layer: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _qkv(layer: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
     attn = layer.self_attn
     h = layer.input_layernorm(hidden).to(attn.q_proj.weight.dtype)
     shape = (*h.shape[:-1], -1, attn.head_dim)
     return attn.q_proj(h).view(shape), attn.k_proj(h).view(shape), attn.v_proj(h).view(shape)
 
 
-def _finish(layer: nn.Module, attended: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+def _finish(layer: Any, attended: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """o_proj and residual, then the MLP and its residual."""
     out = layer.self_attn.o_proj(attended.to(layer.self_attn.o_proj.weight.dtype)) + hidden
     return layer.mlp(layer.post_attention_layernorm(out)) + out
 
 
 class JointStack:
-    """Runs the two stacks of a `VLMWithExpert` over [prefix, actions] (either may be None)."""
+    """Runs the two stacks of a `VLMWithExpert` over [prefix, actions] (either may be None). The
+    layers are transformers' LlamaDecoderLayers (typed Any: their attributes are untyped there)."""
 
     def __init__(self, model: VLMWithExpert) -> None:
         self.model = model
@@ -103,7 +105,7 @@ class JointStack:
     def _joint(
         self,
         i: int,
-        layers: list[nn.Module | None],
+        layers: list[Any],
         streams: list[torch.Tensor | None],
         mask: torch.Tensor,
         positions: torch.Tensor,
@@ -143,7 +145,7 @@ class JointStack:
     def _cross(
         self,
         i: int,
-        layers: list[nn.Module | None],
+        layers: list[Any],
         streams: list[torch.Tensor | None],
         mask: torch.Tensor,
         positions: torch.Tensor,
@@ -155,7 +157,7 @@ class JointStack:
         outs: list[torch.Tensor | None] = [None, None]
         if prefix is not None and cache is None:
             n = prefix.shape[1]
-            q, k, v = _qkv(vlm_layer, prefix)  # type: ignore[arg-type]
+            q, k, v = _qkv(vlm_layer, prefix)
             q, k = rope(q, positions[:, :n]), rope(k, positions[:, :n])
             outs[0] = attend(q, k, v, mask[:, :n, :n], self.model.heads)
             expert_positions = positions[:, n:]
