@@ -15,6 +15,7 @@ import os
 import sys
 
 import clean_exit
+from fresh_accelerator import reset_accelerate
 
 from trainer.cli.parse import parse_config
 from trainer.engine.loop import train
@@ -31,15 +32,6 @@ RUNS = {
     "fsdp2": ["--parallelism.dp_shard=2"],
     "ddp": ["--parallelism.dp_shard=1"],
 }  # fmt: skip
-
-
-def reset_accelerate() -> None:
-    """A fresh Accelerator per run in this process (the process group stays)."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    for name in [n for n in os.environ if n.startswith(("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_"))]:
-        del os.environ[name]
 
 
 if __name__ == "__main__":

@@ -37,33 +37,31 @@ def _transformers() -> Any:
 
 def vlm_config(config: SmolVLAConfig) -> Any:
     """The backbone's transformers config (SmolVLMConfig), read from its directory."""
-    directory = resolve_backbone(config.vlm_model_name)
-    if not os.path.isfile(os.path.join(directory, "config.json")):
-        raise ConfigError(
-            f"{_FLAG}={config.vlm_model_name}: {directory} holds no config.json; give a SmolVLM model directory"
-        )
-    try:
-        return _transformers().AutoConfig.from_pretrained(directory)
-    except Exception as exc:
-        raise ConfigError(
-            f"{_FLAG}={config.vlm_model_name}: its config.json is not a transformers config ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
-        ) from None
+    return _load(config, "config", ("config.json",), _transformers().AutoConfig)
 
 
 def load_tokenizer(config: SmolVLAConfig) -> Any:
     """The backbone's tokenizer; a backbone directory without one is refused in one line."""
-    directory = resolve_backbone(config.vlm_model_name)
     names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-    if not any(os.path.isfile(os.path.join(directory, n)) for n in names):
+    return _load(config, "tokenizer", names, _transformers().AutoTokenizer)
+
+
+def _load(config: SmolVLAConfig, what: str, files: tuple[str, ...], auto: Any) -> Any:
+    """`auto.from_pretrained` of the backbone's directory, which must hold one of `files`; every
+    failure is one line naming the backbone."""
+    name = config.vlm_model_name
+    directory = resolve_backbone(name)
+    if not any(os.path.isfile(os.path.join(directory, file)) for file in files):
         raise ConfigError(
-            f"{_FLAG}={config.vlm_model_name}: {directory} holds no tokenizer (tokenizer.json); "
-            "SmolVLA tokenizes the task with the backbone's tokenizer: copy it into the directory"
+            f"{_FLAG}={name}: {directory} holds no {what} ({files[0]}); SmolVLA builds the VLM from the "
+            "backbone's config and tokenizes the task with its tokenizer: give a SmolVLM model directory"
         )
     try:
-        return _transformers().AutoTokenizer.from_pretrained(directory)
-    except Exception as exc:
+        return auto.from_pretrained(directory)
+    except Exception as exc:  # transformers raises many types for a malformed file
+        detail = " ".join(str(exc).split())[:160]
         raise ConfigError(
-            f"{_FLAG}={config.vlm_model_name}: its tokenizer does not load ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
+            f"{_FLAG}={name}: its {what} does not load ({type(exc).__name__}: {detail})"
         ) from None
 
 

@@ -13,6 +13,7 @@ Sampling computes the prefix's keys and values once (`KeyValues`) and reuses the
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -67,6 +68,17 @@ def _finish(layer: Any, attended: torch.Tensor, hidden: torch.Tensor) -> torch.T
     return layer.mlp(layer.post_attention_layernorm(out)) + out
 
 
+@dataclass
+class _Step:
+    """What every layer of one pass reads: the (B, queries, keys) mask, the queries' positions, the
+    prefix's cached keys/values (sampling), and the list the prefill fills (None otherwise)."""
+
+    mask: torch.Tensor
+    positions: torch.Tensor
+    cache: KeyValues | None
+    filled: KeyValues | None
+
+
 class JointStack:
     """Runs the two stacks of a `VLMWithExpert` over [prefix, actions] (either may be None). The
     layers are transformers' LlamaDecoderLayers (typed Any: their attributes are untyped there)."""
@@ -87,30 +99,21 @@ class JointStack:
         """The expert's normed output for the action tokens (None without them) and, with `fill`, the
         prefix's keys and values per layer. `cache` (sampling) holds the prefix's keys and values,
         the prefix then being None."""
-        filled: KeyValues = []
+        step = _Step(mask, positions, cache, [] if fill else None)
         streams = [prefix, suffix]
         for i, vlm_layer in enumerate(self.vlm_layers):
             layers = [vlm_layer, self.model.expert_layer(i)]
-            if fill or self.model.is_self_attention(i):
-                outs = self._joint(i, layers, streams, mask, positions, cache, filled if fill else None)
-            else:
-                outs = self._cross(i, layers, streams, mask, positions, cache)
+            joint = fill or self.model.is_self_attention(i)
+            outs = (self._joint if joint else self._cross)(i, layers, streams, step)
             streams = [
                 None if h is None else h if (layer is None or out is None) else _finish(layer, out, h)
                 for layer, h, out in zip(layers, streams, outs, strict=True)
             ]
         out = streams[1]
-        return (None if out is None else self.model.lm_expert.norm(out)), filled
+        return (None if out is None else self.model.lm_expert.norm(out)), step.filled or []
 
     def _joint(
-        self,
-        i: int,
-        layers: list[Any],
-        streams: list[torch.Tensor | None],
-        mask: torch.Tensor,
-        positions: torch.Tensor,
-        cache: KeyValues | None,
-        filled: KeyValues | None,
+        self, i: int, layers: list[Any], streams: list[torch.Tensor | None], step: _Step
     ) -> list[torch.Tensor | None]:
         """Self-attention over the concatenated streams; each stream's slice of the result."""
         present = [
@@ -122,15 +125,15 @@ class JointStack:
         q, k, v = (torch.cat([p[j] for p in parts], dim=1) for j in range(3))
         length = q.shape[1]
         pos, m = (
-            (positions, mask)
-            if length >= positions.shape[1]
-            else (positions[:, :length], mask[:, :length, :length])
+            (step.positions, step.mask)
+            if length >= step.positions.shape[1]
+            else (step.positions[:, :length], step.mask[:, :length, :length])
         )
         q, k = rope(q, pos), rope(k, pos)
-        if filled is not None:
-            filled.append((k, v))
-        if cache is not None:
-            k, v = torch.cat([cache[i][0], k], dim=1), torch.cat([cache[i][1], v], dim=1)
+        if step.filled is not None:
+            step.filled.append((k, v))
+        if step.cache is not None:
+            k, v = torch.cat([step.cache[i][0], k], dim=1), torch.cat([step.cache[i][1], v], dim=1)
         attended = attend(q, k, v, m, self.model.heads)
         outs: list[torch.Tensor | None] = []
         start = 0
@@ -143,27 +146,22 @@ class JointStack:
         return outs
 
     def _cross(
-        self,
-        i: int,
-        layers: list[Any],
-        streams: list[torch.Tensor | None],
-        mask: torch.Tensor,
-        positions: torch.Tensor,
-        cache: KeyValues | None,
+        self, i: int, layers: list[Any], streams: list[torch.Tensor | None], step: _Step
     ) -> list[torch.Tensor | None]:
         """The VLM attends over the prefix; the expert's queries attend to the VLM's keys/values."""
         prefix, suffix = streams
         vlm_layer, expert = layers
         outs: list[torch.Tensor | None] = [None, None]
-        if prefix is not None and cache is None:
+        mask, positions = step.mask, step.positions
+        if prefix is not None and step.cache is None:
             n = prefix.shape[1]
             q, k, v = _qkv(vlm_layer, prefix)
             q, k = rope(q, positions[:, :n]), rope(k, positions[:, :n])
             outs[0] = attend(q, k, v, mask[:, :n, :n], self.model.heads)
             expert_positions = positions[:, n:]
         else:
-            assert cache is not None
-            k, v = cache[i]
+            assert step.cache is not None
+            k, v = step.cache[i]
             expert_positions = positions
         if expert is None or suffix is None:
             return outs
