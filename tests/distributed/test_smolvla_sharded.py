@@ -1,7 +1,7 @@
 """SmolVLA sharded on 2 gloo ranks, one torchrun launch (scripts/smolvla_run.py): a unit per decoder
 layer (the naive choice) fails, since SmolVLA never calls a decoder layer's forward(); the policy's own
-units (the parts whose forward() runs) train exactly as DDP does, and the sharded run saves LeRobot's
-tensor names."""
+units (the parts whose forward() runs) train exactly as DDP does, the sharded run saves LeRobot's
+tensor names, and LoRA on LeRobot's default targets trains under FSDP2."""
 
 from __future__ import annotations
 
@@ -74,3 +74,17 @@ def test_the_sharded_run_saves_lerobots_tensors_and_acts_as_ddps(runs, monkeypat
     noise = torch.randn(2, 5, 32, generator=g)
     actions = {name: p.predict_action_chunk(batch, noise=noise) for name, p in policies.items()}
     torch.testing.assert_close(actions["fsdp2"], actions["ddp"], rtol=1e-4, atol=1e-5)
+
+
+def test_lora_under_fsdp2_trains_lerobots_default_targets(runs) -> None:
+    """The expert's q/v projections and the state/action/time projections, the VLM untouched."""
+    work, _ = runs
+    model_dir = work / "out" / "lora" / "checkpoints" / "last" / "pretrained_model"
+    with safe_open(str(model_dir / "adapter_model.safetensors"), "pt") as handle:
+        names = list(handle.keys())
+        lora_b = [handle.get_tensor(n) for n in names if ".lora_B." in n]
+    targets = {name.split(".lora_")[0].removeprefix("base_model.model.model.") for name in names}
+    expert = {f"vlm_with_expert.lm_expert.layers.{i}.self_attn.{p}_proj" for i in range(4) for p in "qv"}
+    heads = {"state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in", "action_time_mlp_out"}
+    assert targets == expert | heads
+    assert any(t.abs().sum() > 0 for t in lora_b)  # the adapters moved from their zero start

@@ -6,7 +6,8 @@ WORKDIR holds the tiny backbone as `tiny_smolvlm/` and LeRobot's camera dataset 
 (the backbone name is relative, as in LeRobot's fixture). `naive` shards with a unit per decoder layer
 (LlamaDecoderLayer) and must fail: SmolVLA calls a decoder layer's parts, never its forward(), so that
 unit's parameters are never gathered; its one-line error is printed as `naive failed: ...`. `fsdp2`
-(the policy's own units) and `ddp` train the same tiny SmolVLA from the same seed for two steps.
+(the policy's own units) and `ddp` train the same tiny SmolVLA from the same seed for two steps;
+`lora` fine-tunes the fsdp2 result with LoRA on LeRobot's default targets under FSDP2.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ RUNS = {
     "naive": ["--parallelism.dp_shard=2", "--accelerator.fsdp.wrap_modules=[SmolVLMEncoderLayer,LlamaDecoderLayer]"],
     "fsdp2": ["--parallelism.dp_shard=2"],
     "ddp": ["--parallelism.dp_shard=1"],
+    "lora": [f"--policy.path={OUT}/fsdp2/checkpoints/last", "--peft.method_type=LORA", "--peft.r=2", "--parallelism.dp_shard=2"],
 }  # fmt: skip
 
 

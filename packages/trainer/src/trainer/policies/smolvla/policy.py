@@ -53,7 +53,6 @@ class SmolVLAPolicy(Policy):
     # gathered by its own hooks (tests/distributed/test_smolvla_sharded.py shows it failing).
     _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("SmolVLMEncoderLayer", "LlamaMLP", "Linear")
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action", "predict_action_chunk")
-    _peft_target_modules: ClassVar[tuple[str, ...]] = ("q_proj", "v_proj")
 
     def __init__(self, config: SmolVLAConfig) -> None:
         super().__init__(config)
@@ -65,6 +64,24 @@ class SmolVLAPolicy(Policy):
         self.tokenizer = language.Tokenizer(config)  # before the model: a missing tokenizer is one line
         self.model = FlowMatching(config, vlm, self.tokenizer.image_token_ids())
         self._queue: collections.deque[torch.Tensor] = collections.deque(maxlen=config.n_action_steps)
+
+    @property
+    def _peft_target_modules(self) -> tuple[str, ...]:
+        """LeRobot's default LoRA targets for SmolVLA: the expert's q/v projections and the state,
+        action and time projections (the VLM stays as it is)."""
+        expert = [
+            f"model.vlm_with_expert.lm_expert.layers.{i}.self_attn.{proj}"
+            for i in range(len(self.model.vlm_with_expert.lm_expert.layers))
+            for proj in ("q_proj", "v_proj")
+        ]
+        heads = (
+            "state_proj",
+            "action_in_proj",
+            "action_out_proj",
+            "action_time_mlp_in",
+            "action_time_mlp_out",
+        )
+        return (*expert, *(f"model.{name}" for name in heads))
 
     # ---------------------------------------------------------------- inputs
 
