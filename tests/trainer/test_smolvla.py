@@ -181,3 +181,18 @@ def test_the_default_size_has_lerobots_parameter_count(fixture: Path, tmp_path: 
     total = sum(p.numel() for p in policy.parameters())
     assert total == 450_046_176
     assert total - policy.model.vlm_with_expert.vlm.lm_head.weight.numel() == 402_737_376
+
+
+def test_a_bfloat16_policy_runs_and_stays_near_float32(loaded, fixture: Path) -> None:
+    """--policy.dtype=bfloat16 casts the parameters: inputs enter in that dtype, attention and the
+    velocity head are still computed as in float32 LeRobot, the results near the float32 ones."""
+    import copy
+
+    reference, _ = _reference(fixture, "reference")
+    batch = _batch(reference)
+    policy = copy.deepcopy(loaded.policy).to(torch.bfloat16)
+    loss, _ = policy.forward(batch, noise=reference["loss.noise"], time=reference["loss.time"])
+    actions = policy.predict_action_chunk(batch, noise=reference["noise"])
+    assert loss.dtype == actions.dtype == torch.bfloat16
+    torch.testing.assert_close(loss.float(), reference["loss.mean"], atol=0.05, rtol=0.02)
+    torch.testing.assert_close(actions.float(), reference["actions.normalized"], atol=0.1, rtol=0.05)

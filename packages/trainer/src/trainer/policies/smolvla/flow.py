@@ -111,14 +111,17 @@ class FlowMatching(nn.Module):
         return self.action_time_mlp_out(F.silu(self.action_time_mlp_in(torch.cat([action, t], dim=2))))
 
     def velocity(self, expert_out: torch.Tensor) -> torch.Tensor:
-        return self.action_out_proj(expert_out[:, -self.config.chunk_size :].float())
+        """action_out_proj of the action tokens, in float32 as LeRobot computes it (in the policy's
+        dtype when --policy.dtype casts it)."""
+        out = expert_out[:, -self.config.chunk_size :].float()
+        return self.action_out_proj(out.to(self.action_out_proj.weight.dtype))
 
     def losses(
         self, prefix: tuple[torch.Tensor, torch.Tensor, torch.Tensor], actions: torch.Tensor,
         noise: torch.Tensor, time: torch.Tensor,
     ) -> torch.Tensor:  # fmt: skip
         """Element-wise squared error (B, chunk, max_action_dim) of the predicted velocity."""
-        t = time[:, None, None]
+        t = time[:, None, None].to(actions.dtype)
         x_t = t * noise + (1 - t) * actions
         target = noise - actions
         emb, pad, block = prefix

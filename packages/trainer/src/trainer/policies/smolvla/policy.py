@@ -83,6 +83,11 @@ class SmolVLAPolicy(Policy):
         )
         return (*expert, *(f"model.{name}" for name in heads))
 
+    @property
+    def _dtype(self) -> torch.dtype:
+        """The policy's float dtype (float32 unless --policy.dtype casts it): inputs enter in it."""
+        return self.model.state_proj.weight.dtype
+
     # ---------------------------------------------------------------- inputs
 
     def _images(self, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -97,7 +102,7 @@ class SmolVLAPolicy(Policy):
             size = self.config.resize_imgs_with_padding
             if size is not None:
                 image = resize_with_pad(image, size[1], size[0])
-            images.append(image * 2.0 - 1.0)
+            images.append((image * 2.0 - 1.0).to(self._dtype))
             masks.append(
                 batch.get(
                     f"{name}_padding_mask", torch.ones(len(image), dtype=torch.bool, device=image.device)
@@ -119,7 +124,7 @@ class SmolVLAPolicy(Policy):
             )
         tokens, token_masks = self.tokenizer.batch_tokens(batch, state.device)
         return self.model.embed_prefix(
-            images, masks, tokens, token_masks, pad_last(state, self.config.max_state_dim)
+            images, masks, tokens, token_masks, pad_last(state.to(self._dtype), self.config.max_state_dim)
         )
 
     # ---------------------------------------------------------------- training
@@ -134,12 +139,14 @@ class SmolVLAPolicy(Policy):
         """LeRobot's loss: the element-wise squared velocity error on the real action dimensions,
         summed over the steps that are not padding and divided by their number x action_dim (per
         sample with reduction="none")."""
-        actions = pad_last(batch[ACTION_KEY], self.config.max_action_dim)
+        actions = pad_last(batch[ACTION_KEY].to(self._dtype), self.config.max_action_dim)
         if noise is None:
             noise = torch.normal(0.0, 1.0, size=actions.shape, dtype=torch.float32, device=actions.device)
         if time is None:
             time = sample_time(actions.shape[0], actions.device)
-        losses = self.model.losses(self._prefix(batch), actions, noise, time)[:, :, : self.config.action_dim]
+        losses = self.model.losses(self._prefix(batch), actions, noise.to(self._dtype), time)[
+            :, :, : self.config.action_dim
+        ]
         metrics = {"losses_after_forward": losses.detach().mean()}
         pad = batch.get(PAD_KEY)
         if pad is not None:
@@ -164,7 +171,7 @@ class SmolVLAPolicy(Policy):
         if noise is None:
             shape = (b, self.config.chunk_size, self.config.max_action_dim)
             noise = torch.normal(0.0, 1.0, size=shape, dtype=torch.float32, device=prefix[0].device)
-        return self.model.sample(prefix, noise)[:, :, : self.config.action_dim]
+        return self.model.sample(prefix, noise.to(self._dtype))[:, :, : self.config.action_dim]
 
     def predict_chunk(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.predict_action_chunk(batch)
