@@ -6,6 +6,7 @@ the working directory: the tests run from a private copy of the fixture.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -196,3 +197,22 @@ def test_a_bfloat16_policy_runs_and_stays_near_float32(loaded, fixture: Path) ->
     assert loss.dtype == actions.dtype == torch.bfloat16
     torch.testing.assert_close(loss.float(), reference["loss.mean"], atol=0.05, rtol=0.02)
     torch.testing.assert_close(actions.float(), reference["actions.normalized"], atol=0.1, rtol=0.05)
+
+
+def test_empty_cameras_add_blank_masked_slots_as_lerobot_does(loaded, fixture: Path) -> None:
+    """LeRobot's `empty_cameras=N` puts N blank slots (-1, padding mask false) after the real cameras;
+    masked out, they leave the actions unchanged. Its saved empty_camera_i features are not cameras
+    the data must give."""
+    import copy
+
+    reference, _ = _reference(fixture, "reference")
+    batch = {k: v for k, v in _batch(reference).items() if k not in ("action", "action_is_pad")}
+    policy = copy.deepcopy(loaded.policy)
+    policy.config = dataclasses.replace(policy.config, empty_cameras=1)
+    images, masks = policy._images(batch)
+    assert len(images) == 3 and bool((images[2] == -1).all()) and not masks[2].any()
+    actions = policy.predict_action_chunk(batch, noise=reference["noise"])
+    torch.testing.assert_close(actions, reference["actions.normalized"], atol=TOL, rtol=0)
+    saved = json.loads((fixture / "pretrained_model" / "config.json").read_text())
+    saved["input_features"]["observation.images.empty_camera_0"] = {"type": "VISUAL", "shape": [3, 480, 640]}
+    assert "observation.images.empty_camera_0" not in upgrade_policy_config(saved)["input_features"]

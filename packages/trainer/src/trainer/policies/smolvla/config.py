@@ -22,6 +22,8 @@ from trainer.policies.smolvla.resolve import same_backbone
 
 ATTENTION_MODES = ("cross_attn", "self_attn")
 PAD_LANGUAGE = ("longest", "max_length")
+# The names LeRobot gives the `empty_cameras` blank slots in its saved input_features (no data has them).
+EMPTY_CAMERA = "observation.images.empty_camera_"
 # LeRobot's config.json fields that say nothing about the model (its run settings, RTC, PEFT flags):
 # read and dropped, written back with LeRobot's defaults.
 _LEROBOT_RUN_FIELDS: dict[str, Any] = {
@@ -251,7 +253,7 @@ class SmolVLAConfig(PolicyConfig):
             if kind == "STATE":
                 names.insert(0, name)
                 obs_dim = int(shape[0]) if shape else 0
-            elif kind == "VISUAL":
+            elif kind == "VISUAL" and not name.startswith(EMPTY_CAMERA):  # LeRobot's blank slots
                 names.append(name)
                 shapes[name] = [int(s) for s in shape]
         action = (saved.get("output_features") or {}).get(ACTION_KEY, {})

@@ -91,8 +91,8 @@ class SmolVLAPolicy(Policy):
     # ---------------------------------------------------------------- inputs
 
     def _images(self, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Each camera resized with padding and mapped to [-1, 1], with its (all-true) mask; blank
-        slots for `empty_cameras` when cameras are missing."""
+        """Each camera resized with padding and mapped to [-1, 1], with its (all-true) mask, then
+        `empty_cameras` blank slots."""
         present = [name for name in self.cameras if name in batch]
         if not present:
             raise ValueError(f"the batch holds none of the policy's cameras {self.cameras}")
@@ -108,8 +108,9 @@ class SmolVLAPolicy(Policy):
                     f"{name}_padding_mask", torch.ones(len(image), dtype=torch.bool, device=image.device)
                 ).bool()
             )
-        missing = len(self.cameras) - len(present)
-        for _ in range(min(missing, self.config.empty_cameras)):
+        # LeRobot adds `empty_cameras` camera names no batch holds, so every call appends that many
+        # blank slots (-1, masked out) after the cameras present
+        for _ in range(self.config.empty_cameras):
             images.append(torch.ones_like(images[-1]) * -1)
             masks.append(torch.zeros_like(masks[-1]))
         return images, masks
