@@ -216,3 +216,24 @@ def test_empty_cameras_add_blank_masked_slots_as_lerobot_does(loaded, fixture: P
     saved = json.loads((fixture / "pretrained_model" / "config.json").read_text())
     saved["input_features"]["observation.images.empty_camera_0"] = {"type": "VISUAL", "shape": [3, 480, 640]}
     assert "observation.images.empty_camera_0" not in upgrade_policy_config(saved)["input_features"]
+
+
+def test_a_hub_id_backbone_is_read_through_the_hf_cache_offline(
+    fixture: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """`--policy.vlm_model_name=<repo id>` as LeRobot reads it: the snapshot in the Hugging Face cache
+    (here offline); a repo id the cache lacks is one line."""
+    from helpers.hf_cache import put_in_hub_cache
+    from trainer.policies.smolvla.resolve import resolve_backbone
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    put_in_hub_cache(fixture / "tiny_smolvlm", "someone/tiny-smolvlm", "model", str(cache))
+    monkeypatch.chdir(tmp_path)
+    resolved = Path(resolve_backbone("someone/tiny-smolvlm"))
+    assert (resolved / "tokenizer.json").read_bytes() == (
+        fixture / "tiny_smolvlm" / "tokenizer.json"
+    ).read_bytes()
+    with pytest.raises(ConfigError, match=r"^--policy.vlm_model_name=someone/absent: not a local directory"):
+        resolve_backbone("someone/absent")
