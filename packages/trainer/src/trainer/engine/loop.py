@@ -34,13 +34,13 @@ from trainer.distributed.topology import launch_world_size
 from trainer.distributed.units import apply_unit_transforms
 from trainer.distributed.wrap import WrapPlan, describe_parameters, resolve_wrap_plan
 from trainer.engine import peft_policy as peft
-from trainer.engine import publishing, resume
+from trainer.engine.checkpoint import publishing, resume
+from trainer.engine.checkpoint.hub_pushes import CheckpointPusher
+from trainer.engine.checkpoint.schedule import SaveSchedule, check_writes
 from trainer.engine.ema import Ema
-from trainer.engine.hub_pushes import CheckpointPusher
 from trainer.engine.loss_window import LossWindow
 from trainer.engine.plan import RunPlan, resolve_plan
 from trainer.engine.run import Run, RunSummary
-from trainer.engine.save_schedule import SaveSchedule, check_writes
 from trainer.errors import USER_ERRORS, ConfigError
 from trainer.evaluation import rollouts as evaluation
 from trainer.evaluation import validation

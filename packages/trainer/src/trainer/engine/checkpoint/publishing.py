@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import ckpt_tools
 from trainer.config.train import TrainConfig
-from trainer.engine.hub_pushes import CheckpointPusher
+from trainer.engine.checkpoint.hub_pushes import CheckpointPusher
 from trainer.engine.run import RunSummary
 from trainer.errors import USER_ERRORS, ConfigError, PublishFailedError
 from trainer.reporting.metrics import Logger
