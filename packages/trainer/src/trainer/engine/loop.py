@@ -34,6 +34,7 @@ from trainer.distributed.topology import launch_world_size
 from trainer.distributed.units import apply_unit_transforms
 from trainer.distributed.wrap import WrapPlan, describe_parameters, resolve_wrap_plan
 from trainer.engine import peft_policy as peft
+from trainer.engine.banner import data_banner, run_banner
 from trainer.engine.checkpoint import publishing, resume
 from trainer.engine.checkpoint.hub_pushes import CheckpointPusher
 from trainer.engine.checkpoint.schedule import SaveSchedule, check_writes
@@ -86,8 +87,8 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
     )
     logger.banner(
         [
-            *_banner(config, topology, wrap_plan, run.accelerator, len(run.dataset)),
-            *_data_banner(run),
+            *run_banner(config, topology, wrap_plan, run.accelerator, len(run.dataset)),
+            *data_banner(run),
             describe_parameters(run.model),
         ]
     )
@@ -397,63 +398,3 @@ def evaluate(
     )
     policy.train()
     return result["policy_return"], result["random_return"]
-
-
-def _processes(accelerator: Accelerator) -> str:
-    """ "1 process" or "4 processes, FSDP": accelerate's distributed type only when there is one."""
-    count, kind = accelerator.num_processes, accelerator.distributed_type.value
-    processes = "1 process" if count == 1 else f"{count} processes"
-    return processes if kind == "NO" else f"{processes}, {kind}"
-
-
-def _data_banner(run: Run) -> list[str]:
-    """What the policy reads: the frames, the observation features in their concatenation order."""
-
-    def frames(dataset: Dataset) -> str:
-        return f"{len(dataset)} frames in {len(dataset.episode_bounds())} episodes"
-
-    held_out = f"; held out for val_loss: {frames(run.val_dataset)}" if run.val_dataset is not None else ""
-    return [
-        *run.config.dataset.banner(),
-        f"data {run.config.dataset.type}: {frames(run.dataset)}{held_out}; observation = "
-        f"{' + '.join(run.dataset.input_features)} ({run.dataset.obs_dim} values), action {run.dataset.action_dim} values",
-    ]
-
-
-def _banner(
-    config: TrainConfig,
-    topology: ckpt_tools.Topology,
-    wrap_plan: WrapPlan | None,
-    accelerator: Accelerator,
-    samples: int,
-) -> list[str]:
-    accum = config.accelerator.gradient_accumulation.steps
-    effective = config.batch_size * topology.dp_world_size * accum
-    lines = [
-        f"job {config.job_name}: {config.policy.type} policy, {topology.describe()} "
-        f"({_processes(accelerator)}, device {accelerator.device})",
-        f"effective batch size {effective} = batch_size {config.batch_size} x dp_world_size "
-        f"{topology.dp_world_size} x grad_accum {accum}",
-        f"{config.steps} loop steps, {config.steps // accum} optimizer updates, dataset {samples} samples, "
-        f"mixed precision {config.accelerator.mixed_precision}, checkpoints {config.checkpoint_format} "
-        f"every {config.save_freq} steps in {config.output_dir}",
-    ]
-    if config.ema.enable:
-        ema = config.ema
-        warmup = f"warmup inv_gamma={ema.inv_gamma} power={ema.power:.4g}" if ema.power else "no warmup"
-        lines.append(
-            f"EMA of the trained parameters on every rank in their own sharding: decay up to "
-            f"{min(ema.decay, ema.max_decay)} ({warmup}; the first {ema.update_after_step + 1} update(s) "
-            f"copy the weights), saved in every checkpoint; end-of-run rollouts score "
-            f"{'the EMA' if ema.use_for_eval else 'the trained weights'}"
-        )
-    if wrap_plan is not None:
-        mpp = config.accelerator.fsdp.mixed_precision_policy
-        effective_policy = (
-            f"param_dtype={mpp.param_dtype} reduce_dtype={mpp.effective_reduce_dtype()} "
-            f"output_dtype={mpp.output_dtype}"
-            if mpp.is_set
-            else f"from --accelerator.mixed_precision={config.accelerator.mixed_precision}"
-        )
-        lines.append(f"FSDP units {wrap_plan.describe()}; mixed precision policy {effective_policy}")
-    return lines
