@@ -35,9 +35,8 @@ from trainer.distributed.units import apply_unit_transforms
 from trainer.distributed.wrap import WrapPlan, describe_parameters, resolve_wrap_plan
 from trainer.engine import peft_policy as peft
 from trainer.engine.banner import data_banner, run_banner
-from trainer.engine.checkpoint import publishing, resume
-from trainer.engine.checkpoint.hub_pushes import CheckpointPusher
-from trainer.engine.checkpoint.schedule import SaveSchedule, check_writes
+from trainer.engine.checkpoint import resume
+from trainer.engine.checkpoint.wing import Checkpoints
 from trainer.engine.ema import Ema
 from trainer.engine.loss_window import LossWindow
 from trainer.engine.plan import RunPlan, resolve_plan
@@ -96,21 +95,15 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
         logger.note(resume_point.message, event="resume", step=run.start_step, changes=resume_point.changes)
     for note in notes:
         logger.note(note)
-    pushes = (
-        CheckpointPusher(config, logger)
-        if config.save_checkpoint_to_hub and run.accelerator.is_main_process
-        else None
-    )
-    if pushes is not None:
-        pushes.resumed_from(resume_point.step_dir)
+    checkpoints = Checkpoints(run, logger, resume_point.step_dir)
     try:
-        losses, last_checkpoint = _run_steps(run, logger, interrupts, pushes)
+        losses = _run_steps(run, logger, interrupts, checkpoints)
     except Interrupted as stop:
         logger.note(stop.line(), event="interrupted", step=stop.step, checkpoint=stop.checkpoint)
-        if pushes is not None:  # the checkpoint just saved is the one a vanishing machine needs most
-            pushes.close()
+        checkpoints.interrupted()
         logger.close()
         raise
+    last_checkpoint = checkpoints.finish()
     with _evaluated_weights(run, logger):
         returns = evaluate(run.accelerator, run.model, run.preprocessor, run.postprocessor, config)
     summary = RunSummary(
@@ -136,8 +129,7 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
         **summary.__dict__,
     )
     logger.close()  # the loss curve first: a failed publish ends the process
-    check_writes(logger, config, last_checkpoint)  # a metrics write that failed after the last save
-    publishing.publish_final(config, summary, logger, pushes)  # --policy.push_to_hub
+    checkpoints.publish(summary)
     run.accelerator.wait_for_everyone()
     return summary
 
@@ -230,24 +222,22 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
     return run, wrap_plan, resume_point
 
 
-def _run_steps(
-    run: Run, logger: Logger, interrupts: Interrupts, pushes: CheckpointPusher | None
-) -> tuple[list[float], str | None]:
-    """Collective. The loop steps from `run.start_step`: the step, the log, the save schedule. Returns
-    the logged losses and the last save. Every rank checks for a signal at each optimizer-update
+def _run_steps(run: Run, logger: Logger, interrupts: Interrupts, checkpoints: Checkpoints) -> list[float]:
+    """Collective. The loop steps from `run.start_step`: the step, the log, the saves. Returns the
+    logged losses. Every rank checks for a signal at each optimizer-update
     boundary (the check's all-reduce starts inside the step) and stops at the same step."""
     config, accelerator = run.config, run.accelerator
     accum = config.accelerator.gradient_accumulation.steps
     losses: list[float] = []
     grad_norm: torch.Tensor | None = None  # of the last optimizer update, read back when logged
-    window, saves = LossWindow(accelerator.device), SaveSchedule(run, logger, pushes)
+    window = LossWindow(accelerator.device)
     run.model.train()
     steps = range(run.start_step + 1, config.steps + 1)
     feed = _batches(run, steps)
     for step in steps:
         boundary = step % accum == 0 or step == config.steps
         agreement: list[Agreement] = []
-        check = partial(_start_agreement, agreement, interrupts, accelerator.device, saves)
+        check = partial(_start_agreement, agreement, interrupts, accelerator.device, checkpoints)
         loss, norm = _train_step(run, run.preprocessor(next(feed)), check if boundary else None)
         if norm is not None:  # an optimizer update: the schedule catches up with the loop steps
             grad_norm = norm
@@ -262,10 +252,10 @@ def _run_steps(
             step == config.steps or (config.eval_freq and step % config.eval_freq == 0)
         ):
             _log_val_loss(run, run.val_dataset, logger, step)
-        saves.after_step(step)
+        checkpoints.after_step(step)
         if boundary:
-            saves.at_boundary(step, agreement[0])
-    return losses, saves.finish()
+            checkpoints.at_boundary(step, agreement[0])
+    return losses
 
 
 def _batches(run: Run, steps: range) -> Iterator[dict[str, torch.Tensor]]:
@@ -286,11 +276,11 @@ def _batches(run: Run, steps: range) -> Iterator[dict[str, torch.Tensor]]:
 
 
 def _start_agreement(
-    into: list[Agreement], interrupts: Interrupts, device: torch.device, saves: SaveSchedule
+    into: list[Agreement], interrupts: Interrupts, device: torch.device, checkpoints: Checkpoints
 ) -> None:
     """Take this rank's flags now (a signal received so far; whether its background checkpoint write
     is still running) and start their all-reduce; the loop waits for it at the boundary."""
-    into.append(interrupts.start_agreement(device, saves.writing()))
+    into.append(interrupts.start_agreement(device, checkpoints.writing()))
 
 
 def _log_window(
