@@ -25,7 +25,7 @@ import ckpt_tools
 from trainer.config.dataset import Dataset
 from trainer.config.train import TrainConfig
 from trainer.data.pipeline import loader
-from trainer.data.pipeline.processors import Processor, build_processors, observation_batch
+from trainer.data.pipeline.processors import Processor, build_processors
 from trainer.data.pipeline.sampler import GlobalOrderSampler
 from trainer.distributed.factory import build_accelerator, prepare
 from trainer.distributed.interrupt import Agreement, Interrupted, Interrupts
@@ -44,6 +44,7 @@ from trainer.engine.run import Run, RunSummary
 from trainer.errors import USER_ERRORS, ConfigError
 from trainer.evaluation import rollouts as evaluation
 from trainer.evaluation import validation
+from trainer.evaluation.inference import LoadedPolicy
 from trainer.policies import build_policy
 from trainer.policies.base import optimizer_params
 from trainer.reporting.metrics import Logger, make_logger
@@ -368,18 +369,13 @@ def evaluate(
     sharded policy's select_action gathers parameters with the others)."""
     policy = accelerator.unwrap_model(model)
     policy.eval()
-    device = accelerator.device
-
-    features = list(config.policy.input_features)
+    acting = LoadedPolicy(policy, preprocessor, postprocessor, accelerator.device)
 
     def act(observation: dict[str, np.ndarray]) -> np.ndarray:
-        raw, _ = observation_batch(observation, features)
-        batch = preprocessor({name: value.to(device) for name, value in raw.items()})
-        action = policy.select_action(batch).float()
-        return postprocessor({"action": action})["action"][0].cpu().numpy()
+        return acting.select_action(observation).cpu().numpy()
 
     def reduce(totals: torch.Tensor) -> torch.Tensor:
-        return accelerator.reduce(totals.to(device), reduction="sum").cpu()
+        return accelerator.reduce(totals.to(accelerator.device), reduction="sum").cpu()
 
     world, rank = accelerator.num_processes, accelerator.process_index
     camera = config.dataset.rollout_camera
