@@ -151,7 +151,7 @@ def demo_epilogue(output: str, bin_dir: str) -> str:
 
 
 # Module (under packages/ckpt-tools/src/ckpt_tools/) -> the fast tests that protect its guarantees: a
-# file name is under tests/ckpt_tools/, a path (with a /) under tests/.
+# file name is under tests/ckpt/, a path (with a /) under tests/.
 ADAPTER_ROUND_TRIP = "trainer/test_peft_engine.py::test_adapter_checkpoint_round_trip"
 MUTATION_TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
     "safe_pickle": ("dcp/safe_pickle.py", ("test_safe_pickle.py", "test_dcp_index.py")),
@@ -252,9 +252,7 @@ def mutate(session: nox.Session) -> None:
     for name in names:
         module, tests = MUTATION_TARGETS[name]
         config, db = workdir / f"{name}.toml", workdir / f"{name}.sqlite"
-        test_paths = " ".join(
-            f"tests/{test}" if "/" in test else f"tests/ckpt_tools/{test}" for test in tests
-        )
+        test_paths = " ".join(f"tests/{test}" if "/" in test else f"tests/ckpt/{test}" for test in tests)
         config.write_text(
             "[cosmic-ray]\n"
             f'module-path = "packages/ckpt-tools/src/ckpt_tools/{module}"\n'
