@@ -202,7 +202,7 @@ class TrainConfig:
             raise ConfigError(
                 "--save_checkpoint_to_hub=true needs the Hub repo: add --policy.repo_id=namespace/name"
             )
-        if self.save_checkpoint_to_hub and ckpt_tools.is_fsspec_target(repo_id):
+        if self.save_checkpoint_to_hub and repo_id is not None and ckpt_tools.is_fsspec_target(repo_id):
             raise ConfigError(
                 f"--save_checkpoint_to_hub=true pushes to a Hub repo, and --policy.repo_id={repo_id} is a path or "
                 "URL: to keep checkpoints in a bucket, set --output_dir to it (checkpoints are written there)"
