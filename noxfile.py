@@ -53,6 +53,19 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy", "--strict", "--follow-imports=silent", *targets)
 
 
+API_DOCS = "build/api"
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """ckpt_tools' API reference for evaluation pipelines and other library users (pdoc, into
+    build/api/index.html): the public names of `import ckpt_tools` and its `layout` and `storage`
+    modules. Any warning fails the build (a public name that does not resolve, a bad annotation)."""
+    install(session, "pdoc>=15")
+    session.run("python", "-W", "error", "docs/build_api.py", API_DOCS)
+    session.log(f"API reference: {API_DOCS}/index.html")
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
     """Conversion benchmark (ckpt convert vs a copy, torch's dcp_to_torch_save, accelerate's merge),

@@ -1,5 +1,32 @@
 """ckpt-tools: the checkpoint format of multi-GPU PyTorch training, as a library.
 
+An evaluation pipeline opens what any run wrote (one process or many, FSDP2, HSDP or DDP; safetensors
+or DCP shards; a local path or an fsspec URL), builds its model from the saved config, loads the
+weights on CPU, with no process group, and runs it:
+
+```python
+import torch
+from torch import nn
+
+import ckpt_tools
+
+path = "outputs/run/checkpoints/last"  # a step directory, `last`, a pretrained_model/ or a URL
+checkpoint = ckpt_tools.open_checkpoint(path)
+config = checkpoint.policy_config()  # the config.json saved beside the weights
+model = nn.Sequential(  # your model class, built from its config
+    nn.Linear(config["obs_dim"], config["hidden"]), nn.ReLU(), nn.Linear(config["hidden"], config["action_dim"])
+)
+weights = "ema" if checkpoint.has_ema else "model"  # the run's EMA when it kept one
+model.load_state_dict(ckpt_tools.load_model_state_dict(path, weights=weights))
+with torch.no_grad():
+    action = model.eval()(torch.zeros(1, config["obs_dim"]))
+print(f"step {checkpoint.training_step().step} ({weights} weights): {action.tolist()}")
+```
+
+`load_processors(path)` gives the policy's normalization state saved with it;
+`describe_checkpoint` and `verify_checkpoint` report on a checkpoint without loading its tensors.
+`tests/ckpt/test_api_example.py` runs this example.
+
 `import ckpt_tools` stays cheap (no torch import): public names load lazily on first use, so metadata
 commands answer in well under a second. Type checkers and editors read the `TYPE_CHECKING` imports
 below instead, so every public name has its real type; `tests/ckpt/test_exported_members.py` keeps
@@ -142,12 +169,13 @@ __all__ = sorted([*_EXPORTS, *_MODULES])
 if not TYPE_CHECKING:  # to a type checker, a module __getattr__ would make every misspelt name `Any`
 
     def __getattr__(name: str) -> object:
-        if name in _MODULES:
-            return importlib.import_module(_MODULES[name])
-        module = _EXPORTS.get(name)
+        module = _MODULES.get(name) or _EXPORTS.get(name)
         if module is None:
             raise AttributeError(f"module 'ckpt_tools' has no attribute {name!r}")
-        return getattr(importlib.import_module(module), name)
+        imported = importlib.import_module(module)
+        value = imported if name in _MODULES else getattr(imported, name)
+        globals()[name] = value  # found directly from now on (pdoc reads the module's __dict__)
+        return value
 
 
 def __dir__() -> list[str]:
