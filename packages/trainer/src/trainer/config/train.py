@@ -157,7 +157,7 @@ class TrainConfig:
     default is 30 minutes)."""
 
     def __post_init__(self) -> None:
-        # Not dataclass fields (so neither flags nor train_config.json entries): config/parse.py sets
+        # Not dataclass fields (so neither flags nor train_config.json entries): cli/parse.py sets
         # them from the command line. `config_path` is the `--config_path` file (draccus reserves the
         # name for its own flag), which resume follows to its checkpoint; `flags_given` are the dotted
         # names typed as flags, so a value that came from a saved config can be told from a chosen one.
