@@ -1,6 +1,6 @@
 """The run plan: every decision a run takes from its parsed config, taken once, before anything is built.
 
-Parsing (config/parse.py) turns argv and config files into a `TrainConfig`. `resolve_plan` then decides
+Parsing (cli/parse.py) turns argv and config files into a `TrainConfig`. `resolve_plan` then decides
 what the launch, the saved run and the data imply: the parallelism that fits this world size (and the
 topology it resolves to), the checkpoint format that topology can write, the FSDP reduce dtype torch will
 really use, the PEFT form of `--accelerator.fsdp.ignored_modules`, the tracker run ids, and the dataset's
