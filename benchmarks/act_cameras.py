@@ -61,7 +61,7 @@ def bare(mode: str, batch_size: int, steps: int, window: int) -> dict[str, objec
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from trainer.data.processors import build_processors
+    from trainer.data.pipeline.processors import build_processors
     from trainer.policies import build_policy
     from trainer.policies.act import ACTConfig, ACTDecoderLayer, ACTEncoderLayer
     from trainer.policies.base import optimizer_params

@@ -84,7 +84,7 @@ def write_dataset(root: Path, frames: int) -> None:
 
 def time_load(root: Path) -> tuple[float, float, object]:
     """(trainer load seconds, pyarrow floor seconds, the dataset)."""
-    from trainer.data.lerobot import LeRobotConfig
+    from trainer.data.sources.lerobot import LeRobotConfig
 
     start = time.perf_counter()
     for path in sorted(root.glob("data/chunk-*/file-*.parquet")):
@@ -99,8 +99,8 @@ def time_steps(datasets: list[object], steps: int) -> list[float]:
     """Median seconds of one training step (gather a batch of 64, normalize, ACT with chunks of 5
     forward/backward, AdamW) per dataset. The datasets take turns step by step, so the load of a shared
     machine falls on all of them alike."""
-    from trainer.data.processors import build_processors
-    from trainer.data.sampler import GlobalOrderSampler
+    from trainer.data.pipeline.processors import build_processors
+    from trainer.data.pipeline.sampler import GlobalOrderSampler
     from trainer.policies import build_policy
     from trainer.policies.act import ACTConfig
 

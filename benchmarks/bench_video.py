@@ -6,7 +6,7 @@ one file), then measures in this machine's processes:
 
 - sequential: PyAV decoding every frame of the file front to back (`to_ndarray(format="rgb24")`), the
   floor any per-sample decoder is compared with;
-- pipeline: the trainer's input pipeline (`trainer.data.loader.batches`) in training order (the
+- pipeline: the trainer's input pipeline (`trainer.data.pipeline.loader.batches`) in training order (the
   global-order sampler's random permutation), each sample seeking to its keyframe, with --workers
   DataLoader workers and with none;
 - worker RSS: the resident memory of each worker after each epoch (it should stay flat: the open
@@ -155,9 +155,9 @@ def sequential_rate(path: Path) -> float:
 def pipeline(root: Path, workers: int, batch: int, epochs: int) -> tuple[float, list[list[float]]]:
     """Frames per second of the training pipeline in training order, and each worker's RSS (MiB) after
     each epoch."""
-    from trainer.data import loader
-    from trainer.data.lerobot import LeRobotConfig
-    from trainer.data.sampler import GlobalOrderSampler
+    from trainer.data.pipeline import loader
+    from trainer.data.pipeline.sampler import GlobalOrderSampler
+    from trainer.data.sources.lerobot import LeRobotConfig
 
     dataset = LeRobotConfig(root=str(root)).load([CAMERA])
     sampler = GlobalOrderSampler(len(dataset), batch, 1, 0, seed=0)

@@ -1,6 +1,6 @@
 """One rank of bench_data_wait.py: `trainer train` with the loop's batch stream timed.
 
-The loop takes each step's batch from `trainer.data.loader.batches`; this wraps that generator and
+The loop takes each step's batch from `trainer.data.pipeline.loader.batches`; this wraps that generator and
 adds up the seconds the loop spends blocked in `next()` (the first batch, which waits for the workers
 to start, is reported apart). Prints `RESULT {json}` with this rank's wait and the loop's seconds.
 """
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from trainer.cli.parse import parse_config
-from trainer.data import loader
+from trainer.data.pipeline import loader
 from trainer.engine.loop import train
 
 _timed: dict[str, float] = {"first_s": 0.0, "wait_s": 0.0, "steps": 0}

@@ -136,7 +136,7 @@ def check_dcp(workdir: Path, device: str, sizes: dict[str, int]) -> dict[str, fl
 
     import ckpt_tools
     import trainer
-    from trainer.data.processors import build_processors
+    from trainer.data.pipeline.processors import build_processors
     from trainer.distributed.wrap import register_forward_methods
     from trainer.policies import build_policy
     from trainer.policies.mlp import MLPConfig

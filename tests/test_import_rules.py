@@ -82,6 +82,34 @@ LAYERS = {
 }  # fmt: skip
 
 
+# Rooms inside a layer, lowest first, under the same rule: a module of a room imports only from its own
+# room or the rooms below it (the layer's root modules are rooms of their own).
+ROOMS = {
+    "trainer.data": ("dataset", "format", "pipeline", "embedded", "sources"),
+    "trainer.engine": ("ema", "peft_policy", "loss_window", "run", "banner", "checkpoint", "plan", "loop"),
+}
+
+
+def _room(layer: str, module: str) -> int:
+    rooms = ROOMS[layer]
+    top = module[len(layer) + 1 :].split(".")[0]
+    assert top in rooms, f"{module} is in no room of {layer}: add it to ROOMS (and docs/architecture.md)"
+    return rooms.index(top)
+
+
+def _upward_room_imports(layer: str) -> list[str]:
+    """`module -> target` for every import inside `layer` that goes up a room."""
+    package = layer.split(".")[0]
+    inside = layer + "."
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in _edges(package).items()
+        if module.startswith(inside)
+        for target in targets
+        if target.startswith(inside) and _room(layer, target) > _room(layer, module)
+    )
+
+
 def _layer(package: str, module: str) -> int:
     top = module.split(".")[1]
     layers = LAYERS[package]
@@ -179,6 +207,29 @@ def test_layer_rule_sees_an_upward_import_inside_a_function(tmp_path: Path) -> N
 def test_imports_go_down_the_layers(package: str) -> None:
     upward = _upward_imports(package)
     assert not upward, f"imports that go up a layer of {package}: " + "; ".join(upward)
+
+
+@pytest.mark.parametrize("layer", sorted(ROOMS))
+def test_imports_go_down_the_rooms(layer: str) -> None:
+    upward = _upward_room_imports(layer)
+    assert not upward, f"imports that go up a room of {layer}: " + "; ".join(upward)
+
+
+def test_room_rule_sees_an_upward_import(tmp_path: Path) -> None:
+    """The rule can fail: a low room that imports a higher one."""
+    layer = tmp_path / "pkg" / "data"
+    for room in ("low", "high"):
+        (layer / room).mkdir(parents=True)
+        (layer / room / "__init__.py").write_text("")
+    (layer.parent / "__init__.py").write_text("")
+    (layer / "__init__.py").write_text("")
+    (layer / "low" / "a.py").write_text("def f():\n    from pkg.data.high import b\n")
+    (layer / "high" / "b.py").write_text("")
+    SOURCES["pkg"], ROOMS["pkg.data"] = tmp_path, ("low", "high")
+    try:
+        assert _upward_room_imports("pkg.data") == ["pkg.data.low.a -> pkg.data.high.b"]
+    finally:
+        del SOURCES["pkg"], ROOMS["pkg.data"]
 
 
 def test_the_metadata_path_never_imports_torch() -> None:

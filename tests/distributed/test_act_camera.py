@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 import trainer
 from helpers.launch import run_torchrun
 from helpers.train_flags import TINY_LEROBOT_ACT
-from trainer.data import sim
+from trainer.data.embedded import sim
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 

@@ -15,7 +15,7 @@ import pytest
 import ckpt_tools
 from helpers.launch import run_torchrun
 from helpers.train_flags import tiny_args
-from trainer.data import sim
+from trainer.data.embedded import sim
 from trainer.evaluation.rollouts import EVAL_SEED_BASE
 
 pytestmark = pytest.mark.distributed

@@ -14,9 +14,9 @@ import torch
 import trainer
 from trainer.cli.eval_command import run_eval
 from trainer.cli.parse import parse_config
-from trainer.data import sim
 from trainer.data.dataset import ALL_CAMERAS, IMAGENET_STATS, ArrayDataset
-from trainer.data.pendulum import PendulumConfig
+from trainer.data.embedded import sim
+from trainer.data.embedded.pendulum import PendulumConfig
 from trainer.engine.loop import train
 from trainer.errors import ConfigError
 from trainer.policies.base import fit_to_data

@@ -20,13 +20,13 @@ import trainer
 from helpers.fixtures import copy_fixture, fixture_dir
 from helpers.lerobot_data import IMAGE, write_dataset
 from trainer.cli.parse import parse_config
-from trainer.data import loader
-from trainer.data.augment import Augment, ImageTransformsConfig
 from trainer.data.dataset import IMAGENET_STATS
-from trainer.data.decode import DecodeError, VideoReader, tolerance
-from trainer.data.lerobot import LeRobotConfig
-from trainer.data.processors import build_processors
-from trainer.data.sampler import GlobalOrderSampler
+from trainer.data.format.decode import DecodeError, VideoReader, tolerance
+from trainer.data.pipeline import loader
+from trainer.data.pipeline.augment import Augment, ImageTransformsConfig
+from trainer.data.pipeline.processors import build_processors
+from trainer.data.pipeline.sampler import GlobalOrderSampler
+from trainer.data.sources.lerobot import LeRobotConfig
 from trainer.engine.loop import train
 from trainer.errors import ConfigError
 

@@ -16,8 +16,8 @@ from trainer.cli.flags import all_flags, help_text, markdown_table
 from trainer.cli.parse import parse_config
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.train import encode_config
-from trainer.data.augment import ImageTransformsConfig
-from trainer.data.lerobot import LeRobotConfig
+from trainer.data.pipeline.augment import ImageTransformsConfig
+from trainer.data.sources.lerobot import LeRobotConfig
 from trainer.distributed.factory import ALLOW_ENV, _quiet_mesh_slicing_warning, check_accelerate_env
 from trainer.distributed.topology import check_checkpoint_format, resolve_topology
 from trainer.distributed.wrap import WrapPlan, check_tied_weights, resolve_wrap_plan, unit_roots
@@ -336,7 +336,7 @@ def test_one_argv_pre_pass_accepts_both_spellings(tmp_path, monkeypatch):
 
 def test_async_save_needs_a_sharded_run():
     from ckpt_tools import Topology
-    from trainer.engine.checkpointing import check_async_save
+    from trainer.engine.checkpoint.saving import check_async_save
 
     config = parse_config(["--async_save=true"])
     with pytest.raises(
@@ -355,7 +355,7 @@ def _tripwire_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str)
     marker = tmp_path / f"{name}.imported"
     (tmp_path / f"{name}.py").write_text(
         f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
-        "from trainer.data.pendulum import PendulumConfig\n"
+        "from trainer.data.embedded.pendulum import PendulumConfig\n"
         "from trainer.policies.mlp import MLPConfig\n"
         "class Data(PendulumConfig):\n    pass\n"
         "class Policy(MLPConfig):\n    pass\n"

@@ -16,8 +16,8 @@ import ckpt_tools
 from ckpt_tools import Topology, layout
 from helpers.train_flags import tiny_args
 from trainer.cli.parse import parse_config
-from trainer.data.pendulum import PendulumConfig
-from trainer.data.sampler import GlobalOrderSampler
+from trainer.data.embedded.pendulum import PendulumConfig
+from trainer.data.pipeline.sampler import GlobalOrderSampler
 from trainer.distributed.factory import build_accelerator
 from trainer.engine.loop import train
 from trainer.errors import ConfigError

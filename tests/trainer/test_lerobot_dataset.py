@@ -17,7 +17,7 @@ from helpers.fixtures import copy_fixture
 from helpers.lerobot_data import IMAGE, STATE, VELOCITY, write_dataset
 from trainer.cli.parse import parse_config
 from trainer.config.train import encode_config
-from trainer.data.lerobot import LeRobotConfig
+from trainer.data.sources.lerobot import LeRobotConfig
 from trainer.engine.loop import train
 from trainer.errors import ConfigError
 
@@ -245,7 +245,7 @@ def agent_store(monkeypatch):
     """A store where torchrun's agent would serve one, and the environment a worker sees."""
     from torch.distributed import TCPStore
 
-    from trainer.data import hub
+    from trainer.data.sources import hub
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
@@ -258,7 +258,7 @@ def agent_store(monkeypatch):
 
 
 def test_the_first_rank_shares_its_failed_download_with_the_others(agent_store, monkeypatch) -> None:
-    from trainer.data import hub
+    from trainer.data.sources import hub
 
     monkeypatch.setenv("LOCAL_RANK", "0")
     with pytest.raises(ConfigError, match=r"--dataset.repo_id=nobody/gone: no local copy") as first:
@@ -274,7 +274,7 @@ def test_the_other_ranks_read_the_snapshot_the_first_rank_fetched(
     agent_store, dataset_root, monkeypatch
 ) -> None:
     from helpers.hf_cache import put_in_hub_cache
-    from trainer.data import hub
+    from trainer.data.sources import hub
 
     put_in_hub_cache(dataset_root[0], "me/fetched", repo_type="dataset")
     monkeypatch.setenv("LOCAL_RANK", "1")

@@ -18,8 +18,8 @@ from helpers.lerobot_data import STATE, VELOCITY, write_dataset
 from helpers.train_flags import TINY_LEROBOT_ACT
 from trainer.cli.eval_command import run_eval
 from trainer.cli.parse import parse_config
-from trainer.data import hub
-from trainer.data.lerobot import LeRobotConfig
+from trainer.data.sources import hub
+from trainer.data.sources.lerobot import LeRobotConfig
 from trainer.engine.loop import train
 from trainer.engine.plan import check_policy_device
 from trainer.errors import ConfigError

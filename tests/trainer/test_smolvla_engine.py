@@ -95,7 +95,7 @@ def test_our_checkpoint_acts_on_a_raw_observation_with_its_task(
 
 
 def _raw(observation: dict) -> dict[str, torch.Tensor]:
-    from trainer.data.processors import observation_batch
+    from trainer.data.pipeline.processors import observation_batch
 
     batch, _ = observation_batch(
         observation, ["observation.state", "observation.images.top", "observation.images.wrist", "task"]

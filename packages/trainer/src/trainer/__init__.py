@@ -17,7 +17,7 @@ def __getattr__(name: str) -> Any:
 
         return load_policy
     if name == "open_dataset":
-        from trainer.data.lerobot import open_dataset
+        from trainer.data.sources.lerobot import open_dataset
 
         return open_dataset
     raise AttributeError(f"module 'trainer' has no attribute {name!r}")

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer.data import lerobot_format as fmt
-from trainer.data.cameras import LeRobotFrames
-from trainer.data.lerobot import LeRobotConfig
+from trainer.data.format import metadata as fmt
+from trainer.data.format.cameras import LeRobotFrames
+from trainer.data.sources.lerobot import LeRobotConfig
 from trainer.errors import ConfigError
 
 USAGE = (

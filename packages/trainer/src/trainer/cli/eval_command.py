@@ -23,10 +23,10 @@ import ckpt_tools
 from trainer.cli.parse import LEROBOT_FLAGS, settle_choice
 from trainer.config.dataset import DatasetConfig
 from trainer.config.registry import split_allow_types
-from trainer.data import sim
 from trainer.data.dataset import OBS_KEY
-from trainer.data.pendulum import PendulumConfig
-from trainer.data.renamed import load_renamed
+from trainer.data.embedded import sim
+from trainer.data.embedded.pendulum import PendulumConfig
+from trainer.data.pipeline.renamed import load_renamed
 from trainer.errors import ConfigError
 from trainer.evaluation import rollouts as evaluation
 from trainer.evaluation.inference import LoadedPolicy, load_policy

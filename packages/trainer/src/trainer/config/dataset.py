@@ -75,5 +75,5 @@ class DatasetConfig(draccus.ChoiceRegistry):
 
     @property
     def rollout_camera(self) -> bool:
-        """Whether those rollouts run the sim's camera task (data/sim.py)."""
+        """Whether those rollouts run the sim's camera task (data/embedded/sim.py)."""
         return False

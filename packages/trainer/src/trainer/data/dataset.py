@@ -16,7 +16,7 @@ outside one). Its config is a `DatasetConfig` subclass whose `load()` returns an
   shaped (C, 1, 1), on the [0, 1] scale);
 - `episode_bounds()`: one `[start, end)` frame range per episode;
 - optionally `gather_in_workers = True`: `gather` decodes (cameras), so the input pipeline runs it in
-  DataLoader workers (data/loader.py); in-memory data is gathered in the training process.
+  DataLoader workers (data/pipeline/loader.py); in-memory data is gathered in the training process.
 
 `ArrayDataset` implements all of it over in-memory arrays, so a new dataset only has to produce
 observations, actions and episode lengths.
@@ -172,3 +172,9 @@ def check_input_features(requested: Sequence[str], available: Sequence[str], wha
             f"(available: {', '.join(available) or 'none'}); choose among those"
         )
     return list(requested) or list(available)
+
+
+def frames_as_float(frames: torch.Tensor) -> torch.Tensor:
+    """Camera frames as a policy reads them: uint8 as decoded -> float32 in [0, 1], divided by 255 as
+    LeRobot divides; frames already float (converted, or augmented) pass unchanged."""
+    return frames.float() / 255 if frames.dtype == torch.uint8 else frames

@@ -12,8 +12,8 @@ import torch
 import ckpt_tools
 from trainer.config.dataset import Dataset
 from trainer.config.train import TrainConfig
-from trainer.data.processors import Processor
-from trainer.data.sampler import GlobalOrderSampler
+from trainer.data.pipeline.processors import Processor
+from trainer.data.pipeline.sampler import GlobalOrderSampler
 from trainer.engine.ema import Ema
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ import ckpt_tools
 from ckpt_tools import layout
 from trainer.config.registry import register_import_path
 from trainer.data.dataset import ACTION_KEY, OBS_KEY
-from trainer.data.processors import Processor, observation_batch
+from trainer.data.pipeline.processors import Processor, observation_batch
 from trainer.errors import ConfigError
 from trainer.policies import Policy, PolicyConfig, build_policy, pretrained, upgrade_policy_config
 

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from trainer.config.dataset import Dataset
-from trainer.data import sim
 from trainer.data.dataset import ACTION_KEY, OBS_KEY, PAD_KEY
+from trainer.data.embedded import sim
 from trainer.evaluation.validation import rank_batches
 
 EVAL_SEED_BASE = 10_000

@@ -1,4 +1,4 @@
-"""Two-phase resume (DESIGN.md section 6): the trainer's side, over ckpt_tools' plan and loaders.
+"""Two-phase resume (docs/resume.md): the trainer's side, over ckpt_tools' plan and loaders.
 
 Phase 1 (`before_prepare`) runs on the plain, freshly built policy: it finds the checkpoint, reads its
 `training_step.json`, judges the current run against it (`ckpt_tools.plan_resume`: refused, warned,
@@ -23,7 +23,7 @@ import torch
 import ckpt_tools
 from ckpt_tools import ResumePlan, RunShape, Topology, layout
 from trainer.config.train import TrainConfig
-from trainer.data.sampler import GlobalOrderSampler
+from trainer.data.pipeline.sampler import GlobalOrderSampler
 from trainer.engine.peft_policy import saved_weight_shapes
 from trainer.errors import USER_ERRORS, CannotResumeError, ConfigError
 

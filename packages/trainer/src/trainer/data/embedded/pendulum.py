@@ -1,6 +1,6 @@
 """The embedded demonstration dataset: scripted-expert episodes of the sim task, cached on disk.
 
-`--dataset.camera=true` switches to the camera task (data/sim.py): the episodes then also store the
+`--dataset.camera=true` switches to the camera task (data/embedded/sim.py): the episodes then also store the
 camera's frames (`observation.images.top`, uint8), and the run's rollouts are scored on that task.
 
 Generation is deterministic in (episodes, seed), so every rank may build or read the cache on its own:
@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from trainer.config.dataset import DatasetConfig
-from trainer.data import sim
 from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, ArrayDataset, check_input_features, is_camera
+from trainer.data.embedded import sim
 from trainer.errors import ConfigError
 
 

@@ -25,9 +25,6 @@ import numpy as np
 import torch
 
 from trainer.config.dataset import DatasetConfig, Stats
-from trainer.data import lerobot_format as fmt
-from trainer.data.augment import Augment, ImageTransformsConfig
-from trainer.data.cameras import CameraDataset, Cameras, LeRobotFrames, camera_stats
 from trainer.data.dataset import (
     ACTION_KEY,
     ALL_CAMERAS,
@@ -36,7 +33,10 @@ from trainer.data.dataset import (
     ArrayDataset,
     check_input_features,
 )
-from trainer.data.decode import VIDEO_BACKENDS
+from trainer.data.format import metadata as fmt
+from trainer.data.format.cameras import CameraDataset, Cameras, LeRobotFrames, camera_stats
+from trainer.data.format.decode import VIDEO_BACKENDS
+from trainer.data.pipeline.augment import Augment, ImageTransformsConfig
 from trainer.errors import ConfigError
 
 STD_FLOOR = 1e-6  # a constant feature's std would divide by zero
@@ -63,7 +63,7 @@ class LeRobotConfig(DatasetConfig):
     """Normalize 3-channel cameras with ImageNet's mean/std instead of stats.json's (LeRobot's default,
     for vision backbones pretrained on ImageNet)."""
     image_transforms: ImageTransformsConfig = field(default_factory=ImageTransformsConfig)
-    """Training-time camera augmentation (data/augment.py)."""
+    """Training-time camera augmentation (data/pipeline/augment.py)."""
     eval_split: float = 0.0
     """Hold out this fraction of each task's episodes (its last ones by index, at least one, never all)
     instead of naming them with --dataset.val_episodes."""
@@ -92,7 +92,7 @@ class LeRobotConfig(DatasetConfig):
         """The dataset directory: --dataset.root, else the repo's snapshot in the Hub cache."""
         if self.root:
             return Path(self.root)
-        from trainer.data.hub import download_once
+        from trainer.data.sources.hub import download_once
 
         assert self.repo_id is not None
         return Path(download_once(self.repo_id, self.revision))

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from trainer.data.decode import DecodeError
-from trainer.data.sampler import GlobalOrderSampler
+from trainer.data.format.decode import DecodeError
+from trainer.data.pipeline.sampler import GlobalOrderSampler
 
 Batch = dict[str, torch.Tensor]
 

@@ -12,7 +12,7 @@ import torch
 import ckpt_tools
 from ckpt_tools import SamplerPosition, Topology, TrainingStep, layout
 from trainer.config.train import TrainConfig, encode_config
-from trainer.data.processors import Processor
+from trainer.data.pipeline.processors import Processor
 from trainer.engine.peft_policy import adapter_config
 from trainer.errors import CheckpointSaveError, ConfigError
 

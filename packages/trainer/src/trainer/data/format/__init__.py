@@ -1,0 +1,1 @@
+"""The LeRobotDataset v3.0 format read from disk: metadata and parquet, video and image frames, cameras."""

@@ -1,0 +1,1 @@
+"""The input pipeline: the global-order sampler, the DataLoader, augmentation, processors, renaming."""
