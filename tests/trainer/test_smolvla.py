@@ -237,3 +237,29 @@ def test_a_hub_id_backbone_is_read_through_the_hf_cache_offline(
     ).read_bytes()
     with pytest.raises(ConfigError, match=r"^--policy.vlm_model_name=someone/absent: not a local directory"):
         resolve_backbone("someone/absent")
+
+
+def test_load_vlm_weights_copies_the_backbones_weights_into_the_vlm(fixture: Path, tmp_path: Path) -> None:
+    """--policy.load_vlm_weights=true: the backbone directory's model.safetensors goes into the VLM at
+    the start of training (its text layers beyond num_vlm_layers are not kept); the expert keeps its
+    own initialization."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, SmolVLMForConditionalGeneration
+
+    from trainer.policies.base import build_policy
+
+    backbone = tmp_path / "pretrained_smolvlm"
+    shutil.copytree(fixture / "tiny_smolvlm", backbone)
+    torch.manual_seed(7)
+    vlm = SmolVLMForConditionalGeneration(AutoConfig.from_pretrained(str(backbone)))
+    save_file({k: v.contiguous() for k, v in vlm.state_dict().items()}, str(backbone / "model.safetensors"))
+    config = SmolVLAConfig(vlm_model_name=str(backbone), load_vlm_weights=True, num_vlm_layers=4,
+                           input_features=["observation.state", "observation.images.top", "task"])  # fmt: skip
+    torch.manual_seed(0)
+    policy = build_policy(config, 4, 2)
+    expert = policy.model.vlm_with_expert.lm_expert.layers[0].mlp.up_proj.weight.clone()
+    policy.load_pretrained_parts()
+    ours = policy.model.vlm_with_expert.vlm.state_dict()
+    assert set(ours) <= set(vlm.state_dict())
+    assert all(torch.equal(ours[k], vlm.state_dict()[k]) for k in ours)
+    assert torch.equal(policy.model.vlm_with_expert.lm_expert.layers[0].mlp.up_proj.weight, expert)

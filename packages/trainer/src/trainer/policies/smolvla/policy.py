@@ -24,9 +24,6 @@ from trainer.policies.smolvla import backbone, language
 from trainer.policies.smolvla.config import SmolVLAConfig
 from trainer.policies.smolvla.flow import FlowMatching, sample_time
 
-TOKENS_KEY = language.TOKENS_KEY
-TOKEN_MASK_KEY = language.TOKEN_MASK_KEY
-
 
 def resize_with_pad(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """(B, C, h, w) resized to fit (height, width) with its aspect kept (bilinear, sizes truncated
@@ -173,9 +170,6 @@ class SmolVLAPolicy(Policy):
             shape = (b, self.config.chunk_size, self.config.max_action_dim)
             noise = torch.normal(0.0, 1.0, size=shape, dtype=torch.float32, device=prefix[0].device)
         return self.model.sample(prefix, noise.to(self._dtype))[:, :, : self.config.action_dim]
-
-    def predict_chunk(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.predict_action_chunk(batch)
 
     @torch.no_grad()
     def select_action(
