@@ -20,7 +20,6 @@ from helpers.launch import run_torchrun
 from trainer.data.dataset import task_bytes
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
-pytest.importorskip("transformers")
 
 SCRIPT = Path(__file__).parent / "scripts" / "smolvla_run.py"
 

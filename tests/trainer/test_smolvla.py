@@ -22,8 +22,6 @@ from trainer.errors import ConfigError
 from trainer.policies import upgrade_policy_config
 from trainer.policies.smolvla import SmolVLAConfig
 
-pytest.importorskip("transformers")
-
 TOL = 1e-5  # LeRobot's own re-runs differ by ~1e-7; a real difference shows at 1e-2
 REFERENCES = ("reference", "reference_padded_task")
 

@@ -18,8 +18,6 @@ from trainer.cli.parse import parse_config
 from trainer.engine.loop import train
 from trainer.errors import ConfigError
 
-pytest.importorskip("transformers")
-
 TINY = [
     "--policy.type=smolvla",
     "--policy.vlm_model_name=tiny_smolvlm",
