@@ -168,7 +168,7 @@ class VLMWithExpert(nn.Module):
         """Copy the backbone's pretrained weights (safetensors in its directory) into `vlm`."""
         from ckpt_tools import load_model_state_dict
 
-        directory = resolve_backbone(name)
+        directory = resolve_backbone(name, weights=True)
         try:
             state = load_model_state_dict(directory)
         except Exception as exc:

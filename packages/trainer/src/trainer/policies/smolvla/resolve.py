@@ -12,9 +12,10 @@ from trainer.errors import ConfigError
 FLAG = "--policy.vlm_model_name"
 
 
-def resolve_backbone(name: str) -> str:
-    """The local directory holding the backbone's config and tokenizer: `name` itself when it is a
-    directory, else its snapshot in the Hugging Face cache (downloaded when online and not cached)."""
+def resolve_backbone(name: str, weights: bool = False) -> str:
+    """The local directory holding the backbone's config and tokenizer (and, with `weights`, its
+    safetensors): `name` itself when it is a directory, else its snapshot in the Hugging Face cache
+    (those files downloaded when online and not cached)."""
     if os.path.isdir(name):
         return name
     if os.path.isabs(name) or name.startswith(".") or name.count("/") != 1:
@@ -22,7 +23,8 @@ def resolve_backbone(name: str) -> str:
     from huggingface_hub import snapshot_download
 
     try:
-        return snapshot_download(name, repo_type="model", allow_patterns=["*.json", "*.txt", "*.model"])
+        patterns = ["*.json", "*.txt", "*.model", *(["*.safetensors"] if weights else [])]
+        return snapshot_download(name, repo_type="model", allow_patterns=patterns)
     except Exception as exc:  # offline and not cached, unknown repo: the same one line
         raise ConfigError(
             f"{FLAG}={name}: not a local directory, and the Hub repo could not be read "
