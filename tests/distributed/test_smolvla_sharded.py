@@ -1,7 +1,8 @@
 """SmolVLA sharded on 2 gloo ranks, one torchrun launch (scripts/smolvla_run.py): a unit per decoder
 layer (the naive choice) fails, since SmolVLA never calls a decoder layer's forward(); the policy's own
 units (the parts whose forward() runs) train exactly as DDP does, the sharded run saves LeRobot's
-tensor names, and LoRA on LeRobot's default targets trains under FSDP2."""
+tensor names, and LoRA on LeRobot's default targets trains under FSDP2; HSDP 2x2 trains as DDP does
+on 4 ranks (a second launch)."""
 
 from __future__ import annotations
 
@@ -24,11 +25,16 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 SCRIPT = Path(__file__).parent / "scripts" / "smolvla_run.py"
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    work = tmp_path_factory.mktemp("smolvla_sharded")
+def _workdir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    work = tmp_path_factory.mktemp(name)
     shutil.copytree(fixture_dir("lerobot_smolvla_tiny", "tiny_smolvlm"), work / "tiny_smolvlm")
     shutil.copytree(fixture_dir("lerobot", "dataset_video"), work / "dataset_video")
+    return work
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    work = _workdir(tmp_path_factory, "smolvla_sharded")
     return work, run_torchrun(SCRIPT, 2, str(work / "out"), str(work), timeout=400).stdout
 
 
@@ -87,3 +93,12 @@ def test_lora_under_fsdp2_trains_lerobots_default_targets(runs) -> None:
     heads = {"state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in", "action_time_mlp_out"}
     assert targets == expert | heads
     assert any(t.abs().sum() > 0 for t in lora_b)  # the adapters moved from their zero start
+
+
+def test_hsdp_2x2_trains_as_ddp_does_on_4_ranks(tmp_path_factory: pytest.TempPathFactory) -> None:
+    work = _workdir(tmp_path_factory, "smolvla_hsdp")
+    stdout = run_torchrun(SCRIPT, 4, str(work / "out"), str(work), "hsdp", timeout=400).stdout
+    assert "HSDP 2x2 (4 processes" in stdout
+    hsdp, ddp = _losses(work / "out" / "hsdp"), _losses(work / "out" / "ddp4")
+    assert len(hsdp) == 2
+    np.testing.assert_allclose(hsdp, ddp, rtol=1e-5)
