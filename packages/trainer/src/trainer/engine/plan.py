@@ -3,8 +3,9 @@
 Parsing (cli/parse.py) turns argv and config files into a `TrainConfig`. `resolve_plan` then decides
 what the launch, the saved run and the data imply: the parallelism that fits this world size (and the
 topology it resolves to), the checkpoint format that topology can write, the FSDP reduce dtype torch will
-really use, the PEFT form of `--accelerator.fsdp.ignored_modules`, the tracker run ids, and the dataset's
-observation features and feature sizes. Each decision is a function that returns a value; the resolved
+really use, the PEFT form of `--accelerator.fsdp.ignored_modules`, the tracker run ids, the optimizer and
+schedule (the policy's training preset or the flags), and the dataset's observation features and
+feature sizes. Each decision is a function that returns a value; the resolved
 config is a new object (the caller's is deep-copied first and never edited), and nothing edits it after
 this step, so `train_config.json` (`saving.saved_config`) is the encoded plan and records exactly
 what the run did.
@@ -102,7 +103,7 @@ def resolve_optimization(config: TrainConfig) -> tuple[OptimizerConfig, Schedule
             f"--{typed[0]} is refused while --use_policy_training_preset=true (the default) trains with "
             f"{name}: pass --use_policy_training_preset=false to choose the optimizer and schedule with "
             "--optimizer.* and --scheduler.*, or change the preset through the policy's fields "
-            "(docs/training.md, 'Training presets')"
+            "(docs/training.md, 'Optimizer and schedule: training presets')"
         )
     optimizer, scheduler = config.policy.get_optimizer_preset(), config.policy.get_scheduler_preset()
     if not resuming:
