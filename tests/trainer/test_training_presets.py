@@ -84,6 +84,8 @@ def test_the_policys_own_fields_change_its_preset(images, tmp_path, clean_accele
         parse_config(["--policy.type=act", "--policy.optimizer_weight_decay=0"])
     )
     assert (optimizer.lr, optimizer.weight_decay) == (1e-5, 0.0)
+    with pytest.raises(ConfigError, match=r"--policy.optimizer_lr must be > 0, got 0.0"):
+        parse_config(["--policy.type=act", "--policy.optimizer_lr=0"])
 
 
 @pytest.mark.parametrize(

@@ -59,7 +59,9 @@ class OptimizerConfig(draccus.ChoiceRegistry):
     def describe(self) -> str:
         """The banner's words: "AdamW lr 1e-05 (weight decay 0.0001, clip 10)"."""
         clip = f"clip {self.grad_clip_norm:g}" if self.grad_clip_norm else "no clipping"
-        return f"{_NAMES[self.type]} lr {self.lr:g} (weight decay {self.weight_decay:g}, {clip})"
+        return (
+            f"{_NAMES.get(self.type, self.type)} lr {self.lr:g} (weight decay {self.weight_decay:g}, {clip})"
+        )
 
 
 @OptimizerConfig.register_subclass("adamw")

@@ -108,6 +108,7 @@ class ACTConfig(PolicyConfig):
             (self.vision_backbone in resnet.BLOCKS, f"--policy.vision_backbone={self.vision_backbone!r}: choose one of {', '.join(resnet.BLOCKS)}"),
             (self.feedforward_activation in _ACTIVATIONS, f"--policy.feedforward_activation={self.feedforward_activation!r}: choose relu or gelu"),
             (self.temporal_ensemble_coeff is None or self.n_action_steps == 1, "--policy.temporal_ensemble_coeff needs --policy.n_action_steps=1 (it predicts every step)"),
+            (self.optimizer_lr > 0, f"--policy.optimizer_lr must be > 0, got {self.optimizer_lr}"),
         ]  # fmt: skip
         for ok, message in checks:
             if not ok:
