@@ -14,6 +14,7 @@ from torch import nn
 
 from trainer.cli.flags import all_flags, help_text, markdown_table
 from trainer.cli.parse import parse_config
+from trainer.config.optim import OptimizerConfig, SchedulerConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.train import encode_config
 from trainer.data.pipeline.augment import ImageTransformsConfig
@@ -270,6 +271,9 @@ def test_every_config_field_is_a_documented_flag() -> None:
     leaves |= {
         f"--dataset.image_transforms.{field.name}" for field in dataclasses.fields(ImageTransformsConfig)
     }
+    for registry, section in ((OptimizerConfig, "optimizer"), (SchedulerConfig, "scheduler")):
+        for choice in registry.get_known_choices().values():
+            leaves |= {f"--{section}.{field.name}" for field in dataclasses.fields(choice)}
     assert leaves | {"--config_path"} == set(names) and len(names) == len(set(names))
     assert all(flag.meaning for flag in all_flags())
     help_lines = help_text().splitlines()

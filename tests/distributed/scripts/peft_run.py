@@ -81,7 +81,13 @@ def common(run: str) -> list[str]:
 
 
 def fresh(run: str, *flags: str) -> list[str]:
-    lora = ["--peft.method_type=LORA", "--peft.r=4", "--peft.alpha=8", "--optimizer.lr=0.01"]
+    lora = [
+        "--peft.method_type=LORA",
+        "--peft.r=4",
+        "--peft.alpha=8",
+        "--use_policy_training_preset=false",
+        "--optimizer.lr=0.01",
+    ]
     return [
         f"--policy.path={BASE}",
         "--policy.dropout=0",

@@ -16,7 +16,7 @@ config = checkpoint.policy_config()  # the config.json saved beside the weights
 model = nn.Sequential(  # your model class, built from its config
     nn.Linear(config["obs_dim"], config["hidden"]), nn.ReLU(), nn.Linear(config["hidden"], config["action_dim"])
 )
-weights = "ema" if checkpoint.has_ema else "model"  # the run's EMA when it kept one
+weights = checkpoint.default_weights  # "ema" when the run kept an EMA, else "model"
 model.load_state_dict(ckpt_tools.load_model_state_dict(path, weights=weights))
 with torch.no_grad():
     action = model.eval()(torch.zeros(1, config["obs_dim"]))

@@ -27,7 +27,7 @@ from ckpt_tools.catalog import (
     SAFETENSORS,
     WeightSet,
     catalog,
-    ema_for_resume,
+    overlay_for_resume,
     weights_for_resume,
 )
 from ckpt_tools.errors import (
@@ -39,7 +39,7 @@ from ckpt_tools.errors import (
 from ckpt_tools.files import storage
 from ckpt_tools.files.locate import read_training_step, resolve_model_dir
 from ckpt_tools.files.safetensors_io import SafetensorsHeader, read_safetensors_header, read_weight_map
-from ckpt_tools.format import layout
+from ckpt_tools.format import layout, weight_sets
 from ckpt_tools.format.meta import TrainingStep
 from ckpt_tools.format.untrusted import MAX_CONFIG_BYTES, check_like
 from ckpt_tools.state.adapters import adapter_keys
@@ -97,7 +97,7 @@ def _load_ema(model_dir: str, shadow: Mapping[str, torch.Tensor], model: nn.Modu
     """Fill the EMA shadow in place from the step's EMA set (a PEFT step's under the adapter's key
     names, as `save` wrote it); False when the step has none."""
     cat = catalog(model_dir)
-    weights = ema_for_resume(cat, sharded=is_sharded(model))
+    weights = overlay_for_resume(cat, weight_sets.EMA, sharded=is_sharded(model))
     if weights is None:
         return False
     keys = adapter_keys(model) if cat.of_role(ADAPTER) else {name: name for name in shadow}

@@ -33,11 +33,25 @@ def parse_config(args: Sequence[str]) -> TrainConfig:
     flags_given = frozenset(arg[2:].partition("=")[0] for arg in rest if arg.startswith("--"))
     with _local_copy(config_path) as local, policy_defaults(rest, local) as defaults_path:
         config = _parse(rest, defaults_path, allowed)  # defaults_path: + `--policy.path`'s config.json
+        if _written_before_presets(local) and "use_policy_training_preset" not in flags_given:
+            config.use_policy_training_preset = False
     config.config_path = config_path
     config.flags_given = flags_given
     if not layout.is_url(config.output_dir):  # resolved once: a resume from elsewhere writes the same run
         config.output_dir = os.path.abspath(os.path.expanduser(config.output_dir))
     return config
+
+
+def _written_before_presets(config_path: str | None) -> bool:
+    """Whether a config file predates --use_policy_training_preset (it has no such entry): its
+    optimizer and scheduler are the ones its run trained with, so it reads as false and a resumed
+    run keeps its schedule."""
+    if config_path is None:
+        return False
+    try:
+        return "use_policy_training_preset" not in ckpt_tools.read_config_json(config_path)
+    except ckpt_tools.CheckpointError as exc:
+        raise ConfigError(f"--config_path={config_path}: {exc}") from None
 
 
 @contextlib.contextmanager

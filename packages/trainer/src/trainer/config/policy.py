@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import draccus
 
 from trainer.config.accelerator import dtype_flag
+from trainer.config.optim import AdamWConfig, CosineConfig, OptimizerConfig, SchedulerConfig
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -81,6 +82,17 @@ class PolicyConfig(draccus.ChoiceRegistry):
     def chunk_size(self) -> int:
         """Actions predicted per observation."""
         return 1
+
+    def get_optimizer_preset(self) -> OptimizerConfig:
+        """The optimizer this policy trains with under --use_policy_training_preset=true (LeRobot's
+        method name), built from the config's own fields so `--policy.<field>` flags change it; this
+        base returns the engine's defaults (AdamW lr 2e-3, weight decay 1e-4, clip 10)."""
+        return AdamWConfig()
+
+    def get_scheduler_preset(self) -> SchedulerConfig:
+        """The schedule under --use_policy_training_preset=true; LeRobot's "no scheduler" (None) is
+        `ConstantConfig(warmup_steps=0)` here. This base returns the engine's default cosine."""
+        return CosineConfig()
 
     def policy_class(self) -> Callable[[PolicyConfig], nn.Module]:
         """The class this config builds, called with the config (`trainer.policies.Policy` subclasses;

@@ -88,6 +88,7 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
     logger.banner(
         [
             *run_banner(config, topology, wrap_plan, run.accelerator, len(run.dataset)),
+            plan.optimization,
             *data_banner(run),
             describe_parameters(run.model),
         ]

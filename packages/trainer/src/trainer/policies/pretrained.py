@@ -14,13 +14,16 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ckpt_tools
 from ckpt_tools import layout
 from trainer.config.policy import RUN_FIELDS, PolicyConfig
 from trainer.errors import ConfigError
 from trainer.policies.act_state import upgrade_policy_config
+
+if TYPE_CHECKING:
+    import torch
 
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _PATH_FLAG = "--policy.path="
@@ -107,7 +110,7 @@ def load_weights(policy: Any, path: str) -> None:
     fit_weights(policy, read_weights(path), path)
 
 
-def read_weights(path: str, weights: str = "model") -> dict[str, Any]:
+def read_weights(path: str, weights: str = "model") -> dict[str, torch.Tensor]:
     """The pretrained weights at `path` as a state dict (an adapter merged into the base it records);
     `weights="ema"` takes the checkpoint's EMA of its trained parameters instead of their last values."""
     local = resolve(path)

@@ -113,7 +113,7 @@ def _publish_on_main(config: TrainConfig, summary: RunSummary, logger: Logger) -
             logger.note(f"converting the DCP shards of {step_dir} to safetensors for publishing")
             ckpt_tools.convert_dcp_to_safetensors(step_dir)
         # a run that kept an EMA publishes it (what `trainer eval` and `load_policy` score by default)
-        weights = "ema" if ckpt_tools.open_checkpoint(step_dir).has_ema else "model"
+        weights = ckpt_tools.open_checkpoint(step_dir).default_weights
         logger.note(f"publishing {step_dir} ({weights} weights) to {repo_id}")
         result = ckpt_tools.publish_model(
             step_dir,
