@@ -33,6 +33,15 @@ TINY = [
 ]
 
 
+# The schedule of the fixture's lerobot-train command (its train_log.txt), 4 steps.
+LEROBOT_SCHEDULE = [
+    "--policy.optimizer_lr=1e-3",
+    "--policy.scheduler_warmup_steps=1",
+    "--policy.scheduler_decay_steps=4",
+    "--steps=4",
+]
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder as LeRobot's fixture was made in: the backbone as `tiny_smolvlm/`, the dataset, and
@@ -51,7 +60,9 @@ def trained(workdir: Path) -> Path:
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(workdir)
         AcceleratorState._reset_state(reset_partial_state=True)
-        train(parse_config([*TINY, "--dataset.root=dataset_video", "--steps=2", "--output_dir=scratch"]))
+        train(
+            parse_config([*TINY, *LEROBOT_SCHEDULE, "--dataset.root=dataset_video", "--output_dir=scratch"])
+        )
         AcceleratorState._reset_state(reset_partial_state=True)
     return workdir / "scratch" / "checkpoints" / "last"
 
@@ -68,6 +79,15 @@ def test_saved_weights_and_config_are_lerobots_schema(trained: Path, workdir: Pa
     assert sorted(config) == sorted(theirs)  # LeRobot's draccus refuses any other field
     assert config["input_features"] == theirs["input_features"]
     assert config["output_features"] == theirs["output_features"]
+
+
+def test_the_training_preset_follows_lerobots_learning_rates(trained: Path, workdir: Path) -> None:
+    """SmolVLA's preset (AdamW, cosine decay with warmup from the optimizer_*/scheduler_* fields)
+    gives the rates lerobot-train logged for the same command, as it prints them."""
+    records = [json.loads(line) for line in (workdir / "scratch" / "metrics.jsonl").read_text().splitlines()]
+    ours = [f"{r['lr']:.1e}" for r in records if r.get("event") == "train"]
+    log = (workdir / "lerobot_smolvla_tiny" / "train_log.txt").read_text().split()
+    assert ours == [field.removeprefix("lr:") for field in log if field.startswith("lr:")]
 
 
 def test_our_checkpoint_acts_on_a_raw_observation_with_its_task(
@@ -122,19 +142,22 @@ def test_lerobots_checkpoint_fine_tunes_here(workdir: Path, monkeypatch) -> None
         assert not torch.equal(ours.get_tensor(trained_), theirs.get_tensor(trained_))
 
 
-def test_a_resumed_run_is_bit_exact(trained: Path, workdir: Path, monkeypatch) -> None:
-    """2 steps + a resume to 3 equals 3 steps straight (the flow-matching noise and time come from
-    the restored RNG; inside the scheduler's warmup the rate does not depend on --steps)."""
+def test_a_resumed_run_is_bit_exact(workdir: Path, monkeypatch) -> None:
+    """3 steps straight equal the same run resumed from its step 2 (the flow-matching noise and time
+    come from the restored RNG, the schedule from the saved scheduler)."""
     from accelerate.state import AcceleratorState
 
     monkeypatch.chdir(workdir)
-    shutil.copytree(workdir / "scratch", workdir / "resumed", symlinks=True)
-    for flags in (
-        [*TINY, "--dataset.root=dataset_video", "--steps=3", "--output_dir=straight"],
-        ["--resume=true", "--steps=3", "--output_dir=resumed"],
-    ):
-        AcceleratorState._reset_state(reset_partial_state=True)
-        train(parse_config(flags))
+    flags = [*TINY, "--dataset.root=dataset_video", "--steps=3", "--save_freq=2", "--output_dir=straight"]
+    AcceleratorState._reset_state(reset_partial_state=True)
+    train(parse_config(flags))
+    shutil.copytree(workdir / "straight", workdir / "resumed", symlinks=True)
+    checkpoints = workdir / "resumed" / "checkpoints"
+    shutil.rmtree(checkpoints / "000003")
+    (checkpoints / "last").unlink()
+    (checkpoints / "last").symlink_to("000002")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    train(parse_config(["--resume=true", "--steps=3", "--output_dir=resumed"]))
     AcceleratorState._reset_state(reset_partial_state=True)
     weights = [
         workdir / run / "checkpoints" / "000003" / "pretrained_model" / "model.safetensors"

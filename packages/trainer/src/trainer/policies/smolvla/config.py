@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
 from trainer.config.policy import PolicyConfig
 from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, TASK_KEY, is_camera
 from trainer.errors import ConfigError
@@ -79,7 +80,8 @@ class SmolVLAConfig(PolicyConfig):
     train_state_proj: bool = True
     """Train the state projection."""
     optimizer_lr: float = 1e-4
-    """LeRobot's AdamW preset: learning rate."""
+    """Learning rate of SmolVLA's training preset (--use_policy_training_preset=true): AdamW and
+    LeRobot's cosine decay with warmup."""
     optimizer_betas: tuple[float, float] = (0.9, 0.95)
     """LeRobot's AdamW preset: betas."""
     optimizer_eps: float = 1e-8
@@ -140,6 +142,7 @@ class SmolVLAConfig(PolicyConfig):
             (self.num_steps >= 1 and self.tokenizer_max_length >= 1, "--policy.num_steps and --policy.tokenizer_max_length must be >= 1"),
             (min(self.max_state_dim, self.max_action_dim) >= 1, "--policy.max_state_dim and --policy.max_action_dim must be >= 1"),
             (self.expert_width_multiplier > 0, "--policy.expert_width_multiplier must be > 0"),
+            (self.optimizer_lr > 0, f"--policy.optimizer_lr must be > 0, got {self.optimizer_lr}"),
             (not self.adapt_to_pi_aloha, "--policy.adapt_to_pi_aloha=true is not supported; convert the dataset's joints instead"),
             (not self.use_delta_joint_actions_aloha, "--policy.use_delta_joint_actions_aloha=true is not implemented (nor is it in LeRobot)"),
             (not self.compile_model, "--policy.compile_model=true: compile with --accelerator.compile=true instead"),
@@ -159,6 +162,25 @@ class SmolVLAConfig(PolicyConfig):
     # The class it builds: policy.py binds it on import (the package imports both), so this module,
     # which the model's modules read, imports none of them.
     built_by: ClassVar[Callable[..., Any] | None] = None
+
+    def get_optimizer_preset(self) -> AdamWConfig:
+        """LeRobot's SmolVLA preset (--use_policy_training_preset=true): AdamW from the optimizer_* fields."""
+        return AdamWConfig(
+            lr=self.optimizer_lr,
+            betas=self.optimizer_betas,
+            eps=self.optimizer_eps,
+            weight_decay=self.optimizer_weight_decay,
+            grad_clip_norm=self.optimizer_grad_clip_norm,
+        )
+
+    def get_scheduler_preset(self) -> CosineDecayWithWarmupConfig:
+        """LeRobot's SmolVLA schedule: warmup to optimizer_lr, cosine decay to scheduler_decay_lr."""
+        return CosineDecayWithWarmupConfig(
+            num_warmup_steps=self.scheduler_warmup_steps,
+            num_decay_steps=self.scheduler_decay_steps,
+            peak_lr=self.optimizer_lr,
+            decay_lr=self.scheduler_decay_lr,
+        )
 
     def policy_class(self) -> Callable[..., Any]:
         assert self.built_by is not None, "import trainer.policies.smolvla to build a SmolVLA"
