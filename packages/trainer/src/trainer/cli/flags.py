@@ -103,17 +103,29 @@ def _choice_flags(name: str, default: str, registry: Any, only: str | None) -> l
             if field.name in common:
                 continue
             if dataclasses.is_dataclass(_default(field)):  # a nested group, e.g. --dataset.image_transforms.*
-                nested = _walk(_default(field), f"{name}.{field.name}.")
-                own.update({f.name: Flag(f.name, f.default, f"({choice}) {f.meaning}") for f in nested})
+                for nested in _walk(_default(field), f"{name}.{field.name}."):
+                    _add_own(own, nested.name, nested, choice)
                 continue
-            flag = Flag(
-                f"{name}.{field.name}", _render(_default(field)), f"({choice}) {_meaning(cls, field.name)}"
-            )
-            if field.name in own:
-                seen = own[field.name]
-                flag = Flag(flag.name, f"{seen.default} / {flag.default}", f"{seen.meaning} {flag.meaning}")
-            own[field.name] = flag
+            flag = Flag(f"{name}.{field.name}", _render(_default(field)), _meaning(cls, field.name))
+            _add_own(own, field.name, flag, choice)
     return flags + list(own.values())
+
+
+def _add_own(own: dict[str, Flag], key: str, flag: Flag, choice: str) -> None:
+    """`flag` of type `choice` into `own`, its meaning marked with the type: a field another type
+    declares too is one flag, "(a, b) meaning" where a subclass inherits it unchanged, else
+    "default / default" and both meanings."""
+    seen = own.get(key)
+    if seen is None:
+        own[key] = Flag(flag.name, flag.default, f"({choice}) {flag.meaning}")
+        return
+    types, _, meaning = seen.meaning[1:].partition(") ")
+    if meaning == flag.meaning and seen.default == flag.default:
+        own[key] = Flag(flag.name, seen.default, f"({types}, {choice}) {meaning}")
+        return
+    own[key] = Flag(
+        flag.name, f"{seen.default} / {flag.default}", f"{seen.meaning} ({choice}) {flag.meaning}"
+    )
 
 
 def _default(field: dataclasses.Field[Any]) -> Any:

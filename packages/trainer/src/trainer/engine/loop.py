@@ -26,7 +26,7 @@ from trainer.config.dataset import Dataset
 from trainer.config.train import TrainConfig
 from trainer.data.pipeline import loader
 from trainer.data.pipeline.processors import Processor, build_processors, observation_batch
-from trainer.data.pipeline.sampler import GlobalOrderSampler
+from trainer.data.pipeline.sampler import GlobalOrderSampler, MemberTally
 from trainer.distributed.factory import build_accelerator, prepare
 from trainer.distributed.interrupt import Agreement, Interrupted, Interrupts
 from trainer.distributed.runlock import RunLock, watch_launcher
@@ -181,7 +181,12 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
     if lock_note:
         notes.append(lock_note)
     sampler = GlobalOrderSampler(
-        len(dataset), config.batch_size, topology.dp_world_size, accelerator.process_index, config.seed
+        len(dataset),
+        config.batch_size,
+        topology.dp_world_size,
+        accelerator.process_index,
+        config.seed,
+        weighted=getattr(dataset, "weighted_order", None),  # a mixture's members drawn by weight
     )
     optimizer = config.optimizer.build(optimizer_params(policy, base_policy))
     scheduler = config.scheduler.build(optimizer, config.steps)
@@ -240,6 +245,8 @@ def _run_steps(
     losses: list[float] = []
     grad_norm: torch.Tensor | None = None  # of the last optimizer update, read back when logged
     window, saves = LossWindow(accelerator.device), SaveSchedule(run, logger, pushes)
+    weighted = run.sampler.weighted
+    tally = MemberTally(weighted) if weighted is not None else None  # a mixture's samples per member
     run.model.train()
     steps = range(run.start_step + 1, config.steps + 1)
     feed = _batches(run, steps)
@@ -248,6 +255,8 @@ def _run_steps(
         agreement: list[Agreement] = []
         check = partial(_start_agreement, agreement, interrupts, accelerator.device, saves)
         loss, norm = _train_step(run, run.preprocessor(next(feed)), check if boundary else None)
+        if tally is not None:
+            tally.add(run.sampler.last_global)
         if norm is not None:  # an optimizer update: the schedule catches up with the loop steps
             grad_norm = norm
             _advance_schedule(run.scheduler, step)
@@ -256,7 +265,7 @@ def _run_steps(
         window.add(loss)
         logger.advance()
         if step % config.log_freq == 0 or step == config.steps:
-            losses.append(_log_window(run, logger, step, window, grad_norm))
+            losses.append(_log_window(run, logger, step, window, grad_norm, tally))
         if run.val_dataset is not None and (
             step == config.steps or (config.eval_freq and step % config.eval_freq == 0)
         ):
@@ -293,9 +302,15 @@ def _start_agreement(
 
 
 def _log_window(
-    run: Run, logger: Logger, step: int, window: LossWindow, grad_norm: torch.Tensor | None
+    run: Run,
+    logger: Logger,
+    step: int,
+    window: LossWindow,
+    grad_norm: torch.Tensor | None,
+    tally: MemberTally | None,
 ) -> float:
-    """Collective. Log the window's reduced loss (and the last update's gradient norm); returns the loss."""
+    """Collective. Log the window's reduced loss (and the last update's gradient norm, a mixture's
+    samples per member in the window: `samples/<member>`); returns the loss."""
     loss, samples_per_s = window.close(run.accelerator, run.sampler.global_batch)
     norm = {"grad_norm": _read_norm(grad_norm)} if grad_norm is not None else {}
     lr = run.scheduler.get_last_lr()[0]
@@ -307,6 +322,7 @@ def _log_window(
             "lr": lr,
             "samples_per_s": samples_per_s,
             "epoch": run.sampler.position[0],
+            **(tally.take() if tally is not None else {}),
         }
     )
     return loss
