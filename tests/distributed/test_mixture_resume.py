@@ -1,0 +1,74 @@
+"""A weighted mixture on 2 gloo ranks (scripts/mixture_resume.py, one torchrun launch): LeRobot's ACT
+(narrowed) on the video and the image fixtures drawn 3:1, frames decoded in a DataLoader worker per
+rank. 6 steps straight and 3 steps resumed to 6 from train_config.json alone (the mixture file gone)
+end with the same weights, bit for bit, and draw the same samples of each member at every step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from helpers.fixtures import copy_fixture
+from helpers.launch import no_traceback_from_us, run_torchrun
+from helpers.train_flags import TINY_LEROBOT_ACT
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+SCRIPT = Path(__file__).parent / "scripts" / "mixture_resume.py"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("mixture")
+    for name in ("dataset_video", "dataset_images"):
+        copy_fixture(out, "lerobot", name)
+    mixture = out / "mixture.json"
+    mixture.write_text(
+        json.dumps([{"root": "dataset_video", "weight": 3}, {"root": "dataset_images", "weight": 1}])
+    )
+    log = run_torchrun(SCRIPT, 2, str(out), str(mixture), *TINY_LEROBOT_ACT, timeout=300).stdout
+    return out, log
+
+
+def _samples(run: Path) -> dict[int, tuple[int, int]]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {
+        r["step"]: (r["samples/dataset_video"], r["samples/dataset_images"])
+        for r in records
+        if r.get("event") == "train"
+    }
+
+
+def test_a_resumed_mixture_run_ends_with_the_straight_runs_weights(runs) -> None:
+    out, log = runs
+    assert "checkpoints/000003 at step 3" in log and no_traceback_from_us(log)
+    straight, cut = (
+        load_file(out / run / "checkpoints/000006/pretrained_model/model.safetensors")
+        for run in ("straight", "cut")
+    )
+    assert straight.keys() == cut.keys() and all(straight[k].equal(cut[k]) for k in straight)
+    third = load_file(out / "cut/checkpoints/000003/pretrained_model/model.safetensors")
+    assert any(not third[k].equal(cut[k]) for k in third)  # the resumed steps trained
+
+
+def test_every_step_draws_the_same_samples_of_each_member(runs) -> None:
+    out, _ = runs
+    straight, cut = _samples(out / "straight"), _samples(out / "cut")
+    assert sorted(straight) == sorted(cut) == list(range(1, 7))
+    assert straight == cut and all(sum(counts) == 4 for counts in straight.values())  # 2 ranks x 2
+    video, images = (sum(counts[k] for counts in straight.values()) for k in (0, 1))
+    assert video > images  # drawn 3:1 (24 samples: the epoch's exact shares are 120:40)
+
+
+def test_the_checkpoint_records_the_members_not_the_file(runs) -> None:
+    out, _ = runs
+    saved = json.loads((out / "cut/checkpoints/000006/pretrained_model/train_config.json").read_text())
+    members = saved["dataset"]["members"]
+    assert saved["dataset"]["type"] == "mixture" and saved["dataset"]["mixture"] is None
+    assert [(Path(m["root"]).name, m["weight"]) for m in members] == [
+        ("dataset_video", 3.0),
+        ("dataset_images", 1.0),
+    ]
