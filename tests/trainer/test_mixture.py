@@ -249,3 +249,14 @@ def test_dataset_info_describes_each_member(tmp_path, capsys) -> None:
         ("dataset_tiny", 0.25, None, 40),
     ]
     assert summary[0]["cameras"][TOP]["encoding"] == "av1 yuv420p"
+
+
+def test_eval_split_holds_out_episodes_of_every_member() -> None:
+    config = parse_config([f"--dataset.root=[{VIDEO},{TINY}]", "--dataset.eval_split=0.25"]).dataset
+    train, held_out = config.load(["observation.state"]), config.load_validation(["observation.state"])
+    assert held_out is not None
+    assert [len(m) for m in train.members] == [60, 20] and [len(m) for m in held_out.members] == [20, 20]
+    assert held_out.episode_bounds().tolist() == [[0, 20], [20, 40]]  # video's episode 3, tiny's episode 1
+    video = MixtureConfig(root=f"[{VIDEO}]").load(["observation.state"])
+    last = held_out.gather(torch.tensor([19]), 1)["observation.state"]
+    assert torch.equal(last, video.gather(torch.tensor([79]), 1)["observation.state"])
