@@ -1,7 +1,8 @@
 """A weighted mixture on 2 gloo ranks (scripts/mixture_resume.py, one torchrun launch): LeRobot's ACT
 (narrowed) on the video and the image fixtures drawn 3:1, frames decoded in a DataLoader worker per
 rank. 6 steps straight and 3 steps resumed to 6 from train_config.json alone (the mixture file gone)
-end with the same weights, bit for bit, and draw the same samples of each member at every step."""
+end with the same weights, bit for bit, and draw the same samples of each member at every step; step 3
+resumed on one process with the same global batch draws them too."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from helpers.train_flags import TINY_LEROBOT_ACT
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 SCRIPT = Path(__file__).parent / "scripts" / "mixture_resume.py"
+TRAIN = Path(__file__).parent / "scripts" / "train_cli.py"
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +74,28 @@ def test_the_checkpoint_records_the_members_not_the_file(runs) -> None:
         ("dataset_video", 3.0),
         ("dataset_images", 1.0),
     ]
+
+
+def test_resumed_on_one_process_it_trains_on_the_same_samples(runs, tmp_path) -> None:
+    """The documented guarantee across a topology change (docs/resume.md): the 2-rank run's step 3
+    resumed on one process with the same global batch (4) draws the same samples of each member at
+    every step, and its losses agree with the 2-rank run's within fp32 rounding of another reduction
+    order (1e-5 relative, as tests/distributed/test_resume.py; a wrong sample moves them by > 1e-3)."""
+    out, _ = runs
+    step_3 = out / "straight/checkpoints/000003/pretrained_model/train_config.json"
+    single = tmp_path / "single"
+    flags = ["--resume=true", f"--config_path={step_3}", f"--output_dir={single}", "--batch_size=4"]
+    log = run_torchrun(TRAIN, 1, *flags).stdout
+    assert "checkpoints/000003 at step 3" in log and no_traceback_from_us(log)
+    expected = _samples(out / "straight")
+    assert _samples(single) == {step: expected[step] for step in (4, 5, 6)}
+    losses = {run: _losses(run) for run in (out / "straight", single)}
+    resumed = losses[single]
+    assert sorted(resumed) == [4, 5, 6]
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(losses[out / "straight"][step], rel=1e-5), (step, losses)
+
+
+def _losses(run: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if r.get("event") == "train"}
