@@ -62,7 +62,21 @@ def test_every_step_draws_the_same_samples_of_each_member(runs) -> None:
     assert sorted(straight) == sorted(cut) == list(range(1, 7))
     assert straight == cut and all(sum(counts) == 4 for counts in straight.values())  # 2 ranks x 2
     video, images = (sum(counts[k] for counts in straight.values()) for k in (0, 1))
-    assert video > images  # drawn 3:1 (24 samples: the epoch's exact shares are 120:40)
+    assert video > images  # drawn 3:1 (24 samples: the epoch's exact shares are 90:30)
+
+
+def test_val_loss_is_logged_per_member(runs) -> None:
+    out, _ = runs
+    records = {
+        run: [json.loads(line) for line in (out / run / "metrics.jsonl").read_text().splitlines()]
+        for run in ("straight", "cut")
+    }
+    val = {run: {r["step"]: r for r in rs if r.get("event") == "val"} for run, rs in records.items()}
+    assert sorted(val["straight"]) == [3, 6] and sorted(val["cut"]) == [3, 6]
+    for record in val["straight"].values():  # 20 held-out frames each: the plain mean of the two
+        members = record["val_loss/dataset_video"], record["val_loss/dataset_images"]
+        assert record["val_loss"] == pytest.approx(sum(members) / 2, rel=1e-12) and members[0] != members[1]
+    assert val["straight"][6] == val["cut"][6]  # the resumed run's weights are the straight run's
 
 
 def test_the_checkpoint_records_the_members_not_the_file(runs) -> None:

@@ -329,16 +329,37 @@ def _log_window(
 
 
 def _log_val_loss(run: Run, held_out: Dataset, logger: Logger, step: int) -> None:
-    """Collective. The held-out loss, on the console and in metrics.jsonl (`"event": "val"`)."""
-    loss = validation.held_out_loss(
-        run.accelerator,
-        run.model,
-        held_out,
-        run.preprocessor,
-        run.config.batch_size,
-        run.config.policy.chunk_size,
+    """Collective. The held-out loss, on the console and in metrics.jsonl (`"event": "val"`); for a
+    mixture each member's too (`val_loss/<member>`), val_loss being their mean weighted by frames."""
+    weighted = getattr(held_out, "weighted_order", None)
+    spans = (
+        [(0, len(held_out))]
+        if weighted is None
+        else [(int(a), int(a + n)) for a, n in zip(weighted.starts, weighted.sizes, strict=True)]
     )
-    logger.note(f"step {step} val_loss={loss:.4g}", event="val", step=step, val_loss=loss)
+    config = run.config
+    losses = [
+        validation.held_out_loss(
+            run.accelerator,
+            run.model,
+            held_out,
+            run.preprocessor,
+            config.batch_size,
+            config.policy.chunk_size,
+            span,
+        )
+        for span in spans
+    ]
+    if weighted is None:
+        loss, per_member = losses[0], {}
+    else:
+        frames = [stop - start for start, stop in spans]
+        loss = sum(value * n for value, n in zip(losses, frames, strict=True)) / sum(frames)
+        per_member = {
+            f"val_loss/{label}": value for label, value in zip(weighted.labels, losses, strict=True)
+        }
+    text = "".join(f" {name}={value:.4g}" for name, value in per_member.items())
+    logger.note(f"step {step} val_loss={loss:.4g}{text}", event="val", step=step, val_loss=loss, **per_member)
 
 
 def _train_step(
