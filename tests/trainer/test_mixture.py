@@ -260,3 +260,26 @@ def test_eval_split_holds_out_episodes_of_every_member() -> None:
     video = MixtureConfig(root=f"[{VIDEO}]").load(["observation.state"])
     last = held_out.gather(torch.tensor([19]), 1)["observation.state"]
     assert torch.equal(last, video.gather(torch.tensor([79]), 1)["observation.state"])
+
+
+def test_repo_ids_alone_read_each_member_through_the_hub_cache(tmp_path, monkeypatch) -> None:
+    from helpers.hf_cache import put_in_hub_cache
+
+    cache = tmp_path / "hub"
+    for name, repo in (("dataset_video", "lab/arm_a"), ("dataset_tiny", "lab/arm_b")):
+        put_in_hub_cache(fixture_dir("lerobot", name), repo, "dataset", str(cache))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    config = parse_config(["--dataset.repo_id=[lab/arm_a,lab/arm_b]", "--dataset.weights=[1,3]"]).dataset
+    mixture = config.load(["observation.state"])
+    assert config.labels() == ["lab/arm_a", "lab/arm_b"] and [len(m) for m in mixture.members] == [80, 40]
+    assert mixture.weighted_order.shares == [30, 90]
+
+
+def test_dataset_show_asks_for_one_member(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["dataset", "show", f"--dataset.root=[{VIDEO},{TINY}]", "--episode=0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 1 and err == [
+        "error: trainer dataset show draws one dataset: pass one member's --dataset.root or --dataset.repo_id"
+    ]

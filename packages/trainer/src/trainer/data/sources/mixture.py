@@ -124,9 +124,6 @@ class MixtureConfig(LeRobotConfig):
         except ConfigError as exc:
             raise ConfigError(f"mixture member {index} ({self.labels()[index]}): {exc}") from None
 
-    def local_root(self) -> Path:
-        raise ConfigError("a mixture has no one root: each member has its own")
-
     def load(self, input_features: Sequence[str] = ()) -> Mixture:
         return self._load(input_features, held_out=False)
 
