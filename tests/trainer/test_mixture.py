@@ -283,3 +283,20 @@ def test_dataset_show_asks_for_one_member(tmp_path, capsys) -> None:
     assert exit_info.value.code == 1 and err == [
         "error: trainer dataset show draws one dataset: pass one member's --dataset.root or --dataset.repo_id"
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[{", "cannot read it as JSON"),
+        ('{"root": "x"}', "must hold a non-empty JSON list of members"),
+        ('[{"root": "x", "weight": "3"}]', "member 0: weight must be a number, got '3'"),
+        ('[{"root": "x", "episodes": [0, "1"]}]', "member 0: episodes must be a list of episode indices"),
+    ],
+)
+def test_a_malformed_mixture_file_is_one_line(tmp_path, text, message) -> None:
+    path = tmp_path / "mixture.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)) as error:
+        parse_config([f"--dataset.mixture={path}"])
+    assert "\n" not in str(error.value) and str(path) in str(error.value)
