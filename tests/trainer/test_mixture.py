@@ -209,6 +209,7 @@ def _edited(tmp_path: Path, name: str, **info: object) -> str:
         (lambda t: _edited(t, "dataset_images", fps=30), [], "the mixture's members disagree on fps (dataset_tiny 10, dataset_images 30)"),
         (lambda t: _edited(t, "dataset_images", features__action__shape=[3]), [], "the mixture's members disagree on action size (dataset_tiny 2, dataset_images 3)"),
         (lambda t: _edited(t, "dataset_images", codebase_version="v2.1"), [], "mixture member 1 (dataset_images): "),
+        (lambda t: _edited(t, "dataset_images", **{"features__observation.images.top__shape": [48, 40, 3]}), [ALL_CAMERAS], "the mixture's members disagree on the size of observation.images.top (dataset_video 3x24x40, dataset_images 3x48x40)"),
     ],
 )  # fmt: skip
 def test_members_that_disagree_are_refused_in_one_line(tmp_path, second, features, message) -> None:
