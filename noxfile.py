@@ -35,11 +35,35 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
+# ckpt_tools' public modules: the package and every module its lazy table takes a public name from
+PUBLIC_MODULES = (
+    "import ckpt_tools; "
+    "print(*sorted({'ckpt_tools', *ckpt_tools._EXPORTS.values(), *ckpt_tools._MODULES.values()}))"
+)
+
+
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy over both packages."""
+    """mypy over both packages, then `mypy --strict` over ckpt_tools' public modules: the API the
+    trainer and evaluation pipelines type against (the modules they import are read, not reported)."""
     install(session, "mypy>=1.10")
     session.run("mypy")
+    modules = str(session.run("python", "-c", PUBLIC_MODULES, silent=True)).split()
+    targets = [arg for module in modules for arg in ("-m", module)]
+    session.run("mypy", "--strict", "--follow-imports=silent", *targets)
+
+
+API_DOCS = "build/api"
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """ckpt_tools' API reference for evaluation pipelines and other library users (pdoc, into
+    build/api/index.html): the public names of `import ckpt_tools` and its `layout` and `storage`
+    modules. Any warning fails the build (a public name that does not resolve, a bad annotation)."""
+    install(session, "pdoc>=15")
+    session.run("python", "-W", "error", "docs/build_api.py", API_DOCS)
+    session.log(f"API reference: {API_DOCS}/index.html")
 
 
 @nox.session
@@ -154,7 +178,7 @@ def demo_epilogue(output: str, bin_dir: str) -> str:
 
 
 # Module (under packages/ckpt-tools/src/ckpt_tools/) -> the fast tests that protect its guarantees: a
-# file name is under tests/ckpt_tools/, a path (with a /) under tests/.
+# file name is under tests/ckpt/, a path (with a /) under tests/.
 ADAPTER_ROUND_TRIP = "trainer/test_peft_engine.py::test_adapter_checkpoint_round_trip"
 MUTATION_TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
     "safe_pickle": ("dcp/safe_pickle.py", ("test_safe_pickle.py", "test_dcp_index.py")),
@@ -255,9 +279,7 @@ def mutate(session: nox.Session) -> None:
     for name in names:
         module, tests = MUTATION_TARGETS[name]
         config, db = workdir / f"{name}.toml", workdir / f"{name}.sqlite"
-        test_paths = " ".join(
-            f"tests/{test}" if "/" in test else f"tests/ckpt_tools/{test}" for test in tests
-        )
+        test_paths = " ".join(f"tests/{test}" if "/" in test else f"tests/ckpt/{test}" for test in tests)
         config.write_text(
             "[cosmic-ray]\n"
             f'module-path = "packages/ckpt-tools/src/ckpt_tools/{module}"\n'

@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.checkpoint.stateful import Stateful  # state_dict() and load_state_dict()
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # not re-exported
 
@@ -58,8 +59,8 @@ def load_training_state(
     *,
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
-    scheduler: Any = None,
-    scaler: Any = None,
+    scheduler: Stateful | None = None,
+    scaler: Stateful | None = None,
     process_group: dist.ProcessGroup | None = None,
     ema: Mapping[str, torch.Tensor] | None = None,
 ) -> bool:
@@ -112,7 +113,7 @@ def _load_ema(model_dir: str, shadow: Mapping[str, torch.Tensor], model: nn.Modu
     return True
 
 
-def _checked_state(path: str, target: Any) -> dict[str, Any]:
+def _checked_state(path: str, target: Stateful) -> dict[str, Any]:
     """A scheduler's or loss scaler's saved state, refused unless each value it shares with the live
     object's own `state_dict()` has that value's type (a string step count is one line here, not a
     TypeError at the first step)."""

@@ -90,7 +90,7 @@ def _auto_resume_config_path(args: list[str]) -> str | None:
             values[name] = value
     if values.get("--resume", "").lower() not in ("true", "1", "yes"):
         return None
-    from trainer.engine.resume import saved_config_path
+    from trainer.engine.checkpoint.resume import saved_config_path
 
     return saved_config_path(values.get("--output_dir", TrainConfig.output_dir))
 

@@ -157,7 +157,7 @@ class TrainConfig:
     default is 30 minutes)."""
 
     def __post_init__(self) -> None:
-        # Not dataclass fields (so neither flags nor train_config.json entries): config/parse.py sets
+        # Not dataclass fields (so neither flags nor train_config.json entries): cli/parse.py sets
         # them from the command line. `config_path` is the `--config_path` file (draccus reserves the
         # name for its own flag), which resume follows to its checkpoint; `flags_given` are the dotted
         # names typed as flags, so a value that came from a saved config can be told from a chosen one.
@@ -202,7 +202,7 @@ class TrainConfig:
             raise ConfigError(
                 "--save_checkpoint_to_hub=true needs the Hub repo: add --policy.repo_id=namespace/name"
             )
-        if self.save_checkpoint_to_hub and ckpt_tools.is_fsspec_target(repo_id):
+        if self.save_checkpoint_to_hub and repo_id is not None and ckpt_tools.is_fsspec_target(repo_id):
             raise ConfigError(
                 f"--save_checkpoint_to_hub=true pushes to a Hub repo, and --policy.repo_id={repo_id} is a path or "
                 "URL: to keep checkpoints in a bucket, set --output_dir to it (checkpoints are written there)"
@@ -242,5 +242,5 @@ def _nearest_multiples(name: str, value: int, accum: int) -> str:
 
 
 def encode_config(config: TrainConfig) -> dict[str, Any]:
-    """The JSON-ready dict of a config (train_config.json is `checkpointing.saved_config`)."""
+    """The JSON-ready dict of a config (train_config.json is `engine/checkpoint/saving.py: saved_config`)."""
     return draccus.encode(config)

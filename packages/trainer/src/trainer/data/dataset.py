@@ -143,3 +143,9 @@ def check_input_features(requested: Sequence[str], available: Sequence[str], wha
             f"(available: {', '.join(available) or 'none'}); choose among those"
         )
     return list(requested) or list(available)
+
+
+def frames_as_float(frames: torch.Tensor) -> torch.Tensor:
+    """Camera frames as a policy reads them: uint8 as decoded -> float32 in [0, 1], divided by 255 as
+    LeRobot divides; frames already float (converted, or augmented) pass unchanged."""
+    return frames.float() / 255 if frames.dtype == torch.uint8 else frames

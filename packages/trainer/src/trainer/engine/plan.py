@@ -1,12 +1,12 @@
 """The run plan: every decision a run takes from its parsed config, taken once, before anything is built.
 
-Parsing (config/parse.py) turns argv and config files into a `TrainConfig`. `resolve_plan` then decides
+Parsing (cli/parse.py) turns argv and config files into a `TrainConfig`. `resolve_plan` then decides
 what the launch, the saved run and the data imply: the parallelism that fits this world size (and the
 topology it resolves to), the checkpoint format that topology can write, the FSDP reduce dtype torch will
 really use, the PEFT form of `--accelerator.fsdp.ignored_modules`, the tracker run ids, and the dataset's
 observation features and feature sizes. Each decision is a function that returns a value; the resolved
 config is a new object (the caller's is deep-copied first and never edited), and nothing edits it after
-this step, so `train_config.json` (`checkpointing.saved_config`) is the encoded plan and records exactly
+this step, so `train_config.json` (`saving.saved_config`) is the encoded plan and records exactly
 what the run did.
 
 The one decision taken later is the resume step: which checkpoint `last` names can only be agreed once
@@ -28,7 +28,7 @@ from trainer.config.train import TrainConfig
 from trainer.data.pipeline.renamed import load_renamed
 from trainer.distributed.factory import check_accelerate_env
 from trainer.distributed.topology import check_checkpoint_format, resolve_topology
-from trainer.engine import checkpointing, publishing
+from trainer.engine.checkpoint import publishing, saving
 from trainer.engine.peft_policy import ignored_modules_pattern
 from trainer.errors import ConfigError
 from trainer.policies import PolicyConfig
@@ -81,8 +81,8 @@ def _check_startable(config: TrainConfig, topology: Topology) -> str | None:
     check_trackers(config)
     check_accelerate_env()
     check_policy_device(config.policy.device, torch.cuda.is_available())
-    checkpointing.check_fresh_output_dir(config)
-    checkpointing.check_async_save(config, topology)
+    saving.check_fresh_output_dir(config)
+    saving.check_async_save(config, topology)
     return publish_note
 
 

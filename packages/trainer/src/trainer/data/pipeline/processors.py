@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.data.dataset import ACTION_KEY, OBS_KEY, is_camera
+from trainer.data.dataset import ACTION_KEY, OBS_KEY, frames_as_float, is_camera
 from trainer.errors import ConfigError
 
 PREPROCESSOR_KEYS = (OBS_KEY, ACTION_KEY)
@@ -34,9 +34,7 @@ class Normalize:
         out = dict(batch)
         for key, s in self.stats.items():
             if key in out:
-                value = out[key]
-                if value.dtype == torch.uint8:  # a camera as decoded
-                    value = value.float() / 255
+                value = frames_as_float(out[key])  # a camera arrives as decoded (uint8)
                 mean, std = s["mean"].to(value.device), s["std"].to(value.device)
                 out[key] = value * std + mean if self.inverse else (value - mean) / std
         return out

@@ -17,7 +17,7 @@ episodes are chosen per member.
 Members must agree on what a policy is trained on: one fps, one action size, and every observation
 feature and camera the run reads, under the mixture's names (the first member's, or what each member's
 `rename_map` maps its own names to), with one size. A disagreement is one line naming the member and
-the fix. The data is `pipeline/mixture.py`'s `Mixture` of the members as single-dataset runs load them.
+the fix. The data is `data/pipeline/mixture.py`'s `Mixture` of the members as single-dataset runs load them.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import Any
 import ckpt_tools
 from ckpt_tools import layout
 from trainer.config.train import TrainConfig
-from trainer.engine.checkpointing import checkpoints_dir
+from trainer.engine.checkpoint.saving import checkpoints_dir
 from trainer.reporting.metrics import Logger
 
 PUSH_ATTEMPTS = 3
