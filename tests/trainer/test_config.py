@@ -18,7 +18,7 @@ from trainer.config.optim import OptimizerConfig, SchedulerConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.train import encode_config
 from trainer.data.pipeline.augment import ImageTransformsConfig
-from trainer.data.sources.lerobot import LeRobotConfig
+from trainer.data.sources.mixture import MixtureConfig
 from trainer.distributed.factory import ALLOW_ENV, _quiet_mesh_slicing_warning, check_accelerate_env
 from trainer.distributed.topology import check_checkpoint_format, resolve_topology
 from trainer.distributed.wrap import WrapPlan, check_tied_weights, resolve_wrap_plan, unit_roots
@@ -52,7 +52,10 @@ from trainer.policies.smolvla import SmolVLAConfig
         (["--checkpoint_format=zip"], r"--checkpoint_format='zip' is not one of"),
         (["--batch_size=0"], r"--batch_size must be >= 1"),
         (["--policy.dim=30", "--policy.heads=4"], r"--policy.dim=30 must be divisible by --policy.heads=4"),
-        (["--dataset.type=atari"], r"--dataset.type='atari' is unknown: choose one of lerobot, pendulum"),
+        (
+            ["--dataset.type=atari"],
+            r"--dataset.type='atari' is unknown: choose one of lerobot, mixture, pendulum",
+        ),
         (["--no_such_flag=1"], r"unrecognized arguments: --no_such_flag"),
     ],
 )
@@ -265,7 +268,7 @@ def test_every_config_field_is_a_documented_flag() -> None:
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(MLPConfig)}
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(ACTConfig)}
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(SmolVLAConfig)}
-    leaves |= {f"--dataset.{field.name}" for field in dataclasses.fields(LeRobotConfig)} - {
+    leaves |= {f"--dataset.{field.name}" for field in dataclasses.fields(MixtureConfig)} - {
         "--dataset.image_transforms"
     }
     leaves |= {

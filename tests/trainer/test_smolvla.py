@@ -261,3 +261,15 @@ def test_load_vlm_weights_copies_the_backbones_weights_into_the_vlm(fixture: Pat
     assert set(ours) <= set(vlm.state_dict())
     assert all(torch.equal(ours[k], vlm.state_dict()[k]) for k in ours)
     assert torch.equal(policy.model.vlm_with_expert.lm_expert.layers[0].mlp.up_proj.weight, expert)
+
+
+def test_task_bytes_of_batches_with_different_lengths_concatenate() -> None:
+    """A mixture's batch gathers its members' task bytes (of different widths) into one tensor."""
+    from trainer.data.dataset import cat_task_bytes, task_bytes, task_texts
+
+    parts = [task_bytes(["push the green block"]), task_bytes(["reach", "reach the corner the colour names"])]
+    assert task_texts(cat_task_bytes(parts)) == [
+        "push the green block",
+        "reach",
+        "reach the corner the colour names",
+    ]

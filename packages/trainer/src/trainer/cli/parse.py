@@ -21,6 +21,8 @@ from trainer.policies.pretrained import policy_defaults
 _CONFIG_FLAG = "--config_path"
 DEFAULT_TYPES = {"policy": "act_state", "dataset": "pendulum"}
 LEROBOT_FLAGS = ("--dataset.repo_id", "--dataset.root")
+# a mixture of LeRobotDatasets (data/sources/mixture.py): its file, its weights, or a list of datasets
+MIXTURE_FLAGS = ("--dataset.mixture", "--dataset.weights", "--dataset.repo_id=[", "--dataset.root=[")
 
 
 def parse_config(args: Sequence[str]) -> TrainConfig:
@@ -153,14 +155,21 @@ def settle_choice(
 ) -> None:
     """Name the section's type before draccus sees its fields (draccus needs the choice first):
     `--policy.dim=32` alone means the default policy, and LeRobot's `--dataset.repo_id` / `--dataset.root`
-    alone mean a LeRobotDataset. An import-path type is registered on the way: one typed as a flag
-    always, one read from the config file (a checkpoint's) only when `allowed` (`--allow_types`) names it."""
+    alone mean a LeRobotDataset, and a mixture's flags (`--dataset.mixture`, `--dataset.weights`, a
+    bracketed list of repo ids or roots) a mixture of them, `--dataset.type=lerobot` included. An
+    import-path type is registered on the way: one typed as a flag always, one read from the config file
+    (a checkpoint's) only when `allowed` (`--allow_types`) names it."""
     flag = f"--{section}.type"
     chosen, from_file = _choice_type(rest, config_path, section)
+    mixture = section == "dataset" and any(arg.startswith(MIXTURE_FLAGS) for arg in rest)
     if chosen is None and any(arg.startswith(f"--{section}.") for arg in rest):
         lerobot = section == "dataset" and any(arg.startswith(LEROBOT_FLAGS) for arg in rest)
         chosen = "lerobot" if lerobot else registry.default_choice_name() or DEFAULT_TYPES[section]
+        chosen = "mixture" if mixture else chosen
         rest.insert(0, f"{flag}={chosen}")
+    elif chosen == "lerobot" and mixture and not from_file:
+        chosen = "mixture"
+        rest[:] = [f"{flag}={chosen}" if arg.startswith(f"{flag}=") else arg for arg in rest]
     if chosen is not None:
         source = f"the {section} type of {config_path}" if from_file else flag
         register_import_path(registry, chosen, source, allowed=allowed if from_file else None)

@@ -157,6 +157,12 @@ def task_bytes(texts: Sequence[str]) -> torch.Tensor:
     return out
 
 
+def cat_task_bytes(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """`task_bytes` tensors of several batches as one (each zero-padded to the widest first)."""
+    width = max(part.shape[1] for part in parts)
+    return torch.cat([torch.nn.functional.pad(part, (0, width - part.shape[1])) for part in parts])
+
+
 def task_texts(tensor: torch.Tensor) -> list[str]:
     """The texts `task_bytes` encoded (any dtype holding the byte values, on any device)."""
     rows = tensor.detach().to("cpu", torch.uint8).numpy()

@@ -26,7 +26,7 @@ from trainer.config.dataset import Dataset
 from trainer.config.train import TrainConfig
 from trainer.data.pipeline import loader
 from trainer.data.pipeline.processors import Processor, build_processors
-from trainer.data.pipeline.sampler import GlobalOrderSampler
+from trainer.data.pipeline.sampler import GlobalOrderSampler, MemberTally
 from trainer.distributed.factory import build_accelerator, prepare
 from trainer.distributed.interrupt import Agreement, Interrupted, Interrupts
 from trainer.distributed.runlock import RunLock, watch_launcher
@@ -176,7 +176,12 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
     if lock_note:
         notes.append(lock_note)
     sampler = GlobalOrderSampler(
-        len(dataset), config.batch_size, topology.dp_world_size, accelerator.process_index, config.seed
+        len(dataset),
+        config.batch_size,
+        topology.dp_world_size,
+        accelerator.process_index,
+        config.seed,
+        weighted=getattr(dataset, "weighted_order", None),  # a mixture's members drawn by weight
     )
     optimizer = config.optimizer.build(optimizer_params(policy, base_policy))
     scheduler = config.scheduler.build(optimizer, config.steps)
@@ -233,6 +238,8 @@ def _run_steps(run: Run, logger: Logger, interrupts: Interrupts, checkpoints: Ch
     losses: list[float] = []
     grad_norm: torch.Tensor | None = None  # of the last optimizer update, read back when logged
     window = LossWindow(accelerator.device)
+    weighted = run.sampler.weighted
+    tally = MemberTally(weighted) if weighted is not None else None  # a mixture's samples per member
     run.model.train()
     steps = range(run.start_step + 1, config.steps + 1)
     feed = _batches(run, steps)
@@ -241,6 +248,8 @@ def _run_steps(run: Run, logger: Logger, interrupts: Interrupts, checkpoints: Ch
         agreement: list[Agreement] = []
         check = partial(_start_agreement, agreement, interrupts, accelerator.device, checkpoints)
         loss, norm = _train_step(run, run.preprocessor(next(feed)), check if boundary else None)
+        if tally is not None:
+            tally.add(run.sampler.last_global)
         if norm is not None:  # an optimizer update: the schedule catches up with the loop steps
             grad_norm = norm
             _advance_schedule(run.scheduler, step)
@@ -249,7 +258,7 @@ def _run_steps(run: Run, logger: Logger, interrupts: Interrupts, checkpoints: Ch
         window.add(loss)
         logger.advance()
         if step % config.log_freq == 0 or step == config.steps:
-            losses.append(_log_window(run, logger, step, window, grad_norm))
+            losses.append(_log_window(run, logger, step, window, grad_norm, tally))
         if run.val_dataset is not None and (
             step == config.steps or (config.eval_freq and step % config.eval_freq == 0)
         ):
@@ -286,9 +295,15 @@ def _start_agreement(
 
 
 def _log_window(
-    run: Run, logger: Logger, step: int, window: LossWindow, grad_norm: torch.Tensor | None
+    run: Run,
+    logger: Logger,
+    step: int,
+    window: LossWindow,
+    grad_norm: torch.Tensor | None,
+    tally: MemberTally | None,
 ) -> float:
-    """Collective. Log the window's reduced loss (and the last update's gradient norm); returns the loss."""
+    """Collective. Log the window's reduced loss (and the last update's gradient norm, a mixture's
+    samples per member in the window: `samples/<member>`); returns the loss."""
     loss, samples_per_s = window.close(run.accelerator, run.sampler.global_batch)
     norm = {"grad_norm": _read_norm(grad_norm)} if grad_norm is not None else {}
     lr = run.scheduler.get_last_lr()[0]
@@ -300,22 +315,44 @@ def _log_window(
             "lr": lr,
             "samples_per_s": samples_per_s,
             "epoch": run.sampler.position[0],
+            **(tally.take() if tally is not None else {}),
         }
     )
     return loss
 
 
 def _log_val_loss(run: Run, held_out: Dataset, logger: Logger, step: int) -> None:
-    """Collective. The held-out loss, on the console and in metrics.jsonl (`"event": "val"`)."""
-    loss = validation.held_out_loss(
-        run.accelerator,
-        run.model,
-        held_out,
-        run.preprocessor,
-        run.config.batch_size,
-        run.config.policy.chunk_size,
+    """Collective. The held-out loss, on the console and in metrics.jsonl (`"event": "val"`); for a
+    mixture each member's too (`val_loss/<member>`), val_loss being their mean weighted by frames."""
+    weighted = getattr(held_out, "weighted_order", None)
+    spans = (
+        [(0, len(held_out))]
+        if weighted is None
+        else [(int(a), int(a + n)) for a, n in zip(weighted.starts, weighted.sizes, strict=True)]
     )
-    logger.note(f"step {step} val_loss={loss:.4g}", event="val", step=step, val_loss=loss)
+    config = run.config
+    losses = [
+        validation.held_out_loss(
+            run.accelerator,
+            run.model,
+            held_out,
+            run.preprocessor,
+            config.batch_size,
+            config.policy.chunk_size,
+            span,
+        )
+        for span in spans
+    ]
+    if weighted is None:
+        loss, per_member = losses[0], {}
+    else:
+        frames = [stop - start for start, stop in spans]
+        loss = sum(value * n for value, n in zip(losses, frames, strict=True)) / sum(frames)
+        per_member = {
+            f"val_loss/{label}": value for label, value in zip(weighted.labels, losses, strict=True)
+        }
+    text = "".join(f" {name}={value:.4g}" for name, value in per_member.items())
+    logger.note(f"step {step} val_loss={loss:.4g}{text}", event="val", step=step, val_loss=loss, **per_member)
 
 
 def _train_step(

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer.config.dataset import DatasetConfig, Stats
+from trainer.config.dataset import Dataset, DatasetConfig, Stats
 from trainer.data.dataset import (
     ACTION_KEY,
     ALL_CAMERAS,
@@ -119,12 +119,12 @@ class LeRobotConfig(DatasetConfig):
             held.extend(episodes[len(episodes) - count :])
         return sorted(held)
 
-    def load(self, input_features: Sequence[str] = ()) -> ArrayDataset:
+    def load(self, input_features: Sequence[str] = ()) -> Dataset:
         root = self.local_root()
         ranges = fmt.read_episode_ranges(root)
         return _load(root, self.train_episodes(root, ranges), ranges, input_features, self)
 
-    def load_validation(self, input_features: Sequence[str] = ()) -> ArrayDataset | None:
+    def load_validation(self, input_features: Sequence[str] = ()) -> Dataset | None:
         if not self.val_episodes and not self.eval_split:
             return None
         root = self.local_root()
