@@ -176,7 +176,13 @@ def test_camera_run_resumes_sample_exact_with_workers(video_root, tmp_path, clea
     from accelerate.state import AcceleratorState
 
     flags = [f"--dataset.root={video_root}", f"--policy.type={CAMERA_POLICY}", "--policy.dropout=0"]
-    flags += ["--scheduler.type=constant", "--batch_size=8", "--save_freq=3", "--log_freq=3"]
+    flags += [
+        "--use_policy_training_preset=false",
+        "--scheduler.type=constant",
+        "--batch_size=8",
+        "--save_freq=3",
+        "--log_freq=3",
+    ]
     flags += ["--dataset.image_transforms.enable=true"]  # drawn per step: the resumed run draws the same
     runs = []
     for name, extra, steps in [

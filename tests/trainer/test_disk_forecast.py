@@ -1,4 +1,4 @@
-"""The disk forecast at a run's first save (engine/disk_forecast.py): the arithmetic, and the line in
+"""The disk forecast at a run's first save (engine/checkpoint/disk_forecast.py): the arithmetic, and the line in
 a real run's log and metrics when the disk cannot hold the checkpoints still to come."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from helpers.fixtures import copy_fixture
 from trainer.cli import main
-from trainer.engine import disk_forecast
-from trainer.engine.disk_forecast import forecast, more_on_disk, saves_after
+from trainer.engine.checkpoint import disk_forecast
+from trainer.engine.checkpoint.disk_forecast import forecast, more_on_disk, saves_after
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from trainer.config.dataset import Stats
-from trainer.data.dataset import IMAGENET_STATS, ArrayDataset
+from trainer.data.dataset import IMAGENET_STATS, ArrayDataset, frames_as_float
 from trainer.data.format import metadata as fmt
 from trainer.data.format import validate
 from trainer.data.format.decode import (
@@ -173,8 +173,9 @@ class CameraDataset(ArrayDataset):
         stats: Stats,
         cameras: Cameras,
         camera_stats: Stats,
+        tasks: Sequence[str] | None = None,
     ) -> None:
-        super().__init__(observations, actions, episode_lengths, input_features, stats)
+        super().__init__(observations, actions, episode_lengths, input_features, stats, tasks=tasks)
         self.cameras = cameras
         self._camera_stats = camera_stats
 
@@ -227,7 +228,7 @@ class LeRobotFrames(torch.utils.data.Dataset):
         item: dict[str, Any] = {}
         for name in self.cameras.names:
             frame = self.cameras.frame(name, i)
-            item[name] = frame if self.return_uint8 else frame.float() / 255
+            item[name] = frame if self.return_uint8 else frames_as_float(frame)
         item.update({name: torch.from_numpy(self.columns[name][i].copy()) for name in self.floats})
         item["timestamp"] = torch.tensor(float(self.cameras.timestamp[i]), dtype=torch.float32)
         for name in ("frame_index", "episode_index", "index", "task_index"):

@@ -24,8 +24,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer.config.dataset import DatasetConfig, Stats
-from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, ArrayDataset, check_input_features
+from trainer.config.dataset import Dataset, DatasetConfig, Stats
+from trainer.data.dataset import (
+    ACTION_KEY,
+    ALL_CAMERAS,
+    OBS_KEY,
+    TASK_KEY,
+    ArrayDataset,
+    check_input_features,
+)
 from trainer.data.format import metadata as fmt
 from trainer.data.format import validate
 from trainer.data.format.cameras import CameraDataset, Cameras, LeRobotFrames, camera_stats
@@ -119,12 +126,12 @@ class LeRobotConfig(DatasetConfig):
             held.extend(episodes[len(episodes) - count :])
         return sorted(held)
 
-    def load(self, input_features: Sequence[str] = ()) -> ArrayDataset:
+    def load(self, input_features: Sequence[str] = ()) -> Dataset:
         root = self.local_root()
         ranges = fmt.read_episode_ranges(root)
         return _load(root, self.train_episodes(root, ranges), ranges, input_features, self)
 
-    def load_validation(self, input_features: Sequence[str] = ()) -> ArrayDataset | None:
+    def load_validation(self, input_features: Sequence[str] = ()) -> Dataset | None:
         if not self.val_episodes and not self.eval_split:
             return None
         root = self.local_root()
@@ -166,12 +173,14 @@ def _load(
     info = fmt.read_info(root, config.max_feature_size)
     cameras = _requested_cameras(info, requested)
     features = check_input_features(
-        [n for n in requested if n not in cameras and n != ALL_CAMERAS],
+        [n for n in requested if n not in cameras and n not in (ALL_CAMERAS, TASK_KEY)],
         info.observation_features,
         f"the dataset at {root}",
     )
     extra = ["timestamp", "episode_index", "index"] if cameras else []  # where each camera frame is
     extra += [n for n in cameras if info.features[n]["dtype"] == "image"]
+    language = [TASK_KEY] if TASK_KEY in requested else []
+    extra += ["task_index"] if language else []
     columns = [*features, ACTION_KEY, *extra]
     frames, lengths = fmt.read_frames(info, episodes, ranges, columns)
     saved, notes = fmt.read_stats(info)
@@ -195,17 +204,29 @@ def _load(
         frames[features[0]] if len(features) == 1 else np.concatenate([frames[n] for n in features], 1)
     )
     stats = _stats(saved, features, frames)
-    arrays = (observations, frames[ACTION_KEY], lengths, [*features, *cameras], stats)
+    arrays = (observations, frames[ACTION_KEY], lengths, [*features, *cameras, *language], stats)
+    tasks = _task_texts(root, frames["task_index"]) if language else None
     if not cameras:
-        dataset = ArrayDataset(*arrays)
+        dataset = ArrayDataset(*arrays, tasks=tasks)
     else:
         reader = Cameras(info, cameras, frames, config.video_backend)
         reader.check()
-        dataset = CameraDataset(
-            *arrays, reader, camera_stats(info, cameras, saved, config.use_imagenet_stats)
-        )
+        camera = camera_stats(info, cameras, saved, config.use_imagenet_stats)
+        dataset = CameraDataset(*arrays, reader, camera, tasks=tasks)
     dataset.notes = notes
     return dataset
+
+
+def _task_texts(root: Path, task_index: np.ndarray) -> list[str]:
+    """Each frame's task text (meta/tasks.parquet); a frame whose task is not listed is refused."""
+    table = fmt.read_tasks(root)
+    missing = sorted({int(i) for i in np.unique(task_index)} - table.keys())
+    if missing:
+        raise ConfigError(
+            f"{root}: frames name task_index {missing[0]}, which meta/tasks.parquet does not list; "
+            "the policy reads the task text: repair the dataset's meta/tasks.parquet"
+        )
+    return [table[int(i)] for i in task_index.reshape(-1).tolist()]
 
 
 def _requested_cameras(info: fmt.Info, requested: Sequence[str]) -> list[str]:
