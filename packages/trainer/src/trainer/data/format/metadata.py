@@ -32,7 +32,7 @@ CODEBASE_VERSION = "v3.0"
 VISUAL_DTYPES = ("image", "video")
 FLOAT_DTYPES = ("float16", "float32", "float64")
 INDEX_COLUMN = "index"
-VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+VIDEO_PATH = validate.DEFAULT_TEMPLATES["video_path"]
 CONVERT_HINT = (
     "convert it with LeRobot's `python -m lerobot.datasets.v30.convert_dataset_v21_to_v30 --repo-id=ID`"
 )

@@ -36,6 +36,10 @@ TEMPLATE_KEYS = {
     "video_path": ("video_key", "chunk_index", "file_index"),
     "data_path": ("chunk_index", "file_index"),
 }
+DEFAULT_TEMPLATES = {
+    "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
+    "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+}
 _FORMAT_SPEC = re.compile(r"0?[0-9]?d?")  # `03d`, `d` or nothing: a short zero-padded integer
 _REWRITE = "re-write the dataset with LeRobot or fix the field"
 
@@ -63,7 +67,7 @@ def check_fps(path: Path, fps: Any) -> float:
 def _check_feature(path: Path, name: Any, feature: Any, max_size: int) -> None:
     where = f"{path}: feature {name!r}"
     if not isinstance(feature, dict) or not isinstance(feature.get("dtype"), str):
-        raise ConfigError(f"{where} is {feature!r}, not an object with a `dtype` string; {_REWRITE}")
+        raise ConfigError(f"{where} is {_short(feature)}, not an object with a `dtype` string; {_REWRITE}")
     shape = feature.get("shape")
     if (
         not isinstance(shape, list)
@@ -98,17 +102,17 @@ def check_template(path: Path, key: str, template: Any) -> None:
     """`video_path`/`data_path`: only TEMPLATE_KEYS[key] as plain fields (no `.attr`, no `[index]`, no
     conversion), each formatted at most as a short zero-padded integer."""
     allowed = TEMPLATE_KEYS[key]
-    fix = f"use LeRobot's template, e.g. {key}s's default with only {{{'}, {'.join(allowed)}}}"
+    fix = f"use LeRobot's default, {DEFAULT_TEMPLATES[key]}"
     if not isinstance(template, str):
-        raise ConfigError(f"{path}: {key} is {template!r}, not a string; {fix}")
+        raise ConfigError(f"{path}: {key} is {_short(template)}, not a string; {fix}")
     try:
         fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(template) if f is not None]
     except ValueError as exc:
-        raise ConfigError(f"{path}: {key} {template!r} is not a format string ({exc}); {fix}") from None
+        raise ConfigError(f"{path}: {key} {_short(template)} is not a format string ({exc}); {fix}") from None
     for field, spec, conversion in fields:
         if field not in allowed or conversion is not None or not _FORMAT_SPEC.fullmatch(spec or ""):
             raise ConfigError(
-                f"{path}: {key} {template!r} uses {{{field}{'!' + conversion if conversion else ''}"
+                f"{path}: {key} {_short(template)} uses {{{field}{'!' + conversion if conversion else ''}"
                 f"{':' + spec if spec else ''}}}; only {', '.join(allowed)} (formatted like :03d) may appear: {fix}"
             )
 
