@@ -560,6 +560,15 @@ def test_a_floored_std_and_skipped_episodes_are_in_the_banner(
     assert re.search(r"warning: \S+stats.json: action.std is <= 0 at \[0\]; floored to 1e-06", banner)
     banner = train("state NaN", tmp_path / "b", "--dataset.skip_nonfinite=true")
     assert "--dataset.skip_nonfinite: skipped 1 of 2 episodes holding NaN or inf (0)" in banner
+    # in a mixture, each member's lines reach the banner, named by member
+    nan_root = damaged(next(d for d in DAMAGES if d.name == "state NaN"))
+    args = ["train", "--dataset.repo_id=[local/a,local/b]", f"--dataset.root=[{nan_root},{nan_root}]"]
+    extra = ["--dataset.skip_nonfinite=true", "--policy.type=mlp", "--steps=1", "--batch_size=8"]
+    code, err = _cli([*args, *extra, f"--output_dir={tmp_path / 'c'}"], capsys)
+    assert code == 0, err
+    banner = (tmp_path / "c" / "metrics.jsonl").read_text()
+    for member in ("local/a", "local/b"):
+        assert f"{member}: --dataset.skip_nonfinite: skipped 1 of 2 episodes" in banner, banner[:2000]
 
 
 # A child that opens a damaged copy and reports its peak memory against opening the valid fixture: a

@@ -37,6 +37,12 @@ class Mixture:
         self.input_features = list(self.members[0].input_features)
         self.gather_in_workers = any(getattr(m, "gather_in_workers", False) for m in self.members)
         self.weighted_order = WeightedOrder([len(m) for m in self.members], weights, labels)
+        # each member's banner lines (episodes skipped, floored std), named by member
+        self.notes = [
+            f"{label}: {note}"
+            for m, label in zip(self.members, self.labels, strict=True)
+            for note in getattr(m, "notes", [])
+        ]
 
     def __len__(self) -> int:
         return self.weighted_order.length

@@ -48,6 +48,7 @@ class RenamedDataset:
         self.gather_in_workers = bool(getattr(inner, "gather_in_workers", False))
         # a mixture's draw order by weight (data/pipeline/mixture.py), which the sampler follows
         self.weighted_order = getattr(inner, "weighted_order", None)
+        self.notes: list[str] = list(getattr(inner, "notes", []))  # the banner's lines about the data
 
     def __len__(self) -> int:
         return len(self.inner)
