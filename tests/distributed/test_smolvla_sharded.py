@@ -2,7 +2,7 @@
 layer (the naive choice) fails, since SmolVLA never calls a decoder layer's forward(); the policy's own
 units (the parts whose forward() runs) train exactly as DDP does, the sharded run saves LeRobot's
 tensor names, and LoRA on LeRobot's default targets trains under FSDP2; HSDP 2x2 trains as DDP does
-on 4 ranks (a second launch)."""
+on 4 ranks (a second launch). The first launch also fine-tunes LeRobot's ACT checkpoint under FSDP2."""
 
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
+import ckpt_tools
 import trainer
 from helpers.fixtures import fixture_dir
 from helpers.launch import run_torchrun
 from trainer.data.dataset import task_bytes
+from trainer.policies import act_lerobot
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
@@ -29,6 +32,8 @@ def _workdir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     work = tmp_path_factory.mktemp(name)
     shutil.copytree(fixture_dir("lerobot_smolvla_tiny", "tiny_smolvlm"), work / "tiny_smolvlm")
     shutil.copytree(fixture_dir("lerobot", "dataset_video"), work / "dataset_video")
+    shutil.copytree(fixture_dir("lerobot", "dataset_tiny"), work / "dataset_tiny")
+    shutil.copytree(fixture_dir("lerobot", "checkpoint_act", "checkpoints", "000002"), work / "lerobot_act")
     return work
 
 
@@ -102,3 +107,19 @@ def test_hsdp_2x2_trains_as_ddp_does_on_4_ranks(tmp_path_factory: pytest.TempPat
     hsdp, ddp = _losses(work / "out" / "hsdp"), _losses(work / "out" / "ddp4")
     assert len(hsdp) == 2
     np.testing.assert_allclose(hsdp, ddp, rtol=1e-5)
+
+
+def test_lerobots_act_checkpoint_fine_tunes_on_fsdp2(runs) -> None:
+    """--policy.path=<LeRobot's ACT step> on 2 ranks: its weights under our names, trained for 2 steps."""
+    work, _ = runs
+    base = act_lerobot.state_from_lerobot(
+        load_file(str(work / "lerobot_act" / "pretrained_model" / "model.safetensors"))
+    )
+    step = work / "out" / "act_lerobot" / "checkpoints" / "last"
+    topology = ckpt_tools.read_training_step(str(step)).topology
+    assert (topology.dp_replicate, topology.dp_shard) == (1, 2)
+    tuned = trainer.load_policy(str(step)).policy
+    after = tuned.state_dict()
+    assert set(after) == set(base) and len(_losses(work / "out" / "act_lerobot")) == 2
+    assert all(after[name].shape == tensor.shape for name, tensor in base.items())
+    assert not torch.equal(after["action_head.weight"], base["action_head.weight"])

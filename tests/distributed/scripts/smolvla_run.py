@@ -9,6 +9,8 @@ unit's parameters are never gathered; its one-line error is printed as `naive fa
 (the policy's own units) and `ddp` train the same tiny SmolVLA from the same seed for two steps;
 `lora` fine-tunes the fsdp2 result with LoRA on LeRobot's default targets under FSDP2. With `hsdp`
 (4 ranks): `hsdp` (2 replicas x 2 shards) and `ddp4` (DDP) train the same way instead.
+`act_lerobot` (in this launch to spare one of its own) fine-tunes LeRobot's ACT checkpoint, WORKDIR's
+`lerobot_act/` step, on its dataset `dataset_tiny/` under FSDP2 for two steps.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ RUNS = {
     "ddp": ["--parallelism.dp_shard=1"],
     "lora": [f"--policy.path={OUT}/fsdp2/checkpoints/last", "--peft.method_type=LORA", "--peft.r=2", "--parallelism.dp_shard=2"],
 }  # fmt: skip
+ACT_LEROBOT = [
+    "--policy.path=lerobot_act", "--dataset.root=dataset_tiny", "--batch_size=2", "--num_workers=0",
+    "--steps=2", "--save_freq=2", "--log_freq=1", "--parallelism.dp_shard=2",
+]  # fmt: skip
 HSDP_RUNS = {
     "hsdp": ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"],
     "ddp4": ["--parallelism.dp_shard=1"],
@@ -52,5 +58,8 @@ if __name__ == "__main__":
             if run != "naive":
                 raise
             print(f"naive failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", flush=True)
+    if MODE != ["hsdp"]:
+        reset_accelerate()
+        train(parse_config([*ACT_LEROBOT, f"--output_dir={OUT}/act_lerobot"]))
     reset_accelerate()
     clean_exit.leave()

@@ -25,6 +25,19 @@ PUBLISH_FIELDS = ("push_to_hub", "repo_id", "private")
 # Fields of the run, not of the policy: kept out of config.json like the publish settings.
 RUN_FIELDS = (*PUBLISH_FIELDS, "device")
 DEVICES = ("auto", "cpu", "cuda", "mps")
+# LeRobot's policy config.json fields that say nothing about the model (its run settings, RTC, PEFT flags):
+# read and dropped, written back with LeRobot's defaults.
+LEROBOT_RUN_FIELDS: dict[str, Any] = {
+    "use_amp": False,
+    "use_peft": False,
+    "push_to_hub": False,
+    "repo_id": None,
+    "private": None,
+    "tags": None,
+    "license": None,
+    "pretrained_path": None,
+    "pretrained_revision": None,
+}
 
 
 @dataclass

@@ -24,7 +24,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,7 @@ from trainer.config.optim import AdamWConfig, ConstantConfig
 from trainer.config.policy import PolicyConfig
 from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, PAD_KEY, is_camera
 from trainer.errors import ConfigError
-from trainer.policies import resnet
+from trainer.policies import act_lerobot, resnet
 from trainer.policies.base import Policy
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"relu": F.relu, "gelu": F.gelu}
@@ -97,6 +97,10 @@ class ACTConfig(PolicyConfig):
     image_shapes: dict[str, list[int]] = field(default_factory=dict)
     """Frame shape (C, H, W) of each camera, taken from the dataset (config.json records it; frames of
     another shape are refused)."""
+    env_state_dim: int = 0
+    """Width of LeRobot's `observation.environment_state` at the end of `observation.state` (the last
+    of the input features): read as a token of its own, as LeRobot's ACT does; 0 reads the whole state
+    as one token. Set from a LeRobot checkpoint's config.json."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -109,6 +113,7 @@ class ACTConfig(PolicyConfig):
             (self.feedforward_activation in _ACTIVATIONS, f"--policy.feedforward_activation={self.feedforward_activation!r}: choose relu or gelu"),
             (self.temporal_ensemble_coeff is None or self.n_action_steps == 1, "--policy.temporal_ensemble_coeff needs --policy.n_action_steps=1 (it predicts every step)"),
             (self.optimizer_lr > 0, f"--policy.optimizer_lr must be > 0, got {self.optimizer_lr}"),
+            (self.env_state_dim >= 0 and (not self.obs_dim or self.env_state_dim <= self.obs_dim), f"--policy.env_state_dim={self.env_state_dim} must be in [0, obs_dim={self.obs_dim}]"),
         ]  # fmt: skip
         for ok, message in checks:
             if not ok:
@@ -125,6 +130,11 @@ class ACTConfig(PolicyConfig):
 
     def policy_class(self) -> type[Policy]:
         return ACTPolicy
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> dict[str, Any]:
+        """A LeRobot ACT config.json as our fields (act_lerobot.py); ours as it is."""
+        return act_lerobot.config_from_lerobot(saved)
 
     def with_frame_shapes(self, shapes: dict[str, list[int]]) -> ACTConfig:
         """The cameras' frame shapes recorded; a checkpoint's cameras at another size than the data's
@@ -302,7 +312,9 @@ class TemporalEnsembler:
 class ACTPolicy(Policy):
     """The module names follow LeRobot's ACT (`backbone`, `encoder_img_feat_input_proj`,
     `vae_encoder_*`, ...) without its `model.` prefix; the trunk exists only when a camera is among the
-    input features, the state projections only when there is a state vector."""
+    input features, the state projections only when there is a state vector, the environment state's
+    (`encoder_env_state_input_proj`) only with `env_state_dim`. LeRobot's own checkpoints load through
+    `adapt_state_dict` (act_lerobot.py: its fused attention projections split)."""
 
     _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("ACTEncoderLayer", "ACTDecoderLayer", "ResNetStage")
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action",)
@@ -322,11 +334,14 @@ class ACTPolicy(Policy):
                 config.vision_backbone, config.replace_final_stride_with_dilation
             )
             self.encoder_img_feat_input_proj = nn.Conv2d(resnet.FEATURE_CHANNELS, d, 1)
-        has_state = config.obs_dim > 0
+        self.robot_dim = config.obs_dim - config.env_state_dim
+        has_state = self.robot_dim > 0
         if has_state:
-            self.encoder_robot_state_input_proj = nn.Linear(config.obs_dim, d)
+            self.encoder_robot_state_input_proj = nn.Linear(self.robot_dim, d)
+        if config.env_state_dim:
+            self.encoder_env_state_input_proj = nn.Linear(config.env_state_dim, d)
         self.encoder_latent_input_proj = nn.Linear(config.latent_dim, d)
-        self.encoder_1d_feature_pos_embed = nn.Embedding(1 + has_state, d)
+        self.encoder_1d_feature_pos_embed = nn.Embedding(1 + has_state + (config.env_state_dim > 0), d)
         self.encoder = ACTEncoder(config, config.n_encoder_layers)
         self.decoder = ACTDecoder(config)
         self.decoder_pos_embed = nn.Embedding(config.chunk_size, d)
@@ -335,7 +350,7 @@ class ACTPolicy(Policy):
             self.vae_encoder = ACTEncoder(config, config.n_vae_encoder_layers)
             self.vae_encoder_cls_embed = nn.Embedding(1, d)
             if has_state:
-                self.vae_encoder_robot_state_input_proj = nn.Linear(config.obs_dim, d)
+                self.vae_encoder_robot_state_input_proj = nn.Linear(self.robot_dim, d)
             self.vae_encoder_action_input_proj = nn.Linear(config.action_dim, d)
             self.vae_encoder_latent_output_proj = nn.Linear(d, 2 * config.latent_dim)
             tokens = 1 + has_state + config.chunk_size
@@ -349,8 +364,8 @@ class ACTPolicy(Policy):
         if not (self.config.use_vae and self.training and ACTION_KEY in batch):
             return self._zeros(b), None
         tokens = [self.vae_encoder_cls_embed.weight.expand(b, 1, -1)]
-        if self.config.obs_dim:
-            tokens.append(self.vae_encoder_robot_state_input_proj(batch[OBS_KEY])[:, None])
+        if self.robot_dim:
+            tokens.append(self.vae_encoder_robot_state_input_proj(self._robot_state(batch))[:, None])
         actions = self.vae_encoder_action_input_proj(batch[ACTION_KEY])
         tokens.append(actions)
         keep = torch.cat(
@@ -362,6 +377,9 @@ class ACTPolicy(Policy):
         latent = mu + (log_sigma_x2 / 2).exp() * torch.randn_like(mu)
         return latent, params
 
+    def _robot_state(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return batch[OBS_KEY][:, : self.robot_dim]
+
     def _zeros(self, b: int) -> torch.Tensor:
         weight = self.encoder_latent_input_proj.weight
         return torch.zeros(b, self.config.latent_dim, dtype=weight.dtype, device=weight.device)
@@ -372,8 +390,11 @@ class ACTPolicy(Policy):
         b = len(next(iter(batch.values())))
         latent, params = self._latent(batch, b)
         tokens = [self.encoder_latent_input_proj(latent)[:, None]]
-        if self.config.obs_dim:
-            tokens.append(self.encoder_robot_state_input_proj(batch[OBS_KEY])[:, None])
+        if self.robot_dim:
+            tokens.append(self.encoder_robot_state_input_proj(self._robot_state(batch))[:, None])
+        if self.config.env_state_dim:
+            env = batch[OBS_KEY][:, self.robot_dim :]
+            tokens.append(self.encoder_env_state_input_proj(env)[:, None])
         pos = [self.encoder_1d_feature_pos_embed.weight[None]]
         for name in self.cameras:
             features = self.encoder_img_feat_input_proj(self.backbone(batch[name]))  # (B, d, h, w)
@@ -427,6 +448,11 @@ class ACTPolicy(Policy):
         self._queue.clear()
         if self._ensembler is not None:
             self._ensembler.reset()
+
+    @classmethod
+    def adapt_state_dict(cls, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """LeRobot's ACT weights under our names; ours (or a legacy checkpoint's) as they are."""
+        return act_lerobot.state_from_lerobot(state) if act_lerobot.is_lerobot_state(state) else state
 
     def load_pretrained_parts(self) -> None:
         if self.cameras and self.config.pretrained_backbone_weights is not None:

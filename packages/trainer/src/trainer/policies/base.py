@@ -43,6 +43,12 @@ class Policy(nn.Module):
     def reset(self) -> None:
         """Forget what earlier steps of an episode left behind (a policy without memory has nothing)."""
 
+    @classmethod
+    def adapt_state_dict(cls, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Saved weights under this class's tensor names: another tool's checkpoint (LeRobot's ACT)
+        is renamed on read; this base takes the names as they are."""
+        return state
+
     def load_pretrained_parts(self) -> None:
         """Load the pretrained weights the config names for parts of a freshly built policy (ACT's
         camera trunk); called at the start of training, not when a checkpoint's weights follow."""

@@ -123,7 +123,17 @@ def read_weights(path: str, weights: str = "model") -> dict[str, torch.Tensor]:
 
 
 def fit_weights(policy: Any, state: dict[str, Any], path: str) -> None:
-    """Copy `state` into `policy`, refusing weights that do not fit it in one line."""
+    """Copy `state` (another tool's names adapted by the policy's class) into `policy`, refusing
+    weights that do not fit it in one line."""
+    state = type(policy).adapt_state_dict(state)
+    own = policy.state_dict()
+    resized = next((n for n, t in state.items() if n in own and own[n].shape != t.shape), None)
+    if resized is not None:
+        raise ConfigError(
+            f"--policy.path={path}: its tensor {resized} is {list(state[resized].shape)}, but the "
+            f"{type(policy).__name__} built from the flags has {list(own[resized].shape)}: drop the --policy.* "
+            "flags that change its shape"
+        )
     missing, unexpected = policy.load_state_dict(state, strict=False)
     if missing or unexpected:
         first = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"

@@ -18,6 +18,7 @@ from trainer.data.dataset import ACTION_KEY, OBS_KEY, TASK_KEY, frames_as_float,
 from trainer.errors import ConfigError
 
 PREPROCESSOR_KEYS = (OBS_KEY, ACTION_KEY)
+ENV_KEY = "observation.environment_state"  # LeRobot's environment state, a separate vector there
 POSTPROCESSOR_KEYS = (ACTION_KEY,)
 
 
@@ -135,9 +136,26 @@ def _from_lerobot(
             else:
                 continue
             names.append(name)
+        if ENV_KEY in features:
+            names = _merge_environment_state(names, stats, features)
         ours.append({"type": "unnormalize" if inverse else "normalize", "features": names})
         tensors.append(stats)
     return {"steps": ours}, tensors
+
+
+def _merge_environment_state(
+    names: list[str], stats: dict[str, torch.Tensor], features: dict[str, Any]
+) -> list[str]:
+    """LeRobot's separate `observation.environment_state` statistics appended to `observation.state`'s
+    (our batch carries both in one vector, the robot's first, as act_lerobot.py reads LeRobot's ACT);
+    a feature left unnormalized (IDENTITY: LeRobot's ACT does not normalize ENV) gets mean 0, std 1."""
+    parts: dict[str, list[torch.Tensor]] = {"mean": [], "std": []}
+    for name in (OBS_KEY, ENV_KEY):
+        width = int((features.get(name) or {"shape": [0]})["shape"][0])
+        for stat, fill in (("mean", torch.zeros), ("std", torch.ones)):
+            parts[stat].append(stats.pop(f"{name}.{stat}", fill(width)))
+    stats[f"{OBS_KEY}.mean"], stats[f"{OBS_KEY}.std"] = torch.cat(parts["mean"]), torch.cat(parts["std"])
+    return [OBS_KEY, *(n for n in names if n not in (OBS_KEY, ENV_KEY))]
 
 
 def _count(value: Any) -> str:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
-from trainer.config.policy import PolicyConfig
+from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
 from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, TASK_KEY, is_camera
 from trainer.errors import ConfigError
 from trainer.policies.smolvla.resolve import same_backbone
@@ -25,19 +25,6 @@ ATTENTION_MODES = ("cross_attn", "self_attn")
 PAD_LANGUAGE = ("longest", "max_length")
 # The names LeRobot gives the `empty_cameras` blank slots in its saved input_features (no data has them).
 EMPTY_CAMERA = "observation.images.empty_camera_"
-# LeRobot's config.json fields that say nothing about the model (its run settings, RTC, PEFT flags):
-# read and dropped, written back with LeRobot's defaults.
-_LEROBOT_RUN_FIELDS: dict[str, Any] = {
-    "use_amp": False,
-    "use_peft": False,
-    "push_to_hub": False,
-    "repo_id": None,
-    "private": None,
-    "tags": None,
-    "license": None,
-    "pretrained_path": None,
-    "pretrained_revision": None,
-}
 
 
 @PolicyConfig.register_subclass("smolvla")
@@ -246,7 +233,7 @@ class SmolVLAConfig(PolicyConfig):
             "input_features": features,
             "output_features": {ACTION_KEY: {"type": "ACTION", "shape": [self.action_dim]}},
             "device": self.device,
-            **_LEROBOT_RUN_FIELDS,
+            **LEROBOT_RUN_FIELDS,
             **{k: list(v) if isinstance(v, tuple) else v for k, v in lerobot.items()},
             "rtc_config": None,
         }
@@ -264,7 +251,7 @@ class SmolVLAConfig(PolicyConfig):
         out = {
             k: v
             for k, v in saved.items()
-            if k not in _LEROBOT_RUN_FIELDS and k not in ("output_features", "rtc_config")
+            if k not in LEROBOT_RUN_FIELDS and k not in ("output_features", "rtc_config")
         }
         names: list[str] = []
         shapes: dict[str, list[int]] = {}

@@ -1,0 +1,95 @@
+"""LeRobot's ACT checkpoints read by our ACT: its config.json schema and its tensor names.
+
+Why a name map rather than LeRobot's names on our modules: LeRobot's attention is
+`nn.MultiheadAttention`, whose query/key/value projections are one fused `in_proj_weight` (3*d, d);
+ours keeps them as separate `q_proj`/`k_proj`/`v_proj` so that LoRA can target each (act.py). A module
+rename cannot split a tensor, so the weights are mapped on read instead: LeRobot's `model.` prefix
+dropped, each `in_proj_*` split in three, a layer's `linear1`/`linear2` put under our `ffn.`, and the
+persistent `vae_encoder_pos_enc` buffer (a fixed sinusoid ours recomputes) dropped once its shape is
+checked. The trunk's names are torchvision's on both sides. Every other name is LeRobot's already.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from trainer.config.policy import LEROBOT_RUN_FIELDS
+from trainer.data.dataset import ACTION_KEY
+from trainer.data.pipeline.processors import ENV_KEY
+from trainer.errors import ConfigError
+
+# The normalization our ACT's processors apply; a LeRobot config.json asking for another is refused.
+_MEAN_STD = {"VISUAL": "MEAN_STD", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
+_PREFIX = "model."
+_IN_PROJ = re.compile(r"^(.*\.(?:self_attn|multihead_attn))\.in_proj_(weight|bias)$")
+_FFN = re.compile(r"^(.*\.layers\.\d+)\.(linear[12]\.(?:weight|bias))$")
+_POS_ENC = "vae_encoder_pos_enc"
+
+
+def is_lerobot_state(state: dict[str, torch.Tensor]) -> bool:
+    """Whether `state` holds LeRobot's names (every ACT tensor of LeRobot's sits under `model.`)."""
+    return bool(state) and all(name.startswith(_PREFIX) for name in state)
+
+
+def state_from_lerobot(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """LeRobot's ACT state dict under our names (the tensors themselves, or views of the fused ones)."""
+    out: dict[str, torch.Tensor] = {}
+    for lerobot_name, tensor in state.items():
+        name = lerobot_name.removeprefix(_PREFIX)
+        if name == _POS_ENC:
+            continue  # recomputed by our ACT; its size follows chunk_size and the state, checked there
+        fused = _IN_PROJ.match(name)
+        if fused:
+            if tensor.shape[0] % 3:
+                raise ConfigError(
+                    f"LeRobot tensor {lerobot_name} has {tensor.shape[0]} rows, not 3 x dim_model: the weights are damaged"
+                )
+            for proj, part in zip(("q_proj", "k_proj", "v_proj"), tensor.chunk(3, dim=0), strict=True):
+                out[f"{fused[1]}.{proj}.{fused[2]}"] = part
+            continue
+        ffn = _FFN.match(name)
+        out[f"{ffn[1]}.ffn.{ffn[2]}" if ffn else name] = tensor
+    return out
+
+
+def config_from_lerobot(saved: dict[str, Any]) -> dict[str, Any]:
+    """A LeRobot ACT config.json (typed feature dicts, its run fields) as our ACTConfig's fields; a
+    config already ours (`input_features` a list) is returned as it is."""
+    features = saved.get("input_features")
+    if not isinstance(features, dict):
+        return saved
+    mapping = saved.get("normalization_mapping", _MEAN_STD)
+    if mapping != _MEAN_STD:
+        raise ConfigError(
+            f"the ACT config.json normalizes with {mapping}; this ACT normalizes every feature by mean and "
+            "std (MEAN_STD): retrain with LeRobot's default normalization_mapping"
+        )
+    skip = {*LEROBOT_RUN_FIELDS, "output_features", "normalization_mapping", "input_features"}
+    out = {k: v for k, v in saved.items() if k not in skip}
+    widths = {"STATE": 0, "ENV": 0}
+    state: list[str] = []
+    cameras: dict[str, list[int]] = {}
+    for name, feature in features.items():
+        kind, shape = feature.get("type"), [int(s) for s in feature.get("shape", [])]
+        if kind in widths:
+            widths[kind] = shape[0]
+            state.append(name)
+        elif kind == "VISUAL":
+            cameras[name] = shape
+        else:
+            raise ConfigError(
+                f"the ACT config.json has input feature {name!r} of type {kind!r}, which ACT does not read"
+            )
+    state.sort(key=lambda name: name == ENV_KEY)  # the robot's state first, the environment's last
+    action = (saved.get("output_features") or {}).get(ACTION_KEY, {})
+    out.update(
+        input_features=[*state, *cameras],
+        image_shapes=cameras,
+        obs_dim=widths["STATE"] + widths["ENV"],
+        env_state_dim=widths["ENV"],
+        action_dim=int(action.get("shape", [0])[0]),
+    )
+    return out
