@@ -141,28 +141,66 @@ def demo(session: nox.Session) -> None:
     """Train ACT with the camera on the embedded camera task with 2 processes (FSDP2, DCP checkpoints),
     inspect, convert and verify the last checkpoint, then score it with `trainer eval` (rollouts from
     pixels + state). Extra trainer flags go after `--`."""
+    run_demo(session, DEMO_ACT, DEMO_OUTPUT, "demo", DEMO_NOTE)
+    session.log(demo_epilogue(DEMO_OUTPUT, session.bin, "act", steps=200))
+
+
+DEMO_VLA_OUTPUT = "outputs/demo_vla"
+
+# The VLA demo's SmolVLA is LeRobot's architecture on a tiny backbone shipped in demo/tiny_smolvlm (a
+# SmolVLM config and tokenizer, no weights: the VLM starts from scratch, as the demo runs offline). Its
+# training preset (AdamW, cosine decay with warmup) keeps LeRobot's form at a demo's length: lr 1e-3,
+# 20 warmup steps, decay over the run.
+DEMO_VLA_STEPS = 600
+DEMO_SMOLVLA = [
+    "--policy.type=smolvla", "--policy.vlm_model_name=demo/tiny_smolvlm", "--policy.load_vlm_weights=false",
+    "--policy.num_vlm_layers=4", "--policy.chunk_size=10", "--policy.n_action_steps=5",
+    "--policy.num_steps=3", "--policy.resize_imgs_with_padding=[32,32]",
+    "--policy.optimizer_lr=1e-3", "--policy.scheduler_warmup_steps=20",
+    f"--policy.scheduler_decay_steps={DEMO_VLA_STEPS}",
+    "--dataset.camera=true", "--dataset.episodes=40", "--dataset.eval_episodes=8",
+    f"--steps={DEMO_VLA_STEPS}", f"--save_freq={DEMO_VLA_STEPS // 2}", "--log_freq=50", "--batch_size=16",
+]  # fmt: skip
+DEMO_VLA_NOTE = (
+    "demo_vla: SmolVLA on the embedded camera task (--dataset.camera=true) with its language instruction "
+    "(each frame's task text, and the rollouts'), on the tiny backbone in demo/tiny_smolvlm (a 4-layer "
+    "VLM of width 64 from scratch, offline), chunk_size=10, 3 flow steps, 600 steps of SmolVLA's preset "
+    "at lr 1e-3, so that it finishes in about 5 minutes on 2 CPU cores"
+)
+
+
+@nox.session
+def demo_vla(session: nox.Session) -> None:
+    """Train SmolVLA (a vision-language-action policy) on the embedded camera task with its language
+    instruction, with 2 processes (FSDP2, DCP checkpoints), inspect, convert and verify the last
+    checkpoint, then score it with `trainer eval` (rollouts from pixels + state + instruction). Extra
+    trainer flags go after `--`."""
+    run_demo(session, DEMO_SMOLVLA, DEMO_VLA_OUTPUT, "demo_vla", DEMO_VLA_NOTE)
+    session.log(demo_epilogue(DEMO_VLA_OUTPUT, session.bin, "smolvla", steps=DEMO_VLA_STEPS))
+
+
+def run_demo(session: nox.Session, flags: list[str], output: str, job: str, note: str) -> None:
+    """A demo's commands: train with 2 processes, inspect/convert/verify the last checkpoint, evaluate."""
     import shutil
 
     install(session)
-    shutil.rmtree(DEMO_OUTPUT, ignore_errors=True)  # a fresh run each time (the trainer refuses to mix)
-    session.log(DEMO_NOTE)
+    shutil.rmtree(output, ignore_errors=True)  # a fresh run each time (the trainer refuses to mix)
+    session.log(note)
     session.run(
-        "torchrun", "--standalone", "--nproc-per-node=2", "-m", "trainer.cli", "train", *DEMO_ACT,
-        "--parallelism.dp_shard=2", "--checkpoint_format=dcp", "--job_name=demo",
-        f"--output_dir={DEMO_OUTPUT}", *session.posargs,
+        "torchrun", "--standalone", "--nproc-per-node=2", "-m", "trainer.cli", "train", *flags,
+        "--parallelism.dp_shard=2", "--checkpoint_format=dcp", f"--job_name={job}",
+        f"--output_dir={output}", *session.posargs,
         env={"OMP_NUM_THREADS": "1"},
     )  # fmt: skip
-    session.run("ckpt", "inspect", f"{DEMO_OUTPUT}/checkpoints/last")
-    session.run("ckpt", "convert", f"{DEMO_OUTPUT}/checkpoints/last")
-    session.run("ckpt", "verify", f"{DEMO_OUTPUT}/checkpoints/last")
-    session.run(
-        "trainer", "eval", f"--policy.path={DEMO_OUTPUT}/checkpoints/last", env={"OMP_NUM_THREADS": "1"}
-    )
-    session.log(demo_epilogue(DEMO_OUTPUT, session.bin))
+    session.run("ckpt", "inspect", f"{output}/checkpoints/last")
+    session.run("ckpt", "convert", f"{output}/checkpoints/last")
+    session.run("ckpt", "verify", f"{output}/checkpoints/last")
+    session.run("trainer", "eval", f"--policy.path={output}/checkpoints/last", env={"OMP_NUM_THREADS": "1"})
 
 
-def demo_epilogue(output: str, bin_dir: str) -> str:
-    """What the demo leaves where, and how to run the same commands yourself."""
+def demo_epilogue(output: str, bin_dir: str, policy: str, steps: int) -> str:
+    """What a demo of `steps` steps (saved at half and at the end) leaves where, and how to run the same
+    commands yourself."""
     last = f"{output}/checkpoints/last"
     return "\n".join(
         [
@@ -173,10 +211,10 @@ def demo_epilogue(output: str, bin_dir: str) -> str:
             f"Run the tools yourself (the demo's environment is {bin_dir}; `source {bin_dir}/activate` first):",
             f"  ckpt inspect {last}            # summary; --tensors lists every tensor",
             f"  ckpt verify {last}",
-            f"  ckpt diff {output}/checkpoints/000100 {last}",
-            f"  trainer eval --policy.path={last}          # rollouts on the camera task, from pixels + state",
-            "  trainer train --policy.type=act --help     # every flag of ACT",
-            f"  trainer train --output_dir={output} --resume=true --steps=600   # continue this run",
+            f"  ckpt diff {output}/checkpoints/{steps // 2:06d} {last}",
+            f"  trainer eval --policy.path={last}          # rollouts on the camera task",
+            f"  trainer train --policy.type={policy} --help     # every flag of the policy",
+            f"  trainer train --output_dir={output} --resume=true --steps={3 * steps}   # continue this run",
         ]
     )
 

@@ -1,4 +1,5 @@
-"""`nox -s demo` ends by saying where its outputs are and how to run the tools yourself; `nox -s
+"""`nox -s demo` (ACT) and `nox -s demo_vla` (SmolVLA with the language instruction) run on the embedded
+camera task and end by saying where their outputs are and how to run the tools yourself; `nox -s
 typecheck` runs mypy --strict over every module a public name of ckpt_tools comes from."""
 
 from __future__ import annotations
@@ -64,9 +65,31 @@ def test_demo_ends_with_where_the_outputs_are_and_how_to_run_the_tools(noxfile, 
         f"{out}/metrics.jsonl",
         f"source {session.bin}/activate",
         f"ckpt inspect {out}/checkpoints/last",
+        f"ckpt diff {out}/checkpoints/000100 {out}/checkpoints/last",
         "trainer train --policy.type=act --help",
         f"trainer eval --policy.path={out}/checkpoints/last",
         f"trainer train --output_dir={out} --resume=true",
+    ):
+        assert expected in text, expected
+
+
+def test_demo_vla_trains_smolvla_on_the_camera_task_offline_and_evaluates_it(noxfile, monkeypatch) -> None:
+    monkeypatch.setattr("shutil.rmtree", lambda *args, **kwargs: None)
+    session = _Session()
+    noxfile.demo_vla(session)
+    train, out = session.calls[0], noxfile.DEMO_VLA_OUTPUT
+    assert "--policy.type=smolvla" in train and "--dataset.camera=true" in train
+    assert "--parallelism.dp_shard=2" in train and f"--output_dir={out}" in train
+    backbone = next(a.split("=", 1)[1] for a in train if a.startswith("--policy.vlm_model_name="))
+    assert (ROOT / backbone / "config.json").is_file() and (ROOT / backbone / "tokenizer.json").is_file()
+    assert not backbone.startswith("tests") and "--policy.load_vlm_weights=false" in train  # offline
+    assert session.calls[-1] == ("trainer", "eval", f"--policy.path={out}/checkpoints/last")
+    note, text = session.logged
+    assert "language instruction" in note
+    for expected in (
+        f"ckpt diff {out}/checkpoints/{noxfile.DEMO_VLA_STEPS // 2:06d} {out}/checkpoints/last",
+        "trainer train --policy.type=smolvla --help",
+        f"trainer eval --policy.path={out}/checkpoints/last",
     ):
         assert expected in text, expected
 

@@ -23,7 +23,7 @@ import ckpt_tools
 from trainer.cli.parse import LEROBOT_FLAGS, settle_choice
 from trainer.config.dataset import DatasetConfig
 from trainer.config.registry import split_allow_types
-from trainer.data.dataset import OBS_KEY
+from trainer.data.dataset import OBS_KEY, TASK_KEY
 from trainer.data.embedded import sim
 from trainer.data.embedded.pendulum import PendulumConfig
 from trainer.data.pipeline.renamed import load_renamed
@@ -109,7 +109,7 @@ def _sim_camera(dataset: DatasetConfig, loaded: LoadedPolicy) -> bool:
     """Whether the rollouts run the camera task; a policy reading a feature the sim does not give
     (a camera it was trained on, without --dataset.camera=true) is refused in one line."""
     camera = dataset.rollout_camera
-    given = (OBS_KEY, sim.CAMERA) if camera else (OBS_KEY,)
+    given = (OBS_KEY, sim.CAMERA, TASK_KEY) if camera else (OBS_KEY, TASK_KEY)
     missing = [name for name in loaded.input_features if name not in given]
     if missing:
         fix = "pass --dataset.camera=true" if missing[0] == sim.CAMERA else "evaluate it on its own dataset"

@@ -409,7 +409,7 @@ def evaluate(
     policy.eval()
     acting = LoadedPolicy(policy, preprocessor, postprocessor, accelerator.device)
 
-    def act(observation: dict[str, np.ndarray]) -> np.ndarray:
+    def act(observation: dict[str, np.ndarray | str]) -> np.ndarray:
         return acting.select_action(observation).cpu().numpy()
 
     def reduce(totals: torch.Tensor) -> torch.Tensor:

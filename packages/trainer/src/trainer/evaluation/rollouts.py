@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from trainer.config.dataset import Dataset
-from trainer.data.dataset import ACTION_KEY, OBS_KEY, PAD_KEY
+from trainer.data.dataset import ACTION_KEY, OBS_KEY, PAD_KEY, TASK_KEY
 from trainer.data.embedded import sim
 from trainer.evaluation.validation import rank_batches
 
@@ -26,7 +26,7 @@ Reduce = Callable[[torch.Tensor], torch.Tensor]  # sum over ranks
 
 @torch.no_grad()
 def rollout_returns(
-    act: Callable[[dict[str, np.ndarray]], np.ndarray],
+    act: Callable[[dict[str, np.ndarray | str]], np.ndarray],
     episodes: int,
     world: int,
     rank: int,
@@ -89,10 +89,11 @@ def action_errors(
     }
 
 
-def raw_observation(obs: sim.Observation) -> dict[str, np.ndarray]:
-    """A sim step's observation as a robot gives it: the state vector, and the camera frame if any
-    (the target, the expert's privileged information, is left out)."""
-    raw = {OBS_KEY: obs.state}
+def raw_observation(obs: sim.Observation) -> dict[str, np.ndarray | str]:
+    """A sim step's observation as a robot gives it: the state vector, the camera frame if any, and
+    the task's language instruction (the target, the expert's privileged information, is left out; a
+    policy that reads no `task` ignores it)."""
+    raw: dict[str, np.ndarray | str] = {OBS_KEY: obs.state, TASK_KEY: sim.instruction(obs.frame is not None)}
     if obs.frame is not None:
         raw[sim.CAMERA] = obs.frame
     return raw

@@ -2,6 +2,8 @@
 
 `--dataset.camera=true` switches to the camera task (data/embedded/sim.py): the episodes then also store the
 camera's frames (`observation.images.top`, uint8), and the run's rollouts are scored on that task.
+With `task` among `--policy.input_features` every frame also carries its task's language instruction
+(`sim.instruction`), as a LeRobotDataset's frames carry theirs.
 
 Generation is deterministic in (episodes, seed), so every rank may build or read the cache on its own:
 the file is written under a temporary name and renamed, and identical bytes win any race.
@@ -18,7 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from trainer.config.dataset import DatasetConfig
-from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, ArrayDataset, check_input_features, is_camera
+from trainer.data.dataset import (
+    ALL_CAMERAS,
+    OBS_KEY,
+    TASK_KEY,
+    ArrayDataset,
+    check_input_features,
+    is_camera,
+)
 from trainer.data.embedded import sim
 from trainer.errors import ConfigError
 
@@ -70,10 +79,13 @@ class PendulumConfig(DatasetConfig):
         cameras = [sim.CAMERA] if self.camera else []
         what = "the pendulum dataset" + ("" if self.camera else " (without --dataset.camera=true)")
         named = [name for name in input_features if name != ALL_CAMERAS]
-        vectors = check_input_features([n for n in named if not is_camera(n)], [OBS_KEY], what)
+        vectors = check_input_features(
+            [n for n in named if not is_camera(n) and n != TASK_KEY], [OBS_KEY], what
+        )
         named_cameras = check_input_features([n for n in named if is_camera(n)], cameras, what)
         chosen = named_cameras if any(is_camera(n) for n in named) else []
-        features = [*vectors, *(cameras if ALL_CAMERAS in input_features else chosen)]
+        language = [TASK_KEY] if TASK_KEY in input_features else []
+        features = [*vectors, *(cameras if ALL_CAMERAS in input_features else chosen), *language]
         path = self.cache_path()
         if not path.exists():
             _write_atomically(path, _generate(self))
@@ -81,7 +93,10 @@ class PendulumConfig(DatasetConfig):
             ends = np.unique(data["episode_last"]) + 1
             lengths = np.diff(ends, prepend=0)
             images = {sim.CAMERA: data["frames"].transpose(0, 3, 1, 2)} if self.camera else None
-            return ArrayDataset(data["observations"], data["actions"], lengths, features, images=images)
+            tasks = [sim.instruction(self.camera)] * len(data["actions"]) if language else None
+            return ArrayDataset(
+                data["observations"], data["actions"], lengths, features, images=images, tasks=tasks
+            )
 
 
 def _generate(config: PendulumConfig) -> dict[str, np.ndarray]:

@@ -10,6 +10,9 @@ Two tasks share the pendulum:
   with the rod and the target, its direction also tinting the background), so a policy has to look to solve the task. The expert reads
   the target directly (privileged information); a policy gets only what a robot would: state and frame.
 
+Each task has its language instruction (`instruction`), the `task` text a vision-language-action policy
+reads with every frame and every rollout step, as a LeRobotDataset gives each frame's task.
+
 Both experts are deterministic, so the demonstrations are the same on every machine, and need no network.
 """
 
@@ -120,6 +123,19 @@ def random_controller(seed: int) -> Controller:
     """Uniform random torques: the baseline a trained policy has to beat."""
     rng = np.random.default_rng(seed)
     return lambda _obs: rng.uniform(-MAX_TORQUE, MAX_TORQUE, size=ACTION_DIM).astype(np.float32)
+
+
+# The language instruction of each task: the same words for every frame of it (the target itself is
+# shown in the picture, not named in words).
+_INSTRUCTIONS = {
+    False: "swing the pendulum up and hold it upright",
+    True: "turn the rod to the target the colour names and hold it there",
+}
+
+
+def instruction(camera: bool) -> str:
+    """The task text of the camera task (`camera`) or of the swing-up."""
+    return _INSTRUCTIONS[camera]
 
 
 _ROWS, _COLS = np.mgrid[0:FRAME_SIZE, 0:FRAME_SIZE].astype(np.float32)
