@@ -323,8 +323,7 @@ class ACTPolicy(Policy):
                 self.vae_encoder_robot_state_input_proj = nn.Linear(config.obs_dim, d)
             self.vae_encoder_action_input_proj = nn.Linear(config.action_dim, d)
             self.vae_encoder_latent_output_proj = nn.Linear(d, 2 * config.latent_dim)
-            tokens = 1 + has_state + config.chunk_size
-            self.register_buffer("vae_encoder_pos_enc", sinusoidal_1d(tokens, d)[None], persistent=False)
+            self.register_buffer("vae_encoder_pos_enc", self._vae_positions(), persistent=False)
         self._queue: collections.deque[torch.Tensor] = collections.deque(maxlen=config.n_action_steps)
         coeff = config.temporal_ensemble_coeff
         self._ensembler = None if coeff is None else TemporalEnsembler(coeff, config.chunk_size)
@@ -414,8 +413,20 @@ class ACTPolicy(Policy):
             self._ensembler.reset()
 
     def load_pretrained_parts(self) -> None:
-        if self.cameras and self.config.pretrained_backbone_weights is not None:
+        if self.loads_pretrained_parts():
             resnet.load_pretrained(self.backbone, self.config.pretrained_backbone_weights)
+
+    def loads_pretrained_parts(self) -> bool:
+        return bool(self.cameras) and self.config.pretrained_backbone_weights is not None
+
+    def reset_parameters(self) -> None:
+        """The policy's own tensor: the VAE encoder's sinusoidal table, recomputed (a meta build)."""
+        if self.config.use_vae:
+            self.vae_encoder_pos_enc.copy_(self._vae_positions())
+
+    def _vae_positions(self) -> torch.Tensor:
+        tokens = 1 + (self.config.obs_dim > 0) + self.config.chunk_size
+        return sinusoidal_1d(tokens, self.config.dim_model)[None]
 
     def parameter_groups(self) -> dict[str, float]:
         return {"backbone": self.config.optimizer_lr_backbone} if self.cameras else {}
