@@ -122,8 +122,9 @@ def _build_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> tuple[
     try:
         policy = build_policy_on_meta(config, obs_dim, action_dim)
     except Exception as exc:  # a plug-in's __init__ that reads or computes real values
+        built = config.policy.policy_class()
         return None, (
-            f"{config.policy.type}: the policy could not be built on the meta device "
+            f"{getattr(built, '__qualname__', type(built).__name__)}: the policy could not be built on the meta device "
             f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]}), so every rank builds it whole; "
             "keep __init__ free of reads and computations on tensors (do them in reset_parameters())"
         )
