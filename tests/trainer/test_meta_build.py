@@ -31,7 +31,9 @@ POLICIES = {
 }
 
 
-def _meta_built(policy: PolicyConfig, seed: int = 0, notes: list[str] | None = None) -> model_build.BuiltPolicy:
+def _meta_built(
+    policy: PolicyConfig, seed: int = 0, notes: list[str] | None = None
+) -> model_build.BuiltPolicy:
     config = TrainConfig(policy=policy, seed=seed)
     built = model_build.build(config, False, 3, 2, [] if notes is None else notes)
     model_build.before_prepare(built, config, torch.device("cpu"))
@@ -110,5 +112,7 @@ def test_a_policy_reading_values_in_init_is_built_eagerly_with_a_note() -> None:
     notes: list[str] = []
     built = _meta_built(ReadsInInitConfig(), notes=notes)
     assert not built.on_meta and built.policy.norm > 0
-    assert len(notes) == 1 and notes[0].startswith("ReadsInInitPolicy: the policy could not be built on the meta device (")
+    assert len(notes) == 1 and notes[0].startswith(
+        "ReadsInInitPolicy: the policy could not be built on the meta device ("
+    )
     assert "do them in reset_parameters()" in notes[0] and "\n" not in notes[0]

@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "PendingCheckpoint": "ckpt_tools.state.save",
     "prepare_save_groups": "ckpt_tools.state.save",
     "load_training_state": "ckpt_tools.state.training_load",
+    "load_model_weights": "ckpt_tools.state.training_load",
     "save_rng_state": "ckpt_tools.state.rng",
     "load_rng_state": "ckpt_tools.state.rng",
     "read_training_step": "ckpt_tools.files.locate",

@@ -21,12 +21,16 @@ are computed rather than learned (ACT's sinusoidal table, frozen batch-norm stat
 recomputed the same way: every module owning a tensor must define `reset_parameters()` for its own
 tensors, as torch's layers do.
 
+`--policy.path` weights go into the materialized tensors, each rank reading only the blocks its shards
+hold (`ckpt_tools.load_model_weights`), after their names and shapes are checked against the meta
+policy from the files' headers, before anything is allocated.
+
 The eager build (the policy constructed whole on every rank, as before this module) remains for what
-meta cannot build yet: `--policy.path` weights, PEFT adapters, a policy's pretrained parts (ACT's camera
-trunk), tied weights, and a plug-in policy whose `__init__` fails on meta or which owns a tensor
-without a `reset_parameters()` (a one-line note names the module and the fix). Eager builds are
-topology-independent too (every rank builds the same full policy from the same seed); they only
-cost a full copy per rank.
+meta cannot build yet: PEFT adapters (and an adapter given as `--policy.path`, merged into its base),
+a policy's pretrained parts (ACT's camera trunk), tied weights, and a plug-in policy whose `__init__`
+fails on meta or which owns a tensor without a `reset_parameters()` (a one-line note names the module
+and the fix). Eager builds are topology-independent too (every rank builds the same full policy from
+the same seed); they only cost a full copy per rank.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from trainer.config.train import TrainConfig
 from trainer.distributed.units import apply_unit_transforms
 from trainer.distributed.wrap import WrapPlan, resolve_wrap_plan
 from trainer.engine import peft_policy as peft
-from trainer.policies import build_policy
+from trainer.policies import build_policy, pretrained
 from trainer.policies.base import Policy
 
 META = torch.device("meta")
@@ -87,11 +91,14 @@ def build(config: TrainConfig, sharded: bool, obs_dim: int, action_dim: int, not
 
 def before_prepare(built: BuiltPolicy, config: TrainConfig, device: torch.device) -> None:
     """Materialize and initialize what must be real before `prepare()`: the whole policy of a run that
-    does not shard, the ignored modules of one that does."""
+    does not shard (then `--policy.path` weights are read into it, one tensor at a time), the ignored
+    modules of one that does."""
     if not built.on_meta:
         return
     if not built.sharded:
         _materialize(built, device, lambda name: True, config.seed)
+        if config.policy.path is not None:
+            pretrained.stream_weights(built.policy, config.policy.path)
         return
     pattern = config.accelerator.fsdp.ignored_modules
     if pattern is not None:
@@ -101,11 +108,13 @@ def before_prepare(built: BuiltPolicy, config: TrainConfig, device: torch.device
 
 
 def after_prepare(built: BuiltPolicy, config: TrainConfig, device: torch.device) -> None:
-    """Collective-free. Allocate a sharded run's local shards and initialize them (its ignored modules
-    again, with the same values)."""
+    """Collective (with --policy.path). Allocate a sharded run's local shards, initialize them (its
+    ignored modules again, with the same values), then read `--policy.path` weights into them."""
     if built.on_meta and built.sharded:
         offload = config.accelerator.fsdp.cpu_offload
         _materialize(built, torch.device("cpu") if offload else device, lambda name: True, config.seed)
+        if config.policy.path is not None:
+            pretrained.stream_weights(built.policy, config.policy.path)  # each rank its own blocks
 
 
 def build_policy_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> Policy:
@@ -117,8 +126,9 @@ def build_policy_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> 
 def _build_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> tuple[Policy | None, str]:
     """The policy built on meta, or (None, why not): "" when the run's own flags ask for an eager build,
     a note line naming the module and the fix when the policy cannot be built on meta."""
-    if config.policy.path is not None or config.peft.enabled:
-        return None, ""  # weights read whole into a real policy (policies/pretrained.py)
+    path = config.policy.path
+    if config.peft.enabled or (path is not None and pretrained.is_adapter(path)):
+        return None, ""  # adapters on a real policy (engine/peft_policy.py, an adapter merged whole)
     try:
         policy = build_policy_on_meta(config, obs_dim, action_dim)
     except Exception as exc:  # a plug-in's __init__ that reads or computes real values
@@ -128,7 +138,7 @@ def _build_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> tuple[
             f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]}), so every rank builds it whole; "
             "keep __init__ free of reads and computations on tensors (do them in reset_parameters())"
         )
-    if policy.loads_pretrained_parts():
+    if path is None and policy.loads_pretrained_parts():
         return None, ""
     missing = uninitializable_modules(policy)
     if missing:
@@ -140,6 +150,8 @@ def _build_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> tuple[
         )
     if _has_tied_parameters(policy):
         return None, ""
+    if path is not None:
+        pretrained.check_fits(policy, path)  # from the headers, before anything is allocated
     return policy, ""
 
 
