@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from bench_engine import torchrun
 
 HERE = Path(__file__).parent
 WORKER = HERE / "memory_worker.py"
@@ -37,17 +36,7 @@ PHASES = ("built", "first_step", "end")
 def run(nproc: int, out: Path, flags: list[str]) -> list[dict[str, float]]:
     """One `trainer train` on `nproc` gloo ranks; each rank's record."""
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--rdzv-endpoint=localhost:0"]
-    result = subprocess.run(
-        [*command, f"--nproc-per-node={nproc}", str(WORKER), str(out), *flags],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    if result.returncode != 0:
-        raise SystemExit(f"{nproc} ranks {' '.join(flags[-3:])} failed:\n{result.stdout[-4000:]}")
+    torchrun(WORKER, str(out), *flags, nproc=nproc)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 

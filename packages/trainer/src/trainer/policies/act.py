@@ -292,6 +292,7 @@ class ACTPolicy(Policy):
     _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("ACTEncoderLayer", "ACTDecoderLayer", "ResNetStage")
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action",)
     _peft_target_modules: ClassVar[tuple[str, ...]] = ("q_proj", "k_proj", "v_proj", "out_proj")
+    vae_encoder_pos_enc: torch.Tensor
 
     def __init__(self, config: ACTConfig) -> None:
         super().__init__(config)
@@ -413,8 +414,9 @@ class ACTPolicy(Policy):
             self._ensembler.reset()
 
     def load_pretrained_parts(self) -> None:
-        if self.loads_pretrained_parts():
-            resnet.load_pretrained(self.backbone, self.config.pretrained_backbone_weights)
+        weights = self.config.pretrained_backbone_weights
+        if self.cameras and weights is not None:
+            resnet.load_pretrained(self.backbone, weights)
 
     def loads_pretrained_parts(self) -> bool:
         return bool(self.cameras) and self.config.pretrained_backbone_weights is not None
