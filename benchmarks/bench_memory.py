@@ -71,6 +71,20 @@ def parameters(blocks: int, dim: int, ffn: int) -> int:
         return sum(p.numel() for p in build_policy(config, 3, 1).parameters())
 
 
+def row(
+    nproc: int, start: str, records: list[dict[str, float]], ideal: float, count: int, baseline: float
+) -> str:
+    """One table row: the largest rank's peak per phase, its ratio to the ideal, the ranks' sum."""
+    built, first, end = (max(r[phase] for r in records) / GB for phase in PHASES)
+    total = sum(r["end"] for r in records) / GB
+    first_step_s = max(r["first_step_s"] for r in records)
+    return (
+        f"| {nproc} | {start} | {built:.2f} / {first:.2f} / {end:.2f} | {ideal / GB:.2f} "
+        f"(16 B x {count / 1e6:.0f} M / {nproc} + {baseline / GB:.2f}) | {end * GB / ideal:.2f}x "
+        f"| {total:.2f} | {first_step_s:.0f} |"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", default="1,2,4")
@@ -90,38 +104,25 @@ def main() -> None:
         f"--policy.decoder_layers={args.blocks}",
     ]
     print(f"act_state {args.blocks}+{args.blocks} blocks of width {args.dim}: {count / 1e6:.0f} M parameters")
-    rows = []
+    print(
+        "\n| ranks | start | per-rank peak: built / first step / after save (GB) | ideal per rank (GB) "
+        "| ratio | sum over ranks (GB) | time to first step (s) |"
+    )
+    print("|---|---|---|---|---|---|---|", flush=True)
     for nproc in [int(n) for n in args.ranks.split(",")]:
         tiny = run(nproc, work / f"tiny{nproc}" / "rec", train_flags(work / f"tiny{nproc}", cache, nproc, []))
         baseline = max(r["end"] for r in tiny)
         ideal = 16 * count / nproc + baseline
-        fresh_dir = work / f"large{nproc}"
+        fresh_dir, loaded_dir = work / f"large{nproc}", work / f"loaded{nproc}"
         fresh = run(nproc, fresh_dir / "rec", train_flags(fresh_dir, cache, nproc, large))
+        print(row(nproc, "fresh", fresh, ideal, count, baseline), flush=True)
         step = fresh_dir / "checkpoints" / "000001"
-        loaded_dir = work / f"loaded{nproc}"
         loaded = run(
             nproc, loaded_dir / "rec", train_flags(loaded_dir, cache, nproc, [f"--policy.path={step}"])
         )
+        print(row(nproc, "--policy.path", loaded, ideal, count, baseline), flush=True)
         shutil.rmtree(fresh_dir / "checkpoints")
         shutil.rmtree(loaded_dir / "checkpoints")
-        for name, records in (("fresh", fresh), ("--policy.path", loaded)):
-            peaks = {phase: max(r[phase] for r in records) for phase in PHASES}
-            total = sum(r["end"] for r in records)
-            first_step_s = max(r["first_step_s"] for r in records)
-            rows.append((nproc, name, peaks, ideal, total, first_step_s, baseline))
-    print()
-    print(
-        "| ranks | start | per-rank peak: built / first step / after save (GB) | ideal per rank (GB) "
-        "| ratio | sum over ranks (GB) | time to first step (s) |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for nproc, name, peaks, ideal, total, first_step_s, baseline in rows:
-        built, first, end = (peaks[p] / GB for p in PHASES)
-        print(
-            f"| {nproc} | {name} | {built:.2f} / {first:.2f} / {end:.2f} | {ideal / GB:.2f} "
-            f"(16 B x {count / 1e6:.0f} M / {nproc} + {baseline / GB:.2f}) | {end * GB / ideal:.2f}x "
-            f"| {total / GB:.2f} | {first_step_s:.0f} |"
-        )
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
 
