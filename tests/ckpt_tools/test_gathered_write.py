@@ -13,6 +13,7 @@ from ckpt_tools.errors import SaveFailedError
 from ckpt_tools.files.digest import Recorder
 from ckpt_tools.state.collective import Group
 from ckpt_tools.state.gathered_write import write_gathered_safetensors
+from ckpt_tools.tensors.tensor_io import stream_safetensors
 
 
 def _state() -> dict[str, torch.Tensor]:
@@ -53,3 +54,12 @@ def test_a_failed_write_leaves_no_file_and_is_kept_for_agree(tmp_path, monkeypat
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(SaveFailedError, match="No space left on device"):
         group.agree("saving step 1")
+
+
+def test_a_streamed_file_with_metadata_has_the_librarys_bytes(tmp_path) -> None:
+    """`stream_safetensors` (the optimizer state's writer) with header metadata, and without."""
+    state = {k: v.contiguous().clone() for k, v in _state().items()}
+    for metadata in ({"state_extras": '{"a": 1}'}, None):
+        path = tmp_path / "optimizer_state.safetensors"
+        stream_safetensors(str(path), state, metadata, None)
+        assert path.read_bytes() == save(state, metadata=metadata)

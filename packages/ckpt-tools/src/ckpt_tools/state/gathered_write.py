@@ -19,9 +19,9 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from ckpt_tools.files.digest import Recorder
-from ckpt_tools.files.safetensors_writer import SafetensorsStreamWriter, TensorSpec, aligned_order
-from ckpt_tools.format.dtypes import safetensors_code
+from ckpt_tools.files.safetensors_writer import SafetensorsStreamWriter
 from ckpt_tools.state.collective import Group
+from ckpt_tools.tensors.tensor_io import tensor_specs, write_tensor_bytes
 
 METADATA = {"format": "pt"}  # what the gathered saves have always written
 
@@ -31,26 +31,20 @@ def write_gathered_safetensors(
 ) -> None:
     """Collective when `state` holds DTensors: call on all ranks with the same names. The main rank
     writes `path`; its failure is kept in `group` for the next `agree` (the others still gather)."""
-    specs = [
-        TensorSpec(name, safetensors_code(str(value.dtype)), tuple(value.shape))
-        for name, value in state.items()
-    ]
-    order = aligned_order(specs)
+    specs = tensor_specs(state)
     writers: list[SafetensorsStreamWriter] = []
-    group.on_main(lambda: writers.append(SafetensorsStreamWriter(path, order, METADATA, recorder)))
-    for spec in order:
+    group.on_main(lambda: writers.append(SafetensorsStreamWriter(path, specs, METADATA, recorder)))
+    for spec in specs:
         value = state[spec.name]
         full = value.full_tensor() if isinstance(value, DTensor) else value
-        group.on_main(_write_tensor, writers, full)
+        group.on_main(_write, writers, full)
         del full  # a gathered tensor is freed before the next is gathered
     group.on_main(_finish, writers)
 
 
-def _write_tensor(writers: list[SafetensorsStreamWriter], tensor: torch.Tensor) -> None:
-    data = tensor.detach().cpu().contiguous()  # no copy for a CPU tensor laid out in order
+def _write(writers: list[SafetensorsStreamWriter], tensor: torch.Tensor) -> None:
     try:
-        if data.numel():
-            writers[0].write(data.reshape(-1).view(torch.uint8).numpy())
+        write_tensor_bytes(writers[0], tensor)
     except BaseException:
         writers[0].discard()
         raise

@@ -44,7 +44,6 @@ from ckpt_tools.state.processor_state import ProcessorState, check_processors, w
 from ckpt_tools.state.rng import RngSnapshot, rng_snapshot, write_rng_state
 from ckpt_tools.tensors.tensor_io import dcp_async_save, dcp_save, dcp_stage, write_safetensors
 
-_FULL_ON_MAIN = StateDictOptions(full_state_dict=True, cpu_offload=True)
 WriteDcp = Callable[[dict[str, Any], str], None]  # writes a state dict as a DCP directory
 
 
@@ -389,7 +388,7 @@ def _save_optimizer(
     if is_sharded(model):
         write_dcp(_optimizer_state(model, optimizer), layout.join(state_dir, layout.OPTIMIZER_DCP_DIR))
         return
-    osd = _optimizer_state(model, optimizer, _FULL_ON_MAIN)
+    osd = _optimizer_state(model, optimizer)  # plain tensors: the state itself, no gathered copy
     group.on_main(write_optimizer_safetensors, state_dir, osd, recorder)
 
 
