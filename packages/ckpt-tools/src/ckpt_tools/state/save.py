@@ -322,7 +322,8 @@ def _save_model(
 ) -> None:
     if CheckpointFormat(checkpoint_format).has_safetensors:  # gathered tensor by tensor, no full copy
         path = layout.join(model_dir, layout.MODEL_SAFETENSORS)
-        write_gathered_safetensors(path, get_model_state_dict(model), group, recorder)
+        state: dict[str, Any] = get_model_state_dict(model)  # DTensors on a sharded model: nothing gathered
+        write_gathered_safetensors(path, state, group, recorder)
     if CheckpointFormat(checkpoint_format).has_dcp:
         write_dcp(get_model_state_dict(model), layout.join(model_dir, layout.MODEL_DCP_DIR))
 
