@@ -116,3 +116,25 @@ def test_a_policy_reading_values_in_init_is_built_eagerly_with_a_note() -> None:
         "ReadsInInitPolicy: the policy could not be built on the meta device ("
     )
     assert "do them in reset_parameters()" in notes[0] and "\n" not in notes[0]
+
+
+def test_policy_path_weights_of_another_shape_are_refused_from_the_headers(tmp_path) -> None:
+    """`--policy.path` is checked against the policy while it is still on meta: one line naming the
+    first tensor that differs, before anything is allocated or read."""
+    from safetensors.torch import save_file
+
+    from trainer.errors import ConfigError
+    from trainer.policies import pretrained
+
+    meta = model_build.build_policy_on_meta(TrainConfig(policy=POLICIES["act_state"]), 3, 2)
+    state = {name: torch.zeros(t.shape) for name, t in meta.state_dict().items()}
+    state["context"] = torch.zeros(3, 16)  # the policy's is (2, 16)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ConfigError) as refused:
+        pretrained.check_fits(meta, str(tmp_path))
+    assert str(refused.value) == (
+        f"--policy.path={tmp_path}: its weights do not fit the ACTStatePolicy built from the flags "
+        "(0 missing, 0 unexpected, 1 resized; context is [3, 16] there but [2, 16] here): drop the "
+        "--policy.* flags that change its shape"
+    )
+    assert all(t.is_meta for t in meta.state_dict().values())
