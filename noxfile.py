@@ -13,7 +13,7 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["lint", "tests"]
 
 CONSTRAINTS = ("-c", "constraints.txt")
-PACKAGES = ("-e", "packages/ckpt-tools[test]", "-e", "packages/trainer[test,tracking,augment]")
+PACKAGES = ("-e", "packages/ckpt-tools[test]", "-e", "packages/trainer[test,tracking,augment,smolvla]")
 
 
 def install(session: nox.Session, *extra: str) -> None:
@@ -35,17 +35,43 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
+# ckpt_tools' public modules: the package and every module its lazy table takes a public name from
+PUBLIC_MODULES = (
+    "import ckpt_tools; "
+    "print(*sorted({'ckpt_tools', *ckpt_tools._EXPORTS.values(), *ckpt_tools._MODULES.values()}))"
+)
+
+
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy over both packages."""
+    """mypy over both packages, then `mypy --strict` over ckpt_tools' public modules: the API the
+    trainer and evaluation pipelines type against (the modules they import are read, not reported)."""
     install(session, "mypy>=1.10")
     session.run("mypy")
+    modules = str(session.run("python", "-c", PUBLIC_MODULES, silent=True)).split()
+    targets = [arg for module in modules for arg in ("-m", module)]
+    session.run("mypy", "--strict", "--follow-imports=silent", *targets)
+
+
+API_DOCS = "build/api"
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """ckpt_tools' API reference for evaluation pipelines and other library users (pdoc, into
+    build/api/index.html): the public names of `import ckpt_tools` and its `layout` and `storage`
+    modules. Any warning fails the build (a public name that does not resolve, a bad annotation)."""
+    install(session, "pdoc>=15")
+    session.run("python", "-W", "error", "docs/build_api.py", API_DOCS)
+    session.log(f"API reference: {API_DOCS}/index.html")
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
     """Conversion benchmark (ckpt convert vs a copy, torch's dcp_to_torch_save, accelerate's merge),
     then the LeRobotDataset input benchmark (load time of 1M frames x 32 features, step time vs size),
+    then the mixture benchmark (sampling overhead per batch of a weighted mixture vs one dataset, against
+    an ACT step),
     then the camera benchmark (pipeline frames/s in training order vs PyAV front to back, worker RSS)
     and the share of a 2-rank ACT step spent waiting for camera data,
     then the engine benchmark (trainer step time vs a bare FSDP2 loop, save stall vs a raw dcp.save,
@@ -64,6 +90,7 @@ def bench(session: nox.Session) -> None:
     install(session)
     session.run("python", "benchmarks/bench_convert.py", *session.posargs)
     session.run("python", "benchmarks/bench_lerobot.py")
+    session.run("python", "benchmarks/bench_mixture.py")
     session.run("python", "benchmarks/bench_video.py")
     session.run("python", "benchmarks/bench_data_wait.py")
     session.run("python", "benchmarks/bench_manifest.py")
@@ -92,19 +119,23 @@ DEMO_OUTPUT = "outputs/demo"
 
 # The demo's ACT is LeRobot's architecture at a size that trains in about 5 minutes on 2 CPU cores
 # (LeRobot's defaults: dim_model 512, 4+4 encoder layers, chunk_size 100); its trunk starts from
-# scratch, since the demo runs offline (`--policy.pretrained_backbone_weights=null`).
+# scratch, since the demo runs offline (`--policy.pretrained_backbone_weights=null`). It trains at 1e-3
+# with the engine's cosine schedule, not ACT's preset (1e-5, constant: too slow for 200 steps), so it
+# turns the preset off and states its rates.
 DEMO_ACT = [
     "--policy.type=act", "--policy.dim_model=64", "--policy.n_heads=4", "--policy.dim_feedforward=128",
     "--policy.n_encoder_layers=2", "--policy.n_vae_encoder_layers=2", "--policy.latent_dim=16",
     "--policy.chunk_size=10", "--policy.n_action_steps=5", "--policy.dropout=0",
-    "--policy.pretrained_backbone_weights=null", "--policy.optimizer_lr_backbone=1e-3", "--optimizer.lr=1e-3",
+    "--policy.pretrained_backbone_weights=null", "--policy.optimizer_lr_backbone=1e-3",
+    "--use_policy_training_preset=false", "--optimizer.lr=1e-3",
     "--dataset.camera=true", "--dataset.episodes=40", "--dataset.eval_episodes=8",
     "--steps=200", "--save_freq=100", "--log_freq=50", "--batch_size=16",
 ]  # fmt: skip
 DEMO_NOTE = (
     "demo: ACT with the camera on the embedded camera task (--dataset.camera=true), smaller than "
     "LeRobot's defaults (dim_model=64, 2 encoder layers, chunk_size=10, 200 steps) and with the ResNet-18 "
-    "trunk trained from scratch (offline), so that it finishes in about 5 minutes on 2 CPU cores"
+    "trunk trained from scratch (offline), at lr 1e-3 with the engine's cosine schedule instead of ACT's "
+    "preset (1e-5, constant), so that it finishes in about 5 minutes on 2 CPU cores"
 )
 
 
@@ -154,7 +185,7 @@ def demo_epilogue(output: str, bin_dir: str) -> str:
 
 
 # Module (under packages/ckpt-tools/src/ckpt_tools/) -> the fast tests that protect its guarantees: a
-# file name is under tests/ckpt_tools/, a path (with a /) under tests/.
+# file name is under tests/ckpt/, a path (with a /) under tests/.
 ADAPTER_ROUND_TRIP = "trainer/test_peft_engine.py::test_adapter_checkpoint_round_trip"
 MUTATION_TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
     "safe_pickle": ("dcp/safe_pickle.py", ("test_safe_pickle.py", "test_dcp_index.py")),
@@ -255,9 +286,7 @@ def mutate(session: nox.Session) -> None:
     for name in names:
         module, tests = MUTATION_TARGETS[name]
         config, db = workdir / f"{name}.toml", workdir / f"{name}.sqlite"
-        test_paths = " ".join(
-            f"tests/{test}" if "/" in test else f"tests/ckpt_tools/{test}" for test in tests
-        )
+        test_paths = " ".join(f"tests/{test}" if "/" in test else f"tests/ckpt/{test}" for test in tests)
         config.write_text(
             "[cosmic-ray]\n"
             f'module-path = "packages/ckpt-tools/src/ckpt_tools/{module}"\n'

@@ -45,7 +45,7 @@ def trainer_step_seconds(workdir: Path, batch: int, steps: int, window: int) -> 
     torchrun(
         TRAIN, f"--output_dir={out}", "--policy.type=act", *policy, "--dataset.type=act_cameras:TwoCamerasConfig",
         "--parallelism.dp_shard=2", f"--batch_size={batch}", f"--steps={steps + window}", f"--log_freq={window}",
-        f"--save_freq={10 * steps}", "--optimizer.lr=1e-4", "--policy.optimizer_lr_backbone=1e-4",
+        f"--save_freq={10 * steps}", "--use_policy_training_preset=false", "--optimizer.lr=1e-4", "--policy.optimizer_lr_backbone=1e-4",
     )  # fmt: skip
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rates = [r["samples_per_s"] for r in records if r.get("event") == "train" and "samples_per_s" in r]

@@ -77,6 +77,7 @@ def train_flags(out: Path, device: str, sizes: dict[str, int], steps: int) -> li
         f"--policy.blocks={sizes['blocks']}",
         "--policy.dropout=0",
         "--accelerator.mixed_precision=bf16",
+        "--use_policy_training_preset=false",
         "--scheduler.type=constant",
         "--scheduler.warmup_steps=0",
         f"--batch_size={sizes['batch']}",

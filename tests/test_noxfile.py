@@ -1,13 +1,17 @@
-"""`nox -s demo` ends by saying where its outputs are and how to run the tools yourself."""
+"""`nox -s demo` ends by saying where its outputs are and how to run the tools yourself; `nox -s
+typecheck` runs mypy --strict over every module a public name of ckpt_tools comes from."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 import types
 from pathlib import Path
 
 import pytest
+
+import ckpt_tools
 
 ROOT = Path(__file__).parents[1]
 
@@ -75,3 +79,13 @@ def test_gpu_runs_the_smoke_script_without_the_cpu_torch_pin(noxfile) -> None:
     noxfile.gpu(session)
     assert session.calls == [("python", "benchmarks/gpu_smoke.py", "--steps", "50")]
     assert installed and not any("constraints.txt" in arg for args in installed for arg in args)
+
+
+def test_the_strict_typecheck_covers_every_module_a_public_name_comes_from(noxfile) -> None:
+    """`nox -s typecheck` asks the installed package for its public modules; what it gets names the
+    package and the module defining each public name, so `mypy --strict` reads each definition."""
+    listed = subprocess.run(
+        [sys.executable, "-c", noxfile.PUBLIC_MODULES], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    defining = {getattr(ckpt_tools, name).__module__ for name in ckpt_tools._EXPORTS}
+    assert set(listed) == {"ckpt_tools", *defining, *ckpt_tools._MODULES.values()}

@@ -45,5 +45,9 @@ def test_the_third_party_fixtures_are_committed() -> None:
         "tests/fixtures/lerobot/dataset_images/meta/info.json",
         "tests/fixtures/lerobot/dataset_video_frames.safetensors",
         "tests/fixtures/lerobot/dataset_images_frames.safetensors",
+        "tests/fixtures/lerobot_smolvla_tiny/pretrained_model/model.safetensors",
+        "tests/fixtures/lerobot_smolvla_tiny/tiny_smolvlm/tokenizer.json",
+        "tests/fixtures/lerobot_smolvla_tiny/reference.safetensors",
+        "tests/fixtures/lerobot_smolvla_tiny/reference_padded_task.safetensors",
     ):
         assert required in names, f"{required} is not committed"

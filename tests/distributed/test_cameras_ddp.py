@@ -36,6 +36,7 @@ def _flags(tmp_path: Path, monkeypatch) -> list[str]:
         "--policy.type=helpers.camera_policy:CameraPolicyConfig",
         "--policy.dropout=0",
         "--num_workers=1",
+        "--use_policy_training_preset=false",
         "--scheduler.type=constant",
         "--batch_size=4",
     ]
@@ -107,6 +108,7 @@ def test_fsdp2_act_with_two_workers_on_the_video_fixture_resumes_sample_exact(tm
         "--policy.dropout=0",
         "--parallelism.dp_shard=2",
         "--num_workers=2",
+        "--use_policy_training_preset=false",
         "--scheduler.type=constant",
         "--batch_size=2",
         "--save_freq=2",

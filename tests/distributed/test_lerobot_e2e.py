@@ -40,6 +40,7 @@ def test_fsdp2_lerobot_run_to_a_policy_that_acts(tmp_path, monkeypatch) -> None:
         "--parallelism.dp_shard=2",
         "--checkpoint_format=dcp",
         "--policy.dropout=0",
+        "--use_policy_training_preset=false",
         "--scheduler.warmup_steps=0",
         "--optimizer.lr=0.003",
         "--batch_size=16",

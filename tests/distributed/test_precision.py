@@ -42,6 +42,7 @@ RUNS = {
         DDP,
         "--accelerator.mixed_precision=fp16",
         "--steps=4",
+        "--use_policy_training_preset=false",
         f"--optimizer.grad_clip_norm={CLIP}",
     ),
     "fp16_fsdp": ("3:shard", *FSDP),

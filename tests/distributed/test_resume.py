@@ -46,6 +46,7 @@ COMMON = [
     "--steps=6",
     "--save_freq=3",
     "--log_freq=1",
+    "--use_policy_training_preset=false",
     "--scheduler.warmup_steps=2",
     "--seed=7",
 ]

@@ -35,6 +35,7 @@ TINY_ACT = [
     "--policy.pretrained_backbone_weights=null",
     "--policy.optimizer_lr_backbone=1e-3",
     "--policy.dropout=0",
+    "--use_policy_training_preset=false",
     "--optimizer.lr=1e-3",
 ]
 

@@ -176,7 +176,13 @@ def test_camera_run_resumes_sample_exact_with_workers(video_root, tmp_path, clea
     from accelerate.state import AcceleratorState
 
     flags = [f"--dataset.root={video_root}", f"--policy.type={CAMERA_POLICY}", "--policy.dropout=0"]
-    flags += ["--scheduler.type=constant", "--batch_size=8", "--save_freq=3", "--log_freq=3"]
+    flags += [
+        "--use_policy_training_preset=false",
+        "--scheduler.type=constant",
+        "--batch_size=8",
+        "--save_freq=3",
+        "--log_freq=3",
+    ]
     flags += ["--dataset.image_transforms.enable=true"]  # drawn per step: the resumed run draws the same
     runs = []
     for name, extra, steps in [
@@ -255,10 +261,10 @@ def test_bad_camera_files_are_one_line_errors_at_load(video_root, tmp_path, dama
 
 
 def test_an_undecodable_image_names_the_episode_and_the_fix(tmp_path) -> None:
+    """Found at open: the first image of each episode is checked there (its header)."""
     write_dataset(tmp_path / "ds", [5, 5], rows_per_file=4, broken_images=True)
-    dataset = LeRobotConfig(root=str(tmp_path / "ds")).load([IMAGE])
-    with pytest.raises(DecodeError, match=r"images.front \(episode 1, index 6\): the image bytes do not"):
-        dataset.gather(torch.tensor([6]), 1)
+    with pytest.raises(DecodeError, match=r"images.front \(episode 0, index 0\): the image bytes do not"):
+        LeRobotConfig(root=str(tmp_path / "ds")).load([IMAGE])
 
 
 def test_torchcodec_is_refused_in_one_line_when_it_does_not_import(video_root, monkeypatch) -> None:

@@ -14,10 +14,11 @@ from torch import nn
 
 from trainer.cli.flags import all_flags, help_text, markdown_table
 from trainer.cli.parse import parse_config
+from trainer.config.optim import OptimizerConfig, SchedulerConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.train import encode_config
 from trainer.data.pipeline.augment import ImageTransformsConfig
-from trainer.data.sources.lerobot import LeRobotConfig
+from trainer.data.sources.mixture import MixtureConfig
 from trainer.distributed.factory import ALLOW_ENV, _quiet_mesh_slicing_warning, check_accelerate_env
 from trainer.distributed.topology import check_checkpoint_format, resolve_topology
 from trainer.distributed.wrap import WrapPlan, check_tied_weights, resolve_wrap_plan, unit_roots
@@ -25,6 +26,7 @@ from trainer.errors import ConfigError, WrapPlanError
 from trainer.policies import build_policy
 from trainer.policies.act import ACTConfig
 from trainer.policies.mlp import MLPConfig
+from trainer.policies.smolvla import SmolVLAConfig
 
 
 @pytest.mark.parametrize(
@@ -50,7 +52,10 @@ from trainer.policies.mlp import MLPConfig
         (["--checkpoint_format=zip"], r"--checkpoint_format='zip' is not one of"),
         (["--batch_size=0"], r"--batch_size must be >= 1"),
         (["--policy.dim=30", "--policy.heads=4"], r"--policy.dim=30 must be divisible by --policy.heads=4"),
-        (["--dataset.type=atari"], r"--dataset.type='atari' is unknown: choose one of lerobot, pendulum"),
+        (
+            ["--dataset.type=atari"],
+            r"--dataset.type='atari' is unknown: choose one of lerobot, mixture, pendulum",
+        ),
         (["--no_such_flag=1"], r"unrecognized arguments: --no_such_flag"),
     ],
 )
@@ -262,12 +267,16 @@ def test_every_config_field_is_a_documented_flag() -> None:
     leaves = set(_leaf_flags(encode_config(parse_config([])), "--"))
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(MLPConfig)}
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(ACTConfig)}
-    leaves |= {f"--dataset.{field.name}" for field in dataclasses.fields(LeRobotConfig)} - {
+    leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(SmolVLAConfig)}
+    leaves |= {f"--dataset.{field.name}" for field in dataclasses.fields(MixtureConfig)} - {
         "--dataset.image_transforms"
     }
     leaves |= {
         f"--dataset.image_transforms.{field.name}" for field in dataclasses.fields(ImageTransformsConfig)
     }
+    for registry, section in ((OptimizerConfig, "optimizer"), (SchedulerConfig, "scheduler")):
+        for choice in registry.get_known_choices().values():
+            leaves |= {f"--{section}.{field.name}" for field in dataclasses.fields(choice)}
     assert leaves | {"--config_path"} == set(names) and len(names) == len(set(names))
     assert all(flag.meaning for flag in all_flags())
     help_lines = help_text().splitlines()
@@ -334,7 +343,7 @@ def test_one_argv_pre_pass_accepts_both_spellings(tmp_path, monkeypatch):
 
 def test_async_save_needs_a_sharded_run():
     from ckpt_tools import Topology
-    from trainer.engine.checkpointing import check_async_save
+    from trainer.engine.checkpoint.saving import check_async_save
 
     config = parse_config(["--async_save=true"])
     with pytest.raises(

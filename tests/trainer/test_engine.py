@@ -124,6 +124,7 @@ def test_gradient_accumulation_gives_the_same_update(tmp_path, dataset_cache, cl
     common = [
         "--policy.type=mlp",
         "--policy.dropout=0",
+        "--use_policy_training_preset=false",
         "--scheduler.type=constant",
         "--scheduler.warmup_steps=0",
     ]

@@ -19,7 +19,7 @@ from safetensors.torch import load
 from helpers.hub_server import HubServer
 from helpers.train_flags import tiny_args
 from trainer.cli.parse import parse_config
-from trainer.engine import hub_pushes
+from trainer.engine.checkpoint import hub_pushes
 from trainer.engine.loop import train
 from trainer.errors import ConfigError
 from trainer.evaluation.inference import load_policy

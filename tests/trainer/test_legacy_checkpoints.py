@@ -59,7 +59,11 @@ def test_old_checkpoint_starts_a_run_and_resumes(kind, tmp_path, dataset_cache, 
     assert resumed.policy.type == ("act_state" if kind == "act" else "mlp")
     summary = train(resumed)
     assert summary.steps == 3 and summary.last_checkpoint is not None
-    assert (
-        json.loads((run / "checkpoints" / "000003" / "pretrained_model" / "config.json").read_text())["type"]
-        == resumed.policy.type
+    model_dir = run / "checkpoints" / "000003" / "pretrained_model"
+    assert json.loads((model_dir / "config.json").read_text())["type"] == resumed.policy.type
+    saved = json.loads((model_dir / "train_config.json").read_text())  # written before presets: its own
+    assert saved["use_policy_training_preset"] is False
+    assert (saved["optimizer"]["lr"], saved["scheduler"]) == (
+        0.002,
+        {"type": "cosine", "warmup_steps": 20, "min_lr_ratio": 0.1},
     )

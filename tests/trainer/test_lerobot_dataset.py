@@ -184,6 +184,7 @@ def test_training_logs_falling_val_loss_and_records_the_inputs(
         "--policy.dropout=0",
         "--steps=30",
         "--eval_freq=10",
+        "--use_policy_training_preset=false",
         "--scheduler.warmup_steps=0",
         "--log_freq=10",
         "--save_freq=30",
@@ -222,6 +223,7 @@ def test_resume_on_a_lerobot_dataset_is_sample_exact(dataset_root, tmp_path, cle
     flags = [f"--dataset.root={root}", "--dataset.val_episodes=[4]", "--policy.dropout=0", "--policy.dim=16"]
     flags += [
         "--policy.ffn_dim=32",
+        "--use_policy_training_preset=false",
         "--scheduler.type=constant",
         "--batch_size=16",
         "--save_freq=4",

@@ -37,7 +37,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("load_policy")
     write_dataset(tmp / "ds", LENGTHS, rows_per_file=50)
     common = [f"--dataset.root={tmp / 'ds'}", "--policy.dim=16", "--policy.ffn_dim=32", "--batch_size=16"]
-    common += ["--log_freq=4", "--scheduler.warmup_steps=0"]
+    common += ["--log_freq=4", "--use_policy_training_preset=false", "--scheduler.warmup_steps=0"]
     AcceleratorState._reset_state(reset_partial_state=True)
     train(
         parse_config(

@@ -261,6 +261,7 @@ def test_lora_run_on_mlp_resumes_exactly(tmp_path, dataset_cache, clean_accelera
         "--peft.method_type=LORA",
         "--peft.r=2",
         "--policy.dropout=0",
+        "--use_policy_training_preset=false",
         "--optimizer.lr=0.01",
         "--log_freq=1",
     ]

@@ -53,7 +53,8 @@ def test_bf16_autocast_reaches_the_layers(tmp_path, dataset_cache, clean_acceler
 def test_fp16_overflow_is_skipped_with_the_scale_halved_and_clipping_engages(
     tmp_path, dataset_cache, clean_accelerate, monkeypatch
 ) -> None:
-    flags = ("--accelerator.mixed_precision=fp16", "--steps=4", f"--optimizer.grad_clip_norm={CLIP}")
+    flags = ("--accelerator.mixed_precision=fp16", "--steps=4", "--use_policy_training_preset=false")
+    flags += (f"--optimizer.grad_clip_norm={CLIP}",)
     record = _watched_run(tmp_path, dataset_cache, monkeypatch, 2, *flags)
     assert record["dtypes"] == ["torch.float16"] * 4
     assert record["scales"] == [65536.0, 65536.0, 32768.0, 32768.0]

@@ -26,7 +26,7 @@ from trainer.cli.parse import parse_config
 from trainer.config.train import encode_config
 from trainer.data.pipeline.processors import build_processors
 from trainer.data.pipeline.sampler import GlobalOrderSampler
-from trainer.engine import checkpointing, resume
+from trainer.engine.checkpoint import resume, saving
 from trainer.engine.plan import resolve_policy_features, settle_checkpoint_format, settle_parallelism
 from trainer.errors import ConfigError
 from trainer.policies import build_policy
@@ -73,8 +73,8 @@ class Parts:
 
     def save(self, step: int) -> str:
         pre, post = build_processors(self.dataset.stats())
-        state = checkpointing.training_step(self.config, SINGLE, step, self.sampler.position)
-        return checkpointing.save(
+        state = saving.training_step(self.config, SINGLE, step, self.sampler.position)
+        return saving.save(
             self.config,
             state,
             model=self.policy,
@@ -424,7 +424,7 @@ def test_a_broken_last_refuses_a_fresh_run_in_that_output_dir(saved, tmp_path):
     (out / "checkpoints" / "last").mkdir()
     config = parse_config(flags(out, saved[0].config.dataset.cache_dir))
     with pytest.raises(ConfigError, match=r"holds a broken checkpoint pointer: .*last is a directory"):
-        checkpointing.check_fresh_output_dir(config)
+        saving.check_fresh_output_dir(config)
 
 
 # ------------------------------------------------------- every resume input checked, one line each

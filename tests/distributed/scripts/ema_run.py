@@ -111,6 +111,7 @@ TWO = {
         "--peft.method_type=LORA",
         "--peft.r=2",
         "--peft.alpha=4",
+        "--use_policy_training_preset=false",
         "--optimizer.lr=0.01",
     ),
     "peft_r": [

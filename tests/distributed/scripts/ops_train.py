@@ -30,8 +30,8 @@ import time
 from hook_flags import install_hooks
 
 import trainer.cli.app as cli
+import trainer.engine.checkpoint.resume as resume
 import trainer.engine.loop as loop
-import trainer.engine.resume as resume
 from ckpt_tools import layout
 from ckpt_tools.files import commit as ckpt_commit
 

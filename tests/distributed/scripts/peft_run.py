@@ -3,7 +3,7 @@
 usage: peft_run.py OUT CASE   (CASE: fsdp2 | ddp2 | hsdp2x2; launch fsdp2 first)
 
 Each run is `trainer.engine.loop.train(parse_config(flags))` in this process. A spy wraps
-`trainer.engine.checkpointing.save`: before every checkpoint it gathers the full PEFT model state dict
+`trainer.engine.checkpoint.saving.save`: before every checkpoint it gathers the full PEFT model state dict
 (collective) and rank 0 stores it, with the names and dtypes of the trainable parameters, as
 `<run>/spy/<step>.pt`, so the tests can compare the saved adapter with what was in memory and check that
 the frozen base never moved. Losses are in each run's metrics.jsonl (log_freq=1).
@@ -26,7 +26,7 @@ import torch.distributed as dist
 from fresh_accelerator import reset_accelerate
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-import trainer.engine.checkpointing as checkpointing
+import trainer.engine.checkpoint.saving as saving
 from trainer.cli.parse import parse_config
 from trainer.engine.loop import train
 
@@ -65,7 +65,7 @@ def spy_save(save):
     return wrapped
 
 
-checkpointing.save = spy_save(checkpointing.save)
+saving.save = spy_save(saving.save)
 
 
 def common(run: str) -> list[str]:
@@ -81,7 +81,13 @@ def common(run: str) -> list[str]:
 
 
 def fresh(run: str, *flags: str) -> list[str]:
-    lora = ["--peft.method_type=LORA", "--peft.r=4", "--peft.alpha=8", "--optimizer.lr=0.01"]
+    lora = [
+        "--peft.method_type=LORA",
+        "--peft.r=4",
+        "--peft.alpha=8",
+        "--use_policy_training_preset=false",
+        "--optimizer.lr=0.01",
+    ]
     return [
         f"--policy.path={BASE}",
         "--policy.dropout=0",

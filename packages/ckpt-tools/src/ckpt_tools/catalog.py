@@ -4,7 +4,8 @@ Every command and loader asks this module instead of probing for file names itse
 `ckpt inspect`, `verify`, `diff`, `convert`, `push`, the loaders, resume and the trainer. Torch-free;
 it reads directory listings, `training_step.json` and, for a bare DCP directory, its `.metadata`.
 
-Vocabulary. A weight set has a role (`model`, `adapter`, `optimizer`, `ema`) and a format (`safetensors`,
+Vocabulary. A weight set has a role (`model`, `adapter`, `ema`: the kinds `format/weight_sets.py`
+declares, with their file names; and `optimizer`) and a format (`safetensors`,
 `sharded safetensors`, `dcp`); its label is `safetensors`, `dcp`, `adapter safetensors`,
 `optimizer dcp`, ... A path is in one layout: ours, LeRobot's, an older release of ours, a model
 directory, a single safetensors file, or a bare DCP directory (ours, accelerate's, torchtitan's).
@@ -21,15 +22,18 @@ from ckpt_tools.dcp.roles import MODEL_WRAPPED, OPTIMIZER_STATE, TOP_LEVEL, mode
 from ckpt_tools.errors import CheckpointError
 from ckpt_tools.files import locate, storage
 from ckpt_tools.files.safetensors_io import read_safetensors_header
-from ckpt_tools.format import layout
+from ckpt_tools.format import layout, weight_sets
 from ckpt_tools.format.dtypes import FLOATING, ITEMSIZE
 from ckpt_tools.format.meta import LeRobotStep, is_lerobot_step
+from ckpt_tools.format.weight_sets import WeightSetKind
 
-# roles
-MODEL = "model"
-ADAPTER = "adapter"
+# roles: the weight sets' kinds, and the optimizer state (which no reader loads as weights)
+MODEL = weight_sets.MODEL.name
+ADAPTER = weight_sets.ADAPTER.name
+EMA = (
+    weight_sets.EMA.name
+)  # the moving average of the trained parameters, under the names of the weights beside it
 OPTIMIZER = "optimizer"
-EMA = "ema"  # the moving average of the trained parameters, under the names of the weights beside it
 
 # formats
 SAFETENSORS = "safetensors"
@@ -127,15 +131,12 @@ def _step_layout(step_dir: str | None) -> tuple[str, LeRobotStep | None]:
 def _weight_sets(model_dir: str, step_dir: str | None) -> list[WeightSet]:
     """Every weight set of a step or model directory, in the order `weights_for_loading` prefers."""
     state_dir = layout.join(step_dir, layout.TRAINING_STATE_DIR) if step_dir else None
-    candidates = [
-        WeightSet(MODEL, SAFETENSORS, layout.join(model_dir, layout.MODEL_SAFETENSORS)),
-        WeightSet(MODEL, SHARDED_SAFETENSORS, layout.join(model_dir, layout.MODEL_INDEX)),
-        WeightSet(MODEL, DCP, layout.join(model_dir, layout.MODEL_DCP_DIR)),
-        WeightSet(ADAPTER, SAFETENSORS, layout.join(model_dir, layout.ADAPTER_SAFETENSORS)),
-        WeightSet(ADAPTER, DCP, layout.join(model_dir, layout.ADAPTER_DCP_DIR)),
-        WeightSet(EMA, SAFETENSORS, layout.join(model_dir, layout.EMA_SAFETENSORS)),
-        WeightSet(EMA, DCP, layout.join(model_dir, layout.EMA_DCP_DIR)),
-    ]
+    candidates = []
+    for kind in weight_sets.WEIGHT_SETS:
+        candidates.append(WeightSet(kind.name, SAFETENSORS, layout.join(model_dir, kind.safetensors)))
+        if kind.index is not None:
+            candidates.append(WeightSet(kind.name, SHARDED_SAFETENSORS, layout.join(model_dir, kind.index)))
+        candidates.append(WeightSet(kind.name, DCP, layout.join(model_dir, kind.dcp_dir)))
     if state_dir:
         candidates += [
             WeightSet(OPTIMIZER, SAFETENSORS, layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS)),
@@ -237,16 +238,18 @@ def weights_for_resume(cat: Catalog, *, sharded: bool) -> WeightSet | None:
     return _first(cat, shards + files if sharded else files + shards)
 
 
-def ema_for_resume(cat: Catalog, *, sharded: bool) -> WeightSet | None:
-    """The EMA shadow a resume loads, by the model's rule (`weights_for_resume`): DCP shards first on a
-    sharded run, the gathered file first otherwise. None for a step saved without EMA."""
-    order = ((EMA, DCP), (EMA, SAFETENSORS))
+def overlay_for_resume(cat: Catalog, kind: WeightSetKind, *, sharded: bool) -> WeightSet | None:
+    """The set of a kind that overlays the weights (the EMA shadow) a resume loads, by the model's rule
+    (`weights_for_resume`): DCP shards first on a sharded run, the gathered file first otherwise. None
+    for a step saved without it."""
+    order = ((kind.name, DCP), (kind.name, SAFETENSORS))
     return _first(cat, order if sharded else order[::-1])
 
 
-def ema_for_loading(cat: Catalog) -> WeightSet | None:
-    """The EMA shadow a full-state-dict reader loads: the gathered file (cheapest), else the shards."""
-    return _first(cat, ((EMA, SAFETENSORS), (EMA, DCP)))
+def overlay_for_loading(cat: Catalog, kind: WeightSetKind) -> WeightSet | None:
+    """The set of a kind that overlays the weights (the EMA shadow) a full-state-dict reader loads: the
+    gathered file (cheapest), else the shards."""
+    return _first(cat, ((kind.name, SAFETENSORS), (kind.name, DCP)))
 
 
 def weights_for_publishing(cat: Catalog) -> WeightSet | None:

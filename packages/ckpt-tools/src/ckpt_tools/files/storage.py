@@ -54,8 +54,11 @@ def resolve(path: str | os.PathLike[str]) -> tuple[fsspec.AbstractFileSystem, st
     from fsspec.core import url_to_fs
 
     text = os.fspath(path)
+    fs: fsspec.AbstractFileSystem
+    inner: str
     if not layout.is_url(text):
-        return url_to_fs(absolute(text))
+        fs, inner = url_to_fs(absolute(text))
+        return fs, inner
     fs, inner = url_to_fs(text, **FSSPEC_OPTIONS)
     listing = getattr(_LISTED, "root", None)
     if listing is not None and (inner == listing[1] or inner.startswith(listing[1] + "/")):
@@ -200,7 +203,8 @@ def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:
             raise CheckpointNotFoundError(f"{label}: no such file") from None
         if kind != "file":
             raise _not_regular(label, "a directory" if kind == "directory" else f"of type {kind}")
-        return open_file(label, "rb")
+        handle: IO[bytes] = open_file(label, "rb")
+        return handle
     try:
         fd = os.open(inner, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:

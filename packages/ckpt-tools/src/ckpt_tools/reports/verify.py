@@ -201,7 +201,9 @@ def _check_required(
         _check_optimizer_files(findings, step, present, state_dir)
 
 
-def _check_optimizer_files(findings: Findings, step: TrainingStep, present: set, state_dir: str) -> None:
+def _check_optimizer_files(
+    findings: Findings, step: TrainingStep, present: set[tuple[str, str]], state_dir: str
+) -> None:
     if (OPTIMIZER, DCP) in present:
         return
     gathered = layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS)
@@ -317,7 +319,7 @@ def _require(findings: Findings, path: str, why: str) -> bool:
     return False
 
 
-def _check_json_if_present(findings: Findings, path: str, kind: type[dict] | type[list]) -> None:
+def _check_json_if_present(findings: Findings, path: str, kind: type[object]) -> None:
     """A JSON side file, when present, parses to the kind the format gives it (object or list)."""
     if not storage.exists(path):
         return

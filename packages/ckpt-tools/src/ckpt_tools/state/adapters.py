@@ -108,7 +108,7 @@ def _scale(module: str, rank: int, config: Mapping[str, Any]) -> float:
         )
     alpha = _pattern_value(module, config.get("alpha_pattern") or {}, config.get("lora_alpha", 8))
     rank = _pattern_value(module, config.get("rank_pattern") or {}, rank)
-    return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    return float(alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank)
 
 
 def _pattern_value(module: str, patterns: Mapping[str, Any], default: Any) -> Any:

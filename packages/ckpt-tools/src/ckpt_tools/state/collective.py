@@ -10,7 +10,7 @@ replaces a barrier) broadcasts the outcome so that every rank raises the same `S
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch.distributed as dist
 from torch import nn
@@ -101,7 +101,7 @@ def main_decides(
     dist.broadcast_object_list(box, src=0, group=group)
     ok, value = box[0]
     if ok:
-        return value
+        return cast(T, value)  # what compute() returned on the main rank, unpickled
     if failure is not None and not isinstance(failure, expected):
         raise failure
     raise error(value) from None

@@ -16,10 +16,10 @@ import torch
 from ckpt_tools import catalog
 from ckpt_tools.dcp.index import read_dcp_index
 from ckpt_tools.dcp.roles import model_tensors
-from ckpt_tools.errors import NotACheckpointError, UsageError
+from ckpt_tools.errors import NotACheckpointError
 from ckpt_tools.files import storage
 from ckpt_tools.files.locate import read_training_step
-from ckpt_tools.format import layout
+from ckpt_tools.format import layout, weight_sets
 from ckpt_tools.format.meta import TrainingStep
 from ckpt_tools.tensors.tensor_io import read_dcp_full, read_safetensors, read_safetensors_model
 
@@ -32,8 +32,9 @@ class Checkpoint:
     DCP directory); `model_dir` holds the weights; `formats` lists the weight sets present in the
     catalog's vocabulary (`safetensors`, `sharded safetensors`, `dcp`, `adapter safetensors`,
     `adapter dcp`, `ema safetensors`, `ema dcp`; optimizer state is not a weight set of the model);
-    `layout` says whose layout it is (`ckpt-tools`, `LeRobot`, ...); `has_ema`: the step holds the EMA
-    of its trained parameters (`load_model_state_dict(..., weights="ema")`)."""
+    `layout` says whose layout it is (`ckpt-tools`, `LeRobot`, ...); `weight_sets`: what a reader can
+    ask for with `weights=` (`model`, and `ema` when the step holds the EMA of its trained parameters);
+    `has_ema`: `ema` is one of them."""
 
     step_dir: str | None
     model_dir: str
@@ -41,7 +42,26 @@ class Checkpoint:
     layout: str = catalog.OURS
     is_adapter: bool = False
     publishable: bool = False
-    has_ema: bool = False
+    weight_sets: tuple[str, ...] = (weight_sets.MODEL.name,)
+
+    @property
+    def has_ema(self) -> bool:
+        return weight_sets.EMA.name in self.weight_sets
+
+    @property
+    def default_weights(self) -> str:
+        """What a reader takes when not told: the EMA when the run kept one, else the model."""
+        return weight_sets.default_choice(self.weight_sets)
+
+    def choose_weights(self, weights: str | None = None) -> str:
+        """`weights` checked against what this checkpoint holds (one line for a name that is no weight
+        set, or a set it lacks); None gives `default_weights`."""
+        if weights is None:
+            return self.default_weights
+        kind = weight_sets.choose(weights)
+        if kind.name not in self.weight_sets:
+            raise weight_sets.missing(self.model_dir, kind)
+        return kind.name
 
     def training_step(self) -> TrainingStep:
         """The run's `training_step.json` (step, topology, batch factorization, format)."""
@@ -74,7 +94,11 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         layout=cat.layout,
         is_adapter=preferred.role == catalog.ADAPTER,
         publishable=catalog.weights_for_publishing(cat) is not None,
-        has_ema=catalog.ema_for_loading(cat) is not None,
+        weight_sets=tuple(
+            kind.name
+            for kind in weight_sets.WEIGHT_SETS
+            if kind.choosable and (kind.overlays is None or catalog.overlay_for_loading(cat, kind))
+        ),
     )
 
 
@@ -88,9 +112,6 @@ def _loadable(path: str | os.PathLike[str]) -> tuple[catalog.Catalog, catalog.We
             f"{layout.MODEL_DCP_DIR}/ or an adapter); pass a step directory or a pretrained_model/"
         )
     return cat, preferred
-
-
-WEIGHTS = ("model", "ema")  # what `load_model_state_dict(weights=...)` takes
 
 
 def load_model_state_dict(
@@ -107,18 +128,14 @@ def load_model_state_dict(
     tensors it averages (the EMA holds parameters only: buffers and frozen weights come from the model
     set, so the result loads like the model's); a step without EMA is refused with one line.
     """
-    if weights not in WEIGHTS:
-        raise UsageError(f"weights={weights!r} is not one of {', '.join(WEIGHTS)}", option="--weights")
+    kind = weight_sets.choose(weights)
     cat, preferred = _loadable(path)
     tensors = read_weight_set(preferred)
-    if weights == "ema":
-        ema = catalog.ema_for_loading(cat)
-        if ema is None:
-            raise NotACheckpointError(
-                f"{os.fspath(path)} holds no EMA weights ({layout.EMA_SAFETENSORS} or {layout.EMA_DCP_DIR}/):"
-                " it was saved without --ema.enable; load its model weights"
-            )
-        tensors = {**tensors, **read_weight_set(ema)}
+    if kind.overlays is not None:
+        overlay = catalog.overlay_for_loading(cat, kind)
+        if overlay is None:
+            raise weight_sets.missing(os.fspath(path), kind)
+        tensors = {**tensors, **read_weight_set(overlay)}
     if dtype is not None:
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
     return tensors

@@ -101,7 +101,8 @@ def _metadata_list(metadata: dict[str, str], key: str, path: str, kinds: tuple[A
             f"{path}: metadata {key} is {describe(value)}, not the {len(kinds)} values a generator state "
             "holds; the file is damaged"
         )
-    return value
+    checked: list[Any] = value
+    return checked
 
 
 def rng_snapshot(rank: int) -> RngSnapshot:

@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
 )
+from torch.distributed.checkpoint.stateful import Stateful  # state_dict() and load_state_dict()
 
 from ckpt_tools.errors import SaveFailedError, UsageError
 from ckpt_tools.files import commit, storage
@@ -56,8 +57,8 @@ def start_checkpoint(
     policy_config: dict[str, Any],
     train_config: dict[str, Any],
     processors: Mapping[str, ProcessorState] | None = None,
-    scheduler: Any = None,
-    scaler: Any = None,
+    scheduler: Stateful | None = None,
+    scaler: Stateful | None = None,
     process_group: dist.ProcessGroup | None = None,
     adapter_config: Mapping[str, Any] | None = None,
     keep_last: int = 0,
@@ -416,8 +417,8 @@ def _write_side_files(
     policy_config: dict[str, Any],
     train_config: dict[str, Any],
     processors: Mapping[str, ProcessorState] | None,
-    scheduler: Any,
-    scaler: Any,
+    scheduler: Stateful | None,
+    scaler: Stateful | None,
     adapter_config: Mapping[str, Any] | None = None,
     recorder: Recorder | None = None,
 ) -> None:

@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.checkpoint.stateful import Stateful  # state_dict() and load_state_dict()
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # not re-exported
 
@@ -26,7 +27,7 @@ from ckpt_tools.catalog import (
     SAFETENSORS,
     WeightSet,
     catalog,
-    ema_for_resume,
+    overlay_for_resume,
     weights_for_resume,
 )
 from ckpt_tools.errors import (
@@ -38,7 +39,7 @@ from ckpt_tools.errors import (
 from ckpt_tools.files import storage
 from ckpt_tools.files.locate import read_training_step, resolve_model_dir
 from ckpt_tools.files.safetensors_io import SafetensorsHeader, read_safetensors_header, read_weight_map
-from ckpt_tools.format import layout
+from ckpt_tools.format import layout, weight_sets
 from ckpt_tools.format.meta import TrainingStep
 from ckpt_tools.format.untrusted import MAX_CONFIG_BYTES, check_like
 from ckpt_tools.state.adapters import adapter_keys
@@ -58,8 +59,8 @@ def load_training_state(
     *,
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
-    scheduler: Any = None,
-    scaler: Any = None,
+    scheduler: Stateful | None = None,
+    scaler: Stateful | None = None,
     process_group: dist.ProcessGroup | None = None,
     ema: Mapping[str, torch.Tensor] | None = None,
 ) -> bool:
@@ -96,7 +97,7 @@ def _load_ema(model_dir: str, shadow: Mapping[str, torch.Tensor], model: nn.Modu
     """Fill the EMA shadow in place from the step's EMA set (a PEFT step's under the adapter's key
     names, as `save` wrote it); False when the step has none."""
     cat = catalog(model_dir)
-    weights = ema_for_resume(cat, sharded=is_sharded(model))
+    weights = overlay_for_resume(cat, weight_sets.EMA, sharded=is_sharded(model))
     if weights is None:
         return False
     keys = adapter_keys(model) if cat.of_role(ADAPTER) else {name: name for name in shadow}
@@ -112,7 +113,7 @@ def _load_ema(model_dir: str, shadow: Mapping[str, torch.Tensor], model: nn.Modu
     return True
 
 
-def _checked_state(path: str, target: Any) -> dict[str, Any]:
+def _checked_state(path: str, target: Stateful) -> dict[str, Any]:
     """A scheduler's or loss scaler's saved state, refused unless each value it shares with the live
     object's own `state_dict()` has that value's type (a string step count is one line here, not a
     TypeError at the first step)."""

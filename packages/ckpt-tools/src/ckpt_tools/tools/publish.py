@@ -19,11 +19,12 @@ import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ckpt_tools.catalog import ADAPTER, DCP, EMA, MODEL, catalog
+from ckpt_tools.catalog import ADAPTER, DCP, MODEL, catalog
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, PublishError, UsageError
 from ckpt_tools.files import locate, storage
 from ckpt_tools.files.safetensors_io import read_weight_map
-from ckpt_tools.format import layout
+from ckpt_tools.format import layout, weight_sets
+from ckpt_tools.format.weight_sets import WeightSetKind
 from ckpt_tools.tools.hub_commit import commit_to_hub
 from ckpt_tools.tools.model_card import gather_card_info, render_model_card
 
@@ -106,17 +107,20 @@ def publish_model(
     can be loaded by revision; `training_state=True` adds the step's `training_state/` (optimizer, RNG,
     sampler position) under the same path, for a step pushed to be resumed from elsewhere.
     """
-    if weights not in (None, "model", "ema"):
-        raise UsageError(f"--weights={weights}: choose model or ema", option="--weights")
+    kind = weight_sets.choose(weights) if weights is not None else None  # before anything is read
     step_dir, model_dir = locate.resolve_model_dir(path)
     names = select_publish_files(model_dir)
     uploads: dict[str, str | bytes] = {name: layout.join(model_dir, name) for name in names}
     if training_state:
         uploads.update(_training_state_files(step_dir, path))
-    ema_notes = []
-    if weights == "ema" or (weights is None and catalog(model_dir).of_role(EMA)):
-        _use_ema(uploads, model_dir)
-        ema_notes.append("published the EMA weights (--ema.enable) in the model's place")
+    if kind is None:
+        kind = weight_sets.choose(
+            weight_sets.default_choice({w.role for w in catalog(model_dir).weight_sets})
+        )
+    overlay_notes = []
+    if kind.overlays is not None:
+        _use_overlay(uploads, model_dir, kind)
+        overlay_notes.append(f"published the {kind.label} weights ({kind.written_by}) in the model's place")
     if layout.MODEL_CARD not in uploads:
         info = gather_card_info(step_dir, model_dir, names, extra_card_info)
         uploads[layout.MODEL_CARD] = render_model_card(info, repo_id).encode()
@@ -129,17 +133,18 @@ def publish_model(
         message = commit_message or _default_message(step_dir)
         url, oid = commit_to_hub(uploads, repo_id, private, revision, message, token, endpoint, tag)
         result = PublishResult(url=url, commit_oid=oid, files=sorted(uploads))
-    return replace(result, notes=ema_notes + notes)
+    return replace(result, notes=overlay_notes + notes)
 
 
-def _use_ema(uploads: dict[str, str | bytes], model_dir: str) -> None:
-    """Replace the uploaded weights (one file, or an index and its shards) with the EMA state dict
-    (`load_model_state_dict(weights="ema")`: the EMA's parameters, the model's buffers) in one file."""
+def _use_overlay(uploads: dict[str, str | bytes], model_dir: str, kind: WeightSetKind) -> None:
+    """Replace the uploaded weights (one file, or an index and its shards) with the state dict of a set
+    that overlays them (`load_model_state_dict(weights="ema")`: the EMA's parameters, the model's
+    buffers) in one file."""
     from safetensors.torch import save
 
     from ckpt_tools.state.evaluation_load import load_model_state_dict
 
-    tensors = load_model_state_dict(model_dir, weights="ema")
+    tensors = load_model_state_dict(model_dir, weights=kind.name)
     name = layout.ADAPTER_SAFETENSORS if layout.ADAPTER_SAFETENSORS in uploads else layout.MODEL_SAFETENSORS
     if layout.MODEL_INDEX in uploads:
         for shard in set(read_weight_map(layout.join(model_dir, layout.MODEL_INDEX)).values()):

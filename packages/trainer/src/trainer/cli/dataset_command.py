@@ -1,7 +1,9 @@
 """`trainer dataset info|show --dataset.root=PATH`: look at a LeRobotDataset before training on it.
 
 `info` prints what a run would read: the features, each camera with its size and encoding, the
-episodes, fps and the sizes on disk (`--json`: one JSON object). `show --episode=N` writes a PNG: a strip
+episodes, fps and the sizes on disk (`--json`: one JSON object); for a mixture (`--dataset.mixture=FILE`,
+or `--dataset.repo_id='[a,b]'` / `--dataset.root='[ra,rb]'` with `--dataset.weights='[3,1]'`) each
+member's, with its normalized weight and the episodes it trains on. `show --episode=N` writes a PNG: a strip
 of each camera's frames (as the trainer decodes them) above the episode's state and action curves, so a
 wrong camera, a frozen video or an action out of step with the images is seen before a run is spent.
 Data goes to stdout; errors are the trainer's one-line ConfigErrors.
@@ -17,10 +19,11 @@ from typing import Any
 from trainer.data.format import metadata as fmt
 from trainer.data.format.cameras import LeRobotFrames
 from trainer.data.sources.lerobot import LeRobotConfig
+from trainer.data.sources.mixture import MixtureConfig
 from trainer.errors import ConfigError
 
 USAGE = (
-    "usage: trainer dataset info --dataset.root=PATH|--dataset.repo_id=ID [--json]\n"
+    "usage: trainer dataset info --dataset.root=PATH|--dataset.repo_id=ID|--dataset.mixture=FILE [--json]\n"
     "       trainer dataset show --dataset.root=PATH|--dataset.repo_id=ID --episode=N [--output=FILE.png]"
 )
 STRIP_FRAMES = 8  # frames per camera in `show`, evenly spaced over the episode
@@ -33,6 +36,8 @@ def run(args: Sequence[str]) -> str:
             f"trainer dataset needs info or show: {USAGE.splitlines()[0].removeprefix('usage: ')}"
         )
     flags = _flags(args[1:])
+    if _is_mixture(flags):
+        return _mixture_info(args[0], flags)
     root = LeRobotConfig(
         repo_id=flags.pop("dataset.repo_id", None), root=flags.pop("dataset.root", None)
     ).local_root()
@@ -49,6 +54,54 @@ def run(args: Sequence[str]) -> str:
     _no_more(flags)
     show(root, episode, output)
     return str(output)
+
+
+def _is_mixture(flags: dict[str, str | None]) -> bool:
+    listed = any((flags.get(f"dataset.{name}") or "").startswith("[") for name in ("repo_id", "root"))
+    return listed or "dataset.mixture" in flags or "dataset.weights" in flags
+
+
+def _mixture_info(command: str, flags: dict[str, str | None]) -> str:
+    """`info` of a mixture: each member's summary under its name, weight and episodes."""
+    if command != "info":
+        raise ConfigError(
+            "trainer dataset show draws one dataset: pass one member's --dataset.root or --dataset.repo_id"
+        )
+    weights = flags.pop("dataset.weights", None)
+    config = MixtureConfig(
+        mixture=flags.pop("dataset.mixture", None),
+        repo_id=flags.pop("dataset.repo_id", None),
+        root=flags.pop("dataset.root", None),
+        revision=flags.pop("dataset.revision", None),
+        weights=None if weights is None else _weights(weights),
+    )
+    as_json = "json" in flags
+    flags.pop("json", None)
+    _no_more(flags)
+    total = sum(member.weight for member in config.members)
+    members = []
+    for index, (member, label) in enumerate(zip(config.members, config.labels(), strict=True)):
+        with config.naming(index):
+            summary = describe(config.member_config(index).local_root())
+        members.append(
+            {"member": label, "weight": member.weight / total, "episodes_used": member.episodes, **summary}
+        )
+    if as_json:
+        return json.dumps({"mixture": members}, indent=2)
+    lines = [f"mixture of {len(members)} LeRobotDatasets:"]
+    for entry in members:
+        used = "all episodes" if entry["episodes_used"] is None else f"episodes {entry['episodes_used']}"
+        lines.append(f"member {entry['member']}: weight {entry['weight']:.3g}, {used}")
+        lines.extend("  " + line for line in _lines(entry).splitlines())
+    return "\n".join(lines)
+
+
+def _weights(value: str) -> list[float]:
+    try:
+        weights = json.loads(value)
+        return [float(w) for w in weights]
+    except (ValueError, TypeError):
+        raise ConfigError(f"--dataset.weights={value} is not a list of numbers: write '[3,1]'") from None
 
 
 def describe(root: Path) -> dict[str, Any]:

@@ -16,14 +16,17 @@ import draccus
 from draccus.wrappers.docstring import get_attribute_docstring
 
 from trainer.config.dataset import DatasetConfig
+from trainer.config.optim import OptimizerConfig, SchedulerConfig
 from trainer.config.registry import known_types
 from trainer.config.train import TrainConfig
 from trainer.policies.base import PolicyConfig
 
-# choice registry -> (what it chooses, the meaning of its --X.type flag)
-CHOICES: dict[type[draccus.ChoiceRegistry], tuple[str, str]] = {
-    PolicyConfig: ("policy", "Policy to train"),
-    DatasetConfig: ("dataset", "Demonstrations to train on"),
+# choice registry -> (what it chooses, the meaning of its --X.type flag, whether an import path may name one)
+CHOICES: dict[type[draccus.ChoiceRegistry], tuple[str, str, bool]] = {
+    PolicyConfig: ("policy", "Policy to train", True),
+    DatasetConfig: ("dataset", "Demonstrations to train on", True),
+    OptimizerConfig: ("optimizer", "Optimizer (with --use_policy_training_preset=false)", False),
+    SchedulerConfig: ("scheduler", "Learning-rate schedule (with --use_policy_training_preset=false)", False),
 }
 
 CONFIG_PATH_HELP = (
@@ -90,30 +93,37 @@ def _choice_flags(name: str, default: str, registry: Any, only: str | None) -> l
     """`--X.type`, the fields every type has, then each built-in type's own fields, marked with it
     (or only the fields of type `only`)."""
     built_in = [t for t in known_types(registry) if ":" not in t]  # not those registered by import path
-    what, meaning = CHOICES[registry]
-    choices = f"{', '.join(built_in)}, or module.path:ConfigClass for your own {what}"
+    what, meaning, import_paths = CHOICES[registry]
+    own_type = f", or module.path:ConfigClass for your own {what}" if import_paths else ""
+    choices = f"{', '.join(built_in)}{own_type}"
     flags = [Flag(f"{name}.type", only or default, f"{meaning}: {choices}.")]
     common = {field.name for field in dataclasses.fields(registry)}
     for field in dataclasses.fields(registry):
         flags.append(Flag(f"{name}.{field.name}", _render(_default(field)), _meaning(registry, field.name)))
-    own: dict[str, Flag] = {}  # a field several types declare is one flag: "default / default"
+    # a field several types declare is one flag: "(a, b) meaning" when they agree, else
+    # "default / default" and "(a) meaning (b) meaning"
+    own: dict[str, list[tuple[str, str, str]]] = {}  # flag -> (type, default, meaning) of each type
     for choice in [only] if only else built_in:
         cls = registry.get_choice_class(choice)
         for field in dataclasses.fields(cls):
             if field.name in common:
                 continue
             if dataclasses.is_dataclass(_default(field)):  # a nested group, e.g. --dataset.image_transforms.*
-                nested = _walk(_default(field), f"{name}.{field.name}.")
-                own.update({f.name: Flag(f.name, f.default, f"({choice}) {f.meaning}") for f in nested})
+                for f in _walk(_default(field), f"{name}.{field.name}."):
+                    own.setdefault(f.name, []).append((choice, f.default, f.meaning))
                 continue
-            flag = Flag(
-                f"{name}.{field.name}", _render(_default(field)), f"({choice}) {_meaning(cls, field.name)}"
-            )
-            if field.name in own:
-                seen = own[field.name]
-                flag = Flag(flag.name, f"{seen.default} / {flag.default}", f"{seen.meaning} {flag.meaning}")
-            own[field.name] = flag
-    return flags + list(own.values())
+            entry = (choice, _render(_default(field)), _meaning(cls, field.name))
+            own.setdefault(f"{name}.{field.name}", []).append(entry)
+    return flags + [_merged(flag, entries) for flag, entries in own.items()]
+
+
+def _merged(name: str, entries: list[tuple[str, str, str]]) -> Flag:
+    """One flag declared by several choice types: their names in front of the meaning they share."""
+    choices, defaults, meanings = zip(*entries, strict=True)
+    if len(set(defaults)) == 1 and len(set(meanings)) == 1:
+        return Flag(name, defaults[0], f"({', '.join(choices)}) {meanings[0]}")
+    text = " ".join(f"({choice}) {meaning}" for choice, _, meaning in entries)
+    return Flag(name, " / ".join(defaults), text)
 
 
 def _default(field: dataclasses.Field[Any]) -> Any:

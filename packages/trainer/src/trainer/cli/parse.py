@@ -21,6 +21,8 @@ from trainer.policies.pretrained import policy_defaults
 _CONFIG_FLAG = "--config_path"
 DEFAULT_TYPES = {"policy": "act_state", "dataset": "pendulum"}
 LEROBOT_FLAGS = ("--dataset.repo_id", "--dataset.root")
+# a mixture of LeRobotDatasets (data/sources/mixture.py): its file, its weights, or a list of datasets
+MIXTURE_FLAGS = ("--dataset.mixture", "--dataset.weights", "--dataset.repo_id=[", "--dataset.root=[")
 
 
 def parse_config(args: Sequence[str]) -> TrainConfig:
@@ -33,11 +35,25 @@ def parse_config(args: Sequence[str]) -> TrainConfig:
     flags_given = frozenset(arg[2:].partition("=")[0] for arg in rest if arg.startswith("--"))
     with _local_copy(config_path) as local, policy_defaults(rest, local) as defaults_path:
         config = _parse(rest, defaults_path, allowed)  # defaults_path: + `--policy.path`'s config.json
+        if _written_before_presets(local) and "use_policy_training_preset" not in flags_given:
+            config.use_policy_training_preset = False
     config.config_path = config_path
     config.flags_given = flags_given
     if not layout.is_url(config.output_dir):  # resolved once: a resume from elsewhere writes the same run
         config.output_dir = os.path.abspath(os.path.expanduser(config.output_dir))
     return config
+
+
+def _written_before_presets(config_path: str | None) -> bool:
+    """Whether a config file predates --use_policy_training_preset (it has no such entry): its
+    optimizer and scheduler are the ones its run trained with, so it reads as false and a resumed
+    run keeps its schedule."""
+    if config_path is None:
+        return False
+    try:
+        return "use_policy_training_preset" not in ckpt_tools.read_config_json(config_path)
+    except ckpt_tools.CheckpointError as exc:
+        raise ConfigError(f"--config_path={config_path}: {exc}") from None
 
 
 @contextlib.contextmanager
@@ -88,7 +104,7 @@ def _auto_resume_config_path(args: list[str]) -> str | None:
             values[name] = value
     if values.get("--resume", "").lower() not in ("true", "1", "yes"):
         return None
-    from trainer.engine.resume import saved_config_path
+    from trainer.engine.checkpoint.resume import saved_config_path
 
     return saved_config_path(values.get("--output_dir", TrainConfig.output_dir))
 
@@ -139,14 +155,21 @@ def settle_choice(
 ) -> None:
     """Name the section's type before draccus sees its fields (draccus needs the choice first):
     `--policy.dim=32` alone means the default policy, and LeRobot's `--dataset.repo_id` / `--dataset.root`
-    alone mean a LeRobotDataset. An import-path type is registered on the way: one typed as a flag
-    always, one read from the config file (a checkpoint's) only when `allowed` (`--allow_types`) names it."""
+    alone mean a LeRobotDataset, and a mixture's flags (`--dataset.mixture`, `--dataset.weights`, a
+    bracketed list of repo ids or roots) a mixture of them, `--dataset.type=lerobot` included. An
+    import-path type is registered on the way: one typed as a flag always, one read from the config file
+    (a checkpoint's) only when `allowed` (`--allow_types`) names it."""
     flag = f"--{section}.type"
     chosen, from_file = _choice_type(rest, config_path, section)
+    mixture = section == "dataset" and any(arg.startswith(MIXTURE_FLAGS) for arg in rest)
     if chosen is None and any(arg.startswith(f"--{section}.") for arg in rest):
         lerobot = section == "dataset" and any(arg.startswith(LEROBOT_FLAGS) for arg in rest)
         chosen = "lerobot" if lerobot else registry.default_choice_name() or DEFAULT_TYPES[section]
+        chosen = "mixture" if mixture else chosen
         rest.insert(0, f"{flag}={chosen}")
+    elif chosen == "lerobot" and mixture and not from_file:
+        chosen = "mixture"
+        rest[:] = [f"{flag}={chosen}" if arg.startswith(f"{flag}=") else arg for arg in rest]
     if chosen is not None:
         source = f"the {section} type of {config_path}" if from_file else flag
         register_import_path(registry, chosen, source, allowed=allowed if from_file else None)

@@ -1,6 +1,6 @@
 """`--peft.*`: parameter-efficient fine-tuning, as plain values mapped onto peft's config.
 
-peft is imported only inside `build()`, so parsing a config never imports it. trainer/peft.py applies
+peft is imported only inside `build()`, so parsing a config never imports it. engine/peft_policy.py applies
 the config to a policy.
 """
 

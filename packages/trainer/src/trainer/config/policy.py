@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import draccus
 
 from trainer.config.accelerator import dtype_flag
+from trainer.config.optim import AdamWConfig, CosineConfig, OptimizerConfig, SchedulerConfig
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -82,10 +83,37 @@ class PolicyConfig(draccus.ChoiceRegistry):
         """Actions predicted per observation."""
         return 1
 
+    def get_optimizer_preset(self) -> OptimizerConfig:
+        """The optimizer this policy trains with under --use_policy_training_preset=true (LeRobot's
+        method name), built from the config's own fields so `--policy.<field>` flags change it; this
+        base returns the engine's defaults (AdamW lr 2e-3, weight decay 1e-4, clip 10)."""
+        return AdamWConfig()
+
+    def get_scheduler_preset(self) -> SchedulerConfig:
+        """The schedule under --use_policy_training_preset=true; LeRobot's "no scheduler" (None) is
+        `ConstantConfig(warmup_steps=0)` here. This base returns the engine's default cosine."""
+        return CosineConfig()
+
     def policy_class(self) -> Callable[[PolicyConfig], nn.Module]:
         """The class this config builds, called with the config (`trainer.policies.Policy` subclasses;
         `build_policy` refuses anything else)."""
         raise NotImplementedError
+
+    def normalization_stats(self, stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """The statistics the processors normalize with, from the dataset's (a policy whose cameras
+        stay on [0, 1], SmolVLA's, replaces theirs with mean 0 and std 1)."""
+        return stats
+
+    @classmethod
+    def check_path_flags(cls, base: dict[str, Any], flags: dict[str, str], path: str) -> None:
+        """Refuse `--policy.<field>` flags (`flags`: field -> value) that a `--policy.path` base's
+        weights cannot follow (SmolVLA: another backbone); raises ConfigError."""
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> dict[str, Any]:
+        """A saved config.json of this type as this class's fields (a type whose config.json follows
+        another tool's schema, LeRobot's SmolVLA, maps it here; the others are saved as they are)."""
+        return saved
 
     def to_dict(self) -> dict[str, Any]:
         """The policy's `config.json`: its type and every field but the run's settings (publishing,

@@ -1,5 +1,5 @@
 """Experiment trackers: `--wandb.*` and `--trackio.*`. Plain values; the libraries are imported only by
-trainer/trackers.py, and only for a tracker a run enables."""
+reporting/trackers.py, and only for a tracker a run enables."""
 
 from __future__ import annotations
 

@@ -6,7 +6,6 @@ other flag reproduces the run.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -16,76 +15,13 @@ import ckpt_tools
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import DatasetConfig
 from trainer.config.ema import EmaConfig
+from trainer.config.optim import AdamWConfig, CosineConfig, OptimizerConfig, SchedulerConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.peft import PeftConfig
 from trainer.config.policy import PolicyConfig
 from trainer.config.registry import registered_default
 from trainer.config.tracking import TrackioConfig, WandbConfig
 from trainer.errors import ConfigError
-
-
-@dataclass
-class OptimizerConfig:
-    """AdamW."""
-
-    lr: float = 2e-3
-    """Peak learning rate."""
-    weight_decay: float = 1e-4
-    """Decoupled weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """Adam moment coefficients."""
-    eps: float = 1e-8
-    """Adam epsilon."""
-    grad_clip_norm: float = 10.0
-    """Clip the global gradient norm before each update; 0 disables clipping."""
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ConfigError(f"--optimizer.lr must be > 0, got {self.lr}")
-        if self.grad_clip_norm < 0:
-            raise ConfigError(f"--optimizer.grad_clip_norm must be >= 0, got {self.grad_clip_norm}")
-
-    def build(self, params: Any) -> Any:
-        import torch
-
-        return torch.optim.AdamW(
-            params,
-            lr=self.lr,
-            weight_decay=self.weight_decay,
-            betas=(self.betas[0], self.betas[1]),
-            eps=self.eps,
-        )
-
-
-@dataclass
-class SchedulerConfig:
-    """Learning-rate schedule, stepped once per loop step whatever the process count."""
-
-    type: str = "cosine"
-    """cosine (linear warmup, cosine decay to min_lr_ratio) or constant."""
-    warmup_steps: int = 20
-    """Linear warmup from 0 over this many loop steps."""
-    min_lr_ratio: float = 0.1
-    """Final learning rate as a fraction of the peak (cosine)."""
-
-    def __post_init__(self) -> None:
-        if self.type not in ("cosine", "constant"):
-            raise ConfigError(f"--scheduler.type={self.type!r} is not one of cosine, constant")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"--scheduler.warmup_steps must be >= 0, got {self.warmup_steps}")
-
-    def build(self, optimizer: Any, total_steps: int) -> Any:
-        import torch
-
-        def factor(step: int) -> float:
-            if step < self.warmup_steps:
-                return (step + 1) / (self.warmup_steps + 1)
-            if self.type == "constant":
-                return 1.0
-            progress = min(1.0, (step - self.warmup_steps) / max(1, total_steps - self.warmup_steps))
-            return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 @dataclass
@@ -98,8 +34,12 @@ class TrainConfig:
     dataset: DatasetConfig = field(
         default_factory=registered_default(DatasetConfig, "pendulum", "trainer.data")
     )
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    use_policy_training_preset: bool = True
+    """Train with the policy's own optimizer and schedule (LeRobot's flag and default; docs/training.md
+    lists each policy's preset): --optimizer.* and --scheduler.* are refused while it is true; false
+    takes them from those flags. A train_config.json written before this flag existed reads as false."""
+    optimizer: OptimizerConfig = field(default_factory=AdamWConfig)
+    scheduler: SchedulerConfig = field(default_factory=CosineConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     accelerator: AcceleratorConfig = field(default_factory=AcceleratorConfig)
     peft: PeftConfig = field(default_factory=PeftConfig)
@@ -157,7 +97,7 @@ class TrainConfig:
     default is 30 minutes)."""
 
     def __post_init__(self) -> None:
-        # Not dataclass fields (so neither flags nor train_config.json entries): config/parse.py sets
+        # Not dataclass fields (so neither flags nor train_config.json entries): cli/parse.py sets
         # them from the command line. `config_path` is the `--config_path` file (draccus reserves the
         # name for its own flag), which resume follows to its checkpoint; `flags_given` are the dotted
         # names typed as flags, so a value that came from a saved config can be told from a chosen one.
@@ -202,7 +142,7 @@ class TrainConfig:
             raise ConfigError(
                 "--save_checkpoint_to_hub=true needs the Hub repo: add --policy.repo_id=namespace/name"
             )
-        if self.save_checkpoint_to_hub and ckpt_tools.is_fsspec_target(repo_id):
+        if self.save_checkpoint_to_hub and repo_id is not None and ckpt_tools.is_fsspec_target(repo_id):
             raise ConfigError(
                 f"--save_checkpoint_to_hub=true pushes to a Hub repo, and --policy.repo_id={repo_id} is a path or "
                 "URL: to keep checkpoints in a bucket, set --output_dir to it (checkpoints are written there)"
@@ -242,5 +182,5 @@ def _nearest_multiples(name: str, value: int, accum: int) -> str:
 
 
 def encode_config(config: TrainConfig) -> dict[str, Any]:
-    """The JSON-ready dict of a config (train_config.json is `checkpointing.saved_config`)."""
+    """The JSON-ready dict of a config (train_config.json is `engine/checkpoint/saving.py: saved_config`)."""
     return draccus.encode(config)

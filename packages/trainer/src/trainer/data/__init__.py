@@ -3,4 +3,4 @@ augmentation, processors), `embedded/` (the sim tasks and their dataset), `sourc
 dataset comes from). Importing this package registers the built-in `--dataset.type` names."""
 
 from trainer.data.embedded import pendulum  # noqa: F401  (registration)
-from trainer.data.sources import lerobot  # noqa: F401  (registration)
+from trainer.data.sources import lerobot, mixture  # noqa: F401  (registration)

@@ -10,6 +10,8 @@ outside one). Its config is a `DatasetConfig` subclass whose `load()` returns an
 - `gather(indices, chunk_size)`: a batch `{observation.state, action, action_is_pad}`, where the
   action chunk of a frame never crosses its episode's end, plus each camera among `input_features` as
   `observation.images.<name>`: uint8 frames (B, C, H, W), normalized by the policy's preprocessor;
+- with `task` among `input_features`, each frame's task text as UTF-8 bytes (`task_bytes`), for a
+  policy that reads the language instruction;
 - `stats()`: mean/std per batch key, for the normalization processors (a camera's per channel,
   shaped (C, 1, 1), on the [0, 1] scale);
 - `episode_bounds()`: one `[start, end)` frame range per episode;
@@ -36,6 +38,9 @@ ACTION_KEY = "action"
 PAD_KEY = "action_is_pad"
 CAMERA_PREFIX = "observation.images."
 ALL_CAMERAS = CAMERA_PREFIX + "*"  # in --policy.input_features: every camera of the dataset
+# In --policy.input_features: the frame's task text, gathered as UTF-8 bytes (B, longest) zero-padded
+# (a batch holds tensors only; a language policy decodes them with `task_texts`).
+TASK_KEY = "task"
 # What a camera is normalized with, as LeRobot does by default (its datasets' `use_imagenet_stats`):
 # the statistics the pretrained ResNet trunks were trained with, on the [0, 1] scale.
 IMAGENET_STATS = {
@@ -63,6 +68,7 @@ class ArrayDataset:
         input_features: Sequence[str] = (OBS_KEY,),
         stats: Stats | None = None,
         images: dict[str, np.ndarray | torch.Tensor] | None = None,
+        tasks: Sequence[str] | None = None,
     ) -> None:
         with warnings.catch_warnings():  # arrays read from Arrow are read-only views; nothing writes them
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -83,9 +89,13 @@ class ArrayDataset:
         self.episode_last = torch.repeat_interleave(ends - 1, lengths)
         self.input_features = list(input_features)
         self._stats = stats
+        self.notes: list[str] = []  # lines the run's banner prints about this data (frames skipped...)
         self.images = {
             name: torch.as_tensor(frames) for name, frames in (images or {}).items() if name in input_features
         }
+        if tasks is not None and len(tasks) != len(self.actions):
+            raise ConfigError(f"a dataset's tasks cover {len(tasks)} frames, its actions {len(self.actions)}")
+        self.tasks = list(tasks) if tasks is not None and TASK_KEY in input_features else None
         for name, frames in self.images.items():
             if frames.dtype != torch.uint8 or frames.ndim != 4 or len(frames) != len(self.actions):
                 raise ConfigError(
@@ -114,6 +124,11 @@ class ArrayDataset:
             ACTION_KEY: self.actions[torch.minimum(steps, last)],
             PAD_KEY: steps > last,
             **{name: frames[indices] for name, frames in self.images.items()},
+            **(
+                {}
+                if self.tasks is None
+                else {TASK_KEY: task_bytes([self.tasks[i] for i in indices.tolist()])}
+            ),
         }
 
     def stats(self) -> Stats:
@@ -134,6 +149,27 @@ class ArrayDataset:
         return self._bounds
 
 
+def task_bytes(texts: Sequence[str]) -> torch.Tensor:
+    """Task texts as a uint8 tensor (B, longest in bytes), zero-padded (`task_texts` inverts it)."""
+    encoded = [text.encode("utf-8") for text in texts]
+    out = torch.zeros(len(encoded), max((len(e) for e in encoded), default=0), dtype=torch.uint8)
+    for row, data in enumerate(encoded):
+        out[row, : len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else out[row, :0]
+    return out
+
+
+def cat_task_bytes(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """`task_bytes` tensors of several batches as one (each zero-padded to the widest first)."""
+    width = max(part.shape[1] for part in parts)
+    return torch.cat([torch.nn.functional.pad(part, (0, width - part.shape[1])) for part in parts])
+
+
+def task_texts(tensor: torch.Tensor) -> list[str]:
+    """The texts `task_bytes` encoded (any dtype holding the byte values, on any device)."""
+    rows = tensor.detach().to("cpu", torch.uint8).numpy()
+    return [bytes(row).rstrip(b"\0").decode("utf-8") for row in rows]
+
+
 def check_input_features(requested: Sequence[str], available: Sequence[str], what: str) -> list[str]:
     """The observation features a run uses: `requested` (each one known to `what`), else all."""
     unknown = [name for name in requested if name not in available]
@@ -143,3 +179,9 @@ def check_input_features(requested: Sequence[str], available: Sequence[str], wha
             f"(available: {', '.join(available) or 'none'}); choose among those"
         )
     return list(requested) or list(available)
+
+
+def frames_as_float(frames: torch.Tensor) -> torch.Tensor:
+    """Camera frames as a policy reads them: uint8 as decoded -> float32 in [0, 1], divided by 255 as
+    LeRobot divides; frames already float (converted, or augmented) pass unchanged."""
+    return frames.float() / 255 if frames.dtype == torch.uint8 else frames

@@ -25,24 +25,25 @@ import ckpt_tools
 from trainer.config.dataset import Dataset
 from trainer.config.train import TrainConfig
 from trainer.data.pipeline import loader
-from trainer.data.pipeline.processors import Processor, build_processors, observation_batch
-from trainer.data.pipeline.sampler import GlobalOrderSampler
+from trainer.data.pipeline.processors import Processor, build_processors
+from trainer.data.pipeline.sampler import GlobalOrderSampler, MemberTally
 from trainer.distributed.factory import build_accelerator, prepare
 from trainer.distributed.interrupt import Agreement, Interrupted, Interrupts
 from trainer.distributed.runlock import RunLock, watch_launcher
 from trainer.distributed.topology import launch_world_size
 from trainer.distributed.wrap import WrapPlan, describe_parameters
 from trainer.engine import build as model_build
-from trainer.engine import publishing, resume
+from trainer.engine.banner import data_banner, run_banner
+from trainer.engine.checkpoint import resume
+from trainer.engine.checkpoint.wing import Checkpoints
 from trainer.engine.ema import Ema
-from trainer.engine.hub_pushes import CheckpointPusher
 from trainer.engine.loss_window import LossWindow
 from trainer.engine.plan import RunPlan, resolve_plan
 from trainer.engine.run import Run, RunSummary
-from trainer.engine.save_schedule import SaveSchedule, check_writes
 from trainer.errors import USER_ERRORS, ConfigError
 from trainer.evaluation import rollouts as evaluation
 from trainer.evaluation import validation
+from trainer.evaluation.inference import LoadedPolicy
 from trainer.policies.base import optimizer_params
 from trainer.reporting.metrics import Logger, make_logger
 
@@ -84,8 +85,9 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
     )
     logger.banner(
         [
-            *_banner(config, topology, wrap_plan, run.accelerator, len(run.dataset)),
-            *_data_banner(run),
+            *run_banner(config, topology, wrap_plan, run.accelerator, len(run.dataset)),
+            plan.optimization,
+            *data_banner(run),
             describe_parameters(run.model),
         ]
     )
@@ -93,21 +95,15 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
         logger.note(resume_point.message, event="resume", step=run.start_step, changes=resume_point.changes)
     for note in notes:
         logger.note(note)
-    pushes = (
-        CheckpointPusher(config, logger)
-        if config.save_checkpoint_to_hub and run.accelerator.is_main_process
-        else None
-    )
-    if pushes is not None:
-        pushes.resumed_from(resume_point.step_dir)
+    checkpoints = Checkpoints(run, logger, resume_point.step_dir)
     try:
-        losses, last_checkpoint = _run_steps(run, logger, interrupts, pushes)
+        losses = _run_steps(run, logger, interrupts, checkpoints)
     except Interrupted as stop:
         logger.note(stop.line(), event="interrupted", step=stop.step, checkpoint=stop.checkpoint)
-        if pushes is not None:  # the checkpoint just saved is the one a vanishing machine needs most
-            pushes.close()
+        checkpoints.interrupted()
         logger.close()
         raise
+    last_checkpoint = checkpoints.finish()
     with _evaluated_weights(run, logger):
         returns = evaluate(run.accelerator, run.model, run.preprocessor, run.postprocessor, config)
     summary = RunSummary(
@@ -133,8 +129,7 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
         **summary.__dict__,
     )
     logger.close()  # the loss curve first: a failed publish ends the process
-    check_writes(logger, config, last_checkpoint)  # a metrics write that failed after the last save
-    publishing.publish_final(config, summary, logger, pushes)  # --policy.push_to_hub
+    checkpoints.publish(summary)
     run.accelerator.wait_for_everyone()
     return summary
 
@@ -165,7 +160,7 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
     # on the meta device where it can be; --policy.path weights, --peft adapters, unit transforms
     built = model_build.build(config, topology.is_sharded, dataset.obs_dim, dataset.action_dim, notes)
     policy, wrap_plan = built.policy, built.wrap_plan
-    preprocessor, postprocessor = build_processors(dataset.stats())
+    preprocessor, postprocessor = build_processors(config.policy.normalization_stats(dataset.stats()))
     accelerator = build_accelerator(config, topology, wrap_plan)
     model_build.before_prepare(built, config, accelerator.device)  # the unsharded policy is real now
     # while the launcher's store is up (ranks it leaves behind still save), bounded like every collective
@@ -176,7 +171,12 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
     if lock_note:
         notes.append(lock_note)
     sampler = GlobalOrderSampler(
-        len(dataset), config.batch_size, topology.dp_world_size, accelerator.process_index, config.seed
+        len(dataset),
+        config.batch_size,
+        topology.dp_world_size,
+        accelerator.process_index,
+        config.seed,
+        weighted=getattr(dataset, "weighted_order", None),  # a mixture's members drawn by weight
     )
     optimizer = config.optimizer.build(optimizer_params(policy, built.base))
     scheduler = config.scheduler.build(optimizer, config.steps)
@@ -225,25 +225,27 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
     return run, wrap_plan, resume_point
 
 
-def _run_steps(
-    run: Run, logger: Logger, interrupts: Interrupts, pushes: CheckpointPusher | None
-) -> tuple[list[float], str | None]:
-    """Collective. The loop steps from `run.start_step`: the step, the log, the save schedule. Returns
-    the logged losses and the last save. Every rank checks for a signal at each optimizer-update
+def _run_steps(run: Run, logger: Logger, interrupts: Interrupts, checkpoints: Checkpoints) -> list[float]:
+    """Collective. The loop steps from `run.start_step`: the step, the log, the saves. Returns the
+    logged losses. Every rank checks for a signal at each optimizer-update
     boundary (the check's all-reduce starts inside the step) and stops at the same step."""
     config, accelerator = run.config, run.accelerator
     accum = config.accelerator.gradient_accumulation.steps
     losses: list[float] = []
     grad_norm: torch.Tensor | None = None  # of the last optimizer update, read back when logged
-    window, saves = LossWindow(accelerator.device), SaveSchedule(run, logger, pushes)
+    window = LossWindow(accelerator.device)
+    weighted = run.sampler.weighted
+    tally = MemberTally(weighted) if weighted is not None else None  # a mixture's samples per member
     run.model.train()
     steps = range(run.start_step + 1, config.steps + 1)
     feed = _batches(run, steps)
     for step in steps:
         boundary = step % accum == 0 or step == config.steps
         agreement: list[Agreement] = []
-        check = partial(_start_agreement, agreement, interrupts, accelerator.device, saves)
+        check = partial(_start_agreement, agreement, interrupts, accelerator.device, checkpoints)
         loss, norm = _train_step(run, run.preprocessor(next(feed)), check if boundary else None)
+        if tally is not None:
+            tally.add(run.sampler.last_global)
         if norm is not None:  # an optimizer update: the schedule catches up with the loop steps
             grad_norm = norm
             _advance_schedule(run.scheduler, step)
@@ -252,15 +254,15 @@ def _run_steps(
         window.add(loss)
         logger.advance()
         if step % config.log_freq == 0 or step == config.steps:
-            losses.append(_log_window(run, logger, step, window, grad_norm))
+            losses.append(_log_window(run, logger, step, window, grad_norm, tally))
         if run.val_dataset is not None and (
             step == config.steps or (config.eval_freq and step % config.eval_freq == 0)
         ):
             _log_val_loss(run, run.val_dataset, logger, step)
-        saves.after_step(step)
+        checkpoints.after_step(step)
         if boundary:
-            saves.at_boundary(step, agreement[0])
-    return losses, saves.finish()
+            checkpoints.at_boundary(step, agreement[0])
+    return losses
 
 
 def _batches(run: Run, steps: range) -> Iterator[dict[str, torch.Tensor]]:
@@ -281,17 +283,23 @@ def _batches(run: Run, steps: range) -> Iterator[dict[str, torch.Tensor]]:
 
 
 def _start_agreement(
-    into: list[Agreement], interrupts: Interrupts, device: torch.device, saves: SaveSchedule
+    into: list[Agreement], interrupts: Interrupts, device: torch.device, checkpoints: Checkpoints
 ) -> None:
     """Take this rank's flags now (a signal received so far; whether its background checkpoint write
     is still running) and start their all-reduce; the loop waits for it at the boundary."""
-    into.append(interrupts.start_agreement(device, saves.writing()))
+    into.append(interrupts.start_agreement(device, checkpoints.writing()))
 
 
 def _log_window(
-    run: Run, logger: Logger, step: int, window: LossWindow, grad_norm: torch.Tensor | None
+    run: Run,
+    logger: Logger,
+    step: int,
+    window: LossWindow,
+    grad_norm: torch.Tensor | None,
+    tally: MemberTally | None,
 ) -> float:
-    """Collective. Log the window's reduced loss (and the last update's gradient norm); returns the loss."""
+    """Collective. Log the window's reduced loss (and the last update's gradient norm, a mixture's
+    samples per member in the window: `samples/<member>`); returns the loss."""
     loss, samples_per_s = window.close(run.accelerator, run.sampler.global_batch)
     norm = {"grad_norm": _read_norm(grad_norm)} if grad_norm is not None else {}
     lr = run.scheduler.get_last_lr()[0]
@@ -303,22 +311,44 @@ def _log_window(
             "lr": lr,
             "samples_per_s": samples_per_s,
             "epoch": run.sampler.position[0],
+            **(tally.take() if tally is not None else {}),
         }
     )
     return loss
 
 
 def _log_val_loss(run: Run, held_out: Dataset, logger: Logger, step: int) -> None:
-    """Collective. The held-out loss, on the console and in metrics.jsonl (`"event": "val"`)."""
-    loss = validation.held_out_loss(
-        run.accelerator,
-        run.model,
-        held_out,
-        run.preprocessor,
-        run.config.batch_size,
-        run.config.policy.chunk_size,
+    """Collective. The held-out loss, on the console and in metrics.jsonl (`"event": "val"`); for a
+    mixture each member's too (`val_loss/<member>`), val_loss being their mean weighted by frames."""
+    weighted = getattr(held_out, "weighted_order", None)
+    spans = (
+        [(0, len(held_out))]
+        if weighted is None
+        else [(int(a), int(a + n)) for a, n in zip(weighted.starts, weighted.sizes, strict=True)]
     )
-    logger.note(f"step {step} val_loss={loss:.4g}", event="val", step=step, val_loss=loss)
+    config = run.config
+    losses = [
+        validation.held_out_loss(
+            run.accelerator,
+            run.model,
+            held_out,
+            run.preprocessor,
+            config.batch_size,
+            config.policy.chunk_size,
+            span,
+        )
+        for span in spans
+    ]
+    if weighted is None:
+        loss, per_member = losses[0], {}
+    else:
+        frames = [stop - start for start, stop in spans]
+        loss = sum(value * n for value, n in zip(losses, frames, strict=True)) / sum(frames)
+        per_member = {
+            f"val_loss/{label}": value for label, value in zip(weighted.labels, losses, strict=True)
+        }
+    text = "".join(f" {name}={value:.4g}" for name, value in per_member.items())
+    logger.note(f"step {step} val_loss={loss:.4g}{text}", event="val", step=step, val_loss=loss, **per_member)
 
 
 def _train_step(
@@ -373,18 +403,13 @@ def evaluate(
     sharded policy's select_action gathers parameters with the others)."""
     policy = accelerator.unwrap_model(model)
     policy.eval()
-    device = accelerator.device
-
-    features = list(config.policy.input_features)
+    acting = LoadedPolicy(policy, preprocessor, postprocessor, accelerator.device)
 
     def act(observation: dict[str, np.ndarray]) -> np.ndarray:
-        raw, _ = observation_batch(observation, features)
-        batch = preprocessor({name: value.to(device) for name, value in raw.items()})
-        action = policy.select_action(batch).float()
-        return postprocessor({"action": action})["action"][0].cpu().numpy()
+        return acting.select_action(observation).cpu().numpy()
 
     def reduce(totals: torch.Tensor) -> torch.Tensor:
-        return accelerator.reduce(totals.to(device), reduction="sum").cpu()
+        return accelerator.reduce(totals.to(accelerator.device), reduction="sum").cpu()
 
     world, rank = accelerator.num_processes, accelerator.process_index
     camera = config.dataset.rollout_camera
@@ -393,63 +418,3 @@ def evaluate(
     )
     policy.train()
     return result["policy_return"], result["random_return"]
-
-
-def _processes(accelerator: Accelerator) -> str:
-    """ "1 process" or "4 processes, FSDP": accelerate's distributed type only when there is one."""
-    count, kind = accelerator.num_processes, accelerator.distributed_type.value
-    processes = "1 process" if count == 1 else f"{count} processes"
-    return processes if kind == "NO" else f"{processes}, {kind}"
-
-
-def _data_banner(run: Run) -> list[str]:
-    """What the policy reads: the frames, the observation features in their concatenation order."""
-
-    def frames(dataset: Dataset) -> str:
-        return f"{len(dataset)} frames in {len(dataset.episode_bounds())} episodes"
-
-    held_out = f"; held out for val_loss: {frames(run.val_dataset)}" if run.val_dataset is not None else ""
-    return [
-        *run.config.dataset.banner(),
-        f"data {run.config.dataset.type}: {frames(run.dataset)}{held_out}; observation = "
-        f"{' + '.join(run.dataset.input_features)} ({run.dataset.obs_dim} values), action {run.dataset.action_dim} values",
-    ]
-
-
-def _banner(
-    config: TrainConfig,
-    topology: ckpt_tools.Topology,
-    wrap_plan: WrapPlan | None,
-    accelerator: Accelerator,
-    samples: int,
-) -> list[str]:
-    accum = config.accelerator.gradient_accumulation.steps
-    effective = config.batch_size * topology.dp_world_size * accum
-    lines = [
-        f"job {config.job_name}: {config.policy.type} policy, {topology.describe()} "
-        f"({_processes(accelerator)}, device {accelerator.device})",
-        f"effective batch size {effective} = batch_size {config.batch_size} x dp_world_size "
-        f"{topology.dp_world_size} x grad_accum {accum}",
-        f"{config.steps} loop steps, {config.steps // accum} optimizer updates, dataset {samples} samples, "
-        f"mixed precision {config.accelerator.mixed_precision}, checkpoints {config.checkpoint_format} "
-        f"every {config.save_freq} steps in {config.output_dir}",
-    ]
-    if config.ema.enable:
-        ema = config.ema
-        warmup = f"warmup inv_gamma={ema.inv_gamma} power={ema.power:.4g}" if ema.power else "no warmup"
-        lines.append(
-            f"EMA of the trained parameters on every rank in their own sharding: decay up to "
-            f"{min(ema.decay, ema.max_decay)} ({warmup}; the first {ema.update_after_step + 1} update(s) "
-            f"copy the weights), saved in every checkpoint; end-of-run rollouts score "
-            f"{'the EMA' if ema.use_for_eval else 'the trained weights'}"
-        )
-    if wrap_plan is not None:
-        mpp = config.accelerator.fsdp.mixed_precision_policy
-        effective_policy = (
-            f"param_dtype={mpp.param_dtype} reduce_dtype={mpp.effective_reduce_dtype()} "
-            f"output_dtype={mpp.output_dtype}"
-            if mpp.is_set
-            else f"from --accelerator.mixed_precision={config.accelerator.mixed_precision}"
-        )
-        lines.append(f"FSDP units {wrap_plan.describe()}; mixed precision policy {effective_policy}")
-    return lines

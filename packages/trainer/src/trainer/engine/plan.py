@@ -1,12 +1,13 @@
 """The run plan: every decision a run takes from its parsed config, taken once, before anything is built.
 
-Parsing (config/parse.py) turns argv and config files into a `TrainConfig`. `resolve_plan` then decides
+Parsing (cli/parse.py) turns argv and config files into a `TrainConfig`. `resolve_plan` then decides
 what the launch, the saved run and the data imply: the parallelism that fits this world size (and the
 topology it resolves to), the checkpoint format that topology can write, the FSDP reduce dtype torch will
-really use, the PEFT form of `--accelerator.fsdp.ignored_modules`, the tracker run ids, and the dataset's
-observation features and feature sizes. Each decision is a function that returns a value; the resolved
+really use, the PEFT form of `--accelerator.fsdp.ignored_modules`, the tracker run ids, the optimizer and
+schedule (the policy's training preset or the flags), and the dataset's observation features and
+feature sizes. Each decision is a function that returns a value; the resolved
 config is a new object (the caller's is deep-copied first and never edited), and nothing edits it after
-this step, so `train_config.json` (`checkpointing.saved_config`) is the encoded plan and records exactly
+this step, so `train_config.json` (`saving.saved_config`) is the encoded plan and records exactly
 what the run did.
 
 The one decision taken later is the resume step: which checkpoint `last` names can only be agreed once
@@ -23,12 +24,13 @@ import torch
 from ckpt_tools import Topology
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import Dataset
+from trainer.config.optim import OptimizerConfig, SchedulerConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.train import TrainConfig
 from trainer.data.pipeline.renamed import load_renamed
 from trainer.distributed.factory import check_accelerate_env
 from trainer.distributed.topology import check_checkpoint_format, resolve_topology
-from trainer.engine import checkpointing, publishing
+from trainer.engine.checkpoint import publishing, saving
 from trainer.engine.peft_policy import ignored_modules_pattern
 from trainer.errors import ConfigError
 from trainer.policies import PolicyConfig
@@ -39,12 +41,14 @@ from trainer.reporting.trackers import check_trackers, resolve_run_ids
 @dataclass(frozen=True)
 class RunPlan:
     """What a run is, decided once: the resolved config (what train_config.json records), the launch's
-    world size and topology, the lines to print after the banner, and the data read to decide the
-    policy's features (loaded once, used for training)."""
+    world size and topology, the banner's line on the optimizer and schedule (and where they came
+    from), the lines to print after the banner, and the data read to decide the policy's features
+    (loaded once, used for training)."""
 
     config: TrainConfig
     world_size: int
     topology: Topology
+    optimization: str
     notes: tuple[str, ...]
     dataset: Dataset
     val_dataset: Dataset | None
@@ -59,7 +63,10 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
     topology = resolve_topology(parallelism, world_size)
     checkpoint_format, format_note = settle_checkpoint_format(config, topology)
     wandb, trackio = resolve_run_ids(config)
+    optimizer, scheduler, source = resolve_optimization(config)
     config = config.derive(
+        optimizer=optimizer,
+        scheduler=scheduler,
         parallelism=parallelism,
         checkpoint_format=checkpoint_format,
         accelerator=resolve_accelerator(config, topology),
@@ -72,7 +79,44 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
     )
     config = config.derive(policy=resolve_policy_features(config.policy, dataset))
     notes = tuple(note for note in (layout_note, format_note, publish_note, rename_note) if note)
-    return RunPlan(config, world_size, topology, notes, dataset, val_dataset)
+    optimization = f"{source}: {optimizer.describe()}, {scheduler.describe()}"
+    return RunPlan(config, world_size, topology, optimization, notes, dataset, val_dataset)
+
+
+def resolve_optimization(config: TrainConfig) -> tuple[OptimizerConfig, SchedulerConfig, str]:
+    """The optimizer and schedule the run trains with, and where they came from (the banner's words).
+
+    With --use_policy_training_preset=true (LeRobot's default) a new run takes the policy's preset
+    (`get_optimizer_preset()`, `get_scheduler_preset()`), and a typed --optimizer.* / --scheduler.*
+    flag is refused: LeRobot replaces those values with the preset without a word, here the command
+    says which one it means. A resumed run keeps the optimizer and schedule its train_config.json
+    records, as LeRobot's does, and refuses a --policy.* flag that would change the preset under it.
+    With false, the --optimizer.* / --scheduler.* values (flags, a config file, the defaults) apply."""
+    resuming = config.resume and config.config_path is not None
+    if not config.use_policy_training_preset:
+        source = "the resumed run's train_config.json" if resuming else "--optimizer.* and --scheduler.*"
+        return config.optimizer, config.scheduler, f"{source} (--use_policy_training_preset=false)"
+    name = f"{type(config.policy).__name__.removesuffix('Config')}'s preset"
+    typed = sorted(flag for flag in config.flags_given if flag.startswith(("optimizer.", "scheduler.")))
+    if typed:
+        raise ConfigError(
+            f"--{typed[0]} is refused while --use_policy_training_preset=true (the default) trains with "
+            f"{name}: pass --use_policy_training_preset=false to choose the optimizer and schedule with "
+            "--optimizer.* and --scheduler.*, or change the preset through the policy's fields "
+            "(docs/training.md, 'Optimizer and schedule: training presets')"
+        )
+    optimizer, scheduler = config.policy.get_optimizer_preset(), config.policy.get_scheduler_preset()
+    if not resuming:
+        return optimizer, scheduler, name
+    changed = (optimizer, scheduler) != (config.optimizer, config.scheduler)
+    policy_flags = sorted(f"--{flag}" for flag in config.flags_given if flag.startswith("policy."))
+    if changed and policy_flags:
+        raise ConfigError(
+            f"with {' '.join(policy_flags)}, {name} is {optimizer.describe()}, {scheduler.describe()}, but a "
+            f"resumed run keeps the optimizer and schedule it started with ({config.optimizer.describe()}, "
+            f"{config.scheduler.describe()}): drop the --policy.* flag that changes it, or start a new run"
+        )
+    return config.optimizer, config.scheduler, f"the resumed run's train_config.json ({name})"
 
 
 def _check_startable(config: TrainConfig, topology: Topology) -> str | None:
@@ -81,8 +125,8 @@ def _check_startable(config: TrainConfig, topology: Topology) -> str | None:
     check_trackers(config)
     check_accelerate_env()
     check_policy_device(config.policy.device, torch.cuda.is_available())
-    checkpointing.check_fresh_output_dir(config)
-    checkpointing.check_async_save(config, topology)
+    saving.check_fresh_output_dir(config)
+    saving.check_async_save(config, topology)
     return publish_note
 
 

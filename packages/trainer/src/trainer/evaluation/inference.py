@@ -75,9 +75,6 @@ class LoadedPolicy:
         return {OBS_KEY, *self.input_features}
 
 
-WEIGHTS = ("model", "ema")
-
-
 def load_policy(
     path: str,
     device: str | torch.device = "cpu",
@@ -93,17 +90,16 @@ def load_policy(
 
     `weights`: "model" (the trained parameters' last values) or "ema" (their `--ema.enable` average);
     None takes the EMA when the checkpoint holds one, since a run that kept an EMA kept it to be used
-    (LeRobot's evaluation does the same), and the model otherwise. `LoadedPolicy.weights` says which."""
-    if weights is not None and weights not in WEIGHTS:
-        raise ConfigError(f"weights={weights!r} is not one of {', '.join(WEIGHTS)}")
+    (LeRobot's evaluation does the same), and the model otherwise (`Checkpoint.choose_weights`: a name
+    that is no weight set, or a set the checkpoint lacks, is one line). `LoadedPolicy.weights` says which."""
     local = pretrained.resolve(path)
     try:
         checkpoint = ckpt_tools.open_checkpoint(local)
+        chosen = checkpoint.choose_weights(weights)
         saved = checkpoint.policy_config()
         processors = ckpt_tools.load_processors(local)
     except ckpt_tools.CheckpointError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    chosen = weights or ("ema" if checkpoint.has_ema else "model")
     config = _policy_config(saved, path, tuple(allow_types))
     state = pretrained.read_weights(path, chosen)
     _check_config_fits(config, state, path)  # before anything of the config's size is allocated
@@ -154,7 +150,7 @@ def _check_config_fits(config: PolicyConfig, state: Mapping[str, Any], path: str
 
 
 def _processors(
-    processors: Mapping[str, Any], config: PolicyConfig, path: str
+    processors: Mapping[str, ckpt_tools.ProcessorState], config: PolicyConfig, path: str
 ) -> tuple[Processor, Processor]:
     """The saved pre/post-processors, checked against their step files and the policy's feature sizes."""
     missing = [name for name in (layout.PREPROCESSOR, layout.POSTPROCESSOR) if name not in processors]

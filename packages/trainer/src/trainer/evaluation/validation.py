@@ -30,17 +30,25 @@ def rank_batches(
 
 @torch.no_grad()
 def held_out_loss(
-    accelerator: Any, model: Any, dataset: Dataset, preprocessor: Any, batch_size: int, chunk_size: int
+    accelerator: Any,
+    model: Any,
+    dataset: Dataset,
+    preprocessor: Any,
+    batch_size: int,
+    chunk_size: int,
+    span: tuple[int, int] | None = None,
 ) -> float:
-    """Collective: call on all ranks. The policy's training loss averaged over every held-out frame."""
+    """Collective: call on all ranks. The policy's training loss averaged over every held-out frame
+    (of the frames `[start, stop)` with `span`: one member of a mixture)."""
     device = accelerator.device
+    start, stop = span if span is not None else (0, len(dataset))
     totals = torch.zeros(2, dtype=torch.float64, device=device)
     was_training = model.training
     model.eval()
     for indices, weight in rank_batches(
-        len(dataset), accelerator.num_processes, accelerator.process_index, batch_size
+        stop - start, accelerator.num_processes, accelerator.process_index, batch_size
     ):
-        batch = preprocessor(dataset.gather(indices, chunk_size))
+        batch = preprocessor(dataset.gather(indices + start, chunk_size))
         loss, _ = model({key: value.to(device) for key, value in batch.items()})
         totals[0] += float(loss) * len(indices) * weight
         totals[1] += len(indices) * weight

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.config.optim import AdamWConfig, ConstantConfig
 from trainer.config.policy import PolicyConfig
 from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, PAD_KEY, is_camera
 from trainer.errors import ConfigError
@@ -83,8 +84,12 @@ class ACTConfig(PolicyConfig):
     null executes the action queue."""
     kl_weight: float = 10.0
     """Weight of the KL term in the loss."""
+    optimizer_lr: float = 1e-5
+    """Learning rate of ACT's training preset (--use_policy_training_preset=true): AdamW, no schedule."""
+    optimizer_weight_decay: float = 1e-4
+    """Weight decay of ACT's training preset."""
     optimizer_lr_backbone: float = 1e-5
-    """Learning rate of the camera trunk (its own optimizer parameter group; the rest uses --optimizer.lr)."""
+    """Learning rate of the camera trunk (its own optimizer parameter group; the rest uses the optimizer's lr)."""
     input_features: list[str] = field(default_factory=lambda: [ALL_CAMERAS])
     """Observation features the policy reads: float vectors, concatenated in this order into
     `observation.state`, and cameras; `observation.images.*` stands for every camera of the dataset,
@@ -103,10 +108,20 @@ class ACTConfig(PolicyConfig):
             (self.vision_backbone in resnet.BLOCKS, f"--policy.vision_backbone={self.vision_backbone!r}: choose one of {', '.join(resnet.BLOCKS)}"),
             (self.feedforward_activation in _ACTIVATIONS, f"--policy.feedforward_activation={self.feedforward_activation!r}: choose relu or gelu"),
             (self.temporal_ensemble_coeff is None or self.n_action_steps == 1, "--policy.temporal_ensemble_coeff needs --policy.n_action_steps=1 (it predicts every step)"),
+            (self.optimizer_lr > 0, f"--policy.optimizer_lr must be > 0, got {self.optimizer_lr}"),
         ]  # fmt: skip
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+
+    def get_optimizer_preset(self) -> AdamWConfig:
+        """LeRobot's ACT preset: AdamW at optimizer_lr and optimizer_weight_decay (betas, eps and the
+        clipping at 10 are AdamW's defaults), the trunk in its own group at optimizer_lr_backbone."""
+        return AdamWConfig(lr=self.optimizer_lr, weight_decay=self.optimizer_weight_decay)
+
+    def get_scheduler_preset(self) -> ConstantConfig:
+        """LeRobot's ACT has no scheduler: the rate stays optimizer_lr from the first step."""
+        return ConstantConfig(warmup_steps=0)
 
     def policy_class(self) -> type[Policy]:
         return ACTPolicy

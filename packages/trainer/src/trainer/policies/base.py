@@ -49,8 +49,9 @@ class Policy(nn.Module):
 
     def loads_pretrained_parts(self) -> bool:
         """Whether `load_pretrained_parts()` has weights to load: such a policy is built whole on every
-        rank (engine/build.py), since the parts are read into a real, unsharded module."""
-        return False
+        rank (engine/build.py), since the parts are read into a real, unsharded module. By default,
+        whether the class overrides `load_pretrained_parts` (override this to say when it loads none)."""
+        return type(self).load_pretrained_parts is not Policy.load_pretrained_parts
 
     def parameter_groups(self) -> dict[str, float]:
         """Submodules trained at their own learning rate, by name (ACT's camera trunk): each becomes an

@@ -14,13 +14,16 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ckpt_tools
 from ckpt_tools import layout
-from trainer.config.policy import RUN_FIELDS
+from trainer.config.policy import RUN_FIELDS, PolicyConfig
 from trainer.errors import ConfigError
 from trainer.policies.act_state import upgrade_policy_config
+
+if TYPE_CHECKING:
+    import torch
 
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _PATH_FLAG = "--policy.path="
@@ -82,6 +85,13 @@ def policy_defaults(args: list[str], config_path: str | None) -> Iterator[str | 
         raise ConfigError(
             f"--policy.type={explicit} but --policy.path={path} holds a {base['type']} policy: drop --policy.type"
         )
+    if base["type"] in PolicyConfig.get_known_choices():
+        typed = {
+            a.split("=", 1)[0].removeprefix("--policy."): a.split("=", 1)[1]
+            for a in args
+            if a.startswith("--policy.") and "=" in a
+        }
+        PolicyConfig.get_choice_class(base["type"]).check_path_flags(base, typed, path)
     with _written(data) as merged:
         yield merged
 
@@ -100,7 +110,7 @@ def load_weights(policy: Any, path: str) -> None:
     fit_weights(policy, read_weights(path), path)
 
 
-def read_weights(path: str, weights: str = "model") -> dict[str, Any]:
+def read_weights(path: str, weights: str = "model") -> dict[str, torch.Tensor]:
     """The pretrained weights at `path` as a state dict (an adapter merged into the base it records);
     `weights="ema"` takes the checkpoint's EMA of its trained parameters instead of their last values."""
     local = resolve(path)

@@ -110,7 +110,7 @@ class MetricsLogger:
         self.flush()  # notes are rare and mark what must not be lost (a checkpoint's, above all)
         if record.get("event") == "val":  # val_loss, logged at its loop step like the training metrics
             self.trackers.log(record)
-        if record.get("event") == "summary":
+        if record.get("event") in ("summary", "disk_forecast"):
             self.trackers.summary(record)
 
     def advance(self, steps: int = 1) -> None:

@@ -16,7 +16,7 @@ import os
 from ckpt_tools.errors import CheckpointError
 from ckpt_tools.files import storage
 from ckpt_tools.files.manifest import update_manifest
-from ckpt_tools.format import layout
+from ckpt_tools.format import layout, weight_sets
 from ckpt_tools.format.dtypes import SHORT_DTYPES, dtype_name
 from ckpt_tools.format.meta import TrainingStep
 
@@ -82,8 +82,10 @@ def record_deleted_dcp(source: str) -> None:
         step = TrainingStep.from_json(storage.read_bytes(path), source=path)
     except CheckpointError:
         return  # not ours (LeRobot's has no checkpoint_format): nothing names the format
-    # the weights' shards name the format; the EMA's (`ema_dcp/`) follow it and leave it as it is
-    now = None if layout.name(source) == layout.EMA_DCP_DIR else _WITHOUT_DCP.get(step.checkpoint_format)
+    # the weights' shards name the format; those of a set overlaying them (`ema_dcp/`) follow it and
+    # leave it as it is
+    overlays = {kind.dcp_dir for kind in weight_sets.WEIGHT_SETS if kind.overlays}
+    now = None if layout.name(source) in overlays else _WITHOUT_DCP.get(step.checkpoint_format)
     rewritten = {}
     if now is not None:
         data = dataclasses.replace(step, checkpoint_format=now).to_json().encode("utf-8")

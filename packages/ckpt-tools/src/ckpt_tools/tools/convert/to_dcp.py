@@ -33,7 +33,7 @@ def convert_safetensors_to_dcp(
     default `pytorch_model_fsdp_0/` (`adapter_model_fsdp_0/` for an adapter) beside the input. Tensors
     are memory-mapped, not read into RAM. Written under a temporary name and renamed when complete.
     """
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     from ckpt_tools.tensors.tensor_io import quiet_single_process  # here, not at the top: it imports torch
 
@@ -52,7 +52,7 @@ def convert_safetensors_to_dcp(
     with _mapped_tensors(files) as state:
         try:
             with quiet_single_process():
-                dcp.save(state, checkpoint_id=tmp, no_dist=True)
+                dcp_save(state, checkpoint_id=tmp, no_dist=True)
         except BaseException:
             storage.remove_tree(tmp)
             raise

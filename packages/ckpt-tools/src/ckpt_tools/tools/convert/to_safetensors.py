@@ -9,7 +9,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 
-from ckpt_tools.catalog import ADAPTER, DCP, EMA, MODEL, catalog
+from ckpt_tools.catalog import ADAPTER, DCP, MODEL, catalog
 from ckpt_tools.dcp.chunk_tiling import check_tiling
 from ckpt_tools.dcp.index import TensorEntry, read_dcp_index
 from ckpt_tools.dcp.roles import model_tensors
@@ -17,8 +17,9 @@ from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, Outpu
 from ckpt_tools.files import storage
 from ckpt_tools.files.safetensors_io import read_safetensors_header
 from ckpt_tools.files.safetensors_writer import SafetensorsStreamWriter, TensorSpec, aligned_order
-from ckpt_tools.format import layout
+from ckpt_tools.format import layout, weight_sets
 from ckpt_tools.format.dtypes import FLOATING, USER_DTYPES, dtype_name
+from ckpt_tools.format.weight_sets import WeightSetKind
 from ckpt_tools.tools import companions
 from ckpt_tools.tools.convert import plan
 from ckpt_tools.tools.convert.chunk_copy import OpenFiles, write_tensor
@@ -121,16 +122,9 @@ def _advance(progress: Progress | None, total: int) -> _Advance:
 
 def _find_dcp_source(path: str | os.PathLike[str], weights: str = "model") -> tuple[str, str]:
     """(DCP directory, output stem `model`, `adapter_model` or `ema`), from the catalog of `path`."""
-    if weights not in ("model", "ema"):
-        raise UsageError(f"--weights {weights!r}: choose model or ema", option="--weights")
-    if weights == "ema":
-        ema = next((w for w in catalog(path).weight_sets if w.format == DCP and w.role == EMA), None)
-        if ema is None:
-            raise NotACheckpointError(
-                f"{os.fspath(path)} has no EMA shards ({layout.EMA_DCP_DIR}/); it was saved without "
-                "--ema.enable, or with its EMA as safetensors already"
-            )
-        return ema.path, _stem(layout.EMA_SAFETENSORS)
+    kind = weight_sets.choose(weights)
+    if kind.overlays is not None:
+        return _overlay_source(path, kind)
     found = [w for w in catalog(path).weight_sets if w.format == DCP and w.role in (MODEL, ADAPTER)]
     if not found:
         raise NotACheckpointError(
@@ -140,6 +134,20 @@ def _find_dcp_source(path: str | os.PathLike[str], weights: str = "model") -> tu
     source = next((w for w in found if w.role == ADAPTER), found[0])
     is_adapter = source.role == ADAPTER
     return source.path, _stem(layout.ADAPTER_SAFETENSORS if is_adapter else layout.MODEL_SAFETENSORS)
+
+
+def _overlay_source(path: str | os.PathLike[str], kind: WeightSetKind) -> tuple[str, str]:
+    """The DCP shards of a set that overlays the weights (the EMA), converted into its own file."""
+    sets = [w for w in catalog(path).weight_sets if w.role == kind.name]
+    shards = next((w for w in sets if w.format == DCP), None)
+    if shards is None and not sets:
+        raise weight_sets.missing(os.fspath(path), kind)
+    if shards is None:
+        raise NotACheckpointError(
+            f"{os.fspath(path)} holds its {kind.label} weights as {kind.safetensors} already, without "
+            f"{kind.dcp_dir}/: it needs no conversion"
+        )
+    return shards.path, _stem(kind.safetensors)
 
 
 def _stem(file_name: str) -> str:

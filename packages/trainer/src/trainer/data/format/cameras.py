@@ -7,7 +7,8 @@ float in [0, 1], augments and normalizes it on the device. Decoding happens wher
 DataLoader workers (loader.py).
 
 Every file is checked when the dataset is opened (`Cameras.check`: it exists, opens, holds a video
-stream of info.json's size that covers its episodes' timestamps), so a bad file stops the run before its
+stream of info.json's size that covers its episodes' timestamps; an image column's first image of each
+episode has a header of info.json's size), so a bad file stops the run before its
 first step instead of inside a worker hours later. Each rank runs the same cheap checks and reaches the
 same verdict, so no rank waits on another's.
 """
@@ -22,11 +23,13 @@ import numpy as np
 import torch
 
 from trainer.config.dataset import Stats
-from trainer.data.dataset import IMAGENET_STATS, ArrayDataset
+from trainer.data.dataset import IMAGENET_STATS, ArrayDataset, frames_as_float
 from trainer.data.format import metadata as fmt
+from trainer.data.format import validate
 from trainer.data.format.decode import (
     DecodeError,
     VideoReader,
+    check_image_header,
     decode_image,
     open_video,
     tolerance,
@@ -58,7 +61,12 @@ class Cameras:
 
     def check(self) -> None:
         """The cheap checks of every video the loaded episodes use (see the module docstring)."""
-        episodes, slot = np.unique(self.episode, return_inverse=True)
+        episodes, first, slot = np.unique(self.episode, return_index=True, return_inverse=True)
+        for name, images in self.images.items():
+            size = self.info.camera_shape(name)[1:]
+            for episode, position in zip(episodes.tolist(), first.tolist(), strict=True):
+                where = f"{self.info.root} {name} (episode {episode}, index {int(self.index[position])})"
+                check_image_header(images[position], where, size)
         last = np.full(len(episodes), -np.inf)
         np.maximum.at(last, slot, self.timestamp)  # each episode's last timestamp
         for name, places in self.places.items():
@@ -104,15 +112,17 @@ class Cameras:
         """Camera `name` at loaded frame `position`: uint8 (C, H, W)."""
         episode = int(self.episode[position])
         where = f"episode {episode}, index {int(self.index[position])}"
+        channels, height, width = self.info.camera_shape(name)
         if name in self.images:
-            image = decode_image(self.images[name][position], f"{self.info.root} {name} ({where})")
+            image = decode_image(
+                self.images[name][position], f"{self.info.root} {name} ({where})", (height, width)
+            )
             source = f"the image of {name}"
         else:
             place = self.places[name][episode]
             time = place.from_timestamp + float(self.timestamp[position])
             image = self.reader.frame(place.path, time, self.tolerance, where)
             source = str(place.path)
-        channels, height, width = self.info.camera_shape(name)
         if image.shape != (height, width, channels):
             raise DecodeError(
                 f"{source}: a frame of {image.shape[0]}x{image.shape[1]}x{image.shape[2]} ({where}), meta/info.json "
@@ -127,7 +137,9 @@ class Cameras:
         }
 
 
-def camera_stats(info: fmt.Info, names: Sequence[str], saved: dict[str, dict], imagenet: bool) -> Stats:
+def camera_stats(
+    info: fmt.Info, names: Sequence[str], saved: dict[str, dict[str, np.ndarray]], imagenet: bool
+) -> Stats:
     """Per-channel mean/std, shape (C, 1, 1), of each camera: stats.json's, or ImageNet's
     (`--dataset.use_imagenet_stats`, LeRobot's default, for backbones pretrained on ImageNet)."""
     stats: Stats = {}
@@ -142,7 +154,7 @@ def camera_stats(info: fmt.Info, names: Sequence[str], saved: dict[str, dict], i
             mean, std = torch.zeros(channels), torch.ones(channels)
         stats[name] = {
             "mean": mean.reshape(channels, 1, 1),
-            "std": std.clamp_min(1e-6).reshape(channels, 1, 1),
+            "std": std.clamp_min(validate.STD_FLOOR).reshape(channels, 1, 1),
         }
     return stats
 
@@ -161,8 +173,9 @@ class CameraDataset(ArrayDataset):
         stats: Stats,
         cameras: Cameras,
         camera_stats: Stats,
+        tasks: Sequence[str] | None = None,
     ) -> None:
-        super().__init__(observations, actions, episode_lengths, input_features, stats)
+        super().__init__(observations, actions, episode_lengths, input_features, stats, tasks=tasks)
         self.cameras = cameras
         self._camera_stats = camera_stats
 
@@ -176,7 +189,8 @@ class CameraDataset(ArrayDataset):
 class LeRobotFrames(torch.utils.data.Dataset):
     """A LeRobotDataset as LeRobot's `__getitem__` gives it: item `i` of the chosen episodes (global
     frame order) is a dict of every camera (float32 (C, H, W) in [0, 1], or uint8), the float features,
-    `timestamp`, `frame_index`, `episode_index`, `index` and `task`."""
+    `timestamp`, `frame_index`, `episode_index`, `index` and `task`. A NaN or inf in a float feature
+    is refused here (LeRobot would hand it on)."""
 
     def __init__(
         self,
@@ -184,8 +198,9 @@ class LeRobotFrames(torch.utils.data.Dataset):
         episodes: Sequence[int] | None = None,
         return_uint8: bool = False,
         video_backend: str = "pyav",
+        max_feature_size: int = validate.MAX_FEATURE_SIZE,
     ) -> None:
-        info = fmt.read_info(root)
+        info = fmt.read_info(root, max_feature_size)
         ranges = fmt.read_episode_ranges(root)
         chosen = sorted(ranges) if episodes is None else list(episodes)
         unknown = [e for e in chosen if e not in ranges]
@@ -196,6 +211,8 @@ class LeRobotFrames(torch.utils.data.Dataset):
         self.floats = [n for n in info.features if info.is_float_vector(n) and n not in FRAME_COLUMNS]
         images = [n for n in info.cameras if info.features[n]["dtype"] == "image"]
         columns, _ = fmt.read_frames(info, chosen, ranges, [*FRAME_COLUMNS, *self.floats, *images])
+        floats = {name: columns[name] for name in self.floats}
+        validate.nonfinite_episodes(root, floats, chosen, ranges, skip=False)
         self.columns = columns
         self.tasks = fmt.read_tasks(root)
         self.cameras = Cameras(info, info.cameras, columns, video_backend)
@@ -211,7 +228,7 @@ class LeRobotFrames(torch.utils.data.Dataset):
         item: dict[str, Any] = {}
         for name in self.cameras.names:
             frame = self.cameras.frame(name, i)
-            item[name] = frame if self.return_uint8 else frame.float() / 255
+            item[name] = frame if self.return_uint8 else frames_as_float(frame)
         item.update({name: torch.from_numpy(self.columns[name][i].copy()) for name in self.floats})
         item["timestamp"] = torch.tensor(float(self.cameras.timestamp[i]), dtype=torch.float32)
         for name in ("frame_index", "episode_index", "index", "task_index"):

@@ -20,7 +20,9 @@ import contextlib
 import io
 import math
 import os
+import warnings
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,8 +171,26 @@ def video_duration(container: Any) -> float:
     return float(container.duration or 0) / 1e6
 
 
-def decode_image(data: bytes | None, where: str) -> np.ndarray:
-    """An (H, W, 3) uint8 array of PNG/JPEG bytes from an `image` column; bad bytes: one DecodeError."""
+def decode_image(data: bytes | None, where: str, size: tuple[int, int]) -> np.ndarray:
+    """An (H, W, 3) uint8 array of PNG/JPEG bytes from an `image` column, whose header must declare
+    `size` (height, width, info.json's): the header is read and checked before a pixel is decoded, so
+    a few KB declaring 40000x40000 (a decompression bomb) allocate nothing. Bad bytes: one DecodeError."""
+    with _opened_image(data, where, size) as image:
+        try:
+            return np.array(image.convert("RGB"))  # writable: torch.from_numpy shares it
+        except (OSError, ValueError, SyntaxError) as exc:  # truncated or damaged pixel data
+            raise DecodeError(_undecodable(where, exc)) from None
+
+
+def check_image_header(data: bytes | None, where: str, size: tuple[int, int]) -> None:
+    """The cheap half of `decode_image`, for the checks at open: the header parses and declares `size`."""
+    with _opened_image(data, where, size):
+        pass
+
+
+@contextlib.contextmanager
+def _opened_image(data: bytes | None, where: str, size: tuple[int, int]) -> Iterator[Any]:
+    """The PIL image of `data`, its header read and its size checked, its pixels not yet decoded."""
     from PIL import Image, UnidentifiedImageError
 
     if not data:
@@ -178,12 +198,29 @@ def decode_image(data: bytes | None, where: str) -> np.ndarray:
             f"{where}: the image column holds no bytes; re-write the dataset with embedded images"
         )
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            return np.array(image.convert("RGB"))  # writable: torch.from_numpy shares it
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        with warnings.catch_warnings():  # the size is checked below, against info.json's
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:
         raise DecodeError(
-            f"{where}: the image bytes do not decode ({' '.join(str(exc).split())[:120]}); re-write the dataset"
+            f"{where}: {str(exc).rstrip('.')}; the image is not the camera's, re-write the dataset"
         ) from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise DecodeError(_undecodable(where, exc)) from None
+    with image:
+        width, height = image.size
+        if (height, width) != size:
+            raise DecodeError(
+                f"{where}: the image declares {height}x{width} pixels, meta/info.json says {size[0]}x{size[1]}; "
+                "nothing was decoded: re-write the dataset or fix meta/info.json"
+            )
+        yield image
+
+
+def _undecodable(where: str, exc: Exception) -> str:
+    return (
+        f"{where}: the image bytes do not decode ({' '.join(str(exc).split())[:120]}); re-write the dataset"
+    )
 
 
 def _import_torchcodec() -> None:

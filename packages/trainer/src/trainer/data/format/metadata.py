@@ -10,6 +10,9 @@ rows belong to the chosen episodes, then only the feature columns the run uses, 
 that hold such rows. Image columns are read only when a run uses that camera (their PNG/JPEG bytes,
 decoded per sample by `decode.py`); video files are described by the episodes metadata
 (`read_video_places`) and decoded per sample.
+
+Every reader checks what it read with `validate.py` before returning it, and opens only regular files
+inside the dataset root.
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ from typing import Any
 
 import numpy as np
 
+from trainer.data.format import validate
 from trainer.errors import ConfigError
 
 CODEBASE_VERSION = "v3.0"
 VISUAL_DTYPES = ("image", "video")
 FLOAT_DTYPES = ("float16", "float32", "float64")
 INDEX_COLUMN = "index"
-VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+VIDEO_PATH = validate.DEFAULT_TEMPLATES["video_path"]
 CONVERT_HINT = (
     "convert it with LeRobot's `python -m lerobot.datasets.v30.convert_dataset_v21_to_v30 --repo-id=ID`"
 )
@@ -70,9 +74,10 @@ class Info:
         return int(np.prod(self.features[name].get("shape") or [1]))
 
 
-def read_info(root: Path) -> Info:
-    """The dataset's metadata; a missing file or another codebase version is one ConfigError."""
-    path = root / "meta" / "info.json"
+def read_info(root: Path, max_feature_size: int = validate.MAX_FEATURE_SIZE) -> Info:
+    """The dataset's metadata, every field checked (validate.check_info); a missing file or another
+    codebase version is one ConfigError."""
+    path = validate.inside_root(root, root / "meta" / "info.json", "metadata file")
     if not path.is_file():
         raise ConfigError(
             f"{root} has no meta/info.json, so it is not a LeRobotDataset: point --dataset.root at the "
@@ -87,14 +92,21 @@ def read_info(root: Path) -> Info:
     features = data.get("features")
     if not isinstance(features, dict) or "action" not in features:
         raise ConfigError(f"{path} lists no `action` feature; the trainer needs it as the training target")
+    validate.check_info(path, data, max_feature_size)
     video_path = str(data.get("video_path") or VIDEO_PATH)
-    return Info(root=root, fps=float(data.get("fps") or 0), features=features, video_path=video_path)
+    return Info(root=root, fps=float(data["fps"]), features=features, video_path=video_path)
 
 
-def read_stats(root: Path) -> dict[str, dict[str, Any]]:
-    """`meta/stats.json`, or {} when the dataset has none (the statistics are then computed)."""
-    path = root / "meta" / "stats.json"
-    return _read_json(path) if path.is_file() else {}
+def read_stats(info: Info) -> tuple[dict[str, dict[str, np.ndarray]], list[str]]:
+    """`meta/stats.json`'s mean/std of the float vectors (their size) and cameras (per channel), checked
+    (validate.check_stats), with a warning line per std floored; ({}, []) when the dataset has none
+    (the statistics are then computed)."""
+    path = validate.inside_root(info.root, info.root / "meta" / "stats.json", "metadata file")
+    if not path.is_file():
+        return {}, []
+    sizes = {n: info.size(n) for n in info.features if info.is_float_vector(n)}
+    sizes.update({n: info.camera_shape(n)[0] for n in info.cameras})
+    return validate.check_stats(path, _read_json(path), sizes)
 
 
 def read_episode_ranges(root: Path) -> dict[int, tuple[int, int]]:
@@ -104,7 +116,8 @@ def read_episode_ranges(root: Path) -> dict[int, tuple[int, int]]:
         raise ConfigError(f"{root} has no meta/episodes/chunk-*/file-*.parquet; the dataset is incomplete")
     ranges: dict[int, tuple[int, int]] = {}
     for path in files:
-        columns = _read_columns(path, ["episode_index", "dataset_from_index", "dataset_to_index"])
+        columns = _read_columns(path, ["episode_index", "dataset_from_index", "dataset_to_index"], root=root)
+        validate.check_ranges(path, *columns.values())
         for episode, start, end in zip(*(columns[c].tolist() for c in columns), strict=True):
             ranges[int(episode)] = (int(start), int(end))
     return ranges
@@ -119,15 +132,22 @@ class VideoPlace:
 
 
 def read_video_places(info: Info, key: str) -> dict[int, VideoPlace]:
-    """Episode index -> the video file (per info.json's `video_path`) and start time of camera `key`."""
+    """Episode index -> the video file (per info.json's `video_path`) and start time of camera `key`;
+    the rows are checked (validate.check_video_rows) and every file is a regular file inside the root."""
     prefix = f"videos/{key}/"
-    columns = ["episode_index", *(prefix + c for c in ("chunk_index", "file_index", "from_timestamp"))]
+    names = ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
+    columns = ["episode_index", *(prefix + c for c in names)]
     places: dict[int, VideoPlace] = {}
+    files: dict[tuple[int, int], Path] = {}
     for path in sorted((info.root / "meta" / "episodes").glob("chunk-*/file-*.parquet")):
-        values = _read_columns(path, columns)
-        for episode, chunk, file, start in zip(*(values[c].tolist() for c in columns), strict=True):
-            relative = info.video_path.format(video_key=key, chunk_index=int(chunk), file_index=int(file))
-            places[int(episode)] = VideoPlace(info.root / relative, float(start))
+        values = _read_columns(path, columns, root=info.root)
+        validate.check_video_rows(path, key, values)
+        for episode, chunk, file, start, _ in zip(*(values[c].tolist() for c in columns), strict=True):
+            where = (int(chunk), int(file))
+            if where not in files:
+                relative = info.video_path.format(video_key=key, chunk_index=where[0], file_index=where[1])
+                files[where] = validate.inside_root(info.root, info.root / relative, f"video of {key}")
+            places[int(episode)] = VideoPlace(files[where], float(start))
     return places
 
 
@@ -136,7 +156,7 @@ def read_tasks(root: Path) -> dict[int, str]:
     path = root / "meta" / "tasks.parquet"
     if not path.is_file():
         return {}
-    values = _read_columns(path, ["task_index", "task"])
+    values = _read_columns(path, ["task_index", "task"], root=root)
     return {
         int(i): str(t) for i, t in zip(values["task_index"].tolist(), values["task"].tolist(), strict=True)
     }
@@ -150,9 +170,10 @@ def read_episode_tasks(root: Path) -> dict[int, tuple[str, ...]]:
     tasks: dict[int, tuple[str, ...]] = {}
     for path in sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet")):
         names = ["episode_index", "tasks"]
+        validate.inside_root(root, path, "episodes metadata file")
         if "tasks" not in pq.ParquetFile(path, memory_map=True).schema_arrow.names:
             names = names[:1]
-        columns = _read_columns(path, names)
+        columns = _read_columns(path, names, root=root)
         listed = columns.get("tasks", [()] * len(columns["episode_index"]))
         for episode, episode_tasks in zip(columns["episode_index"].tolist(), listed, strict=True):
             tasks[int(episode)] = tuple(str(task) for task in episode_tasks)
@@ -171,12 +192,12 @@ def read_frames(
     parts: dict[str, list[np.ndarray]] = {name: [] for name in columns}
     indices: list[np.ndarray] = []
     for path in sorted((info.root / "data").glob("chunk-*/file-*.parquet")):
-        index = _read_columns(path, [INDEX_COLUMN])[INDEX_COLUMN]
+        index = _read_columns(path, [INDEX_COLUMN], root=info.root)[INDEX_COLUMN]
         slot = np.searchsorted(starts, index, side="right") - 1
         wanted = (slot >= 0) & (index < ends[np.maximum(slot, 0)])
         if not wanted.any():
             continue
-        values = _read_columns(path, list(columns), info)
+        values = _read_columns(path, list(columns), root=info.root, info=info)
         every = bool(wanted.all())  # the usual case: no copy of a whole file's rows
         for name in columns:
             parts[name].append(values[name] if every else values[name][wanted])
@@ -200,12 +221,14 @@ def _joined(parts: list[np.ndarray], order: np.ndarray | None) -> np.ndarray:
     return joined if order is None else joined[order]
 
 
-def _read_columns(path: Path, names: list[str], info: Info | None = None) -> dict[str, np.ndarray]:
-    """Only `names`, from a memory-mapped parquet file; vectors as float32 (rows x size) when `info`
-    gives their shape, else the column's own dtype."""
+def _read_columns(
+    path: Path, names: list[str], *, root: Path, info: Info | None = None
+) -> dict[str, np.ndarray]:
+    """Only `names`, from a memory-mapped parquet file (a regular file inside `root`); vectors as float32 (rows x size) when `info` gives their shape, else the column's own dtype."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    validate.inside_root(root, path, "parquet file")
     try:
         table = pq.ParquetFile(path, memory_map=True).read(columns=names)
     except (pa.ArrowException, OSError) as exc:

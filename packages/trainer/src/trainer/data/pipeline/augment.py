@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from trainer.data.dataset import CAMERA_PREFIX
+from trainer.data.dataset import CAMERA_PREFIX, frames_as_float
 from trainer.errors import ConfigError
 
 TRANSFORM_TYPES = ("ColorJitter", "SharpnessJitter", "RandomAffine", "Identity")
@@ -120,7 +120,7 @@ class Augment:
         ):  # kornia samples from the global RNG: seed it, then restore
             torch.manual_seed(int(torch.randint(2**62, (), generator=generator)))
             for key in cameras:
-                image = batch[key].float() / 255 if batch[key].dtype == torch.uint8 else batch[key]
+                image = frames_as_float(batch[key])
                 for t in order:
                     mask = chosen[:, t].to(image.device)[:, None, None, None]
                     image = torch.where(mask, self.transforms[int(t)](image), image)

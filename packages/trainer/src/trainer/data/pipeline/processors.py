@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.data.dataset import ACTION_KEY, OBS_KEY, is_camera
+from trainer.data.dataset import ACTION_KEY, OBS_KEY, TASK_KEY, frames_as_float, is_camera, task_bytes
 from trainer.errors import ConfigError
 
 PREPROCESSOR_KEYS = (OBS_KEY, ACTION_KEY)
@@ -34,9 +34,7 @@ class Normalize:
         out = dict(batch)
         for key, s in self.stats.items():
             if key in out:
-                value = out[key]
-                if value.dtype == torch.uint8:  # a camera as decoded
-                    value = value.float() / 255
+                value = frames_as_float(out[key])  # a camera arrives as decoded (uint8)
                 mean, std = s["mean"].to(value.device), s["std"].to(value.device)
                 out[key] = value * std + mean if self.inverse else (value - mean) / std
         return out
@@ -70,6 +68,11 @@ class Processor:
         config's steps against the step files, each feature's `mean` and `std` present, 1-D, of the
         size `sizes` gives for it). Raises `ConfigError` naming the first problem."""
         steps_config = config.get("steps") if isinstance(config, dict) else None
+        if isinstance(steps_config, list) and any(
+            isinstance(s, dict) and "registry_name" in s for s in steps_config
+        ):
+            config, step_tensors = _from_lerobot(steps_config, step_tensors)
+            steps_config = config["steps"]
         if not isinstance(steps_config, list) or len(steps_config) != len(step_tensors):
             raise ConfigError(
                 f"its processor config lists {_count(steps_config)} steps for {len(step_tensors)} step files"
@@ -85,6 +88,56 @@ class Processor:
                 _check_stats(stats.get(feature, {}), feature, index, (sizes or {}).get(feature))
             steps.append(Normalize(stats, features, inverse=inverse))
         return cls(steps)
+
+
+# LeRobot's processor steps that hold normalization statistics; its other steps (rename, batch axis,
+# the task's newline and tokenizer, device) are what the policy and the input pipeline do here.
+_LEROBOT_NORMALIZERS = {"normalizer_processor": False, "unnormalizer_processor": True}
+
+
+def _from_lerobot(
+    steps: list[Any], step_tensors: list[dict[str, torch.Tensor]]
+) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
+    """LeRobot's processor (its `policy_preprocessor.json` steps and their state files) as our
+    normalize steps: MEAN_STD features divided by `std + eps` (LeRobot's normalizer; its unnormalizer
+    multiplies by `std` alone), IDENTITY cameras kept on [0, 1] (mean 0, std 1)."""
+    ours: list[dict[str, Any]] = []
+    tensors: list[dict[str, torch.Tensor]] = []
+    for index, (step, state) in enumerate(zip(steps, step_tensors, strict=False)):
+        inverse = _LEROBOT_NORMALIZERS.get(str(step.get("registry_name"))) if isinstance(step, dict) else None
+        if inverse is None:
+            continue
+        config = step.get("config") if isinstance(step.get("config"), dict) else {}
+        features, norm_map = config.get("features") or {}, config.get("norm_map") or {}
+        eps = 0.0 if inverse else float(config.get("eps", 1e-8))
+        names, stats = [], {}
+        for name, feature in features.items():
+            mode = norm_map.get(feature.get("type") if isinstance(feature, dict) else None, "IDENTITY")
+            if mode == "MEAN_STD":
+                if f"{name}.mean" not in state or f"{name}.std" not in state:
+                    raise ConfigError(
+                        f"its processor step {index} has no {name}.mean/std tensor in its state file"
+                    )
+                stats[f"{name}.mean"], stats[f"{name}.std"] = (
+                    state[f"{name}.mean"],
+                    state[f"{name}.std"] + eps,
+                )
+            elif mode == "IDENTITY" and is_camera(name):
+                channels = int(feature.get("shape", [3])[0])
+                stats[f"{name}.mean"], stats[f"{name}.std"] = (
+                    torch.zeros(channels, 1, 1),
+                    torch.ones(channels, 1, 1),
+                )
+            elif mode != "IDENTITY":
+                raise ConfigError(
+                    f"its processor normalizes {name} with {mode}, which is not supported (MEAN_STD or IDENTITY)"
+                )
+            else:
+                continue
+            names.append(name)
+        ours.append({"type": "unnormalize" if inverse else "normalize", "features": names})
+        tensors.append(stats)
+    return {"steps": ours}, tensors
 
 
 def _count(value: Any) -> str:
@@ -131,18 +184,24 @@ def observation_batch(
 ) -> tuple[dict[str, torch.Tensor], bool]:
     """Raw observations as the batch the preprocessor takes, and whether they were one unbatched
     observation. Vector features ((n,) or (B, n), arrays or tensors) are concatenated in `features`'
-    order into `observation.state`. A camera is accepted as a camera gives it, a uint8 numpy array
+    order into `observation.state`; the task text (`task`, for a language policy) is a string or one per
+    observation. A camera is accepted as a camera gives it, a uint8 numpy array
     ((B,) H, W, C), or as a tensor ((B,) C, H, W): uint8, or float in [0, 1] as LeRobot's dataset gives
     it; the preprocessor scales uint8 to [0, 1]."""
     missing = [name for name in features if name not in observation]
     if missing:
         raise KeyError(f"the observation lacks {missing[0]!r}; the policy reads {list(features)}")
     vectors = [
-        torch.as_tensor(np.asarray(observation[n]), dtype=torch.float32) for n in features if not is_camera(n)
+        torch.as_tensor(np.asarray(observation[n]), dtype=torch.float32)
+        for n in features
+        if not is_camera(n) and n != TASK_KEY
     ]
     cameras = {name: _frames(observation[name]) for name in features if is_camera(name)}
     single = vectors[0].ndim == 1 if vectors else next(iter(cameras.values())).ndim == 3
     batch = {name: frames[None] if single else frames for name, frames in cameras.items()}
+    if TASK_KEY in features:  # the language instruction: a string, or one per observation
+        task = observation[TASK_KEY]
+        batch[TASK_KEY] = task_bytes([task] if isinstance(task, str) else list(task))
     if vectors:
         batch[OBS_KEY] = torch.cat([v.reshape(1, -1) if single else v for v in vectors], dim=-1)
     return batch, single

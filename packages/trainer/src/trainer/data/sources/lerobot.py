@@ -24,15 +24,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer.config.dataset import DatasetConfig, Stats
-from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, ArrayDataset, check_input_features
+from trainer.config.dataset import Dataset, DatasetConfig, Stats
+from trainer.data.dataset import (
+    ACTION_KEY,
+    ALL_CAMERAS,
+    OBS_KEY,
+    TASK_KEY,
+    ArrayDataset,
+    check_input_features,
+)
 from trainer.data.format import metadata as fmt
+from trainer.data.format import validate
 from trainer.data.format.cameras import CameraDataset, Cameras, LeRobotFrames, camera_stats
 from trainer.data.format.decode import VIDEO_BACKENDS
 from trainer.data.pipeline.augment import Augment, ImageTransformsConfig
 from trainer.errors import ConfigError
-
-STD_FLOOR = 1e-6  # a constant feature's std would divide by zero
 
 
 @DatasetConfig.register_subclass("lerobot")
@@ -60,6 +66,12 @@ class LeRobotConfig(DatasetConfig):
     eval_split: float = 0.0
     """Hold out this fraction of each task's episodes (its last ones by index, at least one, never all)
     instead of naming them with --dataset.val_episodes."""
+    max_feature_size: int = validate.MAX_FEATURE_SIZE
+    """Most values one frame of one feature may declare in meta/info.json (a camera's height x width x
+    channels): a larger one is refused at open, before anything is allocated for it."""
+    skip_nonfinite: bool = False
+    """Train without the episodes whose state or action frames hold NaN or inf (the run's banner says
+    how many); by default the first such frame stops the run at open, naming its episode and frame."""
 
     def __post_init__(self) -> None:
         if self.video_backend not in VIDEO_BACKENDS:
@@ -68,6 +80,8 @@ class LeRobotConfig(DatasetConfig):
             )
         if not self.root and not self.repo_id:
             raise ConfigError("--dataset.type=lerobot needs --dataset.root=PATH or --dataset.repo_id=ID")
+        if self.max_feature_size < 1:
+            raise ConfigError(f"--dataset.max_feature_size must be >= 1, got {self.max_feature_size}")
         if not 0.0 <= self.eval_split < 1.0:
             raise ConfigError(f"--dataset.eval_split must be in [0, 1), got {self.eval_split}")
         if self.eval_split and self.val_episodes:
@@ -112,12 +126,12 @@ class LeRobotConfig(DatasetConfig):
             held.extend(episodes[len(episodes) - count :])
         return sorted(held)
 
-    def load(self, input_features: Sequence[str] = ()) -> ArrayDataset:
+    def load(self, input_features: Sequence[str] = ()) -> Dataset:
         root = self.local_root()
         ranges = fmt.read_episode_ranges(root)
         return _load(root, self.train_episodes(root, ranges), ranges, input_features, self)
 
-    def load_validation(self, input_features: Sequence[str] = ()) -> ArrayDataset | None:
+    def load_validation(self, input_features: Sequence[str] = ()) -> Dataset | None:
         if not self.val_episodes and not self.eval_split:
             return None
         root = self.local_root()
@@ -130,7 +144,7 @@ class LeRobotConfig(DatasetConfig):
         return Augment(self.image_transforms, seed, rank) if self.image_transforms.enable else None
 
     def banner(self) -> list[str]:
-        info = fmt.read_info(self.local_root())
+        info = fmt.read_info(self.local_root(), self.max_feature_size)
         cameras = ", ".join(f"{n} ({info.features[n]['dtype']})" for n in info.cameras) or "none"
         return [
             f"LeRobotDataset {self.repo_id or info.root}{f'@{self.revision}' if self.revision else ''} "
@@ -156,27 +170,63 @@ def _load(
     requested: Sequence[str],
     config: LeRobotConfig,
 ) -> ArrayDataset:
-    info = fmt.read_info(root)
+    info = fmt.read_info(root, config.max_feature_size)
     cameras = _requested_cameras(info, requested)
     features = check_input_features(
-        [n for n in requested if n not in cameras and n != ALL_CAMERAS],
+        [n for n in requested if n not in cameras and n not in (ALL_CAMERAS, TASK_KEY)],
         info.observation_features,
         f"the dataset at {root}",
     )
     extra = ["timestamp", "episode_index", "index"] if cameras else []  # where each camera frame is
     extra += [n for n in cameras if info.features[n]["dtype"] == "image"]
-    frames, lengths = fmt.read_frames(info, episodes, ranges, [*features, ACTION_KEY, *extra])
+    language = [TASK_KEY] if TASK_KEY in requested else []
+    extra += ["task_index"] if language else []
+    columns = [*features, ACTION_KEY, *extra]
+    frames, lengths = fmt.read_frames(info, episodes, ranges, columns)
+    saved, notes = fmt.read_stats(info)
+    skipped = validate.nonfinite_episodes(
+        root,
+        {n: frames[n] for n in [*features, ACTION_KEY]},
+        episodes,
+        ranges,
+        config.skip_nonfinite,
+    )
+    if skipped:
+        kept = [e for e in episodes if e not in set(skipped)]
+        notes.append(
+            f"--dataset.skip_nonfinite: skipped {len(skipped)} of {len(episodes)} episodes holding NaN or inf "
+            f"({', '.join(map(str, skipped[:10]))}{', ...' if len(skipped) > 10 else ''})"
+        )
+        frames, lengths = fmt.read_frames(
+            info, _check_episodes(kept, ranges, "--dataset.skip_nonfinite"), ranges, columns
+        )
     observations = (
         frames[features[0]] if len(features) == 1 else np.concatenate([frames[n] for n in features], 1)
     )
-    saved = fmt.read_stats(root)
     stats = _stats(saved, features, frames)
-    arrays = (observations, frames[ACTION_KEY], lengths, [*features, *cameras], stats)
+    arrays = (observations, frames[ACTION_KEY], lengths, [*features, *cameras, *language], stats)
+    tasks = _task_texts(root, frames["task_index"]) if language else None
     if not cameras:
-        return ArrayDataset(*arrays)
-    reader = Cameras(info, cameras, frames, config.video_backend)
-    reader.check()
-    return CameraDataset(*arrays, reader, camera_stats(info, cameras, saved, config.use_imagenet_stats))
+        dataset = ArrayDataset(*arrays, tasks=tasks)
+    else:
+        reader = Cameras(info, cameras, frames, config.video_backend)
+        reader.check()
+        camera = camera_stats(info, cameras, saved, config.use_imagenet_stats)
+        dataset = CameraDataset(*arrays, reader, camera, tasks=tasks)
+    dataset.notes = notes
+    return dataset
+
+
+def _task_texts(root: Path, task_index: np.ndarray) -> list[str]:
+    """Each frame's task text (meta/tasks.parquet); a frame whose task is not listed is refused."""
+    table = fmt.read_tasks(root)
+    missing = sorted({int(i) for i in np.unique(task_index)} - table.keys())
+    if missing:
+        raise ConfigError(
+            f"{root}: frames name task_index {missing[0]}, which meta/tasks.parquet does not list; "
+            "the policy reads the task text: repair the dataset's meta/tasks.parquet"
+        )
+    return [table[int(i)] for i in task_index.reshape(-1).tolist()]
 
 
 def _requested_cameras(info: fmt.Info, requested: Sequence[str]) -> list[str]:
@@ -210,16 +260,23 @@ def open_dataset(
     episodes: Sequence[int] | None = None,
     return_uint8: bool = False,
     video_backend: str = "pyav",
+    max_feature_size: int = validate.MAX_FEATURE_SIZE,
 ) -> LeRobotFrames:
     """The LeRobotDataset at `root` (else `repo_id` through the Hugging Face cache) as a map-style torch
-    dataset of LeRobot's item dicts; every camera file is checked before it returns."""
+    dataset of LeRobot's item dicts; every metadata field and camera file is checked before it returns,
+    and a NaN or inf float frame is refused (validate.py)."""
     config = LeRobotConfig(
-        repo_id=repo_id, root=None if root is None else str(root), video_backend=video_backend
+        repo_id=repo_id,
+        root=None if root is None else str(root),
+        video_backend=video_backend,
+        max_feature_size=max_feature_size,
     )
-    return LeRobotFrames(config.local_root(), episodes, return_uint8, video_backend)
+    return LeRobotFrames(config.local_root(), episodes, return_uint8, video_backend, max_feature_size)
 
 
-def _stats(saved: dict[str, dict], features: list[str], frames: dict[str, np.ndarray]) -> Stats:
+def _stats(
+    saved: dict[str, dict[str, np.ndarray]], features: list[str], frames: dict[str, np.ndarray]
+) -> Stats:
     """meta/stats.json's mean/std per feature, concatenated like the observation (computed from the
     loaded frames for a feature the file lacks)."""
 
@@ -232,7 +289,7 @@ def _stats(saved: dict[str, dict], features: list[str], frames: dict[str, np.nda
 
     def stat(names: list[str]) -> dict[str, torch.Tensor]:
         mean = torch.from_numpy(np.concatenate([of(n, "mean") for n in names]))
-        std = torch.from_numpy(np.concatenate([of(n, "std") for n in names])).clamp_min(STD_FLOOR)
+        std = torch.from_numpy(np.concatenate([of(n, "std") for n in names])).clamp_min(validate.STD_FLOOR)
         return {"mean": mean, "std": std}
 
     return {OBS_KEY: stat(features), ACTION_KEY: stat([ACTION_KEY])}

@@ -1,4 +1,4 @@
-"""Two-phase resume (DESIGN.md section 6): the trainer's side, over ckpt_tools' plan and loaders.
+"""Two-phase resume (docs/resume.md): the trainer's side, over ckpt_tools' plan and loaders.
 
 Phase 1 (`before_prepare`) runs on the plain, freshly built policy: it finds the checkpoint, reads its
 `training_step.json`, judges the current run against it (`ckpt_tools.plan_resume`: refused, warned,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import ckpt_tools
 from trainer.config.train import TrainConfig
-from trainer.engine.hub_pushes import CheckpointPusher
+from trainer.engine.checkpoint.hub_pushes import CheckpointPusher
 from trainer.engine.run import RunSummary
 from trainer.errors import USER_ERRORS, ConfigError, PublishFailedError
 from trainer.reporting.metrics import Logger
@@ -105,11 +105,15 @@ def _publish_on_main(config: TrainConfig, summary: RunSummary, logger: Logger) -
     step_dir, repo_id = summary.last_checkpoint, config.policy.repo_id
     disable_progress_bars()  # a run's log gets one line per publish, not upload bars
     try:
+        if (
+            step_dir is None or repo_id is None
+        ):  # repo_id: checked by PolicyConfig; a step: every run saves its last
+            raise ckpt_tools.PublishError("the run saved no checkpoint to publish")
         if not ckpt_tools.open_checkpoint(step_dir).publishable:
             logger.note(f"converting the DCP shards of {step_dir} to safetensors for publishing")
             ckpt_tools.convert_dcp_to_safetensors(step_dir)
         # a run that kept an EMA publishes it (what `trainer eval` and `load_policy` score by default)
-        weights = "ema" if ckpt_tools.open_checkpoint(step_dir).has_ema else "model"
+        weights = ckpt_tools.open_checkpoint(step_dir).default_weights
         logger.note(f"publishing {step_dir} ({weights} weights) to {repo_id}")
         result = ckpt_tools.publish_model(
             step_dir,

@@ -27,7 +27,7 @@ from typing import Any
 import ckpt_tools
 from ckpt_tools import layout
 from trainer.config.train import TrainConfig
-from trainer.engine.checkpointing import checkpoints_dir
+from trainer.engine.checkpoint.saving import checkpoints_dir
 from trainer.reporting.metrics import Logger
 
 PUSH_ATTEMPTS = 3
@@ -171,7 +171,7 @@ class CheckpointPusher:
         checkpoint = ckpt_tools.open_checkpoint(step_dir)
         if not checkpoint.publishable:  # DCP shards only: the Hub needs safetensors
             ckpt_tools.convert_dcp_to_safetensors(step_dir)
-        weights = "ema" if checkpoint.has_ema else "model"
+        weights = checkpoint.default_weights
         name = layout.name(step_dir)
         result = ckpt_tools.publish_model(
             step_dir,

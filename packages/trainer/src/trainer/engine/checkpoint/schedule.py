@@ -17,8 +17,8 @@ from functools import partial
 import ckpt_tools
 from trainer.config.train import TrainConfig
 from trainer.distributed.interrupt import Agreement, Interrupted
-from trainer.engine import checkpointing
-from trainer.engine.hub_pushes import CheckpointPusher
+from trainer.engine.checkpoint import disk_forecast, saving
+from trainer.engine.checkpoint.hub_pushes import CheckpointPusher
 from trainer.engine.run import Run
 from trainer.errors import USER_ERRORS, RunFailedError
 from trainer.reporting.metrics import Logger
@@ -49,7 +49,7 @@ class SaveSchedule:
         self._commit_pending()
         if config.async_save and step != config.steps:
             self._owns_output_dir()
-            self._pending = checkpointing.start(config, self._state(step), **_saved_objects(self.run))
+            self._pending = saving.start(config, self._state(step), **_saved_objects(self.run))
             self._started_now = True
         else:
             self._save(step)
@@ -78,17 +78,20 @@ class SaveSchedule:
             self._owns_output_dir()
             pending, self._pending = self._pending, None
             with self._retention() as keep:
-                self._committed(checkpointing.finish(self.run.config, pending, keep))
+                self._committed(saving.finish(self.run.config, pending, keep))
 
     def _save(self, step: int) -> None:
         self._owns_output_dir()
         with self._retention() as keep:
             state, objects = self._state(step), _saved_objects(self.run)
-            self._committed(checkpointing.save(self.run.config, state, keep=keep, **objects))
+            self._committed(saving.save(self.run.config, state, keep=keep, **objects))
 
     def _committed(self, step_dir: str) -> None:
-        self.last_checkpoint = step_dir
+        first, self.last_checkpoint = self.last_checkpoint is None, step_dir
         self.logger.note(f"checkpoint {step_dir}")
+        if first:  # will the rest of the run's checkpoints fit on this disk?
+            line, record = disk_forecast.first_save_note(step_dir, self.run.config)
+            self.logger.note(line, **record)
         if self.pushes is not None:
             self.pushes.submit(step_dir)
 
@@ -104,7 +107,7 @@ class SaveSchedule:
 
     def _state(self, step: int) -> ckpt_tools.TrainingStep:
         run = self.run
-        return checkpointing.training_step(run.config, run.topology, step, run.sampler.position)
+        return saving.training_step(run.config, run.topology, step, run.sampler.position)
 
 
 def check_writes(logger: Logger, config: TrainConfig, checkpoint: str | None) -> None:
@@ -118,7 +121,7 @@ def resume_hint(config: TrainConfig) -> str:
     return f"--resume=true --output_dir={os.path.abspath(config.output_dir)}"
 
 
-def _saved_objects(run: Run) -> checkpointing.SavedObjects:
+def _saved_objects(run: Run) -> saving.SavedObjects:
     """What a checkpoint of the run holds besides its step: the unwrapped model and the rest."""
     return {
         "model": run.accelerator.unwrap_model(run.model),

@@ -1,8 +1,11 @@
-"""The public surface of `ckpt_tools` is exactly this list, every name resolves, and importing the
-package or running the metadata commands never imports torch (which alone takes ~2 s here)."""
+"""The public surface of `ckpt_tools` is exactly this list, every name resolves, type checkers see
+the same names with their real types, and importing the package or running the metadata commands
+never imports torch (which alone takes ~2 s here)."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +86,41 @@ def test_all_is_exactly_the_public_list() -> None:
 def test_every_public_name_resolves(name: str) -> None:
     member = getattr(ckpt_tools, name)
     assert getattr(member, "__name__", name).rsplit(".", 1)[-1] == name
+
+
+def _type_checking_imports() -> dict[str, str]:
+    """What the `if TYPE_CHECKING:` block of `ckpt_tools/__init__.py` imports: name -> module (a
+    module imported by name, `from ckpt_tools.files import storage`, maps to itself)."""
+    tree = ast.parse(Path(inspect.getfile(ckpt_tools)).read_text(encoding="utf-8"))
+    block = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+    )
+    imported: dict[str, str] = {}
+    for statement in block.body:
+        assert isinstance(statement, ast.ImportFrom) and statement.module, ast.unparse(statement)
+        for alias in statement.names:
+            # `name as name`: an explicit re-export, which mypy --strict requires of a package
+            assert alias.asname == alias.name, ast.unparse(statement)
+            submodule = f"{statement.module}.{alias.name}"
+            module = submodule if submodule in ckpt_tools._MODULES.values() else statement.module
+            imported[alias.name] = module
+    return imported
+
+
+def test_type_checkers_see_the_lazy_table() -> None:
+    """The `TYPE_CHECKING` imports (what mypy and editors read), the lazy table (what runs) and
+    `__all__` (what pdoc documents) name the same objects from the same modules."""
+    lazy = {**ckpt_tools._EXPORTS, **ckpt_tools._MODULES}
+    assert _type_checking_imports() == lazy
+    assert set(lazy) == set(ckpt_tools.__all__)
+
+
+@pytest.mark.parametrize("name", sorted(set(PUBLIC) - {"layout", "storage"}))
+def test_the_table_names_where_each_name_is_defined(name: str) -> None:
+    """So `nox -s typecheck`'s strict run over the table's modules checks each definition itself."""
+    assert getattr(ckpt_tools, name).__module__ == ckpt_tools._EXPORTS[name]
 
 
 def test_unknown_name_is_an_attribute_error() -> None:

@@ -1,0 +1,94 @@
+"""Will the run's checkpoints fit on its disk? Said at the first save, hours before the disk fills.
+
+A full disk already ends a run in one line with `last` intact; this module is about knowing early. At
+the first committed save the size of that step directory and the free space of its disk give how many
+more checkpoints fit; the save schedule (`--steps`, `--save_freq`) and the retention (`--keep_last`)
+give how many more the run will need on disk at once. The forecast is one line in the log (a warning
+when the run cannot reach `--steps`) and one record for the trackers. A bucket URL has no local free
+space to read: the forecast is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+
+from ckpt_tools import layout
+from trainer.config.train import TrainConfig
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """How many more checkpoints fit (`room`) and how many more the run needs on disk (`needed`)."""
+
+    step_bytes: int
+    free_bytes: int
+    room: int
+    needed: int
+
+    @property
+    def fits(self) -> bool:
+        return self.room >= self.needed
+
+
+def saves_after(step: int, steps: int, save_freq: int) -> int:
+    """Saves the schedule makes after `step`: every `save_freq` steps and at the last step."""
+    regular = steps // save_freq - step // save_freq
+    return regular + (1 if steps % save_freq and step < steps else 0)
+
+
+def more_on_disk(saves_left: int, on_disk: int, keep_last: int) -> int:
+    """Step directories the run adds to the `on_disk` ones before it ends. With `keep_last` (0 keeps
+    every step) retention deletes the oldest after a commit, so at most `keep_last` + the one being
+    written are on disk at once."""
+    if not keep_last:
+        return saves_left
+    return max(0, min(on_disk + saves_left, keep_last + 1) - on_disk)
+
+
+def forecast(step_bytes: int, free_bytes: int, needed: int) -> Forecast:
+    room = free_bytes // step_bytes if step_bytes > 0 else needed
+    return Forecast(step_bytes, free_bytes, room, needed)
+
+
+def directory_bytes(path: str) -> int:
+    """Bytes of every file under `path` (a committed step directory)."""
+    return sum(
+        os.path.getsize(os.path.join(folder, name))
+        for folder, _, names in os.walk(path)
+        for name in names
+        if not os.path.islink(os.path.join(folder, name))
+    )
+
+
+def first_save_note(step_dir: str, config: TrainConfig) -> tuple[str, dict[str, float | str]]:
+    """The log line and the tracker record (a `summary` of the trackers) of the forecast, at the
+    run's first committed save `step_dir`."""
+    if layout.is_url(step_dir):
+        return f"disk forecast skipped: checkpoints go to {layout.parent(step_dir)}, a bucket URL", {}
+    step = int(layout.name(step_dir))
+    on_disk = sum(name.isdigit() for name in os.listdir(layout.parent(step_dir)))
+    needed = more_on_disk(saves_after(step, config.steps, config.save_freq), on_disk, config.keep_last)
+    found = forecast(directory_bytes(step_dir), shutil.disk_usage(step_dir).free, needed)
+    record: dict[str, float | str] = {
+        "event": "disk_forecast",
+        "steps": step,
+        "checkpoint_gib": found.step_bytes / GIB,
+        "free_gib": found.free_bytes / GIB,
+        "checkpoints_room": found.room,
+        "checkpoints_needed": found.needed,
+    }
+    sizes = (
+        f"a checkpoint is {found.step_bytes / GIB:.3g} GiB and {found.free_bytes / GIB:.3g} GiB are free: room "
+        f"for {found.room} more; reaching --steps={config.steps} needs {found.needed} more on disk"
+    )
+    if found.fits:
+        return f"disk forecast: {sizes}", record
+    return (
+        f"warning: the disk will fill before the run ends: {sizes} (--save_freq={config.save_freq}, "
+        f"--keep_last={config.keep_last}); raise --save_freq, set --keep_last or free space",
+        record,
+    )

@@ -1,0 +1,294 @@
+"""`--policy.type=smolvla`: LeRobot 0.6.1's SmolVLA configuration, its flag names and defaults.
+
+A LeRobot user's `lerobot-train --policy.type=smolvla ...` flags parse here unchanged. The saved
+`config.json` is written in LeRobot's schema (`input_features`/`output_features` as typed feature
+dicts, LeRobot's own fields), so LeRobot's `SmolVLAPolicy.from_pretrained` reads a checkpoint of ours;
+`from_saved` maps that schema back onto this dataclass when a LeRobot (or our) checkpoint is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
+from trainer.config.policy import PolicyConfig
+from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, TASK_KEY, is_camera
+from trainer.errors import ConfigError
+from trainer.policies.smolvla.resolve import same_backbone
+
+ATTENTION_MODES = ("cross_attn", "self_attn")
+PAD_LANGUAGE = ("longest", "max_length")
+# The names LeRobot gives the `empty_cameras` blank slots in its saved input_features (no data has them).
+EMPTY_CAMERA = "observation.images.empty_camera_"
+# LeRobot's config.json fields that say nothing about the model (its run settings, RTC, PEFT flags):
+# read and dropped, written back with LeRobot's defaults.
+_LEROBOT_RUN_FIELDS: dict[str, Any] = {
+    "use_amp": False,
+    "use_peft": False,
+    "push_to_hub": False,
+    "repo_id": None,
+    "private": None,
+    "tags": None,
+    "license": None,
+    "pretrained_path": None,
+    "pretrained_revision": None,
+}
+
+
+@PolicyConfig.register_subclass("smolvla")
+@dataclass
+class SmolVLAConfig(PolicyConfig):
+    """LeRobot's SmolVLA: a SmolVLM backbone's first layers and an action expert trained by flow matching."""
+
+    n_obs_steps: int = 1
+    """Observation steps per prediction (SmolVLA reads the current one)."""
+    chunk_size: int = 50  # a field here, a property on the base
+    """Actions predicted per observation."""
+    n_action_steps: int = 50
+    """Actions of each chunk executed before the model runs again (<= chunk_size)."""
+    normalization_mapping: dict[str, str] = field(
+        default_factory=lambda: {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
+    )
+    """How each feature type is normalized (LeRobot's; SmolVLA's cameras stay in [0, 1])."""
+    max_state_dim: int = 32
+    """The state vector is zero-padded to this width before `state_proj`."""
+    max_action_dim: int = 32
+    """Actions are zero-padded to this width for the flow-matching model."""
+    resize_imgs_with_padding: tuple[int, int] | None = (512, 512)
+    """(width, height) every camera frame is resized to, aspect kept, zero padding on the left and top."""
+    empty_cameras: int = 0
+    """Blank camera slots added after the real cameras (LeRobot's aloha-sim setting)."""
+    adapt_to_pi_aloha: bool = False
+    """LeRobot's pi-aloha joint conversion (not supported here: must stay false)."""
+    use_delta_joint_actions_aloha: bool = False
+    """Not implemented by LeRobot either: must stay false."""
+    tokenizer_max_length: int = 48
+    """Language tokens kept per task (a longer task is truncated, as LeRobot's tokenizer step does)."""
+    num_steps: int = 10
+    """Euler steps of the flow-matching sampler."""
+    use_cache: bool = True
+    """Compute the prefix's keys and values once per chunk and reuse them in every Euler step."""
+    freeze_vision_encoder: bool = True
+    """Keep the vision tower frozen (and in eval mode)."""
+    train_expert_only: bool = True
+    """Freeze the whole VLM: only the action expert and the projections train."""
+    train_state_proj: bool = True
+    """Train the state projection."""
+    optimizer_lr: float = 1e-4
+    """Learning rate of SmolVLA's training preset (--use_policy_training_preset=true): AdamW and
+    LeRobot's cosine decay with warmup."""
+    optimizer_betas: tuple[float, float] = (0.9, 0.95)
+    """LeRobot's AdamW preset: betas."""
+    optimizer_eps: float = 1e-8
+    """LeRobot's AdamW preset: eps."""
+    optimizer_weight_decay: float = 1e-10
+    """LeRobot's AdamW preset: weight decay."""
+    optimizer_grad_clip_norm: float = 10
+    """LeRobot's preset: gradient clipping norm."""
+    scheduler_warmup_steps: int = 1_000
+    """LeRobot's cosine-decay-with-warmup preset: warmup steps."""
+    scheduler_decay_steps: int = 30_000
+    """LeRobot's preset: steps of the cosine decay."""
+    scheduler_decay_lr: float = 2.5e-6
+    """LeRobot's preset: learning rate at the end of the decay."""
+    vlm_model_name: str = "HuggingFaceTB/SmolVLM2-500M-Video-Instruct"
+    """The SmolVLM backbone: a local directory (relative to the working directory) or a Hub repo id
+    read through the Hugging Face cache; it gives the VLM's config and the tokenizer."""
+    load_vlm_weights: bool = False
+    """Start the VLM from the backbone's pretrained weights (else its random init from the config)."""
+    add_image_special_tokens: bool = False
+    """Put SmolVLM's image start/end tokens around each camera's tokens."""
+    attention_mode: str = "cross_attn"
+    """cross_attn (the expert cross-attends to the VLM every other layer) or self_attn."""
+    prefix_length: int = -1
+    """Zero-pad the prefix to this many tokens (-1: no padding)."""
+    pad_language_to: str = "longest"
+    """Pad the task tokens to the longest in the batch or to tokenizer_max_length (max_length)."""
+    num_expert_layers: int = -1
+    """Action-expert layers (<= 0: as many as the VLM layers kept; else a divisor of them)."""
+    num_vlm_layers: int = 16
+    """VLM text layers kept (the first ones)."""
+    self_attn_every_n_layers: int = 2
+    """In cross_attn mode, layers i % n == 0 are joint self-attention, the others cross-attention."""
+    expert_width_multiplier: float = 0.75
+    """Action-expert width relative to the VLM's hidden size."""
+    min_period: float = 4e-3
+    """Shortest period of the flow-matching time's sine-cosine embedding."""
+    max_period: float = 4.0
+    """Longest period of that embedding."""
+    compile_model: bool = False
+    """LeRobot's torch.compile switch (use --accelerator.compile here: must stay false)."""
+    compile_mode: str = "max-autotune"
+    """LeRobot's torch.compile mode (kept for its config.json)."""
+    input_features: list[str] = field(default_factory=lambda: [OBS_KEY, ALL_CAMERAS, TASK_KEY])
+    """The state vector, the cameras (`observation.images.*`: every camera of the dataset, their
+    tokens in this order) and the task text; config.json records the state and cameras with their
+    shapes, in LeRobot's schema."""
+    image_shapes: dict[str, list[int]] = field(default_factory=dict)
+    """Frame shape (C, H, W) of each camera, taken from the dataset."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        checks = [
+            (1 <= self.n_action_steps <= self.chunk_size, f"--policy.n_action_steps={self.n_action_steps} must be in [1, --policy.chunk_size={self.chunk_size}]"),
+            (self.n_obs_steps == 1, f"--policy.n_obs_steps={self.n_obs_steps}: SmolVLA reads one observation step"),
+            (self.attention_mode in ATTENTION_MODES, f"--policy.attention_mode={self.attention_mode!r}: choose one of {', '.join(ATTENTION_MODES)}"),
+            (self.pad_language_to in PAD_LANGUAGE, f"--policy.pad_language_to={self.pad_language_to!r}: choose one of {', '.join(PAD_LANGUAGE)}"),
+            (self.num_steps >= 1 and self.tokenizer_max_length >= 1, "--policy.num_steps and --policy.tokenizer_max_length must be >= 1"),
+            (min(self.max_state_dim, self.max_action_dim) >= 1, "--policy.max_state_dim and --policy.max_action_dim must be >= 1"),
+            (self.expert_width_multiplier > 0, "--policy.expert_width_multiplier must be > 0"),
+            (self.optimizer_lr > 0, f"--policy.optimizer_lr must be > 0, got {self.optimizer_lr}"),
+            (not self.adapt_to_pi_aloha, "--policy.adapt_to_pi_aloha=true is not supported; convert the dataset's joints instead"),
+            (not self.use_delta_joint_actions_aloha, "--policy.use_delta_joint_actions_aloha=true is not implemented (nor is it in LeRobot)"),
+            (not self.compile_model, "--policy.compile_model=true: compile with --accelerator.compile=true instead"),
+            (self.obs_dim <= self.max_state_dim, f"the state has {self.obs_dim} values, more than --policy.max_state_dim={self.max_state_dim}: raise --policy.max_state_dim or drop state features"),
+            (self.action_dim <= self.max_action_dim, f"the action has {self.action_dim} values, more than --policy.max_action_dim={self.max_action_dim}: raise --policy.max_action_dim"),
+        ]  # fmt: skip
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+        if self.resize_imgs_with_padding is not None:
+            self.resize_imgs_with_padding = (
+                int(self.resize_imgs_with_padding[0]),
+                int(self.resize_imgs_with_padding[1]),
+            )
+        self.optimizer_betas = (float(self.optimizer_betas[0]), float(self.optimizer_betas[1]))
+
+    # The class it builds: policy.py binds it on import (the package imports both), so this module,
+    # which the model's modules read, imports none of them.
+    built_by: ClassVar[Callable[..., Any] | None] = None
+
+    def get_optimizer_preset(self) -> AdamWConfig:
+        """LeRobot's SmolVLA preset (--use_policy_training_preset=true): AdamW from the optimizer_* fields."""
+        return AdamWConfig(
+            lr=self.optimizer_lr,
+            betas=self.optimizer_betas,
+            eps=self.optimizer_eps,
+            weight_decay=self.optimizer_weight_decay,
+            grad_clip_norm=self.optimizer_grad_clip_norm,
+        )
+
+    def get_scheduler_preset(self) -> CosineDecayWithWarmupConfig:
+        """LeRobot's SmolVLA schedule: warmup to optimizer_lr, cosine decay to scheduler_decay_lr."""
+        return CosineDecayWithWarmupConfig(
+            num_warmup_steps=self.scheduler_warmup_steps,
+            num_decay_steps=self.scheduler_decay_steps,
+            peak_lr=self.optimizer_lr,
+            decay_lr=self.scheduler_decay_lr,
+        )
+
+    def policy_class(self) -> Callable[..., Any]:
+        assert self.built_by is not None, "import trainer.policies.smolvla to build a SmolVLA"
+        return self.built_by
+
+    @property
+    def cameras(self) -> list[str]:
+        """The cameras the policy reads, in config order (the order of their tokens)."""
+        return [name for name in self.input_features if is_camera(name) and name != ALL_CAMERAS]
+
+    def with_frame_shapes(self, shapes: dict[str, list[int]]) -> SmolVLAConfig:
+        """The cameras' frame shapes recorded; a checkpoint trained on fewer cameras than the data
+        gives is refused (its prefix would change length and meaning)."""
+        trained = [name for name in self.image_shapes]
+        if trained and self.path is not None:
+            extra = [name for name in shapes if name not in trained]
+            if extra:
+                raise ConfigError(
+                    f"the data gives camera {extra[0]!r}, which the policy at {self.path} was not trained with "
+                    f"(it reads {', '.join(trained)}): name its cameras in --policy.input_features or rename "
+                    "the camera with --rename_map"
+                )
+        return dataclasses.replace(self, image_shapes={**self.image_shapes, **shapes})
+
+    @classmethod
+    def check_path_flags(cls, base: dict[str, Any], flags: dict[str, str], path: str) -> None:
+        """A `--policy.vlm_model_name` other than the base's is refused unless it names the same
+        backbone (the same config.json): the base's weights belong to its own backbone."""
+        name, saved = flags.get("vlm_model_name"), base.get("vlm_model_name")
+        if name is None or not isinstance(saved, str) or name == saved:
+            return
+        if not same_backbone(name, saved):
+            raise ConfigError(
+                f"--policy.vlm_model_name={name} but --policy.path={path} was trained on {saved} (another "
+                "backbone config): drop --policy.vlm_model_name, or give a copy of that backbone"
+            )
+
+    def normalization_stats(self, stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Cameras under `normalization_mapping["VISUAL"] = IDENTITY` (LeRobot's default) keep their
+        [0, 1] values: mean 0, std 1 (the preprocessor still scales uint8 frames to [0, 1])."""
+        if self.normalization_mapping.get("VISUAL", "IDENTITY") != "IDENTITY":
+            return stats
+        return {
+            key: {"mean": torch.zeros_like(value["mean"]), "std": torch.ones_like(value["std"])}
+            if is_camera(key)
+            else value
+            for key, value in stats.items()
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """config.json in LeRobot's SmolVLAConfig schema (LeRobot's `from_pretrained` refuses any field
+        it does not know, so ours that have no LeRobot counterpart stay in train_config.json)."""
+        features: dict[str, Any] = {}
+        if self.obs_dim:
+            features[OBS_KEY] = {"type": "STATE", "shape": [self.obs_dim]}
+        for name in self.cameras:
+            features[name] = {"type": "VISUAL", "shape": list(self.image_shapes.get(name, []))}
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(SmolVLAConfig)}
+        lerobot = {name: own[name] for name in _lerobot_field_names()}
+        return {
+            "type": self.type,
+            "n_obs_steps": self.n_obs_steps,
+            "input_features": features,
+            "output_features": {ACTION_KEY: {"type": "ACTION", "shape": [self.action_dim]}},
+            "device": self.device,
+            **_LEROBOT_RUN_FIELDS,
+            **{k: list(v) if isinstance(v, tuple) else v for k, v in lerobot.items()},
+            "rtc_config": None,
+        }
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> dict[str, Any]:
+        """A saved config.json (LeRobot's schema, ours being the same) as this dataclass's fields."""
+        features = saved.get("input_features")
+        if not isinstance(features, dict):
+            return saved  # already ours (train_config.json's policy section)
+        if saved.get("rtc_config") is not None:
+            raise ConfigError(
+                "the policy's config.json enables real-time chunking (rtc_config), which is not supported"
+            )
+        out = {
+            k: v
+            for k, v in saved.items()
+            if k not in _LEROBOT_RUN_FIELDS and k not in ("output_features", "rtc_config")
+        }
+        names: list[str] = []
+        shapes: dict[str, list[int]] = {}
+        obs_dim = 0
+        for name, feature in features.items():
+            kind = feature.get("type") if isinstance(feature, dict) else None
+            shape = list(feature.get("shape", [])) if isinstance(feature, dict) else []
+            if kind == "STATE":
+                names.insert(0, name)
+                obs_dim = int(shape[0]) if shape else 0
+            elif kind == "VISUAL" and not name.startswith(EMPTY_CAMERA):  # LeRobot's blank slots
+                names.append(name)
+                shapes[name] = [int(s) for s in shape]
+        action = (saved.get("output_features") or {}).get(ACTION_KEY, {})
+        out.update(
+            input_features=[*names, TASK_KEY],
+            image_shapes=shapes,
+            obs_dim=obs_dim,
+            action_dim=int(action.get("shape", [0])[0]) if isinstance(action, dict) else 0,
+        )
+        return out
+
+
+def _lerobot_field_names() -> list[str]:
+    """LeRobot's SmolVLAConfig fields, in its order: ours from chunk_size to compile_mode."""
+    names = [f.name for f in dataclasses.fields(SmolVLAConfig)]
+    return names[names.index("chunk_size") : names.index("compile_mode") + 1]

@@ -1,0 +1,191 @@
+"""SmolVLAPolicy: LeRobot's SmolVLA behind this engine's `Policy` interface.
+
+A batch holds LeRobot's preprocessed keys: `observation.state` (normalized), each camera in [0, 1]
+(`observation.images.<name>`, (B, C, H, W) or with a time axis), the task as
+`observation.language.tokens` / `observation.language.attention_mask`, or as raw text under `task`
+(tokenized here as LeRobot's preprocessor does: language.py), and in training `action` /
+`action_is_pad`. `forward` returns LeRobot's loss (the squared velocity error over the valid steps and
+the real action dimensions); `predict_action_chunk` samples a chunk; `select_action` serves it from
+the action queue, `n_action_steps` at a time. `noise=` and `time=` fix the random draws, as in LeRobot.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from trainer.data.dataset import ACTION_KEY, OBS_KEY, PAD_KEY
+from trainer.errors import ConfigError
+from trainer.policies.base import Policy
+from trainer.policies.smolvla import backbone, language
+from trainer.policies.smolvla.config import SmolVLAConfig
+from trainer.policies.smolvla.flow import FlowMatching, sample_time
+
+
+def resize_with_pad(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """(B, C, h, w) resized to fit (height, width) with its aspect kept (bilinear, sizes truncated
+    to integers), zero-padded on the left and top."""
+    h, w = image.shape[2:]
+    if (h, w) == (height, width):
+        return image
+    ratio = max(w / width, h / height)
+    new_h, new_w = int(h / ratio), int(w / ratio)
+    resized = F.interpolate(image, size=(new_h, new_w), mode="bilinear", align_corners=False)
+    return F.pad(resized, (max(0, width - new_w), 0, max(0, height - new_h), 0), value=0.0)
+
+
+def pad_last(x: torch.Tensor, size: int) -> torch.Tensor:
+    return x if x.shape[-1] >= size else F.pad(x, (0, size - x.shape[-1]))
+
+
+class SmolVLAPolicy(Policy):
+    """Parameter names are LeRobot's (`model.vlm_with_expert.vlm...`, `model.state_proj`, ...)."""
+
+    # FSDP units are modules whose forward() runs: a vision encoder layer, and in the text and expert
+    # decoder layers, whose own forward() is never called (joint.py), their MLPs and every projection
+    # (Linear); the norms and embeddings stay in the root unit. A unit per decoder layer would never be
+    # gathered by its own hooks (tests/distributed/test_smolvla_sharded.py shows it failing).
+    _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("SmolVLMEncoderLayer", "LlamaMLP", "Linear")
+    _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action", "predict_action_chunk")
+
+    def __init__(self, config: SmolVLAConfig) -> None:
+        super().__init__(config)
+        self.config: SmolVLAConfig = config
+        self.cameras = config.cameras
+        if not self.cameras:
+            raise ConfigError("--policy.type=smolvla needs at least one camera among --policy.input_features")
+        vlm = backbone.vlm_config(config)
+        self.tokenizer = language.Tokenizer(config)  # before the model: a missing tokenizer is one line
+        self.model = FlowMatching(config, vlm, self.tokenizer.image_token_ids())
+        self._queue: collections.deque[torch.Tensor] = collections.deque(maxlen=config.n_action_steps)
+
+    @property
+    def _peft_target_modules(self) -> tuple[str, ...]:
+        """LeRobot's default LoRA targets for SmolVLA: the expert's q/v projections and the state,
+        action and time projections (the VLM stays as it is)."""
+        expert = [
+            f"model.vlm_with_expert.lm_expert.layers.{i}.self_attn.{proj}"
+            for i in range(len(self.model.vlm_with_expert.lm_expert.layers))
+            for proj in ("q_proj", "v_proj")
+        ]
+        heads = (
+            "state_proj",
+            "action_in_proj",
+            "action_out_proj",
+            "action_time_mlp_in",
+            "action_time_mlp_out",
+        )
+        return (*expert, *(f"model.{name}" for name in heads))
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        """The policy's float dtype (float32 unless --policy.dtype casts it): inputs enter in it."""
+        return self.model.state_proj.weight.dtype
+
+    # ---------------------------------------------------------------- inputs
+
+    def _images(self, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each camera resized with padding and mapped to [-1, 1], with its (all-true) mask, then
+        `empty_cameras` blank slots."""
+        present = [name for name in self.cameras if name in batch]
+        if not present:
+            raise ValueError(f"the batch holds none of the policy's cameras {self.cameras}")
+        images, masks = [], []
+        for name in present:
+            image = batch[name][:, -1] if batch[name].ndim == 5 else batch[name]
+            size = self.config.resize_imgs_with_padding
+            if size is not None:
+                image = resize_with_pad(image, size[1], size[0])
+            images.append((image * 2.0 - 1.0).to(self._dtype))
+            masks.append(
+                batch.get(
+                    f"{name}_padding_mask", torch.ones(len(image), dtype=torch.bool, device=image.device)
+                ).bool()
+            )
+        # LeRobot adds `empty_cameras` camera names no batch holds, so every call appends that many
+        # blank slots (-1, masked out) after the cameras present
+        for _ in range(self.config.empty_cameras):
+            images.append(torch.ones_like(images[-1]) * -1)
+            masks.append(torch.zeros_like(masks[-1]))
+        return images, masks
+
+    def _prefix(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        images, masks = self._images(batch)
+        state = batch[OBS_KEY]
+        state = state[:, -1] if state.ndim > 2 else state
+        if state.shape[-1] > self.config.max_state_dim:
+            raise ValueError(
+                f"the state has {state.shape[-1]} values, more than max_state_dim={self.config.max_state_dim}"
+            )
+        tokens, token_masks = self.tokenizer.batch_tokens(batch, state.device)
+        return self.model.embed_prefix(
+            images, masks, tokens, token_masks, pad_last(state.to(self._dtype), self.config.max_state_dim)
+        )
+
+    # ---------------------------------------------------------------- training
+
+    def forward(
+        self,
+        batch: dict[str, torch.Tensor],
+        noise: torch.Tensor | None = None,
+        time: torch.Tensor | None = None,
+        reduction: str = "mean",
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """LeRobot's loss: the element-wise squared velocity error on the real action dimensions,
+        summed over the steps that are not padding and divided by their number x action_dim (per
+        sample with reduction="none")."""
+        actions = pad_last(batch[ACTION_KEY].to(self._dtype), self.config.max_action_dim)
+        if noise is None:
+            noise = torch.normal(0.0, 1.0, size=actions.shape, dtype=torch.float32, device=actions.device)
+        if time is None:
+            time = sample_time(actions.shape[0], actions.device)
+        losses = self.model.losses(self._prefix(batch), actions, noise.to(self._dtype), time)[
+            :, :, : self.config.action_dim
+        ]
+        metrics = {"losses_after_forward": losses.detach().mean()}
+        pad = batch.get(PAD_KEY)
+        if pad is not None:
+            losses = losses * (~pad).unsqueeze(-1)
+        dims = losses.shape[-1]
+        if reduction == "none":
+            valid = (dims * (~pad).sum(dim=1)).clamp_min(1) if pad is not None else dims * losses.shape[1]
+            return losses.sum(dim=(1, 2)) / valid, metrics
+        valid = (dims * (~pad).sum()).clamp_min(1) if pad is not None else losses.numel()
+        return losses.sum() / valid, metrics
+
+    # ---------------------------------------------------------------- acting
+
+    @torch.no_grad()
+    def predict_action_chunk(
+        self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """A sampled action chunk (B, chunk_size, action_dim), normalized."""
+        self.eval()
+        prefix = self._prefix(batch)
+        b = prefix[0].shape[0]
+        if noise is None:
+            shape = (b, self.config.chunk_size, self.config.max_action_dim)
+            noise = torch.normal(0.0, 1.0, size=shape, dtype=torch.float32, device=prefix[0].device)
+        return self.model.sample(prefix, noise.to(self._dtype))[:, :, : self.config.action_dim]
+
+    @torch.no_grad()
+    def select_action(
+        self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if not self._queue:
+            chunk = self.predict_action_chunk(batch, noise)[:, : self.config.n_action_steps]
+            self._queue.extend(chunk.transpose(0, 1))
+        return self._queue.popleft()
+
+    def reset(self) -> None:
+        self._queue.clear()
+
+    def load_pretrained_parts(self) -> None:
+        if self.config.load_vlm_weights:
+            self.model.vlm_with_expert.load_backbone_weights(self.config.vlm_model_name)
+
+
+SmolVLAConfig.built_by = SmolVLAPolicy

@@ -1,0 +1,56 @@
+"""SmolVLA runs of the real trainer on 2 gloo ranks, all in one torchrun launch.
+
+usage: smolvla_run.py OUT WORKDIR [hsdp]
+
+WORKDIR holds the tiny backbone as `tiny_smolvlm/` and LeRobot's camera dataset as `dataset_video/`
+(the backbone name is relative, as in LeRobot's fixture). `naive` shards with a unit per decoder layer
+(LlamaDecoderLayer) and must fail: SmolVLA calls a decoder layer's parts, never its forward(), so that
+unit's parameters are never gathered; its one-line error is printed as `naive failed: ...`. `fsdp2`
+(the policy's own units) and `ddp` train the same tiny SmolVLA from the same seed for two steps;
+`lora` fine-tunes the fsdp2 result with LoRA on LeRobot's default targets under FSDP2. With `hsdp`
+(4 ranks): `hsdp` (2 replicas x 2 shards) and `ddp4` (DDP) train the same way instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import clean_exit
+from fresh_accelerator import reset_accelerate
+
+from trainer.cli.parse import parse_config
+from trainer.engine.loop import train
+
+OUT, WORKDIR, *MODE = sys.argv[1:]
+TINY = [
+    "--policy.type=smolvla", "--policy.vlm_model_name=tiny_smolvlm", "--policy.chunk_size=5",
+    "--policy.n_action_steps=5", "--policy.num_vlm_layers=4", "--policy.num_steps=3",
+    "--policy.resize_imgs_with_padding=[32,32]", "--dataset.root=dataset_video", "--batch_size=2",
+    "--num_workers=0", "--log_freq=1", "--seed=3", "--steps=2", "--save_freq=2",
+]  # fmt: skip
+RUNS = {
+    "naive": ["--parallelism.dp_shard=2", "--accelerator.fsdp.wrap_modules=[SmolVLMEncoderLayer,LlamaDecoderLayer]"],
+    "fsdp2": ["--parallelism.dp_shard=2"],
+    "ddp": ["--parallelism.dp_shard=1"],
+    "lora": [f"--policy.path={OUT}/fsdp2/checkpoints/last", "--peft.method_type=LORA", "--peft.r=2", "--parallelism.dp_shard=2"],
+}  # fmt: skip
+HSDP_RUNS = {
+    "hsdp": ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"],
+    "ddp4": ["--parallelism.dp_shard=1"],
+}  # fmt: skip
+
+
+if __name__ == "__main__":
+    os.chdir(WORKDIR)
+    for run, flags in (HSDP_RUNS if MODE == ["hsdp"] else RUNS).items():
+        reset_accelerate()
+        print(f"=== run {run}", flush=True)
+        try:
+            train(parse_config([*TINY, *flags, f"--output_dir={OUT}/{run}"]))
+        except Exception as exc:  # the naive units: reported, not raised (the launch goes on)
+            if run != "naive":
+                raise
+            print(f"naive failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", flush=True)
+    reset_accelerate()
+    clean_exit.leave()

@@ -1,0 +1,104 @@
+"""SmolVLA sharded on 2 gloo ranks, one torchrun launch (scripts/smolvla_run.py): a unit per decoder
+layer (the naive choice) fails, since SmolVLA never calls a decoder layer's forward(); the policy's own
+units (the parts whose forward() runs) train exactly as DDP does, the sharded run saves LeRobot's
+tensor names, and LoRA on LeRobot's default targets trains under FSDP2; HSDP 2x2 trains as DDP does
+on 4 ranks (a second launch)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+import trainer
+from helpers.fixtures import fixture_dir
+from helpers.launch import run_torchrun
+from trainer.data.dataset import task_bytes
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
+
+SCRIPT = Path(__file__).parent / "scripts" / "smolvla_run.py"
+
+
+def _workdir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    work = tmp_path_factory.mktemp(name)
+    shutil.copytree(fixture_dir("lerobot_smolvla_tiny", "tiny_smolvlm"), work / "tiny_smolvlm")
+    shutil.copytree(fixture_dir("lerobot", "dataset_video"), work / "dataset_video")
+    return work
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    work = _workdir(tmp_path_factory, "smolvla_sharded")
+    return work, run_torchrun(SCRIPT, 2, str(work / "out"), str(work), timeout=400).stdout
+
+
+def _shapes(path: Path) -> dict[str, list[int]]:
+    with safe_open(str(path), "pt") as handle:
+        return {key: list(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
+
+
+def _losses(run: Path) -> list[float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if r.get("event") == "train"]
+
+
+def test_a_unit_per_decoder_layer_is_never_gathered(runs) -> None:
+    _, stdout = runs
+    assert stdout.count("naive failed: RuntimeError:") == 2  # on both ranks, at the first forward
+    assert "mixed torch.Tensor and DTensor" in stdout
+
+
+def test_fsdp2_with_the_policys_units_trains_as_ddp_does(runs) -> None:
+    work, stdout = runs
+    assert "FSDP units by class: SmolVLMEncoderLayer, LlamaMLP, Linear" in stdout
+    fsdp2, ddp = _losses(work / "out" / "fsdp2"), _losses(work / "out" / "ddp")
+    assert len(fsdp2) == 2
+    np.testing.assert_allclose(fsdp2, ddp, rtol=1e-5)
+
+
+def test_the_sharded_run_saves_lerobots_tensors_and_acts_as_ddps(runs, monkeypatch) -> None:
+    work, _ = runs
+    monkeypatch.chdir(work)  # the config names its backbone by the relative path tiny_smolvlm
+    lerobot = fixture_dir("lerobot_smolvla_tiny", "pretrained_model", "model.safetensors")
+    steps = {name: work / "out" / name / "checkpoints" / "last" for name in ("fsdp2", "ddp")}
+    assert _shapes(steps["fsdp2"] / "pretrained_model" / "model.safetensors") == _shapes(lerobot)
+    policies = {name: trainer.load_policy(str(step)).policy for name, step in steps.items()}
+    g = torch.Generator().manual_seed(0)
+    batch = {
+        "observation.state": torch.randn(2, 4, generator=g),
+        "observation.images.top": torch.rand(2, 3, 24, 40, generator=g),
+        "observation.images.wrist": torch.rand(2, 3, 24, 40, generator=g),
+        "task": task_bytes(["reach the corner the colour names", "push"]),
+    }
+    noise = torch.randn(2, 5, 32, generator=g)
+    actions = {name: p.predict_action_chunk(batch, noise=noise) for name, p in policies.items()}
+    torch.testing.assert_close(actions["fsdp2"], actions["ddp"], rtol=1e-4, atol=1e-5)
+
+
+def test_lora_under_fsdp2_trains_lerobots_default_targets(runs) -> None:
+    """The expert's q/v projections and the state/action/time projections, the VLM untouched."""
+    work, _ = runs
+    model_dir = work / "out" / "lora" / "checkpoints" / "last" / "pretrained_model"
+    with safe_open(str(model_dir / "adapter_model.safetensors"), "pt") as handle:
+        names = list(handle.keys())
+        lora_b = [handle.get_tensor(n) for n in names if ".lora_B." in n]
+    targets = {name.split(".lora_")[0].removeprefix("base_model.model.model.") for name in names}
+    expert = {f"vlm_with_expert.lm_expert.layers.{i}.self_attn.{p}_proj" for i in range(4) for p in "qv"}
+    heads = {"state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in", "action_time_mlp_out"}
+    assert targets == expert | heads
+    assert any(t.abs().sum() > 0 for t in lora_b)  # the adapters moved from their zero start
+
+
+def test_hsdp_2x2_trains_as_ddp_does_on_4_ranks(tmp_path_factory: pytest.TempPathFactory) -> None:
+    work = _workdir(tmp_path_factory, "smolvla_hsdp")
+    stdout = run_torchrun(SCRIPT, 4, str(work / "out"), str(work), "hsdp", timeout=400).stdout
+    assert "HSDP 2x2 (4 processes" in stdout
+    hsdp, ddp = _losses(work / "out" / "hsdp"), _losses(work / "out" / "ddp4")
+    assert len(hsdp) == 2
+    np.testing.assert_allclose(hsdp, ddp, rtol=1e-5)
