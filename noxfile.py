@@ -81,7 +81,9 @@ def bench(session: nox.Session) -> None:
     from and to moto's S3 server, against the S3 client's floor and a local conversion), then what
     --save_checkpoint_to_hub costs a run against the same run without pushes (loopback Hub), then the start
     time of `ckpt inspect --json` against `hf version`, then the ACT benchmark (two 96x96 cameras:
-    trainer step time vs a bare FSDP2 loop, peak RSS with the trunk frozen vs trained).
+    trainer step time vs a bare FSDP2 loop, peak RSS with the trunk frozen vs trained), then the memory
+    benchmark (a 470 M-parameter policy built on meta on 1, 2 and 4 gloo ranks: per-rank peak RSS at
+    build, first step and save against 16 B/param / N + a tiny run's).
 
     Options after `--` go to the conversion benchmark, e.g. `nox -s bench -- --size-mb 1600 --repeat 3`.
     """
@@ -99,6 +101,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_hub_push.py")
     session.run("python", "benchmarks/bench_cli.py")
     session.run("python", "benchmarks/bench_act.py")
+    session.run("python", "benchmarks/bench_memory.py")
 
 
 @nox.session

@@ -39,8 +39,9 @@ WORKER = HERE / "engine_worker.py"
 TRAIN = HERE.parent / "tests" / "distributed" / "scripts" / "train_cli.py"
 
 
-def torchrun(script: Path, *args: str) -> str:
-    """Run `script` on 2 gloo ranks with benchmarks/ on the path (workers and dataset plug-ins live here)."""
+def torchrun(script: Path, *args: str, nproc: int = 2) -> str:
+    """Run `script` on `nproc` gloo ranks with benchmarks/ on the path (workers and dataset plug-ins live
+    here)."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -49,7 +50,7 @@ def torchrun(script: Path, *args: str) -> str:
     }
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--rdzv-endpoint=localhost:0"]
     result = subprocess.run(
-        [*command, "--nproc-per-node=2", str(script), *args],
+        [*command, f"--nproc-per-node={nproc}", str(script), *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -86,7 +86,17 @@ LAYERS = {
 # room or the rooms below it (the layer's root modules are rooms of their own).
 ROOMS = {
     "trainer.data": ("dataset", "format", "pipeline", "embedded", "sources"),
-    "trainer.engine": ("ema", "peft_policy", "loss_window", "run", "banner", "checkpoint", "plan", "loop"),
+    "trainer.engine": (
+        "ema",
+        "peft_policy",
+        "loss_window",
+        "run",
+        "banner",
+        "build",
+        "checkpoint",
+        "plan",
+        "loop",
+    ),
 }
 
 

@@ -36,6 +36,7 @@ PUBLIC = {
     "PendingCheckpoint",
     "prepare_save_groups",
     "load_training_state",
+    "load_model_weights",
     "save_rng_state",
     "load_rng_state",
     "read_training_step",

@@ -143,8 +143,9 @@ def test_changed_topology_resume_continues_the_loss_curve(runs, case):
         assert x[step] == pytest.approx(a[step], rel=1e-5)
     uninterrupted = saved_adapter(runs, "fsdp2", "a", 4)["dcp"]
     resumed = saved_adapter(runs, case, "x", 4)["safetensors"]
-    for key, tensor in uninterrupted.items():
-        torch.testing.assert_close(resumed[key], tensor, rtol=1e-4, atol=1e-6)
+    for key, tensor in uninterrupted.items():  # Adam turns a sum's last bits into ~lr-sized steps on
+        # near-zero gradients: a few elements differ by some 1e-6 (how many depends on the base's draw)
+        torch.testing.assert_close(resumed[key], tensor, rtol=1e-4, atol=1e-5)
 
 
 def _policy(config_dir: Path) -> torch.nn.Module:

@@ -96,6 +96,7 @@ if TYPE_CHECKING:
         start_checkpoint as start_checkpoint,
     )
     from ckpt_tools.state.training_load import load_training_state as load_training_state
+    from ckpt_tools.state.training_load import load_model_weights as load_model_weights
     from ckpt_tools.tools.convert.result import ConversionResult as ConversionResult
     from ckpt_tools.tools.convert.to_dcp import convert_safetensors_to_dcp as convert_safetensors_to_dcp
     from ckpt_tools.tools.convert.to_safetensors import (
@@ -127,6 +128,7 @@ _EXPORTS: dict[str, str] = {
     "PendingCheckpoint": "ckpt_tools.state.save",
     "prepare_save_groups": "ckpt_tools.state.save",
     "load_training_state": "ckpt_tools.state.training_load",
+    "load_model_weights": "ckpt_tools.state.training_load",
     "save_rng_state": "ckpt_tools.state.rng",
     "load_rng_state": "ckpt_tools.state.rng",
     "read_training_step": "ckpt_tools.files.locate",

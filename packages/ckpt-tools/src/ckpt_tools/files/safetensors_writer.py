@@ -16,10 +16,11 @@ import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from ckpt_tools.errors import CorruptCheckpointError
 from ckpt_tools.files import storage
+from ckpt_tools.files.digest import HashingStream, Recorder
 from ckpt_tools.format import layout
 from ckpt_tools.format.dtypes import ITEMSIZE, nbytes
 
@@ -69,10 +70,17 @@ class SafetensorsStreamWriter:
     """Writes one safetensors file front to back under a temporary name.
 
     Call `write` / `copy_from` with each tensor's bytes in `specs` order (the order given is the file
-    order; use `aligned_order`), then `close()`, then `commit()` once the caller is satisfied.
+    order; use `aligned_order`), then `close()`, then `commit()` once the caller is satisfied. With a
+    `recorder`, the file's size and sha256 are recorded under its final name as it is written.
     """
 
-    def __init__(self, path: str, specs: Sequence[TensorSpec], metadata: dict[str, str] | None = None):
+    def __init__(
+        self,
+        path: str,
+        specs: Sequence[TensorSpec],
+        metadata: dict[str, str] | None = None,
+        recorder: Recorder | None = None,
+    ):
         self.path = path.rstrip("/")
         parent, name = layout.parent(self.path), layout.name(self.path)
         self.tmp_path = layout.join(parent, layout.TMP_PREFIX + name)
@@ -82,8 +90,10 @@ class SafetensorsStreamWriter:
         self._fs, inner = storage.resolve(self.tmp_path)
         self._fs.makedirs(layout.parent(inner), exist_ok=True)
         self._handle: IO[bytes] = storage.open_file(self.tmp_path, "wb")
+        if recorder is not None:  # the digest under the final name, from the bytes as they pass
+            self._handle = cast("IO[bytes]", HashingStream(self._handle, self.path, recorder))
         self._written = 0
-        self._kernel_copy = storage.is_local(self._fs)
+        self._kernel_copy = storage.is_local(self._fs) and recorder is None  # a kernel copy is not hashed
         self._put(header)
 
     def write(self, data: Any) -> None:

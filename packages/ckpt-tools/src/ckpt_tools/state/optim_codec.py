@@ -18,16 +18,17 @@ from ckpt_tools.files.digest import Recorder
 from ckpt_tools.files.safetensors_io import SafetensorsHeader, read_safetensors_header
 from ckpt_tools.format import layout
 from ckpt_tools.format.untrusted import MAX_CONFIG_BYTES, check_like, describe, parse_json
-from ckpt_tools.tensors.tensor_io import read_safetensors, read_safetensors_block, write_safetensors
+from ckpt_tools.tensors.tensor_io import read_safetensors, read_safetensors_block, stream_safetensors
 
 
 def write_optimizer_safetensors(
     state_dir: str, osd: dict[str, Any], recorder: Recorder | None = None
 ) -> None:
-    """Write a full (gathered) optimizer state dict into `state_dir` as the two files above."""
+    """Write a full (gathered) optimizer state dict into `state_dir` as the two files above, the
+    tensors from their own memory (the optimizer's state is the largest part of a save)."""
     tensors, param_groups, extras = flatten_optimizer(osd)
     meta = {"state_extras": json.dumps(extras)} if extras else None
-    write_safetensors(layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS), tensors, meta, recorder)
+    stream_safetensors(layout.join(state_dir, layout.OPTIMIZER_SAFETENSORS), tensors, meta, recorder)
     manifest.write_json(layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS), param_groups, recorder)
 
 

@@ -29,7 +29,6 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
 )
 from torch.distributed.checkpoint.stateful import Stateful  # state_dict() and load_state_dict()
-from torch.distributed.tensor import DTensor
 
 from ckpt_tools.errors import SaveFailedError, UsageError
 from ckpt_tools.files import commit, storage
@@ -40,12 +39,12 @@ from ckpt_tools.format.meta import CheckpointFormat, TrainingStep
 from ckpt_tools.reports.verify import verify_checkpoint
 from ckpt_tools.state.adapters import adapter_keys
 from ckpt_tools.state.collective import Group, is_sharded
+from ckpt_tools.state.gathered_write import write_gathered_safetensors
 from ckpt_tools.state.optim_codec import write_optimizer_safetensors
 from ckpt_tools.state.processor_state import ProcessorState, check_processors, write_processors
 from ckpt_tools.state.rng import RngSnapshot, rng_snapshot, write_rng_state
 from ckpt_tools.tensors.tensor_io import dcp_async_save, dcp_save, dcp_stage, write_safetensors
 
-_FULL_ON_MAIN = StateDictOptions(full_state_dict=True, cpu_offload=True)
 WriteDcp = Callable[[dict[str, Any], str], None]  # writes a state dict as a DCP directory
 
 
@@ -68,38 +67,39 @@ def start_checkpoint(
     ema: Mapping[str, torch.Tensor] | None = None,
 ) -> PendingCheckpoint:
     """Collective: call on all ranks. Write `<checkpoints_dir>/<step:06d>/`; `finish()` on the result
-    (collective) moves `last` to it and, with `keep_last=K` > 0, deletes all but the K newest steps
-    (`commit.prune_steps`). `save_checkpoint` is both at once.
+        (collective) moves `last` to it and, with `keep_last=K` > 0, deletes all but the K newest steps
+        (`commit.prune_steps`). `save_checkpoint` is both at once.
 
-    With `background=True` the DCP parts (a sharded run's optimizer, DCP weights) are staged (copied)
-    now and written by DCP's async save in background threads, so training can go on; `written()`
-    says whether this rank's writes are done, and `finish()` waits for them. The other parts (gathered
-    files, side files) are written before this returns.
+        With `background=True` the DCP parts (a sharded run's optimizer, DCP weights) are staged (copied)
+        now and written by DCP's async save in background threads, so training can go on; `written()`
+        says whether this rank's writes are done, and `finish()` waits for them. The other parts (gathered
+        files, side files) are written before this returns.
 
-    `model` is the prepared model (plain, DDP-wrapped, or FSDP2/HSDP-sharded). The weights go out in
-    `training_step.checkpoint_format`: `safetensors` gathers the full (fp32 master) weights into
-    `model.safetensors`, `dcp` writes `pytorch_model_fsdp_0/` from every rank, `safetensors_dcp` both.
-    The optimizer is DCP (`optimizer_0/`) on a sharded model, else `optimizer_state.safetensors` +
-    `optimizer_param_groups.json`. `processors` keys are `layout.PREPROCESSOR` / `layout.POSTPROCESSOR`.
-    Every rank's RNG state, as it is now, is gathered into `rng_state.safetensors` at `finish()`.
-    A failure of the main rank's own writing (gathered files, side files, commit, retention) or of any
-    rank's DCP shard write raises the same one-line `SaveFailedError` on every rank, at once.
+        `model` is the prepared model (plain, DDP-wrapped, or FSDP2/HSDP-sharded). The weights go out in
+        `training_step.checkpoint_format`: `safetensors` gathers the full (fp32 master) weights into
+        `model.safetensors`, `dcp` writes `pytorch_model_fsdp_0/` from every rank, `safetensors_dcp` both.
+        The optimizer is DCP (`optimizer_0/`) on a sharded model, else `optimizer_state.safetensors` +
+        `optimizer_param_groups.json`. `processors` keys are `layout.PREPROCESSOR` / `layout.POSTPROCESSOR`.
+        Every rank's RNG state, as it is now, is gathered into `rng_state.safetensors` at `finish()`.
+        A failure of the main rank's own writing (gathered files, side files, commit, retention) or of any
+        rank's DCP shard write raises the same one-line `SaveFailedError` on every rank, at once.
 
-    A PEFT run passes `adapter_config` (peft's config as JSON, `base_model_name_or_path` included): the
-    weights saved are then only the trainable ones, under peft's key names (`peft_key`), as
-    `adapter_model.safetensors` and/or `adapter_model_fsdp_0/` by the same format rule, beside
-    `adapter_config.json`; the frozen base is not written.
+        A PEFT run passes `adapter_config` (peft's config as JSON, `base_model_name_or_path` included): the
+        weights saved are then only the trainable ones, under peft's key names (`peft_key`), as
+        `adapter_model.safetensors` and/or `adapter_model_fsdp_0/` by the same format rule, beside
+        `adapter_config.json`; the frozen base is not written.
 
-    `manifest` (default on) writes `manifest.json`: every file's size and sha256, hashed from the bytes
-    as they are written (each rank its own shards, gathered to the main rank), which
-    `ckpt verify --deep` checks. Off, the gathered files stream to disk without a second copy in memory.
+        `manifest` (default on) writes `manifest.json`: every file's size and sha256, hashed from the bytes
+        as they are written (each rank its own shards, gathered to the main rank), which
+        `ckpt verify --deep` checks. Gathered files are written tensor by tensor, hashed as they pass
+    (`gathered_write.py`): no process holds a second copy of the model.
 
-    `ema` is a run's EMA shadow: parameter name (the model's state-dict name) -> tensor, sharded like the
-    parameter (a DTensor on a sharded model, the same on every rank otherwise). It is a weight set of its
-    own beside the model's, by the same format rule: gathered into `ema.safetensors` and/or written from
-    every rank as `ema_dcp/`, so a resume reshards it like the weights and a reader loads it like them.
-    A PEFT run's shadow (its trainable parameters) is saved under the adapter's key names (`peft_key`),
-    so it stands in for the adapter file as the EMA of a full model stands in for the model file.
+        `ema` is a run's EMA shadow: parameter name (the model's state-dict name) -> tensor, sharded like the
+        parameter (a DTensor on a sharded model, the same on every rank otherwise). It is a weight set of its
+        own beside the model's, by the same format rule: gathered into `ema.safetensors` and/or written from
+        every rank as `ema_dcp/`, so a resume reshards it like the weights and a reader loads it like them.
+        A PEFT run's shadow (its trainable parameters) is saved under the adapter's key names (`peft_key`),
+        so it stands in for the adapter file as the EMA of a full model stands in for the model file.
     """
     group = Group(process_group)
     recorder = Recorder() if manifest else None
@@ -321,10 +321,10 @@ def _save_model(
     recorder: Recorder | None,
     write_dcp: WriteDcp,
 ) -> None:
-    if CheckpointFormat(checkpoint_format).has_safetensors:
-        full: dict[str, Any] = get_model_state_dict(model, options=_FULL_ON_MAIN)  # collective gather
+    if CheckpointFormat(checkpoint_format).has_safetensors:  # gathered tensor by tensor, no full copy
         path = layout.join(model_dir, layout.MODEL_SAFETENSORS)
-        group.on_main(write_safetensors, path, full, {"format": "pt"}, recorder)
+        state: dict[str, Any] = get_model_state_dict(model)  # DTensors on a sharded model: nothing gathered
+        write_gathered_safetensors(path, state, group, recorder)
     if CheckpointFormat(checkpoint_format).has_dcp:
         write_dcp(get_model_state_dict(model), layout.join(model_dir, layout.MODEL_DCP_DIR))
 
@@ -364,15 +364,11 @@ def _save_ema(
     recorder: Recorder | None,
     write_dcp: WriteDcp,
 ) -> None:
-    """The EMA shadow as the model is written: gathered on the main rank (`full_tensor`, collective per
-    sharded tensor, in the same order on every rank) and/or as DCP shards from every rank."""
+    """The EMA shadow as the model is written: gathered into one file tensor by tensor (`full_tensor`,
+    collective per sharded tensor, in the same order on every rank) and/or as DCP shards from every rank."""
     if CheckpointFormat(checkpoint_format).has_safetensors:
-        full = {
-            name: (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu()
-            for name, value in ema.items()
-        }
         path = layout.join(model_dir, layout.EMA_SAFETENSORS)
-        group.on_main(write_safetensors, path, full, {"format": "pt"}, recorder)
+        write_gathered_safetensors(path, ema, group, recorder)
     if CheckpointFormat(checkpoint_format).has_dcp:
         write_dcp(dict(ema), layout.join(model_dir, layout.EMA_DCP_DIR))
 
@@ -394,7 +390,7 @@ def _save_optimizer(
     if is_sharded(model):
         write_dcp(_optimizer_state(model, optimizer), layout.join(state_dir, layout.OPTIMIZER_DCP_DIR))
         return
-    osd = _optimizer_state(model, optimizer, _FULL_ON_MAIN)
+    osd = _optimizer_state(model, optimizer)  # plain tensors: the state itself, no gathered copy
     group.on_main(write_optimizer_safetensors, state_dir, osd, recorder)
 
 

@@ -144,6 +144,31 @@ def _load_model(model_dir: str, model: nn.Module, group: Group) -> None:
         set_model_state_dict(model, full)
 
 
+def load_model_weights(
+    path: str | os.PathLike[str], model: nn.Module, process_group: dist.ProcessGroup | None = None
+) -> None:
+    """Collective on a sharded model: the model weights at `path` (a step, model or DCP directory, a
+    `.safetensors` file; not an adapter) into `model`, prepared or plain, each rank reading only what
+    it holds: DCP shards resharded by torch, safetensors (one file or the shards of an index) one
+    ranged read per tensor, never a whole file, so a rank's peak is its shard plus one tensor. Every
+    shape is checked before the first copy."""
+    group = Group(process_group)
+    cat = catalog(os.fspath(path))
+    weights = weights_for_resume(cat, sharded=is_sharded(model))
+    if weights is None or weights.role == ADAPTER:
+        raise NotACheckpointError(
+            f"{os.fspath(path)} holds no model weights ({layout.MODEL_SAFETENSORS}, {layout.MODEL_INDEX} or "
+            f"{layout.MODEL_DCP_DIR}/); merge an adapter into its base first (`ckpt merge-adapter`)"
+        )
+    if weights.format == DCP:
+        validate_dcp_metadata(weights.path)
+        state = get_model_state_dict(model)
+        dcp_load(state, weights.path, group.pg, group.distributed)
+        set_model_state_dict(model, state)
+    else:
+        _load_full_into_shards(weights, model)
+
+
 def _load_full_into_shards(weights: WeightSet, model: nn.Module) -> None:
     """Gathered safetensors weights into a sharded model: each rank reads only the blocks its own
     shards hold (one ranged read per tensor, `read_safetensors_block`), never the whole file, so a

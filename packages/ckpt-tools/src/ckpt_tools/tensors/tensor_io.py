@@ -23,7 +23,9 @@ from ckpt_tools.errors import CorruptCheckpointError
 from ckpt_tools.files import manifest, storage
 from ckpt_tools.files.digest import HashingFileSystem, Recorder
 from ckpt_tools.files.safetensors_io import SafetensorsHeader, read_safetensors_header, read_weight_map
+from ckpt_tools.files.safetensors_writer import SafetensorsStreamWriter, TensorSpec, aligned_order
 from ckpt_tools.format import layout
+from ckpt_tools.format.dtypes import safetensors_code
 
 
 def write_safetensors(
@@ -51,6 +53,41 @@ def write_safetensors(
         save_file(out, inner, metadata=metadata)
     else:
         storage.write_bytes(path, save(out, metadata=metadata))
+
+
+def tensor_specs(tensors: Mapping[str, torch.Tensor]) -> list[TensorSpec]:
+    """The header entries of `tensors` in the safetensors library's file order (`aligned_order`)."""
+    return aligned_order(
+        [TensorSpec(name, safetensors_code(str(t.dtype)), tuple(t.shape)) for name, t in tensors.items()]
+    )
+
+
+def write_tensor_bytes(writer: SafetensorsStreamWriter, tensor: torch.Tensor) -> None:
+    """Append one tensor's bytes, from its own memory when it is a CPU tensor laid out in order."""
+    data = tensor.detach().cpu().contiguous()
+    if data.numel():
+        writer.write(data.reshape(-1).view(torch.uint8).numpy())
+
+
+def stream_safetensors(
+    path: str,
+    tensors: Mapping[str, torch.Tensor],
+    metadata: dict[str, str] | None = None,
+    recorder: Recorder | None = None,
+) -> None:
+    """Write a large safetensors file (local path or fsspec URL) tensor by tensor: the bytes
+    `safetensors.torch.save` writes, without serializing them in memory first (`write_safetensors`
+    does, to hash them), hashed as they pass with a `recorder`. Nothing is copied but a tensor that is
+    not a CPU tensor laid out in order."""
+    writer = SafetensorsStreamWriter(path, tensor_specs(tensors), metadata, recorder)
+    try:
+        for spec in writer.specs:
+            write_tensor_bytes(writer, tensors[spec.name])
+        writer.close()
+    except BaseException:
+        writer.discard()
+        raise
+    writer.commit()
 
 
 def read_safetensors(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -31,9 +31,8 @@ from trainer.distributed.factory import build_accelerator, prepare
 from trainer.distributed.interrupt import Agreement, Interrupted, Interrupts
 from trainer.distributed.runlock import RunLock, watch_launcher
 from trainer.distributed.topology import launch_world_size
-from trainer.distributed.units import apply_unit_transforms
-from trainer.distributed.wrap import WrapPlan, describe_parameters, resolve_wrap_plan
-from trainer.engine import peft_policy as peft
+from trainer.distributed.wrap import WrapPlan, describe_parameters
+from trainer.engine import build as model_build
 from trainer.engine.banner import data_banner, run_banner
 from trainer.engine.checkpoint import resume
 from trainer.engine.checkpoint.wing import Checkpoints
@@ -45,7 +44,6 @@ from trainer.errors import USER_ERRORS, ConfigError
 from trainer.evaluation import rollouts as evaluation
 from trainer.evaluation import validation
 from trainer.evaluation.inference import LoadedPolicy
-from trainer.policies import build_policy
 from trainer.policies.base import optimizer_params
 from trainer.reporting.metrics import Logger, make_logger
 
@@ -159,15 +157,12 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
     """Collective. Policy, accelerator, the run lock, optimizer; the two resume phases around
     `prepare()`. A stale lock taken over adds its warning to `notes`."""
     config, topology, dataset = plan.config, plan.topology, plan.dataset
-    base_policy = build_policy(config.policy, dataset.obs_dim, dataset.action_dim)
-    policy: torch.nn.Module = base_policy
-    policy = peft.start_policy(policy, config, topology.is_sharded)  # --policy.path weights, --peft adapters
-    acc = config.accelerator
-    wrap_plan = resolve_wrap_plan(policy, acc.fsdp) if topology.is_sharded else None
-    unit_plan = wrap_plan or (resolve_wrap_plan(policy, acc.fsdp) if acc.transforms_units else None)
-    notes.extend(apply_unit_transforms(policy, unit_plan, acc, topology.is_sharded))  # before sharding
+    # on the meta device where it can be; --policy.path weights, --peft adapters, unit transforms
+    built = model_build.build(config, topology.is_sharded, dataset.obs_dim, dataset.action_dim, notes)
+    policy, wrap_plan = built.policy, built.wrap_plan
     preprocessor, postprocessor = build_processors(config.policy.normalization_stats(dataset.stats()))
     accelerator = build_accelerator(config, topology, wrap_plan)
+    model_build.before_prepare(built, config, accelerator.device)  # the unsharded policy is real now
     # while the launcher's store is up (ranks it leaves behind still save), bounded like every collective
     ckpt_tools.prepare_save_groups(timedelta(seconds=config.collective_timeout_s))
     lock_note = ckpt_tools.main_decides(
@@ -183,7 +178,7 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
         config.seed,
         weighted=getattr(dataset, "weighted_order", None),  # a mixture's members drawn by weight
     )
-    optimizer = config.optimizer.build(optimizer_params(policy, base_policy))
+    optimizer = config.optimizer.build(optimizer_params(policy, built.base))
     scheduler = config.scheduler.build(optimizer, config.steps)
 
     # ---- Resume, phase 1 (before prepare): restore the step, the RNG and the sampler position. ----
@@ -192,6 +187,7 @@ def _build(plan: RunPlan, lock: RunLock, notes: list[str]) -> tuple[Run, WrapPla
     )
 
     model, optimizer, scheduler = prepare(accelerator, policy, optimizer, scheduler, wrap_plan)
+    model_build.after_prepare(built, config, accelerator.device)  # a sharded policy's shards are real now
 
     # ---- Resume, phase 2 (after prepare): load model/optimizer/scheduler/EMA state (ckpt_tools). ----
     unwrapped = accelerator.unwrap_model(model)

@@ -319,6 +319,7 @@ class ACTPolicy(Policy):
     _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("ACTEncoderLayer", "ACTDecoderLayer", "ResNetStage")
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action",)
     _peft_target_modules: ClassVar[tuple[str, ...]] = ("q_proj", "k_proj", "v_proj", "out_proj")
+    vae_encoder_pos_enc: torch.Tensor
 
     def __init__(self, config: ACTConfig) -> None:
         super().__init__(config)
@@ -353,8 +354,7 @@ class ACTPolicy(Policy):
                 self.vae_encoder_robot_state_input_proj = nn.Linear(self.robot_dim, d)
             self.vae_encoder_action_input_proj = nn.Linear(config.action_dim, d)
             self.vae_encoder_latent_output_proj = nn.Linear(d, 2 * config.latent_dim)
-            tokens = 1 + has_state + config.chunk_size
-            self.register_buffer("vae_encoder_pos_enc", sinusoidal_1d(tokens, d)[None], persistent=False)
+            self.register_buffer("vae_encoder_pos_enc", self._vae_positions(), persistent=False)
         self._queue: collections.deque[torch.Tensor] = collections.deque(maxlen=config.n_action_steps)
         coeff = config.temporal_ensemble_coeff
         self._ensembler = None if coeff is None else TemporalEnsembler(coeff, config.chunk_size)
@@ -455,8 +455,21 @@ class ACTPolicy(Policy):
         return act_lerobot.state_from_lerobot(state) if act_lerobot.is_lerobot_state(state) else state
 
     def load_pretrained_parts(self) -> None:
-        if self.cameras and self.config.pretrained_backbone_weights is not None:
-            resnet.load_pretrained(self.backbone, self.config.pretrained_backbone_weights)
+        weights = self.config.pretrained_backbone_weights
+        if self.cameras and weights is not None:
+            resnet.load_pretrained(self.backbone, weights)
+
+    def loads_pretrained_parts(self) -> bool:
+        return bool(self.cameras) and self.config.pretrained_backbone_weights is not None
+
+    def reset_parameters(self) -> None:
+        """The policy's own tensor: the VAE encoder's sinusoidal table, recomputed (a meta build)."""
+        if self.config.use_vae:
+            self.vae_encoder_pos_enc.copy_(self._vae_positions())
+
+    def _vae_positions(self) -> torch.Tensor:
+        tokens = 1 + (self.config.obs_dim > 0) + self.config.chunk_size
+        return sinusoidal_1d(tokens, self.config.dim_model)[None]
 
     def parameter_groups(self) -> dict[str, float]:
         return {"backbone": self.config.optimizer_lr_backbone} if self.cameras else {}

@@ -138,6 +138,12 @@ class ACTStatePolicy(Policy):
         # children into their own FSDP unit.
         self.head = nn.Sequential(nn.LayerNorm(config.dim), nn.Linear(config.dim, config.action_dim))
 
+    def reset_parameters(self) -> None:
+        """The policy's own parameters, drawn as `__init__` draws them (a meta build calls this)."""
+        with torch.no_grad():
+            self.context.normal_(std=0.02)
+            self.queries.normal_(std=0.02)
+
     def _predict(self, obs: torch.Tensor) -> torch.Tensor:
         b = obs.shape[0]
         tokens = torch.cat([self.obs_proj(obs)[:, None], self.context.expand(b, -1, -1)], dim=1)

@@ -53,6 +53,12 @@ class Policy(nn.Module):
         """Load the pretrained weights the config names for parts of a freshly built policy (ACT's
         camera trunk); called at the start of training, not when a checkpoint's weights follow."""
 
+    def loads_pretrained_parts(self) -> bool:
+        """Whether `load_pretrained_parts()` has weights to load: such a policy is built whole on every
+        rank (engine/build.py), since the parts are read into a real, unsharded module. By default,
+        whether the class overrides `load_pretrained_parts` (override this to say when it loads none)."""
+        return type(self).load_pretrained_parts is not Policy.load_pretrained_parts
+
     def parameter_groups(self) -> dict[str, float]:
         """Submodules trained at their own learning rate, by name (ACT's camera trunk): each becomes an
         optimizer parameter group; the rest uses --optimizer.lr."""

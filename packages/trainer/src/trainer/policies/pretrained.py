@@ -136,12 +136,52 @@ def fit_weights(policy: Any, state: dict[str, Any], path: str) -> None:
         )
     missing, unexpected = policy.load_state_dict(state, strict=False)
     if missing or unexpected:
-        first = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
-        raise ConfigError(
-            f"--policy.path={path}: its weights do not fit the {type(policy).__name__} built from the flags "
-            f"({len(missing)} missing, {len(unexpected)} unexpected; {first}): drop the --policy.* flags "
-            "that change its shape"
-        )
+        _refuse_misfit(policy, path, missing, unexpected, [])
+
+
+def is_adapter(path: str) -> bool:
+    """Whether the weights at `path` are a PEFT adapter (merged into its base by `read_weights`)."""
+    with _checkpoint_errors(path):
+        return ckpt_tools.open_checkpoint(resolve(path)).is_adapter
+
+
+def check_fits(policy: Any, path: str) -> None:
+    """Refuse, in one line, weights at `path` whose names or shapes (read from the headers alone)
+    differ from `policy`'s, which may still be on the meta device: nothing is allocated or read yet."""
+    with _checkpoint_errors(path):
+        weights = ckpt_tools.describe_checkpoint(resolve(path)).weights
+    saved = {t.name: tuple(t.shape) for t in weights.tensors} if weights is not None else {}
+    wanted = {name: tuple(t.shape) for name, t in policy.state_dict().items()}
+    missing, unexpected = sorted(wanted.keys() - saved.keys()), sorted(saved.keys() - wanted.keys())
+    resized = [
+        f"{name} is {list(saved[name])} there but {list(wanted[name])} here"
+        for name in sorted(wanted.keys() & saved.keys())
+        if wanted[name] != saved[name]
+    ]
+    if missing or unexpected or resized:
+        _refuse_misfit(policy, path, missing, unexpected, resized)
+
+
+def stream_weights(policy: Any, path: str) -> None:
+    """Collective on a sharded policy: the weights at `path` into `policy`'s tensors, each rank reading
+    only the blocks it holds (`ckpt_tools.load_model_weights`); `check_fits` has passed."""
+    with _checkpoint_errors(path):
+        ckpt_tools.load_model_weights(resolve(path), policy)
+
+
+def _refuse_misfit(
+    policy: Any, path: str, missing: list[str], unexpected: list[str], resized: list[str]
+) -> None:
+    first = (
+        f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}" if unexpected else resized[0]
+    )
+    sizes = f"{len(missing)} missing, {len(unexpected)} unexpected" + (
+        f", {len(resized)} resized" if resized else ""
+    )
+    raise ConfigError(
+        f"--policy.path={path}: its weights do not fit the {type(policy).__name__} built from the flags "
+        f"({sizes}; {first}): drop the --policy.* flags that change its shape"
+    )
 
 
 def _adapter_base(model_dir: str, path: str) -> str:

@@ -30,6 +30,9 @@ TORCHVISION_WEIGHTS = {
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
+_IDENTITY = {"weight": 1.0, "bias": 0.0, "running_mean": 0.0, "running_var": 1.0}
+
+
 class FrozenBatchNorm2d(nn.Module):
     """Batch norm with fixed statistics and affine terms (buffers, never trained)."""
 
@@ -41,8 +44,14 @@ class FrozenBatchNorm2d(nn.Module):
     def __init__(self, channels: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.eps = eps
-        for name, value in (("weight", 1.0), ("bias", 0.0), ("running_mean", 0.0), ("running_var", 1.0)):
-            self.register_buffer(name, torch.full((channels,), value))
+        for name in _IDENTITY:
+            self.register_buffer(name, torch.empty(channels))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The identity transform (a meta build recomputes it here; pretrained statistics replace it)."""
+        for name, value in _IDENTITY.items():
+            getattr(self, name).fill_(value)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scale = self.weight * (self.running_var + self.eps).rsqrt()

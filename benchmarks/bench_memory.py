@@ -1,0 +1,131 @@
+"""Memory benchmark: a large policy built on the meta device, trained and saved on 1, 2 and 4 gloo ranks.
+
+act_state at a large configuration (16 encoder + 16 decoder blocks of width 1024, feed-forward 4096:
+~470 M parameters, each block an FSDP unit), fp32 AdamW, one step and one `--checkpoint_format=safetensors`
+save (gathered tensor by tensor under FSDP2), then the same run started from that checkpoint with
+`--policy.path` (weights streamed into the shards). memory_worker.py records each rank's VmHWM at the
+end of the build (and load), of the first step, and of the run (after the save).
+
+The ideal per rank is 16 bytes per parameter (fp32 weights, gradients, Adam's two moments) / N plus a
+tiny run's peak on the same number of ranks (the interpreter, torch, gloo, the dataset); the sum over
+ranks adds the ranks' peaks (an upper bound of the peak of their sum). Goals (issue 32): per-rank peak
+<= 1.15x the ideal, the sum never N full copies, time to the first step not growing with N.
+
+Usage: python benchmarks/bench_memory.py [--ranks 1,2,4] [--blocks 16] [--dim 1024] [--ffn 4096]
+       [--workdir DIR]
+Each large configuration runs once, one at a time (at 470 M parameters a rank of the 1-process run
+peaks near 8 GB; check `free -g` first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from bench_engine import torchrun
+
+HERE = Path(__file__).parent
+WORKER = HERE / "memory_worker.py"
+GB = 1e9
+PHASES = ("built", "first_step", "end")
+
+
+def run(nproc: int, out: Path, flags: list[str]) -> list[dict[str, float]]:
+    """One `trainer train` on `nproc` gloo ranks; each rank's record."""
+    out.mkdir(parents=True, exist_ok=True)
+    torchrun(WORKER, str(out), *flags, nproc=nproc)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+def train_flags(output_dir: Path, cache: Path, nproc: int, policy: list[str]) -> list[str]:
+    shard = [f"--parallelism.dp_shard={nproc}"] if nproc > 1 else []
+    return [
+        f"--output_dir={output_dir}",
+        f"--dataset.cache_dir={cache}",
+        "--dataset.episodes=4",
+        "--dataset.eval_episodes=0",
+        "--steps=1",
+        "--save_freq=1",
+        "--log_freq=1",
+        "--batch_size=8",
+        "--checkpoint_format=safetensors",
+        "--policy.type=act_state",
+        "--policy.dropout=0",
+        *shard,
+        *policy,
+    ]
+
+
+def parameters(blocks: int, dim: int, ffn: int) -> int:
+    """The large policy's parameter count, from a meta build (no memory)."""
+    import torch
+
+    from trainer.policies import build_policy
+    from trainer.policies.act_state import ACTStateConfig
+
+    config = ACTStateConfig(dim=dim, heads=16, ffn_dim=ffn, encoder_layers=blocks, decoder_layers=blocks)
+    with torch.device("meta"):
+        return sum(p.numel() for p in build_policy(config, 3, 1).parameters())
+
+
+def row(
+    nproc: int, start: str, records: list[dict[str, float]], ideal: float, count: int, baseline: float
+) -> str:
+    """One table row: the largest rank's peak per phase, its ratio to the ideal, the ranks' sum."""
+    built, first, end = (max(r[phase] for r in records) / GB for phase in PHASES)
+    total = sum(r["end"] for r in records) / GB
+    first_step_s = max(r["first_step_s"] for r in records)
+    return (
+        f"| {nproc} | {start} | {built:.2f} / {first:.2f} / {end:.2f} | {ideal / GB:.2f} "
+        f"(16 B x {count / 1e6:.0f} M / {nproc} + {baseline / GB:.2f}) | {end * GB / ideal:.2f}x "
+        f"| {total:.2f} | {first_step_s:.0f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", default="1,2,4")
+    parser.add_argument("--blocks", type=int, default=16)
+    parser.add_argument("--dim", type=int, default=1024)
+    parser.add_argument("--ffn", type=int, default=4096)
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-memory-"))
+    cache = work / "cache"
+    count = parameters(args.blocks, args.dim, args.ffn)
+    large = [
+        f"--policy.dim={args.dim}",
+        "--policy.heads=16",
+        f"--policy.ffn_dim={args.ffn}",
+        f"--policy.encoder_layers={args.blocks}",
+        f"--policy.decoder_layers={args.blocks}",
+    ]
+    print(f"act_state {args.blocks}+{args.blocks} blocks of width {args.dim}: {count / 1e6:.0f} M parameters")
+    print(
+        "\n| ranks | start | per-rank peak: built / first step / after save (GB) | ideal per rank (GB) "
+        "| ratio | sum over ranks (GB) | time to first step (s) |"
+    )
+    print("|---|---|---|---|---|---|---|", flush=True)
+    for nproc in [int(n) for n in args.ranks.split(",")]:
+        tiny = run(nproc, work / f"tiny{nproc}" / "rec", train_flags(work / f"tiny{nproc}", cache, nproc, []))
+        baseline = max(r["end"] for r in tiny)
+        ideal = 16 * count / nproc + baseline
+        fresh_dir, loaded_dir = work / f"large{nproc}", work / f"loaded{nproc}"
+        fresh = run(nproc, fresh_dir / "rec", train_flags(fresh_dir, cache, nproc, large))
+        print(row(nproc, "fresh", fresh, ideal, count, baseline), flush=True)
+        step = fresh_dir / "checkpoints" / "000001"
+        loaded = run(
+            nproc, loaded_dir / "rec", train_flags(loaded_dir, cache, nproc, [f"--policy.path={step}"])
+        )
+        print(row(nproc, "--policy.path", loaded, ideal, count, baseline), flush=True)
+        shutil.rmtree(fresh_dir / "checkpoints")
+        shutil.rmtree(loaded_dir / "checkpoints")
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

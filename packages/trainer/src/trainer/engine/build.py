@@ -1,0 +1,223 @@
+"""The policy's life before step 1, in one place: built, transformed, sharded, materialized, initialized.
+
+A policy is built on `torch.device("meta")`, where a tensor has a shape and a dtype but no storage, so
+no rank ever holds a full copy of a model it only trains a shard of. Then, in this order:
+
+1. `build` (every run): the module tree on meta, the wrap plan, activation checkpointing and compile
+   applied to the units (distributed/units.py), all before sharding;
+2. `before_prepare`: a run that does not shard (one process, DDP) materializes its whole policy now,
+   on its device; a sharded run materializes only `--accelerator.fsdp.ignored_modules` (accelerate
+   moves them to the device, which a meta tensor cannot do);
+3. `prepare()` (distributed/factory.py) shards every wrap unit and the root through accelerate,
+   still on meta: each parameter becomes a DTensor of this rank's shard's shape;
+4. `after_prepare`: a sharded run allocates its local shards (`to_empty`) and initializes them.
+
+Initialization does not depend on the topology. Each module that owns tensors is initialized on its
+own, on a full-shape twin on the CPU (a second meta build, `shadow`), by its `reset_parameters()` under
+a generator seeded from (`--seed`, the module's path); its values are then copied into the module's
+local shard and the twin's storage is freed. One process, DDP and every FSDP2/HSDP mesh thus start
+from the same bits, and no rank holds more than its shard plus one module's full tensors. Buffers that
+are computed rather than learned (ACT's sinusoidal table, frozen batch-norm statistics) are
+recomputed the same way: every module owning a tensor must define `reset_parameters()` for its own
+tensors, as torch's layers do.
+
+`--policy.path` weights go into the materialized tensors, each rank reading only the blocks its shards
+hold (`ckpt_tools.load_model_weights`), after their names and shapes are checked against the meta
+policy from the files' headers, before anything is allocated.
+
+The eager build (the policy constructed whole on every rank, as before this module) remains for what
+meta cannot build yet: PEFT adapters (and an adapter given as `--policy.path`, merged into its base),
+a policy's pretrained parts (ACT's camera trunk), tied weights, and a plug-in policy whose `__init__`
+fails on meta or which owns a tensor without a `reset_parameters()` (a one-line note names the module
+and the fix). Eager builds are topology-independent too (every rank builds the same full policy from
+the same seed); they only cost a full copy per rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from trainer.config.train import TrainConfig
+from trainer.distributed.units import apply_unit_transforms
+from trainer.distributed.wrap import WrapPlan, resolve_wrap_plan
+from trainer.engine import peft_policy as peft
+from trainer.policies import build_policy, pretrained
+from trainer.policies.base import Policy
+
+META = torch.device("meta")
+
+
+@dataclass
+class BuiltPolicy:
+    """What `build` made. `policy` is the module the run trains (the policy, or its PEFT wrapper),
+    `base` the policy inside it; `shadow` is the full-shape meta twin that initializes a meta build
+    (None for an eager build, whose tensors are already real)."""
+
+    policy: nn.Module
+    base: Policy
+    wrap_plan: WrapPlan | None
+    shadow: Policy | None
+    sharded: bool
+
+    @property
+    def on_meta(self) -> bool:
+        return self.shadow is not None
+
+
+def build(config: TrainConfig, sharded: bool, obs_dim: int, action_dim: int, notes: list[str]) -> BuiltPolicy:
+    """The module tree the run trains, on meta when it can be (else eager, with a note when a plug-in
+    is the reason), with the unit transforms applied; nothing sharded or allocated yet."""
+    base, reason = _build_on_meta(config, obs_dim, action_dim)
+    shadow = None
+    if base is not None:
+        shadow = build_policy_on_meta(config, obs_dim, action_dim)
+    else:
+        if reason:
+            notes.append(reason)
+        base = build_policy(config.policy, obs_dim, action_dim)
+    policy: nn.Module = peft.start_policy(base, config, sharded) if shadow is None else base
+    acc = config.accelerator
+    wrap_plan = resolve_wrap_plan(policy, acc.fsdp) if sharded else None
+    unit_plan = wrap_plan or (resolve_wrap_plan(policy, acc.fsdp) if acc.transforms_units else None)
+    notes.extend(apply_unit_transforms(policy, unit_plan, acc, sharded))  # before sharding
+    return BuiltPolicy(policy=policy, base=base, wrap_plan=wrap_plan, shadow=shadow, sharded=sharded)
+
+
+def before_prepare(built: BuiltPolicy, config: TrainConfig, device: torch.device) -> None:
+    """Materialize and initialize what must be real before `prepare()`: the whole policy of a run that
+    does not shard (then `--policy.path` weights are read into it, one tensor at a time), the ignored
+    modules of one that does."""
+    if not built.on_meta:
+        return
+    if not built.sharded:
+        _materialize(built, device, lambda name: True, config.seed)
+        if config.policy.path is not None:
+            pretrained.stream_weights(built.policy, config.policy.path)
+        return
+    pattern = config.accelerator.fsdp.ignored_modules
+    if pattern is not None:
+        regex = re.compile(pattern)
+        ignored = [name for name, _ in built.policy.named_modules() if name and regex.fullmatch(name)]
+        _materialize(built, device, lambda name: any(_within(name, root) for root in ignored), config.seed)
+
+
+def after_prepare(built: BuiltPolicy, config: TrainConfig, device: torch.device) -> None:
+    """Collective (with --policy.path). Allocate a sharded run's local shards, initialize them (its
+    ignored modules again, with the same values), then read `--policy.path` weights into them."""
+    if built.on_meta and built.sharded:
+        offload = config.accelerator.fsdp.cpu_offload
+        _materialize(built, torch.device("cpu") if offload else device, lambda name: True, config.seed)
+        if config.policy.path is not None:
+            pretrained.stream_weights(built.policy, config.policy.path)  # each rank its own blocks
+
+
+def build_policy_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> Policy:
+    """`build_policy` under the meta device: shapes and dtypes, no storage."""
+    with META:
+        return build_policy(config.policy, obs_dim, action_dim)
+
+
+def _build_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> tuple[Policy | None, str]:
+    """The policy built on meta, or (None, why not): "" when the run's own flags ask for an eager build,
+    a note line naming the module and the fix when the policy cannot be built on meta."""
+    path = config.policy.path
+    if config.peft.enabled or (path is not None and pretrained.is_adapter(path)):
+        return None, ""  # adapters on a real policy (engine/peft_policy.py, an adapter merged whole)
+    try:
+        policy = build_policy_on_meta(config, obs_dim, action_dim)
+    except Exception as exc:  # a plug-in's __init__ that reads or computes real values
+        built = config.policy.policy_class()
+        return None, (
+            f"{getattr(built, '__qualname__', type(built).__name__)}: the policy could not be built on the meta device "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]}), so every rank builds it whole; "
+            "keep __init__ free of reads and computations on tensors (do them in reset_parameters())"
+        )
+    if path is None and policy.loads_pretrained_parts():
+        return None, ""
+    missing = uninitializable_modules(policy)
+    if missing:
+        name, module = missing[0]
+        return None, (
+            f"{type(module).__name__} at {name or '<root>'} owns tensors but defines no reset_parameters(), "
+            "so the policy is built whole on every rank; define reset_parameters() initializing its own "
+            "parameters and buffers to build it sharded (docs/large-models.md)"
+        )
+    if _has_tied_parameters(policy):
+        return None, ""
+    if path is not None:
+        pretrained.check_fits(policy, path)  # from the headers, before anything is allocated
+    return policy, ""
+
+
+def uninitializable_modules(policy: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Modules that own a parameter or buffer but have no `reset_parameters()` to initialize it."""
+    return [
+        (name, module)
+        for name, module in policy.named_modules()
+        if _own_tensors(module) and not callable(getattr(module, "reset_parameters", None))
+    ]
+
+
+def _has_tied_parameters(policy: nn.Module) -> bool:
+    """`to_empty` gives each holder of a shared parameter its own storage, which would untie it."""
+    ids = [id(p) for _, p in policy.named_parameters(remove_duplicate=False)]
+    return len(ids) != len(set(ids))
+
+
+def _own_tensors(module: nn.Module) -> list[str]:
+    return [name for name, _ in module.named_parameters(recurse=False)] + [
+        name for name, _ in module.named_buffers(recurse=False)
+    ]
+
+
+def _within(name: str, root: str) -> bool:
+    return name == root or name.startswith(root + ".")
+
+
+def _materialize(built: BuiltPolicy, device: torch.device, selected: object, seed: int) -> None:
+    """Allocate the selected modules' tensors on `device` and initialize them from the shadow twin."""
+    assert built.shadow is not None and callable(selected)
+    modules = dict(built.policy.named_modules())
+    for name, module in modules.items():
+        if selected(name):
+            module.to_empty(device=device, recurse=False)
+    for name, twin in built.shadow.named_modules():
+        if _own_tensors(twin) and selected(name):
+            _initialize_module(twin, modules[name], module_seed(seed, name))
+
+
+def module_seed(seed: int, name: str) -> int:
+    """The seed of one module's initialization: a stable function of the run's seed and its path."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+@torch.no_grad()
+def _initialize_module(twin: nn.Module, target: nn.Module, seed: int) -> None:
+    """Initialize `twin`'s own tensors at full shape on the CPU, copy them into `target`'s (its local
+    shard of each), then free the twin's storage again."""
+    twin.to_empty(device="cpu", recurse=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        twin.reset_parameters()  # type: ignore[operator]  # checked by uninitializable_modules
+    for name in _own_tensors(twin):
+        _copy_into(getattr(target, name), getattr(twin, name))
+    twin.to_empty(device=META, recurse=False)
+
+
+def _copy_into(target: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy a full-shape tensor into `target`: whole, or this rank's shard of it when `target` is a
+    DTensor (sliced locally, `src_data_rank=None`: no communication)."""
+    if isinstance(target, DTensor):
+        local = distribute_tensor(
+            full.to(target.dtype), target.device_mesh, target.placements, src_data_rank=None
+        )
+        target.to_local().copy_(local.to_local())
+    else:
+        target.copy_(full)

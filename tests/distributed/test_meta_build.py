@@ -1,0 +1,114 @@
+"""A policy built on the meta device (engine/build.py): topology-independent initialization and
+`--policy.path` weights streamed into the shards.
+
+The same `--seed` on one process, DDP x2, FSDP2 x4 and HSDP 2x2 (FSDP2 x2 along its shard dimension):
+each run's weights are gathered right after they are materialized and initialized, and must be equal
+bit for bit; the sharded runs must really be sharded, and materializing must keep the parameter
+objects the optimizer holds. Two runs started from a saved step (`--policy.path`) must hold exactly
+its weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load, save
+
+import ckpt_tools
+from helpers.launch import run_torchrun
+from helpers.train_flags import tiny_args
+
+pytestmark = pytest.mark.distributed
+
+SCRIPT = Path(__file__).parent / "scripts" / "train_observe_init.py"
+
+RUNS: dict[str, tuple[int, list[str]]] = {
+    "single": (1, []),
+    "ddp2": (2, []),
+    "fsdp4": (4, ["--parallelism.dp_shard=4", "--checkpoint_format=safetensors_dcp"]),
+    "hsdp2x2": (4, ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--checkpoint_format=dcp"]),
+}
+# --policy.path runs started from the step-1 checkpoint an earlier run saved: gathered safetensors read
+# block by block into FSDP2 x2 shards, DCP shards of HSDP 2x2 into DDP's full copies
+LOADS: dict[str, tuple[int, list[str], str]] = {
+    "fsdp2_from_safetensors": (2, ["--parallelism.dp_shard=2"], "single"),
+    "ddp2_from_dcp": (2, [], "hsdp2x2"),
+}
+# a policy with a parameter of its own (act_state's context) and blocks whose shards differ per rank
+POLICY = ["--policy.type=act_state", "--policy.dim=24", "--policy.ffn_dim=40", "--seed=7"]
+
+
+def _checkpoint(root: Path, run: str) -> Path:
+    return root / run / "checkpoints" / "000001"
+
+
+@pytest.fixture(scope="module")
+def started(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("meta_build")
+    results = {}
+    launches = [(name, nproc, flags) for name, (nproc, flags) in RUNS.items()]
+    launches += [
+        (name, nproc, [*flags, f"--policy.path={_checkpoint(root, source)}"])
+        for name, (nproc, flags, source) in LOADS.items()
+    ]
+    for name, nproc, flags in launches:
+        observed = root / f"{name}.pt"
+        args = tiny_args(str(root / name), str(root / "cache"), *POLICY, *flags, "--steps=1", "--save_freq=1")
+        run_torchrun(SCRIPT, nproc, str(observed), *args, timeout=240)
+        results[name] = torch.load(observed, weights_only=True)
+    for name, (_, _, source) in LOADS.items():
+        results[name]["expected"] = ckpt_tools.load_model_state_dict(str(_checkpoint(root, source)))
+    results["root"] = root
+    return results
+
+
+@pytest.mark.parametrize("name", [n for n in RUNS if n != "single"])
+def test_every_topology_starts_from_the_same_bits(started: dict[str, Any], name: str) -> None:
+    reference, observed = started["single"]["state"], started[name]["state"]
+    assert observed.keys() == reference.keys()
+    differing = [key for key in reference if not torch.equal(observed[key], reference[key])]
+    assert not differing, f"{name} starts from other values than one process: {differing[:5]}"
+    buffers = started[name]["buffers"]
+    assert all(torch.equal(buffers[k], v) for k, v in started["single"]["buffers"].items())
+
+
+def test_the_weights_are_drawn_not_left_empty(started: dict[str, Any]) -> None:
+    """Every weight matrix holds distinct finite values: initialized, not zeros or an uninitialized block."""
+    for key, value in started["single"]["state"].items():
+        assert torch.isfinite(value).all(), key
+        if value.dim() == 2:
+            assert value.unique().numel() > value.numel() // 2, key
+
+
+@pytest.mark.parametrize("name", ["fsdp4", "hsdp2x2", "fsdp2_from_safetensors"])
+def test_sharded_runs_materialize_their_shards_in_place(started: dict[str, Any], name: str) -> None:
+    assert "Shard(dim=0)" in started[name]["placements"]
+    assert started[name]["same_params"]
+
+
+@pytest.mark.parametrize("name", list(LOADS))
+def test_policy_path_weights_stream_into_the_shards_as_an_eager_load(
+    started: dict[str, Any], name: str
+) -> None:
+    """The weights each rank read as the blocks it holds, gathered, equal the checkpoint read whole
+    (as the eager `--policy.path` load reads it); the computed buffers still equal a fresh build's."""
+    expected, observed = started[name]["expected"], started[name]["state"]
+    assert observed.keys() == expected.keys()
+    assert all(torch.equal(observed[k], expected[k]) for k in expected)
+    assert not torch.equal(observed["context"], started["single"]["state"]["context"])  # trained, not drawn
+    buffers = started[name]["buffers"]
+    assert all(torch.equal(buffers[k], v) for k, v in started["single"]["buffers"].items())
+
+
+def test_a_sharded_safetensors_save_writes_the_gathered_files_bytes(started: dict[str, Any]) -> None:
+    """FSDP2 x4 wrote model.safetensors tensor by tensor (state/gathered_write.py): the file has the bytes
+    the safetensors library writes for its tensors, and they are the DCP shards' values gathered."""
+    step = started["root"] / "fsdp4" / "checkpoints" / "000001" / "pretrained_model"
+    written = (step / "model.safetensors").read_bytes()
+    tensors = load(written)
+    assert written == save(tensors, metadata={"format": "pt"})
+    from_dcp = ckpt_tools.load_model_state_dict(str(step / "pytorch_model_fsdp_0"))
+    assert tensors.keys() == from_dcp.keys() and all(torch.equal(tensors[k], from_dcp[k]) for k in tensors)

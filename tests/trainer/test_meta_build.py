@@ -1,0 +1,140 @@
+"""The meta-device build (engine/build.py) on one process: every buffer of every built-in policy equals
+an eagerly built one's, the initialization is a function of the seed alone, and a plug-in policy that
+cannot be built on meta is built eagerly with a one-line note naming the module and the fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+from trainer.config.policy import PolicyConfig
+from trainer.config.train import TrainConfig
+from trainer.engine import build as model_build
+from trainer.policies import build_policy
+from trainer.policies.act import ACTConfig
+from trainer.policies.act_state import ACTStateConfig
+from trainer.policies.base import Policy
+from trainer.policies.mlp import MLPConfig
+
+CAM = "observation.images.top"
+TINY_ACT = {"dim_model": 16, "n_heads": 2, "dim_feedforward": 32, "n_encoder_layers": 1, "n_vae_encoder_layers": 1,
+            "latent_dim": 4, "chunk_size": 4, "n_action_steps": 4, "pretrained_backbone_weights": None}  # fmt: skip
+POLICIES = {
+    # the camera trunk brings frozen batch-norm statistics, the CVAE its sinusoidal table
+    "act": ACTConfig(**TINY_ACT, input_features=["observation.state", CAM], image_shapes={CAM: [3, 32, 32]}),
+    "act_bf16": ACTConfig(**TINY_ACT, input_features=["observation.state"], dtype="bfloat16"),
+    "act_state": ACTStateConfig(dim=16, ffn_dim=24),
+    "mlp": MLPConfig(),
+}
+
+
+def _meta_built(
+    policy: PolicyConfig, seed: int = 0, notes: list[str] | None = None
+) -> model_build.BuiltPolicy:
+    config = TrainConfig(policy=policy, seed=seed)
+    built = model_build.build(config, False, 3, 2, [] if notes is None else notes)
+    model_build.before_prepare(built, config, torch.device("cpu"))
+    return built
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_every_buffer_equals_the_eager_builds(name: str) -> None:
+    built = _meta_built(POLICIES[name])
+    assert built.on_meta, "a built-in policy must be built on meta"
+    eager = build_policy(POLICIES[name], 3, 2)
+    buffers = dict(built.policy.named_buffers())
+    assert buffers.keys() == dict(eager.named_buffers()).keys()
+    for key, value in eager.named_buffers():
+        assert buffers[key].dtype == value.dtype and torch.equal(buffers[key], value), key
+    shapes = {k: (v.shape, v.dtype) for k, v in eager.named_parameters()}
+    assert {k: (v.shape, v.dtype) for k, v in built.policy.named_parameters()} == shapes
+    assert all(p.device.type == "cpu" for p in built.policy.parameters())
+
+
+def test_initialization_is_a_function_of_the_seed() -> None:
+    config = POLICIES["act_state"]
+    first, again, other = (_meta_built(config, seed).policy.state_dict() for seed in (3, 3, 4))
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert not torch.equal(first["encoder.0.attn.q.weight"], other["encoder.0.attn.q.weight"])
+    # each module draws as torch's own init does: a Linear's weights within its kaiming bound
+    bound = 1 / 16**0.5
+    weight = first["encoder.0.attn.q.weight"]
+    assert weight.abs().max() <= bound and weight.std() > bound / 3
+    assert 0.015 < first["context"].std() < 0.025  # act_state's own parameter: normal(0, 0.02)
+
+
+@dataclass
+class NoResetConfig(PolicyConfig):  # not registered: no other test sees it
+    def policy_class(self):  # type: ignore[no-untyped-def]
+        return NoResetPolicy
+
+
+class Scale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.factor = nn.Parameter(torch.ones(3))
+
+
+class NoResetPolicy(Policy):
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__(config)
+        self.body = nn.Sequential(nn.Linear(3, 3), Scale())
+
+
+@dataclass
+class ReadsInInitConfig(PolicyConfig):
+    def policy_class(self):  # type: ignore[no-untyped-def]
+        return ReadsInInitPolicy
+
+
+class ReadsInInitPolicy(Policy):
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__(config)
+        self.linear = nn.Linear(3, 3)
+        self.norm = float(self.linear.weight.norm())  # a value read in __init__: meta has none
+
+
+def test_a_module_without_reset_parameters_is_built_eagerly_with_a_note() -> None:
+    notes: list[str] = []
+    built = _meta_built(NoResetConfig(), notes=notes)
+    assert not built.on_meta and torch.equal(built.policy.body[1].factor, torch.ones(3))
+    assert notes == [
+        "Scale at body.1 owns tensors but defines no reset_parameters(), so the policy is built whole on "
+        "every rank; define reset_parameters() initializing its own parameters and buffers to build it "
+        "sharded (docs/large-models.md)"
+    ]
+
+
+def test_a_policy_reading_values_in_init_is_built_eagerly_with_a_note() -> None:
+    notes: list[str] = []
+    built = _meta_built(ReadsInInitConfig(), notes=notes)
+    assert not built.on_meta and built.policy.norm > 0
+    assert len(notes) == 1 and notes[0].startswith(
+        "ReadsInInitPolicy: the policy could not be built on the meta device ("
+    )
+    assert "do them in reset_parameters()" in notes[0] and "\n" not in notes[0]
+
+
+def test_policy_path_weights_of_another_shape_are_refused_from_the_headers(tmp_path) -> None:
+    """`--policy.path` is checked against the policy while it is still on meta: one line naming the
+    first tensor that differs, before anything is allocated or read."""
+    from safetensors.torch import save_file
+
+    from trainer.errors import ConfigError
+    from trainer.policies import pretrained
+
+    meta = model_build.build_policy_on_meta(TrainConfig(policy=POLICIES["act_state"]), 3, 2)
+    state = {name: torch.zeros(t.shape) for name, t in meta.state_dict().items()}
+    state["context"] = torch.zeros(3, 16)  # the policy's is (2, 16)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ConfigError) as refused:
+        pretrained.check_fits(meta, str(tmp_path))
+    assert str(refused.value) == (
+        f"--policy.path={tmp_path}: its weights do not fit the ACTStatePolicy built from the flags "
+        "(0 missing, 0 unexpected, 1 resized; context is [3, 16] there but [2, 16] here): drop the "
+        "--policy.* flags that change its shape"
+    )
+    assert all(t.is_meta for t in meta.state_dict().values())
