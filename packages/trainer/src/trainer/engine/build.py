@@ -150,6 +150,8 @@ def _build_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> tuple[
         )
     if _has_tied_parameters(policy):
         return None, ""
+    if path is not None and pretrained.saved_under_other_names(policy, path):
+        return None, ""  # another tool's names (LeRobot's ACT): renamed as the eager build reads them
     if path is not None:
         pretrained.check_fits(policy, path)  # from the headers, before anything is allocated
     return policy, ""

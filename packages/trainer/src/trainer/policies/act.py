@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -453,6 +453,10 @@ class ACTPolicy(Policy):
     def adapt_state_dict(cls, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """LeRobot's ACT weights under our names; ours (or a legacy checkpoint's) as they are."""
         return act_lerobot.state_from_lerobot(state) if act_lerobot.is_lerobot_state(state) else state
+
+    @classmethod
+    def saved_under_other_names(cls, names: Collection[str]) -> bool:
+        return act_lerobot.is_lerobot_state(names)
 
     def load_pretrained_parts(self) -> None:
         weights = self.config.pretrained_backbone_weights

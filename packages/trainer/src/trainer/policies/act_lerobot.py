@@ -12,6 +12,7 @@ checked. The trunk's names are torchvision's on both sides. Every other name is 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -29,9 +30,10 @@ _FFN = re.compile(r"^(.*\.layers\.\d+)\.(linear[12]\.(?:weight|bias))$")
 _POS_ENC = "vae_encoder_pos_enc"
 
 
-def is_lerobot_state(state: dict[str, torch.Tensor]) -> bool:
-    """Whether `state` holds LeRobot's names (every ACT tensor of LeRobot's sits under `model.`)."""
-    return bool(state) and all(name.startswith(_PREFIX) for name in state)
+def is_lerobot_state(names: Collection[str]) -> bool:
+    """Whether tensor `names` (a state dict's keys) are LeRobot's: every ACT tensor of LeRobot's sits
+    under `model.`."""
+    return bool(names) and all(name.startswith(_PREFIX) for name in names)
 
 
 def state_from_lerobot(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

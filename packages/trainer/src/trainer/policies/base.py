@@ -11,6 +11,7 @@ tell the engine how to shard it: `_fsdp_wrap_modules` (class names that become F
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from typing import Any, ClassVar
 
 import torch
@@ -48,6 +49,13 @@ class Policy(nn.Module):
         """Saved weights under this class's tensor names: another tool's checkpoint (LeRobot's ACT)
         is renamed on read; this base takes the names as they are."""
         return state
+
+    @classmethod
+    def saved_under_other_names(cls, names: Collection[str]) -> bool:
+        """Whether tensor `names` read from a checkpoint's headers are another tool's, which
+        `adapt_state_dict` renames (a fused tensor split, say): such weights are read whole, by the
+        eager build, since they cannot stream into a meta-built policy's shards name by name."""
+        return False
 
     def load_pretrained_parts(self) -> None:
         """Load the pretrained weights the config names for parts of a freshly built policy (ACT's

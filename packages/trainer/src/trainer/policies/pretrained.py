@@ -25,6 +25,8 @@ from trainer.policies.act_state import upgrade_policy_config
 if TYPE_CHECKING:
     import torch
 
+    from trainer.policies.base import Policy
+
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _PATH_FLAG = "--policy.path="
 
@@ -143,6 +145,15 @@ def is_adapter(path: str) -> bool:
     """Whether the weights at `path` are a PEFT adapter (merged into its base by `read_weights`)."""
     with _checkpoint_errors(path):
         return ckpt_tools.open_checkpoint(resolve(path)).is_adapter
+
+
+def saved_under_other_names(policy: Policy, path: str) -> bool:
+    """Whether the weights at `path` carry another tool's tensor names that `policy`'s class renames on
+    read (LeRobot's ACT), from the headers alone."""
+    with _checkpoint_errors(path):
+        weights = ckpt_tools.describe_checkpoint(resolve(path)).weights
+    names = [t.name for t in weights.tensors] if weights is not None else []
+    return type(policy).saved_under_other_names(names)
 
 
 def check_fits(policy: Any, path: str) -> None:
