@@ -6,7 +6,7 @@ save against a raw `dcp.save` of the same state dicts.
 
 Without CUDA it says so in one line and exits 0 (it is no part of CPU CI). `--device cpu` runs the same
 checks at toy sizes on the CPU (gloo), so the lane itself is tested where no GPU is
-(tests/trainer/test_gpu_smoke.py); its figures mean nothing there.
+(tests/training/test_gpu_smoke.py); its figures mean nothing there.
 
 Usage: python benchmarks/gpu_smoke.py [--device cuda|cpu] [--steps 200] [--hidden 1024] [--blocks 8]
        [--batch 512] [--workdir DIR]

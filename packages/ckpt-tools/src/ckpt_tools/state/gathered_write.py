@@ -8,7 +8,7 @@ name), then each tensor is written in file order: a plain tensor from its own me
 sharded one gathered (`full_tensor`, a collective every rank runs in the same order), written by the
 main rank and freed before the next. The manifest's digest is taken from the bytes as they pass. The
 file has the bytes `safetensors.torch.save` writes for the gathered state
-(tests/ckpt_tools/test_gathered_write.py); peak memory on the main rank is its shard plus one tensor.
+(tests/ckpt/test_gathered_write.py); peak memory on the main rank is its shard plus one tensor.
 """
 
 from __future__ import annotations

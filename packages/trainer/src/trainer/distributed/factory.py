@@ -2,7 +2,7 @@
 
 Everything accelerate-specific that the loop needs is built here from the config, so the loop has no
 branch on the topology. The CPU adapters (`_engage_fsdp_on_cpu`, `_engage_fp16_on_cpu`) are the only
-code that reaches into accelerate's state; tests/trainer/test_accelerate_canaries.py pins the internals
+code that reaches into accelerate's state; tests/training/test_accelerate_canaries.py pins the internals
 they rely on.
 """
 

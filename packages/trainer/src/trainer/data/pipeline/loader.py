@@ -124,7 +124,7 @@ def _no_async_worker_errors(stream: Any) -> None:
     thread is (inside the policy's forward: a traceback no one can map). Unregistering the workers from
     that handler leaves the report to `next()`, which notices a dead or stalled worker within the
     DataLoader's `timeout` and is mapped to one line in `_received`. The test suite pins these torch
-    internals (tests/trainer/test_cameras.py)."""
+    internals (tests/training/test_cameras.py)."""
     from torch.utils.data._utils import signal_handling
 
     if stream._worker_pids_set:
