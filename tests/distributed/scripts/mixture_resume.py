@@ -28,6 +28,7 @@ RUN = [
     "--policy.dropout=0",
     "--policy.use_vae=false",  # no per-rank noise: a resume on one process differs by fp32 rounding only
     f"--dataset.mixture={MIXTURE}",
+    "--use_policy_training_preset=false",  # the run chooses its own schedule
     "--scheduler.type=constant",
     "--dataset.eval_split=0.25",  # each member's last episode held out: val_loss per member
     "--eval_freq=3",
