@@ -1,9 +1,10 @@
-"""`trainer train` through the real CLI, with the weights it starts from recorded right after prepare.
+"""`trainer train` through the real CLI, with the weights it starts from recorded once they are real.
 
 Usage: torchrun --nproc-per-node=N train_observe_start.py OBSERVED_PT --policy.path=DIR [trainer flags]
 
-The loop's `prepare` is wrapped (nothing else changes): once accelerate has sharded the policy, rank 0
-writes OBSERVED_PT with
+The build's `after_prepare` is wrapped (nothing else changes): once accelerate has sharded the policy
+and the build has materialized its shards and read --policy.path into them, rank 0 writes OBSERVED_PT
+with
   started      the gathered full state dict the run trains from (what --policy.path loaded);
   dcp_loaded   DIR/pytorch_model_fsdp_0 read by `torch.distributed.checkpoint.load` straight into
                DTensors shaped like the run's own shards (a sharded load onto this topology), gathered;
@@ -24,14 +25,15 @@ from torch.distributed.tensor import DTensor
 import trainer.engine.loop
 from ckpt_tools import layout
 from trainer.cli import main
-from trainer.distributed.factory import prepare
+from trainer.engine.build import after_prepare
 
 PATH_FLAG = "--policy.path="
 
 
-def observed_prepare(observed: str, dcp_dir: str):
-    def wrapped(accelerator, policy, optimizer, scheduler, wrap_plan):
-        model, optimizer, scheduler = prepare(accelerator, policy, optimizer, scheduler, wrap_plan)
+def observed_after_prepare(observed: str, dcp_dir: str):
+    def wrapped(built, config, device):
+        after_prepare(built, config, device)
+        model = built.policy  # sharded in place by prepare()
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         blank = {name: torch.zeros_like(value) for name, value in get_model_state_dict(model).items()}
         dcp.load(blank, checkpoint_id=dcp_dir)
@@ -40,7 +42,6 @@ def observed_prepare(observed: str, dcp_dir: str):
         if dist.get_rank() == 0:
             placements = str(first.placements) if isinstance(first, DTensor) else "plain tensor"
             torch.save({"started": full, "dcp_loaded": loaded, "placements": placements}, observed)
-        return model, optimizer, scheduler
 
     return wrapped
 
@@ -48,5 +49,7 @@ def observed_prepare(observed: str, dcp_dir: str):
 if __name__ == "__main__":
     observed, flags = sys.argv[1], sys.argv[2:]
     policy_path = next(f.removeprefix(PATH_FLAG) for f in flags if f.startswith(PATH_FLAG))
-    trainer.engine.loop.prepare = observed_prepare(observed, os.path.join(policy_path, layout.MODEL_DCP_DIR))
+    trainer.engine.loop.model_build.after_prepare = observed_after_prepare(
+        observed, os.path.join(policy_path, layout.MODEL_DCP_DIR)
+    )
     main(["train", *flags])
