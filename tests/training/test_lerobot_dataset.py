@@ -186,6 +186,7 @@ def test_training_logs_falling_val_loss_and_records_the_inputs(
         "--eval_freq=10",
         "--use_policy_training_preset=false",
         "--scheduler.warmup_steps=0",
+        "--optimizer.lr=1e-2",  # falls clearly within 30 steps whatever the initial draw
         "--log_freq=10",
         "--save_freq=30",
         "--batch_size=16",
