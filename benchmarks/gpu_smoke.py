@@ -2,7 +2,10 @@
 one CUDA device in a few minutes, what CPU CI cannot: the trainer in bf16 on a GPU, DCP saves (synchronous
 and `background=True`) of a CUDA-resident FSDP2 model, a bit-exact resume, the conversion of the DCP
 step and `trainer.load_policy` on CUDA. It prints the step time, samples/s and the save stall of each
-save against a raw `dcp.save` of the same state dicts.
+save against a raw `dcp.save` of the same state dicts, and the device memory of a large policy built on
+the meta device (act_state, 16+16 blocks of width 1024: ~470 M parameters, bf16 autocast, fp32 AdamW, one
+step and a safetensors save): `max_memory_allocated` against the ideal of 16 bytes per parameter, and how
+much host memory the build took (none of the model should pass through the host).
 
 Without CUDA it says so in one line and exits 0 (it is no part of CPU CI). `--device cpu` runs the same
 checks at toy sizes on the CPU (gloo), so the lane itself is tested where no GPU is
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -29,6 +33,9 @@ import torch
 
 SIZES = {"cuda": {"steps": 200, "hidden": 1024, "blocks": 8, "batch": 512}}
 TOY = {"steps": 4, "hidden": 32, "blocks": 2, "batch": 8}
+# The large policy of the memory check: the configuration of benchmarks/bench_memory.py on the device.
+LARGE = {"cuda": {"dim": 1024, "ffn": 4096, "layers": 16}, "cpu": {"dim": 32, "ffn": 64, "layers": 2}}
+GB = 1e9
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -59,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     step_s, samples_s = check_training(workdir, args.device, sizes)
     stalls = check_dcp(workdir, args.device, sizes)
+    memory = check_large_model(workdir, args.device)
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (dry run: figures mean nothing)"
     print(f"gpu_smoke on {name}: all checks passed in {time.perf_counter() - started:.0f} s")
     print(
@@ -67,6 +75,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw = stalls["raw dcp.save"]
     for label, seconds in stalls.items():
         print(f"| save stall: {label} | {seconds * 1e3:.1f} ms | {seconds / raw:.2f} x raw dcp.save |")
+    print(
+        f"| large policy built on meta ({memory['parameters'] / 1e6:.0f} M parameters, bf16, fp32 AdamW) "
+        f"| {memory['peak'] / GB:.2f} GB max_memory_allocated | {memory['peak'] / memory['ideal']:.2f} x ideal "
+        f"(16 B/param = {memory['ideal'] / GB:.2f} GB) | host memory grew {memory['host_growth'] / GB:.2f} GB |"
+    )
     return 0
 
 
@@ -223,6 +236,64 @@ def check_dcp(workdir: Path, device: str, sizes: dict[str, int]) -> dict[str, fl
         return stalls
     finally:
         dist.destroy_process_group()
+
+
+def check_large_model(workdir: Path, device: str) -> dict[str, float]:
+    """A large act_state built on the meta device and materialized on the device: one step and one
+    safetensors save. Returns its parameter count, the device's peak allocation (0 on the CPU), the
+    ideal (16 bytes per parameter: fp32 weights, gradients and Adam's two moments) and the growth of
+    the host's peak resident memory over the run (the model must not be built on the host first)."""
+    from accelerate.state import AcceleratorState
+    from safetensors import safe_open
+
+    from trainer.cli.parse import parse_config
+    from trainer.engine.loop import train
+
+    large = LARGE[device]
+    out = workdir / "large"
+    flags = [
+        "--policy.type=act_state",
+        f"--policy.dim={large['dim']}",
+        "--policy.heads=16" if device == "cuda" else "--policy.heads=4",
+        f"--policy.ffn_dim={large['ffn']}",
+        f"--policy.encoder_layers={large['layers']}",
+        f"--policy.decoder_layers={large['layers']}",
+        "--policy.dropout=0",
+        "--accelerator.mixed_precision=bf16",
+        "--checkpoint_format=safetensors",
+        "--batch_size=8",
+        "--steps=1",
+        "--save_freq=1",
+        "--log_freq=1",
+        "--dataset.episodes=4",
+        "--dataset.eval_episodes=0",
+        f"--dataset.cache_dir={workdir / 'cache'}",
+        f"--output_dir={out}",
+        f"--policy.device={device}",
+    ]
+    host_before = host_peak()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    summary = train(parse_config(flags))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
+    with safe_open(f"{summary.last_checkpoint}/pretrained_model/model.safetensors", "pt") as saved:
+        count = sum(math.prod(saved.get_slice(name).get_shape()) for name in saved.keys())  # noqa: SIM118 (safe_open is not iterable)
+    return {
+        "parameters": count,
+        "peak": peak,
+        "ideal": 16 * count,
+        "host_growth": max(0, host_peak() - host_before),
+    }
+
+
+def host_peak() -> int:
+    """This process's peak resident memory in bytes (VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def step_state(step: int) -> Any:

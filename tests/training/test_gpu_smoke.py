@@ -38,6 +38,8 @@ def test_the_cpu_dry_run_passes_every_check(tmp_path, clean_accelerate, capsys) 
         "| train step (bf16",
         "| save stall: raw dcp.save |",
         "| save stall: ckpt_tools background save",
+        "| large policy built on meta (",
     ):
         assert line in out
     assert (tmp_path / "dcp" / "checkpoints" / "000002" / "pretrained_model" / "model.safetensors").is_file()
+    assert (tmp_path / "large" / "checkpoints" / "000001" / "pretrained_model" / "model.safetensors").is_file()
