@@ -42,4 +42,6 @@ def test_the_cpu_dry_run_passes_every_check(tmp_path, clean_accelerate, capsys) 
     ):
         assert line in out
     assert (tmp_path / "dcp" / "checkpoints" / "000002" / "pretrained_model" / "model.safetensors").is_file()
-    assert (tmp_path / "large" / "checkpoints" / "000001" / "pretrained_model" / "model.safetensors").is_file()
+    assert (
+        tmp_path / "large" / "checkpoints" / "000001" / "pretrained_model" / "model.safetensors"
+    ).is_file()
