@@ -34,7 +34,10 @@ import torch
 SIZES = {"cuda": {"steps": 200, "hidden": 1024, "blocks": 8, "batch": 512}}
 TOY = {"steps": 4, "hidden": 32, "blocks": 2, "batch": 8}
 # The large policy of the memory check: the configuration of benchmarks/bench_memory.py on the device.
-LARGE = {"cuda": {"dim": 1024, "ffn": 4096, "layers": 16}, "cpu": {"dim": 32, "ffn": 64, "layers": 2}}
+LARGE = {
+    "cuda": {"dim": 1024, "heads": 16, "ffn": 4096, "layers": 16},
+    "cpu": {"dim": 32, "heads": 4, "ffn": 64, "layers": 2},
+}
 GB = 1e9
 
 
@@ -244,6 +247,7 @@ def check_large_model(workdir: Path, device: str) -> dict[str, float]:
     ideal (16 bytes per parameter: fp32 weights, gradients and Adam's two moments) and the growth of
     the host's peak resident memory over the run (the model must not be built on the host first)."""
     from accelerate.state import AcceleratorState
+    from memory_worker import vmhwm
     from safetensors import safe_open
 
     from trainer.cli.parse import parse_config
@@ -254,7 +258,7 @@ def check_large_model(workdir: Path, device: str) -> dict[str, float]:
     flags = [
         "--policy.type=act_state",
         f"--policy.dim={large['dim']}",
-        "--policy.heads=16" if device == "cuda" else "--policy.heads=4",
+        f"--policy.heads={large['heads']}",
         f"--policy.ffn_dim={large['ffn']}",
         f"--policy.encoder_layers={large['layers']}",
         f"--policy.decoder_layers={large['layers']}",
@@ -271,7 +275,7 @@ def check_large_model(workdir: Path, device: str) -> dict[str, float]:
         f"--output_dir={out}",
         f"--policy.device={device}",
     ]
-    host_before = host_peak()
+    host_before = vmhwm()
     if device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -284,16 +288,8 @@ def check_large_model(workdir: Path, device: str) -> dict[str, float]:
         "parameters": count,
         "peak": peak,
         "ideal": 16 * count,
-        "host_growth": max(0, host_peak() - host_before),
+        "host_growth": max(0, vmhwm() - host_before),
     }
-
-
-def host_peak() -> int:
-    """This process's peak resident memory in bytes (VmHWM)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def step_state(step: int) -> Any:

@@ -26,7 +26,8 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0() -> None:
     ]
 
 
-def test_the_cpu_dry_run_passes_every_check(tmp_path, clean_accelerate, capsys) -> None:
+def test_the_cpu_dry_run_passes_every_check(tmp_path, clean_accelerate, capsys, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # its sibling memory_worker, as when run as a script
     spec = importlib.util.spec_from_file_location("gpu_smoke", SCRIPT)
     assert spec is not None and spec.loader is not None
     smoke = importlib.util.module_from_spec(spec)
