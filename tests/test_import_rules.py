@@ -87,6 +87,7 @@ LAYERS = {
 ROOMS = {
     "trainer.data": ("dataset", "format", "pipeline", "embedded", "sources"),
     "trainer.engine": (
+        "host_memory",
         "ema",
         "peft_policy",
         "loss_window",

@@ -37,6 +37,7 @@ from trainer.engine.banner import data_banner, run_banner
 from trainer.engine.checkpoint import resume
 from trainer.engine.checkpoint.wing import Checkpoints
 from trainer.engine.ema import Ema
+from trainer.engine.host_memory import hold_mmap_threshold
 from trainer.engine.loss_window import LossWindow
 from trainer.engine.plan import RunPlan, resolve_plan
 from trainer.engine.run import Run, RunSummary
@@ -65,6 +66,7 @@ def train(config: TrainConfig) -> RunSummary:
 
     Raises `Interrupted` after a SIGTERM/SIGINT (the checkpoint of the step every rank stopped at is
     saved first), and `ConfigError` on every rank when the run directory is held by another run."""
+    hold_mmap_threshold()  # before the build allocates: freed tensors leave the process
     seed_everything(config.seed)  # before the plan reads the data, so a dataset plug-in's draws repeat
     plan = resolve_plan(config, launch_world_size())
     interrupts, lock = Interrupts(), RunLock(plan.config.output_dir)
