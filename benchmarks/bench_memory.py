@@ -2,16 +2,18 @@
 
 act_state at a large configuration (16 encoder + 16 decoder blocks of width 1024, feed-forward 4096:
 ~470 M parameters, each block an FSDP unit), fp32 AdamW, one step and one `--checkpoint_format=safetensors`
-save (gathered tensor by tensor under FSDP2), then the same run started from that checkpoint with
+save (gathered tensor by tensor under FSDP2), on each layout (N ranks of FSDP2, or RxS: HSDP with R
+replicas of S shards), then the same run started from that checkpoint with
 `--policy.path` (weights streamed into the shards). memory_worker.py records each rank's VmHWM at the
 end of the build (and load), of the first step, and of the run (after the save).
 
 The ideal per rank is 16 bytes per parameter (fp32 weights, gradients, Adam's two moments) / N plus a
 tiny run's peak on the same number of ranks (the interpreter, torch, gloo, the dataset); the sum over
-ranks adds the ranks' peaks (an upper bound of the peak of their sum). Goals (issue 32): per-rank peak
+ranks adds the ranks' peaks (an upper bound of the peak of their sum). Under HSDP the state is
+sharded over S ranks only, so its ideal divides by S. Goals (issue 32): per-rank peak
 <= 1.15x the ideal, the sum never N full copies, time to the first step not growing with N.
 
-Usage: python benchmarks/bench_memory.py [--ranks 1,2,4] [--blocks 16] [--dim 1024] [--ffn 4096]
+Usage: python benchmarks/bench_memory.py [--layouts 1,2,4,2x2] [--blocks 16] [--dim 1024] [--ffn 4096]
        [--workdir DIR]
 Each large configuration runs once, one at a time (at 470 M parameters a rank of the 1-process run
 peaks near 8 GB; check `free -g` first).
@@ -40,8 +42,18 @@ def run(nproc: int, out: Path, flags: list[str]) -> list[dict[str, float]]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
-def train_flags(output_dir: Path, cache: Path, nproc: int, policy: list[str]) -> list[str]:
-    shard = [f"--parallelism.dp_shard={nproc}"] if nproc > 1 else []
+def layout_flags(layout: str) -> tuple[int, int, list[str]]:
+    """`N` (FSDP2 over N ranks; 1: a single process) or `RxS` (HSDP): the process count, the degree
+    the state is sharded over, and the flags."""
+    replicas, _, shards = layout.rpartition("x")
+    replicate, shard = int(replicas or 1), int(shards)
+    flags = [f"--parallelism.dp_shard={shard}"] if shard > 1 else []
+    flags += [f"--parallelism.dp_replicate={replicate}"] if replicate > 1 else []
+    return replicate * shard, shard, flags
+
+
+def train_flags(output_dir: Path, cache: Path, layout: str, policy: list[str]) -> list[str]:
+    shard = layout_flags(layout)[2]
     return [
         f"--output_dir={output_dir}",
         f"--dataset.cache_dir={cache}",
@@ -72,22 +84,23 @@ def parameters(blocks: int, dim: int, ffn: int) -> int:
 
 
 def row(
-    nproc: int, start: str, records: list[dict[str, float]], ideal: float, count: int, baseline: float
+    layout: str, start: str, records: list[dict[str, float]], ideal: float, count: int, baseline: float
 ) -> str:
     """One table row: the largest rank's peak per phase, its ratio to the ideal, the ranks' sum."""
+    shards = layout_flags(layout)[1]
     built, first, end = (max(r[phase] for r in records) / GB for phase in PHASES)
     total = sum(r["end"] for r in records) / GB
     first_step_s = max(r["first_step_s"] for r in records)
     return (
-        f"| {nproc} | {start} | {built:.2f} / {first:.2f} / {end:.2f} | {ideal / GB:.2f} "
-        f"(16 B x {count / 1e6:.0f} M / {nproc} + {baseline / GB:.2f}) | {end * GB / ideal:.2f}x "
+        f"| {layout} | {start} | {built:.2f} / {first:.2f} / {end:.2f} | {ideal / GB:.2f} "
+        f"(16 B x {count / 1e6:.0f} M / {shards} + {baseline / GB:.2f}) | {end * GB / ideal:.2f}x "
         f"| {total:.2f} | {first_step_s:.0f} |"
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", default="1,2,4")
+    parser.add_argument("--layouts", default="1,2,4,2x2", help="N: FSDP2 over N ranks; RxS: HSDP")
     parser.add_argument("--blocks", type=int, default=16)
     parser.add_argument("--dim", type=int, default=1024)
     parser.add_argument("--ffn", type=int, default=4096)
@@ -105,22 +118,24 @@ def main() -> None:
     ]
     print(f"act_state {args.blocks}+{args.blocks} blocks of width {args.dim}: {count / 1e6:.0f} M parameters")
     print(
-        "\n| ranks | start | per-rank peak: built / first step / after save (GB) | ideal per rank (GB) "
+        "\n| layout | start | per-rank peak: built / first step / after save (GB) | ideal per rank (GB) "
         "| ratio | sum over ranks (GB) | time to first step (s) |"
     )
     print("|---|---|---|---|---|---|---|", flush=True)
-    for nproc in [int(n) for n in args.ranks.split(",")]:
-        tiny = run(nproc, work / f"tiny{nproc}" / "rec", train_flags(work / f"tiny{nproc}", cache, nproc, []))
+    for layout in args.layouts.split(","):
+        nproc, shards, _ = layout_flags(layout)
+        tiny_dir = work / f"tiny{layout}"
+        tiny = run(nproc, tiny_dir / "rec", train_flags(tiny_dir, cache, layout, []))
         baseline = max(r["end"] for r in tiny)
-        ideal = 16 * count / nproc + baseline
-        fresh_dir, loaded_dir = work / f"large{nproc}", work / f"loaded{nproc}"
-        fresh = run(nproc, fresh_dir / "rec", train_flags(fresh_dir, cache, nproc, large))
-        print(row(nproc, "fresh", fresh, ideal, count, baseline), flush=True)
+        ideal = 16 * count / shards + baseline
+        fresh_dir, loaded_dir = work / f"large{layout}", work / f"loaded{layout}"
+        fresh = run(nproc, fresh_dir / "rec", train_flags(fresh_dir, cache, layout, large))
+        print(row(layout, "fresh", fresh, ideal, count, baseline), flush=True)
         step = fresh_dir / "checkpoints" / "000001"
         loaded = run(
-            nproc, loaded_dir / "rec", train_flags(loaded_dir, cache, nproc, [f"--policy.path={step}"])
+            nproc, loaded_dir / "rec", train_flags(loaded_dir, cache, layout, [f"--policy.path={step}"])
         )
-        print(row(nproc, "--policy.path", loaded, ideal, count, baseline), flush=True)
+        print(row(layout, "--policy.path", loaded, ideal, count, baseline), flush=True)
         shutil.rmtree(fresh_dir / "checkpoints")
         shutil.rmtree(loaded_dir / "checkpoints")
     if not args.workdir:
