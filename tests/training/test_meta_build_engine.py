@@ -138,3 +138,30 @@ def test_policy_path_weights_of_another_shape_are_refused_from_the_headers(tmp_p
         "--policy.* flags that change its shape"
     )
     assert all(t.is_meta for t in meta.state_dict().values())
+
+
+def test_smolva_builds_on_meta_with_transformers_initialization() -> None:
+    """SmolVLA's transformers modules (RMSNorm and RoPE without `reset_parameters()`) are initialized
+    by transformers' own initializer, so the policy builds on meta: its RoPE tables equal an eager
+    build's, norms start at one, the VLM's linears draw normal(0, initializer_range) as a fresh
+    SmolVLA does, and the cross-attention projections LeRobot replaces keep torch's draw."""
+    from helpers.fixtures import fixture_dir
+    from trainer.policies.smolvla.config import SmolVLAConfig
+
+    backbone = str(fixture_dir("lerobot_smolvla_tiny", "tiny_smolvlm"))
+    features = ["observation.state", CAM, "task"]
+    config = SmolVLAConfig(vlm_model_name=backbone, input_features=features, num_vlm_layers=4)
+    built = _meta_built(config, seed=5)
+    assert built.on_meta, "SmolVLA with random backbone weights must be built on meta"
+    eager = build_policy(config, 3, 2)
+    buffers = dict(built.policy.named_buffers())
+    assert buffers.keys() == dict(eager.named_buffers()).keys() and buffers
+    assert all(torch.equal(buffers[k], v) for k, v in eager.named_buffers())
+    state = built.policy.state_dict()
+    vlm = "model.vlm_with_expert.vlm.model.text_model.layers.0"
+    assert torch.equal(state[f"{vlm}.input_layernorm.weight"], torch.ones(64))
+    assert 0.015 < state[f"{vlm}.mlp.up_proj.weight"].std() < 0.025  # transformers' normal(0, 0.02)
+    cross_k = state["model.vlm_with_expert.lm_expert.layers.1.self_attn.k_proj.weight"]  # replaced: torch's
+    assert cross_k.abs().max() <= 1 / cross_k.shape[1] ** 0.5 and cross_k.std() > 0.05
+    again = _meta_built(config, seed=5).policy.state_dict()
+    assert all(torch.equal(state[k], again[k]) for k in state)

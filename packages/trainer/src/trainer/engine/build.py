@@ -13,7 +13,8 @@ no rank ever holds a full copy of a model it only trains a shard of. Then, in th
 4. `after_prepare`: a sharded run allocates its local shards (`to_empty`) and initializes them.
 
 Initialization does not depend on the topology. Each module that owns tensors is initialized on its
-own, on a full-shape twin on the CPU (a second meta build, `shadow`), by its `reset_parameters()` under
+own, on a full-shape twin on the CPU (a second meta build, `shadow`), by its `reset_parameters()` (or
+the policy's `initialize_module`: SmolVLA's transformers modules use transformers' own initializer) under
 a generator seeded from (`--seed`, the module's path); its values are then copied into the module's
 local shard and the twin's storage is freed. One process, DDP and every FSDP2/HSDP mesh thus start
 from the same bits, and no rank holds more than its shard plus one module's full tensors. Buffers that
@@ -157,12 +158,13 @@ def _build_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> tuple[
     return policy, ""
 
 
-def uninitializable_modules(policy: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Modules that own a parameter or buffer but have no `reset_parameters()` to initialize it."""
+def uninitializable_modules(policy: Policy) -> list[tuple[str, nn.Module]]:
+    """Modules that own a parameter or buffer the policy cannot initialize (by default: no
+    `reset_parameters()`; `Policy.initializes`)."""
     return [
         (name, module)
         for name, module in policy.named_modules()
-        if _own_tensors(module) and not callable(getattr(module, "reset_parameters", None))
+        if _own_tensors(module) and not policy.initializes(module)
     ]
 
 
@@ -191,7 +193,7 @@ def _materialize(built: BuiltPolicy, device: torch.device, selected: object, see
             module.to_empty(device=device, recurse=False)
     for name, twin in built.shadow.named_modules():
         if _own_tensors(twin) and selected(name):
-            _initialize_module(twin, modules[name], module_seed(seed, name))
+            _initialize_module(built.shadow, twin, modules[name], module_seed(seed, name))
 
 
 def module_seed(seed: int, name: str) -> int:
@@ -201,13 +203,13 @@ def module_seed(seed: int, name: str) -> int:
 
 
 @torch.no_grad()
-def _initialize_module(twin: nn.Module, target: nn.Module, seed: int) -> None:
-    """Initialize `twin`'s own tensors at full shape on the CPU, copy them into `target`'s (its local
-    shard of each), then free the twin's storage again."""
+def _initialize_module(shadow: Policy, twin: nn.Module, target: nn.Module, seed: int) -> None:
+    """Initialize `twin` (a module of `shadow`)'s own tensors at full shape on the CPU, copy them into
+    `target`'s (its local shard of each), then free the twin's storage again."""
     twin.to_empty(device="cpu", recurse=False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        twin.reset_parameters()  # type: ignore[operator]  # checked by uninitializable_modules
+        shadow.initialize_module(twin)
     for name in _own_tensors(twin):
         _copy_into(getattr(target, name), getattr(twin, name))
     twin.to_empty(device=META, recurse=False)

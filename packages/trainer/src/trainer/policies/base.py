@@ -67,6 +67,18 @@ class Policy(nn.Module):
         whether the class overrides `load_pretrained_parts` (override this to say when it loads none)."""
         return type(self).load_pretrained_parts is not Policy.load_pretrained_parts
 
+    def initializes(self, module: nn.Module) -> bool:
+        """Whether `initialize_module` can initialize `module`'s own tensors. A policy is built on the
+        meta device only when every module owning a tensor passes (engine/build.py); by default, the
+        modules with torch's `reset_parameters()`."""
+        return callable(getattr(module, "reset_parameters", None))
+
+    def initialize_module(self, module: nn.Module) -> None:
+        """Initialize `module`'s own parameters and buffers (not its children's) as a fresh build does,
+        on the meta build's full-shape twin: torch's `reset_parameters()` by default. A policy made of
+        another library's modules routes them to that library's initializer (SmolVLA: transformers')."""
+        module.reset_parameters()  # type: ignore[operator]  # checked by `initializes`
+
     def parameter_groups(self) -> dict[str, float]:
         """Submodules trained at their own learning rate, by name (ACT's camera trunk): each becomes an
         optimizer parameter group; the rest uses --optimizer.lr."""

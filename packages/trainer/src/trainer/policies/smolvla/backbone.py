@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -101,6 +102,7 @@ class VLMWithExpert(nn.Module):
         self.expert_hidden: int = expert_config.hidden_size
         self.cross = "cross" in config.attention_mode
         self.self_attn_every = config.self_attn_every_n_layers
+        replaced: list[nn.Module] = []
         if self.cross:
             kv_in = text_config.num_key_value_heads * text_config.head_dim
             kv_out = expert_config.num_key_value_heads * expert_config.head_dim
@@ -109,10 +111,22 @@ class VLMWithExpert(nn.Module):
                     bias = expert_config.attention_bias
                     layer.self_attn.k_proj = nn.Linear(kv_in, kv_out, bias=bias)
                     layer.self_attn.v_proj = nn.Linear(kv_in, kv_out, bias=bias)
+                    replaced += [layer.self_attn.k_proj, layer.self_attn.v_proj]
         self.lm_expert.embed_tokens = None
+        self._torch_initialized = replaced  # not registered: they are in the tree already
         self.freeze_vision_encoder = config.freeze_vision_encoder
         self.train_expert_only = config.train_expert_only
         self._set_requires_grad()
+
+    def initializer_of(self, module: nn.Module) -> Callable[[nn.Module], None] | None:
+        """How a fresh SmolVLA initializes `module`'s own tensors, as LeRobot's does: with transformers'
+        `_init_weights` of the model that built it (normal(0, initializer_range), RMSNorm weights one,
+        RoPE tables computed); None for a module of ours, torch's `reset_parameters()` (the
+        cross-attention projections that replaced the expert's, the projections of flow.py)."""
+        if any(module is ours for ours in self._torch_initialized):
+            return None
+        owner = next((o for o in (self.vlm, self.lm_expert) if any(module is m for m in o.modules())), None)
+        return None if owner is None else owner._init_weights
 
     def is_self_attention(self, layer: int) -> bool:
         """Whether layer `layer` attends jointly over [prefix; actions] (else the expert cross-attends)."""

@@ -187,5 +187,20 @@ class SmolVLAPolicy(Policy):
         if self.config.load_vlm_weights:
             self.model.vlm_with_expert.load_backbone_weights(self.config.vlm_model_name)
 
+    def loads_pretrained_parts(self) -> bool:
+        """Random backbone weights (LeRobot's default, and every `--policy.path` run) build on meta."""
+        return self.config.load_vlm_weights
+
+    def initializes(self, module: torch.nn.Module) -> bool:
+        return self.model.vlm_with_expert.initializer_of(module) is not None or super().initializes(module)
+
+    def initialize_module(self, module: torch.nn.Module) -> None:
+        """transformers' initializer for the modules transformers built, torch's for the rest."""
+        initializer = self.model.vlm_with_expert.initializer_of(module)
+        if initializer is None:
+            super().initialize_module(module)
+        else:
+            initializer(module)
+
 
 SmolVLAConfig.built_by = SmolVLAPolicy
