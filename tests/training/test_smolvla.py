@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from helpers.fixtures import copy_fixture
+from helpers.smolvlm_sizes import write_smolvlm2_500m
 from trainer.config.policy import PolicyConfig
 from trainer.errors import ConfigError
 from trainer.policies import upgrade_policy_config
@@ -156,24 +157,12 @@ def test_a_task_longer_than_tokenizer_max_length_is_truncated_as_lerobot_does(lo
     assert tokens.shape == (2, 48) and mask[0].all() and mask[1].sum() < 48
 
 
-# SmolVLM2-500M-Video-Instruct's published configuration (text and vision towers), as the fixture's
-# tensors.txt lists it; nothing downloads.
-SMOLVLM2_500M_TEXT = {"hidden_size": 960, "intermediate_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 15, "num_key_value_heads": 5, "head_dim": 64, "vocab_size": 49280}  # fmt: skip
-SMOLVLM2_500M_VISION = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12, "patch_size": 16, "image_size": 512}  # fmt: skip
-
-
-def test_the_default_size_has_lerobots_parameter_count(fixture: Path, tmp_path: Path) -> None:
+def test_the_default_size_has_lerobots_parameter_count(tmp_path: Path) -> None:
     """LeRobot's defaults on SmolVLM2-500M, built on the meta device: 450,046,176 parameters
     (402,737,376 without the unused lm_head), as LeRobot's own SmolVLAPolicy counts them."""
     from trainer.policies.base import build_policy
 
-    backbone = tmp_path / "smolvlm2_500m"
-    shutil.copytree(fixture / "tiny_smolvlm", backbone)
-    config = json.loads((backbone / "config.json").read_text())
-    config["scale_factor"] = 4
-    config["text_config"].update(SMOLVLM2_500M_TEXT)
-    config["vision_config"].update(SMOLVLM2_500M_VISION)
-    (backbone / "config.json").write_text(json.dumps(config))
+    backbone = write_smolvlm2_500m(tmp_path / "smolvlm2_500m")
     features = ["observation.state", "observation.images.top", "task"]
     with torch.device("meta"):
         policy = build_policy(SmolVLAConfig(vlm_model_name=str(backbone), input_features=features), 6, 6)
