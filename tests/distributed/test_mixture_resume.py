@@ -101,6 +101,9 @@ def test_resumed_on_one_process_it_trains_on_the_same_samples(runs, tmp_path) ->
     flags = ["--resume=true", f"--config_path={step_3}", f"--output_dir={single}", "--batch_size=4"]
     log = run_torchrun(TRAIN, 1, *flags).stdout
     assert "checkpoints/000003 at step 3" in log and no_traceback_from_us(log)
+    # a one-process launch runs as a plain process: no process group of one, no DDP wrapper (whose
+    # gradient buckets cost 4 B per parameter; docs/large-models.md)
+    assert "single process (1 process, device cpu)" in log
     expected = _samples(out / "straight")
     assert _samples(single) == {step: expected[step] for step in (4, 5, 6)}
     losses = {run: _losses(run) for run in (out / "straight", single)}
