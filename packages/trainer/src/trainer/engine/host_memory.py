@@ -4,10 +4,10 @@ Why: glibc serves an allocation of at least its mmap threshold (128 KiB at start
 own, returned to the system when freed. But the threshold is dynamic: each time such a mapping is
 freed, glibc raises the threshold to its size (up to 32 MiB on 64-bit). Building a large policy frees
 many unit-sized tensors (the initialization twins of a meta build, a load's read buffers), so the
-threshold climbs within the first second, and from then on every tensor below 32 MiB (the first step's
-activations and gradients, a save's staging) comes from the heap, where freed memory stays resident
-behind whatever was allocated after it. A 470 M-parameter policy's first step then peaked at 1.25x its
-ideal on one process; with the threshold held at 1 MiB it peaks at its ideal (docs/large-models.md).
+threshold climbs within the first second, and from then on every tensor below 32 MiB comes from the
+heap, where freed memory stays resident behind whatever was allocated after it. Building a 470 M
+policy (1.88 GB of weights) on one process peaked at 2.75 GB that way, at 2.24 GB with the threshold
+held at 1 MiB (benchmarks/bench_memory.py).
 
 Holding the threshold (`mallopt(M_MMAP_THRESHOLD, ...)`) also turns glibc's dynamic adjustment off.
 Tensors under 1 MiB stay on the heap, where mapping each would cost a system call per allocation.
