@@ -132,6 +132,7 @@ def smolvla(work: Path) -> Subject:
 
     backbone = write_smolvlm2_500m(work / "smolvlm2_500m")
     tiny = ["--policy.type=smolvla", f"--policy.vlm_model_name={TINY_BACKBONE}", "--policy.num_vlm_layers=4"]
+    tiny += ["--policy.resize_imgs_with_padding=[32,32]"]  # the tiny tower's image size (patch 4)
     features = ["observation.state", "observation.images.top", "task"]
     config = SmolVLAConfig(vlm_model_name=str(backbone), input_features=features)
     large = ["--policy.type=smolvla", f"--policy.vlm_model_name={backbone}"]
