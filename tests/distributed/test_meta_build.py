@@ -125,3 +125,15 @@ def test_a_sharded_safetensors_save_writes_the_gathered_files_bytes(started: dic
     assert sorted(weight_map) == sorted(tensors)
     from_dcp = ckpt_tools.load_model_state_dict(str(step / "pytorch_model_fsdp_0"))
     assert tensors.keys() == from_dcp.keys() and all(torch.equal(tensors[k], from_dcp[k]) for k in tensors)
+
+
+def test_load_policy_and_verify_take_a_sharded_step(started: dict[str, Any]) -> None:
+    """`trainer.load_policy` reads the one-process run's sharded set as its weights; `ckpt verify --deep`
+    checks its shards and index against the step's manifest."""
+    from trainer.evaluation.inference import load_policy
+
+    step = _checkpoint(started["root"], "single")
+    loaded = load_policy(str(step)).policy.state_dict()
+    expected = ckpt_tools.load_model_state_dict(str(step))
+    assert loaded.keys() == expected.keys() and all(torch.equal(loaded[k], expected[k]) for k in expected)
+    assert ckpt_tools.verify_checkpoint(step, deep=True).ok
