@@ -60,7 +60,8 @@ def trained() -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
 
 def test_a_sharded_save_writes_huggingface_hubs_files(trained, tmp_path: Path) -> None:
     model, optimizer, scheduler = trained
-    step = Path(save(tmp_path / "sharded", 2, model, optimizer, scheduler, shard_size=f"{SHARD}B"))
+    ema = {name: param.detach() + 1 for name, param in model.named_parameters()}
+    step = Path(save(tmp_path / "sharded", 2, model, optimizer, scheduler, shard_size=f"{SHARD}B", ema=ema))
     single = Path(save(tmp_path / "single", 2, model, optimizer, scheduler))
     hub = tmp_path / "hub"
     hub.mkdir()
@@ -80,6 +81,7 @@ def test_a_sharded_save_writes_huggingface_hubs_files(trained, tmp_path: Path) -
     manifest = json.loads((step / layout.MANIFEST).read_text())["files"]
     assert {f"{layout.PRETRAINED_MODEL_DIR}/{name}" for name in written} <= set(manifest)
     assert ckpt_tools.verify_checkpoint(step, deep=True).ok
+    assert load_file(model_dir / layout.EMA_SAFETENSORS).keys() == ema.keys()  # the EMA stays one file
 
 
 def _sharded_model() -> torch.nn.Module:
