@@ -61,6 +61,7 @@ PUBLIC = {
     "convert_dcp_to_safetensors",
     "convert_safetensors_to_dcp",
     "dtype_name",
+    "parse_size",
     "PublishResult",
     "publish_model",
     "select_publish_files",

@@ -5,11 +5,13 @@ The same `--seed` on one process, DDP x2, FSDP2 x4 and HSDP 2x2 (FSDP2 x2 along 
 each run's weights are gathered right after they are materialized and initialized, and must be equal
 bit for bit; the sharded runs must really be sharded, and materializing must keep the parameter
 objects the optimizer holds. Two runs started from a saved step (`--policy.path`) must hold exactly
-its weights.
+its weights. One process and FSDP2 x4 save Hugging Face style shards (`--save_shard_size`): FSDP2 x2
+reads the one-process set block by block, and FSDP2 x4's shards hold the DCP shards' values.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import torch
 from safetensors.torch import load, save
 
 import ckpt_tools
+from ckpt_tools import layout
 from helpers.launch import run_torchrun
 from helpers.train_flags import tiny_args
 
@@ -25,13 +28,14 @@ pytestmark = pytest.mark.distributed
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_observe_init.py"
 
+SHARDS = "--save_shard_size=8KiB"  # the policy's ~40 KB of weights in several shards
 RUNS: dict[str, tuple[int, list[str]]] = {
-    "single": (1, []),
+    "single": (1, [SHARDS]),
     "ddp2": (2, []),
-    "fsdp4": (4, ["--parallelism.dp_shard=4", "--checkpoint_format=safetensors_dcp"]),
+    "fsdp4": (4, ["--parallelism.dp_shard=4", "--checkpoint_format=safetensors_dcp", SHARDS]),
     "hsdp2x2": (4, ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--checkpoint_format=dcp"]),
 }
-# --policy.path runs started from the step-1 checkpoint an earlier run saved: gathered safetensors read
+# --policy.path runs started from the step-1 checkpoint an earlier run saved: sharded safetensors read
 # block by block into FSDP2 x2 shards, DCP shards of HSDP 2x2 into DDP's full copies
 LOADS: dict[str, tuple[int, list[str], str]] = {
     "fsdp2_from_safetensors": (2, ["--parallelism.dp_shard=2"], "single"),
@@ -96,6 +100,8 @@ def test_policy_path_weights_stream_into_the_shards_as_an_eager_load(
     """The weights each rank read as the blocks it holds, gathered, equal the checkpoint read whole
     (as the eager `--policy.path` load reads it); the computed buffers still equal a fresh build's."""
     expected, observed = started[name]["expected"], started[name]["state"]
+    source = _checkpoint(started["root"], LOADS[name][2]) / layout.PRETRAINED_MODEL_DIR
+    assert (source / layout.MODEL_INDEX).exists() == (LOADS[name][2] == "single")  # the sharded set
     assert observed.keys() == expected.keys()
     assert all(torch.equal(observed[k], expected[k]) for k in expected)
     assert not torch.equal(observed["context"], started["single"]["state"]["context"])  # trained, not drawn
@@ -104,11 +110,30 @@ def test_policy_path_weights_stream_into_the_shards_as_an_eager_load(
 
 
 def test_a_sharded_safetensors_save_writes_the_gathered_files_bytes(started: dict[str, Any]) -> None:
-    """FSDP2 x4 wrote model.safetensors tensor by tensor (state/gathered_write.py): the file has the bytes
-    the safetensors library writes for its tensors, and they are the DCP shards' values gathered."""
+    """FSDP2 x4 wrote its --save_shard_size shards tensor by tensor (state/gathered_write.py): each has the
+    bytes the safetensors library writes for its tensors, the index names them all, and together they
+    hold the DCP shards' values gathered."""
     step = started["root"] / "fsdp4" / "checkpoints" / "000001" / "pretrained_model"
-    written = (step / "model.safetensors").read_bytes()
-    tensors = load(written)
-    assert written == save(tensors, metadata={"format": "pt"})
+    weight_map = json.loads((step / layout.MODEL_INDEX).read_text())["weight_map"]
+    shards = sorted(set(weight_map.values()))
+    assert len(shards) > 1 and not (step / layout.MODEL_SAFETENSORS).exists()
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        written = (step / shard).read_bytes()
+        assert written == save(load(written), metadata={"format": "pt"}), shard
+        tensors |= load(written)
+    assert sorted(weight_map) == sorted(tensors)
     from_dcp = ckpt_tools.load_model_state_dict(str(step / "pytorch_model_fsdp_0"))
     assert tensors.keys() == from_dcp.keys() and all(torch.equal(tensors[k], from_dcp[k]) for k in tensors)
+
+
+def test_load_policy_and_verify_take_a_sharded_step(started: dict[str, Any]) -> None:
+    """`trainer.load_policy` reads the one-process run's sharded set as its weights; `ckpt verify --deep`
+    checks its shards and index against the step's manifest."""
+    from trainer.evaluation.inference import load_policy
+
+    step = _checkpoint(started["root"], "single")
+    loaded = load_policy(str(step)).policy.state_dict()
+    expected = ckpt_tools.load_model_state_dict(str(step))
+    assert loaded.keys() == expected.keys() and all(torch.equal(loaded[k], expected[k]) for k in expected)
+    assert ckpt_tools.verify_checkpoint(step, deep=True).ok

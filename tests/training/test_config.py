@@ -50,6 +50,11 @@ from trainer.policies.smolvla import SmolVLAConfig
         (["--accelerator.mixed_precision=fp8"], r"--accelerator.mixed_precision='fp8' is not one of"),
         (["--accelerator.gradient_accumulation.steps=0"], r"gradient_accumulation.steps must be >= 1"),
         (["--checkpoint_format=zip"], r"--checkpoint_format='zip' is not one of"),
+        (
+            ["--save_shard_size=5 gigs"],
+            r"--save_shard_size '5 gigs' is not a size; use e.g. 5GB, 500MB or 2GiB",
+        ),
+        (["--save_shard_size=0MiB"], r"--save_shard_size '0MiB' must be positive"),
         (["--batch_size=0"], r"--batch_size must be >= 1"),
         (["--policy.dim=30", "--policy.heads=4"], r"--policy.dim=30 must be divisible by --policy.heads=4"),
         (

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from ckpt_tools.files import storage as storage
     from ckpt_tools.files.commit import latest_step_dir as latest_step_dir
     from ckpt_tools.files.locate import read_training_step as read_training_step
+    from ckpt_tools.files.sharded_safetensors import parse_size as parse_size
     from ckpt_tools.files.storage import read_config_json as read_config_json
     from ckpt_tools.format import layout as layout
     from ckpt_tools.format.dtypes import dtype_name as dtype_name
@@ -118,6 +119,7 @@ _EXPORTS: dict[str, str] = {
     "UnsupportedVersionError": "ckpt_tools.errors",
     "dtype_name": "ckpt_tools.format.dtypes",
     "read_config_json": "ckpt_tools.files.storage",
+    "parse_size": "ckpt_tools.files.sharded_safetensors",
     "TrainingStep": "ckpt_tools.format.meta",
     "Topology": "ckpt_tools.format.meta",
     "SamplerPosition": "ckpt_tools.format.meta",

@@ -17,7 +17,6 @@ from typing import Any
 
 from ckpt_tools.errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError
 from ckpt_tools.files import storage
-from ckpt_tools.format import layout
 from ckpt_tools.format.dtypes import ITEMSIZE, nbytes
 from ckpt_tools.format.untrusted import describe, is_count
 
@@ -61,20 +60,6 @@ class SafetensorsHeader:
     @property
     def total_bytes(self) -> int:
         return sum(info.nbytes for info in self.tensors.values())
-
-
-def read_weight_map(index_path: str) -> dict[str, str]:
-    """`weight_map` of a sharded-safetensors index (`model.safetensors.index.json`): tensor name ->
-    shard file name. Every shard name must stay inside the index's directory (`storage.contained`),
-    so an index naming `../elsewhere/x.safetensors` or an absolute path reads nothing outside."""
-    data = storage.read_json(index_path)
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CorruptCheckpointError(f"{index_path}: expected a 'weight_map' object of tensor -> file name")
-    base = layout.parent(index_path)
-    for shard in sorted(set(weight_map.values())):
-        storage.contained(base, shard, f"{index_path.rsplit('/', 1)[-1]}'s weight_map")
-    return weight_map
 
 
 def read_safetensors_header(path: str | os.PathLike[str]) -> SafetensorsHeader:

@@ -28,7 +28,8 @@ from ckpt_tools.dcp.index import DcpIndex, read_dcp_index
 from ckpt_tools.dcp.roles import model_tensors, optimizer_tensors
 from ckpt_tools.errors import NotACheckpointError
 from ckpt_tools.files import locate, storage
-from ckpt_tools.files.safetensors_io import SafetensorsHeader, read_safetensors_header, read_weight_map
+from ckpt_tools.files.safetensors_io import SafetensorsHeader, read_safetensors_header
+from ckpt_tools.files.sharded_safetensors import read_weight_map
 from ckpt_tools.format import layout
 from ckpt_tools.format.meta import LeRobotStep, TrainingStep
 

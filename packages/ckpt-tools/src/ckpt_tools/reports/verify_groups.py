@@ -16,7 +16,8 @@ from ckpt_tools.catalog import ADAPTER, DCP, EMA, MODEL, OPTIMIZER, SHARDED_SAFE
 from ckpt_tools.dcp.chunk_tiling import dcp_index_problems
 from ckpt_tools.dcp.index import DcpIndex, dcp_file_problems, read_dcp_index
 from ckpt_tools.dcp.records import dcp_record_problems
-from ckpt_tools.files.safetensors_io import SafetensorsHeader, read_safetensors_header, read_weight_map
+from ckpt_tools.files.safetensors_io import SafetensorsHeader, read_safetensors_header
+from ckpt_tools.files.sharded_safetensors import read_weight_map
 from ckpt_tools.format import layout
 from ckpt_tools.reports.describe import (
     TensorGroup,

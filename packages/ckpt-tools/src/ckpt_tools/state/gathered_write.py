@@ -19,19 +19,48 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from ckpt_tools.files.digest import Recorder
-from ckpt_tools.files.safetensors_writer import SafetensorsStreamWriter
+from ckpt_tools.files.manifest import write_json
+from ckpt_tools.files.safetensors_writer import SafetensorsStreamWriter, TensorSpec
+from ckpt_tools.files.sharded_safetensors import index_document, plan_shards
+from ckpt_tools.format import layout
 from ckpt_tools.state.collective import Group
-from ckpt_tools.tensors.tensor_io import tensor_specs, write_tensor_bytes
+from ckpt_tools.tensors.tensor_io import tensor_spec, write_tensor_bytes
 
 METADATA = {"format": "pt"}  # what the gathered saves have always written
 
 
 def write_gathered_safetensors(
-    path: str, state: Mapping[str, torch.Tensor], group: Group, recorder: Recorder | None
+    path: str,
+    state: Mapping[str, torch.Tensor],
+    group: Group,
+    recorder: Recorder | None,
+    shard_size: int | None = None,
 ) -> None:
     """Collective when `state` holds DTensors: call on all ranks with the same names. The main rank
-    writes `path`; its failure is kept in `group` for the next `agree` (the others still gather)."""
-    specs = tensor_specs(state)
+    writes `path`; its failure is kept in `group` for the next `agree` (the others still gather).
+
+    `shard_size` (bytes): shards of at most that size beside `path` instead, named and split as
+    huggingface_hub does (`files/sharded_safetensors.py`), and their index, recorded like every file;
+    one file still when everything fits. Every rank plans the same files from shapes alone, so the
+    gathers run in the same order everywhere."""
+    stem = layout.name(path).removesuffix(".safetensors")
+    shards = plan_shards([tensor_spec(name, value) for name, value in state.items()], shard_size, stem)
+    model_dir = layout.parent(path)
+    for file_name, specs in shards:
+        _write_file(layout.join(model_dir, file_name), specs, state, group, recorder)
+    if len(shards) > 1:
+        index = layout.join(model_dir, f"{stem}.safetensors.index.json")
+        group.on_main(write_json, index, index_document(shards), recorder)
+
+
+def _write_file(
+    path: str,
+    specs: list[TensorSpec],
+    state: Mapping[str, torch.Tensor],
+    group: Group,
+    recorder: Recorder | None,
+) -> None:
+    """One file, its tensors in `specs` order: each gathered, written by the main rank, freed."""
     writers: list[SafetensorsStreamWriter] = []
     group.on_main(lambda: writers.append(SafetensorsStreamWriter(path, specs, METADATA, recorder)))
     for spec in specs:

@@ -34,6 +34,7 @@ from ckpt_tools.errors import SaveFailedError, UsageError
 from ckpt_tools.files import commit, storage
 from ckpt_tools.files.digest import Recorder
 from ckpt_tools.files.manifest import write_bytes, write_json, write_manifest
+from ckpt_tools.files.sharded_safetensors import parse_size
 from ckpt_tools.format import layout
 from ckpt_tools.format.meta import CheckpointFormat, TrainingStep
 from ckpt_tools.reports.verify import verify_checkpoint
@@ -65,6 +66,7 @@ def start_checkpoint(
     manifest: bool = True,
     background: bool = False,
     ema: Mapping[str, torch.Tensor] | None = None,
+    shard_size: int | str | None = None,
 ) -> PendingCheckpoint:
     """Collective: call on all ranks. Write `<checkpoints_dir>/<step:06d>/`; `finish()` on the result
         (collective) moves `last` to it and, with `keep_last=K` > 0, deletes all but the K newest steps
@@ -100,7 +102,12 @@ def start_checkpoint(
         every rank as `ema_dcp/`, so a resume reshards it like the weights and a reader loads it like them.
         A PEFT run's shadow (its trainable parameters) is saved under the adapter's key names (`peft_key`),
         so it stands in for the adapter file as the EMA of a full model stands in for the model file.
+
+        `shard_size` (`5GB`, `500MiB` or bytes): the gathered model weights as Hugging Face style shards of
+        at most that size (`model-0000k-of-0000n.safetensors` and `model.safetensors.index.json`, split as
+        huggingface_hub splits) instead of one `model.safetensors`; the adapter and the EMA stay one file.
     """
+    max_size = parse_size(shard_size, "shard_size") if shard_size is not None else None
     group = Group(process_group)
     recorder = Recorder() if manifest else None
     check_processors(processors)
@@ -114,7 +121,9 @@ def start_checkpoint(
     model_dir = layout.join(tmp, layout.PRETRAINED_MODEL_DIR)
     with _shard_failures(pending.what):
         if adapter_config is None:
-            _save_model(model_dir, model, training_step.checkpoint_format, group, recorder, write_dcp)
+            _save_model(
+                model_dir, model, training_step.checkpoint_format, group, recorder, write_dcp, max_size
+            )
         else:
             _save_adapter(model_dir, model, training_step.checkpoint_format, group, recorder, write_dcp)
         if ema is not None:
@@ -320,11 +329,12 @@ def _save_model(
     group: Group,
     recorder: Recorder | None,
     write_dcp: WriteDcp,
+    shard_size: int | None,
 ) -> None:
     if CheckpointFormat(checkpoint_format).has_safetensors:  # gathered tensor by tensor, no full copy
         path = layout.join(model_dir, layout.MODEL_SAFETENSORS)
         state: dict[str, Any] = get_model_state_dict(model)  # DTensors on a sharded model: nothing gathered
-        write_gathered_safetensors(path, state, group, recorder)
+        write_gathered_safetensors(path, state, group, recorder, shard_size)
     if CheckpointFormat(checkpoint_format).has_dcp:
         write_dcp(get_model_state_dict(model), layout.join(model_dir, layout.MODEL_DCP_DIR))
 

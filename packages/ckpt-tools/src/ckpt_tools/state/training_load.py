@@ -38,7 +38,8 @@ from ckpt_tools.errors import (
 )
 from ckpt_tools.files import storage
 from ckpt_tools.files.locate import read_training_step, resolve_model_dir
-from ckpt_tools.files.safetensors_io import SafetensorsHeader, read_safetensors_header, read_weight_map
+from ckpt_tools.files.safetensors_io import SafetensorsHeader, read_safetensors_header
+from ckpt_tools.files.sharded_safetensors import shard_headers
 from ckpt_tools.format import layout, weight_sets
 from ckpt_tools.format.meta import TrainingStep
 from ckpt_tools.format.untrusted import MAX_CONFIG_BYTES, check_like
@@ -212,16 +213,7 @@ def _headers_by_tensor(weights: WeightSet) -> dict[str, SafetensorsHeader]:
     if weights.format == SAFETENSORS:
         header = read_safetensors_header(weights.path)
         return dict.fromkeys(header.tensors, header)
-    model_dir = layout.parent(weights.path)
-    weight_map = read_weight_map(weights.path)
-    shard_headers = {
-        shard: read_safetensors_header(layout.join(model_dir, shard)) for shard in set(weight_map.values())
-    }
-    return {
-        name: shard_headers[shard]
-        for name, shard in weight_map.items()
-        if name in shard_headers[shard].tensors
-    }
+    return shard_headers(weights.path)
 
 
 def _load_adapter(model_dir: str, weights: WeightSet, model: nn.Module, group: Group) -> None:

@@ -22,8 +22,9 @@ from ckpt_tools.dcp.index import DcpIndex
 from ckpt_tools.errors import CorruptCheckpointError
 from ckpt_tools.files import manifest, storage
 from ckpt_tools.files.digest import HashingFileSystem, Recorder
-from ckpt_tools.files.safetensors_io import SafetensorsHeader, read_safetensors_header, read_weight_map
+from ckpt_tools.files.safetensors_io import SafetensorsHeader, read_safetensors_header
 from ckpt_tools.files.safetensors_writer import SafetensorsStreamWriter, TensorSpec, aligned_order
+from ckpt_tools.files.sharded_safetensors import shard_headers
 from ckpt_tools.format import layout
 from ckpt_tools.format.dtypes import safetensors_code
 
@@ -55,11 +56,14 @@ def write_safetensors(
         storage.write_bytes(path, save(out, metadata=metadata))
 
 
+def tensor_spec(name: str, tensor: torch.Tensor) -> TensorSpec:
+    """The header entry of one tensor (a DTensor's global shape)."""
+    return TensorSpec(name, safetensors_code(str(tensor.dtype)), tuple(tensor.shape))
+
+
 def tensor_specs(tensors: Mapping[str, torch.Tensor]) -> list[TensorSpec]:
     """The header entries of `tensors` in the safetensors library's file order (`aligned_order`)."""
-    return aligned_order(
-        [TensorSpec(name, safetensors_code(str(t.dtype)), tuple(t.shape)) for name, t in tensors.items()]
-    )
+    return aligned_order([tensor_spec(name, t) for name, t in tensors.items()])
 
 
 def write_tensor_bytes(writer: SafetensorsStreamWriter, tensor: torch.Tensor) -> None:
@@ -113,16 +117,10 @@ def read_safetensors_model(model_dir: str) -> dict[str, torch.Tensor]:
     if storage.exists(single):
         return read_safetensors(single)[0]
     index_path = layout.join(model_dir, layout.MODEL_INDEX)
-    weight_map = read_weight_map(index_path)
+    headers = shard_headers(index_path)  # every shard present and whole, every tensor where the index says
     tensors: dict[str, torch.Tensor] = {}
-    for shard in sorted(set(weight_map.values())):
-        tensors.update(read_safetensors(layout.join(model_dir, shard))[0])
-    missing = sorted(set(weight_map) - set(tensors))
-    if missing:
-        raise CorruptCheckpointError(
-            f"{index_path} names {len(missing)} tensors missing from its shards (first: {missing[0]}); "
-            "re-run `ckpt convert`"
-        )
+    for path in sorted({header.path for header in headers.values()}):
+        tensors.update(read_safetensors(path)[0])
     return tensors
 
 

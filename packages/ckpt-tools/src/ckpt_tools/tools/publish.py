@@ -22,7 +22,7 @@ from typing import Any
 from ckpt_tools.catalog import ADAPTER, DCP, MODEL, catalog
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, PublishError, UsageError
 from ckpt_tools.files import locate, storage
-from ckpt_tools.files.safetensors_io import read_weight_map
+from ckpt_tools.files.sharded_safetensors import read_weight_map
 from ckpt_tools.format import layout, weight_sets
 from ckpt_tools.format.weight_sets import WeightSetKind
 from ckpt_tools.tools.hub_commit import commit_to_hub

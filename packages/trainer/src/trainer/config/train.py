@@ -61,6 +61,9 @@ class TrainConfig:
     checkpoint_manifest: bool = True
     """Write each checkpoint's manifest.json (every file's size and sha256, hashed while writing) for
     `ckpt verify --deep`; false saves the hashing time and the in-memory copy of the gathered weights."""
+    save_shard_size: str | None = None
+    """Write the gathered model weights as Hugging Face style shards of at most this size (5GB, 500MiB)
+    with model.safetensors.index.json, split as huggingface_hub splits; unset: one model.safetensors."""
     batch_size: int = 32
     """Samples per rank per loop step."""
     num_workers: int = 4
@@ -113,6 +116,11 @@ class TrainConfig:
             raise ConfigError(
                 f"--checkpoint_format={self.checkpoint_format!r} is not one of {ckpt_tools.CheckpointFormat.names()}"
             )
+        if self.save_shard_size is not None:
+            try:
+                ckpt_tools.parse_size(self.save_shard_size, "--save_shard_size")
+            except ckpt_tools.UsageError as exc:
+                raise ConfigError(str(exc)) from None
         if self.num_workers < 0:
             raise ConfigError(
                 f"--num_workers must be >= 0 (0 decodes in the training process), got {self.num_workers}"

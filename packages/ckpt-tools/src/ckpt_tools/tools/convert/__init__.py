@@ -10,8 +10,8 @@ cases. One module per direction (`to_safetensors.py`, `to_dcp.py`); `plan.py` de
 conversion writes and what it may delete.
 """
 
+from ckpt_tools.files.sharded_safetensors import parse_size
 from ckpt_tools.tools.convert.result import ConversionResult, Progress
-from ckpt_tools.tools.convert.sizes import parse_size
 from ckpt_tools.tools.convert.to_dcp import convert_safetensors_to_dcp
 from ckpt_tools.tools.convert.to_safetensors import (
     check_deletable_source,

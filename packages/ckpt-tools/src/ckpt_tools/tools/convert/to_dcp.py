@@ -12,7 +12,8 @@ from typing import Any
 from ckpt_tools.catalog import ADAPTER, MODEL, SAFETENSORS, SHARDED_SAFETENSORS, catalog
 from ckpt_tools.errors import NotACheckpointError, OutputExistsError
 from ckpt_tools.files import storage
-from ckpt_tools.files.safetensors_io import read_safetensors_header, read_weight_map
+from ckpt_tools.files.safetensors_io import read_safetensors_header
+from ckpt_tools.files.sharded_safetensors import read_weight_map
 from ckpt_tools.format import layout
 from ckpt_tools.format.dtypes import ITEMSIZE
 from ckpt_tools.tools.convert.chunk_copy import torch_dtype

@@ -16,7 +16,8 @@ from ckpt_tools.dcp.roles import model_tensors
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, OutputExistsError, UsageError
 from ckpt_tools.files import storage
 from ckpt_tools.files.safetensors_io import read_safetensors_header
-from ckpt_tools.files.safetensors_writer import SafetensorsStreamWriter, TensorSpec, aligned_order
+from ckpt_tools.files.safetensors_writer import SafetensorsStreamWriter, TensorSpec
+from ckpt_tools.files.sharded_safetensors import Shards, index_document, parse_size, plan_shards
 from ckpt_tools.format import layout, weight_sets
 from ckpt_tools.format.dtypes import FLOATING, USER_DTYPES, dtype_name
 from ckpt_tools.format.weight_sets import WeightSetKind
@@ -25,7 +26,6 @@ from ckpt_tools.tools.convert import plan
 from ckpt_tools.tools.convert.chunk_copy import OpenFiles, write_tensor
 from ckpt_tools.tools.convert.plan import refuse_inside
 from ckpt_tools.tools.convert.result import ConversionResult, Progress
-from ckpt_tools.tools.convert.sizes import parse_size
 
 _Advance = Callable[[int], None]
 SAFETENSORS_METADATA = {"format": "pt"}  # transformers refuses files without it
@@ -169,26 +169,17 @@ def _out_dtype(entry: TensorEntry, target: str | None) -> str:
 
 def _plan_shards(
     tensors: dict[str, TensorEntry], target: str | None, stem: str, max_size: int | None
-) -> list[tuple[str, list[TensorSpec]]]:
-    """Greedy split in name order (as huggingface_hub does); a tensor larger than the limit gets its own
-    shard. Inside a file, tensors are in aligned order."""
+) -> Shards:
+    """huggingface_hub's split over the tensors in name order (`plan_shards`); inside a file, tensors are
+    in aligned order."""
     specs = [TensorSpec(name, _out_dtype(e, target), e.shape) for name, e in sorted(tensors.items())]
-    groups: list[list[TensorSpec]] = [[]]
-    size = 0
-    for spec in specs:
-        if max_size is not None and groups[-1] and size + spec.nbytes > max_size:
-            groups.append([])
-            size = 0
-        groups[-1].append(spec)
-        size += spec.nbytes
-    if len(groups) == 1:
-        return [(f"{stem}.safetensors", aligned_order(groups[0]))]
-    if stem != _stem(layout.MODEL_SAFETENSORS):
+    shards = plan_shards(specs, max_size, stem)
+    if len(shards) > 1 and stem != _stem(layout.MODEL_SAFETENSORS):
         raise UsageError(
             "adapters and the EMA are written as one file (no reader takes an index); drop --max-shard-size",
             option="--max-shard-size",
         )
-    return [(layout.sharded_model_name(i + 1, len(groups)), aligned_order(g)) for i, g in enumerate(groups)]
+    return shards
 
 
 def _sharded_name(stem: str) -> re.Pattern[str]:
@@ -222,7 +213,7 @@ def _write_shards(
     source: str,
     out_dir: str,
     tensors: dict[str, TensorEntry],
-    shards: list[tuple[str, list[TensorSpec]]],
+    shards: Shards,
     progress: _Advance,
 ) -> list[str]:
     """Write every shard under a temporary name, check each, then rename them all."""
@@ -255,14 +246,11 @@ def _check_written(path: str, specs: Sequence[TensorSpec]) -> None:
         raise CorruptCheckpointError(f"{path}: the written header does not match the DCP metadata")
 
 
-def _write_index(out_dir: str, shards: list[tuple[str, list[TensorSpec]]]) -> str:
+def _write_index(out_dir: str, shards: Shards) -> str:
     """`model.safetensors.index.json` in the layout transformers and huggingface_hub read."""
-    weight_map = {spec.name: file_name for file_name, specs in shards for spec in specs}
-    total = sum(spec.nbytes for _, specs in shards for spec in specs)
-    document = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     path = layout.join(out_dir, layout.MODEL_INDEX)
     tmp = layout.join(out_dir, layout.TMP_PREFIX + layout.MODEL_INDEX)
-    storage.write_text(tmp, json.dumps(document, indent=2) + "\n")
+    storage.write_text(tmp, json.dumps(index_document(shards), indent=2) + "\n")
     fs, inner = storage.resolve(tmp)
     fs.mv(inner, storage.resolve(path)[1])
     return path

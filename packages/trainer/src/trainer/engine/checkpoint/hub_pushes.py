@@ -170,7 +170,7 @@ class CheckpointPusher:
     def _publish(self, step_dir: str) -> None:
         checkpoint = ckpt_tools.open_checkpoint(step_dir)
         if not checkpoint.publishable:  # DCP shards only: the Hub needs safetensors
-            ckpt_tools.convert_dcp_to_safetensors(step_dir)
+            ckpt_tools.convert_dcp_to_safetensors(step_dir, max_shard_size=self.config.save_shard_size)
         weights = checkpoint.default_weights
         name = layout.name(step_dir)
         result = ckpt_tools.publish_model(

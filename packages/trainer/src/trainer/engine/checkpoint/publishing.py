@@ -111,7 +111,7 @@ def _publish_on_main(config: TrainConfig, summary: RunSummary, logger: Logger) -
             raise ckpt_tools.PublishError("the run saved no checkpoint to publish")
         if not ckpt_tools.open_checkpoint(step_dir).publishable:
             logger.note(f"converting the DCP shards of {step_dir} to safetensors for publishing")
-            ckpt_tools.convert_dcp_to_safetensors(step_dir)
+            ckpt_tools.convert_dcp_to_safetensors(step_dir, max_shard_size=config.save_shard_size)
         # a run that kept an EMA publishes it (what `trainer eval` and `load_policy` score by default)
         weights = ckpt_tools.open_checkpoint(step_dir).default_weights
         logger.note(f"publishing {step_dir} ({weights} weights) to {repo_id}")

@@ -121,6 +121,7 @@ def start(
             manifest=config.checkpoint_manifest,
             background=config.async_save,
             ema=objects.get("ema"),
+            shard_size=config.save_shard_size,
         )
 
 
