@@ -60,6 +60,7 @@ PUBLIC = {
     "ConversionResult",
     "convert_dcp_to_safetensors",
     "convert_safetensors_to_dcp",
+    "parse_size",
     "dtype_name",
     "PublishResult",
     "publish_model",

@@ -98,6 +98,7 @@ if TYPE_CHECKING:
     from ckpt_tools.state.training_load import load_training_state as load_training_state
     from ckpt_tools.state.training_load import load_model_weights as load_model_weights
     from ckpt_tools.tools.convert.result import ConversionResult as ConversionResult
+    from ckpt_tools.tools.convert.sizes import parse_size as parse_size
     from ckpt_tools.tools.convert.to_dcp import convert_safetensors_to_dcp as convert_safetensors_to_dcp
     from ckpt_tools.tools.convert.to_safetensors import (
         convert_dcp_to_safetensors as convert_dcp_to_safetensors,
@@ -153,6 +154,7 @@ _EXPORTS: dict[str, str] = {
     "select_publish_files": "ckpt_tools.tools.publish",
     "is_fsspec_target": "ckpt_tools.tools.publish",
     "ConversionResult": "ckpt_tools.tools.convert.result",
+    "parse_size": "ckpt_tools.tools.convert.sizes",
     "convert_dcp_to_safetensors": "ckpt_tools.tools.convert.to_safetensors",
     "convert_safetensors_to_dcp": "ckpt_tools.tools.convert.to_dcp",
     "CheckpointDescription": "ckpt_tools.reports.describe",
