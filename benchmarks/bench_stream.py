@@ -5,7 +5,8 @@ S3-compatible server on loopback (the suite's helper, `tests/helpers/s3_server.p
 one script, with the same --workers DataLoader workers and training order:
 
 - local: `--dataset.root=DIR`;
-- streamed: `--dataset.streaming=true --dataset.root=s3://bucket/dataset` with `--cache-size`;
+- streamed: `--dataset.streaming=true --dataset.root=s3://bucket/dataset`, once per `--cache-sizes`
+  entry (the default's small one is below the dataset's size: blocks are evicted and fetched again);
 
 and prints samples/s of each, the ratio streamed / local, and each worker's peak resident memory
 (VmHWM from /proc/<pid>/status) after the last epoch: the block cache bounds what a streamed worker
@@ -13,7 +14,7 @@ holds. Loopback has no network latency, so the ratio measures the client's cost 
 not a cloud store's. Run through `nox -s bench` (never part of the tests).
 
 Usage: python benchmarks/bench_stream.py [--episodes 8] [--frames 100] [--size 96x128] [--workers 2]
-       [--epochs 2] [--batch 32] [--cache-size 64MiB]
+       [--epochs 2] [--batch 32] [--cache-sizes 64MiB,256KiB]
 """
 
 from __future__ import annotations
@@ -36,17 +37,21 @@ sys.path.insert(0, str(HERE.parent / "tests"))  # the suite's server helper, sha
 from helpers.s3_server import start_s3_server  # noqa: E402
 
 
-def worker_peaks() -> list[float]:
-    """Each DataLoader worker's peak resident memory (VmHWM), MiB."""
+def worker_peaks(server_pid: int) -> list[float]:
+    """Each DataLoader worker's peak resident memory (VmHWM), MiB (the S3 server, a child too, left out)."""
     peaks = []
     for child in psutil.Process().children():
+        if child.pid == server_pid:
+            continue
         status = Path(f"/proc/{child.pid}/status").read_text()
         line = next(entry for entry in status.splitlines() if entry.startswith("VmHWM:"))
         peaks.append(int(line.split()[1]) / 1024)
     return peaks
 
 
-def rate(flags: dict[str, object], workers: int, batch: int, epochs: int) -> tuple[float, list[float]]:
+def rate(
+    flags: dict[str, object], workers: int, batch: int, epochs: int, server_pid: int
+) -> tuple[float, list[float]]:
     """Samples per second of the camera pipeline in training order, and the workers' VmHWM (MiB)."""
     from trainer.data.pipeline import loader
     from trainer.data.pipeline.sampler import GlobalOrderSampler
@@ -62,7 +67,7 @@ def rate(flags: dict[str, object], workers: int, batch: int, epochs: int) -> tup
     for _ in range(1, steps):
         samples += len(next(feed)[CAMERA])
     elapsed = time.perf_counter() - start
-    peaks = worker_peaks()
+    peaks = worker_peaks(server_pid)
     feed.close()
     return samples / elapsed, peaks
 
@@ -75,7 +80,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--cache-size", default="64MiB")
+    parser.add_argument("--cache-sizes", default="64MiB,256KiB", help="one streamed run per size")
     args = parser.parse_args()
     torch.set_num_threads(1)
     height, width = (int(v) for v in args.size.split("x"))
@@ -92,19 +97,20 @@ def main() -> None:
         store.put(f"{root}/", "s3://bench/dataset", recursive=True)
         size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
         print(f"dataset: {args.episodes * args.frames} frames of {height}x{width}, {size / 2**20:.2f} MiB")
-        local, local_peaks = rate({"root": str(root)}, args.workers, args.batch, args.epochs)
-        streamed_flags = {"root": "s3://bench/dataset", "streaming": True, "cache_size": args.cache_size}
-        streamed, streamed_peaks = rate(streamed_flags, args.workers, args.batch, args.epochs)
+        shape = (args.workers, args.batch, args.epochs, server.process.pid)
+        local, local_peaks = rate({"root": str(root)}, *shape)
+        print(f"| read ({args.workers} workers) | samples/s | vs local | worker VmHWM (MiB) |")
+        print("|---|---|---|---|")
+        print(f"| local disk | {local:.0f} | 1.00 | {', '.join(f'{p:.0f}' for p in local_peaks)} |")
+        for cache in args.cache_sizes.split(","):
+            flags = {"root": "s3://bench/dataset", "streaming": True, "cache_size": cache}
+            streamed, peaks = rate(flags, *shape)
+            print(
+                f"| streamed from moto (cache {cache}) | {streamed:.0f} | {streamed / local:.2f} | "
+                f"{', '.join(f'{p:.0f}' for p in peaks)} |"
+            )
         from trainer.data.format import remote
 
-        print(
-            f"| read ({args.workers} workers) | samples/s | vs local | worker VmHWM (MiB) |\n|---|---|---|---|"
-        )
-        print(f"| local disk | {local:.0f} | 1.00 | {', '.join(f'{p:.0f}' for p in local_peaks)} |")
-        print(
-            f"| streamed from moto (cache {args.cache_size}) | {streamed:.0f} | {streamed / local:.2f} | "
-            f"{', '.join(f'{p:.0f}' for p in streamed_peaks)} |"
-        )
         print(f"stream_retries: {remote.retry_count()}")
     finally:
         server.stop()
