@@ -3,7 +3,8 @@ server (moto, through s3fs), never downloaded.
 
 Every streamed item equals the local one, a streamed run trains to the local run's weights byte for
 byte and resumes exactly, the block cache stays within `--dataset.cache_size`, a flaky store is retried
-and counted, and an unreachable store, missing credentials or a damaged remote file is one line.
+and counted (in DataLoader workers too), and an unreachable store, missing credentials or a damaged
+remote file is one line.
 """
 
 from __future__ import annotations
@@ -127,6 +128,31 @@ def test_a_flaky_store_is_retried_and_counted_and_a_dead_one_is_one_line(
         remote.StreamError, match=rf"^cannot read {url}/\S+ after 4 attempts \(ConnectionResetError"
     ):
         trainer.open_dataset(root=url, streaming=True)
+
+
+def test_retries_in_dataloader_workers_are_counted_in_the_log(url, tmp_path, clean_accelerate, monkeypatch):
+    """The first GET of every process fails once: the main process's and each of the 2 workers'
+    (their client and cache are their own), so the run's log counts 3 retries."""
+    import s3fs
+
+    original, failed = s3fs.S3FileSystem._cat_file, set()
+
+    async def first_fails(self, *args, **kwargs):
+        if os.getpid() not in failed:
+            failed.add(os.getpid())
+            raise ConnectionResetError("connection reset by peer")
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_cat_file", first_fails)
+    monkeypatch.setattr(remote, "BACKOFF_S", (0.0, 0.0, 0.0))
+    s3fs.S3FileSystem.clear_instance_cache()  # a new client, its sync methods bound to the patched one
+    before = remote.retry_count() or 0
+    flags = [f"--policy.type={CAMERA_POLICY}", "--dataset.streaming=true", f"--dataset.root={url}"]
+    flags += ["--num_workers=2", "--steps=2", "--log_freq=2", "--batch_size=8", f"--output_dir={tmp_path}"]
+    train(parse_config(flags))
+    s3fs.S3FileSystem.clear_instance_cache()  # no client bound to the patched method outlives the test
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["stream_retries"] - before for r in logged if "loss" in r] == [3]
 
 
 def damaged(local_root: Path, tmp_path: Path, relative: str) -> Path:
