@@ -71,7 +71,8 @@ def bench(session: nox.Session) -> None:
     """Conversion benchmark (ckpt convert vs a copy, torch's dcp_to_torch_save, accelerate's merge),
     then the LeRobotDataset input benchmark (load time of 1M frames x 32 features, step time vs size),
     then the mixture benchmark (sampling overhead per batch of a weighted mixture vs one dataset, against
-    an ACT step),
+    an ACT step), then the streaming benchmark (samples/s of a camera dataset streamed from moto's S3
+    server vs local disk, 2 workers, and the workers' VmHWM),
     then the camera benchmark (pipeline frames/s in training order vs PyAV front to back, worker RSS)
     and the share of a 2-rank ACT step spent waiting for camera data,
     then the engine benchmark (trainer step time vs a bare FSDP2 loop, save stall vs a raw dcp.save,
@@ -91,6 +92,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_convert.py", *session.posargs)
     session.run("python", "benchmarks/bench_lerobot.py")
     session.run("python", "benchmarks/bench_mixture.py")
+    session.run("python", "benchmarks/bench_stream.py")
     session.run("python", "benchmarks/bench_video.py")
     session.run("python", "benchmarks/bench_data_wait.py")
     session.run("python", "benchmarks/bench_manifest.py")

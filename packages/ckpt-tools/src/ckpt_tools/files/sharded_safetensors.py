@@ -32,8 +32,9 @@ _UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
 def parse_size(text: str | int, option: str = "--max-shard-size") -> int:
-    """A shard size: `5GB` -> 5_000_000_000 (decimal, as the Hub counts), `500MiB` -> 500 * 2**20,
-    `1000` -> 1000 bytes. A malformed or non-positive value is a one-line `UsageError` naming `option`."""
+    """A size flag's value (a shard size; the trainer's `--dataset.cache_size`): `5GB` -> 5_000_000_000
+    (decimal, as the Hub counts), `500MiB` -> 500 * 2**20, `1000` -> 1000 bytes. A malformed or
+    non-positive value is a one-line `UsageError` naming `option`."""
     if isinstance(text, int):
         size = text
     else:

@@ -6,7 +6,8 @@ or `--dataset.repo_id='[a,b]'` / `--dataset.root='[ra,rb]'` with `--dataset.weig
 member's, with its normalized weight and the episodes it trains on. `show --episode=N` writes a PNG: a strip
 of each camera's frames (as the trainer decodes them) above the episode's state and action curves, so a
 wrong camera, a frozen video or an action out of step with the images is seen before a run is spent.
-Data goes to stdout; errors are the trainer's one-line ConfigErrors.
+`--dataset.streaming=true --dataset.root=s3://bucket/path` looks at a dataset in place, as a streamed
+run reads it. Data goes to stdout; errors are the trainer's one-line ConfigErrors.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from typing import Any
 
 from trainer.data.format import metadata as fmt
 from trainer.data.format.cameras import LeRobotFrames
+from trainer.data.format.files import DatasetPath, total_size
 from trainer.data.sources.lerobot import LeRobotConfig
 from trainer.data.sources.mixture import MixtureConfig
 from trainer.errors import ConfigError
 
 USAGE = (
     "usage: trainer dataset info --dataset.root=PATH|--dataset.repo_id=ID|--dataset.mixture=FILE [--json]\n"
+    "       [--dataset.streaming=true --dataset.root=URL]\n"
     "       trainer dataset show --dataset.root=PATH|--dataset.repo_id=ID --episode=N [--output=FILE.png]"
 )
 STRIP_FRAMES = 8  # frames per camera in `show`, evenly spaced over the episode
@@ -39,7 +42,10 @@ def run(args: Sequence[str]) -> str:
     if _is_mixture(flags):
         return _mixture_info(args[0], flags)
     root = LeRobotConfig(
-        repo_id=flags.pop("dataset.repo_id", None), root=flags.pop("dataset.root", None)
+        repo_id=flags.pop("dataset.repo_id", None),
+        root=flags.pop("dataset.root", None),
+        streaming=(flags.pop("dataset.streaming", None) or "false").lower() in ("true", "1", "yes", ""),
+        cache_size=flags.pop("dataset.cache_size", None) or "1GiB",
     ).local_root()
     if args[0] == "info":
         as_json = "json" in flags
@@ -104,7 +110,7 @@ def _weights(value: str) -> list[float]:
         raise ConfigError(f"--dataset.weights={value} is not a list of numbers: write '[3,1]'") from None
 
 
-def describe(root: Path) -> dict[str, Any]:
+def describe(root: DatasetPath) -> dict[str, Any]:
     """What `info` reports, as plain values."""
     info = fmt.read_info(root)
     ranges = fmt.read_episode_ranges(root)
@@ -128,11 +134,11 @@ def describe(root: Path) -> dict[str, Any]:
         "frames": sum(end - start for start, end in ranges.values()),
         "features": {n: {"dtype": f.get("dtype"), "shape": f.get("shape")} for n, f in info.features.items()},
         "cameras": cameras,
-        "bytes": {part: _size(root / part) for part in ("data", "videos", "meta")},
+        "bytes": {part: total_size(root / part) for part in ("data", "videos", "meta")},
     }
 
 
-def show(root: Path, episode: int, output: Path) -> None:
+def show(root: DatasetPath, episode: int, output: Path) -> None:
     """The PNG of `episode`: a frame strip per camera above the state and action curves."""
     import matplotlib
 
@@ -206,10 +212,6 @@ def _int(value: str | None, flag: str) -> int:
         return int(value or "")
     except ValueError:
         raise ConfigError(f"{flag} must be an episode index (an integer), got {value!r}") from None
-
-
-def _size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
 def _mib(size: int) -> str:

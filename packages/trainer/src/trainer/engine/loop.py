@@ -24,6 +24,7 @@ import torch
 import ckpt_tools
 from trainer.config.dataset import Dataset
 from trainer.config.train import TrainConfig
+from trainer.data.format import remote
 from trainer.data.pipeline import loader
 from trainer.data.pipeline.processors import Processor, build_processors
 from trainer.data.pipeline.sampler import GlobalOrderSampler, MemberTally
@@ -301,7 +302,8 @@ def _log_window(
     tally: MemberTally | None,
 ) -> float:
     """Collective. Log the window's reduced loss (and the last update's gradient norm, a mixture's
-    samples per member in the window: `samples/<member>`); returns the loss."""
+    samples per member in the window: `samples/<member>`, a streamed dataset's retried GETs so far:
+    `stream_retries`, this rank's); returns the loss."""
     loss, samples_per_s = window.close(run.accelerator, run.sampler.global_batch)
     norm = {"grad_norm": _read_norm(grad_norm)} if grad_norm is not None else {}
     lr = run.scheduler.get_last_lr()[0]
@@ -314,6 +316,7 @@ def _log_window(
             "samples_per_s": samples_per_s,
             "epoch": run.sampler.position[0],
             **(tally.take() if tally is not None else {}),
+            **({} if remote.retry_count() is None else {"stream_retries": remote.retry_count()}),
         }
     )
     return loss

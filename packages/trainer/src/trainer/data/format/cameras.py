@@ -16,7 +16,6 @@ same verdict, so no rank waits on another's.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,7 @@ from trainer.data.format.decode import (
     tolerance,
     video_duration,
 )
+from trainer.data.format.files import DatasetPath
 
 FRAME_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 
@@ -71,7 +71,7 @@ class Cameras:
         np.maximum.at(last, slot, self.timestamp)  # each episode's last timestamp
         for name, places in self.places.items():
             _, height, width = self.info.camera_shape(name)
-            files: dict[Path, list[tuple[int, float]]] = {}  # file -> (episode, file time it needs)
+            files: dict[DatasetPath, list[tuple[int, float]]] = {}  # file -> (episode, file time it needs)
             for episode, episode_last in zip(episodes.tolist(), last.tolist(), strict=True):
                 if episode not in places:
                     raise DecodeError(
@@ -84,7 +84,7 @@ class Cameras:
                 self._check_file(name, path, held, height, width)
 
     def _check_file(
-        self, name: str, path: Path, held: list[tuple[int, float]], height: int, width: int
+        self, name: str, path: DatasetPath, held: list[tuple[int, float]], height: int, width: int
     ) -> None:
         if not path.is_file():
             raise DecodeError(
@@ -194,7 +194,7 @@ class LeRobotFrames(torch.utils.data.Dataset):
 
     def __init__(
         self,
-        root: Path,
+        root: DatasetPath,
         episodes: Sequence[int] | None = None,
         return_uint8: bool = False,
         video_backend: str = "pyav",

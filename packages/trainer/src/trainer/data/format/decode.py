@@ -12,6 +12,7 @@ spawned worker) starts empty: a demuxer's file position shared across processes 
 The containers a forked child inherits are kept referenced and never closed there: closing one joins
 decoder threads that exist only in the parent, which hangs the child. Decoders run single-threaded
 (the parallelism is the DataLoader's worker processes), so a fork never copies a decoder mid-frame.
+A streamed video is opened as a `remote.RemoteFile`: PyAV reads only the ranges it seeks to.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from trainer.data.format.files import DatasetPath, source
+from trainer.data.format.remote import StreamError
 from trainer.errors import ConfigError
 
 VIDEO_BACKENDS = ("pyav", "torchcodec")
@@ -51,7 +53,7 @@ class VideoReader:
         """`backend` is one of VIDEO_BACKENDS (LeRobotConfig checks the flag)."""
         self.backend = backend
         self.capacity = capacity
-        self._open: OrderedDict[Path, Any] = OrderedDict()
+        self._open: OrderedDict[DatasetPath, Any] = OrderedDict()
         self._pid = os.getpid()
         if backend == "torchcodec":
             _import_torchcodec()
@@ -68,7 +70,7 @@ class VideoReader:
         self.backend, self.capacity = state["backend"], state["capacity"]
         self._open, self._pid = OrderedDict(), os.getpid()
 
-    def frame(self, path: Path, timestamp: float, tol: float, where: str) -> np.ndarray:
+    def frame(self, path: DatasetPath, timestamp: float, tol: float, where: str) -> np.ndarray:
         """The (H, W, 3) uint8 frame of `path` nearest `timestamp` (seconds from the file's start).
         `where` (the sample's episode and index) goes into the error line."""
         try:
@@ -76,7 +78,7 @@ class VideoReader:
                 found, image = self._torchcodec_frame(path, timestamp)
             else:
                 found, image = self._pyav_frame(path, timestamp)
-        except DecodeError:
+        except (DecodeError, StreamError):
             raise
         except Exception as exc:  # PyAV/FFmpeg errors of a damaged file: one line, the file named
             self._forget(path)
@@ -92,14 +94,14 @@ class VideoReader:
             )
         return image
 
-    def _forget(self, path: Path) -> None:
+    def _forget(self, path: DatasetPath) -> None:
         """Drop a container left in an unknown state by a failed decode (reopened on the next use)."""
         handle = self._open.pop(path, None)
         if handle is not None and self.backend == "pyav":
             with contextlib.suppress(Exception):
                 handle.close()
 
-    def _container(self, path: Path) -> Any:
+    def _container(self, path: DatasetPath) -> Any:
         if self._pid != os.getpid():  # copied into a forked child: never touch the parent's files
             _INHERITED.append(self._open)
             self._open, self._pid = OrderedDict(), os.getpid()
@@ -114,16 +116,16 @@ class VideoReader:
                 oldest.close()
         return handle
 
-    def _open_file(self, path: Path) -> Any:
+    def _open_file(self, path: DatasetPath) -> Any:
         if not path.is_file():
             raise DecodeError(f"{path}: the video file is missing; re-download the dataset")
         if self.backend == "torchcodec":
             from torchcodec.decoders import VideoDecoder
 
-            return VideoDecoder(str(path))
+            return VideoDecoder(source(path))
         return open_video(path)
 
-    def _pyav_frame(self, path: Path, timestamp: float) -> tuple[float | None, np.ndarray]:
+    def _pyav_frame(self, path: DatasetPath, timestamp: float) -> tuple[float | None, np.ndarray]:
         container = self._container(path)
         stream = container.streams.video[0]
         container.seek(max(0, math.floor(timestamp / stream.time_base)), stream=stream, backward=True)
@@ -139,18 +141,20 @@ class VideoReader:
             return None, np.zeros(0, dtype=np.uint8)
         return best_time, best.to_ndarray(format="rgb24")
 
-    def _torchcodec_frame(self, path: Path, timestamp: float) -> tuple[float | None, np.ndarray]:
+    def _torchcodec_frame(self, path: DatasetPath, timestamp: float) -> tuple[float | None, np.ndarray]:
         decoder = self._container(path)
         batch = decoder.get_frames_played_at(seconds=[timestamp])
         return float(batch.pts_seconds[0]), batch.data[0].permute(1, 2, 0).numpy()
 
 
-def open_video(path: Path) -> Any:
+def open_video(path: DatasetPath) -> Any:
     """A PyAV container of `path` with one video stream; anything else is a DecodeError naming it."""
     import av
 
     try:
-        container = av.open(str(path))
+        container = av.open(source(path))
+    except StreamError:
+        raise
     except (av.FFmpegError, OSError) as exc:
         raise DecodeError(
             f"{path}: not a readable video ({type(exc).__name__}: {' '.join(str(exc).split())[:120]}); "

@@ -12,7 +12,8 @@ decoded per sample by `decode.py`); video files are described by the episodes me
 (`read_video_places`) and decoded per sample.
 
 Every reader checks what it read with `validate.py` before returning it, and opens only regular files
-inside the dataset root.
+inside the dataset root. The root is a local directory or, streamed, a URL (`files.py`): the same
+readers read both, pyarrow fetching only the footer and the chosen columns of a remote file.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from trainer.data.format import validate
+from trainer.data.format.files import DatasetPath, matching, source
+from trainer.data.format.remote import StreamError
 from trainer.errors import ConfigError
 
 CODEBASE_VERSION = "v3.0"
@@ -42,7 +44,7 @@ CONVERT_HINT = (
 class Info:
     """`meta/info.json`, the parts the trainer reads."""
 
-    root: Path
+    root: DatasetPath
     fps: float
     features: dict[str, dict[str, Any]]
     video_path: str = VIDEO_PATH
@@ -74,7 +76,7 @@ class Info:
         return int(np.prod(self.features[name].get("shape") or [1]))
 
 
-def read_info(root: Path, max_feature_size: int = validate.MAX_FEATURE_SIZE) -> Info:
+def read_info(root: DatasetPath, max_feature_size: int = validate.MAX_FEATURE_SIZE) -> Info:
     """The dataset's metadata, every field checked (validate.check_info); a missing file or another
     codebase version is one ConfigError."""
     path = validate.inside_root(root, root / "meta" / "info.json", "metadata file")
@@ -109,9 +111,9 @@ def read_stats(info: Info) -> tuple[dict[str, dict[str, np.ndarray]], list[str]]
     return validate.check_stats(path, _read_json(path), sizes)
 
 
-def read_episode_ranges(root: Path) -> dict[int, tuple[int, int]]:
+def read_episode_ranges(root: DatasetPath) -> dict[int, tuple[int, int]]:
     """Episode index -> `[from, to)` global frame range, from the episodes metadata."""
-    files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
+    files = matching(root / "meta" / "episodes", "chunk-*/file-*.parquet")
     if not files:
         raise ConfigError(f"{root} has no meta/episodes/chunk-*/file-*.parquet; the dataset is incomplete")
     ranges: dict[int, tuple[int, int]] = {}
@@ -127,7 +129,7 @@ def read_episode_ranges(root: Path) -> dict[int, tuple[int, int]]:
 class VideoPlace:
     """Where one episode's frames of one camera are: its file and the file time of its first frame."""
 
-    path: Path
+    path: DatasetPath
     from_timestamp: float
 
 
@@ -138,8 +140,8 @@ def read_video_places(info: Info, key: str) -> dict[int, VideoPlace]:
     names = ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
     columns = ["episode_index", *(prefix + c for c in names)]
     places: dict[int, VideoPlace] = {}
-    files: dict[tuple[int, int], Path] = {}
-    for path in sorted((info.root / "meta" / "episodes").glob("chunk-*/file-*.parquet")):
+    files: dict[tuple[int, int], DatasetPath] = {}
+    for path in matching(info.root / "meta" / "episodes", "chunk-*/file-*.parquet"):
         values = _read_columns(path, columns, root=info.root)
         validate.check_video_rows(path, key, values)
         for episode, chunk, file, start, _ in zip(*(values[c].tolist() for c in columns), strict=True):
@@ -151,7 +153,7 @@ def read_video_places(info: Info, key: str) -> dict[int, VideoPlace]:
     return places
 
 
-def read_tasks(root: Path) -> dict[int, str]:
+def read_tasks(root: DatasetPath) -> dict[int, str]:
     """`meta/tasks.parquet`: task index -> the task's text ({} when the dataset has none)."""
     path = root / "meta" / "tasks.parquet"
     if not path.is_file():
@@ -162,16 +164,14 @@ def read_tasks(root: Path) -> dict[int, str]:
     }
 
 
-def read_episode_tasks(root: Path) -> dict[int, tuple[str, ...]]:
+def read_episode_tasks(root: DatasetPath) -> dict[int, tuple[str, ...]]:
     """Episode index -> its tasks, from the episodes metadata's `tasks` column; a dataset whose
     metadata has none is one task (every episode maps to ())."""
-    import pyarrow.parquet as pq
-
     tasks: dict[int, tuple[str, ...]] = {}
-    for path in sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet")):
+    for path in matching(root / "meta" / "episodes", "chunk-*/file-*.parquet"):
         names = ["episode_index", "tasks"]
         validate.inside_root(root, path, "episodes metadata file")
-        if "tasks" not in pq.ParquetFile(path, memory_map=True).schema_arrow.names:
+        if "tasks" not in _parquet(path).schema_arrow.names:
             names = names[:1]
         columns = _read_columns(path, names, root=root)
         listed = columns.get("tasks", [()] * len(columns["episode_index"]))
@@ -191,7 +191,7 @@ def read_frames(
     ends = np.array([ranges[e][1] for e in by_start], dtype=np.int64)
     parts: dict[str, list[np.ndarray]] = {name: [] for name in columns}
     indices: list[np.ndarray] = []
-    for path in sorted((info.root / "data").glob("chunk-*/file-*.parquet")):
+    for path in matching(info.root / "data", "chunk-*/file-*.parquet"):
         index = _read_columns(path, [INDEX_COLUMN], root=info.root)[INDEX_COLUMN]
         slot = np.searchsorted(starts, index, side="right") - 1
         wanted = (slot >= 0) & (index < ends[np.maximum(slot, 0)])
@@ -222,27 +222,36 @@ def _joined(parts: list[np.ndarray], order: np.ndarray | None) -> np.ndarray:
 
 
 def _read_columns(
-    path: Path, names: list[str], *, root: Path, info: Info | None = None
+    path: DatasetPath, names: list[str], *, root: DatasetPath, info: Info | None = None
 ) -> dict[str, np.ndarray]:
     """Only `names`, from a memory-mapped parquet file (a regular file inside `root`); vectors as float32 (rows x size) when `info` gives their shape, else the column's own dtype."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     validate.inside_root(root, path, "parquet file")
-    try:
-        table = pq.ParquetFile(path, memory_map=True).read(columns=names)
-    except (pa.ArrowException, OSError) as exc:
-        raise ConfigError(
-            f"{path} is not a readable parquet file ({' '.join(str(exc).split())[:160]}): it is truncated or "
-            "damaged; re-download or re-write the dataset"
-        ) from None
+    table = _parquet(path, names)
     missing = [n for n in names if n not in table.column_names]
     if missing:
         raise ConfigError(f"{path} has no column {missing[0]!r}; the dataset is incomplete or not v3.0")
     return {name: _to_numpy(table.column(name), path, name, info) for name in names}
 
 
-def _to_numpy(column: Any, path: Path, name: str, info: Info | None) -> np.ndarray:
+def _parquet(path: DatasetPath, names: list[str] | None = None) -> Any:
+    """The parquet file at `path` (memory-mapped when local), or, given `names`, those columns as a
+    table; a truncated or damaged file is one ConfigError naming it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(source(path), memory_map=True)
+        return parquet if names is None else parquet.read(columns=names)
+    except StreamError:
+        raise
+    except (pa.ArrowException, OSError) as exc:
+        raise ConfigError(
+            f"{path} is not a readable parquet file ({' '.join(str(exc).split())[:160]}): it is truncated or "
+            "damaged; re-download or re-write the dataset"
+        ) from None
+
+
+def _to_numpy(column: Any, path: DatasetPath, name: str, info: Info | None) -> np.ndarray:
     import pyarrow as pa
 
     column = column.combine_chunks()
@@ -267,7 +276,7 @@ def _to_numpy(column: Any, path: Path, name: str, info: Info | None) -> np.ndarr
     return values.astype(np.float32, copy=False).reshape(len(column), size)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: DatasetPath) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:

@@ -22,11 +22,11 @@ import re
 import stat
 import string
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from trainer.data.format.files import DatasetPath, RemotePath, inside
 from trainer.errors import ConfigError
 
 MAX_FPS = 1000.0  # no robot camera or controller records faster; a larger fps is a corrupt field
@@ -44,7 +44,7 @@ _FORMAT_SPEC = re.compile(r"0?[0-9]?d?")  # `03d`, `d` or nothing: a short zero-
 _REWRITE = "re-write the dataset with LeRobot or fix the field"
 
 
-def check_info(path: Path, data: dict[str, Any], max_feature_size: int = MAX_FEATURE_SIZE) -> None:
+def check_info(path: DatasetPath, data: dict[str, Any], max_feature_size: int = MAX_FEATURE_SIZE) -> None:
     """`meta/info.json` (`data`, read from `path`): fps, every feature, the path templates."""
     check_fps(path, data.get("fps"))
     for name, feature in data["features"].items():
@@ -54,7 +54,7 @@ def check_info(path: Path, data: dict[str, Any], max_feature_size: int = MAX_FEA
             check_template(path, key, data[key])
 
 
-def check_fps(path: Path, fps: Any) -> float:
+def check_fps(path: DatasetPath, fps: Any) -> float:
     """A positive, finite fps of at most MAX_FPS."""
     if isinstance(fps, bool) or not isinstance(fps, int | float) or not 0 < fps <= MAX_FPS:
         raise ConfigError(
@@ -64,7 +64,7 @@ def check_fps(path: Path, fps: Any) -> float:
     return float(fps)
 
 
-def _check_feature(path: Path, name: Any, feature: Any, max_size: int) -> None:
+def _check_feature(path: DatasetPath, name: Any, feature: Any, max_size: int) -> None:
     where = f"{path}: feature {name!r}"
     if not isinstance(feature, dict) or not isinstance(feature.get("dtype"), str):
         raise ConfigError(f"{where} is {_short(feature)}, not an object with a `dtype` string; {_REWRITE}")
@@ -89,7 +89,7 @@ def _check_feature(path: Path, name: Any, feature: Any, max_size: int) -> None:
             )
 
 
-def check_camera_key(path: Path, name: str) -> None:
+def check_camera_key(path: DatasetPath, name: str) -> None:
     """A camera key names a directory of videos: no separators, no `..`, no NUL."""
     if any(part in name for part in ("/", "\\", "\0")) or name in (".", ".."):
         raise ConfigError(
@@ -98,7 +98,7 @@ def check_camera_key(path: Path, name: str) -> None:
         )
 
 
-def check_template(path: Path, key: str, template: Any) -> None:
+def check_template(path: DatasetPath, key: str, template: Any) -> None:
     """`video_path`/`data_path`: only TEMPLATE_KEYS[key] as plain fields (no `.attr`, no `[index]`, no
     conversion), each formatted at most as a short zero-padded integer."""
     allowed = TEMPLATE_KEYS[key]
@@ -117,10 +117,17 @@ def check_template(path: Path, key: str, template: Any) -> None:
             )
 
 
-def inside_root(root: Path, path: Path, what: str) -> Path:
+def inside_root(root: DatasetPath, path: DatasetPath, what: str) -> DatasetPath:
     """`path` (under `root`) if it is a regular file whose real location is inside the dataset root;
     a symlink out of the root, a FIFO, a device or a directory is one ConfigError (nothing is opened,
-    so a FIFO never blocks). A missing file is left to the caller, which knows what it means."""
+    so a FIFO never blocks). A missing file is left to the caller, which knows what it means. A
+    streamed file (an object: no links, no FIFOs) must name a key under the root's."""
+    if isinstance(path, RemotePath) or isinstance(root, RemotePath):
+        if not inside(root, path):
+            raise ConfigError(
+                f"{path}: the {what} is outside the dataset root {root}; a dataset reads only its own files"
+            )
+        return path
     real_root = root.resolve()
     real = path.resolve()
     if real != real_root and real_root not in real.parents:
@@ -144,7 +151,7 @@ def inside_root(root: Path, path: Path, what: str) -> Path:
     return path
 
 
-def check_ranges(path: Path, episodes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+def check_ranges(path: DatasetPath, episodes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
     """The episodes metadata's frame ranges: every value present, 0 <= from < to."""
     for column, values in (
         ("episode_index", episodes),
@@ -162,7 +169,7 @@ def check_ranges(path: Path, episodes: np.ndarray, starts: np.ndarray, ends: np.
         )
 
 
-def check_video_rows(path: Path, key: str, columns: dict[str, np.ndarray]) -> None:
+def check_video_rows(path: DatasetPath, key: str, columns: dict[str, np.ndarray]) -> None:
     """One camera's columns of the episodes metadata: chunk and file indices present and non-negative,
     from/to timestamps finite with 0 <= from < to."""
     episodes = columns["episode_index"]
@@ -179,7 +186,7 @@ def check_video_rows(path: Path, key: str, columns: dict[str, np.ndarray]) -> No
         )
 
 
-def _check_indices(path: Path, column: str, episodes: np.ndarray, values: np.ndarray) -> None:
+def _check_indices(path: DatasetPath, column: str, episodes: np.ndarray, values: np.ndarray) -> None:
     """An index column: every row an integer >= 0 (a null reads as None or NaN)."""
     numbers = _floats(values)
     bad = np.flatnonzero(~np.isfinite(numbers) | (numbers < 0) | (numbers != np.round(numbers)))
@@ -199,7 +206,7 @@ def _floats(values: np.ndarray) -> np.ndarray:
 
 
 def check_stats(
-    path: Path, stats: dict[str, Any], sizes: dict[str, int]
+    path: DatasetPath, stats: dict[str, Any], sizes: dict[str, int]
 ) -> tuple[dict[str, dict[str, np.ndarray]], list[str]]:
     """`meta/stats.json`'s mean and std of the features in `sizes` (name -> values per frame: a vector's
     size, a camera's channels), as float arrays of that length; and one warning line per feature whose
@@ -240,7 +247,7 @@ def _short(value: Any) -> str:
 
 
 def nonfinite_episodes(
-    root: Path,
+    root: DatasetPath,
     columns: dict[str, np.ndarray],
     episodes: Sequence[int],
     ranges: dict[int, tuple[int, int]],

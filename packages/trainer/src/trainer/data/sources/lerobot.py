@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import ckpt_tools
 from trainer.config.dataset import Dataset, DatasetConfig, Stats
 from trainer.data.dataset import (
     ACTION_KEY,
@@ -37,6 +38,7 @@ from trainer.data.format import metadata as fmt
 from trainer.data.format import validate
 from trainer.data.format.cameras import CameraDataset, Cameras, LeRobotFrames, camera_stats
 from trainer.data.format.decode import VIDEO_BACKENDS
+from trainer.data.format.files import DatasetPath, dataset_root
 from trainer.data.pipeline.augment import Augment, ImageTransformsConfig
 from trainer.errors import ConfigError
 
@@ -49,7 +51,13 @@ class LeRobotConfig(DatasetConfig):
     repo_id: str | None = None
     """Hugging Face dataset repo id; without --dataset.root it is read through the Hub cache."""
     root: str | None = None
-    """Local directory of the dataset (the one holding meta/ and data/)."""
+    """Local directory of the dataset (the one holding meta/ and data/); with --dataset.streaming, an
+    fsspec URL (s3://bucket/path, file:///path)."""
+    streaming: bool = False
+    """Read --dataset.root where it lies, fetching only the byte ranges each sample needs, instead of
+    reading a local copy (docs/datasets_at_scale.md#streaming)."""
+    cache_size: str = "1GiB"
+    """Most bytes of streamed files each process (the main one, every DataLoader worker) keeps in memory."""
     revision: str | None = None
     """Branch, tag or commit of --dataset.repo_id to download (default: the repo's default branch)."""
     episodes: list[int] | None = None
@@ -80,6 +88,11 @@ class LeRobotConfig(DatasetConfig):
             )
         if not self.root and not self.repo_id:
             raise ConfigError("--dataset.type=lerobot needs --dataset.root=PATH or --dataset.repo_id=ID")
+        if self.streaming and not self.root:
+            raise ConfigError(
+                "--dataset.streaming=true reads --dataset.root in place: pass --dataset.root=s3://bucket/path"
+            )
+        self.cache_bytes()
         if self.max_feature_size < 1:
             raise ConfigError(f"--dataset.max_feature_size must be >= 1, got {self.max_feature_size}")
         if not 0.0 <= self.eval_split < 1.0:
@@ -95,23 +108,31 @@ class LeRobotConfig(DatasetConfig):
                 "a held-out episode must not be trained on"
             )
 
-    def local_root(self) -> Path:
-        """The dataset directory: --dataset.root, else the repo's snapshot in the Hub cache."""
+    def cache_bytes(self) -> int:
+        """--dataset.cache_size in bytes."""
+        try:
+            return ckpt_tools.parse_size(self.cache_size, option="--dataset.cache_size")
+        except ckpt_tools.UsageError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def local_root(self) -> DatasetPath:
+        """The dataset directory: --dataset.root (read in place when streaming), else the repo's
+        snapshot in the Hub cache."""
         if self.root:
-            return Path(self.root)
+            return dataset_root(self.root, self.streaming, self.cache_bytes())
         from trainer.data.sources.hub import download_once
 
         assert self.repo_id is not None
         return Path(download_once(self.repo_id, self.revision))
 
-    def train_episodes(self, root: Path, ranges: dict[int, tuple[int, int]]) -> list[int]:
+    def train_episodes(self, root: DatasetPath, ranges: dict[int, tuple[int, int]]) -> list[int]:
         held_out = set(self.held_out_episodes(root, ranges))
         chosen = self.episodes if self.episodes is not None else sorted(set(ranges) - held_out)
         if self.eval_split:
             chosen = [e for e in chosen if e not in held_out]
         return _check_episodes(chosen, ranges, "--dataset.episodes")
 
-    def held_out_episodes(self, root: Path, ranges: dict[int, tuple[int, int]]) -> list[int]:
+    def held_out_episodes(self, root: DatasetPath, ranges: dict[int, tuple[int, int]]) -> list[int]:
         """--dataset.val_episodes, or the --dataset.eval_split of each task's episodes (of
         --dataset.episodes when given)."""
         if not self.eval_split:
@@ -164,7 +185,7 @@ def _check_episodes(chosen: Sequence[int], ranges: dict[int, tuple[int, int]], f
 
 
 def _load(
-    root: Path,
+    root: DatasetPath,
     episodes: list[int],
     ranges: dict[int, tuple[int, int]],
     requested: Sequence[str],
@@ -217,7 +238,7 @@ def _load(
     return dataset
 
 
-def _task_texts(root: Path, task_index: np.ndarray) -> list[str]:
+def _task_texts(root: DatasetPath, task_index: np.ndarray) -> list[str]:
     """Each frame's task text (meta/tasks.parquet); a frame whose task is not listed is refused."""
     table = fmt.read_tasks(root)
     missing = sorted({int(i) for i in np.unique(task_index)} - table.keys())
@@ -261,15 +282,20 @@ def open_dataset(
     return_uint8: bool = False,
     video_backend: str = "pyav",
     max_feature_size: int = validate.MAX_FEATURE_SIZE,
+    streaming: bool = False,
+    cache_size: str = "1GiB",
 ) -> LeRobotFrames:
     """The LeRobotDataset at `root` (else `repo_id` through the Hugging Face cache) as a map-style torch
     dataset of LeRobot's item dicts; every metadata field and camera file is checked before it returns,
-    and a NaN or inf float frame is refused (validate.py)."""
+    and a NaN or inf float frame is refused (validate.py). `streaming` reads a URL `root` in place
+    through a `cache_size` block cache (`data/format/remote.py`)."""
     config = LeRobotConfig(
         repo_id=repo_id,
         root=None if root is None else str(root),
         video_backend=video_backend,
         max_feature_size=max_feature_size,
+        streaming=streaming,
+        cache_size=cache_size,
     )
     return LeRobotFrames(config.local_root(), episodes, return_uint8, video_backend, max_feature_size)
 

@@ -77,6 +77,11 @@ class MixtureConfig(LeRobotConfig):
     """The mixture's datasets as resolved from --dataset.mixture or the lists (train_config.json records them)."""
 
     def __post_init__(self) -> None:
+        if self.streaming:
+            raise ConfigError(
+                "--dataset.streaming=true reads one dataset for now, not a mixture: train on local copies of "
+                "the members (drop --dataset.streaming) or stream one member with --dataset.root=URL"
+            )
         given = _given_members(self)
         if given and self.members:
             raise ConfigError(
