@@ -138,7 +138,7 @@ class ACTConfig(PolicyConfig):
 
     def lerobot_config(self) -> dict[str, Any]:
         """LeRobot's ACTConfig schema (act_lerobot.py); config.json itself stays ours, see docs/vla.md."""
-        return act_lerobot.config_to_lerobot(self)
+        return act_lerobot.config_to_lerobot(dataclasses.asdict(self))
 
     def with_frame_shapes(self, shapes: dict[str, list[int]]) -> ACTConfig:
         """The cameras' frame shapes recorded; a checkpoint's cameras at another size than the data's

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -24,9 +24,6 @@ from trainer.config.policy import LEROBOT_RUN_FIELDS
 from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, is_camera
 from trainer.data.pipeline.processors import ENV_KEY
 from trainer.errors import ConfigError
-
-if TYPE_CHECKING:
-    from trainer.policies.act import ACTConfig
 
 # The normalization our ACT's processors apply; a LeRobot config.json asking for another is refused.
 _MEAN_STD = {"VISUAL": "MEAN_STD", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
@@ -133,34 +130,36 @@ def state_to_lerobot(state: dict[str, torch.Tensor], pos_enc: torch.Tensor | Non
     return out
 
 
-def config_to_lerobot(config: ACTConfig) -> dict[str, Any]:
-    """Our ACTConfig as LeRobot 0.6.1's ACT config.json (`ACTPolicy.from_pretrained` refuses a field
-    it does not know): the float vectors one `observation.state` (STATE, concatenated in
-    `input_features` order) and the environment state's width `observation.environment_state` (ENV),
-    each camera a VISUAL feature, LeRobot's run fields at its defaults. LeRobot's ACT needs a camera or
-    an environment state, so an ACT reading only a state vector is refused."""
-    cameras = [name for name in config.input_features if is_camera(name) and name != ALL_CAMERAS]
-    if not cameras and not config.env_state_dim:
+def config_to_lerobot(ours: dict[str, Any]) -> dict[str, Any]:
+    """Our ACTConfig's fields as LeRobot 0.6.1's ACT config.json, the reverse of `config_from_lerobot`
+    (`ACTPolicy.from_pretrained` refuses a field it does not know): the float vectors one
+    `observation.state` (STATE, concatenated in `input_features` order) but for the environment
+    state's width (`observation.environment_state`, ENV), each camera a VISUAL feature, LeRobot's run
+    fields at its defaults. LeRobot's ACT needs a camera or an environment state, so an ACT reading
+    only a state vector is refused."""
+    obs_dim, env_dim = ours["obs_dim"], ours["env_state_dim"]
+    cameras = [name for name in ours["input_features"] if is_camera(name) and name != ALL_CAMERAS]
+    if not cameras and not env_dim:
         raise ConfigError(
             "LeRobot's ACT needs a camera or observation.environment_state among its inputs, and this "
             "ACT reads only a state vector: train it with a camera (or --policy.env_state_dim) to export it"
         )
     features: dict[str, Any] = {}
-    if config.obs_dim > config.env_state_dim:
-        features[OBS_KEY] = {"type": "STATE", "shape": [config.obs_dim - config.env_state_dim]}
-    if config.env_state_dim:
-        features[ENV_KEY] = {"type": "ENV", "shape": [config.env_state_dim]}
+    if obs_dim > env_dim:
+        features[OBS_KEY] = {"type": "STATE", "shape": [obs_dim - env_dim]}
+    if env_dim:
+        features[ENV_KEY] = {"type": "ENV", "shape": [env_dim]}
     for name in cameras:
-        features[name] = {"type": "VISUAL", "shape": list(config.image_shapes.get(name, []))}
+        features[name] = {"type": "VISUAL", "shape": list(ours["image_shapes"].get(name, []))}
     return {
         "type": "act",
-        "n_obs_steps": config.n_obs_steps,
+        "n_obs_steps": ours["n_obs_steps"],
         "input_features": features,
-        "output_features": {ACTION_KEY: {"type": "ACTION", "shape": [config.action_dim]}},
-        "device": config.device,
+        "output_features": {ACTION_KEY: {"type": "ACTION", "shape": [ours["action_dim"]]}},
+        "device": ours["device"],
         **LEROBOT_RUN_FIELDS,
         **{
-            name: dict(_MEAN_STD) if name == "normalization_mapping" else getattr(config, name)
+            name: dict(_MEAN_STD) if name == "normalization_mapping" else ours[name]
             for name in _LEROBOT_FIELDS
         },
     }
