@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+import ckpt_tools
 import trainer
 from helpers.fixtures import copy_fixture
 from trainer.cli.app import main
@@ -118,6 +119,14 @@ def test_an_act_trained_here_acts_the_same_after_the_lerobot_names(trained) -> N
     assert before.weights == "ema" and after.weights == "model"
     for _ in range(5):  # through the action queue and into the next chunk
         assert torch.equal(before.select_action(observation), after.select_action(observation))
+
+
+def test_the_export_publishes_as_it_is(trained, tmp_path) -> None:
+    """`ckpt push <export> <repo>` (here a local target) uploads LeRobot's files unchanged."""
+    _, exported = trained
+    ckpt_tools.publish_model(str(exported), str(tmp_path / "published"))
+    for name in ("config.json", "model.safetensors"):
+        assert (tmp_path / "published" / name).read_bytes() == (exported / name).read_bytes()
 
 
 def test_the_command_writes_the_directory_and_refuses_a_used_one(trained, tmp_path, capsys) -> None:
