@@ -21,6 +21,7 @@ import trainer
 from helpers.fixtures import fixture_dir
 from helpers.launch import run_torchrun
 from trainer.data.dataset import task_bytes
+from trainer.evaluation.lerobot_export import export_lerobot
 from trainer.policies import act_lerobot
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
@@ -46,6 +47,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def _shapes(path: Path) -> dict[str, list[int]]:
     with safe_open(str(path), "pt") as handle:
         return {key: list(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
+
+
+def _headers(path: Path) -> dict[str, tuple[str, list[int]]]:
+    with safe_open(str(path), "pt") as handle:
+        slices = {key: handle.get_slice(key) for key in handle.keys()}  # noqa: SIM118
+    return {key: (piece.get_dtype(), list(piece.get_shape())) for key, piece in slices.items()}
 
 
 def _losses(run: Path) -> list[float]:
@@ -110,7 +117,8 @@ def test_hsdp_2x2_trains_as_ddp_does_on_4_ranks(tmp_path_factory: pytest.TempPat
 
 
 def test_lerobots_act_checkpoint_fine_tunes_on_fsdp2(runs) -> None:
-    """--policy.path=<LeRobot's ACT step> on 2 ranks: its weights under our names, trained for 2 steps."""
+    """--policy.path=<LeRobot's ACT step> on 2 ranks: its weights under our names, trained for 2 steps;
+    `trainer export` maps the tuned step back to LeRobot's tensors (names, shapes, dtypes) and config."""
     work, _ = runs
     base = act_lerobot.state_from_lerobot(
         load_file(str(work / "lerobot_act" / "pretrained_model" / "model.safetensors"))
@@ -123,3 +131,11 @@ def test_lerobots_act_checkpoint_fine_tunes_on_fsdp2(runs) -> None:
     assert set(after) == set(base) and len(_losses(work / "out" / "act_lerobot")) == 2
     assert all(after[name].shape == tensor.shape for name, tensor in base.items())
     assert not torch.equal(after["action_head.weight"], base["action_head.weight"])
+    lerobot = work / "lerobot_act" / "pretrained_model"
+    export_lerobot(str(step), str(work / "act_exported"))
+    exported = work / "act_exported"
+    assert _headers(exported / "model.safetensors") == _headers(lerobot / "model.safetensors")
+    saved = json.loads((lerobot / "config.json").read_text())
+    assert json.loads((exported / "config.json").read_text()).keys() == saved.keys()
+    back = act_lerobot.state_from_lerobot(load_file(str(exported / "model.safetensors")))
+    assert all(torch.equal(back[name], tensor) for name, tensor in after.items())

@@ -20,6 +20,7 @@ from helpers.fixtures import copy_fixture
 from helpers.smolvlm_sizes import write_smolvlm2_500m
 from trainer.config.policy import PolicyConfig
 from trainer.errors import ConfigError
+from trainer.evaluation.lerobot_export import export_lerobot
 from trainer.policies import upgrade_policy_config
 from trainer.policies.smolvla import SmolVLAConfig
 
@@ -107,6 +108,19 @@ def test_config_json_is_lerobots_schema_and_round_trips(fixture: Path) -> None:
     assert config.to_dict() == lerobot  # every field, LeRobot's order of features included
     again = draccus.decode(PolicyConfig, upgrade_policy_config(config.to_dict()))
     assert again == config
+
+
+def test_the_export_for_lerobot_is_lerobots_checkpoint_again(
+    fixture: Path, monkeypatch, tmp_path: Path
+) -> None:
+    """`trainer export` on a SmolVLA writes what its pretrained_model/ holds: LeRobot's names already."""
+    monkeypatch.chdir(fixture)
+    export_lerobot("pretrained_model", str(tmp_path / "out"))
+    saved = load_file(str(fixture / "pretrained_model" / "model.safetensors"))
+    exported = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert exported.keys() == saved.keys() and all(torch.equal(exported[k], t) for k, t in saved.items())
+    config = (tmp_path / "out" / "config.json").read_text()
+    assert json.loads(config) == json.loads((fixture / "pretrained_model" / "config.json").read_text())
 
 
 def test_defaults_are_lerobots() -> None:

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 USAGE = (
     "usage: trainer train [--config_path=FILE] [--policy.type=act|mlp|module:Class] [--flag=value ...]\n"
     "       trainer eval --policy.path=PATH [--dataset.root=DIR --dataset.episodes=[...]] [--json]\n"
-    "       trainer dataset info|show --dataset.root=DIR [--json | --episode=N]"
+    "       trainer dataset info|show --dataset.root=DIR [--json | --episode=N]\n"
+    "       trainer export --policy.path=PATH --output_dir=DIR [--weights=model|ema]   (for LeRobot)"
 )
 HELP_FLAGS = ("-h", "--help")
 
@@ -36,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         print(HELP)
         raise SystemExit(0)
-    if not args or args[0] not in ("train", "eval", "dataset"):
+    if not args or args[0] not in ("train", "eval", "dataset", "export"):
         print(USAGE + "\nFlags: trainer train --help, or docs/training.md.", file=sys.stderr)
         raise SystemExit(2)
     from trainer.distributed.interrupt import Interrupted
@@ -49,6 +50,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             from trainer.cli.dataset_command import run as dataset_command
 
             print(dataset_command(args[1:]))
+        elif args[0] == "export":
+            from trainer.cli.export_command import run as export_command
+
+            print(export_command(args[1:]))
         else:
             from trainer.cli.parse import parse_config
             from trainer.engine.loop import train

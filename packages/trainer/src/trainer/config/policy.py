@@ -128,6 +128,13 @@ class PolicyConfig(draccus.ChoiceRegistry):
         another tool's schema, LeRobot's SmolVLA, maps it here; the others are saved as they are)."""
         return saved
 
+    def lerobot_config(self) -> dict[str, Any]:
+        """This config as LeRobot 0.6.1's config.json of the same policy (`trainer export`: ACT maps
+        its fields, SmolVLA's `to_dict` is LeRobot's already); a type LeRobot lacks is one line."""
+        raise ConfigError(
+            f"a {self.type} policy has no LeRobot counterpart: only act and smolvla export to LeRobot"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The policy's `config.json`: its type and every field but the run's settings (publishing,
         device), which belong to train_config.json: a run started from a published model with --policy.path must

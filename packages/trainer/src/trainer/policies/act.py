@@ -136,6 +136,10 @@ class ACTConfig(PolicyConfig):
         """A LeRobot ACT config.json as our fields (act_lerobot.py); ours as it is."""
         return act_lerobot.config_from_lerobot(saved)
 
+    def lerobot_config(self) -> dict[str, Any]:
+        """LeRobot's ACTConfig schema (act_lerobot.py); config.json itself stays ours, see docs/vla.md."""
+        return act_lerobot.config_to_lerobot(dataclasses.asdict(self))
+
     def with_frame_shapes(self, shapes: dict[str, list[int]]) -> ACTConfig:
         """The cameras' frame shapes recorded; a checkpoint's cameras at another size than the data's
         are refused (the saved trunk and its position embeddings were trained at one size)."""
@@ -258,8 +262,10 @@ class ACTDecoder(nn.Module):
 
 
 def sinusoidal_1d(positions: int, dim: int) -> torch.Tensor:
-    """(positions, dim) fixed embedding: sin on even channels, cos on odd, periods up to 10000."""
-    exponent = 2 * (torch.arange(dim) // 2) / dim
+    """(positions, dim) fixed embedding: sin on even channels, cos on odd, periods up to 10000; in
+    float64 throughout, then float32, so it equals LeRobot's numpy table (the buffer its checkpoints
+    store, and ours write for it) bit for bit."""
+    exponent = 2 * (torch.arange(dim, dtype=torch.float64) // 2) / dim
     angles = torch.arange(positions, dtype=torch.float64)[:, None] / 10000 ** exponent[None, :]
     return torch.where(torch.arange(dim) % 2 == 0, angles.sin(), angles.cos()).float()
 
@@ -458,6 +464,11 @@ class ACTPolicy(Policy):
     def saved_under_other_names(cls, names: Collection[str]) -> bool:
         return act_lerobot.is_lerobot_state(names)
 
+    def lerobot_state_dict(self) -> dict[str, torch.Tensor]:
+        """Our weights under LeRobot's names, its fused projections and its persistent CVAE table."""
+        pos_enc = self.vae_encoder_pos_enc if self.config.use_vae else None
+        return act_lerobot.state_to_lerobot(self.state_dict(), pos_enc)
+
     def load_pretrained_parts(self) -> None:
         weights = self.config.pretrained_backbone_weights
         if self.cameras and weights is not None:
@@ -472,7 +483,9 @@ class ACTPolicy(Policy):
             self.vae_encoder_pos_enc.copy_(self._vae_positions())
 
     def _vae_positions(self) -> torch.Tensor:
-        tokens = 1 + (self.config.obs_dim > 0) + self.config.chunk_size
+        """The CVAE encoder's tokens: [CLS, the robot state if any, the action chunk] (LeRobot's count:
+        an environment state alone adds no token there)."""
+        tokens = 1 + (self.robot_dim > 0) + self.config.chunk_size
         return sinusoidal_1d(tokens, self.config.dim_model)[None]
 
     def parameter_groups(self) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""LeRobot's ACT checkpoints read by our ACT: its config.json schema and its tensor names.
+"""LeRobot's ACT checkpoints read by our ACT, and ours written for LeRobot: its config.json schema and
+its tensor names, both ways.
 
 Why a name map rather than LeRobot's names on our modules: LeRobot's attention is
 `nn.MultiheadAttention`, whose query/key/value projections are one fused `in_proj_weight` (3*d, d);
@@ -7,6 +8,8 @@ rename cannot split a tensor, so the weights are mapped on read instead: LeRobot
 dropped, each `in_proj_*` split in three, a layer's `linear1`/`linear2` put under our `ffn.`, and the
 persistent `vae_encoder_pos_enc` buffer (a fixed sinusoid ours recomputes) dropped once its shape is
 checked. The trunk's names are torchvision's on both sides. Every other name is LeRobot's already.
+`state_to_lerobot` and `config_to_lerobot` are the reverse (`trainer export`): the projections fused
+back in LeRobot's q, k, v order, the buffer written as LeRobot computes it, LeRobot's ACTConfig fields.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 import torch
 
 from trainer.config.policy import LEROBOT_RUN_FIELDS
-from trainer.data.dataset import ACTION_KEY
+from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, is_camera
 from trainer.data.pipeline.processors import ENV_KEY
 from trainer.errors import ConfigError
 
@@ -28,6 +31,16 @@ _PREFIX = "model."
 _IN_PROJ = re.compile(r"^(.*\.(?:self_attn|multihead_attn))\.in_proj_(weight|bias)$")
 _FFN = re.compile(r"^(.*\.layers\.\d+)\.(linear[12]\.(?:weight|bias))$")
 _POS_ENC = "vae_encoder_pos_enc"
+_SPLIT = re.compile(r"^(.*\.(?:self_attn|multihead_attn))\.([qkv])_proj\.(weight|bias)$")
+_OUR_FFN = re.compile(r"^(.*\.layers\.\d+)\.ffn\.(linear[12]\.(?:weight|bias))$")
+# LeRobot 0.6.1's ACTConfig fields after its run fields, in its order: ours under the same names.
+_LEROBOT_FIELDS = (
+    "chunk_size", "n_action_steps", "normalization_mapping", "vision_backbone",
+    "pretrained_backbone_weights", "replace_final_stride_with_dilation", "pre_norm", "dim_model",
+    "n_heads", "dim_feedforward", "feedforward_activation", "n_encoder_layers", "n_decoder_layers",
+    "use_vae", "latent_dim", "n_vae_encoder_layers", "temporal_ensemble_coeff", "dropout", "kl_weight",
+    "optimizer_lr", "optimizer_weight_decay", "optimizer_lr_backbone",
+)  # fmt: skip
 
 
 def is_lerobot_state(names: Collection[str]) -> bool:
@@ -95,3 +108,58 @@ def config_from_lerobot(saved: dict[str, Any]) -> dict[str, Any]:
         action_dim=int(action.get("shape", [0])[0]),
     )
     return out
+
+
+def state_to_lerobot(state: dict[str, torch.Tensor], pos_enc: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Our ACT's state dict under LeRobot's names and shapes, the reverse of `state_from_lerobot`:
+    `model.` prefixed, each attention's q/k/v fused into `in_proj_*` (rows in q, k, v order),
+    `ffn.linear*` back to `linear*`, and `pos_enc` (the CVAE encoder's table, None without `use_vae`)
+    as LeRobot's persistent `vae_encoder_pos_enc`."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        split = _SPLIT.match(name)
+        if split:
+            if split[2] == "q":
+                parts = [state[f"{split[1]}.{p}_proj.{split[3]}"] for p in "qkv"]
+                out[f"{_PREFIX}{split[1]}.in_proj_{split[3]}"] = torch.cat(parts, dim=0)
+            continue
+        ffn = _OUR_FFN.match(name)
+        out[_PREFIX + (f"{ffn[1]}.{ffn[2]}" if ffn else name)] = tensor
+    if pos_enc is not None:
+        out[_PREFIX + _POS_ENC] = pos_enc
+    return out
+
+
+def config_to_lerobot(ours: dict[str, Any]) -> dict[str, Any]:
+    """Our ACTConfig's fields as LeRobot 0.6.1's ACT config.json, the reverse of `config_from_lerobot`
+    (`ACTPolicy.from_pretrained` refuses a field it does not know): the float vectors one
+    `observation.state` (STATE, concatenated in `input_features` order) but for the environment
+    state's width (`observation.environment_state`, ENV), each camera a VISUAL feature, LeRobot's run
+    fields at its defaults. LeRobot's ACT needs a camera or an environment state, so an ACT reading
+    only a state vector is refused."""
+    obs_dim, env_dim = ours["obs_dim"], ours["env_state_dim"]
+    cameras = [name for name in ours["input_features"] if is_camera(name) and name != ALL_CAMERAS]
+    if not cameras and not env_dim:
+        raise ConfigError(
+            "LeRobot's ACT needs a camera or observation.environment_state among its inputs, and this "
+            "ACT reads only a state vector: train it with a camera (or --policy.env_state_dim) to export it"
+        )
+    features: dict[str, Any] = {}
+    if obs_dim > env_dim:
+        features[OBS_KEY] = {"type": "STATE", "shape": [obs_dim - env_dim]}
+    if env_dim:
+        features[ENV_KEY] = {"type": "ENV", "shape": [env_dim]}
+    for name in cameras:
+        features[name] = {"type": "VISUAL", "shape": list(ours["image_shapes"].get(name, []))}
+    return {
+        "type": "act",
+        "n_obs_steps": ours["n_obs_steps"],
+        "input_features": features,
+        "output_features": {ACTION_KEY: {"type": "ACTION", "shape": [ours["action_dim"]]}},
+        "device": ours["device"],
+        **LEROBOT_RUN_FIELDS,
+        **{
+            name: dict(_MEAN_STD) if name == "normalization_mapping" else ours[name]
+            for name in _LEROBOT_FIELDS
+        },
+    }

@@ -50,6 +50,12 @@ class Policy(nn.Module):
         is renamed on read; this base takes the names as they are."""
         return state
 
+    def lerobot_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights under LeRobot's tensor names and shapes, as its `from_pretrained(strict=True)`
+        reads them (`trainer export`), the reverse of `adapt_state_dict`; `config.lerobot_config()`
+        has refused a type LeRobot lacks. This base takes the names as they are (SmolVLA's are LeRobot's)."""
+        return self.state_dict()
+
     @classmethod
     def saved_under_other_names(cls, names: Collection[str]) -> bool:
         """Whether tensor `names` read from a checkpoint's headers are another tool's, which

@@ -238,6 +238,10 @@ class SmolVLAConfig(PolicyConfig):
             "rtc_config": None,
         }
 
+    def lerobot_config(self) -> dict[str, Any]:
+        """config.json itself: it is LeRobot's schema already."""
+        return self.to_dict()
+
     @classmethod
     def from_saved(cls, saved: dict[str, Any]) -> dict[str, Any]:
         """A saved config.json (LeRobot's schema, ours being the same) as this dataclass's fields."""

@@ -1,0 +1,127 @@
+"""Does LeRobot 0.6.1 itself read what this trainer exports, and act as we do? Two halves, two venvs.
+
+`ours` (this project's venv) exports a checkpoint of ours with `trainer export` into
+`WORKDIR/pretrained_model/`, draws a seeded batch of normalized model inputs under LeRobot's batch keys
+(ACT: `observation.state`, `observation.environment_state`, each camera; SmolVLA: the state, the
+cameras in [0, 1], the task's tokens and mask, and the flow-matching noise) and writes them with our
+action chunk to `WORKDIR/expected.safetensors`.
+
+`lerobot` (a separate Python 3.12 venv with `pip install "lerobot==0.6.1"`, plus `lerobot[smolvla]` for
+SmolVLA; this project is not needed there) loads `WORKDIR/pretrained_model` with LeRobot's
+`ACTPolicy.from_pretrained(dir, strict=True)` or `SmolVLAPolicy.from_pretrained(dir, strict=True)`,
+computes `predict_action_chunk` on the same inputs, and compares with ours: it prints the largest
+difference and exits 1 above --atol (LeRobot's own re-runs of SmolVLA differ by ~2e-7; float32).
+Model inputs are compared after normalization on both sides: our processors are ours, not LeRobot's.
+
+A SmolVLA's config names its backbone (`vlm_model_name`): run both halves from a directory where that
+name resolves (a relative path, or a Hub id in the HF cache). Never part of the tests or `nox -s bench`.
+
+Usage:
+  python benchmarks/lerobot_side.py ours --policy.path=outputs/run/checkpoints/last WORKDIR [--batch 3]
+  /path/to/lerobot-venv/bin/python benchmarks/lerobot_side.py lerobot WORKDIR [--atol 1e-5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+EXPECTED = "expected.safetensors"
+MODEL_DIR = "pretrained_model"
+OUT = "expected.actions"  # our chunk (B, chunk_size, action_dim), normalized
+NOISE = "expected.noise"  # SmolVLA's flow-matching noise, passed to both
+TOKENS, TOKEN_MASK = "observation.language.tokens", "observation.language.attention_mask"
+TASKS = ["pick up the red block", "push"]
+
+
+def ours(path: str, workdir: Path, batch_size: int) -> None:
+    """Export `path`, draw the inputs, compute our chunk, write them (this project's venv)."""
+    import trainer
+    from trainer.evaluation.lerobot_export import export_lerobot
+
+    export_lerobot(path, str(workdir / MODEL_DIR), weights="model")
+    loaded = trainer.load_policy(str(workdir / MODEL_DIR))
+    policy, config = loaded.policy.eval(), json.loads((workdir / MODEL_DIR / "config.json").read_text())
+    g = torch.Generator().manual_seed(0)
+    inputs: dict[str, torch.Tensor] = {}
+    for name, feature in config["input_features"].items():
+        shape = (batch_size, *feature["shape"])
+        visual = feature["type"] == "VISUAL"
+        inputs[name] = torch.rand(shape, generator=g) if visual else torch.randn(shape, generator=g)
+    if config["type"] == "act":
+        vectors = [inputs[k] for k in ("observation.state", "observation.environment_state") if k in inputs]
+        cameras = {k: v for k, v in inputs.items() if config["input_features"][k]["type"] == "VISUAL"}
+        chunk = policy.predict_chunk({**cameras, "observation.state": torch.cat(vectors, dim=-1)})
+    else:
+        tokens, mask = policy.tokenizer([TASKS[i % len(TASKS)] for i in range(batch_size)])
+        inputs[TOKENS], inputs[TOKEN_MASK] = tokens, mask
+        shape = (batch_size, config["chunk_size"], config["max_action_dim"])
+        noise = torch.randn(shape, generator=g)
+        chunk = policy.predict_action_chunk(dict(inputs), noise=noise)
+        inputs[NOISE] = noise
+    save_file({**inputs, OUT: chunk.contiguous()}, str(workdir / EXPECTED), metadata={"type": config["type"]})
+    print(f"wrote {workdir / MODEL_DIR} and {workdir / EXPECTED}: {config['type']} chunk {list(chunk.shape)}")
+
+
+def lerobot(workdir: Path, atol: float) -> int:
+    """Load with LeRobot, act on the saved inputs, compare (the LeRobot venv)."""
+    from safetensors import safe_open
+
+    try:
+        import lerobot  # noqa: F401
+    except ImportError:
+        print("error: lerobot is not installed in this Python: run this half in a venv with lerobot==0.6.1")
+        return 2
+
+    with safe_open(str(workdir / EXPECTED), "pt") as handle:
+        kind = (handle.metadata() or {})["type"]
+    saved = load_file(str(workdir / EXPECTED))
+    expected = saved.pop(OUT)
+    noise = saved.pop(NOISE, None)
+    if kind == "act":
+        from lerobot.policies.act.modeling_act import ACTPolicy
+
+        policy = ACTPolicy.from_pretrained(str(workdir / MODEL_DIR), strict=True)
+        policy.eval()
+        actions = policy.predict_action_chunk(saved)
+    else:
+        from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+
+        policy = SmolVLAPolicy.from_pretrained(str(workdir / MODEL_DIR), strict=True)
+        policy.eval()
+        actions = policy.predict_action_chunk(saved, noise=noise)
+    actions = actions.float().cpu()
+    if actions.shape != expected.shape:
+        print(f"FAIL: LeRobot's chunk is {tuple(actions.shape)}, ours {tuple(expected.shape)}")
+        return 1
+    diff = (actions - expected).abs().max().item()
+    verdict = "OK" if diff <= atol else "FAIL"
+    print(f"{verdict}: {kind} loaded strictly by LeRobot; max |LeRobot - ours| = {diff:.3g} (atol {atol:g})")
+    return 0 if diff <= atol else 1
+
+
+def main() -> int:
+    form = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=form)
+    sub = parser.add_subparsers(dest="side", required=True)
+    mine = sub.add_parser("ours", help="export and write the expected actions (this project's venv)")
+    mine.add_argument("--policy.path", dest="path", required=True)
+    mine.add_argument("workdir", type=Path)
+    mine.add_argument("--batch", type=int, default=3)
+    theirs = sub.add_parser("lerobot", help="load with LeRobot 0.6.1 and compare (LeRobot's venv)")
+    theirs.add_argument("workdir", type=Path)
+    theirs.add_argument("--atol", type=float, default=1e-5)
+    args = parser.parse_args()
+    if args.side == "ours":
+        ours(args.path, args.workdir, args.batch)
+        return 0
+    return lerobot(args.workdir, args.atol)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""`trainer export`: a checkpoint of ours as a model directory LeRobot 0.6.1's `from_pretrained` reads.
+
+Why an export rather than LeRobot's names in every save: a checkpoint's weights are keyed by the
+names the trained module has (docs/format.md), and every reader of ours relies on it: resume loads
+`model.safetensors` and the optimizer state into the (sharded) module by name, `--policy.path` streams
+each rank's blocks by name, the EMA and DCP forms hold the same names, and `ckpt convert` (which
+knows no policy) must give the names a safetensors save gives. Our ACT's attention keeps q/k/v apart
+(LoRA targets each), where LeRobot's fuses them, so its names cannot be ours. SmolVLA's names are
+LeRobot's already, so exporting it writes what its `pretrained_model/` holds.
+
+The directory holds `config.json` in LeRobot's schema (`PolicyConfig.lerobot_config`),
+`model.safetensors` under LeRobot's names and shapes (`Policy.lerobot_state_dict`), and our processor
+files copied as they are, so `trainer.load_policy` and `--policy.path` read it too (LeRobot builds its
+own processors from the dataset).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from safetensors.torch import save_file
+
+import ckpt_tools
+from ckpt_tools import layout, storage
+from trainer.errors import ConfigError
+from trainer.evaluation.inference import load_policy
+from trainer.policies import pretrained
+
+
+def export_lerobot(path: str, output_dir: str, weights: str | None = None) -> list[str]:
+    """Write the policy saved at `path` (any form `trainer.load_policy` accepts) into the new
+    directory `output_dir` in LeRobot's form; returns the names written. `weights`: model or ema
+    (default: the EMA when the checkpoint holds one, as `load_policy`)."""
+    if os.path.exists(output_dir) and (not os.path.isdir(output_dir) or os.listdir(output_dir)):
+        raise ConfigError(f"--output_dir={output_dir} exists and is not empty: choose a new directory")
+    loaded = load_policy(path, "cpu", weights)
+    config = loaded.config.lerobot_config()  # first: a type LeRobot lacks is refused before writing
+    state = {name: tensor.contiguous() for name, tensor in loaded.policy.lerobot_state_dict().items()}
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, layout.POLICY_CONFIG), "w", encoding="utf-8") as handle:
+        json.dump(config, handle, indent=4)
+    save_file(state, os.path.join(output_dir, layout.MODEL_SAFETENSORS), metadata={"format": "pt"})
+    return [layout.POLICY_CONFIG, layout.MODEL_SAFETENSORS, *_copy_processors(path, output_dir)]
+
+
+def _copy_processors(path: str, output_dir: str) -> list[str]:
+    """The checkpoint's processor files (`policy_preprocessor*`, `policy_postprocessor*`), byte for byte."""
+    try:
+        model_dir = ckpt_tools.open_checkpoint(pretrained.resolve(path)).model_dir
+        names = sorted(
+            name
+            for name in storage.list_names(model_dir)
+            if name.startswith((layout.PREPROCESSOR, layout.POSTPROCESSOR))
+        )
+        for name in names:
+            data = storage.read_bytes(storage.contained(model_dir, name, "processor file"))
+            storage.write_bytes(os.path.join(output_dir, name), data)
+    except ckpt_tools.CheckpointError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return names
