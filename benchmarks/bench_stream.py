@@ -19,7 +19,6 @@ Usage: python benchmarks/bench_stream.py [--episodes 8] [--frames 100] [--size 9
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import psutil
 import torch
-from bench_video import CAMERA, pick_codec, write_dataset
+from bench_video import CAMERA, camera_dataset_parser, pick_codec, write_dataset
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # the suite's server helper, shared rather than copied
@@ -73,13 +72,7 @@ def rate(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--episodes", type=int, default=8)
-    parser.add_argument("--frames", type=int, default=100, help="frames per episode")
-    parser.add_argument("--size", default="96x128", help="HxW of the camera")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=32)
+    parser = camera_dataset_parser(__doc__.splitlines()[0], epochs=2)
     parser.add_argument("--cache-sizes", default="64MiB,256KiB", help="one streamed run per size")
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -175,14 +175,21 @@ def pipeline(root: Path, workers: int, batch: int, epochs: int) -> tuple[float, 
     return frames / (time.perf_counter() - start), rss
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def camera_dataset_parser(description: str, epochs: int) -> argparse.ArgumentParser:
+    """The options of a benchmark reading a written camera dataset through the DataLoader (this one's
+    and bench_stream.py's)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--frames", type=int, default=100, help="frames per episode")
     parser.add_argument("--size", default="96x128", help="HxW of the camera")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=epochs)
     parser.add_argument("--batch", type=int, default=32)
+    return parser
+
+
+def main() -> None:
+    parser = camera_dataset_parser(__doc__.splitlines()[0], epochs=3)
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
