@@ -74,7 +74,7 @@ def bench(session: nox.Session) -> None:
     an ACT step), then the streaming benchmark (samples/s of a camera dataset streamed from moto's S3
     server vs local disk, 2 workers, and the workers' VmHWM),
     then the camera benchmark (pipeline frames/s in training order vs PyAV front to back, worker RSS)
-    and the share of a 2-rank ACT step spent waiting for camera data,
+    and the share of a 2-rank ACT step spent waiting for camera data, from disk and streamed,
     then the engine benchmark (trainer step time vs a bare FSDP2 loop, save stall vs a raw dcp.save,
     resume peak RSS per rank vs a fresh start), then activation checkpointing's saved activations and
     step time and compile's step time against a plain policy, then the save stall of --async_save against a
