@@ -70,8 +70,18 @@ def test_fsdp2_with_the_policys_units_trains_as_ddp_does(runs) -> None:
     work, stdout = runs
     assert "FSDP units by class: SmolVLMEncoderLayer, LlamaMLP, Linear" in stdout
     fsdp2, ddp = _losses(work / "out" / "fsdp2"), _losses(work / "out" / "ddp")
-    assert len(fsdp2) == 2
+    assert len(fsdp2) == 3
     np.testing.assert_allclose(fsdp2, ddp, rtol=1e-5)
+
+
+def test_the_fsdp2_run_resumed_on_ddp_trains_the_step_ddp_trains(runs) -> None:
+    """A changed-topology resume (docs/resume.md): FSDP2 x2's step 2 resumed on DDP x2 takes the third
+    step's loss within fp32 rounding of the DDP run's (the same samples, noise and flow time)."""
+    work, _ = runs
+    lines = (work / "out" / "fsdp2_to_ddp" / "metrics.jsonl").read_text().splitlines()
+    resumed = [record for record in map(json.loads, lines) if record.get("event") == "train"]
+    assert [record["step"] for record in resumed] == [3]
+    np.testing.assert_allclose([resumed[0]["loss"]], _losses(work / "out" / "ddp")[2:], rtol=1e-5)
 
 
 def test_the_sharded_run_saves_lerobots_tensors_and_acts_as_ddps(runs, monkeypatch) -> None:

@@ -6,8 +6,9 @@ WORKDIR holds the tiny backbone as `tiny_smolvlm/` and LeRobot's camera dataset 
 (the backbone name is relative, as in LeRobot's fixture). `naive` shards with a unit per decoder layer
 (LlamaDecoderLayer) and must fail: SmolVLA calls a decoder layer's parts, never its forward(), so that
 unit's parameters are never gathered; its one-line error is printed as `naive failed: ...`. `fsdp2`
-(the policy's own units) and `ddp` train the same tiny SmolVLA from the same seed for two steps;
-`lora` fine-tunes the fsdp2 result with LoRA on LeRobot's default targets under FSDP2. With `hsdp`
+(the policy's own units) and `ddp` train the same tiny SmolVLA from the same seed for three steps;
+`lora` fine-tunes the fsdp2 result with LoRA on LeRobot's default targets under FSDP2, and
+`fsdp2_to_ddp` resumes the fsdp2 run's step 2 on DDP for the third step. With `hsdp`
 (4 ranks): `hsdp` (2 replicas x 2 shards) and `ddp4` (DDP) train the same way instead.
 `act_lerobot` (in this launch to spare one of its own) fine-tunes LeRobot's ACT checkpoint, WORKDIR's
 `lerobot_act/` step, on its dataset `dataset_tiny/` under FSDP2 for two steps.
@@ -33,13 +34,17 @@ TINY = [
 ]  # fmt: skip
 RUNS = {
     "naive": ["--parallelism.dp_shard=2", "--accelerator.fsdp.wrap_modules=[SmolVLMEncoderLayer,LlamaDecoderLayer]"],
-    "fsdp2": ["--parallelism.dp_shard=2"],
-    "ddp": ["--parallelism.dp_shard=1"],
+    "fsdp2": ["--parallelism.dp_shard=2", "--steps=3"],
+    "ddp": ["--parallelism.dp_shard=1", "--steps=3"],
     "lora": [f"--policy.path={OUT}/fsdp2/checkpoints/last", "--peft.method_type=LORA", "--peft.r=2", "--parallelism.dp_shard=2"],
 }  # fmt: skip
 ACT_LEROBOT = [
     "--policy.path=lerobot_act", "--dataset.root=dataset_tiny", "--batch_size=2", "--num_workers=0",
     "--steps=2", "--save_freq=2", "--log_freq=1", "--parallelism.dp_shard=2",
+]  # fmt: skip
+FSDP2_TO_DDP = [
+    "--resume=true", f"--config_path={OUT}/fsdp2/checkpoints/000002/pretrained_model/train_config.json",
+    "--parallelism.dp_shard=1", "--steps=3",
 ]  # fmt: skip
 HSDP_RUNS = {
     "hsdp": ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"],
@@ -59,6 +64,8 @@ if __name__ == "__main__":
                 raise
             print(f"naive failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", flush=True)
     if MODE != ["hsdp"]:
+        reset_accelerate()
+        train(parse_config([*FSDP2_TO_DDP, f"--output_dir={OUT}/fsdp2_to_ddp"]))
         reset_accelerate()
         train(parse_config([*ACT_LEROBOT, f"--output_dir={OUT}/act_lerobot"]))
     reset_accelerate()
