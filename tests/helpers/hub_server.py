@@ -100,6 +100,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("DELETE", re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/tag/(?P<rev>[^/]+)$"), "delete_tag"),
     ("POST", re.compile(r"^/(?P<repo>[^/]+/[^/]+)\.git/info/lfs/objects/batch$"), "lfs_batch"),
     ("PUT", re.compile(r"^/lfs-upload/(?P<oid>[0-9a-f]{64})$"), "lfs_upload"),
+    ("POST", re.compile(r"^/lfs-verify/(?P<oid>[0-9a-f]{64})$"), "lfs_verify"),
     (
         "GET",
         re.compile(r"^/api/datasets/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/]+))?$"),
@@ -112,7 +113,6 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ),
     ("POST", re.compile(r"^/api/datasets/(?P<repo>[^/]+/[^/]+)/paths-info/(?P<rev>[^/]+)$"), "paths_info"),
     ("GET", re.compile(r"^/datasets/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$"), "resolve"),
-    ("POST", re.compile(r"^/lfs-verify/(?P<oid>[0-9a-f]{64})$"), "lfs_verify"),
 ]
 
 
@@ -458,7 +458,7 @@ class HubServer:
 
     def add_dataset(self, repo_id: str, files: dict[str, bytes]) -> str:
         """A dataset repo holding `files` (path in the repo -> bytes) in one commit on main; its oid."""
-        oid = hashlib.sha1(repo_id.encode() + b"".join(sorted(files))).hexdigest()
+        oid = hashlib.sha1(json.dumps([repo_id, sorted(files)]).encode()).hexdigest()
         repo = Repo(repo_id=repo_id, private=False, branches={"main": dict(files)})
         repo.commits.append(Commit(oid, "main", "add dataset", sorted(files), dict(files)))
         with self.state.lock:

@@ -220,16 +220,24 @@ def trained_weights(flags: list[str], out: Path) -> bytes:
 
 
 def test_a_streamed_mixture_trains_to_the_local_mixtures_bytes(
-    url, local_root, bucket, tmp_path, clean_accelerate
+    url, local_root, bucket, tmp_path, clean_accelerate, capsys
 ) -> None:
     images = copy_fixture(tmp_path, "lerobot", "dataset_images")
     images_url = upload(images, f"{bucket}/dataset_images")
     mixture = ["--dataset.weights=[3,1]", "--dataset.cache_size=512KiB"]
     local = trained_weights([f"--dataset.root=[{local_root},{images}]", *mixture], tmp_path / "local")
-    streamed_flags = [f"--dataset.root=[{url},{images_url}]", "--dataset.streaming=true", *mixture]
-    assert [m.root for m in parse_config(streamed_flags).dataset.members] == [url, images_url]
-    assert parse_config(streamed_flags).dataset.member_config(1).cache_bytes() == 256 * 1024
-    assert trained_weights(streamed_flags, tmp_path / "streamed") == local
+    streamed = [f"--dataset.root=[{url},{images_url}]", "--dataset.streaming=true", *mixture]
+    config = parse_config(streamed).dataset
+    assert [m.root for m in config.members] == [url, images_url]  # as train_config.json records them
+    assert config.member_config(1).cache_bytes() == 256 * 1024  # the members split the cache
+    assert trained_weights(streamed, tmp_path / "streamed") == local
+    with pytest.raises(SystemExit):
+        main(["dataset", "info", *streamed[:3], "--json"])
+    summary = json.loads(capsys.readouterr().out)["mixture"]
+    assert [(m["member"], m["root"]) for m in summary] == [
+        ("dataset_video", url),
+        ("dataset_images", images_url),
+    ]
 
 
 @pytest.fixture
