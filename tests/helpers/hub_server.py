@@ -3,7 +3,10 @@
 It implements the endpoints huggingface_hub uses to create a model repo and commit files to it (the
 requests of `HfApi.create_repo`, `create_commit`, `preupload_lfs_files`, `create_tag` and `delete_tag`),
 keeps repos, commits (each with the files it left), tags and LFS objects in memory, and can be told to
-fail a route with a given status (for ever, or the next N requests) or to answer it slowly. It runs on 127.0.0.1 with
+fail a route with a given status (for ever, or the next N requests) or to answer it slowly. It also serves
+dataset repos seeded with `add_dataset` through the endpoints huggingface_hub's `HfFileSystem` reads
+(`repo_info`, `tree`, `paths-info`, and `resolve` with HTTP Range requests answered 206, as the Hub
+does), with the Hub's `X-Error-Code` on a missing repo, revision or file. It runs on 127.0.0.1 with
 a random port in a background thread, so the real client (`HfApi(endpoint=server.url)`) runs end to
 end with no network. The client must run with `HF_HUB_DISABLE_XET=1` (set before huggingface_hub is
 imported).
@@ -17,10 +20,11 @@ import json
 import re
 import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, parse_qsl, unquote, urlsplit
 
 # Files the server stores through LFS: what the Hub would route to LFS (binary, or large).
 _LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".npy")
@@ -53,11 +57,13 @@ class Request:
     path: str
     route: str
     authorization: str | None
+    range: str | None = None  # the Range header of a file read
 
 
 @dataclass
 class HubState:
     repos: dict[str, Repo] = field(default_factory=dict)
+    datasets: dict[str, Repo] = field(default_factory=dict)  # dataset repos, seeded by `add_dataset`
     lfs: dict[str, bytes] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     failures: dict[str, int] = field(default_factory=dict)
@@ -68,9 +74,18 @@ class HubState:
 
 
 class HubError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.code = code  # the Hub's X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound)
+
+
+@dataclass
+class Raw:
+    """A reply that is a file's bytes rather than JSON."""
+
+    data: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 # (method, regex over the path, route name). The route name is what `HubServer.fail` takes.
@@ -86,6 +101,18 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(r"^/(?P<repo>[^/]+/[^/]+)\.git/info/lfs/objects/batch$"), "lfs_batch"),
     ("PUT", re.compile(r"^/lfs-upload/(?P<oid>[0-9a-f]{64})$"), "lfs_upload"),
     ("POST", re.compile(r"^/lfs-verify/(?P<oid>[0-9a-f]{64})$"), "lfs_verify"),
+    (
+        "GET",
+        re.compile(r"^/api/datasets/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/]+))?$"),
+        "dataset_info",
+    ),
+    (
+        "GET",
+        re.compile(r"^/api/datasets/(?P<repo>[^/]+/[^/]+)/tree/(?P<rev>[^/]+)(?:/(?P<path>.+))?$"),
+        "tree",
+    ),
+    ("POST", re.compile(r"^/api/datasets/(?P<repo>[^/]+/[^/]+)/paths-info/(?P<rev>[^/]+)$"), "paths_info"),
+    ("GET", re.compile(r"^/datasets/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$"), "resolve"),
 ]
 
 
@@ -109,12 +136,18 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch()
 
     def _dispatch(self) -> None:
-        path = urlsplit(self.path).path
+        url = urlsplit(self.path)
+        path = url.path
         body = self._read_body()
         route, params = _match(self.command, path)
+        params = {**dict(parse_qsl(url.query)), **params}  # a tree listing's recursive=
         state = self.server.state
         with state.lock:
-            state.requests.append(Request(self.command, path, route, self.headers.get("Authorization")))
+            state.requests.append(
+                Request(
+                    self.command, path, route, self.headers.get("Authorization"), self.headers.get("Range")
+                )
+            )
             forced = state.failures.get(route)
             if state.failures_left.get(route, 0) > 0:
                 state.failures_left[route] -= 1
@@ -131,6 +164,8 @@ class _Handler(BaseHTTPRequestHandler):
                 status, payload = handler(params, body)
         except HubError as exc:
             status, payload = exc.status, {"error": str(exc)}
+            self._reply(status, payload, {"X-Error-Code": exc.code} if exc.code else {})
+            return
         self._reply(status, payload)
 
     def _read_body(self) -> bytes:
@@ -145,10 +180,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self.rfile.readline()
         return self.rfile.read(int(self.headers.get("Content-Length", 0)))
 
-    def _reply(self, status: int, payload: Any) -> None:
-        data = json.dumps(payload).encode()
+    def _reply(self, status: int, payload: Any, headers: Mapping[str, str] | None = None) -> None:
+        """JSON, or a file's bytes (`Raw`) with its own headers."""
+        is_file = isinstance(payload, Raw)
+        data = payload.data if is_file else json.dumps(payload).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", "application/octet-stream" if is_file else "application/json")
+        for name, value in {**(headers or {}), **(payload.headers if is_file else {})}.items():
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -269,6 +308,86 @@ class _Handler(BaseHTTPRequestHandler):
             raise HubError(404, f"tag {params['rev']} not found")
         return 200, {}
 
+    # --- dataset repos, read by HfFileSystem ------------------------------------------------------------
+
+    def _snapshot(self, params: dict[str, str]) -> tuple[Repo, dict[str, bytes]]:
+        """The files of a dataset repo at a revision (a branch, a tag or a commit oid)."""
+        repo = self.server.state.datasets.get(params["repo"])
+        if repo is None:
+            raise HubError(404, f"repository {params['repo']} not found", "RepoNotFound")
+        revision = unquote(params.get("rev") or "main")
+        if revision in repo.branches:
+            return repo, repo.branches[revision]
+        oid = repo.tags.get(revision, revision)
+        commit = next((c for c in repo.commits if c.oid == oid), None)
+        if commit is None:
+            raise HubError(404, f"revision {revision} not found", "RevisionNotFound")
+        return repo, commit.snapshot
+
+    def _dataset_info(self, params: dict[str, str], body: bytes) -> tuple[int, Any]:
+        repo, _ = self._snapshot(params)
+        return 200, {"id": repo.repo_id, "private": repo.private, "sha": repo.commits[-1].oid}
+
+    def _tree(self, params: dict[str, str], body: bytes) -> tuple[int, Any]:
+        """The entries under a folder: its children, or with recursive=True every file and folder below
+        (one page: the Hub pages after 1000 entries, more than a test dataset holds)."""
+        _, files = self._snapshot(params)
+        folder = unquote(params.get("path") or "").strip("/")
+        recursive = params.get("recursive", "False").lower() == "true"
+        entries = _entries(files, folder, recursive)
+        if folder and not entries:
+            raise HubError(404, f"{folder} not found", "EntryNotFound")
+        return 200, entries
+
+    def _paths_info(self, params: dict[str, str], body: bytes) -> tuple[int, Any]:
+        _, files = self._snapshot(params)
+        asked = parse_qs(body.decode()).get("paths", [])
+        every = _entries(files, "", recursive=True)
+        return 200, [entry for entry in every if entry["path"] in asked]
+
+    def _resolve(self, params: dict[str, str], body: bytes) -> tuple[int, Any]:
+        """A file's bytes; a `Range: bytes=a-b` request is answered 206 with those bytes only."""
+        _, files = self._snapshot(params)
+        name = unquote(params["path"])
+        if name not in files:
+            raise HubError(404, f"{name} not found", "EntryNotFound")
+        data = files[name]
+        asked = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
+        if asked is None:
+            return 200, Raw(data, {"Accept-Ranges": "bytes"})
+        start, end = int(asked.group(1)), min(int(asked.group(2) or len(data) - 1), len(data) - 1)
+        if start >= len(data):
+            return 416, Raw(b"", {"Content-Range": f"bytes */{len(data)}"})
+        part = data[start : end + 1]
+        return 206, Raw(part, {"Content-Range": f"bytes {start}-{end}/{len(data)}", "Accept-Ranges": "bytes"})
+
+
+def _entries(files: dict[str, bytes], folder: str, recursive: bool) -> list[dict[str, Any]]:
+    """The tree entries under `folder`, as the Hub lists them: files with their git blob oid and size,
+    folders with size 0."""
+    prefix = f"{folder}/" if folder else ""
+    found: dict[str, dict[str, Any]] = {}
+    for name, data in sorted(files.items()):
+        if not name.startswith(prefix):
+            continue
+        parts = name[len(prefix) :].split("/")
+        for depth in range(1, len(parts)):
+            sub = prefix + "/".join(parts[:depth])
+            if recursive or depth == 1:
+                found.setdefault(
+                    sub,
+                    {
+                        "type": "directory",
+                        "oid": hashlib.sha1(sub.encode()).hexdigest(),
+                        "size": 0,
+                        "path": sub,
+                    },
+                )
+        if recursive or len(parts) == 1:
+            blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+            found[name] = {"type": "file", "oid": blob, "size": len(data), "path": name}
+    return list(found.values())
+
 
 def _match(method: str, path: str) -> tuple[str, dict[str, str]]:
     for route_method, pattern, name in _ROUTES:
@@ -336,6 +455,15 @@ class HubServer:
             if not seconds:
                 self.state.released.set()
                 self.state.released = threading.Event()
+
+    def add_dataset(self, repo_id: str, files: dict[str, bytes]) -> str:
+        """A dataset repo holding `files` (path in the repo -> bytes) in one commit on main; its oid."""
+        oid = hashlib.sha1(json.dumps([repo_id, sorted(files)]).encode()).hexdigest()
+        repo = Repo(repo_id=repo_id, private=False, branches={"main": dict(files)})
+        repo.commits.append(Commit(oid, "main", "add dataset", sorted(files), dict(files)))
+        with self.state.lock:
+            self.state.datasets[repo_id] = repo
+        return oid
 
     def repo(self, repo_id: str) -> Repo:
         return self.state.repos[repo_id]

@@ -1,10 +1,11 @@
 """`--dataset.streaming=true`: a LeRobotDataset with videos read in place from a real S3-compatible
-server (moto, through s3fs), never downloaded.
+server (moto, through s3fs) or from the loopback Hub (huggingface_hub's HfFileSystem), never downloaded.
 
 Every streamed item equals the local one, a streamed run trains to the local run's weights byte for
-byte and resumes exactly, the block cache stays within `--dataset.cache_size`, a flaky store is retried
-and counted (in DataLoader workers too), and an unreachable store, missing credentials or a damaged
-remote file is one line.
+byte and resumes exactly (from S3 and from the Hub, a streamed mixture to the local mixture's), the
+block cache stays within `--dataset.cache_size`, a flaky store is retried and counted (in DataLoader
+workers too), and an unreachable store, missing credentials, a missing Hub repo or revision or a
+damaged remote file is one line.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import fsspec
@@ -22,6 +24,7 @@ import torch
 
 import trainer
 from helpers.fixtures import copy_fixture, fixture_dir
+from helpers.hub_server import HubServer
 from trainer.cli import main
 from trainer.cli.parse import parse_config
 from trainer.data.format import remote
@@ -205,8 +208,68 @@ def test_dataset_info_reads_a_streamed_root(url, capsys) -> None:
     )
 
 
-def test_a_streamed_mixture_is_refused_in_one_line(url) -> None:
-    with pytest.raises(
-        ConfigError, match=r"^--dataset.streaming=true reads one dataset for now, not a mixture"
-    ):
-        parse_config([f"--dataset.root=[{url},{url}]", "--dataset.streaming=true", "--policy.type=mlp"])
+def trained_weights(flags: list[str], out: Path) -> bytes:
+    """The model.safetensors a short camera-policy run with `flags` ends with."""
+    from accelerate.state import AcceleratorState
+
+    base = [f"--policy.type={CAMERA_POLICY}", "--policy.dropout=0", "--use_policy_training_preset=false"]
+    base += ["--scheduler.type=constant", "--batch_size=8", "--steps=2", "--save_freq=2", "--seed=3"]
+    train(parse_config([*base, "--num_workers=0", *flags, f"--output_dir={out}"]))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    return (out / "checkpoints" / "000002" / "pretrained_model" / "model.safetensors").read_bytes()
+
+
+def test_a_streamed_mixture_trains_to_the_local_mixtures_bytes(
+    url, local_root, bucket, tmp_path, clean_accelerate, capsys
+) -> None:
+    images = copy_fixture(tmp_path, "lerobot", "dataset_images")
+    images_url = upload(images, f"{bucket}/dataset_images")
+    mixture = ["--dataset.weights=[3,1]", "--dataset.cache_size=512KiB"]
+    local = trained_weights([f"--dataset.root=[{local_root},{images}]", *mixture], tmp_path / "local")
+    streamed = [f"--dataset.root=[{url},{images_url}]", "--dataset.streaming=true", *mixture]
+    config = parse_config(streamed).dataset
+    assert [m.root for m in config.members] == [url, images_url]  # as train_config.json records them
+    assert config.member_config(1).cache_bytes() == 256 * 1024  # the members split the cache
+    assert trained_weights(streamed, tmp_path / "streamed") == local
+    with pytest.raises(SystemExit):
+        main(["dataset", "info", *streamed[:3], "--json"])
+    summary = json.loads(capsys.readouterr().out)["mixture"]
+    assert [(m["member"], m["root"]) for m in summary] == [
+        ("dataset_video", url),
+        ("dataset_images", images_url),
+    ]
+
+
+@pytest.fixture
+def hub(local_root, monkeypatch) -> Iterator[tuple[HubServer, str]]:
+    """The loopback Hub serving the video dataset as `acme/arm_video`, and its commit's oid."""
+    with HubServer() as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        files = {str(p.relative_to(local_root)): p.read_bytes() for p in local_root.rglob("*") if p.is_file()}
+        yield server, server.add_dataset("acme/arm_video", files)
+
+
+def test_a_run_streamed_from_the_hub_trains_to_the_local_runs_bytes(
+    hub, local_root, tmp_path, clean_accelerate
+) -> None:
+    server, oid = hub
+    local = trained_weights([f"--dataset.root={local_root}"], tmp_path / "local")
+    streamed = [f"--dataset.root=hf://datasets/acme/arm_video@{oid}", "--dataset.streaming=true"]
+    assert trained_weights([*streamed, "--dataset.cache_size=256KiB"], tmp_path / "streamed") == local
+    reads = [r for r in server.state.requests if r.route == "resolve"]
+    assert reads and all(r.range for r in reads)  # ranged reads only, never a whole file
+
+
+@pytest.mark.parametrize(
+    ("root", "cause"),
+    [
+        ("hf://datasets/acme/missing", "repository not found"),
+        ("hf://datasets/acme/arm_video@v9", "revision not found"),
+    ],
+)
+def test_a_missing_hub_repo_or_revision_is_one_line(hub, root, cause) -> None:
+    server, _ = hub
+    with pytest.raises(remote.StreamError) as error:
+        trainer.open_dataset(root=root, streaming=True)
+    assert str(error.value).startswith(f"--dataset.root={root}: {cause} on {server.url}; check the repo id")
+    assert "\n" not in str(error.value)

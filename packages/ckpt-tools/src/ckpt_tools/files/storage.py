@@ -59,11 +59,19 @@ def resolve(path: str | os.PathLike[str]) -> tuple[fsspec.AbstractFileSystem, st
     if not layout.is_url(text):
         fs, inner = url_to_fs(absolute(text))
         return fs, inner
-    fs, inner = url_to_fs(text, **FSSPEC_OPTIONS)
+    fs, inner = url_to_fs(text, **FSSPEC_OPTIONS, **_environment_options(text))
     listing = getattr(_LISTED, "root", None)
     if listing is not None and (inner == listing[1] or inner.startswith(listing[1] + "/")):
         return listing[0], inner
     return fs, inner
+
+
+def _environment_options(url: str) -> dict[str, Any]:
+    """The options a store takes from its environment that its client reads too early: huggingface_hub
+    reads HF_ENDPOINT once, when it is imported, so an `hf://` URL gets it as read now (as the Hub
+    pushes do), and a test's loopback Hub or a user's mirror set later still applies."""
+    endpoint = os.environ.get("HF_ENDPOINT")
+    return {"endpoint": endpoint} if url.startswith("hf://") and endpoint else {}
 
 
 _LISTED = threading.local()  # .root: (client with a listing cache, the listed path), inside `listed`
@@ -83,7 +91,8 @@ def listed(root: str | os.PathLike[str]) -> Iterator[None]:
 
     _, inner = resolve(root)
     with _LISTING_LOCK:
-        cached, _ = url_to_fs(os.fspath(root), use_listings_cache=True, listings_expiry_time=None)
+        options = _environment_options(os.fspath(root))
+        cached, _ = url_to_fs(os.fspath(root), use_listings_cache=True, listings_expiry_time=None, **options)
         cached.invalidate_cache()
         try:
             cached.find(inner, withdirs=True)  # fills the client's cache with every directory below

@@ -6,8 +6,8 @@ or `--dataset.repo_id='[a,b]'` / `--dataset.root='[ra,rb]'` with `--dataset.weig
 member's, with its normalized weight and the episodes it trains on. `show --episode=N` writes a PNG: a strip
 of each camera's frames (as the trainer decodes them) above the episode's state and action curves, so a
 wrong camera, a frozen video or an action out of step with the images is seen before a run is spent.
-`--dataset.streaming=true --dataset.root=s3://bucket/path` looks at a dataset in place, as a streamed
-run reads it. Data goes to stdout; errors are the trainer's one-line ConfigErrors.
+`--dataset.streaming=true --dataset.root=s3://bucket/path` (or `hf://datasets/owner/name`, or a list of
+URLs for a mixture) looks at a dataset in place, as a streamed run reads it. Data goes to stdout; errors are the trainer's one-line ConfigErrors.
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ def run(args: Sequence[str]) -> str:
     root = LeRobotConfig(
         repo_id=flags.pop("dataset.repo_id", None),
         root=flags.pop("dataset.root", None),
-        streaming=(flags.pop("dataset.streaming", None) or "false").lower() in ("true", "1", "yes", ""),
-        cache_size=flags.pop("dataset.cache_size", None) or "1GiB",
+        **_streaming(flags),
     ).local_root()
     if args[0] == "info":
         as_json = "json" in flags
@@ -60,6 +59,14 @@ def run(args: Sequence[str]) -> str:
     _no_more(flags)
     show(root, episode, output)
     return str(output)
+
+
+def _streaming(flags: dict[str, str | None]) -> dict[str, Any]:
+    """--dataset.streaming and --dataset.cache_size, as a dataset config takes them."""
+    return {
+        "streaming": (flags.pop("dataset.streaming", None) or "false").lower() in ("true", "1", "yes", ""),
+        "cache_size": flags.pop("dataset.cache_size", None) or "1GiB",
+    }
 
 
 def _is_mixture(flags: dict[str, str | None]) -> bool:
@@ -80,6 +87,7 @@ def _mixture_info(command: str, flags: dict[str, str | None]) -> str:
         root=flags.pop("dataset.root", None),
         revision=flags.pop("dataset.revision", None),
         weights=None if weights is None else _weights(weights),
+        **_streaming(flags),
     )
     as_json = "json" in flags
     flags.pop("json", None)

@@ -7,8 +7,10 @@ and PyAV open (the local path itself, memory-mapped by pyarrow, or a `remote.Rem
 ranges of the object).
 
 The store and its credentials resolve as a run's checkpoints on it do (`ckpt_tools.storage.resolve`:
-fsspec with the store's own environment variables, `AWS_ENDPOINT_URL` and the AWS credentials for S3),
-so nothing secret is ever part of a path. A store that does not answer, refuses us or lacks a file is
+fsspec with the store's own environment variables, `AWS_ENDPOINT_URL` and the AWS credentials for S3,
+`HF_ENDPOINT` and `HF_TOKEN` (or `hf auth login`) for a Hub repo through huggingface_hub's
+`HfFileSystem`: `hf://datasets/owner/name`, `@revision` after the name), so nothing secret is ever
+part of a path. A store that does not answer, refuses us or lacks a file is
 one `remote.StreamError` line naming the URL.
 """
 
@@ -105,13 +107,15 @@ DatasetPath = Path | RemotePath
 
 def dataset_root(root: str, streaming: bool = False, cache_size: int = DEFAULT_CACHE_SIZE) -> DatasetPath:
     """`--dataset.root` as the readers take it: a URL read in place when streaming (an S3 one needs
-    credentials), else a local directory."""
+    credentials, a Hub one an existing repo and revision), else a local directory."""
     if not streaming:
         return Path(root)
     if not layout.is_url(root):
         root = Path(root).absolute().as_uri()
     if root.startswith("s3://"):
         _check_s3_credentials(root)
+    if root.startswith("hf://"):
+        _check_hub_repo(root)
     count_retries()
     return RemotePath(root, Store(cache_size, block_size=max(1, min(BLOCK_SIZE, cache_size // 4))))
 
@@ -158,3 +162,19 @@ def _check_s3_credentials(url: str) -> None:
             f"--dataset.root={url}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
             "AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for a non-AWS store), as for checkpoints on S3"
         )
+
+
+def _check_hub_repo(url: str) -> None:
+    """One line before any read when the Hub repo or its revision does not exist (or the token may not
+    see it): HfFileSystem would otherwise report every file of the dataset as missing."""
+    fs, inner = storage.resolve(url)
+    try:
+        fs.resolve_path(inner)
+    except FileNotFoundError as exc:
+        cause = str(exc).split(". ")[0].removeprefix(inner).strip(" ()") or "not found"
+        raise StreamError(
+            f"--dataset.root={url}: {cause} on {fs.endpoint}; check the repo id and the revision after @ "
+            "(hf://datasets/owner/name@revision), and HF_TOKEN for a private repo"
+        ) from None
+    except Exception as exc:
+        raise unreachable(url, exc, attempts=1) from None

@@ -1,6 +1,7 @@
 """A dataset file on an object store read in place: ranged GETs into a bounded per-process block cache.
 
-`--dataset.streaming=true` reads a LeRobotDataset where it lies (`s3://bucket/path`, `file://...`)
+`--dataset.streaming=true` reads a LeRobotDataset where it lies (`s3://bucket/path`,
+`hf://datasets/owner/name`, `file://...`)
 instead of downloading it. pyarrow and PyAV both accept a file-like object and read only the byte
 ranges they need (a parquet footer and the columns asked for; a video's index and the packets of one
 group of pictures), so `RemoteFile` turns each of their reads into at most one GET: the missing
@@ -44,7 +45,7 @@ def unreachable(url: str, exc: BaseException, attempts: int = ATTEMPTS) -> Strea
     tried = f" after {attempts} attempts" if attempts > 1 else ""
     return StreamError(
         f"cannot read {url}{tried} ({type(exc).__name__}: {cause}); check that the store is reachable "
-        "(AWS_ENDPOINT_URL, network) and that the credentials may read it, or copy the dataset locally "
+        "(AWS_ENDPOINT_URL or HF_ENDPOINT, network) and that the credentials may read it, or copy the dataset locally "
         "and drop --dataset.streaming"
     )
 
@@ -132,7 +133,7 @@ def _get(fs: Any, url: str, inner: str, start: int, end: int) -> bytes:
     """One ranged GET, retried on transient failures (see the module docstring)."""
     for attempt in range(ATTEMPTS):
         try:
-            return bytes(fs.cat_file(inner, start=start, end=end))
+            return bytes(fs.cat_file(inner, start=start, end=end, **_exact(fs)))
         except _PERMANENT as exc:
             raise unreachable(url, exc, attempts=1) from None
         except Exception as exc:  # the store's client raises many types for a failed request
@@ -141,6 +142,12 @@ def _get(fs: Any, url: str, inner: str, start: int, end: int) -> bytes:
             _retried()
             time.sleep(BACKOFF_S[attempt])
     raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _exact(fs: Any) -> dict[str, str]:
+    """`cat_file` options reading exactly the range asked: HfFileSystem reads a range through fsspec's
+    buffered file, whose default read-ahead would fetch 5 MiB past it (the blocks here are the cache)."""
+    return {"cache_type": "none"} if getattr(fs, "protocol", None) == "hf" else {}
 
 
 class RemoteFile(io.RawIOBase):

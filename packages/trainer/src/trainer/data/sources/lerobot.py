@@ -52,7 +52,7 @@ class LeRobotConfig(DatasetConfig):
     """Hugging Face dataset repo id; without --dataset.root it is read through the Hub cache."""
     root: str | None = None
     """Local directory of the dataset (the one holding meta/ and data/); with --dataset.streaming, an
-    fsspec URL (s3://bucket/path, file:///path)."""
+    fsspec URL (s3://bucket/path, hf://datasets/owner/name[@revision], file:///path)."""
     streaming: bool = False
     """Read --dataset.root where it lies, fetching only the byte ranges each sample needs, instead of
     reading a local copy (docs/datasets_at_scale.md#streaming)."""
@@ -90,7 +90,8 @@ class LeRobotConfig(DatasetConfig):
             raise ConfigError("--dataset.type=lerobot needs --dataset.root=PATH or --dataset.repo_id=ID")
         if self.streaming and not self.root:
             raise ConfigError(
-                "--dataset.streaming=true reads --dataset.root in place: pass --dataset.root=s3://bucket/path"
+                "--dataset.streaming=true reads --dataset.root in place: pass --dataset.root=s3://bucket/path "
+                "or hf://datasets/owner/name"
             )
         self.cache_bytes()
         if self.max_feature_size < 1:

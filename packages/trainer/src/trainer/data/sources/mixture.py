@@ -18,6 +18,10 @@ Members must agree on what a policy is trained on: one fps, one action size, and
 feature and camera the run reads, under the mixture's names (the first member's, or what each member's
 `rename_map` maps its own names to), with one size. A disagreement is one line naming the member and
 the fix. The data is `data/pipeline/mixture.py`'s `Mixture` of the members as single-dataset runs load them.
+
+With `--dataset.streaming=true` every member is read in place (its `root` an fsspec URL, `s3://...` or
+`hf://datasets/...`; a local one as `file://`), each through its own block cache: the members split
+`--dataset.cache_size` equally, so a process still holds at most that much.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ckpt_tools import layout
 from trainer.config.dataset import Dataset, DatasetConfig
 from trainer.data.dataset import ACTION_KEY, is_camera
 from trainer.data.format import metadata as fmt
@@ -67,7 +72,8 @@ class MixtureConfig(LeRobotConfig):
     """'[a,b]': the Hugging Face dataset repo ids of the mixture's datasets (read through the Hub cache
     without --dataset.root)."""
     root: str | None = None
-    """'[ra,rb]': the local directories of the mixture's datasets, one per repo id when both are given."""
+    """'[ra,rb]': the local directories of the mixture's datasets, one per repo id when both are given
+    (with --dataset.streaming, URLs read in place)."""
     mixture: str | None = None
     """JSON file listing the mixture's datasets: each with repo_id, root, revision, episodes, rename_map
     and its sampling weight (positive, normalized)."""
@@ -77,11 +83,6 @@ class MixtureConfig(LeRobotConfig):
     """The mixture's datasets as resolved from --dataset.mixture or the lists (train_config.json records them)."""
 
     def __post_init__(self) -> None:
-        if self.streaming:
-            raise ConfigError(
-                "--dataset.streaming=true reads one dataset for now, not a mixture: train on local copies of "
-                "the members (drop --dataset.streaming) or stream one member with --dataset.root=URL"
-            )
         given = _given_members(self)
         if given and self.members:
             raise ConfigError(
@@ -99,6 +100,7 @@ class MixtureConfig(LeRobotConfig):
                 "--dataset.episodes and --dataset.val_episodes choose episodes of one dataset: give each "
                 "member its `episodes` in the --dataset.mixture file (held out: --dataset.eval_split)"
             )
+        self.cache_bytes()
         check_members(self.members)
         for index in range(len(self.members)):
             self.member_config(index)  # each member's own checks
@@ -115,6 +117,8 @@ class MixtureConfig(LeRobotConfig):
                 root=member.root,
                 revision=member.revision,
                 episodes=member.episodes,
+                streaming=self.streaming,
+                cache_size=str(max(1, self.cache_bytes() // len(self.members))),  # split: see above
                 video_backend=self.video_backend,
                 use_imagenet_stats=self.use_imagenet_stats,
                 image_transforms=self.image_transforms,
@@ -200,12 +204,18 @@ def _given_members(config: MixtureConfig) -> list[MixtureMember]:
     return [
         MixtureMember(
             repo_id=repo_ids[i] if repo_ids else None,
-            root=os.path.abspath(roots[i]) if roots else None,
+            root=_absolute(roots[i]) if roots else None,
             revision=config.revision,
             weight=float(weights[i]),
         )
         for i in range(count)
     ]
+
+
+def _absolute(root: str, folder: str | Path = ".") -> str:
+    """A member's root as train_config.json records it: a URL as given, a path made absolute (relative
+    to `folder`)."""
+    return root if layout.is_url(root) else os.path.abspath(os.path.join(folder, root))
 
 
 def _listed(value: str | None, flag: str) -> list[str]:
@@ -276,7 +286,7 @@ def _member(entry: dict[str, Any], index: int, folder: Path, path: str) -> Mixtu
     root = entry.get("root")
     return MixtureMember(
         repo_id=entry.get("repo_id"),
-        root=str(folder / root) if root else None,
+        root=_absolute(root, folder) if root else None,
         revision=entry.get("revision"),
         episodes=episodes,
         rename_map=dict(rename),
