@@ -87,7 +87,7 @@ def test_a_lora_run_builds_on_meta_and_its_adapters_start_as_peft_draws_them() -
     state = built.policy.state_dict()
     lora_a = {k: v for k, v in state.items() if ".lora_A." in k}
     lora_b = {k: v for k, v in state.items() if ".lora_B." in k}
-    assert len(lora_a) == len(lora_b) == 9  # q, kv, out in the encoder's attention and the decoder's two
+    assert len(lora_a) == len(lora_b) == 12  # q, kv, out of 4 attentions: 2 encoder layers, the decoder's 2
     assert all(torch.equal(v, torch.zeros_like(v)) for v in lora_b.values())
     for key, value in lora_a.items():
         bound = 1 / value.shape[1] ** 0.5  # kaiming_uniform(a=sqrt(5)) of an r x in matrix
