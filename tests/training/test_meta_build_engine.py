@@ -218,3 +218,26 @@ def test_smolva_builds_on_meta_with_transformers_initialization() -> None:
     assert cross_k.abs().max() <= 1 / cross_k.shape[1] ** 0.5 and cross_k.std() > 0.05
     again = _meta_built(config, seed=5).policy.state_dict()
     assert all(torch.equal(state[k], again[k]) for k in state)
+
+
+def test_smolvla_lora_builds_on_meta_with_each_module_initialized_by_its_own_rule() -> None:
+    """SmolVLA with LoRA on its default targets (the case a LoRA fine-tune hits most): built on meta,
+    the wrapped VLM linears still drawn by transformers' initializer, the adapters as peft draws them."""
+    from helpers.fixtures import fixture_dir
+    from trainer.policies.smolvla.config import SmolVLAConfig
+
+    backbone = str(fixture_dir("lerobot_smolvla_tiny", "tiny_smolvlm"))
+    features = ["observation.state", CAM, "task"]
+    config = SmolVLAConfig(vlm_model_name=backbone, input_features=features, num_vlm_layers=4)
+    built = _meta_built(config, seed=5, peft=PeftConfig(method_type="LORA", r=2))
+    assert built.on_meta, "SmolVLA with LoRA must be built on meta"
+    state = built.policy.state_dict()
+    lora_b = [v for k, v in state.items() if ".lora_B." in k]
+    assert lora_b and all(not b.any() for b in lora_b)
+    adapted = [
+        k.removesuffix(".lora_A.default.weight") for k in state if k.endswith(".lora_A.default.weight")
+    ]
+    base = state[f"{adapted[0]}.base_layer.weight"]
+    assert 0.015 < base.std() < 0.025  # transformers' normal(0, 0.02), as in a plain SmolVLA
+    lora_a = state[f"{adapted[0]}.lora_A.default.weight"]
+    assert lora_a.abs().max() <= 1 / lora_a.shape[1] ** 0.5 and lora_a.std() > 0
