@@ -1,10 +1,10 @@
 """A policy built on the meta device (engine/build.py): topology-independent initialization and
 `--policy.path` weights streamed into the shards.
 
-The same `--seed` on one process, DDP x2, FSDP2 x4 and HSDP 2x2 (FSDP2 x2 along its shard dimension):
-each run's weights are gathered right after they are materialized and initialized, and must be equal
-bit for bit; the sharded runs must really be sharded, and materializing must keep the parameter
-objects the optimizer holds. Two runs started from a saved step (`--policy.path`) must hold exactly
+The same `--seed` on one process, DDP x2, FSDP2 x4 and HSDP 2x2 (FSDP2 x2 along its shard dimension),
+and a LoRA run on one process and FSDP2 x2: each run's weights are gathered right after they are
+materialized and initialized, and must be equal bit for bit; the sharded runs must really be sharded,
+and materializing must keep the parameter objects the optimizer holds. Two runs started from a saved step (`--policy.path`) must hold exactly
 its weights. One process and FSDP2 x4 save Hugging Face style shards (`--save_shard_size`): FSDP2 x2
 reads the one-process set block by block, and FSDP2 x4's shards hold the DCP shards' values.
 """
@@ -41,6 +41,12 @@ LOADS: dict[str, tuple[int, list[str], str]] = {
     "fsdp2_from_safetensors": (2, ["--parallelism.dp_shard=2"], "single"),
     "ddp2_from_dcp": (2, [], "hsdp2x2"),
 }
+# LoRA runs (--peft.*) built on meta too: one process and FSDP2 x2 must start from the same bits
+LORA = ["--peft.method_type=LORA", "--peft.r=4", "--peft.alpha=8"]
+LORA_RUNS: dict[str, tuple[int, list[str]]] = {
+    "single_lora": (1, LORA),
+    "fsdp2_lora": (2, ["--parallelism.dp_shard=2", *LORA]),
+}
 # a policy with a parameter of its own (act_state's context) and blocks whose shards differ per rank
 POLICY = ["--policy.type=act_state", "--policy.dim=24", "--policy.ffn_dim=40", "--seed=7"]
 
@@ -53,7 +59,7 @@ def _checkpoint(root: Path, run: str) -> Path:
 def started(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("meta_build")
     results = {}
-    launches = [(name, nproc, flags) for name, (nproc, flags) in RUNS.items()]
+    launches = [(name, nproc, flags) for name, (nproc, flags) in (RUNS | LORA_RUNS).items()]
     launches += [
         (name, nproc, [*flags, f"--policy.path={_checkpoint(root, source)}"])
         for name, (nproc, flags, source) in LOADS.items()
@@ -77,6 +83,20 @@ def test_every_topology_starts_from_the_same_bits(started: dict[str, Any], name:
     assert not differing, f"{name} starts from other values than one process: {differing[:5]}"
     buffers = started[name]["buffers"]
     assert all(torch.equal(buffers[k], v) for k, v in started["single"]["buffers"].items())
+
+
+def test_lora_runs_start_from_the_same_bits_on_one_process_and_fsdp2(started: dict[str, Any]) -> None:
+    """A LoRA run built on meta and sharded starts from exactly what one process starts from, the
+    adapters included: each B zero (the adapted policy computes what its base does), each A drawn."""
+    reference, observed = started["single_lora"]["state"], started["fsdp2_lora"]["state"]
+    assert observed.keys() == reference.keys()
+    differing = [key for key in reference if not torch.equal(observed[key], reference[key])]
+    assert not differing, f"FSDP2 x2 starts its LoRA run from other values than one process: {differing[:5]}"
+    assert "Shard(dim=0)" in started["fsdp2_lora"]["placements"]
+    lora_a = [v for k, v in reference.items() if ".lora_A." in k]
+    lora_b = [v for k, v in reference.items() if ".lora_B." in k]
+    assert lora_a and len(lora_a) == len(lora_b)
+    assert all(not b.any() for b in lora_b) and all(a.unique().numel() == a.numel() for a in lora_a)
 
 
 def test_the_weights_are_drawn_not_left_empty(started: dict[str, Any]) -> None:

@@ -4,15 +4,18 @@ cannot be built on meta is built eagerly with a one-line note naming the module 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
 import torch
 from torch import nn
 
+from trainer.config.peft import PeftConfig
 from trainer.config.policy import PolicyConfig
 from trainer.config.train import TrainConfig
 from trainer.engine import build as model_build
+from trainer.engine import peft_policy
 from trainer.policies import build_policy
 from trainer.policies.act import ACTConfig
 from trainer.policies.act_state import ACTStateConfig
@@ -31,10 +34,18 @@ POLICIES = {
 }
 
 
+LORA = PeftConfig(method_type="LORA", r=4, alpha=8)  # act_state's attention projections
+
+
 def _meta_built(
-    policy: PolicyConfig, seed: int = 0, notes: list[str] | None = None
+    policy: PolicyConfig,
+    seed: int = 0,
+    notes: list[str] | None = None,
+    peft: PeftConfig | None = None,
+    path: str | None = None,
 ) -> model_build.BuiltPolicy:
-    config = TrainConfig(policy=policy, seed=seed)
+    policy = dataclasses.replace(policy, path=path) if path is not None else policy
+    config = TrainConfig(policy=policy, seed=seed, peft=peft or PeftConfig())
     built = model_build.build(config, False, 3, 2, [] if notes is None else notes)
     model_build.before_prepare(built, config, torch.device("cpu"))
     return built
@@ -64,6 +75,48 @@ def test_initialization_is_a_function_of_the_seed() -> None:
     weight = first["encoder.0.attn.q.weight"]
     assert weight.abs().max() <= bound and weight.std() > bound / 3
     assert 0.015 < first["context"].std() < 0.025  # act_state's own parameter: normal(0, 0.02)
+
+
+def test_a_lora_run_builds_on_meta_and_its_adapters_start_as_peft_draws_them() -> None:
+    """`--peft.*` on a meta-buildable policy: the wrapper is built on meta, each LoRA B starts at zero
+    (the adapted policy computes what its base does), each A within its kaiming bound (peft's
+    `init_lora_weights=True`), and the same seed gives the same bits, adapters included; the base is
+    initialized as a plain run's modules are."""
+    built = _meta_built(POLICIES["act_state"], seed=3, peft=LORA)
+    assert built.on_meta and built.policy is not built.base
+    state = built.policy.state_dict()
+    lora_a = {k: v for k, v in state.items() if ".lora_A." in k}
+    lora_b = {k: v for k, v in state.items() if ".lora_B." in k}
+    assert len(lora_a) == len(lora_b) == 12  # q, kv, out of 4 attentions: 2 encoder layers, the decoder's 2
+    assert all(torch.equal(v, torch.zeros_like(v)) for v in lora_b.values())
+    for key, value in lora_a.items():
+        bound = 1 / value.shape[1] ** 0.5  # kaiming_uniform(a=sqrt(5)) of an r x in matrix
+        assert value.abs().max() <= bound and value.std() > bound / 3, key
+    q = "base_model.model.encoder.0.attn.q"
+    assert not torch.equal(state[f"{q}.lora_A.default.weight"], state[f"{q}.base_layer.weight"][:4])
+    again = _meta_built(POLICIES["act_state"], seed=3, peft=LORA).policy.state_dict()
+    assert all(torch.equal(state[k], again[k]) for k in state)
+    trainable = [name for name, p in built.policy.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_" in name for name in trainable)
+
+
+def test_a_lora_run_streams_the_base_weights_under_their_names_in_the_wrapper(tmp_path) -> None:
+    """`--policy.path` of a LoRA run on meta: the saved base goes into the frozen base (`q.weight` into
+    `base_model.model.q.base_layer.weight`), the adapters keep their initialization."""
+    from safetensors.torch import save_file
+
+    base = build_policy(POLICIES["act_state"], 3, 2)
+    save_file(base.state_dict(), str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text('{"type": "act_state"}')
+    built = _meta_built(POLICIES["act_state"], seed=3, peft=LORA, path=str(tmp_path))
+    assert built.on_meta
+    state, saved = built.policy.state_dict(), base.state_dict()
+    names = peft_policy.base_weight_names(built.policy)
+    assert names["base_model.model.encoder.0.attn.q.base_layer.weight"] == "encoder.0.attn.q.weight"
+    assert sorted(names.values()) == sorted(saved)  # every saved tensor, each once
+    assert all(torch.equal(state[inside], saved[name]) for inside, name in names.items())
+    fresh = _meta_built(POLICIES["act_state"], seed=3, peft=LORA).policy.state_dict()
+    assert all(torch.equal(state[k], fresh[k]) for k in state if ".lora_" in k)
 
 
 @dataclass
@@ -165,3 +218,26 @@ def test_smolva_builds_on_meta_with_transformers_initialization() -> None:
     assert cross_k.abs().max() <= 1 / cross_k.shape[1] ** 0.5 and cross_k.std() > 0.05
     again = _meta_built(config, seed=5).policy.state_dict()
     assert all(torch.equal(state[k], again[k]) for k in state)
+
+
+def test_smolvla_lora_builds_on_meta_with_each_module_initialized_by_its_own_rule() -> None:
+    """SmolVLA with LoRA on its default targets (the case a LoRA fine-tune hits most): built on meta,
+    the wrapped VLM linears still drawn by transformers' initializer, the adapters as peft draws them."""
+    from helpers.fixtures import fixture_dir
+    from trainer.policies.smolvla.config import SmolVLAConfig
+
+    backbone = str(fixture_dir("lerobot_smolvla_tiny", "tiny_smolvlm"))
+    features = ["observation.state", CAM, "task"]
+    config = SmolVLAConfig(vlm_model_name=backbone, input_features=features, num_vlm_layers=4)
+    built = _meta_built(config, seed=5, peft=PeftConfig(method_type="LORA", r=2))
+    assert built.on_meta, "SmolVLA with LoRA must be built on meta"
+    state = built.policy.state_dict()
+    lora_b = [v for k, v in state.items() if ".lora_B." in k]
+    assert lora_b and all(not b.any() for b in lora_b)
+    adapted = [
+        k.removesuffix(".lora_A.default.weight") for k in state if k.endswith(".lora_A.default.weight")
+    ]
+    base = state[f"{adapted[0]}.base_layer.weight"]
+    assert 0.015 < base.std() < 0.025  # transformers' normal(0, 0.02), as in a plain SmolVLA
+    lora_a = state[f"{adapted[0]}.lora_A.default.weight"]
+    assert lora_a.abs().max() <= 1 / lora_a.shape[1] ** 0.5 and lora_a.std() > 0

@@ -146,13 +146,18 @@ def _load_model(model_dir: str, model: nn.Module, group: Group) -> None:
 
 
 def load_model_weights(
-    path: str | os.PathLike[str], model: nn.Module, process_group: dist.ProcessGroup | None = None
+    path: str | os.PathLike[str],
+    model: nn.Module,
+    process_group: dist.ProcessGroup | None = None,
+    saved_names: Mapping[str, str] | None = None,
 ) -> None:
     """Collective on a sharded model: the model weights at `path` (a step, model or DCP directory, a
     `.safetensors` file; not an adapter) into `model`, prepared or plain, each rank reading only what
     it holds: DCP shards resharded by torch, safetensors (one file or the shards of an index) one
     ranged read per tensor, never a whole file, so a rank's peak is its shard plus one tensor. Every
-    shape is checked before the first copy."""
+    shape is checked before the first copy. `saved_names` (model tensor name -> its name at `path`)
+    reads only those tensors, under other names: a wrapper's base (a PEFT model's frozen weights from
+    the base's checkpoint); the model's other tensors keep their values."""
     group = Group(process_group)
     cat = catalog(os.fspath(path))
     weights = weights_for_resume(cat, sharded=is_sharded(model))
@@ -163,35 +168,48 @@ def load_model_weights(
         )
     if weights.format == DCP:
         validate_dcp_metadata(weights.path)
-        state = get_model_state_dict(model)
-        dcp_load(state, weights.path, group.pg, group.distributed)
-        set_model_state_dict(model, state)
+        state: dict[str, Any] = get_model_state_dict(model)
+        names = _saved_names(state, saved_names)
+        saved = {names[name]: state[name] for name in names}
+        dcp_load(saved, weights.path, group.pg, group.distributed)
+        loaded = {name: saved[names[name]] for name in names}
+        set_model_state_dict(model, loaded, options=StateDictOptions(strict=saved_names is None))
     else:
-        _load_full_into_shards(weights, model)
+        _load_full_into_shards(weights, model, saved_names)
 
 
-def _load_full_into_shards(weights: WeightSet, model: nn.Module) -> None:
+def _saved_names(state: Mapping[str, Any], saved_names: Mapping[str, str] | None) -> dict[str, str]:
+    """Model tensor name -> its name in the checkpoint: every tensor under its own name by default."""
+    return dict(saved_names) if saved_names is not None else {name: name for name in state}
+
+
+def _load_full_into_shards(
+    weights: WeightSet, model: nn.Module, saved_names: Mapping[str, str] | None = None
+) -> None:
     """Gathered safetensors weights into a sharded model: each rank reads only the blocks its own
     shards hold (one ranged read per tensor, `read_safetensors_block`), never the whole file, so a
-    resume needs no more host memory per rank than a fresh start plus that rank's shard."""
+    resume needs no more host memory per rank than a fresh start plus that rank's shard.
+    `saved_names` as `load_model_weights` takes it."""
     headers = _headers_by_tensor(weights)
     state: dict[str, Any] = get_model_state_dict(model)
-    missing = sorted(set(state) - set(headers))
+    names = _saved_names(state, saved_names)
+    missing = sorted(saved for saved in names.values() if saved not in headers)
     if missing:
         raise CorruptCheckpointError(
             f"{weights.path} lacks {len(missing)} of the model's tensors (first: {missing[0]}); "
             "resume from a checkpoint of this model"
         )
-    for name, value in state.items():  # every shape before the first copy: a refusal changes nothing
-        header = headers[name]
-        if tuple(header.tensors[name].shape) != tuple(value.shape):
+    for name, saved in names.items():  # every shape before the first copy: a refusal changes nothing
+        header = headers[saved]
+        if tuple(header.tensors[saved].shape) != tuple(state[name].shape):
             raise CorruptCheckpointError(
-                f"{header.path}: {name} has shape {list(header.tensors[name].shape)}, the model's is "
-                f"{list(value.shape)}; resume from a checkpoint of this model"
+                f"{header.path}: {saved} has shape {list(header.tensors[saved].shape)}, the model's is "
+                f"{list(state[name].shape)}; resume from a checkpoint of this model"
             )
-    for name, value in state.items():
-        _copy_own_block(headers[name], name, value)
-    set_model_state_dict(model, state)
+    for name, saved in names.items():
+        _copy_own_block(headers[saved], saved, state[name])
+    loaded = {name: state[name] for name in names}
+    set_model_state_dict(model, loaded, options=StateDictOptions(strict=saved_names is None))
 
 
 def _copy_own_block(header: SafetensorsHeader, name: str, value: torch.Tensor) -> None:

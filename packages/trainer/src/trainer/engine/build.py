@@ -26,12 +26,19 @@ tensors, as torch's layers do.
 hold (`ckpt_tools.load_model_weights`), after their names and shapes are checked against the meta
 policy from the files' headers, before anything is allocated.
 
+A PEFT run (`--peft.*`) builds on meta too: the policy and its twin are wrapped with LoRA on meta
+(engine/peft_policy.py), the adapters are initialized per module like the rest, as peft draws them
+(`AdapterInitializer`), and `--policy.path` (the base) streams into the frozen base under its names
+inside the wrapper.
+
 The eager build (the policy constructed whole on every rank, as before this module) remains for what
-meta cannot build yet: PEFT adapters (and an adapter given as `--policy.path`, merged into its base),
-a policy's pretrained parts (ACT's camera trunk), tied weights, and a plug-in policy whose `__init__`
-fails on meta or which owns a tensor without a `reset_parameters()` (a one-line note names the module
-and the fix). Eager builds are topology-independent too (every rank builds the same full policy from
-the same seed); they only cost a full copy per rank.
+meta cannot build yet: an adapter given as `--policy.path` (merged into its base), PEFT runs with
+`--peft.full_training_modules` (their copies start as the loaded base) or with adapters peft keeps in
+tensors of its own (LoRA on an embedding), a policy's pretrained parts (ACT's camera trunk), tied
+weights, and a plug-in policy whose `__init__` fails on meta or which owns a tensor without a
+`reset_parameters()` (a one-line note names the module and the fix). Eager builds are
+topology-independent too (every rank builds the same full policy from the same seed); they only cost a
+full copy per rank.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -54,6 +62,25 @@ from trainer.policies.base import Policy
 META = torch.device("meta")
 
 
+class Initializer(Protocol):
+    """What initializes the modules of a meta build: the policy itself (`Policy.initializes` and
+    `Policy.initialize_module`), or for a PEFT run its adapters' rule over the policy's
+    (`peft_policy.AdapterInitializer`)."""
+
+    def initializes(self, module: nn.Module) -> bool: ...
+
+    def initialize_module(self, module: nn.Module) -> None: ...
+
+
+@dataclass
+class Shadow:
+    """The full-shape meta twin of the module a meta build trains, wrapped as it is (so its module
+    names are the same), and what initializes its modules."""
+
+    module: nn.Module
+    initializer: Initializer
+
+
 @dataclass
 class BuiltPolicy:
     """What `build` made. `policy` is the module the run trains (the policy, or its PEFT wrapper),
@@ -63,7 +90,7 @@ class BuiltPolicy:
     policy: nn.Module
     base: Policy
     wrap_plan: WrapPlan | None
-    shadow: Policy | None
+    shadow: Shadow | None
     sharded: bool
 
     @property
@@ -74,15 +101,14 @@ class BuiltPolicy:
 def build(config: TrainConfig, sharded: bool, obs_dim: int, action_dim: int, notes: list[str]) -> BuiltPolicy:
     """The module tree the run trains, on meta when it can be (else eager, with a note when a plug-in
     is the reason), with the unit transforms applied; nothing sharded or allocated yet."""
-    base, reason = _build_on_meta(config, obs_dim, action_dim)
-    shadow = None
-    if base is not None:
-        shadow = build_policy_on_meta(config, obs_dim, action_dim)
+    on_meta, reason = _build_on_meta(config, sharded, obs_dim, action_dim)
+    if reason:
+        notes.append(reason)
+    if on_meta is not None:
+        policy, base, shadow = on_meta
     else:
-        if reason:
-            notes.append(reason)
         base = build_policy(config.policy, obs_dim, action_dim)
-    policy: nn.Module = peft.start_policy(base, config, sharded) if shadow is None else base
+        policy, shadow = peft.start_policy(base, config, sharded), None
     acc = config.accelerator
     wrap_plan = resolve_wrap_plan(policy, acc.fsdp) if sharded else None
     unit_plan = wrap_plan or (resolve_wrap_plan(policy, acc.fsdp) if acc.transforms_units else None)
@@ -98,8 +124,7 @@ def before_prepare(built: BuiltPolicy, config: TrainConfig, device: torch.device
         return
     if not built.sharded:
         _materialize(built, device, lambda name: True, config.seed)
-        if config.policy.path is not None:
-            pretrained.stream_weights(built.policy, config.policy.path)
+        _stream_pretrained(built, config)
         return
     pattern = config.accelerator.fsdp.ignored_modules
     if pattern is not None:
@@ -114,8 +139,16 @@ def after_prepare(built: BuiltPolicy, config: TrainConfig, device: torch.device)
     if built.on_meta and built.sharded:
         offload = config.accelerator.fsdp.cpu_offload
         _materialize(built, torch.device("cpu") if offload else device, lambda name: True, config.seed)
-        if config.policy.path is not None:
-            pretrained.stream_weights(built.policy, config.policy.path)  # each rank its own blocks
+        _stream_pretrained(built, config)  # each rank its own blocks
+
+
+def _stream_pretrained(built: BuiltPolicy, config: TrainConfig) -> None:
+    """`--policy.path` weights into the materialized policy: a PEFT run's into its frozen base, under
+    the names they have inside the wrapper (the adapters keep their initialization)."""
+    if config.policy.path is None:
+        return
+    names = peft.base_weight_names(built.policy) if config.peft.enabled else None
+    pretrained.stream_weights(built.policy, config.policy.path, names)
 
 
 def build_policy_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> Policy:
@@ -124,12 +157,38 @@ def build_policy_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> 
         return build_policy(config.policy, obs_dim, action_dim)
 
 
-def _build_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> tuple[Policy | None, str]:
-    """The policy built on meta, or (None, why not): "" when the run's own flags ask for an eager build,
-    a note line naming the module and the fix when the policy cannot be built on meta."""
+def _build_on_meta(
+    config: TrainConfig, sharded: bool, obs_dim: int, action_dim: int
+) -> tuple[tuple[nn.Module, Policy, Shadow] | None, str]:
+    """(the module the run trains, its policy, their shadow), all on meta (a PEFT run's wrapped with
+    `--peft.*`), or (None, why not): "" when the run's own flags ask for an eager build, a note line
+    naming the module and the fix when the policy cannot be built on meta."""
+    policy, reason = _policy_on_meta(config, obs_dim, action_dim)
+    if policy is None:
+        return None, reason
+    twin = build_policy_on_meta(config, obs_dim, action_dim)
+    if not config.peft.enabled:
+        return (policy, policy, Shadow(twin, twin)), ""
+    model, wrapped_twin = peft.wrap_policy(policy, config, sharded), peft.wrap_policy(twin, config, sharded)
+    shadow = Shadow(wrapped_twin, peft.AdapterInitializer(wrapped_twin, twin))
+    missing = uninitializable_modules(wrapped_twin, shadow.initializer)
+    if missing:  # an adapter peft keeps in its own tensors (LoRA on an embedding): built on a real base
+        name, module = missing[0]
+        return None, (
+            f"{type(module).__name__} at {name}: --peft.* adds tensors the meta build cannot initialize, "
+            "so the policy and its adapters are built whole on every rank; target linear layers only "
+            "(--peft.target_modules) to build it sharded"
+        )
+    return (model, policy, shadow), ""
+
+
+def _policy_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> tuple[Policy | None, str]:
+    """The policy built on meta, or (None, why not) as `_build_on_meta` says it."""
     path = config.policy.path
-    if config.peft.enabled or (path is not None and pretrained.is_adapter(path)):
-        return None, ""  # adapters on a real policy (engine/peft_policy.py, an adapter merged whole)
+    if path is not None and pretrained.is_adapter(path):
+        return None, ""  # an adapter merged whole into its base (pretrained.read_weights)
+    if config.peft.full_training_modules:
+        return None, ""  # their copies start as the loaded base, which the meta build streams by name only
     try:
         policy = build_policy_on_meta(config, obs_dim, action_dim)
     except Exception as exc:  # a plug-in's __init__ that reads or computes real values
@@ -141,7 +200,7 @@ def _build_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> tuple[
         )
     if path is None and policy.loads_pretrained_parts():
         return None, ""
-    missing = uninitializable_modules(policy)
+    missing = uninitializable_modules(policy, policy)
     if missing:
         name, module = missing[0]
         return None, (
@@ -158,13 +217,13 @@ def _build_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> tuple[
     return policy, ""
 
 
-def uninitializable_modules(policy: Policy) -> list[tuple[str, nn.Module]]:
-    """Modules that own a parameter or buffer the policy cannot initialize (by default: no
-    `reset_parameters()`; `Policy.initializes`)."""
+def uninitializable_modules(model: nn.Module, initializer: Initializer) -> list[tuple[str, nn.Module]]:
+    """Modules of `model` that own a parameter or buffer `initializer` cannot initialize (a policy's,
+    by default: no `reset_parameters()`; `Policy.initializes`)."""
     return [
         (name, module)
-        for name, module in policy.named_modules()
-        if _own_tensors(module) and not policy.initializes(module)
+        for name, module in model.named_modules()
+        if _own_tensors(module) and not initializer.initializes(module)
     ]
 
 
@@ -191,9 +250,9 @@ def _materialize(built: BuiltPolicy, device: torch.device, selected: object, see
     for name, module in modules.items():
         if selected(name):
             module.to_empty(device=device, recurse=False)
-    for name, twin in built.shadow.named_modules():
+    for name, twin in built.shadow.module.named_modules():
         if _own_tensors(twin) and selected(name):
-            _initialize_module(built.shadow, twin, modules[name], module_seed(seed, name))
+            _initialize_module(built.shadow.initializer, twin, modules[name], module_seed(seed, name))
 
 
 def module_seed(seed: int, name: str) -> int:
@@ -203,13 +262,13 @@ def module_seed(seed: int, name: str) -> int:
 
 
 @torch.no_grad()
-def _initialize_module(shadow: Policy, twin: nn.Module, target: nn.Module, seed: int) -> None:
-    """Initialize `twin` (a module of `shadow`)'s own tensors at full shape on the CPU, copy them into
+def _initialize_module(initializer: Initializer, twin: nn.Module, target: nn.Module, seed: int) -> None:
+    """Initialize `twin` (a module of the shadow)'s own tensors at full shape on the CPU, copy them into
     `target`'s (its local shard of each), then free the twin's storage again."""
     twin.to_empty(device="cpu", recurse=False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        shadow.initialize_module(twin)
+        initializer.initialize_module(twin)
     for name in _own_tensors(twin):
         _copy_into(getattr(target, name), getattr(twin, name))
     twin.to_empty(device=META, recurse=False)

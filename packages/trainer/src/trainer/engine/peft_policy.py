@@ -1,7 +1,9 @@
 """PEFT fine-tuning: the policy a run trains, its adapter config, and the checks that keep FSDP2 happy.
 
 `start_policy` loads `--policy.path` weights into the freshly built policy and, with `--peft.method_type`,
-wraps it with peft: the base is frozen, the adapters (and `--peft.full_training_modules` copies) train.
+wraps it with peft (`wrap_policy`): the base is frozen, the adapters (and `--peft.full_training_modules`
+copies) train. A meta build (engine/build.py) wraps its meta policy with `wrap_policy` alone, initializes
+the adapters with `AdapterInitializer` and streams the base's weights under `base_weight_names`.
 Everything else runs unchanged on the PEFT model: its module names gain a `base_model.model.` prefix,
 the policy's wrap classes and `_fsdp_forward_methods` are still found through it, so the frozen base is
 sharded together with the adapters.
@@ -15,6 +17,7 @@ for compute). Without mixed precision the one combination that cannot work is re
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from typing import TYPE_CHECKING, Any, cast
@@ -46,6 +49,12 @@ def start_policy(policy: nn.Module, config: TrainConfig, is_sharded: bool) -> nn
         pretrained.load_weights(policy, config.policy.path)
     elif isinstance(policy, Policy):
         policy.load_pretrained_parts()
+    return wrap_policy(policy, config, is_sharded)
+
+
+def wrap_policy(policy: nn.Module, config: TrainConfig, is_sharded: bool) -> nn.Module:
+    """The policy with LoRA applied with `--peft.*` (the policy itself without): a real policy whose
+    weights are loaded, or a meta-built one (and its twin, engine/build.py) whose weights come later."""
     if not config.peft.enabled:
         return policy
     _check_dtypes(policy, config, is_sharded)
@@ -75,6 +84,45 @@ def saved_weight_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     from peft import get_peft_model_state_dict
 
     return {name: tuple(tensor.shape) for name, tensor in get_peft_model_state_dict(model).items()}
+
+
+class AdapterInitializer:
+    """How a module of a meta-built PEFT model is initialized (engine/build.py's `Initializer`): each
+    LoRA pair as peft's default `init_lora_weights=True` draws it (`LoraLayer.reset_lora_parameters`:
+    A kaiming-uniform with a=sqrt(5), B zeros, so the adapted policy starts as its base), every other
+    module by the base policy's own rule. `model` is the wrapped module whose modules it is given."""
+
+    def __init__(self, model: nn.Module, policy: Policy) -> None:
+        from peft.tuners.lora import LoraLayer
+
+        layers = [layer for layer in model.modules() if isinstance(layer, LoraLayer)]
+        self._a = {id(m) for layer in layers for m in layer.lora_A.values()}
+        self._b = {id(m) for layer in layers for m in layer.lora_B.values()}
+        self._policy = policy
+
+    def initializes(self, module: nn.Module) -> bool:
+        return id(module) in self._a or id(module) in self._b or self._policy.initializes(module)
+
+    def initialize_module(self, module: nn.Module) -> None:
+        if id(module) in self._a:
+            nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5))  # type: ignore[arg-type]
+        elif id(module) in self._b:
+            for param in module.parameters(recurse=False):
+                nn.init.zeros_(param)
+        else:
+            self._policy.initialize_module(module)
+
+
+def base_weight_names(model: nn.Module) -> dict[str, str]:
+    """A PEFT model's frozen base tensors by their names in it -> the names the base policy saved
+    them under (`base_model.model.q.base_layer.weight` -> `q.weight`), for `--policy.path` weights
+    streamed into a meta-built PEFT model (the adapters keep their initialization)."""
+    names = {}
+    for name in model.state_dict():
+        parts = name.removeprefix(PEFT_PREFIX).split(".")
+        if not any(part.startswith("lora_") for part in parts):
+            names[name] = ".".join(part for part in parts if part != "base_layer")
+    return names
 
 
 def _wrap(policy: nn.Module, config: TrainConfig) -> nn.Module:

@@ -173,11 +173,12 @@ def check_fits(policy: Any, path: str) -> None:
         _refuse_misfit(policy, path, missing, unexpected, resized)
 
 
-def stream_weights(policy: Any, path: str) -> None:
+def stream_weights(policy: Any, path: str, saved_names: dict[str, str] | None = None) -> None:
     """Collective on a sharded policy: the weights at `path` into `policy`'s tensors, each rank reading
-    only the blocks it holds (`ckpt_tools.load_model_weights`); `check_fits` has passed."""
+    only the blocks it holds (`ckpt_tools.load_model_weights`); `check_fits` has passed. `saved_names`
+    maps the tensors to fill to their saved names when `policy` wraps the saved one (PEFT)."""
     with _checkpoint_errors(path):
-        ckpt_tools.load_model_weights(resolve(path), policy)
+        ckpt_tools.load_model_weights(resolve(path), policy, saved_names=saved_names)
 
 
 def _refuse_misfit(
