@@ -40,6 +40,7 @@ INERT_NAMES = frozenset(
     }
 )
 MESH_SLICING_WARNING = r"Slicing a flattened dim from root mesh will be deprecated"
+LINEAR_VIEW_WARNING = r"FSDP2-wrapped module \(FSDPLinear\) returned a view tensor"
 # Values a plain `accelerate launch` (no config file) exports; they change nothing, so they pass.
 INERT_VALUES = {
     "ACCELERATE_USE_FSDP": "false",
@@ -179,6 +180,15 @@ def _quiet_mesh_slicing_warning() -> None:
     warnings.filterwarnings("ignore", message=MESH_SLICING_WARNING, category=UserWarning)
 
 
+def _quiet_linear_view_warning() -> None:
+    """FSDP2 warns at every forward of a `Linear` unit whose output is a view, which `F.linear` returns
+    by construction for a biased layer on a 3-D input: an in-place op on that view would skip the
+    unit's backward hook. Policies that shard each projection (SmolVLA) never modify one in place (their
+    FSDP2 losses and gradients equal DDP's: tests/distributed/test_smolvla_sharded.py), so exactly that
+    message, for `Linear` units only, is silenced instead of flooding the log every step."""
+    warnings.filterwarnings("ignore", message=LINEAR_VIEW_WARNING, category=UserWarning)
+
+
 def _parallelism_config(topology: Topology) -> Any:
     from accelerate.parallelism_config import ParallelismConfig
 
@@ -225,6 +235,8 @@ def prepare(
     run the tied-weight check runs first and the policy's extra entry points are registered after."""
     if wrap_plan is not None:
         check_tied_weights(policy, wrap_plan)
+        if "Linear" in wrap_plan.class_names:
+            _quiet_linear_view_warning()
     model, optimizer, scheduler = accelerator.prepare(policy, optimizer, scheduler)
     if wrap_plan is not None:
         register_forward_methods(model)
