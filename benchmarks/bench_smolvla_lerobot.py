@@ -6,22 +6,30 @@ with their own `from_pretrained`, read the same preprocessed batch from one safe
 here, seeded; SmolVLA's flow-matching noise and times included, so both compute the same loss), and
 time the same step: `forward`, `backward`, gradient clipping at 10, AdamW over the parameters that
 require gradients, `zero_grad`. Each worker runs `--warmup` steps, then `--steps` timed ones, on
-`--threads` torch threads; the sides alternate `--repeat` times, so a loaded machine slows both alike.
-The figure is ours / LeRobot's (median step time); the goal is <= 1.0x. The first step's losses are
+`--threads` torch threads (default 1: on a shared 2-core machine, 2 OpenMP threads that lose a core to
+another job made either side swing between 20 and 600 ms per step); the sides alternate `--repeat`
+times, so a loaded machine slows both alike.
+The figure is ours / LeRobot's, each side's best run (the median step of its least disturbed run: other
+jobs only ever slow a run down); the goal is <= 1.0x. The first step's losses are
 printed too: for SmolVLA they agree to float rounding (the same weights, batch, noise and times).
 
 This project's half runs in this venv (`trainer` importable); LeRobot's in a Python 3.12 venv with
 `pip install "lerobot[smolvla]==0.6.1"` (this project not needed there), given as --lerobot-python.
+The two venvs may hold different torch builds (this project pins torch 2.13 CPU; LeRobot 0.6.1 needs
+torch < 2.12): `--ours-python` runs our side in LeRobot's venv too, with this project's sources on
+PYTHONPATH, for a comparison on one torch.
 Never part of the tests or `nox -s bench`.
 
 Usage:
   python benchmarks/bench_smolvla_lerobot.py --lerobot-python /path/to/lerobot-venv/bin/python \
-    [--policy smolvla|act] [--batch 8] [--steps 20] [--warmup 3] [--repeat 3] [--threads 2]
+    [--ours-python PYTHON] [--policy smolvla|act] [--batch 8] [--steps 20] [--warmup 3] [--repeat 3] \
+    [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -31,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -66,7 +75,8 @@ def prepare(policy: str, workdir: Path, batch_size: int) -> None:
     batch["action"] = torch.randn(batch_size, chunk, action_dim, generator=g)
     batch["action_is_pad"] = torch.zeros(batch_size, chunk, dtype=torch.bool)
     if policy == "smolvla":
-        loaded = trainer.load_policy(str(workdir / MODEL_DIR))
+        with contextlib.chdir(workdir):  # where the config's relative backbone name resolves
+            loaded = trainer.load_policy(MODEL_DIR)
         batch[TOKENS], batch[TOKEN_MASK] = loaded.policy.tokenizer([TASK] * batch_size)
         batch[NOISE] = torch.randn(batch_size, chunk, config["max_action_dim"], generator=g)
         batch[TIME] = torch.rand(batch_size, generator=g) * 0.999 + 0.001
@@ -93,7 +103,7 @@ def load_lerobot(policy: str, workdir: Path) -> torch.nn.Module:
     return SmolVLAPolicy.from_pretrained(str(workdir / MODEL_DIR), strict=True)
 
 
-def worker(side: str, workdir: Path, steps: int, warmup: int) -> dict[str, float]:
+def worker(side: str, workdir: Path, steps: int, warmup: int) -> dict[str, Any]:
     """Time `steps` training steps after `warmup` on the saved batch; returns the median step time and
     the first step's loss."""
     batch = load_file(str(workdir / BATCH))
@@ -125,10 +135,11 @@ def worker(side: str, workdir: Path, steps: int, warmup: int) -> dict[str, float
         "step_s": statistics.median(times),
         "first_loss": first_loss,
         "trainable": sum(p.numel() for p in params),
+        "torch": torch.__version__,
     }
 
 
-def run_worker(python: str, side: str, workdir: Path, args: argparse.Namespace) -> dict[str, float]:
+def run_worker(python: str, side: str, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     threads = str(args.threads)
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "HF_HUB_OFFLINE": "1"}
     command = [python, str(Path(__file__).resolve()), "worker", side, str(workdir)]
@@ -141,24 +152,24 @@ def run_worker(python: str, side: str, workdir: Path, args: argparse.Namespace) 
 
 
 def drive(args: argparse.Namespace) -> int:
-    pythons = {"ours": sys.executable, "lerobot": args.lerobot_python}
+    pythons = {"ours": args.ours_python or sys.executable, "lerobot": args.lerobot_python}
     with tempfile.TemporaryDirectory(prefix="bench_lerobot_") as tmp:
         workdir = Path(tmp)
         prepare(args.policy, workdir, args.batch)
-        results: dict[str, list[dict[str, float]]] = {"ours": [], "lerobot": []}
+        results: dict[str, list[dict[str, Any]]] = {"ours": [], "lerobot": []}
         for _ in range(args.repeat):
             for side, python in pythons.items():
                 results[side].append(run_worker(python, side, workdir, args))
-    step = {side: statistics.median(r["step_s"] for r in runs) for side, runs in results.items()}
+    step = {side: min(r["step_s"] for r in runs) for side, runs in results.items()}
     print(
         f"{args.policy}, batch {args.batch}, {args.threads} threads, {args.steps} steps after {args.warmup} "
-        f"warm-up, median of {args.repeat} alternated runs (forward + backward + clip + AdamW):"
+        f"warm-up, best of {args.repeat} alternated runs (forward + backward + clip + AdamW):"
     )
     for side, runs in results.items():
         each = ", ".join(f"{1000 * r['step_s']:.1f}" for r in runs)
         print(
             f"  {side:8s} {1000 * step[side]:8.1f} ms/step  (runs: {each} ms; first loss "
-            f"{runs[0]['first_loss']:.7g}; {int(runs[0]['trainable']):,} trainable parameters)"
+            f"{runs[0]['first_loss']:.7g}; {int(runs[0]['trainable']):,} trainable parameters; torch {runs[0]['torch']})"
         )
     print(f"  ratio ours / LeRobot: {step['ours'] / step['lerobot']:.2f}x (goal <= 1.0x)")
     return 0
@@ -175,8 +186,13 @@ def main() -> int:
     for p in (parser, work):
         p.add_argument("--steps", type=int, default=20)
         p.add_argument("--warmup", type=int, default=3)
-        p.add_argument("--threads", type=int, default=2)
+        p.add_argument("--threads", type=int, default=1)
     parser.add_argument("--lerobot-python", help="the Python of a venv with lerobot==0.6.1")
+    parser.add_argument(
+        "--ours-python",
+        help="run our side in another Python (default: this one), e.g. LeRobot's venv with this project's "
+        "sources on PYTHONPATH, so that both sides run on the same torch build",
+    )
     parser.add_argument("--policy", choices=tuple(MODELS), default="smolvla")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
