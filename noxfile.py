@@ -124,7 +124,8 @@ def lerobot_side(session: nox.Session) -> None:
     `lerobot[smolvla]==0.6.1` (says so and exits 0 otherwise): an ACT with cameras and a SmolVLA trained
     here, exported, load in LeRobot's `from_pretrained(dir, strict=True)` and act as ours within 1e-5
     (benchmarks/lerobot_side.py check), then the training step time of our SmolVLA and ACT against
-    LeRobot's on the same checkpoint and batch (benchmarks/bench_smolvla_lerobot.py)."""
+    LeRobot's on the same checkpoint and batch (benchmarks/bench_smolvla_lerobot.py; options after `--` go
+    to the bench, e.g. `-- --repeat 5`)."""
     lerobot_python = os.environ.get("LEROBOT_PYTHON")
     if not lerobot_python:
         session.log("lerobot_side: LEROBOT_PYTHON is not set; set it to a venv's Python with lerobot==0.6.1")
