@@ -152,7 +152,11 @@ def run_worker(python: str, side: str, workdir: Path, args: argparse.Namespace) 
 
 
 def drive(args: argparse.Namespace) -> int:
-    pythons = {"ours": args.ours_python or sys.executable, "lerobot": args.lerobot_python}
+    # absolute: the workers run in the work directory (abspath, not resolve: a venv's python is a link)
+    pythons = {
+        side: os.path.abspath(python)
+        for side, python in (("ours", args.ours_python or sys.executable), ("lerobot", args.lerobot_python))
+    }
     with tempfile.TemporaryDirectory(prefix="bench_lerobot_") as tmp:
         workdir = Path(tmp)
         prepare(args.policy, workdir, args.batch)

@@ -7,7 +7,7 @@ cameras in [0, 1], the task's tokens and mask, and the flow-matching noise) and 
 action chunk to `WORKDIR/expected.safetensors`.
 
 `lerobot` (a separate Python 3.12 venv, this project not needed there:
-`python3.12 -m venv /work/lerobot-venv && /work/lerobot-venv/bin/pip install "lerobot[smolvla]==0.6.1"
+`python3.12 -m venv ~/lerobot-venv && ~/lerobot-venv/bin/pip install "lerobot[smolvla]==0.6.1"
 "torch==2.11.0" num2words`) loads `WORKDIR/pretrained_model` with LeRobot's
 `ACTPolicy.from_pretrained(dir, strict=True)` or `SmolVLAPolicy.from_pretrained(dir, strict=True)`,
 computes `predict_action_chunk` on the same inputs, and compares with ours: it prints the largest
@@ -176,7 +176,7 @@ def main() -> int:
     both.add_argument("--atol", type=float, default=1e-5)
     args = parser.parse_args()
     if args.side == "check":
-        return check(args.lerobot_python, args.atol)
+        return check(os.path.abspath(args.lerobot_python), args.atol)  # the halves run elsewhere
     if args.side == "ours":
         ours(args.path, args.workdir, args.batch)
         return 0
