@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 
 import nox
@@ -115,6 +116,25 @@ def gpu(session: nox.Session) -> None:
     Installed without constraints.txt, whose torch pin is the CPU build: pip picks the CUDA wheel."""
     session.install("-e", "packages/ckpt-tools", "-e", "packages/trainer")
     session.run("python", "benchmarks/gpu_smoke.py", *session.posargs)
+
+
+@nox.session
+def lerobot_side(session: nox.Session) -> None:
+    """LeRobot 0.6.1 itself beside this trainer, when LEROBOT_PYTHON names the Python of a venv with
+    `lerobot[smolvla]==0.6.1` (says so and exits 0 otherwise): an ACT with cameras and a SmolVLA trained
+    here, exported, load in LeRobot's `from_pretrained(dir, strict=True)` and act as ours within 1e-5
+    (benchmarks/lerobot_side.py check), then the training step time of our SmolVLA and ACT against
+    LeRobot's on the same checkpoint and batch (benchmarks/bench_smolvla_lerobot.py; options after `--` go
+    to the bench, e.g. `-- --repeat 5`)."""
+    lerobot_python = os.environ.get("LEROBOT_PYTHON")
+    if not lerobot_python:
+        session.log("lerobot_side: LEROBOT_PYTHON is not set; set it to a venv's Python with lerobot==0.6.1")
+        return
+    install(session)
+    session.run("python", "benchmarks/lerobot_side.py", "check", f"--lerobot-python={lerobot_python}")
+    bench = ("benchmarks/bench_smolvla_lerobot.py", f"--lerobot-python={lerobot_python}")
+    for policy in ("smolvla", "act"):
+        session.run("python", *bench, f"--policy={policy}", *session.posargs)
 
 
 DEMO_OUTPUT = "outputs/demo"

@@ -6,8 +6,9 @@
 cameras in [0, 1], the task's tokens and mask, and the flow-matching noise) and writes them with our
 action chunk to `WORKDIR/expected.safetensors`.
 
-`lerobot` (a separate Python 3.12 venv with `pip install "lerobot==0.6.1"`, plus `lerobot[smolvla]` for
-SmolVLA; this project is not needed there) loads `WORKDIR/pretrained_model` with LeRobot's
+`lerobot` (a separate Python 3.12 venv, this project not needed there:
+`python3.12 -m venv ~/lerobot-venv && ~/lerobot-venv/bin/pip install "lerobot[smolvla]==0.6.1"
+"torch==2.11.0" num2words`) loads `WORKDIR/pretrained_model` with LeRobot's
 `ACTPolicy.from_pretrained(dir, strict=True)` or `SmolVLAPolicy.from_pretrained(dir, strict=True)`,
 computes `predict_action_chunk` on the same inputs, and compares with ours: it prints the largest
 difference and exits 1 above --atol (LeRobot's own re-runs of SmolVLA differ by ~2e-7; float32).
@@ -16,7 +17,14 @@ Model inputs are compared after normalization on both sides: our processors are 
 A SmolVLA's config names its backbone (`vlm_model_name`): run both halves from a directory where that
 name resolves (a relative path, or a Hub id in the HF cache). Never part of the tests or `nox -s bench`.
 
+`check` does the whole round in a scratch directory (`nox -s lerobot_side` runs it): it trains an ACT
+with two cameras and a SmolVLA on the tiny backbone here, 3 steps each on the fixture dataset
+`tests/fixtures/lerobot/dataset_video`, then runs `ours` in this venv and `lerobot` in --lerobot-python's.
+Measured with lerobot 0.6.1 (torch 2.11, CPU): both load with strict=True; max |LeRobot - ours| is
+2.98e-7 for the ACT and 0 for the SmolVLA (docs/vla.md).
+
 Usage:
+  python benchmarks/lerobot_side.py check --lerobot-python /path/to/lerobot-venv/bin/python [--atol 1e-5]
   python benchmarks/lerobot_side.py ours --policy.path=outputs/run/checkpoints/last WORKDIR [--batch 3]
   /path/to/lerobot-venv/bin/python benchmarks/lerobot_side.py lerobot WORKDIR [--atol 1e-5]
 """
@@ -25,7 +33,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -37,14 +49,36 @@ OUT = "expected.actions"  # our chunk (B, chunk_size, action_dim), normalized
 NOISE = "expected.noise"  # SmolVLA's flow-matching noise, passed to both
 TOKENS, TOKEN_MASK = "observation.language.tokens", "observation.language.attention_mask"
 TASKS = ["pick up the red block", "push"]
+FIXTURES = Path(__file__).parents[1] / "tests" / "fixtures"
+# What `check` trains here (from its scratch directory, which holds the dataset and the backbone)
+COMMON = ["--dataset.root=dataset_video", "--batch_size=2", "--num_workers=0", "--steps=3", "--save_freq=3"]
+TRAIN = {
+    "act": [
+        "--policy.type=act", "--policy.dim_model=16", "--policy.n_heads=2", "--policy.dim_feedforward=32",
+        "--policy.n_encoder_layers=1", "--policy.n_vae_encoder_layers=1", "--policy.latent_dim=4",
+        "--policy.chunk_size=4", "--policy.n_action_steps=4", "--policy.pretrained_backbone_weights=null",
+    ],
+    "smolvla": [
+        "--policy.type=smolvla", "--policy.vlm_model_name=tiny_smolvlm", "--policy.load_vlm_weights=false",
+        "--policy.chunk_size=5", "--policy.n_action_steps=5", "--policy.num_vlm_layers=4",
+        "--policy.num_steps=3", "--policy.resize_imgs_with_padding=[32,32]",
+    ],
+}  # fmt: skip
 
 
 def ours(path: str, workdir: Path, batch_size: int) -> None:
     """Export `path`, draw the inputs, compute our chunk, write them (this project's venv)."""
-    import trainer
     from trainer.evaluation.lerobot_export import export_lerobot
 
     export_lerobot(path, str(workdir / MODEL_DIR), weights="model")
+    with torch.no_grad():
+        _write_expected(workdir, batch_size)
+
+
+def _write_expected(workdir: Path, batch_size: int) -> None:
+    """Draw seeded inputs for the exported policy, compute our chunk from the export, write both."""
+    import trainer
+
     loaded = trainer.load_policy(str(workdir / MODEL_DIR))
     policy, config = loaded.policy.eval(), json.loads((workdir / MODEL_DIR / "config.json").read_text())
     g = torch.Generator().manual_seed(0)
@@ -105,6 +139,27 @@ def lerobot(workdir: Path, atol: float) -> int:
     return 0 if diff <= atol else 1
 
 
+def check(lerobot_python: str, atol: float) -> int:
+    """Train each policy of TRAIN here, then run both halves on it; 0 when LeRobot agrees on all."""
+    failed = 0
+    with tempfile.TemporaryDirectory(prefix="lerobot_side_") as tmp:
+        work = Path(tmp)
+        shutil.copytree(FIXTURES / "lerobot" / "dataset_video", work / "dataset_video")
+        shutil.copytree(FIXTURES / "lerobot_smolvla_tiny" / "tiny_smolvlm", work / "tiny_smolvlm")
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        script = str(Path(__file__).resolve())
+        for kind, flags in TRAIN.items():
+            run, side = f"{kind}_run", work / f"{kind}_check"
+            train = [sys.executable, "-m", "trainer.cli", "train", *flags, *COMMON, f"--output_dir={run}"]
+            subprocess.run(train, cwd=work, env=env, check=True, stdout=subprocess.DEVNULL)
+            side.mkdir()
+            ours_half = [sys.executable, script, "ours", f"--policy.path={run}/checkpoints/last", str(side)]
+            subprocess.run(ours_half, cwd=work, env=env, check=True)
+            theirs = [lerobot_python, script, "lerobot", str(side), f"--atol={atol}"]
+            failed |= subprocess.run(theirs, cwd=work, env=env).returncode != 0
+    return 1 if failed else 0
+
+
 def main() -> int:
     form = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=form)
@@ -116,7 +171,12 @@ def main() -> int:
     theirs = sub.add_parser("lerobot", help="load with LeRobot 0.6.1 and compare (LeRobot's venv)")
     theirs.add_argument("workdir", type=Path)
     theirs.add_argument("--atol", type=float, default=1e-5)
+    both = sub.add_parser("check", help="train an ACT and a SmolVLA here, then both halves (this venv)")
+    both.add_argument("--lerobot-python", required=True, help="the Python of a venv with lerobot==0.6.1")
+    both.add_argument("--atol", type=float, default=1e-5)
     args = parser.parse_args()
+    if args.side == "check":
+        return check(os.path.abspath(args.lerobot_python), args.atol)  # the halves run elsewhere
     if args.side == "ours":
         ours(args.path, args.workdir, args.batch)
         return 0

@@ -1,6 +1,7 @@
 """`nox -s demo` (ACT) and `nox -s demo_vla` (SmolVLA with the language instruction) run on the embedded
 camera task and end by saying where their outputs are and how to run the tools yourself; `nox -s
-typecheck` runs mypy --strict over every module a public name of ckpt_tools comes from."""
+typecheck` runs mypy --strict over every module a public name of ckpt_tools comes from; `nox -s
+lerobot_side` runs LeRobot's side only when given a LeRobot venv."""
 
 from __future__ import annotations
 
@@ -102,6 +103,24 @@ def test_gpu_runs_the_smoke_script_without_the_cpu_torch_pin(noxfile) -> None:
     noxfile.gpu(session)
     assert session.calls == [("python", "benchmarks/gpu_smoke.py", "--steps", "50")]
     assert installed and not any("constraints.txt" in arg for args in installed for arg in args)
+
+
+def test_lerobot_side_runs_only_beside_a_lerobot_venv(noxfile, monkeypatch) -> None:
+    """Without LEROBOT_PYTHON the session says how to give it and runs nothing (exit 0); with it, the
+    check, then the step-time bench of SmolVLA and ACT, each in LeRobot's venv beside ours."""
+    monkeypatch.delenv("LEROBOT_PYTHON", raising=False)
+    session = _Session()
+    noxfile.lerobot_side(session)
+    assert session.calls == [] and "LEROBOT_PYTHON is not set" in session.logged[0]
+    monkeypatch.setenv("LEROBOT_PYTHON", "/venvs/lerobot/bin/python")
+    session.posargs = ["--steps=5"]
+    noxfile.lerobot_side(session)
+    lerobot = "--lerobot-python=/venvs/lerobot/bin/python"
+    assert session.calls == [
+        ("python", "benchmarks/lerobot_side.py", "check", lerobot),
+        ("python", "benchmarks/bench_smolvla_lerobot.py", lerobot, "--policy=smolvla", "--steps=5"),
+        ("python", "benchmarks/bench_smolvla_lerobot.py", lerobot, "--policy=act", "--steps=5"),
+    ]
 
 
 def test_the_strict_typecheck_covers_every_module_a_public_name_comes_from(noxfile) -> None:

@@ -1,0 +1,214 @@
+"""Training step time of our SmolVLA (or ACT) against LeRobot 0.6.1's, side by side on CPU. Two venvs.
+
+Both sides load the same LeRobot checkpoint (`tests/fixtures/lerobot_smolvla_tiny`, LeRobot's tiny
+SmolVLA, or with `--policy act` the committed LeRobot ACT, `tests/fixtures/lerobot/checkpoint_act`)
+with their own `from_pretrained`, read the same preprocessed batch from one safetensors file (drawn
+here, seeded; SmolVLA's flow-matching noise and times included, so both compute the same loss), and
+time the same step: `forward`, `backward`, gradient clipping at 10, AdamW over the parameters that
+require gradients, `zero_grad`. Each worker runs `--warmup` steps, then `--steps` timed ones, on
+`--threads` torch threads (default 1: on a shared 2-core machine, 2 OpenMP threads that lose a core to
+another job made either side swing between 20 and 600 ms per step); the sides alternate `--repeat`
+times, so a loaded machine slows both alike.
+The figure is ours / LeRobot's, each side's best run (the median step of its least disturbed run: other
+jobs only ever slow a run down); the goal is <= 1.0x. The first step's losses are
+printed too: for SmolVLA they agree to float rounding (the same weights, batch, noise and times).
+
+This project's half runs in this venv (`trainer` importable); LeRobot's in a Python 3.12 venv with
+`pip install "lerobot[smolvla]==0.6.1"` (this project not needed there), given as --lerobot-python.
+The two venvs may hold different torch builds (this project pins torch 2.13 CPU; LeRobot 0.6.1 needs
+torch < 2.12): `--ours-python` runs our side in LeRobot's venv too, with this project's sources on
+PYTHONPATH, for a comparison on one torch.
+Never part of the tests or `nox -s bench`.
+
+Usage:
+  python benchmarks/bench_smolvla_lerobot.py --lerobot-python /path/to/lerobot-venv/bin/python \
+    [--ours-python PYTHON] [--policy smolvla|act] [--batch 8] [--steps 20] [--warmup 3] [--repeat 3] \
+    [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+FIXTURES = Path(__file__).parents[1] / "tests" / "fixtures"
+MODELS = {
+    "smolvla": FIXTURES / "lerobot_smolvla_tiny" / "pretrained_model",
+    "act": FIXTURES / "lerobot" / "checkpoint_act" / "checkpoints" / "000002" / "pretrained_model",
+}
+BACKBONE = FIXTURES / "lerobot_smolvla_tiny" / "tiny_smolvlm"  # named relatively by the SmolVLA config
+MODEL_DIR, BATCH = "pretrained_model", "batch.safetensors"
+NOISE, TIME = "bench.noise", "bench.time"  # SmolVLA's flow-matching draws, passed to forward
+TOKENS, TOKEN_MASK = "observation.language.tokens", "observation.language.attention_mask"
+ENV = "observation.environment_state"
+TASK = "pick up the red block"
+
+
+def prepare(policy: str, workdir: Path, batch_size: int) -> None:
+    """The model directory and the batch both sides read (this project's venv)."""
+    import trainer
+
+    shutil.copytree(MODELS[policy], workdir / MODEL_DIR)
+    if policy == "smolvla":
+        shutil.copytree(BACKBONE, workdir / BACKBONE.name)
+    config = json.loads((workdir / MODEL_DIR / "config.json").read_text())
+    g = torch.Generator().manual_seed(0)
+    batch: dict[str, torch.Tensor] = {}
+    for name, feature in config["input_features"].items():
+        shape = (batch_size, *feature["shape"])
+        visual = feature["type"] == "VISUAL"
+        batch[name] = torch.rand(shape, generator=g) if visual else torch.randn(shape, generator=g)
+    chunk, action_dim = config["chunk_size"], config["output_features"]["action"]["shape"][0]
+    batch["action"] = torch.randn(batch_size, chunk, action_dim, generator=g)
+    batch["action_is_pad"] = torch.zeros(batch_size, chunk, dtype=torch.bool)
+    if policy == "smolvla":
+        with contextlib.chdir(workdir):  # where the config's relative backbone name resolves
+            loaded = trainer.load_policy(MODEL_DIR)
+        batch[TOKENS], batch[TOKEN_MASK] = loaded.policy.tokenizer([TASK] * batch_size)
+        batch[NOISE] = torch.randn(batch_size, chunk, config["max_action_dim"], generator=g)
+        batch[TIME] = torch.rand(batch_size, generator=g) * 0.999 + 0.001
+    save_file(batch, str(workdir / BATCH), metadata={"type": policy})
+
+
+def load_ours(policy: str, workdir: Path, batch: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """Our policy from LeRobot's checkpoint; our ACT reads the environment state as the last values of
+    `observation.state` (--policy.env_state_dim), where LeRobot's reads its own key."""
+    import trainer
+
+    if policy == "act" and ENV in batch:
+        batch["observation.state"] = torch.cat([batch["observation.state"], batch.pop(ENV)], dim=-1)
+    return trainer.load_policy(str(workdir / MODEL_DIR)).policy
+
+
+def load_lerobot(policy: str, workdir: Path) -> torch.nn.Module:
+    if policy == "act":
+        from lerobot.policies.act.modeling_act import ACTPolicy
+
+        return ACTPolicy.from_pretrained(str(workdir / MODEL_DIR), strict=True)
+    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+
+    return SmolVLAPolicy.from_pretrained(str(workdir / MODEL_DIR), strict=True)
+
+
+def worker(side: str, workdir: Path, steps: int, warmup: int) -> dict[str, Any]:
+    """Time `steps` training steps after `warmup` on the saved batch; returns the median step time and
+    the first step's loss."""
+    batch = load_file(str(workdir / BATCH))
+    from safetensors import safe_open
+
+    with safe_open(str(workdir / BATCH), "pt") as handle:
+        policy_type = (handle.metadata() or {})["type"]
+    kwargs = {}
+    if NOISE in batch:
+        kwargs = {"noise": batch.pop(NOISE), "time": batch.pop(TIME)}
+    policy = load_ours(policy_type, workdir, batch) if side == "ours" else load_lerobot(policy_type, workdir)
+    policy.train()
+    params = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=1e-10)
+    times, first_loss = [], float("nan")
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        loss, _ = policy.forward(dict(batch), **kwargs)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 10.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - start
+        if i == 0:
+            first_loss = loss.item()
+        if i >= warmup:
+            times.append(elapsed)
+    return {
+        "step_s": statistics.median(times),
+        "first_loss": first_loss,
+        "trainable": sum(p.numel() for p in params),
+        "torch": torch.__version__,
+    }
+
+
+def run_worker(python: str, side: str, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    threads = str(args.threads)
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "HF_HUB_OFFLINE": "1"}
+    command = [python, str(Path(__file__).resolve()), "worker", side, str(workdir)]
+    command += [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--threads={threads}"]
+    done = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode:
+        sys.exit(f"the {side} worker failed:\n{done.stderr[-3000:]}")
+    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def drive(args: argparse.Namespace) -> int:
+    # absolute: the workers run in the work directory (abspath, not resolve: a venv's python is a link)
+    pythons = {
+        side: os.path.abspath(python)
+        for side, python in (("ours", args.ours_python or sys.executable), ("lerobot", args.lerobot_python))
+    }
+    with tempfile.TemporaryDirectory(prefix="bench_lerobot_") as tmp:
+        workdir = Path(tmp)
+        prepare(args.policy, workdir, args.batch)
+        results: dict[str, list[dict[str, Any]]] = {"ours": [], "lerobot": []}
+        for _ in range(args.repeat):
+            for side, python in pythons.items():
+                results[side].append(run_worker(python, side, workdir, args))
+    step = {side: min(r["step_s"] for r in runs) for side, runs in results.items()}
+    print(
+        f"{args.policy}, batch {args.batch}, {args.threads} threads, {args.steps} steps after {args.warmup} "
+        f"warm-up, best of {args.repeat} alternated runs (forward + backward + clip + AdamW):"
+    )
+    for side, runs in results.items():
+        each = ", ".join(f"{1000 * r['step_s']:.1f}" for r in runs)
+        print(
+            f"  {side:8s} {1000 * step[side]:8.1f} ms/step  (runs: {each} ms; first loss "
+            f"{runs[0]['first_loss']:.7g}; {int(runs[0]['trainable']):,} trainable parameters; torch {runs[0]['torch']})"
+        )
+    print(f"  ratio ours / LeRobot: {step['ours'] / step['lerobot']:.2f}x (goal <= 1.0x)")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="mode")
+    work = sub.add_parser("worker", help="one side's timed steps (internal)")
+    work.add_argument("side", choices=("ours", "lerobot"))
+    work.add_argument("workdir", type=Path)
+    for p in (parser, work):
+        p.add_argument("--steps", type=int, default=20)
+        p.add_argument("--warmup", type=int, default=3)
+        p.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--lerobot-python", help="the Python of a venv with lerobot==0.6.1")
+    parser.add_argument(
+        "--ours-python",
+        help="run our side in another Python (default: this one), e.g. LeRobot's venv with this project's "
+        "sources on PYTHONPATH, so that both sides run on the same torch build",
+    )
+    parser.add_argument("--policy", choices=tuple(MODELS), default="smolvla")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    if args.mode == "worker":
+        torch.set_num_threads(args.threads)
+        print("RESULT " + json.dumps(worker(args.side, args.workdir, args.steps, args.warmup)))
+        return 0
+    if not args.lerobot_python:
+        parser.error("--lerobot-python is required: the Python of a venv with lerobot==0.6.1")
+    return drive(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
