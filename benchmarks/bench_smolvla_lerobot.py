@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lerobot_side import seeded_inputs
 from safetensors.torch import load_file, save_file
 
 FIXTURES = Path(__file__).parents[1] / "tests" / "fixtures"
@@ -66,11 +67,7 @@ def prepare(policy: str, workdir: Path, batch_size: int) -> None:
         shutil.copytree(BACKBONE, workdir / BACKBONE.name)
     config = json.loads((workdir / MODEL_DIR / "config.json").read_text())
     g = torch.Generator().manual_seed(0)
-    batch: dict[str, torch.Tensor] = {}
-    for name, feature in config["input_features"].items():
-        shape = (batch_size, *feature["shape"])
-        visual = feature["type"] == "VISUAL"
-        batch[name] = torch.rand(shape, generator=g) if visual else torch.randn(shape, generator=g)
+    batch = seeded_inputs(config, batch_size, g)
     chunk, action_dim = config["chunk_size"], config["output_features"]["action"]["shape"][0]
     batch["action"] = torch.randn(batch_size, chunk, action_dim, generator=g)
     batch["action_is_pad"] = torch.zeros(batch_size, chunk, dtype=torch.bool)

@@ -75,6 +75,17 @@ def ours(path: str, workdir: Path, batch_size: int) -> None:
         _write_expected(workdir, batch_size)
 
 
+def seeded_inputs(config: dict, batch_size: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """A batch of every input feature a LeRobot config.json lists, drawn from `g`: cameras uniform in
+    [0, 1], vectors standard normal (both sides read the same values)."""
+    inputs: dict[str, torch.Tensor] = {}
+    for name, feature in config["input_features"].items():
+        shape = (batch_size, *feature["shape"])
+        visual = feature["type"] == "VISUAL"
+        inputs[name] = torch.rand(shape, generator=g) if visual else torch.randn(shape, generator=g)
+    return inputs
+
+
 def _write_expected(workdir: Path, batch_size: int) -> None:
     """Draw seeded inputs for the exported policy, compute our chunk from the export, write both."""
     import trainer
@@ -82,11 +93,7 @@ def _write_expected(workdir: Path, batch_size: int) -> None:
     loaded = trainer.load_policy(str(workdir / MODEL_DIR))
     policy, config = loaded.policy.eval(), json.loads((workdir / MODEL_DIR / "config.json").read_text())
     g = torch.Generator().manual_seed(0)
-    inputs: dict[str, torch.Tensor] = {}
-    for name, feature in config["input_features"].items():
-        shape = (batch_size, *feature["shape"])
-        visual = feature["type"] == "VISUAL"
-        inputs[name] = torch.rand(shape, generator=g) if visual else torch.randn(shape, generator=g)
+    inputs = seeded_inputs(config, batch_size, g)
     if config["type"] == "act":
         vectors = [inputs[k] for k in ("observation.state", "observation.environment_state") if k in inputs]
         cameras = {k: v for k, v in inputs.items() if config["input_features"][k]["type"] == "VISUAL"}
