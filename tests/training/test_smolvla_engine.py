@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 import trainer
 from helpers.fixtures import copy_fixture
@@ -165,6 +166,37 @@ def test_a_resumed_run_is_bit_exact(workdir: Path, monkeypatch) -> None:
     ]
     with safe_open(str(weights[0]), "pt") as straight, safe_open(str(weights[1]), "pt") as resumed:
         assert all(torch.equal(straight.get_tensor(k), resumed.get_tensor(k)) for k in straight.keys())  # noqa: SIM118
+
+
+def test_checkpointed_units_and_ema_train_the_plain_runs_weights(workdir: Path, monkeypatch, capsys) -> None:
+    """Activation checkpointing per unit (the vision layers, the MLPs, every projection, recomputed in
+    backward) changes no number, and EMA keeps its shadow beside the trained weights: 2 steps with both
+    save the plain run's model.safetensors bit for bit, plus an ema.safetensors that differs from it."""
+    from accelerate.state import AcceleratorState
+
+    monkeypatch.chdir(workdir)
+    extra = {
+        "plain": [],
+        "checkpointed": ["--accelerator.activation_checkpointing=true", "--ema.enable=true"],
+    }
+    for run, flags in extra.items():
+        AcceleratorState._reset_state(reset_partial_state=True)
+        train(
+            parse_config([*TINY, "--dataset.root=dataset_video", "--steps=2", f"--output_dir={run}", *flags])
+        )
+    AcceleratorState._reset_state(reset_partial_state=True)
+    banner = capsys.readouterr().err
+    assert (
+        "activation checkpointing: " in banner
+        and "(by class: SmolVLMEncoderLayer, LlamaMLP, Linear)" in banner
+    )
+    saved = {run: workdir / run / "checkpoints" / "last" / "pretrained_model" for run in extra}
+    plain, checkpointed = (load_file(str(saved[run] / "model.safetensors")) for run in extra)
+    assert plain.keys() == checkpointed.keys()
+    assert all(torch.equal(plain[name], checkpointed[name]) for name in plain)
+    ema = load_file(str(saved["checkpointed"] / "ema.safetensors"))
+    trained = [name for name in ema if not torch.equal(ema[name], checkpointed[name])]
+    assert trained and set(ema) <= set(checkpointed)
 
 
 # ------------------------------------------------------------------ bad inputs, one line each
