@@ -6,7 +6,7 @@ one script, with the same --workers DataLoader workers and training order:
 
 - local: `--dataset.root=DIR`;
 - streamed: `--dataset.streaming=true --dataset.root=s3://bucket/dataset`, once per `--cache-sizes`
-  entry (the default's small one is below the dataset's size: blocks are evicted and fetched again);
+  entry (the default's small one is a 11th of the dataset: blocks are evicted and fetched again);
 
 and prints samples/s of each, the ratio streamed / local, and each worker's peak resident memory
 (VmHWM from /proc/<pid>/status) after the last epoch: the block cache bounds what a streamed worker
@@ -14,7 +14,7 @@ holds. Loopback has no network latency, so the ratio measures the client's cost 
 not a cloud store's. Run through `nox -s bench` (never part of the tests).
 
 Usage: python benchmarks/bench_stream.py [--episodes 8] [--frames 100] [--size 96x128] [--workers 2]
-       [--epochs 2] [--batch 32] [--cache-sizes 64MiB,256KiB]
+       [--epochs 2] [--batch 32] [--cache-sizes 64MiB,128KiB]
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def rate(
 
 def main() -> None:
     parser = camera_dataset_parser(__doc__.splitlines()[0], epochs=2)
-    parser.add_argument("--cache-sizes", default="64MiB,256KiB", help="one streamed run per size")
+    parser.add_argument("--cache-sizes", default="64MiB,128KiB", help="one streamed run per size")
     args = parser.parse_args()
     torch.set_num_threads(1)
     height, width = (int(v) for v in args.size.split("x"))
