@@ -122,9 +122,7 @@ def dataset_root(root: str, streaming: bool = False, cache_size: int = DEFAULT_C
 
 def matching(directory: DatasetPath, pattern: str) -> list[DatasetPath]:
     """The files under `directory` matching the glob `pattern`, sorted."""
-    found: list[DatasetPath] = []
-    found.extend(directory.glob(pattern))
-    return sorted(found, key=str)
+    return sorted(directory.glob(pattern), key=str)
 
 
 def total_size(directory: DatasetPath) -> int:
