@@ -88,7 +88,7 @@ def _runner(workdir: Path, hidden: int, blocks: int, steps: int, save_freq: int)
     from accelerate.state import AcceleratorState
 
     from trainer.cli.parse import parse_config
-    from trainer.engine.loop import train
+    from trainer.engine.plan import train
 
     def run(name: str, extra: list[str]) -> tuple[float, float]:
         config = parse_config(

@@ -16,7 +16,7 @@ from typing import Any
 
 from trainer.cli.parse import parse_config
 from trainer.data.pipeline import loader
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 
 _timed: dict[str, float] = {"first_s": 0.0, "wait_s": 0.0, "steps": 0}
 _original = loader.batches

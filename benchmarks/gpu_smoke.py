@@ -114,7 +114,7 @@ def check_training(workdir: Path, device: str, sizes: dict[str, int]) -> tuple[f
     from safetensors.torch import load_file
 
     from trainer.cli.parse import parse_config
-    from trainer.engine.loop import train
+    from trainer.engine.plan import train
 
     steps = sizes["steps"]
     runs = [
@@ -251,7 +251,7 @@ def check_large_model(workdir: Path, device: str) -> dict[str, float]:
     from safetensors import safe_open
 
     from trainer.cli.parse import parse_config
-    from trainer.engine.loop import train
+    from trainer.engine.plan import train
 
     large = LARGE[device]
     out = workdir / "large"

@@ -95,8 +95,9 @@ ROOMS = {
         "banner",
         "build",
         "checkpoint",
-        "plan",
+        "startup",
         "loop",
+        "plan",
     ),
 }
 

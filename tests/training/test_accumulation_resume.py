@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from ckpt_tools import layout
 from helpers.train_flags import tiny_args
 from trainer.cli.parse import parse_config
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 from trainer.errors import ConfigError
 
 ACCUM = "--accelerator.gradient_accumulation.steps"

@@ -19,7 +19,7 @@ import trainer
 from helpers.fixtures import copy_fixture
 from trainer.cli.app import main
 from trainer.cli.parse import parse_config
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 from trainer.errors import ConfigError
 from trainer.evaluation.lerobot_export import export_lerobot
 from trainer.policies import act, act_lerobot

@@ -17,7 +17,7 @@ from trainer.cli.parse import parse_config
 from trainer.data.dataset import ALL_CAMERAS, IMAGENET_STATS, ArrayDataset
 from trainer.data.embedded import sim
 from trainer.data.embedded.pendulum import PendulumConfig
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 from trainer.errors import ConfigError
 from trainer.policies.base import fit_to_data
 

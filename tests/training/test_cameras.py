@@ -27,7 +27,7 @@ from trainer.data.pipeline.augment import Augment, ImageTransformsConfig
 from trainer.data.pipeline.processors import build_processors
 from trainer.data.pipeline.sampler import GlobalOrderSampler
 from trainer.data.sources.lerobot import LeRobotConfig
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 from trainer.errors import ConfigError
 
 TOP, WRIST = "observation.images.top", "observation.images.wrist"

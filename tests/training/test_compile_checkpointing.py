@@ -20,7 +20,7 @@ from trainer.cli.parse import parse_config
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.distributed.units import apply_unit_transforms
 from trainer.distributed.wrap import WrapPlan
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 from trainer.errors import ConfigError
 from trainer.evaluation.inference import load_policy
 from trainer.policies import build_policy

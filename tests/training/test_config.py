@@ -354,9 +354,9 @@ def test_async_save_needs_a_sharded_run():
     with pytest.raises(
         ConfigError, match=r"--async_save=true writes a sharded run's DCP shards .* DDP 2 run"
     ):
-        check_async_save(config, Topology(dp_replicate=2))
-    check_async_save(config, Topology(dp_shard=2))  # FSDP2: accepted
-    check_async_save(parse_config([]), Topology(dp_replicate=2))  # not asked for: nothing to check
+        check_async_save(config.async_save, Topology(dp_replicate=2))
+    check_async_save(config.async_save, Topology(dp_shard=2))  # FSDP2: accepted
+    check_async_save(parse_config([]).async_save, Topology(dp_replicate=2))  # not asked for: nothing to check
 
 
 # ----------------------------------------------------------------- a saved file names no code

@@ -11,7 +11,7 @@ import pytest
 
 from helpers.fixtures import REPO
 from trainer.cli.parse import parse_config
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 from trainer.errors import ConfigError
 
 

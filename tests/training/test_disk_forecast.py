@@ -39,7 +39,7 @@ def test_room_is_the_whole_checkpoints_that_fit() -> None:
 
 
 def test_a_bucket_is_skipped_with_a_note() -> None:
-    line, record = disk_forecast.first_save_note("s3://bucket/run/checkpoints/000002", config=None)  # type: ignore[arg-type]
+    line, record = disk_forecast.first_save_note("s3://bucket/run/checkpoints/000002", section=None)  # type: ignore[arg-type]
     assert line == "disk forecast skipped: checkpoints go to s3://bucket/run/checkpoints, a bucket URL"
     assert record == {}
 

@@ -16,10 +16,11 @@ import ckpt_tools
 from ckpt_tools import Topology, layout
 from helpers.train_flags import tiny_args
 from trainer.cli.parse import parse_config
+from trainer.config.sections import ParallelismSection
 from trainer.data.embedded.pendulum import PendulumConfig
 from trainer.data.pipeline.sampler import GlobalOrderSampler
 from trainer.distributed.factory import build_accelerator
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 from trainer.errors import ConfigError
 
 
@@ -101,7 +102,7 @@ def test_fp16_on_cpu_autocasts_in_float16_and_saves_the_scaler(
     """The factory's CPU fp16 adapter: forward under float16 autocast (fp32 outputs), the optimizer
     steps through the loss scaler, and every checkpoint holds the scaler's state."""
     config = parse_config(tiny_args(str(tmp_path), dataset_cache, "--accelerator.mixed_precision=fp16"))
-    accelerator = build_accelerator(config, Topology(), None)
+    accelerator = build_accelerator(ParallelismSection(Topology(), config.accelerator, 300), None)
     net, seen = torch.nn.Sequential(torch.nn.Linear(3, 2)), []
     net[0].register_forward_hook(lambda module, inputs, output: seen.append(output.dtype))
     model, optimizer = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
@@ -150,7 +151,7 @@ def test_gradient_accumulation_gives_the_same_update(tmp_path, dataset_cache, cl
 
 
 def _initial_weights(cache: str) -> dict[str, torch.Tensor]:
-    from trainer.engine.loop import seed_everything
+    from trainer.engine.plan import seed_everything
     from trainer.policies import build_policy
 
     config = parse_config(["--policy.type=mlp", f"--dataset.cache_dir={cache}"])

@@ -20,7 +20,7 @@ from helpers.hub_server import HubServer
 from helpers.train_flags import tiny_args
 from trainer.cli.parse import parse_config
 from trainer.engine.checkpoint import hub_pushes
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 from trainer.errors import ConfigError
 from trainer.evaluation.inference import load_policy
 

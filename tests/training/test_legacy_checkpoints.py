@@ -14,7 +14,7 @@ import trainer
 from helpers.fixtures import copy_fixture, fixture_dir
 from trainer.cli.eval_command import run_eval
 from trainer.cli.parse import parse_config
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 from trainer.policies import upgrade_policy_config
 
 EXPECTED = json.loads((fixture_dir("legacy") / "actions.json").read_text())

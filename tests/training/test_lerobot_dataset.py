@@ -18,7 +18,7 @@ from helpers.lerobot_data import IMAGE, STATE, VELOCITY, write_dataset
 from trainer.cli.parse import parse_config
 from trainer.config.train import encode_config
 from trainer.data.sources.lerobot import LeRobotConfig
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 from trainer.errors import ConfigError
 
 LENGTHS = [30, 45, 20, 52, 33]

@@ -20,8 +20,7 @@ from trainer.cli.eval_command import run_eval
 from trainer.cli.parse import parse_config
 from trainer.data.sources import hub
 from trainer.data.sources.lerobot import LeRobotConfig
-from trainer.engine.loop import train
-from trainer.engine.plan import check_policy_device
+from trainer.engine.plan import check_policy_device, train
 from trainer.errors import ConfigError
 from trainer.policies.pretrained import policy_defaults
 

@@ -23,7 +23,7 @@ from helpers.lerobot_data import STATE, VELOCITY, write_dataset
 from trainer.cli import app as cli
 from trainer.cli.eval_command import run_eval
 from trainer.cli.parse import parse_config
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 from trainer.errors import ConfigError
 
 LENGTHS = [40, 40, 40, 40]

@@ -16,6 +16,7 @@ from trainer.config.policy import PolicyConfig
 from trainer.config.train import TrainConfig
 from trainer.engine import build as model_build
 from trainer.engine import peft_policy
+from trainer.engine.plan import policy_section
 from trainer.policies import build_policy
 from trainer.policies.act import ACTConfig
 from trainer.policies.act_state import ACTStateConfig
@@ -46,8 +47,9 @@ def _meta_built(
 ) -> model_build.BuiltPolicy:
     policy = dataclasses.replace(policy, path=path) if path is not None else policy
     config = TrainConfig(policy=policy, seed=seed, peft=peft or PeftConfig())
-    built = model_build.build(config, False, 3, 2, [] if notes is None else notes)
-    model_build.before_prepare(built, config, torch.device("cpu"))
+    section = policy_section(config)
+    built = model_build.build(section, False, 3, 2, [] if notes is None else notes)
+    model_build.before_prepare(built, section, torch.device("cpu"))
     return built
 
 
@@ -179,7 +181,7 @@ def test_policy_path_weights_of_another_shape_are_refused_from_the_headers(tmp_p
     from trainer.errors import ConfigError
     from trainer.policies import pretrained
 
-    meta = model_build.build_policy_on_meta(TrainConfig(policy=POLICIES["act_state"]), 3, 2)
+    meta = model_build.build_policy_on_meta(policy_section(TrainConfig(policy=POLICIES["act_state"])), 3, 2)
     state = {name: torch.zeros(t.shape) for name, t in meta.state_dict().items()}
     state["context"] = torch.zeros(3, 16)  # the policy's is (2, 16)
     save_file(state, str(tmp_path / "model.safetensors"))

@@ -19,9 +19,8 @@ from helpers import tiny_run
 from helpers.train_flags import tiny_args
 from trainer.cli.parse import parse_config
 from trainer.config.peft import PeftConfig
-from trainer.engine.loop import train
 from trainer.engine.peft_policy import adapter_config, start_policy
-from trainer.engine.plan import resolve_accelerator
+from trainer.engine.plan import policy_section, resolve_accelerator, train
 from trainer.errors import ConfigError
 from trainer.policies.act_state import ACTStateConfig
 from trainer.policies.base import build_policy
@@ -63,7 +62,7 @@ def peft_config(args: list[str], base: Path | None = None) -> object:
 def lora_policy(config, seed: int = 0, is_sharded: bool = False) -> torch.nn.Module:
     torch.manual_seed(seed)
     policy = build_policy(config.policy, 3, 1)
-    return start_policy(policy, config, is_sharded)
+    return start_policy(policy, policy_section(config), is_sharded)
 
 
 # ------------------------------------------------------------------------------------------ flags
@@ -122,7 +121,7 @@ def test_lora_freezes_the_loaded_base_and_trains_the_default_targets(base):
         if ".lora_" not in name:
             plain = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
             assert torch.equal(tensor, saved[plain]), name
-    assert adapter_config(model, config)["base_model_name_or_path"] == os.path.realpath(base)
+    assert adapter_config(model, config.policy.path)["base_model_name_or_path"] == os.path.realpath(base)
 
 
 def test_saved_keys_follow_peft_naming():
@@ -197,7 +196,7 @@ def test_adapter_checkpoint_round_trip(tmp_path, checkpoint_format):
         optimizer=optimizer,
         policy_config=config.policy.to_dict(),
         train_config={},
-        adapter_config=adapter_config(model, config),
+        adapter_config=adapter_config(model, config.policy.path),
     )
     model_dir = Path(step) / "pretrained_model"
     assert not (model_dir / "model.safetensors").exists()
@@ -240,7 +239,7 @@ def test_adapter_checkpoint_round_trip(tmp_path, checkpoint_format):
         optimizer=torch.optim.AdamW([p for p in other.parameters() if p.requires_grad]),
         policy_config=config.policy.to_dict(),
         train_config={},
-        adapter_config=adapter_config(other, config),
+        adapter_config=adapter_config(other, config.policy.path),
     )
     with pytest.raises(
         ckpt_tools.CheckpointError, match="the adapter holds 8 tensors, this model trains 26 "

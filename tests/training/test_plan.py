@@ -19,7 +19,7 @@ from helpers.train_flags import tiny_args
 from trainer.cli.parse import parse_config
 from trainer.config.accelerator import MixedPrecisionPolicyConfig
 from trainer.config.train import encode_config
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 
 TRAINER_SRC = Path(__file__).parents[2] / "packages" / "trainer" / "src" / "trainer"
 # Names the engine binds config objects to: an attribute assigned through one of them edits a config.
@@ -129,3 +129,27 @@ def test_no_module_edits_a_config_after_parsing() -> None:
         for edit in _config_edits(path)
     ]
     assert found == []
+
+
+def _train_config_parameters(path: Path) -> list[str]:
+    """`name: TrainConfig` (or `TrainConfig | None`, `"TrainConfig"`) among a module's function
+    parameters."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            arguments = node.args
+            for arg in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
+                if arg.annotation is not None and "TrainConfig" in ast.unparse(arg.annotation):
+                    found.append(f"{path.relative_to(TRAINER_SRC)}:{node.lineno} {node.name}({arg.arg})")
+    return found
+
+
+def test_only_the_cli_config_and_the_plan_take_the_whole_config() -> None:
+    """Past engine/plan.py the engine reads the plan's sections (config/sections.py), never the
+    parsed TrainConfig: a function elsewhere that takes one fails here."""
+    allowed = ("cli/", "config/", "engine/plan.py")
+    modules = sorted(TRAINER_SRC.rglob("*.py"))
+    outside = [p for p in modules if not str(p.relative_to(TRAINER_SRC)).startswith(allowed)]
+    assert len(outside) > 60  # the rule sees the engine, not an empty folder
+    assert [found for path in outside for found in _train_config_parameters(path)] == []
+    assert _train_config_parameters(TRAINER_SRC / "engine" / "plan.py")  # the detector finds them

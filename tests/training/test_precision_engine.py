@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-import trainer.engine.loop
+import trainer.engine.plan
+import trainer.engine.startup
 from ckpt_tools import layout
 from helpers.train_flags import tiny_args
 from trainer.cli.parse import parse_config
@@ -38,8 +39,8 @@ def _watched_run(
         records.append(observer.watch(accelerator, model, optimizer, overflow_at))
         return model, optimizer, scheduler
 
-    monkeypatch.setattr(trainer.engine.loop, "prepare", watched)
-    trainer.engine.loop.train(parse_config(tiny_args(str(out), cache, "--policy.type=mlp", *flags)))
+    monkeypatch.setattr(trainer.engine.startup, "prepare", watched)
+    trainer.engine.plan.train(parse_config(tiny_args(str(out), cache, "--policy.type=mlp", *flags)))
     return records[0]
 
 

@@ -15,7 +15,7 @@ from helpers.hub_server import HubServer
 from helpers.train_flags import tiny_args
 from trainer.cli import main as cli_main
 from trainer.cli.parse import parse_config
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 from trainer.errors import ConfigError, PublishFailedError
 
 TOKEN = "hf_trainerLOOPBACKtoken0987654321"

@@ -27,7 +27,12 @@ from trainer.config.train import encode_config
 from trainer.data.pipeline.processors import build_processors
 from trainer.data.pipeline.sampler import GlobalOrderSampler
 from trainer.engine.checkpoint import resume, saving
-from trainer.engine.plan import resolve_policy_features, settle_checkpoint_format, settle_parallelism
+from trainer.engine.plan import (
+    resolve_policy_features,
+    saving_section,
+    settle_checkpoint_format,
+    settle_parallelism,
+)
 from trainer.errors import ConfigError
 from trainer.policies import build_policy
 
@@ -73,9 +78,9 @@ class Parts:
 
     def save(self, step: int) -> str:
         pre, post = build_processors(self.dataset.stats())
-        state = saving.training_step(self.config, SINGLE, step, self.sampler.position)
+        state = saving.training_step(saving_section(self.config), SINGLE, step, self.sampler.position)
         return saving.save(
-            self.config,
+            saving_section(self.config),
             state,
             model=self.policy,
             optimizer=self.optimizer,
@@ -133,7 +138,7 @@ def test_resume_with_only_output_dir_uses_the_saved_config_and_flags_override(sa
     config = parse_config(["--resume=true", f"--output_dir={out}", "--batch_size=4"])
     assert config.policy.hidden_dim == 16 and config.steps == 10  # from train_config.json, not defaults
     assert config.batch_size == 4  # the command line wins
-    assert resume.find_checkpoint(config) == step_dir
+    assert resume.find_checkpoint(config.config_path, config.output_dir) == step_dir
 
 
 def test_config_path_through_last_names_the_step(saved):
@@ -142,13 +147,13 @@ def test_config_path_through_last_names_the_step(saved):
         Path(parts.config.output_dir) / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
     )
     config = parse_config(["--resume=true", f"--config_path={via_last}"])
-    assert resume.find_checkpoint(config) == step_dir
+    assert resume.find_checkpoint(config.config_path, config.output_dir) == step_dir
 
 
 def test_resume_before_the_first_save_starts_fresh(tmp_path, saved):
     parts, _ = saved
     config = parse_config(flags(tmp_path / "new", parts.config.dataset.cache_dir, "--resume=true"))
-    point = resume.before_prepare(config, SINGLE, parts.policy, parts.sampler, 0, 1)
+    point = resume.before_prepare(saving_section(config), SINGLE, parts.policy, parts.sampler, 0, 1)
     assert point.step_dir is None and point.start_step == 0
     assert point.message == f"--resume=true: no checkpoint under {config.output_dir}: starting a fresh run"
 
@@ -199,7 +204,7 @@ def fresh_parts(saved_parts: Parts, *extra: str) -> Parts:
 def test_phase1_restores_sampler_and_rng_and_is_silent_when_nothing_changed(saved, keep_rng):
     parts, step_dir = saved
     new = fresh_parts(parts)
-    point = resume.before_prepare(new.config, SINGLE, new.policy, new.sampler, 0, 1)
+    point = resume.before_prepare(saving_section(new.config), SINGLE, new.policy, new.sampler, 0, 1)
     assert point.step_dir == step_dir and point.start_step == 3
     assert new.sampler.position == parts.sampler.position == (0, 24)
     assert point.changes == [] and "warning" not in point.message
@@ -210,7 +215,7 @@ def test_phase1_restores_sampler_and_rng_and_is_silent_when_nothing_changed(save
 def test_changed_global_batch_warns_once_about_sample_exactness(saved, keep_rng):
     parts, _ = saved
     new = fresh_parts(parts, "--batch_size=4")
-    point = resume.before_prepare(new.config, SINGLE, new.policy, new.sampler, 0, 1)
+    point = resume.before_prepare(saving_section(new.config), SINGLE, new.policy, new.sampler, 0, 1)
     assert point.changes == [
         "batch_size 8 -> 4",
         "effective batch 8 -> 4 (the learning rate is not rescaled)",
@@ -226,7 +231,7 @@ def test_changed_global_batch_warns_once_about_sample_exactness(saved, keep_rng)
 def test_phase2_restores_model_optimizer_scheduler_and_scaler(saved, keep_rng):
     parts, _ = saved
     new = fresh_parts(parts)
-    point = resume.before_prepare(new.config, SINGLE, new.policy, new.sampler, 0, 1)
+    point = resume.before_prepare(saving_section(new.config), SINGLE, new.policy, new.sampler, 0, 1)
     resume.after_prepare(
         point, model=new.policy, optimizer=new.optimizer, scheduler=new.scheduler, scaler=new.scaler
     )
@@ -257,7 +262,7 @@ def rewrite_training_step(out: Path, edit) -> None:
 def refusal(parts: Parts, out: Path, *extra: str) -> str:
     new = Parts(["--resume=true", f"--output_dir={out}", *extra])
     with pytest.raises(ConfigError) as caught:
-        point = resume.before_prepare(new.config, SINGLE, new.policy, new.sampler, 0, 1)
+        point = resume.before_prepare(saving_section(new.config), SINGLE, new.policy, new.sampler, 0, 1)
         resume.after_prepare(
             point, model=new.policy, optimizer=new.optimizer, scheduler=new.scheduler, scaler=None
         )
@@ -424,7 +429,7 @@ def test_a_broken_last_refuses_a_fresh_run_in_that_output_dir(saved, tmp_path):
     (out / "checkpoints" / "last").mkdir()
     config = parse_config(flags(out, saved[0].config.dataset.cache_dir))
     with pytest.raises(ConfigError, match=r"holds a broken checkpoint pointer: .*last is a directory"):
-        saving.check_fresh_output_dir(config)
+        saving.check_fresh_output_dir(config.output_dir, config.resume)
 
 
 # ------------------------------------------------------- every resume input checked, one line each
@@ -520,7 +525,7 @@ def test_every_resume_input_is_checked_in_one_line(saved, tmp_path, keep_rng, ca
     damage(out / "checkpoints" / "000003" / "training_state")
     new = Parts(["--resume=true", f"--output_dir={out}"])
     with pytest.raises(ConfigError) as caught:
-        point = resume.before_prepare(new.config, SINGLE, new.policy, new.sampler, 0, 1)
+        point = resume.before_prepare(saving_section(new.config), SINGLE, new.policy, new.sampler, 0, 1)
         resume.after_prepare(
             point, model=new.policy, optimizer=new.optimizer, scheduler=new.scheduler, scaler=new.scaler
         )
@@ -547,7 +552,7 @@ def test_a_real_resume_with_fewer_episodes_is_refused_at_its_sampler_offset(tmp_
     parts.save(4)
     new = Parts(["--resume=true", f"--output_dir={tmp_path / 'run'}", "--dataset.episodes=1"])
     with pytest.raises(ConfigError) as caught:
-        resume.before_prepare(new.config, SINGLE, new.policy, new.sampler, 0, 1)
+        resume.before_prepare(saving_section(new.config), SINGLE, new.policy, new.sampler, 0, 1)
     message = str(caught.value)
     assert message.startswith(
         f"cannot resume from {tmp_path / 'run'}/checkpoints/000004: its sampler offset 256 "

@@ -256,7 +256,7 @@ def test_the_loop_commits_nothing_once_the_lock_is_lost(
     (here the first), in one line, and commits no step."""
     from helpers.train_flags import tiny_args
     from trainer.cli.parse import parse_config
-    from trainer.engine.loop import train
+    from trainer.engine.plan import train
 
     acquire = RunLock.acquire
 

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 import trainer
 from helpers.fixtures import copy_fixture
 from trainer.cli.parse import parse_config
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 from trainer.errors import ConfigError
 
 TINY = [

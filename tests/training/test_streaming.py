@@ -28,7 +28,7 @@ from helpers.hub_server import HubServer
 from trainer.cli import main
 from trainer.cli.parse import parse_config
 from trainer.data.format import remote
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 from trainer.errors import ConfigError
 
 CAMERA_POLICY = "helpers.camera_policy:CameraPolicyConfig"

@@ -12,7 +12,7 @@ import pytest
 from helpers.tracker_stores import trackio_config, trackio_logs, wandb_offline_runs
 from helpers.train_flags import tiny_args
 from trainer.cli.parse import parse_config
-from trainer.engine.loop import train
+from trainer.engine.plan import run_wandb_mode, train
 from trainer.errors import ConfigError
 from trainer.reporting import trackers
 from trainer.reporting.loss_curve import read_history
@@ -84,16 +84,21 @@ def test_both_trackers_log_everything_and_a_resumed_run_continues_them(
     assert trackio_config(project, names[0])["steps"] in (4, 6)
 
 
+def _check_trackers(config) -> None:
+    """The run plan's tracker check on a parsed config."""
+    trackers.check_trackers(config.wandb, config.trackio, run_wandb_mode(config))
+
+
 def test_missing_credentials_and_library_are_one_line_at_start(tmp_path, offline, monkeypatch) -> None:
     monkeypatch.delenv("WANDB_MODE")  # online: the config's default
     config = parse_config(["--wandb.enable=true", f"--output_dir={tmp_path}"])  # online by default
     with pytest.raises(ConfigError, match=r"--wandb.mode=online needs W&B credentials: set WANDB_API_KEY"):
-        trackers.check_trackers(config)
+        _check_trackers(config)
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
-    trackers.check_trackers(config)
+    _check_trackers(config)
     monkeypatch.setattr(trackers.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"--trackio.enable=true needs the trackio package: pip install"):
-        trackers.check_trackers(parse_config(["--trackio.enable=true"]))
+        _check_trackers(parse_config(["--trackio.enable=true"]))
 
 
 def test_the_cli_refuses_in_one_line_before_any_work(tmp_path, offline, capsys, monkeypatch) -> None:
@@ -133,9 +138,9 @@ def test_the_credentials_check_honours_the_w_and_b_environment(
     config = parse_config(["--wandb.enable=true", f"--output_dir={tmp_path}", *flags])
     if refused:
         with pytest.raises(ConfigError, match="needs W&B credentials"):
-            trackers.check_trackers(config)
+            _check_trackers(config)
     else:
-        trackers.check_trackers(config)
+        _check_trackers(config)
 
 
 class _Recorder:

@@ -16,8 +16,7 @@ from helpers.fixtures import copy_fixture
 from helpers.train_flags import TINY_LEROBOT_ACT, tiny_args
 from trainer.cli.parse import parse_config
 from trainer.config.optim import CosineDecayWithWarmupConfig
-from trainer.engine.loop import train
-from trainer.engine.plan import resolve_optimization
+from trainer.engine.plan import resolve_optimization, train
 from trainer.errors import ConfigError
 
 

@@ -17,7 +17,7 @@ from trainer.cli.parse import parse_config
 from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, TASK_KEY, task_texts
 from trainer.data.embedded import sim
 from trainer.data.embedded.pendulum import PendulumConfig
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 from trainer.evaluation.rollouts import rollout_returns
 
 DEMO_BACKBONE = REPO / "demo" / "tiny_smolvlm"

@@ -16,7 +16,7 @@ import sys
 import clean_exit
 
 from trainer.cli.parse import parse_config
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 
 OUT, *SIZES = sys.argv[1:]  # SIZES: the flags that narrow LeRobot's ACT to test sizes
 TINY_CAMERA_ACT = ["--policy.type=act", *SIZES, "--policy.dropout=0", "--dataset.camera=true"]

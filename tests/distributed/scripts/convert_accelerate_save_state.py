@@ -19,12 +19,13 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from trainer.config.parallelism import ParallelismConfig
+from trainer.config.sections import ParallelismSection
 from trainer.config.train import TrainConfig
 from trainer.data.dataset import ACTION_KEY, OBS_KEY, PAD_KEY
 from trainer.distributed.factory import build_accelerator, prepare
 from trainer.distributed.topology import launch_world_size, resolve_topology
 from trainer.distributed.wrap import resolve_wrap_plan
-from trainer.engine.loop import seed_everything
+from trainer.engine.plan import seed_everything
 from trainer.policies import build_policy
 
 OBS_DIM, ACTION_DIM, BATCH = 3, 1, 4
@@ -51,7 +52,7 @@ def main() -> None:
     seed_everything(config.seed)
     policy = build_policy(config.policy, OBS_DIM, ACTION_DIM)
     wrap_plan = resolve_wrap_plan(policy, config.accelerator.fsdp)
-    accelerator = build_accelerator(config, topology, wrap_plan)
+    accelerator = build_accelerator(ParallelismSection(topology, config.accelerator, 300), wrap_plan)
     optimizer = config.optimizer.build(policy.parameters())
     scheduler = config.scheduler.build(optimizer, 1)
     model, optimizer, scheduler = prepare(accelerator, policy, optimizer, scheduler, wrap_plan)

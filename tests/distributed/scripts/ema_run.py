@@ -2,7 +2,7 @@
 
 usage: ema_run.py OUT CASE   (CASE: two, on 2 ranks, first | hsdp, on 4 ranks)
 
-Each run is `trainer.engine.loop.train(parse_config(flags))` in this process. A spy wraps
+Each run is `trainer.engine.plan.train(parse_config(flags))` in this process. A spy wraps
 `trainer.engine.ema.Ema`: at the shadow's start and after each of its updates it gathers every trained
 parameter in full (collective) and rank 0 folds it into a reference EMA computed on full tensors with
 the same decay, stored as `<run>/reference_ema.safetensors` when the run ends: the shadow the trainer
@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor
 
 import trainer.engine.ema as ema
 from trainer.cli.parse import parse_config
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 
 OUT, CASE = sys.argv[1:3]
 REFERENCE: dict[str, torch.Tensor] = {}

@@ -15,7 +15,7 @@ import clean_exit
 from fresh_accelerator import reset_accelerate
 
 from trainer.cli.parse import parse_config
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 
 OUT, ROOT, *SIZES = sys.argv[1:]  # SIZES: the policy flags that keep it tiny
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from fresh_accelerator import reset_accelerate
 
 from trainer.cli.parse import parse_config
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 
 OUT, MIXTURE, *SIZES = sys.argv[1:]
 RUN = [

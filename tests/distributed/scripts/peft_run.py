@@ -2,7 +2,7 @@
 
 usage: peft_run.py OUT CASE   (CASE: fsdp2 | ddp2 | hsdp2x2; launch fsdp2 first)
 
-Each run is `trainer.engine.loop.train(parse_config(flags))` in this process. A spy wraps
+Each run is `trainer.engine.plan.train(parse_config(flags))` in this process. A spy wraps
 `trainer.engine.checkpoint.saving.save`: before every checkpoint it gathers the full PEFT model state dict
 (collective) and rank 0 stores it, with the names and dtypes of the trainable parameters, as
 `<run>/spy/<step>.pt`, so the tests can compare the saved adapter with what was in memory and check that
@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 import trainer.engine.checkpoint.saving as saving
 from trainer.cli.parse import parse_config
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 
 OUT, CASE = sys.argv[1:3]
 BASE = f"{OUT}/fsdp2/base/checkpoints/last"

@@ -23,7 +23,7 @@ import clean_exit
 from fresh_accelerator import reset_accelerate
 
 from trainer.cli.parse import parse_config
-from trainer.engine.loop import train
+from trainer.engine.plan import train
 
 OUT, WORKDIR, *MODE = sys.argv[1:]
 TINY = [

@@ -25,6 +25,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 import trainer.engine.loop
+import trainer.engine.startup
 from trainer.cli import main
 from trainer.distributed.factory import prepare
 
@@ -134,6 +135,6 @@ def evaluate_then_save(prefix: str, record: dict, evaluate):
 if __name__ == "__main__":
     prefix, flags = sys.argv[1], sys.argv[2:]
     record: dict = {}
-    trainer.engine.loop.prepare = observe(prefix, record)
-    trainer.engine.loop.evaluate = evaluate_then_save(prefix, record, trainer.engine.loop.evaluate)
+    trainer.engine.startup.prepare = observe(prefix, record)
+    trainer.engine.loop.score_at_end = evaluate_then_save(prefix, record, trainer.engine.loop.score_at_end)
     main(["train", *flags])

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 import trainer.engine.loop
+import trainer.engine.startup
 from trainer.cli import main
 from trainer.distributed.factory import prepare
 
@@ -107,12 +108,12 @@ if __name__ == "__main__":
         records["record"] = watch(accelerator, model, optimizer, int(overflow_at), where or "loss")
         return model, optimizer, scheduler
 
-    evaluate = trainer.engine.loop.evaluate
+    evaluate = trainer.engine.loop.score_at_end
 
     def save_then_evaluate(*args: Any, **kwargs: Any) -> Any:
         torch.save(records["record"], f"{prefix}.rank{records['rank']}.pt")
         return evaluate(*args, **kwargs)
 
-    trainer.engine.loop.prepare = watched_prepare
-    trainer.engine.loop.evaluate = save_then_evaluate
+    trainer.engine.startup.prepare = watched_prepare
+    trainer.engine.loop.score_at_end = save_then_evaluate
     main(["train", *flags])

@@ -22,7 +22,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
-import trainer.engine.loop
+import trainer.engine.startup
 from ckpt_tools import layout
 from trainer.cli import main
 from trainer.engine.build import after_prepare
@@ -49,7 +49,7 @@ def observed_after_prepare(observed: str, dcp_dir: str):
 if __name__ == "__main__":
     observed, flags = sys.argv[1], sys.argv[2:]
     policy_path = next(f.removeprefix(PATH_FLAG) for f in flags if f.startswith(PATH_FLAG))
-    trainer.engine.loop.model_build.after_prepare = observed_after_prepare(
+    trainer.engine.startup.model_build.after_prepare = observed_after_prepare(
         observed, os.path.join(policy_path, layout.MODEL_DCP_DIR)
     )
     main(["train", *flags])

@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(export_command(args[1:]))
         else:
             from trainer.cli.parse import parse_config
-            from trainer.engine.loop import train
+            from trainer.engine.plan import train
 
             train(parse_config(args[1:]))
     except TrainerError as exc:

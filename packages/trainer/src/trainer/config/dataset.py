@@ -20,11 +20,29 @@ Stats = dict[str, dict[str, "torch.Tensor"]]
 """Mean and std (and the like) per batch key, for the normalization processors."""
 
 
+class MixtureOrder(Protocol):
+    """How a mixture's frames are drawn (data/pipeline/sampler.py: WeightedOrder): member k's
+    `sizes[k]` frames lie at global indices `[starts[k], starts[k] + sizes[k])`."""
+
+    labels: list[str]
+    starts: torch.Tensor
+    sizes: torch.Tensor
+    length: int
+
+    def order(self, seed: int, epoch: int) -> torch.Tensor: ...
+
+    def counts(self, indices: torch.Tensor) -> torch.Tensor: ...
+
+
 @runtime_checkable
 class Dataset(Protocol):
     """What the training loop, validation and evaluation read from a dataset."""
 
     input_features: list[str]
+    gather_in_workers: bool
+    """`gather` decodes (cameras): the input pipeline runs it in DataLoader workers."""
+    weighted_order: MixtureOrder | None
+    """A mixture's draw order by weight, which the sampler follows; None draws uniformly."""
 
     def __len__(self) -> int: ...
 

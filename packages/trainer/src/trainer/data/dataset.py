@@ -15,8 +15,9 @@ outside one). Its config is a `DatasetConfig` subclass whose `load()` returns an
 - `stats()`: mean/std per batch key, for the normalization processors (a camera's per channel,
   shaped (C, 1, 1), on the [0, 1] scale);
 - `episode_bounds()`: one `[start, end)` frame range per episode;
-- optionally `gather_in_workers = True`: `gather` decodes (cameras), so the input pipeline runs it in
-  DataLoader workers (data/pipeline/loader.py); in-memory data is gathered in the training process.
+- `gather_in_workers`: True when `gather` decodes (cameras), so the input pipeline runs it in
+  DataLoader workers (data/pipeline/loader.py); in-memory data is gathered in the training process;
+- `weighted_order`: a mixture's draw order by weight (data/pipeline/sampler.py), None for one dataset.
 
 `ArrayDataset` implements all of it over in-memory arrays, so a new dataset only has to produce
 observations, actions and episode lengths.
@@ -59,6 +60,9 @@ class ArrayDataset:
     `images` holds each camera's frames as uint8 (frames, C, H, W); the cameras among `input_features`
     are gathered into batches (kept uint8 until the preprocessor, so a batch moves at a quarter of the
     bytes)."""
+
+    gather_in_workers = False
+    weighted_order = None
 
     def __init__(
         self,

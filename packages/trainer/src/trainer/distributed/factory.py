@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ckpt_tools import Topology
-from trainer.config.train import TrainConfig
+from trainer.config.sections import ParallelismSection
 from trainer.distributed.wrap import WrapPlan, check_tied_weights, register_forward_methods
 from trainer.errors import ConfigError, backend_detail
 
@@ -89,14 +89,14 @@ def _no_leaked_env() -> Iterator[None]:
         os.environ.update(before)
 
 
-def build_accelerator(config: TrainConfig, topology: Topology, wrap_plan: WrapPlan | None) -> Any:
+def build_accelerator(parallelism: ParallelismSection, wrap_plan: WrapPlan | None) -> Any:
     """Collective: call on all ranks. The Accelerator for this run (it also joins the process group)."""
     import torch
     from accelerate import Accelerator
 
     check_accelerate_env()
     _quiet_mesh_slicing_warning()
-    acc = config.accelerator
+    acc, topology, timeout_s = parallelism.accelerator, parallelism.topology, parallelism.collective_timeout_s
     on_cpu = not torch.cuda.is_available()
     kwargs: dict[str, Any] = {
         # accelerate only treats a CPU-only torchrun launch as distributed (gloo) when told `cpu=True`.
@@ -104,20 +104,20 @@ def build_accelerator(config: TrainConfig, topology: Topology, wrap_plan: WrapPl
         "mixed_precision": acc.mixed_precision,
         "gradient_accumulation_plugin": acc.gradient_accumulation.build_plugin(),
         "step_scheduler_with_optimizer": False,
-        "kwargs_handlers": [acc.ddp.build_kwargs(), _process_group_kwargs(config.collective_timeout_s)],
+        "kwargs_handlers": [acc.ddp.build_kwargs(), _process_group_kwargs(timeout_s)],
     }
-    with _no_leaked_env(), _single_process_alone(topology), _joining(config.collective_timeout_s):
+    with _no_leaked_env(), _single_process_alone(topology), _joining(timeout_s):
         if not topology.is_sharded:
             accelerator = Accelerator(**kwargs)
         else:
             if wrap_plan is None:
                 raise ValueError("a sharded run needs its wrap plan (distributed.wrap.resolve_wrap_plan)")
             plugin = acc.fsdp.build_plugin(wrap_plan.class_names, on_cpu)
-            parallelism = _parallelism_config(topology)
+            mesh = _parallelism_config(topology)
             if not on_cpu:
-                return Accelerator(**kwargs, fsdp_plugin=plugin, parallelism_config=parallelism)
+                return Accelerator(**kwargs, fsdp_plugin=plugin, parallelism_config=mesh)
             accelerator = Accelerator(**kwargs)
-            _engage_fsdp_on_cpu(accelerator, plugin, parallelism)
+            _engage_fsdp_on_cpu(accelerator, plugin, mesh)
     if on_cpu and acc.mixed_precision == "fp16":
         _engage_fp16_on_cpu(accelerator)
     return accelerator

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import ckpt_tools
 from trainer.config.dataset import Dataset
-from trainer.config.train import TrainConfig
+from trainer.config.sections import RunPlan
 from trainer.distributed.wrap import WrapPlan
-from trainer.engine.run import Run
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -23,41 +21,42 @@ def _processes(accelerator: Accelerator) -> str:
     return processes if kind == "NO" else f"{processes}, {kind}"
 
 
-def data_banner(run: Run) -> list[str]:
+def data_banner(plan: RunPlan) -> list[str]:
     """What the policy reads: the frames, the observation features in their concatenation order."""
 
     def frames(dataset: Dataset) -> str:
         return f"{len(dataset)} frames in {len(dataset.episode_bounds())} episodes"
 
-    held_out = f"; held out for val_loss: {frames(run.val_dataset)}" if run.val_dataset is not None else ""
+    data, config = plan.dataset, plan.data.dataset
+    held_out = f"; held out for val_loss: {frames(plan.val_dataset)}" if plan.val_dataset is not None else ""
     return [
-        *run.config.dataset.banner(),
-        *getattr(run.dataset, "notes", []),
-        f"data {run.config.dataset.type}: {frames(run.dataset)}{held_out}; observation = "
-        f"{' + '.join(run.dataset.input_features)} ({run.dataset.obs_dim} values), action {run.dataset.action_dim} values",
+        *config.banner(),
+        *getattr(data, "notes", []),
+        f"data {config.type}: {frames(data)}{held_out}; observation = "
+        f"{' + '.join(data.input_features)} ({data.obs_dim} values), action {data.action_dim} values",
     ]
 
 
-def run_banner(
-    config: TrainConfig,
-    topology: ckpt_tools.Topology,
-    wrap_plan: WrapPlan | None,
-    accelerator: Accelerator,
-    samples: int,
-) -> list[str]:
-    accum = config.accelerator.gradient_accumulation.steps
-    effective = config.batch_size * topology.dp_world_size * accum
+def run_banner(plan: RunPlan, wrap_plan: WrapPlan | None, accelerator: Accelerator) -> list[str]:
+    """The topology and processes, the effective batch, the schedule of saves, the EMA, the FSDP units."""
+    topology, saving, optimization = plan.parallelism.topology, plan.saving, plan.optimization
+    accum, batch_size, mixed_precision = (
+        optimization.grad_accum_steps,
+        saving.batch_size,
+        saving.mixed_precision,
+    )
+    effective = batch_size * topology.dp_world_size * accum
     lines = [
-        f"job {config.job_name}: {config.policy.type} policy, {topology.describe()} "
+        f"job {plan.tracking.job_name}: {plan.policy.policy.type} policy, {topology.describe()} "
         f"({_processes(accelerator)}, device {accelerator.device})",
-        f"effective batch size {effective} = batch_size {config.batch_size} x dp_world_size "
+        f"effective batch size {effective} = batch_size {batch_size} x dp_world_size "
         f"{topology.dp_world_size} x grad_accum {accum}",
-        f"{config.steps} loop steps, {config.steps // accum} optimizer updates, dataset {samples} samples, "
-        f"mixed precision {config.accelerator.mixed_precision}, checkpoints {config.checkpoint_format} "
-        f"every {config.save_freq} steps in {config.output_dir}",
+        f"{optimization.steps} loop steps, {optimization.steps // accum} optimizer updates, dataset "
+        f"{len(plan.dataset)} samples, mixed precision {mixed_precision}, checkpoints "
+        f"{saving.checkpoint_format} every {saving.save_freq} steps in {saving.output_dir}",
     ]
-    if config.ema.enable:
-        ema = config.ema
+    ema = optimization.ema
+    if ema.enable:
         warmup = f"warmup inv_gamma={ema.inv_gamma} power={ema.power:.4g}" if ema.power else "no warmup"
         lines.append(
             f"EMA of the trained parameters on every rank in their own sharding: decay up to "
@@ -66,12 +65,12 @@ def run_banner(
             f"{'the EMA' if ema.use_for_eval else 'the trained weights'}"
         )
     if wrap_plan is not None:
-        mpp = config.accelerator.fsdp.mixed_precision_policy
+        mpp = plan.parallelism.accelerator.fsdp.mixed_precision_policy
         effective_policy = (
             f"param_dtype={mpp.param_dtype} reduce_dtype={mpp.effective_reduce_dtype()} "
             f"output_dtype={mpp.output_dtype}"
             if mpp.is_set
-            else f"from --accelerator.mixed_precision={config.accelerator.mixed_precision}"
+            else f"from --accelerator.mixed_precision={mixed_precision}"
         )
         lines.append(f"FSDP units {wrap_plan.describe()}; mixed precision policy {effective_policy}")
     return lines

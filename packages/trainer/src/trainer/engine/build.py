@@ -52,7 +52,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from trainer.config.train import TrainConfig
+from trainer.config.sections import PolicySection
 from trainer.distributed.units import apply_unit_transforms
 from trainer.distributed.wrap import WrapPlan, resolve_wrap_plan
 from trainer.engine import peft_policy as peft
@@ -98,78 +98,80 @@ class BuiltPolicy:
         return self.shadow is not None
 
 
-def build(config: TrainConfig, sharded: bool, obs_dim: int, action_dim: int, notes: list[str]) -> BuiltPolicy:
+def build(
+    section: PolicySection, sharded: bool, obs_dim: int, action_dim: int, notes: list[str]
+) -> BuiltPolicy:
     """The module tree the run trains, on meta when it can be (else eager, with a note when a plug-in
     is the reason), with the unit transforms applied; nothing sharded or allocated yet."""
-    on_meta, reason = _build_on_meta(config, sharded, obs_dim, action_dim)
+    on_meta, reason = _build_on_meta(section, sharded, obs_dim, action_dim)
     if reason:
         notes.append(reason)
     if on_meta is not None:
         policy, base, shadow = on_meta
     else:
-        base = build_policy(config.policy, obs_dim, action_dim)
-        policy, shadow = peft.start_policy(base, config, sharded), None
-    acc = config.accelerator
+        base = build_policy(section.policy, obs_dim, action_dim)
+        policy, shadow = peft.start_policy(base, section, sharded), None
+    acc = section.accelerator
     wrap_plan = resolve_wrap_plan(policy, acc.fsdp) if sharded else None
     unit_plan = wrap_plan or (resolve_wrap_plan(policy, acc.fsdp) if acc.transforms_units else None)
     notes.extend(apply_unit_transforms(policy, unit_plan, acc, sharded))  # before sharding
     return BuiltPolicy(policy=policy, base=base, wrap_plan=wrap_plan, shadow=shadow, sharded=sharded)
 
 
-def before_prepare(built: BuiltPolicy, config: TrainConfig, device: torch.device) -> None:
+def before_prepare(built: BuiltPolicy, section: PolicySection, device: torch.device) -> None:
     """Materialize and initialize what must be real before `prepare()`: the whole policy of a run that
     does not shard (then `--policy.path` weights are read into it, one tensor at a time), the ignored
     modules of one that does."""
     if not built.on_meta:
         return
     if not built.sharded:
-        _materialize(built, device, lambda name: True, config.seed)
-        _stream_pretrained(built, config)
+        _materialize(built, device, lambda name: True, section.seed)
+        _stream_pretrained(built, section)
         return
-    pattern = config.accelerator.fsdp.ignored_modules
+    pattern = section.accelerator.fsdp.ignored_modules
     if pattern is not None:
         regex = re.compile(pattern)
         ignored = [name for name, _ in built.policy.named_modules() if name and regex.fullmatch(name)]
-        _materialize(built, device, lambda name: any(_within(name, root) for root in ignored), config.seed)
+        _materialize(built, device, lambda name: any(_within(name, root) for root in ignored), section.seed)
 
 
-def after_prepare(built: BuiltPolicy, config: TrainConfig, device: torch.device) -> None:
+def after_prepare(built: BuiltPolicy, section: PolicySection, device: torch.device) -> None:
     """Collective (with --policy.path). Allocate a sharded run's local shards, initialize them (its
     ignored modules again, with the same values), then read `--policy.path` weights into them."""
     if built.on_meta and built.sharded:
-        offload = config.accelerator.fsdp.cpu_offload
-        _materialize(built, torch.device("cpu") if offload else device, lambda name: True, config.seed)
-        _stream_pretrained(built, config)  # each rank its own blocks
+        offload = section.accelerator.fsdp.cpu_offload
+        _materialize(built, torch.device("cpu") if offload else device, lambda name: True, section.seed)
+        _stream_pretrained(built, section)  # each rank its own blocks
 
 
-def _stream_pretrained(built: BuiltPolicy, config: TrainConfig) -> None:
+def _stream_pretrained(built: BuiltPolicy, section: PolicySection) -> None:
     """`--policy.path` weights into the materialized policy: a PEFT run's into its frozen base, under
     the names they have inside the wrapper (the adapters keep their initialization)."""
-    if config.policy.path is None:
+    if section.policy.path is None:
         return
-    names = peft.base_weight_names(built.policy) if config.peft.enabled else None
-    pretrained.stream_weights(built.policy, config.policy.path, names)
+    names = peft.base_weight_names(built.policy) if section.peft.enabled else None
+    pretrained.stream_weights(built.policy, section.policy.path, names)
 
 
-def build_policy_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> Policy:
+def build_policy_on_meta(section: PolicySection, obs_dim: int, action_dim: int) -> Policy:
     """`build_policy` under the meta device: shapes and dtypes, no storage."""
     with META:
-        return build_policy(config.policy, obs_dim, action_dim)
+        return build_policy(section.policy, obs_dim, action_dim)
 
 
 def _build_on_meta(
-    config: TrainConfig, sharded: bool, obs_dim: int, action_dim: int
+    section: PolicySection, sharded: bool, obs_dim: int, action_dim: int
 ) -> tuple[tuple[nn.Module, Policy, Shadow] | None, str]:
     """(the module the run trains, its policy, their shadow), all on meta (a PEFT run's wrapped with
     `--peft.*`), or (None, why not): "" when the run's own flags ask for an eager build, a note line
     naming the module and the fix when the policy cannot be built on meta."""
-    policy, reason = _policy_on_meta(config, obs_dim, action_dim)
+    policy, reason = _policy_on_meta(section, obs_dim, action_dim)
     if policy is None:
         return None, reason
-    twin = build_policy_on_meta(config, obs_dim, action_dim)
-    if not config.peft.enabled:
+    twin = build_policy_on_meta(section, obs_dim, action_dim)
+    if not section.peft.enabled:
         return (policy, policy, Shadow(twin, twin)), ""
-    model, wrapped_twin = peft.wrap_policy(policy, config, sharded), peft.wrap_policy(twin, config, sharded)
+    model, wrapped_twin = peft.wrap_policy(policy, section, sharded), peft.wrap_policy(twin, section, sharded)
     shadow = Shadow(wrapped_twin, peft.AdapterInitializer(wrapped_twin, twin))
     missing = uninitializable_modules(wrapped_twin, shadow.initializer)
     if missing:  # an adapter peft keeps in its own tensors (LoRA on an embedding): built on a real base
@@ -182,17 +184,17 @@ def _build_on_meta(
     return (model, policy, shadow), ""
 
 
-def _policy_on_meta(config: TrainConfig, obs_dim: int, action_dim: int) -> tuple[Policy | None, str]:
+def _policy_on_meta(section: PolicySection, obs_dim: int, action_dim: int) -> tuple[Policy | None, str]:
     """The policy built on meta, or (None, why not) as `_build_on_meta` says it."""
-    path = config.policy.path
+    path = section.policy.path
     if path is not None and pretrained.is_adapter(path):
         return None, ""  # an adapter merged whole into its base (pretrained.read_weights)
-    if config.peft.full_training_modules:
+    if section.peft.full_training_modules:
         return None, ""  # their copies start as the loaded base, which the meta build streams by name only
     try:
-        policy = build_policy_on_meta(config, obs_dim, action_dim)
+        policy = build_policy_on_meta(section, obs_dim, action_dim)
     except Exception as exc:  # a plug-in's __init__ that reads or computes real values
-        built = config.policy.policy_class()
+        built = section.policy.policy_class()
         return None, (
             f"{getattr(built, '__qualname__', type(built).__name__)}: the policy could not be built on the meta device "
             f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]}), so every rank builds it whole; "

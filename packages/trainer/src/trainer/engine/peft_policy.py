@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ckpt_tools import layout
-from trainer.config.train import TrainConfig
+from trainer.config.sections import PolicySection
 from trainer.errors import ConfigError
 from trainer.policies import pretrained
 from trainer.policies.base import Policy
@@ -39,41 +39,42 @@ PEFT_PREFIX = "base_model.model."
 _OPTIONAL_PREFIX = r"(?:base_model\.model\.)?"
 
 
-def start_policy(policy: nn.Module, config: TrainConfig, is_sharded: bool) -> nn.Module:
+def start_policy(policy: nn.Module, section: PolicySection, is_sharded: bool) -> nn.Module:
     """The module the run trains: `--policy.path` weights loaded (else the policy's own pretrained
     parts, ACT's camera trunk), then LoRA applied with `--peft.*`.
 
     Call on every rank before the wrap plan, the optimizer and `prepare()`.
     """
-    if config.policy.path is not None:
-        pretrained.load_weights(policy, config.policy.path)
+    if section.policy.path is not None:
+        pretrained.load_weights(policy, section.policy.path)
     elif isinstance(policy, Policy):
         policy.load_pretrained_parts()
-    return wrap_policy(policy, config, is_sharded)
+    return wrap_policy(policy, section, is_sharded)
 
 
-def wrap_policy(policy: nn.Module, config: TrainConfig, is_sharded: bool) -> nn.Module:
+def wrap_policy(policy: nn.Module, section: PolicySection, is_sharded: bool) -> nn.Module:
     """The policy with LoRA applied with `--peft.*` (the policy itself without): a real policy whose
     weights are loaded, or a meta-built one (and its twin, engine/build.py) whose weights come later."""
-    if not config.peft.enabled:
+    if not section.peft.enabled:
         return policy
-    _check_dtypes(policy, config, is_sharded)
-    model = _wrap(policy, config)
-    if _mixed_precision(config):
+    _check_dtypes(policy, section, is_sharded)
+    model = _wrap(policy, section)
+    if _mixed_precision(section):
         for param in model.parameters():
             if param.requires_grad and param.dtype != torch.float32:
                 param.data = param.data.float()
     if is_sharded:
-        _check_ignored_modules(model, config)
+        _check_ignored_modules(model, section)
     return model
 
 
-def adapter_config(model: torch.nn.Module, config: TrainConfig) -> dict[str, Any] | None:
-    """`adapter_config.json` of a PEFT run (peft's own fields, base model recorded); None otherwise."""
-    if not config.peft.enabled:
+def adapter_config(model: torch.nn.Module, base_model: str | None) -> dict[str, Any] | None:
+    """`adapter_config.json` of a PEFT model (peft's own fields, `base_model` recorded as the base it
+    was trained from, --policy.path); None for a model without adapters."""
+    if getattr(model, "peft_config", None) is None:
         return None
     data = cast("PeftModel", model).peft_config[ADAPTER].to_dict()
-    data["base_model_name_or_path"] = _base_reference(config.policy.path)
+    data["base_model_name_or_path"] = _base_reference(base_model)
     return json.loads(json.dumps(data, default=_jsonable))
 
 
@@ -125,23 +126,23 @@ def base_weight_names(model: nn.Module) -> dict[str, str]:
     return names
 
 
-def _wrap(policy: nn.Module, config: TrainConfig) -> nn.Module:
+def _wrap(policy: nn.Module, section: PolicySection) -> nn.Module:
     from peft import get_peft_model
 
-    targets = list(config.peft.target_modules or ()) or list(getattr(policy, "_peft_target_modules", ()))
+    targets = list(section.peft.target_modules or ()) or list(getattr(policy, "_peft_target_modules", ()))
     if not targets:
         raise ConfigError(
             f"{type(policy).__name__} declares no _peft_target_modules: set --peft.target_modules=[name,...] "
             f"(its linear layers: {', '.join(_linear_names(policy)[:8])})"
         )
-    for name in config.peft.full_training_modules or ():
+    for name in section.peft.full_training_modules or ():
         if not any(m == name or m.endswith("." + name) for m, _ in policy.named_modules()):
             raise ConfigError(
                 f"--peft.full_training_modules names {name!r}, which {type(policy).__name__} does not have "
                 f"(its modules include {', '.join(_linear_names(policy)[:8])})"
             )
     try:
-        return get_peft_model(policy, config.peft.build(targets))
+        return get_peft_model(policy, section.peft.build(targets))
     except ValueError as exc:  # peft: "Target modules {...} not found in the base model"
         raise ConfigError(
             f"--peft.target_modules={targets} does not fit {type(policy).__name__} ({' '.join(str(exc).split())[:160]}); "
@@ -153,17 +154,17 @@ def _linear_names(policy: nn.Module) -> list[str]:
     return [name for name, module in policy.named_modules() if isinstance(module, nn.Linear)]
 
 
-def _mixed_precision(config: TrainConfig) -> bool:
-    acc = config.accelerator
+def _mixed_precision(section: PolicySection) -> bool:
+    acc = section.accelerator
     return acc.mixed_precision != "no" or acc.fsdp.mixed_precision_policy.is_set
 
 
-def _check_dtypes(policy: nn.Module, config: TrainConfig, is_sharded: bool) -> None:
+def _check_dtypes(policy: nn.Module, section: PolicySection, is_sharded: bool) -> None:
     """Refuse the combination FSDP2 cannot shard: trainable fp32 adapters next to low-precision
     full-training copies in one unit, which only happens without mixed precision."""
     base_dtype = next(policy.parameters()).dtype
-    low_precision_copies = config.peft.full_training_modules and base_dtype != torch.float32
-    if is_sharded and low_precision_copies and not _mixed_precision(config):
+    low_precision_copies = section.peft.full_training_modules and base_dtype != torch.float32
+    if is_sharded and low_precision_copies and not _mixed_precision(section):
         raise ConfigError(
             f"--peft.full_training_modules on a {base_dtype} base (--policy.dtype) would shard fp32 adapters "
             "and low-precision copies together, and FSDP2 needs one dtype per unit: set "
@@ -180,11 +181,11 @@ def ignored_modules_pattern(pattern: str | None) -> str | None:
     return f"{_OPTIONAL_PREFIX}(?:{pattern})"
 
 
-def _check_ignored_modules(model: nn.Module, config: TrainConfig) -> None:
+def _check_ignored_modules(model: nn.Module, section: PolicySection) -> None:
     """Refuse an `--accelerator.fsdp.ignored_modules` pattern (in its PEFT form) that matches nothing,
     and one that would leave trainable parameters out of FSDP (their gradients would then never be
     averaged across ranks)."""
-    regex = ignored_modules_pattern(config.accelerator.fsdp.ignored_modules)
+    regex = ignored_modules_pattern(section.accelerator.fsdp.ignored_modules)
     if regex is None:
         return
     pattern = re.compile(regex)

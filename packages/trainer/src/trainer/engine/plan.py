@@ -1,14 +1,16 @@
 """The run plan: every decision a run takes from its parsed config, taken once, before anything is built.
 
-Parsing (cli/parse.py) turns argv and config files into a `TrainConfig`. `resolve_plan` then decides
-what the launch, the saved run and the data imply: the parallelism that fits this world size (and the
-topology it resolves to), the checkpoint format that topology can write, the FSDP reduce dtype torch will
-really use, the PEFT form of `--accelerator.fsdp.ignored_modules`, the tracker run ids, the optimizer and
-schedule (the policy's training preset or the flags), and the dataset's observation features and
-feature sizes. Each decision is a function that returns a value; the resolved
-config is a new object (the caller's is deep-copied first and never edited), and nothing edits it after
-this step, so `train_config.json` (`saving.saved_config`) is the encoded plan and records exactly
-what the run did.
+Parsing (cli/parse.py) turns argv and config files into a `TrainConfig`; config/ checks each value.
+`resolve_plan` then decides what the launch, the saved run and the data imply: the parallelism that fits
+this world size (and the topology it resolves to), the checkpoint format that topology can write, the
+FSDP reduce dtype torch will really use, the PEFT form of `--accelerator.fsdp.ignored_modules`, the
+tracker run ids, the optimizer and schedule (the policy's training preset or the flags), and the
+dataset's observation features and feature sizes. Each decision is a function that returns a value; the
+caller's config is deep-copied first and never edited.
+
+The result is a `RunPlan` of typed sections (engine/sections.py), and the `TrainConfig` stops here:
+each part of the engine takes only its own section. `train_config.json` is the encoded resolved config,
+computed here once (`SavingSection.train_config`), so it records exactly what the run did.
 
 The one decision taken later is the resume step: which checkpoint `last` names can only be agreed once
 the process group is up (the main rank decides and broadcasts, resume.before_prepare).
@@ -17,8 +19,11 @@ the process group is up (the main rank decides and broadcasts, resume.before_pre
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+import random
+from dataclasses import replace
+from typing import Any
 
+import numpy as np
 import torch
 
 from ckpt_tools import Topology
@@ -26,32 +31,43 @@ from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import Dataset
 from trainer.config.optim import OptimizerConfig, SchedulerConfig
 from trainer.config.parallelism import ParallelismConfig
-from trainer.config.train import TrainConfig
+from trainer.config.sections import (
+    DataSection,
+    EvaluationSection,
+    HubSection,
+    OptimizationSection,
+    ParallelismSection,
+    PolicySection,
+    RunPlan,
+    SavingSection,
+    TrackingSection,
+)
+from trainer.config.train import TrainConfig, encode_config
 from trainer.data.pipeline.renamed import load_renamed
 from trainer.distributed.factory import check_accelerate_env
-from trainer.distributed.topology import check_checkpoint_format, resolve_topology
+from trainer.distributed.topology import check_checkpoint_format, launch_world_size, resolve_topology
+from trainer.engine import loop
 from trainer.engine.checkpoint import publishing, saving
 from trainer.engine.peft_policy import ignored_modules_pattern
+from trainer.engine.run import RunSummary
 from trainer.errors import ConfigError
 from trainer.policies import PolicyConfig
 from trainer.policies.base import fit_to_data
-from trainer.reporting.trackers import check_trackers, resolve_run_ids
+from trainer.reporting.trackers import check_trackers, resolve_run_ids, wandb_mode
 
 
-@dataclass(frozen=True)
-class RunPlan:
-    """What a run is, decided once: the resolved config (what train_config.json records), the launch's
-    world size and topology, the banner's line on the optimizer and schedule (and where they came
-    from), the lines to print after the banner, and the data read to decide the policy's features
-    (loaded once, used for training)."""
+def train(config: TrainConfig) -> RunSummary:
+    """Collective: call on all ranks. `trainer train`: seeds, resolves the run plan from `config` (which
+    is never edited) and runs it (engine/loop.py); returns the summary."""
+    seed_everything(config.seed)  # before the plan reads the data, so a dataset plug-in's draws repeat
+    return loop.train(resolve_plan(config, launch_world_size()))
 
-    config: TrainConfig
-    world_size: int
-    topology: Topology
-    optimization: str
-    notes: tuple[str, ...]
-    dataset: Dataset
-    val_dataset: Dataset | None
+
+def seed_everything(seed: int) -> None:
+    """The same seed on every rank: identical initial weights before DDP/FSDP take over."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
@@ -62,7 +78,7 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
     parallelism, layout_note = settle_parallelism(config, world_size)
     topology = resolve_topology(parallelism, world_size)
     checkpoint_format, format_note = settle_checkpoint_format(config, topology)
-    wandb, trackio = resolve_run_ids(config)
+    wandb, trackio = resolve_run_ids(config.wandb, config.trackio, config.resume, config.job_name)
     optimizer, scheduler, source = resolve_optimization(config)
     config = config.derive(
         optimizer=optimizer,
@@ -79,8 +95,112 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
     )
     config = config.derive(policy=resolve_policy_features(config.policy, dataset))
     notes = tuple(note for note in (layout_note, format_note, publish_note, rename_note) if note)
-    optimization = f"{source}: {optimizer.describe()}, {scheduler.describe()}"
-    return RunPlan(config, world_size, topology, optimization, notes, dataset, val_dataset)
+    described = f"{source}: {optimizer.describe()}, {scheduler.describe()}"
+    return RunPlan(
+        data=data_section(config),
+        policy=policy_section(config),
+        parallelism=ParallelismSection(topology, config.accelerator, config.collective_timeout_s),
+        optimization=OptimizationSection(
+            optimizer,
+            scheduler,
+            config.steps,
+            config.accelerator.gradient_accumulation.steps,
+            config.ema,
+            described,
+        ),
+        saving=saving_section(config),
+        tracking=tracking_section(config),
+        evaluation=EvaluationSection(
+            config.dataset.rollout_episodes,
+            config.dataset.rollout_camera,
+            config.ema.enable and config.ema.use_for_eval,
+        ),
+        notes=notes,
+        dataset=dataset,
+        val_dataset=val_dataset,
+    )
+
+
+def data_section(config: TrainConfig) -> DataSection:
+    """The data feed's section of a resolved config."""
+    return DataSection(
+        dataset=config.dataset,
+        batch_size=config.batch_size,
+        num_workers=config.num_workers,
+        prefetch_factor=config.prefetch_factor,
+        seed=config.seed,
+        timeout_s=config.collective_timeout_s,
+        val_freq=config.eval_freq,
+    )
+
+
+def policy_section(config: TrainConfig) -> PolicySection:
+    """The policy build's section of a resolved config."""
+    return PolicySection(config.policy, config.peft, config.accelerator, config.seed)
+
+
+def saving_section(config: TrainConfig) -> SavingSection:
+    """The checkpoint wing's section of a resolved config: train_config.json encoded once here."""
+    policy = config.policy
+    return SavingSection(
+        output_dir=config.output_dir,
+        checkpoint_format=config.checkpoint_format,
+        manifest=config.checkpoint_manifest,
+        shard_size=config.save_shard_size,
+        save_freq=config.save_freq,
+        keep_last=config.keep_last,
+        async_save=config.async_save,
+        resume=config.resume,
+        config_path=config.config_path,
+        steps=config.steps,
+        batch_size=config.batch_size,
+        seed=config.seed,
+        grad_accum_steps=config.accelerator.gradient_accumulation.steps,
+        mixed_precision=config.accelerator.mixed_precision,
+        peft=config.peft.enabled,
+        base_model=policy.path,
+        policy_config=policy.to_dict(),
+        train_config=saved_config(config),
+        hub=hub_section(config),
+        rollout_episodes=config.dataset.rollout_episodes,
+    )
+
+
+def hub_section(config: TrainConfig) -> HubSection:
+    """Where the run publishes its model: the --policy.* Hub fields and the push flags."""
+    policy = config.policy
+    return HubSection(
+        repo_id=policy.repo_id,
+        private=policy.private,
+        push_to_hub=policy.push_to_hub,
+        save_checkpoint_to_hub=config.save_checkpoint_to_hub,
+        push_training_state=config.push_training_state,
+    )
+
+
+def tracking_section(config: TrainConfig) -> TrackingSection:
+    """The metrics logger's and the trackers' section of a resolved config."""
+    return TrackingSection(
+        job_name=config.job_name,
+        output_dir=config.output_dir,
+        log_freq=config.log_freq,
+        wandb=config.wandb,
+        trackio=config.trackio,
+        wandb_mode=run_wandb_mode(config),
+        train_config=encode_config(config),
+    )
+
+
+def run_wandb_mode(config: TrainConfig) -> str:
+    """The W&B mode this run uses (`reporting.trackers.wandb_mode`: a typed flag wins)."""
+    return wandb_mode(config.wandb.mode, "wandb.mode" in config.flags_given)
+
+
+def saved_config(config: TrainConfig) -> dict[str, Any]:
+    """train_config.json: the run's config with its absolute output_dir (parse_config resolves it) and
+    `resume` stored false, so the file alone reproduces the run from its start; continuing the run is
+    what `--resume=true` asks for."""
+    return {**encode_config(config), "resume": False}
 
 
 def resolve_optimization(config: TrainConfig) -> tuple[OptimizerConfig, SchedulerConfig, str]:
@@ -121,12 +241,14 @@ def resolve_optimization(config: TrainConfig) -> tuple[OptimizerConfig, Schedule
 
 def _check_startable(config: TrainConfig, topology: Topology) -> str | None:
     """The refusals that must come before any work; returns the publish warning, if any."""
-    publish_note = publishing.check_publish_config(config)  # a repo_id that will not be used
-    check_trackers(config)
+    publish_note = publishing.check_publish_config(hub_section(config))  # a repo_id that will not be used
+    check_trackers(
+        config.wandb, config.trackio, wandb_mode(config.wandb.mode, "wandb.mode" in config.flags_given)
+    )
     check_accelerate_env()
     check_policy_device(config.policy.device, torch.cuda.is_available())
-    saving.check_fresh_output_dir(config)
-    saving.check_async_save(config, topology)
+    saving.check_fresh_output_dir(config.output_dir, config.resume)
+    saving.check_async_save(config.async_save, topology)
     return publish_note
 
 

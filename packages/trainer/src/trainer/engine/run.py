@@ -10,10 +10,8 @@ from typing import TYPE_CHECKING
 import torch
 
 import ckpt_tools
-from trainer.config.dataset import Dataset
-from trainer.config.train import TrainConfig
+from trainer.data.pipeline.feed import DataFeed
 from trainer.data.pipeline.processors import Processor
-from trainer.data.pipeline.sampler import GlobalOrderSampler
 from trainer.engine.ema import Ema
 
 if TYPE_CHECKING:
@@ -23,17 +21,15 @@ if TYPE_CHECKING:
 
 @dataclass
 class Run:
-    """Everything a run builds before its first step: prepared objects and where to start."""
+    """Everything a run builds before its first step: prepared objects, the data feed (whose sampler
+    a checkpoint records) and where to start."""
 
-    config: TrainConfig
     topology: ckpt_tools.Topology
     accelerator: Accelerator
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: AcceleratedScheduler
-    sampler: GlobalOrderSampler
-    dataset: Dataset
-    val_dataset: Dataset | None
+    feed: DataFeed
     preprocessor: Processor
     postprocessor: Processor
     start_step: int

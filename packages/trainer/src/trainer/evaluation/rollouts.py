@@ -16,8 +16,10 @@ import numpy as np
 import torch
 
 from trainer.config.dataset import Dataset
+from trainer.config.sections import EvaluationSection
 from trainer.data.dataset import ACTION_KEY, OBS_KEY, PAD_KEY, TASK_KEY
 from trainer.data.embedded import sim
+from trainer.evaluation.inference import LoadedPolicy
 from trainer.evaluation.validation import rank_batches
 
 EVAL_SEED_BASE = 10_000
@@ -111,3 +113,32 @@ def summary_line(result: dict[str, Any]) -> str:
         f"policy return {result['policy_return']:.1f} vs random_return {result['random_return']:.1f} "
         f"over {result['episodes']} episodes{weights}"
     )
+
+
+@torch.no_grad()
+def score_at_end(
+    accelerator: Any,
+    model: torch.nn.Module,
+    preprocessor: Any,
+    postprocessor: Any,
+    section: EvaluationSection,
+) -> tuple[float, float]:
+    """Collective: call on all ranks. The end-of-run score on the data's sim task: mean return of the
+    policy and of random torques on the same start states (`rollout_returns`: split across ranks, every
+    rank running as many, since a sharded policy's select_action gathers parameters with the others)."""
+    policy = accelerator.unwrap_model(model)
+    policy.eval()
+    acting = LoadedPolicy(policy, preprocessor, postprocessor, accelerator.device)
+
+    def act(observation: dict[str, np.ndarray | str]) -> np.ndarray:
+        return acting.select_action(observation).cpu().numpy()
+
+    def reduce(totals: torch.Tensor) -> torch.Tensor:
+        return accelerator.reduce(totals.to(accelerator.device), reduction="sum").cpu()
+
+    world, rank = accelerator.num_processes, accelerator.process_index
+    result = rollout_returns(
+        act, section.rollout_episodes, world, rank, reduce, section.rollout_camera, policy.reset
+    )
+    policy.train()
+    return result["policy_return"], result["random_return"]

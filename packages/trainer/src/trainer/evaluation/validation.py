@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from trainer.config.dataset import Dataset
+from trainer.data.pipeline.feed import DataFeed
 
 
 def rank_batches(
@@ -55,3 +56,25 @@ def held_out_loss(
     model.train(was_training)
     totals = accelerator.reduce(totals, reduction="sum")
     return float(totals[0]) / max(float(totals[1]), 1.0)
+
+
+def val_losses(
+    accelerator: Any, model: Any, feed: DataFeed, preprocessor: Any, batch_size: int
+) -> tuple[float, dict[str, float]]:
+    """Collective: call on all ranks. The held-out loss of `feed`'s held-out data and, for a mixture,
+    each member's (`val_loss/<member>`), val_loss being their mean weighted by frames."""
+    held_out = feed.val_dataset
+    if held_out is None:
+        raise ValueError("val_losses needs held-out data (--dataset.val_episodes)")
+    spans = feed.held_out_spans()
+    losses = [
+        held_out_loss(
+            accelerator, model, held_out, preprocessor, batch_size, feed.chunk_size, (span.start, span.stop)
+        )
+        for span in spans
+    ]
+    if len(spans) == 1 and spans[0].label is None:
+        return losses[0], {}
+    total = sum(value * span.frames for value, span in zip(losses, spans, strict=True))
+    per_member = {f"val_loss/{span.label}": value for span, value in zip(spans, losses, strict=True)}
+    return total / sum(span.frames for span in spans), per_member

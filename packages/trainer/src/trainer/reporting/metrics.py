@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ckpt_tools import layout, storage
-from trainer.config.train import TrainConfig
+from trainer.config.sections import TrackingSection
 from trainer.errors import RunFailedError
 from trainer.reporting.loss_curve import plot, read_history, read_text_or_empty
 from trainer.reporting.trackers import GuardedTrackers, start_trackers
@@ -60,7 +60,7 @@ class MetricsLogger:
     `close`: what a resumed run continues from, the records up to its checkpoint, is always written."""
 
     def __init__(
-        self, output_dir: str, total_steps: int, start_step: int, config: TrainConfig | None = None
+        self, output_dir: str, total_steps: int, start_step: int, tracking: TrackingSection | None = None
     ) -> None:
         storage.makedirs(output_dir)
         self.dir = output_dir.rstrip("/")
@@ -73,9 +73,9 @@ class MetricsLogger:
         # No markup: lines hold paths and values, and `[...]` in a path would vanish as a style tag.
         self.console = Console(file=sys.stderr, highlight=False, soft_wrap=True, markup=False)
         # Trackers start before the progress bar, so what they print stays above it.
-        trackers = start_trackers(config, self.console.print) if config is not None else []
+        trackers = start_trackers(tracking, self.console.print) if tracking is not None else []
         self.trackers = GuardedTrackers(trackers, self.console.print)
-        self.title = config.job_name if config is not None else layout.name(self.dir)
+        self.title = tracking.job_name if tracking is not None else layout.name(self.dir)
         self.progress: Progress | None = None
         if self.console.is_terminal:
             self.progress = Progress(
@@ -204,7 +204,7 @@ class NullLogger:
 
 
 def make_logger(
-    is_main: bool, output_dir: str, total_steps: int, start_step: int, config: TrainConfig | None = None
+    is_main: bool, output_dir: str, total_steps: int, start_step: int, tracking: TrackingSection | None = None
 ) -> Logger:
-    """The one rank gate for run output, and for the experiment trackers `config` enables."""
-    return MetricsLogger(output_dir, total_steps, start_step, config) if is_main else NullLogger()
+    """The one rank gate for run output, and for the experiment trackers `tracking` enables."""
+    return MetricsLogger(output_dir, total_steps, start_step, tracking) if is_main else NullLogger()

@@ -25,8 +25,8 @@ from typing import Any, Literal, Protocol, cast
 from urllib.parse import urlparse
 
 import ckpt_tools
+from trainer.config.sections import TrackingSection
 from trainer.config.tracking import TrackioConfig, WandbConfig
-from trainer.config.train import TrainConfig
 from trainer.errors import ConfigError
 
 WANDB_HOST = "https://api.wandb.ai"
@@ -42,17 +42,18 @@ class Tracker(Protocol):
     def finish(self) -> None: ...
 
 
-def check_trackers(config: TrainConfig) -> None:
-    """Refuse at start a tracker that cannot work: its library missing, or W&B online without a key."""
+def check_trackers(wandb: WandbConfig, trackio: TrackioConfig, mode: str) -> None:
+    """Refuse at start a tracker that cannot work: its library missing, or W&B online (`mode`, as
+    `wandb_mode` decided it) without a key."""
     for flag, package, enabled in (
-        ("--wandb.enable", "wandb", config.wandb.enable),
-        ("--trackio.enable", "trackio", config.trackio.enable),
+        ("--wandb.enable", "wandb", wandb.enable),
+        ("--trackio.enable", "trackio", trackio.enable),
     ):
         if enabled and importlib.util.find_spec(package) is None:
             raise ConfigError(
                 f"{flag}=true needs the {package} package: pip install 'trainer[{package}]' (or disable it)"
             )
-    if config.wandb.enable and wandb_mode(config) == "online" and not _wandb_credentials():
+    if wandb.enable and mode == "online" and not _wandb_credentials():
         raise ConfigError(
             "--wandb.mode=online needs W&B credentials: set WANDB_API_KEY or run `wandb login`, or log "
             "locally with --wandb.mode=offline or WANDB_MODE=offline (then `wandb sync` the run directory)"
@@ -68,25 +69,27 @@ _ENV_MODES = {
 }
 
 
-def wandb_mode(config: TrainConfig) -> str:
+def wandb_mode(configured: str, typed: bool) -> str:
     """The W&B mode the run uses, decided once for the pre-check and for `wandb.init`: a
-    `--wandb.mode` flag typed for this run wins (wandb.init's arguments override the environment),
-    then the environment W&B itself reads (`WANDB_MODE`, `WANDB_DISABLED=true`), then the config."""
-    if "wandb.mode" in config.flags_given:
-        return config.wandb.mode
+    `--wandb.mode` flag typed for this run (`typed`) wins (wandb.init's arguments override the
+    environment), then the environment W&B itself reads (`WANDB_MODE`, `WANDB_DISABLED=true`), then
+    the configured mode."""
+    if typed:
+        return configured
     if os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1", "yes"):
         return "disabled"
-    return _ENV_MODES.get(os.environ.get("WANDB_MODE", "").strip().lower(), config.wandb.mode)
+    return _ENV_MODES.get(os.environ.get("WANDB_MODE", "").strip().lower(), configured)
 
 
-def resolve_run_ids(config: TrainConfig) -> tuple[WandbConfig, TrackioConfig]:
+def resolve_run_ids(
+    wandb: WandbConfig, trackio: TrackioConfig, resume: bool, job_name: str
+) -> tuple[WandbConfig, TrackioConfig]:
     """The tracker settings with their run ids: a new id for each enabled tracker of a fresh run (a
     fresh run never continues an old tracker run), the saved one when a run resumes."""
-    wandb, trackio = config.wandb, config.trackio
-    if wandb.enable and not (config.resume and wandb.run_id):
+    if wandb.enable and not (resume and wandb.run_id):
         wandb = replace(wandb, run_id=secrets.token_hex(4))  # W&B ids are short [a-z0-9] strings
-    if trackio.enable and not (config.resume and trackio.run_name):
-        trackio = replace(trackio, run_name=f"{config.job_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if trackio.enable and not (resume and trackio.run_name):
+        trackio = replace(trackio, run_name=f"{job_name}-{time.strftime('%Y%m%d-%H%M%S')}")
     return wandb, trackio
 
 
@@ -102,17 +105,17 @@ def _wandb_credentials() -> bool:
         return False
 
 
-def start_trackers(config: TrainConfig, warn: Callable[[str], None]) -> list[Tracker]:
+def start_trackers(tracking: TrackingSection, warn: Callable[[str], None]) -> list[Tracker]:
     """Main rank only. The enabled trackers, started; one that fails to start is a warning."""
-    factories: list[tuple[str, bool, Callable[[TrainConfig], Tracker]]] = [
-        ("wandb", config.wandb.enable, WandbTracker),
-        ("trackio", config.trackio.enable, TrackioTracker),
+    factories: list[tuple[str, bool, Callable[[TrackingSection], Tracker]]] = [
+        ("wandb", tracking.wandb.enable, WandbTracker),
+        ("trackio", tracking.trackio.enable, TrackioTracker),
     ]
     trackers: list[Tracker] = []
     for name, enabled, factory in factories:
         if enabled:
             try:
-                trackers.append(factory(config))
+                trackers.append(factory(tracking))
             except Exception as exc:  # a tracker must never stop training
                 warn(
                     f"warning: {name} could not start ({ckpt_tools.one_line(exc, expected=())}): training continues without it"
@@ -153,22 +156,20 @@ class WandbTracker:
 
     name = "wandb"
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, tracking: TrackingSection) -> None:
         import wandb
 
-        from trainer.config.train import encode_config
-
-        settings = config.wandb  # its run_id decided by the run plan
+        settings = tracking.wandb  # its run_id decided by the run plan
         self.run = wandb.init(
             project=settings.project,
             entity=settings.entity,
-            mode=cast(Literal["online", "offline", "disabled"], wandb_mode(config)),  # as pre-checked
+            mode=cast(Literal["online", "offline", "disabled"], tracking.wandb_mode),  # as pre-checked
             notes=settings.notes,
-            name=config.job_name,
+            name=tracking.job_name,
             id=settings.run_id,
             resume="allow",
-            dir=config.output_dir,
-            config=encode_config(config),
+            dir=tracking.output_dir,
+            config=dict(tracking.train_config),
         )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -186,18 +187,16 @@ class TrackioTracker:
 
     name = "trackio"
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, tracking: TrackingSection) -> None:
         import trackio
 
-        from trainer.config.train import encode_config
-
-        settings = config.trackio  # its run_name decided by the run plan
+        settings = tracking.trackio  # its run_name decided by the run plan
         self.trackio = trackio
         self.run = trackio.init(
             project=settings.project,
             name=settings.run_name,
             resume="allow",
-            config=encode_config(config),
+            config=dict(tracking.train_config),
             embed=False,
             auto_log_gpu=False,
             auto_log_cpu=False,

@@ -94,7 +94,7 @@ def batches(
 def _gathered(
     dataset: Any, sampler: GlobalOrderSampler, steps: int, chunk_size: int, settings: LoaderSettings
 ) -> Iterator[Batch]:
-    if settings.num_workers == 0 or not getattr(dataset, "gather_in_workers", False):
+    if settings.num_workers == 0 or not dataset.gather_in_workers:
         for _ in range(steps):
             yield dataset.gather(sampler.next_indices(), chunk_size)
         return

@@ -45,9 +45,9 @@ class RenamedDataset:
         self.inner, self.rename = inner, dict(rename)
         self.input_features = [self.rename.get(name, name) for name in inner.input_features]
         # decoding datasets (cameras) gather in the loader's workers; the wrapper pickles with them
-        self.gather_in_workers = bool(getattr(inner, "gather_in_workers", False))
+        self.gather_in_workers = inner.gather_in_workers
         # a mixture's draw order by weight (data/pipeline/mixture.py), which the sampler follows
-        self.weighted_order = getattr(inner, "weighted_order", None)
+        self.weighted_order = inner.weighted_order
         self.notes: list[str] = list(getattr(inner, "notes", []))  # the banner's lines about the data
 
     def __len__(self) -> int:

@@ -15,7 +15,7 @@ import shutil
 from dataclasses import dataclass
 
 from ckpt_tools import layout
-from trainer.config.train import TrainConfig
+from trainer.config.sections import SavingSection
 
 GIB = 2**30
 
@@ -64,14 +64,14 @@ def directory_bytes(path: str) -> int:
     )
 
 
-def first_save_note(step_dir: str, config: TrainConfig) -> tuple[str, dict[str, float | str]]:
+def first_save_note(step_dir: str, section: SavingSection) -> tuple[str, dict[str, float | str]]:
     """The log line and the tracker record (a `summary` of the trackers) of the forecast, at the
     run's first committed save `step_dir`."""
     if layout.is_url(step_dir):
         return f"disk forecast skipped: checkpoints go to {layout.parent(step_dir)}, a bucket URL", {}
     step = int(layout.name(step_dir))
     on_disk = sum(name.isdigit() for name in os.listdir(layout.parent(step_dir)))
-    needed = more_on_disk(saves_after(step, config.steps, config.save_freq), on_disk, config.keep_last)
+    needed = more_on_disk(saves_after(step, section.steps, section.save_freq), on_disk, section.keep_last)
     found = forecast(directory_bytes(step_dir), shutil.disk_usage(step_dir).free, needed)
     record: dict[str, float | str] = {
         "event": "disk_forecast",
@@ -83,12 +83,12 @@ def first_save_note(step_dir: str, config: TrainConfig) -> tuple[str, dict[str, 
     }
     sizes = (
         f"a checkpoint is {found.step_bytes / GIB:.3g} GiB and {found.free_bytes / GIB:.3g} GiB are free: room "
-        f"for {found.room} more; reaching --steps={config.steps} needs {found.needed} more on disk"
+        f"for {found.room} more; reaching --steps={section.steps} needs {found.needed} more on disk"
     )
     if found.fits:
         return f"disk forecast: {sizes}", record
     return (
-        f"warning: the disk will fill before the run ends: {sizes} (--save_freq={config.save_freq}, "
-        f"--keep_last={config.keep_last}); raise --save_freq, set --keep_last or free space",
+        f"warning: the disk will fill before the run ends: {sizes} (--save_freq={section.save_freq}, "
+        f"--keep_last={section.keep_last}); raise --save_freq, set --keep_last or free space",
         record,
     )

@@ -26,7 +26,7 @@ from typing import Any
 
 import ckpt_tools
 from ckpt_tools import layout
-from trainer.config.train import TrainConfig
+from trainer.config.sections import SavingSection
 from trainer.engine.checkpoint.saving import checkpoints_dir
 from trainer.reporting.metrics import Logger
 
@@ -43,9 +43,9 @@ class CheckpointPusher:
     """The main rank's pushes. `submit` and `poll` are called from the loop's thread, which alone writes
     to the logger: the push thread leaves its lines for `poll`."""
 
-    def __init__(self, config: TrainConfig, logger: Logger) -> None:
-        self.config, self.logger = config, logger
-        self.repo_id = str(config.policy.repo_id)
+    def __init__(self, section: SavingSection, logger: Logger) -> None:
+        self.section, self.logger = section, logger
+        self.repo_id = str(section.hub.repo_id)
         self._lock = threading.RLock()  # `hold` keeps it across a commit, whose `submit` takes it again
         self._idle = threading.Condition(self._lock)
         self._in_flight: str | None = None
@@ -77,7 +77,7 @@ class CheckpointPusher:
         """Push the step a resumed run starts from when it is one of this run's own: the run before may
         have died before (or while) pushing it. Pushing a step again costs a commit, not an upload (the
         Hub keeps files by content)."""
-        if step_dir is None or not _is_step_of(step_dir, self.config.output_dir):
+        if step_dir is None or not _is_step_of(step_dir, self.section.output_dir):
             return
         self.logger.note(
             f"pushing {_step(step_dir)}, which this run resumes from, in case the run before did not"
@@ -170,18 +170,18 @@ class CheckpointPusher:
     def _publish(self, step_dir: str) -> None:
         checkpoint = ckpt_tools.open_checkpoint(step_dir)
         if not checkpoint.publishable:  # DCP shards only: the Hub needs safetensors
-            ckpt_tools.convert_dcp_to_safetensors(step_dir, max_shard_size=self.config.save_shard_size)
+            ckpt_tools.convert_dcp_to_safetensors(step_dir, max_shard_size=self.section.shard_size)
         weights = checkpoint.default_weights
         name = layout.name(step_dir)
         result = ckpt_tools.publish_model(
             step_dir,
             self.repo_id,
-            private=self.config.policy.private,
+            private=self.section.hub.private,
             commit_message=f"Checkpoint at step {name} ({weights} weights), pushed while training",
             endpoint=os.environ.get("HF_ENDPOINT"),
             weights=weights,
             tag=step_tag(step_dir),
-            training_state=self.config.push_training_state,
+            training_state=self.section.hub.push_training_state,
         )
         with self._lock:
             self._say(

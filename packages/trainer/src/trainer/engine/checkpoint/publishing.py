@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import ckpt_tools
-from trainer.config.train import TrainConfig
+from trainer.config.sections import HubSection, SavingSection
 from trainer.engine.checkpoint.hub_pushes import CheckpointPusher
 from trainer.engine.run import RunSummary
 from trainer.errors import USER_ERRORS, ConfigError, PublishFailedError
@@ -33,13 +33,12 @@ if TYPE_CHECKING:
 UPLOAD_TIMEOUT = timedelta(hours=6)
 
 
-def check_publish_config(config: TrainConfig) -> str | None:
+def check_publish_config(hub: HubSection) -> str | None:
     """Refuse at start what would fail at the end of a long run: a malformed Hub repo id, no Hub
     token in huggingface_hub's usual places (HF_TOKEN, `hf auth login`), --policy.private for an
     fsspec target. Returns a warning for a repo id that will not be used (LeRobot launch lines name
     one without --policy.push_to_hub and expect a publish)."""
-    policy = config.policy
-    pushes = policy.push_to_hub or config.save_checkpoint_to_hub
+    policy, pushes = hub, hub.publishes  # `policy`: its fields are the --policy.* flags named below
     if policy.repo_id is not None and not pushes:
         return (
             f"warning: --policy.repo_id={policy.repo_id} is set but --policy.push_to_hub is false: nothing "
@@ -70,7 +69,7 @@ def check_publish_config(config: TrainConfig) -> str | None:
 
 
 def publish_final(
-    config: TrainConfig, summary: RunSummary, logger: Logger, pushes: CheckpointPusher | None = None
+    section: SavingSection, summary: RunSummary, logger: Logger, pushes: CheckpointPusher | None = None
 ) -> None:
     """Collective: call on all ranks after the final checkpoint is saved.
 
@@ -78,11 +77,11 @@ def publish_final(
     `summary.last_checkpoint` when --policy.push_to_hub is set. Raises `PublishFailedError` on every
     rank when the main rank's publish failed (a failed push is a warning, never an error).
     """
-    if not (config.policy.push_to_hub or config.save_checkpoint_to_hub):
+    if not section.hub.publishes:
         return
     with _upload_group() as group:  # made before the upload, while every rank is here
         ckpt_tools.main_decides(
-            lambda: _finish_on_main(config, summary, logger, pushes),
+            lambda: _finish_on_main(section, summary, logger, pushes),
             error=PublishFailedError,
             expected=USER_ERRORS,
             group=group,
@@ -90,19 +89,19 @@ def publish_final(
 
 
 def _finish_on_main(
-    config: TrainConfig, summary: RunSummary, logger: Logger, pushes: CheckpointPusher | None
+    section: SavingSection, summary: RunSummary, logger: Logger, pushes: CheckpointPusher | None
 ) -> None:
     if pushes is not None:
         pushes.close()
-    if config.policy.push_to_hub:
-        _publish_on_main(config, summary, logger)
+    if section.hub.push_to_hub:
+        _publish_on_main(section, summary, logger)
 
 
-def _publish_on_main(config: TrainConfig, summary: RunSummary, logger: Logger) -> None:
+def _publish_on_main(section: SavingSection, summary: RunSummary, logger: Logger) -> None:
     """Convert a DCP-only checkpoint, then publish it; any failure is one `PublishFailedError` line."""
     from huggingface_hub.utils import disable_progress_bars
 
-    step_dir, repo_id = summary.last_checkpoint, config.policy.repo_id
+    step_dir, repo_id = summary.last_checkpoint, section.hub.repo_id
     disable_progress_bars()  # a run's log gets one line per publish, not upload bars
     try:
         if (
@@ -111,22 +110,22 @@ def _publish_on_main(config: TrainConfig, summary: RunSummary, logger: Logger) -
             raise ckpt_tools.PublishError("the run saved no checkpoint to publish")
         if not ckpt_tools.open_checkpoint(step_dir).publishable:
             logger.note(f"converting the DCP shards of {step_dir} to safetensors for publishing")
-            ckpt_tools.convert_dcp_to_safetensors(step_dir, max_shard_size=config.save_shard_size)
+            ckpt_tools.convert_dcp_to_safetensors(step_dir, max_shard_size=section.shard_size)
         # a run that kept an EMA publishes it (what `trainer eval` and `load_policy` score by default)
         weights = ckpt_tools.open_checkpoint(step_dir).default_weights
         logger.note(f"publishing {step_dir} ({weights} weights) to {repo_id}")
         result = ckpt_tools.publish_model(
             step_dir,
             repo_id,
-            private=config.policy.private,
+            private=section.hub.private,
             endpoint=os.environ.get("HF_ENDPOINT"),  # read now, not when huggingface_hub was imported
-            extra_card_info=_card_extras(config, summary),
+            extra_card_info=_card_extras(section, summary),
             weights=weights,
         )
     except Exception as exc:  # any failure must reach the other ranks, or they wait for ever
         # Not chained: a client exception carries the request, Authorization header included.
         detail = str(exc) if isinstance(exc, ckpt_tools.CheckpointError) else f"{type(exc).__name__}: {exc}"
-        private = " --private" if config.policy.private else ""
+        private = " --private" if section.hub.private else ""
         raise PublishFailedError(
             f"publishing {step_dir} to {repo_id} failed: {' '.join(detail.split())}; publish the intact "
             f"checkpoint later with `ckpt push {step_dir} {repo_id}{private}`"
@@ -143,12 +142,12 @@ def _publish_on_main(config: TrainConfig, summary: RunSummary, logger: Logger) -
     )
 
 
-def _card_extras(config: TrainConfig, summary: RunSummary) -> dict[str, Any]:
+def _card_extras(section: SavingSection, summary: RunSummary) -> dict[str, Any]:
     """What the run knows beyond its files: the final loss, and the evaluation returns when it ran."""
     extras: dict[str, Any] = {}
     if not math.isnan(summary.final_loss):
         extras["final_loss"] = summary.final_loss
-    if config.dataset.rollout_episodes > 0:
+    if section.rollout_episodes > 0:
         extras["Evaluation return (policy / random torques)"] = (
             f"{summary.policy_return:.1f} / {summary.random_return:.1f}"
         )

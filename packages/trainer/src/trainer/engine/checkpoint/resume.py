@@ -22,7 +22,7 @@ import torch
 
 import ckpt_tools
 from ckpt_tools import ResumePlan, RunShape, Topology, layout
-from trainer.config.train import TrainConfig
+from trainer.config.sections import SavingSection
 from trainer.data.pipeline.sampler import GlobalOrderSampler
 from trainer.engine.peft_policy import saved_weight_shapes
 from trainer.errors import USER_ERRORS, CannotResumeError, ConfigError
@@ -77,26 +77,26 @@ def resume_pointer(path: str) -> str | None:
         raise ConfigError(f"cannot resume from {path}: {exc}") from None
 
 
-def find_checkpoint(config: TrainConfig) -> str | None:
+def find_checkpoint(config_path: str | None, output_dir: str) -> str | None:
     """The step directory a `--resume=true` run continues from.
 
     `--config_path` inside a checkpoint (`<step>/pretrained_model/train_config.json`, `last` included)
     names it; otherwise it is `checkpoints/last` under `--output_dir`, and None when that run has not
     saved yet (the caller then starts fresh, so a crash before the first save also recovers).
     """
-    if config.config_path is not None:
-        text = os.fspath(config.config_path)
+    if config_path is not None:
+        text = os.fspath(config_path)
         model_dir = layout.parent(text if layout.is_url(text) else os.path.abspath(text))  # URLs too
         if layout.name(model_dir) == layout.PRETRAINED_MODEL_DIR:
             step_dir = layout.parent(model_dir)
             if layout.name(step_dir) == layout.LAST:
                 return resume_pointer(layout.parent(step_dir))
             return step_dir
-    return resume_pointer(config.output_dir)
+    return resume_pointer(output_dir)
 
 
 def before_prepare(
-    config: TrainConfig,
+    section: SavingSection,
     topology: Topology,
     model: torch.nn.Module,
     sampler: GlobalOrderSampler,
@@ -107,20 +107,22 @@ def before_prepare(
     the process group is up, before `prepare()`. The main rank alone resolves which step to resume
     (`last` may move while the ranks start) and broadcasts it; every rank then reads that step's files
     and computes the same plan."""
-    if not config.resume:
+    if not section.resume:
         return FRESH
     step_dir = ckpt_tools.main_decides(
-        lambda: find_checkpoint(config), error=ConfigError, expected=USER_ERRORS
+        lambda: find_checkpoint(section.config_path, section.output_dir),
+        error=ConfigError,
+        expected=USER_ERRORS,
     )
     if step_dir is None:
         return ResumePoint(
             None,
             None,
-            f"--resume=true: no checkpoint under {config.output_dir}: starting a fresh run",
+            f"--resume=true: no checkpoint under {section.output_dir}: starting a fresh run",
         )
     with _refusals(step_dir):
         saved = ckpt_tools.read_training_step(step_dir)
-        plan = ckpt_tools.plan_resume(saved, _run_shape(config, topology))
+        plan = ckpt_tools.plan_resume(saved, _run_shape(section, topology))
         _check_weights_fit(step_dir, model)
         ckpt_tools.load_rng_state(step_dir, rank, world_size)
     if plan.sampler.offset > sampler.num_samples:  # fewer --dataset.episodes than the run saved with
@@ -136,9 +138,9 @@ def before_prepare(
     ]
     if plan.warning is not None:
         lines.append(f"warning: {plan.warning}")
-    if plan.step >= config.steps:
+    if plan.step >= section.steps:
         lines.append(
-            f"nothing left to train: the checkpoint is at step {plan.step} of --steps={config.steps}; "
+            f"nothing left to train: the checkpoint is at step {plan.step} of --steps={section.steps}; "
             "raise --steps to continue training"
         )
     return ResumePoint(step_dir, plan, "\n".join(lines))
@@ -169,13 +171,13 @@ def after_prepare(
         )
 
 
-def _run_shape(config: TrainConfig, topology: Topology) -> RunShape:
+def _run_shape(section: SavingSection, topology: Topology) -> RunShape:
     return RunShape(
         topology=topology,
-        batch_size=config.batch_size,
-        grad_accum_steps=config.accelerator.gradient_accumulation.steps,
-        mixed_precision=config.accelerator.mixed_precision,
-        peft=config.peft.enabled,
+        batch_size=section.batch_size,
+        grad_accum_steps=section.grad_accum_steps,
+        mixed_precision=section.mixed_precision,
+        peft=section.peft,
     )
 
 

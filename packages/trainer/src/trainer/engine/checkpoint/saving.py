@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Collection, Iterator
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
 import ckpt_tools
 from ckpt_tools import SamplerPosition, Topology, TrainingStep, layout
-from trainer.config.train import TrainConfig, encode_config
+from trainer.config.sections import SavingSection
 from trainer.data.pipeline.processors import Processor
 from trainer.engine.peft_policy import adapter_config
 from trainer.errors import CheckpointSaveError, ConfigError
@@ -37,65 +37,60 @@ def checkpoints_dir(output_dir: str) -> str:
     return layout.join(output_dir, layout.CHECKPOINTS_DIR)
 
 
-def check_fresh_output_dir(config: TrainConfig) -> None:
+def check_fresh_output_dir(output_dir: str, resume: bool) -> None:
     """A new run must not mix its checkpoints with an older run's."""
-    if config.resume:
+    if resume:
         return
     try:
-        holds = ckpt_tools.latest_step_dir(config.output_dir) is not None
+        holds = ckpt_tools.latest_step_dir(output_dir) is not None
     except ckpt_tools.CheckpointError as exc:  # a broken `last` is still an older run's
-        raise ConfigError(
-            f"--output_dir={config.output_dir} holds a broken checkpoint pointer: {exc}"
-        ) from None
+        raise ConfigError(f"--output_dir={output_dir} holds a broken checkpoint pointer: {exc}") from None
     if holds:
         raise ConfigError(
-            f"--output_dir={config.output_dir} already holds checkpoints: choose another --output_dir, "
+            f"--output_dir={output_dir} already holds checkpoints: choose another --output_dir, "
             "or continue that run with --resume=true"
         )
 
 
-def check_async_save(config: TrainConfig, topology: Topology) -> None:
+def check_async_save(async_save: bool, topology: Topology) -> None:
     """--async_save writes DCP shards in the background: only a sharded run has them."""
-    if config.async_save and not topology.is_sharded:
+    if async_save and not topology.is_sharded:
         raise ConfigError(
             f"--async_save=true writes a sharded run's DCP shards in the background, and this "
             f"{topology.describe()} run has none: shard it (--parallelism.dp_shard=N) or drop --async_save"
         )
 
 
-def saved_config(config: TrainConfig) -> dict[str, Any]:
-    """train_config.json: the run's config with its absolute output_dir (parse_config resolves it) and
-    `resume` stored false, so the file alone reproduces the run from its start; continuing the run is
-    what `--resume=true` asks for."""
-    return {**encode_config(config), "resume": False}
-
-
 def training_step(
-    config: TrainConfig, topology: Topology, step: int, position: tuple[int, int]
+    section: SavingSection, topology: Topology, step: int, position: tuple[int, int]
 ) -> TrainingStep:
     return TrainingStep(
         step=step,
         dp_world_size=topology.dp_world_size,
-        batch_size=config.batch_size,
-        grad_accum_steps=config.accelerator.gradient_accumulation.steps,
-        mixed_precision=config.accelerator.mixed_precision,
+        batch_size=section.batch_size,
+        grad_accum_steps=section.grad_accum_steps,
+        mixed_precision=section.mixed_precision,
         topology=topology,
-        checkpoint_format=config.checkpoint_format,
+        checkpoint_format=section.checkpoint_format,
         sampler=SamplerPosition(epoch=position[0], offset=position[1]),
-        seed=config.seed,
-        peft=config.peft.enabled,
+        seed=section.seed,
+        peft=section.peft,
     )
 
 
 def save(
-    config: TrainConfig, state: TrainingStep, *, keep: Collection[str] = (), **objects: Unpack[SavedObjects]
+    section: SavingSection,
+    state: TrainingStep,
+    *,
+    keep: Collection[str] = (),
+    **objects: Unpack[SavedObjects],
 ) -> str:
     """Collective: call on all ranks. `start` then `finish`: the step committed; returns its directory."""
-    return finish(config, start(config, state, **objects), keep)
+    return finish(section, start(section, state, **objects), keep)
 
 
 def start(
-    config: TrainConfig,
+    section: SavingSection,
     state: TrainingStep,
     **objects: Unpack[SavedObjects],
 ) -> ckpt_tools.PendingCheckpoint:
@@ -105,39 +100,39 @@ def start(
         layout.PREPROCESSOR: ckpt_tools.ProcessorState(*objects["preprocessor"].state()),
         layout.POSTPROCESSOR: ckpt_tools.ProcessorState(*objects["postprocessor"].state()),
     }
-    with _one_line(config):
+    with _one_line(section):
         return ckpt_tools.start_checkpoint(
-            checkpoints_dir(config.output_dir),
+            checkpoints_dir(section.output_dir),
             state,
             model=objects["model"],
             optimizer=objects["optimizer"],
-            policy_config=config.policy.to_dict(),
-            train_config=saved_config(config),
+            policy_config=dict(section.policy_config),
+            train_config=dict(section.train_config),
             processors=processors,
             scheduler=objects["scheduler"],
             scaler=objects["scaler"],
-            adapter_config=adapter_config(objects["model"], config),
-            keep_last=config.keep_last,
-            manifest=config.checkpoint_manifest,
-            background=config.async_save,
+            adapter_config=adapter_config(objects["model"], section.base_model),
+            keep_last=section.keep_last,
+            manifest=section.manifest,
+            background=section.async_save,
             ema=objects.get("ema"),
-            shard_size=config.save_shard_size,
+            shard_size=section.shard_size,
         )
 
 
-def finish(config: TrainConfig, pending: ckpt_tools.PendingCheckpoint, keep: Collection[str] = ()) -> str:
+def finish(section: SavingSection, pending: ckpt_tools.PendingCheckpoint, keep: Collection[str] = ()) -> str:
     """Collective: wait for the pending checkpoint's writes on every rank, commit it, move `last`, apply
     --keep_last, which spares the step names in `keep` (those a push reads). Returns the step directory."""
-    with _one_line(config):
+    with _one_line(section):
         return str(pending.finish(keep))
 
 
 @contextlib.contextmanager
-def _one_line(config: TrainConfig) -> Iterator[None]:
+def _one_line(section: SavingSection) -> Iterator[None]:
     try:
         yield
     except ckpt_tools.SaveFailedError as exc:
         raise CheckpointSaveError(
             f"{exc}; `last` still names the newest complete checkpoint: fix the cause and resume with "
-            f"--resume=true --output_dir={os.path.abspath(config.output_dir)}"
+            f"--resume=true --output_dir={os.path.abspath(section.output_dir)}"
         ) from None

@@ -15,7 +15,7 @@ import os
 from functools import partial
 
 import ckpt_tools
-from trainer.config.train import TrainConfig
+from trainer.config.sections import SavingSection
 from trainer.distributed.interrupt import Agreement, Interrupted
 from trainer.engine.checkpoint import disk_forecast, saving
 from trainer.engine.checkpoint.hub_pushes import CheckpointPusher
@@ -27,8 +27,11 @@ from trainer.reporting.metrics import Logger
 class SaveSchedule:
     """The save side of the loop. Collective: every method is called on all ranks at the same steps."""
 
-    def __init__(self, run: Run, logger: Logger, pushes: CheckpointPusher | None = None) -> None:
-        self.run, self.logger, self.pushes = run, logger, pushes  # pushes: the main rank's, if any
+    def __init__(
+        self, run: Run, section: SavingSection, logger: Logger, pushes: CheckpointPusher | None = None
+    ) -> None:
+        self.run, self.section, self.logger = run, section, logger
+        self.pushes = pushes  # the main rank's, if any
         self.last_checkpoint: str | None = None
         self._pending: ckpt_tools.PendingCheckpoint | None = None  # a background write not committed
         self._started_now = False  # the pending write was started by this step's save
@@ -40,21 +43,21 @@ class SaveSchedule:
 
     def after_step(self, step: int) -> None:
         """Save at `--save_freq` and at the last step."""
-        config = self.run.config
+        section = self.section
         self._started_now = False
         if self.pushes is not None:
             self.pushes.poll()
-        if step % config.save_freq and step != config.steps:
+        if step % section.save_freq and step != section.steps:
             return
         self._commit_pending()
-        if config.async_save and step != config.steps:
+        if section.async_save and step != section.steps:
             self._owns_output_dir()
-            self._pending = saving.start(config, self._state(step), **_saved_objects(self.run))
+            self._pending = saving.start(section, self._state(step), **_saved_objects(self.run))
             self._started_now = True
         else:
             self._save(step)
         self._saved_step = step
-        check_writes(self.logger, self.run.config, self.last_checkpoint)  # a full disk stops the run here
+        check_writes(self.logger, section.output_dir, self.last_checkpoint)  # a full disk stops the run here
 
     def at_boundary(self, step: int, agreement: Agreement) -> None:
         """The update boundary's agreed flags: commit a background write every rank has finished (any
@@ -66,7 +69,7 @@ class SaveSchedule:
         if signum:
             if self._saved_step != step:
                 self._save(step)
-            raise Interrupted(signum, step, self.last_checkpoint, resume_hint(self.run.config))
+            raise Interrupted(signum, step, self.last_checkpoint, resume_hint(self.section.output_dir))
 
     def finish(self) -> str | None:
         """Commit the write still in flight at the end of the loop; the run's last checkpoint."""
@@ -78,19 +81,19 @@ class SaveSchedule:
             self._owns_output_dir()
             pending, self._pending = self._pending, None
             with self._retention() as keep:
-                self._committed(saving.finish(self.run.config, pending, keep))
+                self._committed(saving.finish(self.section, pending, keep))
 
     def _save(self, step: int) -> None:
         self._owns_output_dir()
         with self._retention() as keep:
             state, objects = self._state(step), _saved_objects(self.run)
-            self._committed(saving.save(self.run.config, state, keep=keep, **objects))
+            self._committed(saving.save(self.section, state, keep=keep, **objects))
 
     def _committed(self, step_dir: str) -> None:
         first, self.last_checkpoint = self.last_checkpoint is None, step_dir
         self.logger.note(f"checkpoint {step_dir}")
         if first:  # will the rest of the run's checkpoints fit on this disk?
-            line, record = disk_forecast.first_save_note(step_dir, self.run.config)
+            line, record = disk_forecast.first_save_note(step_dir, self.section)
             self.logger.note(line, **record)
         if self.pushes is not None:
             self.pushes.submit(step_dir)
@@ -107,18 +110,18 @@ class SaveSchedule:
 
     def _state(self, step: int) -> ckpt_tools.TrainingStep:
         run = self.run
-        return saving.training_step(run.config, run.topology, step, run.sampler.position)
+        return saving.training_step(self.section, run.topology, step, run.feed.sampler.position)
 
 
-def check_writes(logger: Logger, config: TrainConfig, checkpoint: str | None) -> None:
+def check_writes(logger: Logger, output_dir: str, checkpoint: str | None) -> None:
     """Collective. Every rank raises the logger's one line when a metrics write failed (a full disk):
     called after a save, so the steps trained since the failure are kept."""
-    check = partial(logger.check_writes, checkpoint, resume_hint(config))
+    check = partial(logger.check_writes, checkpoint, resume_hint(output_dir))
     ckpt_tools.main_decides(check, error=RunFailedError, expected=USER_ERRORS)
 
 
-def resume_hint(config: TrainConfig) -> str:
-    return f"--resume=true --output_dir={os.path.abspath(config.output_dir)}"
+def resume_hint(output_dir: str) -> str:
+    return f"--resume=true --output_dir={os.path.abspath(output_dir)}"
 
 
 def _saved_objects(run: Run) -> saving.SavedObjects:

@@ -8,6 +8,7 @@ training (hub_pushes.py, the main rank's, with --save_checkpoint_to_hub) and the
 
 from __future__ import annotations
 
+from trainer.config.sections import SavingSection
 from trainer.distributed.interrupt import Agreement
 from trainer.engine.checkpoint import publishing
 from trainer.engine.checkpoint.hub_pushes import CheckpointPusher
@@ -19,19 +20,18 @@ from trainer.reporting.metrics import Logger
 class Checkpoints:
     """Collective: every method is called on all ranks at the same steps."""
 
-    def __init__(self, run: Run, logger: Logger, resumed_from: str | None) -> None:
+    def __init__(self, run: Run, section: SavingSection, logger: Logger, resumed_from: str | None) -> None:
         """`resumed_from`: the step directory the run resumed from, pushed again in case the run
         before died before pushing it."""
-        config = run.config
-        self.run, self.logger = run, logger
+        self.section, self.logger = section, logger
         self.pushes = (
-            CheckpointPusher(config, logger)
-            if config.save_checkpoint_to_hub and run.accelerator.is_main_process
+            CheckpointPusher(section, logger)
+            if section.hub.save_checkpoint_to_hub and run.accelerator.is_main_process
             else None
         )
         if self.pushes is not None:
             self.pushes.resumed_from(resumed_from)
-        self.schedule = SaveSchedule(run, logger, self.pushes)
+        self.schedule = SaveSchedule(run, section, logger, self.pushes)
 
     def writing(self) -> bool:
         """Whether this rank's background write is still running (a flag of the boundary's agreement)."""
@@ -59,5 +59,5 @@ class Checkpoints:
     def publish(self, summary: RunSummary) -> None:
         """After the loop and the logger's close: a metrics write that failed after the last save ends
         the run in one line; then the end-of-run publish (--policy.push_to_hub), after the pushes."""
-        check_writes(self.logger, self.run.config, summary.last_checkpoint)
-        publishing.publish_final(self.run.config, summary, self.logger, self.pushes)
+        check_writes(self.logger, self.section.output_dir, summary.last_checkpoint)
+        publishing.publish_final(self.section, summary, self.logger, self.pushes)

@@ -1,0 +1,161 @@
+"""The run plan's sections: what each part of the engine reads of a run, and nothing more (plain values,
+in config/ so that every layer can take its own).
+
+`engine/plan.py` resolves a parsed `TrainConfig` into a `RunPlan` made of these frozen sections; past
+that point the config itself is not seen. A component takes its own section (the checkpoint wing
+`SavingSection`, the trackers `TrackingSection`, the policy build `PolicySection`, ...), so what it
+depends on is written in its signature, and a new flag reaches only the section that uses it. A value
+two components need (the loop's `steps`, the run's `seed`) sits in each section that reads it, copied
+once by the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ckpt_tools import Topology
+from trainer.config.accelerator import AcceleratorConfig
+from trainer.config.dataset import Dataset, DatasetConfig
+from trainer.config.ema import EmaConfig
+from trainer.config.optim import OptimizerConfig, SchedulerConfig
+from trainer.config.peft import PeftConfig
+from trainer.config.policy import PolicyConfig
+from trainer.config.tracking import TrackioConfig, WandbConfig
+
+
+@dataclass(frozen=True)
+class DataSection:
+    """What the data feed reads: the dataset, the batch per rank, the workers that decode it."""
+
+    dataset: DatasetConfig
+    batch_size: int
+    num_workers: int
+    prefetch_factor: int
+    seed: int
+    """Seeds the sample order (and the augmentation's draws)."""
+    timeout_s: int
+    """How long a batch may take before its worker is reported stalled (--collective_timeout_s)."""
+    val_freq: int
+    """Held-out val_loss every this many loop steps (--eval_freq; 0: only at the end)."""
+
+
+@dataclass(frozen=True)
+class PolicySection:
+    """What the policy build reads: the policy, its PEFT wrapping, the units FSDP and the unit
+    transforms (checkpointing, compile) apply to, the seed of its initial values."""
+
+    policy: PolicyConfig
+    peft: PeftConfig
+    accelerator: AcceleratorConfig
+    seed: int
+
+
+@dataclass(frozen=True)
+class ParallelismSection:
+    """What the accelerator factory reads: the resolved topology and accelerate's settings."""
+
+    topology: Topology
+    accelerator: AcceleratorConfig
+    collective_timeout_s: int
+
+
+@dataclass(frozen=True)
+class OptimizationSection:
+    """The optimizer, the schedule and the loop's length, with the banner's line on where they came
+    from (the policy's preset or the flags)."""
+
+    optimizer: OptimizerConfig
+    scheduler: SchedulerConfig
+    steps: int
+    grad_accum_steps: int
+    ema: EmaConfig
+    described: str
+
+
+@dataclass(frozen=True)
+class HubSection:
+    """Where the run's model is published: at the end (--policy.push_to_hub) and while training
+    (--save_checkpoint_to_hub)."""
+
+    repo_id: str | None
+    private: bool | None
+    push_to_hub: bool
+    save_checkpoint_to_hub: bool
+    push_training_state: bool
+
+    @property
+    def publishes(self) -> bool:
+        return self.push_to_hub or self.save_checkpoint_to_hub
+
+
+@dataclass(frozen=True)
+class SavingSection:
+    """What the checkpoint wing (saves, resume, retention, publishing) reads, including the two files
+    every step carries: the policy's config.json and the run's train_config.json."""
+
+    output_dir: str
+    checkpoint_format: str
+    manifest: bool
+    shard_size: str | None
+    save_freq: int
+    keep_last: int
+    async_save: bool
+    resume: bool
+    config_path: str | None
+    steps: int
+    batch_size: int
+    seed: int
+    grad_accum_steps: int
+    mixed_precision: str
+    peft: bool
+    base_model: str | None
+    """The weights the run started from (--policy.path), recorded in a PEFT run's adapter_config.json."""
+    policy_config: Mapping[str, Any]
+    train_config: Mapping[str, Any]
+    hub: HubSection
+    rollout_episodes: int
+    """Episodes of the end-of-run evaluation (the model card reports its returns when > 0)."""
+
+
+@dataclass(frozen=True)
+class TrackingSection:
+    """What the metrics logger and the experiment trackers read."""
+
+    job_name: str
+    output_dir: str
+    log_freq: int
+    wandb: WandbConfig
+    trackio: TrackioConfig
+    wandb_mode: str
+    """The W&B mode decided once by the plan (a typed flag, then W&B's environment, then the config)."""
+    train_config: Mapping[str, Any]
+    """The run's config as the trackers record it."""
+
+
+@dataclass(frozen=True)
+class EvaluationSection:
+    """The end-of-run rollouts on the data's simulated task."""
+
+    rollout_episodes: int
+    rollout_camera: bool
+    use_ema: bool
+    """Score the EMA weights (--ema.use_for_eval with --ema.enable)."""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run is, decided once: one section per part of the engine, the lines to print after the
+    banner, and the data read to decide the policy's features (loaded once, used for training)."""
+
+    data: DataSection
+    policy: PolicySection
+    parallelism: ParallelismSection
+    optimization: OptimizationSection
+    saving: SavingSection
+    tracking: TrackingSection
+    evaluation: EvaluationSection
+    notes: tuple[str, ...]
+    dataset: Dataset
+    val_dataset: Dataset | None

@@ -1,0 +1,104 @@
+"""What a run builds before its first step, in order: the policy (on the meta device where it can be),
+the processors, the accelerator and the process group, the run lock, the data feed, the optimizer and
+schedule, then the two resume phases around `prepare()`. Each part takes its own section of the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+import ckpt_tools
+from trainer.config.sections import RunPlan
+from trainer.data.pipeline.feed import DataFeed
+from trainer.data.pipeline.processors import build_processors
+from trainer.distributed.factory import build_accelerator, prepare
+from trainer.distributed.runlock import RunLock
+from trainer.distributed.wrap import WrapPlan
+from trainer.engine import build as model_build
+from trainer.engine.checkpoint import resume
+from trainer.engine.ema import Ema
+from trainer.engine.run import Run
+from trainer.errors import USER_ERRORS, ConfigError
+from trainer.policies.base import optimizer_params
+
+
+@dataclass(frozen=True)
+class Started:
+    """The built run, its FSDP wrap plan (None unsharded) and where it resumed from."""
+
+    run: Run
+    wrap_plan: WrapPlan | None
+    resume_point: resume.ResumePoint
+
+
+def start_run(plan: RunPlan, lock: RunLock, notes: list[str]) -> Started:
+    """Collective. Policy, accelerator, the run lock, optimizer; the two resume phases around
+    `prepare()`. A stale lock taken over adds its warning to `notes`."""
+    dataset, section = plan.dataset, plan.policy
+    topology = plan.parallelism.topology
+    # on the meta device where it can be; --policy.path weights, --peft adapters, unit transforms
+    built = model_build.build(section, topology.is_sharded, dataset.obs_dim, dataset.action_dim, notes)
+    policy, wrap_plan = built.policy, built.wrap_plan
+    preprocessor, postprocessor = build_processors(section.policy.normalization_stats(dataset.stats()))
+    accelerator = build_accelerator(plan.parallelism, wrap_plan)
+    model_build.before_prepare(built, section, accelerator.device)  # the unsharded policy is real now
+    # while the launcher's store is up (ranks it leaves behind still save), bounded like every collective
+    ckpt_tools.prepare_save_groups(timedelta(seconds=plan.parallelism.collective_timeout_s))
+    lock_note = ckpt_tools.main_decides(
+        lock.acquire, error=ConfigError, expected=USER_ERRORS
+    )  # before anything is written to output_dir
+    if lock_note:
+        notes.append(lock_note)
+    feed = DataFeed(
+        plan.data,
+        dataset,
+        plan.val_dataset,
+        section.policy.chunk_size,
+        dp_world_size=topology.dp_world_size,
+        rank=accelerator.process_index,
+        device=accelerator.device,
+    )
+    optimization = plan.optimization
+    optimizer = optimization.optimizer.build(optimizer_params(policy, built.base))
+    scheduler = optimization.scheduler.build(optimizer, optimization.steps)
+
+    # ---- Resume, phase 1 (before prepare): restore the step, the RNG and the sampler position. ----
+    resume_point = resume.before_prepare(
+        plan.saving, topology, policy, feed.sampler, accelerator.process_index, accelerator.num_processes
+    )
+
+    model, optimizer, scheduler = prepare(accelerator, policy, optimizer, scheduler, wrap_plan)
+    model_build.after_prepare(built, section, accelerator.device)  # a sharded policy's shards are real now
+
+    # ---- Resume, phase 2 (after prepare): load model/optimizer/scheduler/EMA state (ckpt_tools). ----
+    unwrapped = accelerator.unwrap_model(model)
+    ema = Ema(optimization.ema, unwrapped) if optimization.ema.enable else None
+    ema_loaded = resume.after_prepare(
+        resume_point,
+        model=unwrapped,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=accelerator.scaler,
+        ema=ema.shadow if ema is not None else None,
+    )
+    if ema is not None and resume_point.step_dir is not None and not ema_loaded:
+        ema = Ema(optimization.ema, unwrapped)  # from the resumed weights
+        notes.append(f"{resume_point.step_dir} holds no EMA weights: the EMA starts from its weights")
+    # accelerate counts accumulation windows from its own start: count them from step 0 instead, so a
+    # resumed run's windows end where the uninterrupted run's do (docs/resume.md).
+    accelerator.step = resume_point.start_step
+    run = Run(
+        topology=topology,
+        accelerator=accelerator,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        feed=feed,
+        preprocessor=preprocessor,
+        postprocessor=postprocessor,
+        start_step=resume_point.start_step,
+        check_lock=lock.check,
+        ema=ema,
+    )
+    return Started(run, wrap_plan, resume_point)
