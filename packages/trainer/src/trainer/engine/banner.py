@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING
 
 from trainer.config.dataset import Dataset
 from trainer.config.sections import RunPlan
-from trainer.distributed.wrap import WrapPlan
+from trainer.distributed.wrap import WrapPlan, describe_parameters
 
 if TYPE_CHECKING:
+    import torch
     from accelerate import Accelerator
 
 
@@ -37,7 +38,19 @@ def data_banner(plan: RunPlan) -> list[str]:
     ]
 
 
-def run_banner(plan: RunPlan, wrap_plan: WrapPlan | None, accelerator: Accelerator) -> list[str]:
+def run_banner(
+    plan: RunPlan, wrap_plan: WrapPlan | None, accelerator: Accelerator, model: torch.nn.Module
+) -> list[str]:
+    """The whole banner: the run's lines, the optimizer and schedule, the data, the parameters."""
+    return [
+        *_run_lines(plan, wrap_plan, accelerator),
+        plan.optimization.described,
+        *data_banner(plan),
+        describe_parameters(model),
+    ]
+
+
+def _run_lines(plan: RunPlan, wrap_plan: WrapPlan | None, accelerator: Accelerator) -> list[str]:
     """The topology and processes, the effective batch, the schedule of saves, the EMA, the FSDP units."""
     topology, saving, optimization = plan.parallelism.topology, plan.saving, plan.optimization
     accum, batch_size, mixed_precision = (

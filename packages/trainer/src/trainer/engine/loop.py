@@ -22,10 +22,8 @@ import torch
 from trainer.config.sections import RunPlan
 from trainer.distributed.interrupt import Agreement, Interrupted, Interrupts
 from trainer.distributed.runlock import RunLock, watch_launcher
-from trainer.distributed.wrap import describe_parameters
-from trainer.engine.banner import data_banner, run_banner
+from trainer.engine.banner import run_banner
 from trainer.engine.checkpoint.wing import Checkpoints
-from trainer.engine.host_memory import hold_mmap_threshold
 from trainer.engine.loss_window import LossWindow
 from trainer.engine.run import Run, RunSummary
 from trainer.engine.startup import start_run
@@ -42,7 +40,6 @@ def train(plan: RunPlan) -> RunSummary:
 
     Raises `Interrupted` after a SIGTERM/SIGINT (the checkpoint of the step every rank stopped at is
     saved first), and `ConfigError` on every rank when the run directory is held by another run."""
-    hold_mmap_threshold()  # before the build allocates: freed tensors leave the process
     interrupts, lock = Interrupts(), RunLock(plan.saving.output_dir)
     interrupts.install()
     watch_launcher(_stop_orphan)
@@ -61,14 +58,7 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
     logger = make_logger(
         run.accelerator.is_main_process, plan.saving.output_dir, steps, run.start_step, plan.tracking
     )
-    logger.banner(
-        [
-            *run_banner(plan, started.wrap_plan, run.accelerator),
-            plan.optimization.described,
-            *data_banner(plan),
-            describe_parameters(run.model),
-        ]
-    )
+    logger.banner(run_banner(plan, started.wrap_plan, run.accelerator, run.model))
     if resume_point.message:
         logger.note(resume_point.message, event="resume", step=run.start_step, changes=resume_point.changes)
     for note in notes:

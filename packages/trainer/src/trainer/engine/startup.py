@@ -18,6 +18,7 @@ from trainer.distributed.wrap import WrapPlan
 from trainer.engine import build as model_build
 from trainer.engine.checkpoint import resume
 from trainer.engine.ema import Ema
+from trainer.engine.host_memory import hold_mmap_threshold
 from trainer.engine.run import Run
 from trainer.errors import USER_ERRORS, ConfigError
 from trainer.policies.base import optimizer_params
@@ -35,6 +36,7 @@ class Started:
 def start_run(plan: RunPlan, lock: RunLock, notes: list[str]) -> Started:
     """Collective. Policy, accelerator, the run lock, optimizer; the two resume phases around
     `prepare()`. A stale lock taken over adds its warning to `notes`."""
+    hold_mmap_threshold()  # before the build allocates: freed tensors leave the process
     dataset, section = plan.dataset, plan.policy
     topology = plan.parallelism.topology
     # on the meta device where it can be; --policy.path weights, --peft adapters, unit transforms
