@@ -39,7 +39,7 @@ def _saved_run(root: Path) -> dict[str, torch.Tensor]:
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         policy_config=CONFIG,
         train_config={"steps": 3},
-        ema=ema,
+        extra_weights={"ema": ema},
     )
     return ema
 

@@ -61,7 +61,17 @@ def trained() -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
 def test_a_sharded_save_writes_huggingface_hubs_files(trained, tmp_path: Path) -> None:
     model, optimizer, scheduler = trained
     ema = {name: param.detach() + 1 for name, param in model.named_parameters()}
-    step = Path(save(tmp_path / "sharded", 2, model, optimizer, scheduler, shard_size=f"{SHARD}B", ema=ema))
+    step = Path(
+        save(
+            tmp_path / "sharded",
+            2,
+            model,
+            optimizer,
+            scheduler,
+            shard_size=f"{SHARD}B",
+            extra_weights={"ema": ema},
+        )
+    )
     single = Path(save(tmp_path / "single", 2, model, optimizer, scheduler))
     hub = tmp_path / "hub"
     hub.mkdir()

@@ -76,3 +76,33 @@ def test_a_set_added_to_the_table_is_listed_chosen_and_loaded(
     loaded = ckpt_tools.load_model_state_dict(step_without_ema, weights="student")
     assert torch.equal(loaded["0.weight"], student["0.weight"])
     assert loaded.keys() == model.keys() and torch.equal(loaded["2.weight"], model["2.weight"])
+
+
+def test_a_set_added_to_the_table_is_saved_and_resumed_through_the_same_mapping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writing goes through the table too: the save takes the student by its name beside the EMA, in
+    both formats, and a resume fills each set in place and names the sets it filled."""
+    monkeypatch.setattr(weight_sets, "WEIGHT_SETS", (*weight_sets.WEIGHT_SETS, STUDENT))
+    model, optimizer, scheduler = make_run()
+    student = {name: torch.full_like(p, 0.25) for name, p in model.named_parameters()}
+    ema = {name: p.detach() + 1 for name, p in model.named_parameters()}
+    ts = training_step(1, checkpoint_format="safetensors_dcp")
+    step = save(
+        tmp_path / "c", 1, model, optimizer, scheduler, ts=ts, extra_weights={"ema": ema, "student": student}
+    )
+    model_dir = Path(step) / layout.PRETRAINED_MODEL_DIR
+    assert (model_dir / "student.safetensors").is_file() and (model_dir / "student_dcp").is_dir()
+    filled = {name: torch.zeros_like(value) for name, value in student.items()}
+    loaded = ckpt_tools.load_training_state(step, model=model, extra_weights={"student": filled})
+    assert loaded == {"student"}
+    assert all(torch.equal(filled[name], student[name]) for name in student)
+
+
+def test_a_save_refuses_a_name_that_is_no_set_beside_the_model(tmp_path: Path) -> None:
+    model, optimizer, scheduler = make_run()
+    with pytest.raises(
+        UsageError, match=r"^extra_weights names 'adapter', which is not a weight set saved beside"
+    ):
+        save(tmp_path / "c", 1, model, optimizer, scheduler, extra_weights={"adapter": {}})
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())  # nothing written

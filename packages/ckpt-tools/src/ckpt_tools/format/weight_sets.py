@@ -9,8 +9,10 @@ it, so a reader asking for it gets the model's state dict with those tensors rep
 
 The catalog lists a path's sets from this table, the loaders, `convert --weights`, `push --weights`
 and the trainer choose one through `choose` (one message for a name that is no weight set) and report
-a missing one with `missing` (one message). Adding a weight set is one entry in `WEIGHT_SETS` plus the
-code that produces it (a save's `ema=` for the EMA). Torch-free.
+a missing one with `missing` (one message). A save writes, and a resume fills, the sets that overlay the
+model from one mapping by name (`start_checkpoint(extra_weights={"ema": shadow})`,
+`load_training_state(extra_weights=...)`, each set checked with `extra`): adding a weight set is one
+entry in `WEIGHT_SETS` plus the code that produces it (the trainer's EMA for `ema`). Torch-free.
 """
 
 from __future__ import annotations
@@ -73,6 +75,18 @@ def choose(weights: str) -> WeightSetKind:
         if kind.choosable and kind.name == weights:
             return kind
     raise UsageError(f"weights={weights!r} is not one of {', '.join(CHOICES)}", option="--weights")
+
+
+def extra(name: str) -> WeightSetKind:
+    """The weight set a save's or a resume's `extra_weights` key names: one that overlays the model
+    (saved beside it, under its names); one line for any other name."""
+    for kind in WEIGHT_SETS:
+        if kind.overlays is not None and kind.name == name:
+            return kind
+    names = ", ".join(kind.name for kind in WEIGHT_SETS if kind.overlays is not None)
+    raise UsageError(
+        f"extra_weights names {name!r}, which is not a weight set saved beside the model ({names})"
+    )
 
 
 def default_choice(present: Collection[str]) -> str:

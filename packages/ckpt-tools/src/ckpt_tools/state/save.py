@@ -35,7 +35,7 @@ from ckpt_tools.files import commit, storage
 from ckpt_tools.files.digest import Recorder
 from ckpt_tools.files.manifest import write_bytes, write_json, write_manifest
 from ckpt_tools.files.sharded_safetensors import parse_size
-from ckpt_tools.format import layout
+from ckpt_tools.format import layout, weight_sets
 from ckpt_tools.format.meta import CheckpointFormat, TrainingStep
 from ckpt_tools.reports.verify import verify_checkpoint
 from ckpt_tools.state.adapters import adapter_keys
@@ -65,7 +65,7 @@ def start_checkpoint(
     keep_last: int = 0,
     manifest: bool = True,
     background: bool = False,
-    ema: Mapping[str, torch.Tensor] | None = None,
+    extra_weights: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
     shard_size: int | str | None = None,
 ) -> PendingCheckpoint:
     """Collective: call on all ranks. Write `<checkpoints_dir>/<step:06d>/`; `finish()` on the result
@@ -96,12 +96,13 @@ def start_checkpoint(
         `ckpt verify --deep` checks. Gathered files are written tensor by tensor, hashed as they pass
     (`gathered_write.py`): no process holds a second copy of the model.
 
-        `ema` is a run's EMA shadow: parameter name (the model's state-dict name) -> tensor, sharded like the
-        parameter (a DTensor on a sharded model, the same on every rank otherwise). It is a weight set of its
-        own beside the model's, by the same format rule: gathered into `ema.safetensors` and/or written from
-        every rank as `ema_dcp/`, so a resume reshards it like the weights and a reader loads it like them.
-        A PEFT run's shadow (its trainable parameters) is saved under the adapter's key names (`peft_key`),
-        so it stands in for the adapter file as the EMA of a full model stands in for the model file.
+        `extra_weights` are the weight sets saved beside the model, by name (format/weight_sets.py; today
+        `ema`, a run's EMA shadow): each maps parameter names (the model's state-dict names) to tensors
+        sharded like the parameters (DTensors on a sharded model, the same on every rank otherwise), and
+        is written by the model's format rule into its own files (`ema.safetensors` gathered and/or
+        `ema_dcp/` from every rank), so a resume reshards it like the weights and a reader loads it like
+        them. A PEFT run's set (of its trainable parameters) is saved under the adapter's key names
+        (`peft_key`), so it stands in for the adapter file as a full model's stands in for the model file.
 
         `shard_size` (`5GB`, `500MiB` or bytes): the gathered model weights as Hugging Face style shards of
         at most that size (`model-0000k-of-0000n.safetensors` and `model.safetensors.index.json`, split as
@@ -111,6 +112,7 @@ def start_checkpoint(
     group = Group(process_group)
     recorder = Recorder() if manifest else None
     check_processors(processors)
+    extras = [(weight_sets.extra(name), state) for name, state in (extra_weights or {}).items()]
     root = os.fspath(checkpoints_dir).rstrip("/")
     step = training_step.step
     pending = PendingCheckpoint(group, root, step, keep_last, recorder, rng_snapshot(group.rank))
@@ -126,9 +128,9 @@ def start_checkpoint(
             )
         else:
             _save_adapter(model_dir, model, training_step.checkpoint_format, group, recorder, write_dcp)
-        if ema is not None:
-            saved_ema = _peft_names(ema, model) if adapter_config is not None else ema
-            _save_ema(model_dir, saved_ema, training_step.checkpoint_format, group, recorder, write_dcp)
+        for kind, state in extras:
+            saved = _peft_names(state, model) if adapter_config is not None else state
+            _save_extra(model_dir, kind, saved, training_step.checkpoint_format, group, recorder, write_dcp)
         _save_optimizer(
             layout.join(tmp, layout.TRAINING_STATE_DIR), model, optimizer, group, recorder, write_dcp
         )
@@ -366,27 +368,28 @@ def _save_adapter(
         )
 
 
-def _save_ema(
+def _save_extra(
     model_dir: str,
-    ema: Mapping[str, torch.Tensor],
+    kind: weight_sets.WeightSetKind,
+    state: Mapping[str, torch.Tensor],
     checkpoint_format: str,
     group: Group,
     recorder: Recorder | None,
     write_dcp: WriteDcp,
 ) -> None:
-    """The EMA shadow as the model is written: gathered into one file tensor by tensor (`full_tensor`,
-    collective per sharded tensor, in the same order on every rank) and/or as DCP shards from every rank."""
+    """A weight set beside the model (the EMA shadow), written as the model is: gathered into its file
+    tensor by tensor (`full_tensor`, collective per sharded tensor, in the same order on every rank)
+    and/or as DCP shards from every rank."""
     if CheckpointFormat(checkpoint_format).has_safetensors:
-        path = layout.join(model_dir, layout.EMA_SAFETENSORS)
-        write_gathered_safetensors(path, ema, group, recorder)
+        write_gathered_safetensors(layout.join(model_dir, kind.safetensors), state, group, recorder)
     if CheckpointFormat(checkpoint_format).has_dcp:
-        write_dcp(dict(ema), layout.join(model_dir, layout.EMA_DCP_DIR))
+        write_dcp(dict(state), layout.join(model_dir, kind.dcp_dir))
 
 
-def _peft_names(ema: Mapping[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
-    """A PEFT run's EMA shadow under the adapter file's key names."""
+def _peft_names(state: Mapping[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """A PEFT run's weight set under the adapter file's key names."""
     keys = adapter_keys(model)
-    return {keys[name]: value for name, value in ema.items()}
+    return {keys[name]: value for name, value in state.items()}
 
 
 def _save_optimizer(

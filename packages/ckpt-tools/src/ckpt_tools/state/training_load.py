@@ -63,8 +63,8 @@ def load_training_state(
     scheduler: Stateful | None = None,
     scaler: Stateful | None = None,
     process_group: dist.ProcessGroup | None = None,
-    ema: Mapping[str, torch.Tensor] | None = None,
-) -> bool:
+    extra_weights: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
+) -> frozenset[str]:
     """Collective: call on all ranks after the model and optimizer are prepared (phase 2 of a resume).
 
     Loads whatever format the step holds into the current topology. DCP shards are resharded by torch
@@ -74,15 +74,17 @@ def load_training_state(
     A sharded run's checkpoint without `optimizer_0/` (an older release's gathered optimizer) is
     refused with `LegacyCheckpointError`. `step_dir` may also be `last` or an output_dir.
 
-    `ema` (the run's EMA shadow, as `start_checkpoint` takes it) is filled in place from the step's EMA
-    weight set by the model's rules (DCP resharded by torch, a gathered file block by block); returns
-    whether it was, False for a step saved without EMA (the shadow is then left as it is).
+    `extra_weights` (the run's weight sets beside the model by name, as `start_checkpoint` takes them:
+    the EMA shadow) are filled in place from the step's sets by the model's rules (DCP resharded by
+    torch, a gathered file block by block). Returns the names of those it filled: a set the step was
+    saved without is left as it is.
     """
     group = Group(process_group)
     step, model_dir = resolve_model_dir(step_dir)
     if step is None:
         raise NotACheckpointError(f"{os.fspath(step_dir)} has no training_state/; pass a step directory")
     saved = read_training_step(step)
+    extras = [(weight_sets.extra(name), state) for name, state in (extra_weights or {}).items()]
     state_dir = layout.join(step, layout.TRAINING_STATE_DIR)
     _load_model(model_dir, model, group)
     if optimizer is not None:
@@ -91,25 +93,31 @@ def load_training_state(
         scheduler.load_state_dict(_checked_state(layout.join(state_dir, layout.SCHEDULER_STATE), scheduler))
     if scaler is not None and storage.exists(layout.join(state_dir, layout.SCALER_STATE)):
         scaler.load_state_dict(_checked_state(layout.join(state_dir, layout.SCALER_STATE), scaler))
-    return ema is not None and _load_ema(model_dir, ema, model, group)
+    return frozenset(kind.name for kind, state in extras if _load_extra(model_dir, kind, state, model, group))
 
 
-def _load_ema(model_dir: str, shadow: Mapping[str, torch.Tensor], model: nn.Module, group: Group) -> bool:
-    """Fill the EMA shadow in place from the step's EMA set (a PEFT step's under the adapter's key
-    names, as `save` wrote it); False when the step has none."""
+def _load_extra(
+    model_dir: str,
+    kind: weight_sets.WeightSetKind,
+    live: Mapping[str, torch.Tensor],
+    model: nn.Module,
+    group: Group,
+) -> bool:
+    """Fill a weight set beside the model (the EMA shadow) in place from the step's set of that kind (a
+    PEFT step's under the adapter's key names, as `save` wrote it); False when the step has none."""
     cat = catalog(model_dir)
-    weights = overlay_for_resume(cat, weight_sets.EMA, sharded=is_sharded(model))
+    weights = overlay_for_resume(cat, kind, sharded=is_sharded(model))
     if weights is None:
         return False
-    keys = adapter_keys(model) if cat.of_role(ADAPTER) else {name: name for name in shadow}
-    ema = {keys[name]: value for name, value in shadow.items()}
+    keys = adapter_keys(model) if cat.of_role(ADAPTER) else {name: name for name in live}
+    state = {keys[name]: value for name, value in live.items()}
     if weights.format == DCP:
         validate_dcp_metadata(weights.path)
-        dcp_load(dict(ema), weights.path, group.pg, group.distributed)
+        dcp_load(dict(state), weights.path, group.pg, group.distributed)
         return True
     header = read_safetensors_header(weights.path)
-    _check_fits(header, ema, "the run's", "model and --ema/--peft settings")  # before the first copy
-    for name, value in ema.items():
+    _check_fits(header, state, "the run's", "model and --ema/--peft settings")  # before the first copy
+    for name, value in state.items():
         _copy_own_block(header, name, value)
     return True
 

@@ -19,7 +19,7 @@ from trainer.engine import build as model_build
 from trainer.engine.checkpoint import resume
 from trainer.engine.ema import Ema
 from trainer.engine.host_memory import hold_mmap_threshold
-from trainer.engine.run import Run
+from trainer.engine.run import Run, extra_weights
 from trainer.errors import USER_ERRORS, ConfigError
 from trainer.policies.base import optimizer_params
 
@@ -76,15 +76,15 @@ def start_run(plan: RunPlan, lock: RunLock, notes: list[str]) -> Started:
     # ---- Resume, phase 2 (after prepare): load model/optimizer/scheduler/EMA state (ckpt_tools). ----
     unwrapped = accelerator.unwrap_model(model)
     ema = Ema(optimization.ema, unwrapped) if optimization.ema.enable else None
-    ema_loaded = resume.after_prepare(
+    loaded = resume.after_prepare(
         resume_point,
         model=unwrapped,
         optimizer=optimizer,
         scheduler=scheduler,
         scaler=accelerator.scaler,
-        ema=ema.shadow if ema is not None else None,
+        extra_weights=extra_weights(ema),
     )
-    if ema is not None and resume_point.step_dir is not None and not ema_loaded:
+    if ema is not None and resume_point.step_dir is not None and "ema" not in loaded:
         ema = Ema(optimization.ema, unwrapped)  # from the resumed weights
         notes.append(f"{resume_point.step_dir} holds no EMA weights: the EMA starts from its weights")
     # accelerate counts accumulation windows from its own start: count them from step 0 instead, so a

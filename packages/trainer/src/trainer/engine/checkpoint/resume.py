@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -153,13 +153,14 @@ def after_prepare(
     optimizer: torch.optim.Optimizer,
     scheduler: AcceleratedScheduler,
     scaler: torch.amp.GradScaler | None,
-    ema: dict[str, torch.Tensor] | None = None,
-) -> bool:
+    extra_weights: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
+) -> frozenset[str]:
     """Phase 2. Collective: call on all ranks after `prepare()`. Loads model, optimizer, scheduler and
-    loss-scaler state into the prepared objects, resharding onto the current topology, and the EMA
-    shadow in place when `ema` is given; returns whether the step held one to load."""
+    loss-scaler state into the prepared objects, resharding onto the current topology, and the weight
+    sets beside the model in place (`extra_weights` by name: the EMA shadow); returns the names of the
+    sets the step held."""
     if point.step_dir is None:
-        return False
+        return frozenset()
     with _refusals(point.step_dir):
         return ckpt_tools.load_training_state(
             point.step_dir,
@@ -167,7 +168,7 @@ def after_prepare(
             optimizer=getattr(optimizer, "optimizer", optimizer),  # accelerate's wrapper holds the real one
             scheduler=getattr(scheduler, "scheduler", scheduler),
             scaler=scaler,
-            ema=ema,
+            extra_weights=extra_weights,
         )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, TypedDict
 
 import torch
@@ -30,7 +30,8 @@ class SavedObjects(TypedDict):
     scaler: torch.amp.GradScaler | None
     preprocessor: Processor
     postprocessor: Processor
-    ema: NotRequired[dict[str, torch.Tensor] | None]  # the --ema.enable shadow: a weight set of its own
+    extra_weights: NotRequired[Mapping[str, Mapping[str, torch.Tensor]]]
+    """The weight sets beside the model, by name (the --ema.enable shadow as `ema`)."""
 
 
 def checkpoints_dir(output_dir: str) -> str:
@@ -115,7 +116,7 @@ def start(
             keep_last=section.keep_last,
             manifest=section.manifest,
             background=section.async_save,
-            ema=objects.get("ema"),
+            extra_weights=objects.get("extra_weights"),
             shard_size=section.shard_size,
         )
 

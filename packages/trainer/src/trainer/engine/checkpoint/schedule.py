@@ -133,5 +133,5 @@ def _saved_objects(run: Run) -> saving.SavedObjects:
         "scaler": run.accelerator.scaler,
         "preprocessor": run.preprocessor,
         "postprocessor": run.postprocessor,
-        "ema": run.ema.shadow if run.ema is not None else None,
+        "extra_weights": run.extra_weights(),
     }
