@@ -27,7 +27,7 @@ class PeftConfig:
     dropout: float = 0.0
     """Dropout on the adapter's input."""
     target_modules: list[str] | None = None
-    """Module names (or suffixes) that get adapters; unset takes the policy's `_peft_target_modules`."""
+    """Module names (or suffixes) that get adapters; unset takes the policy's `peft_target_modules()`."""
     full_training_modules: list[str] | None = None
     """Modules trained in full beside the adapters (peft's modules_to_save), e.g. a new output head."""
 

@@ -15,6 +15,7 @@ from torch.distributed.tensor import DTensor
 
 from trainer.config.accelerator import FsdpConfig
 from trainer.errors import WrapPlanError
+from trainer.policies.base import policy_of
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ def resolve_wrap_plan(policy: nn.Module, fsdp: FsdpConfig) -> WrapPlan:
             class_names=_classes_above(policy, fsdp.min_num_params), min_num_params=fsdp.min_num_params
         )
     present = {type(m).__name__ for m in policy.modules()}
-    declared = tuple(getattr(policy, "_fsdp_wrap_modules", ()) or ())
+    declaring = policy_of(policy)
+    declared = declaring._fsdp_wrap_modules if declaring is not None else ()
     # A declaration may name classes that this configuration of the policy does not build (ACT without
     # cameras has no trunk stages); the classes of a flag must all exist.
     names = tuple(fsdp.wrap_modules or [name for name in declared if name in present])
@@ -126,7 +128,8 @@ def register_forward_methods(model: nn.Module) -> None:
     """Let `_fsdp_forward_methods` (e.g. select_action) gather the sharded parameters like forward."""
     from torch.distributed.fsdp import register_fsdp_forward_method
 
-    for name in getattr(model, "_fsdp_forward_methods", ()):
+    declaring = policy_of(model)
+    for name in declaring._fsdp_forward_methods if declaring is not None else ():
         register_fsdp_forward_method(model, name)
 
 

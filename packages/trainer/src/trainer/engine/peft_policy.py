@@ -29,7 +29,7 @@ from ckpt_tools import layout
 from trainer.config.sections import PolicySection
 from trainer.errors import ConfigError
 from trainer.policies import pretrained
-from trainer.policies.base import Policy
+from trainer.policies.base import Policy, policy_of
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -129,10 +129,13 @@ def base_weight_names(model: nn.Module) -> dict[str, str]:
 def _wrap(policy: nn.Module, section: PolicySection) -> nn.Module:
     from peft import get_peft_model
 
-    targets = list(section.peft.target_modules or ()) or list(getattr(policy, "_peft_target_modules", ()))
+    declared = policy_of(policy)
+    targets = list(section.peft.target_modules or ()) or list(
+        declared.peft_target_modules() if declared else ()
+    )
     if not targets:
         raise ConfigError(
-            f"{type(policy).__name__} declares no _peft_target_modules: set --peft.target_modules=[name,...] "
+            f"{type(policy).__name__} declares no peft_target_modules: set --peft.target_modules=[name,...] "
             f"(its linear layers: {', '.join(_linear_names(policy)[:8])})"
         )
     for name in section.peft.full_training_modules or ():

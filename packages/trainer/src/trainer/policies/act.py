@@ -324,8 +324,11 @@ class ACTPolicy(Policy):
 
     _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("ACTEncoderLayer", "ACTDecoderLayer", "ResNetStage")
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action",)
-    _peft_target_modules: ClassVar[tuple[str, ...]] = ("q_proj", "k_proj", "v_proj", "out_proj")
     vae_encoder_pos_enc: torch.Tensor
+
+    def peft_target_modules(self) -> tuple[str, ...]:
+        """LoRA on every attention projection."""
+        return ("q_proj", "k_proj", "v_proj", "out_proj")
 
     def __init__(self, config: ACTConfig) -> None:
         super().__init__(config)

@@ -125,7 +125,10 @@ class StateDecoderLayer(nn.Module):
 class ACTStatePolicy(Policy):
     _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("StateEncoderLayer", "StateDecoderLayer")
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action",)
-    _peft_target_modules: ClassVar[tuple[str, ...]] = ("q", "kv", "out")  # every attention projection
+
+    def peft_target_modules(self) -> tuple[str, ...]:
+        """LoRA on every attention projection."""
+        return ("q", "kv", "out")
 
     def __init__(self, config: ACTStateConfig) -> None:
         super().__init__(config)

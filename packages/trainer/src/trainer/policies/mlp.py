@@ -46,7 +46,10 @@ class MLPBlock(nn.Module):
 class MLPPolicy(Policy):
     _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("MLPBlock",)
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action",)
-    _peft_target_modules: ClassVar[tuple[str, ...]] = ("linear",)  # the hidden blocks
+
+    def peft_target_modules(self) -> tuple[str, ...]:
+        """LoRA on the hidden blocks."""
+        return ("linear",)
 
     def __init__(self, config: MLPConfig) -> None:
         super().__init__(config)

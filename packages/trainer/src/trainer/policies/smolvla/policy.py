@@ -62,8 +62,7 @@ class SmolVLAPolicy(Policy):
         self.model = FlowMatching(config, vlm, self.tokenizer.image_token_ids())
         self._queue: collections.deque[torch.Tensor] = collections.deque(maxlen=config.n_action_steps)
 
-    @property
-    def _peft_target_modules(self) -> tuple[str, ...]:
+    def peft_target_modules(self) -> tuple[str, ...]:
         """LeRobot's default LoRA targets for SmolVLA: the expert's q/v projections and the state,
         action and time projections (the VLM stays as it is)."""
         expert = [
