@@ -73,7 +73,7 @@ def test_items_carry_lerobots_keys_and_uint8_on_request(video_root) -> None:
 
 def test_the_batch_carries_uint8_cameras_normalized_by_the_preprocessor(video_root) -> None:
     dataset = LeRobotConfig(root=str(video_root), use_imagenet_stats=False).load(["observation.images.*"])
-    batch = dataset.gather(torch.tensor([0, 21, 79]), chunk_size=2)
+    batch = dataset.gather(torch.tensor([0, 21, 79]), 2)
     assert {k: (v.dtype, tuple(v.shape)) for k, v in batch.items() if "images" in k} == {
         TOP: (torch.uint8, (3, 3, 24, 40)),
         WRIST: (torch.uint8, (3, 3, 24, 40)),

@@ -182,7 +182,7 @@ def test_dataset_is_cached_and_chunks_pad_at_episode_end(tmp_path) -> None:
     assert config.cache_path().is_file() and len(dataset) == 400
     again = config.load()
     assert torch.equal(again.observations, dataset.observations)
-    batch = dataset.gather(torch.tensor([0, 198, 199]), chunk_size=3)
+    batch = dataset.gather(torch.tensor([0, 198, 199]), 3)
     assert batch["action_is_pad"].tolist() == [[False] * 3, [False, False, True], [False, True, True]]
     assert torch.equal(batch["action"][2, 2], dataset.actions[199])
     assert dataset.episode_bounds().tolist() == [[0, 200], [200, 400]]

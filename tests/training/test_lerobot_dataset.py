@@ -46,7 +46,7 @@ def test_action_chunks_stop_at_episode_boundaries(dataset_root) -> None:
     root, data = dataset_root
     dataset = LeRobotConfig(root=str(root)).load()
     first_end = LENGTHS[0] - 1
-    batch = dataset.gather(torch.tensor([first_end - 1, first_end, first_end + 1]), chunk_size=3)
+    batch = dataset.gather(torch.tensor([first_end - 1, first_end, first_end + 1]), 3)
     assert batch["action_is_pad"].tolist() == [[False, False, True], [False, True, True], [False] * 3]
     assert torch.equal(batch["action"][1], torch.from_numpy(data["action"][[first_end] * 3]))
 

@@ -59,9 +59,9 @@ class SpiedEma(ema.Ema):
 
 
 ema.Ema = SpiedEma  # type: ignore[misc]
-import trainer.engine.loop as loop  # noqa: E402
+import trainer.engine.startup as startup  # noqa: E402
 
-loop.Ema = SpiedEma  # type: ignore[misc]
+startup.Ema = SpiedEma  # type: ignore[misc]
 
 
 def flags(run: str, *extra: str) -> list[str]:

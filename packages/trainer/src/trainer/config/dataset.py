@@ -19,6 +19,36 @@ if TYPE_CHECKING:
 Stats = dict[str, dict[str, "torch.Tensor"]]
 """Mean and std (and the like) per batch key, for the normalization processors."""
 
+PAD_SUFFIX = "_is_pad"  # `<key>_is_pad`: which of a key's frames lie outside the sample's episode
+
+
+@dataclass(frozen=True)
+class Frames:
+    """The frames a policy reads around each sample, counted in frames from it, as LeRobot's
+    `observation_delta_indices` / `action_delta_indices`: `observation` for the observation features
+    (the state and the cameras; 0 is the sample's own frame, -1 the one before) and `action` for the
+    action chunk. A frame outside the sample's episode is the episode's nearest one, flagged True in
+    `<key>_is_pad` (what LeRobot's dataset returns). With the current observation only (`(0,)`) a batch
+    holds observations without a frame axis and no observation pad keys, as before histories existed."""
+
+    observation: tuple[int, ...] = (0,)
+    action: tuple[int, ...] = (0,)
+
+    @classmethod
+    def chunk(cls, size: int) -> Frames:
+        """The current observation and the next `size` actions (ACT's chunk)."""
+        return cls((0,), tuple(range(size)))
+
+    @classmethod
+    def of(cls, frames: Frames | int) -> Frames:
+        """`frames` as given, or an action chunk's size (what `gather` took before histories)."""
+        return frames if isinstance(frames, Frames) else cls.chunk(frames)
+
+    @property
+    def history(self) -> bool:
+        """Whether the observation has a frame axis (more than the current frame)."""
+        return self.observation != (0,)
+
 
 class MixtureOrder(Protocol):
     """How a mixture's frames are drawn (data/pipeline/sampler.py: WeightedOrder): member k's
@@ -39,10 +69,16 @@ class Dataset(Protocol):
     """What the training loop, validation and evaluation read from a dataset."""
 
     input_features: list[str]
-    gather_in_workers: bool
-    """`gather` decodes (cameras): the input pipeline runs it in DataLoader workers."""
-    weighted_order: MixtureOrder | None
-    """A mixture's draw order by weight, which the sampler follows; None draws uniformly."""
+
+    @property
+    def gather_in_workers(self) -> bool:
+        """`gather` decodes (cameras): the input pipeline runs it in DataLoader workers."""
+        ...
+
+    @property
+    def weighted_order(self) -> MixtureOrder | None:
+        """A mixture's draw order by weight, which the sampler follows; None draws uniformly."""
+        ...
 
     def __len__(self) -> int: ...
 
@@ -52,7 +88,10 @@ class Dataset(Protocol):
     @property
     def action_dim(self) -> int: ...
 
-    def gather(self, indices: torch.Tensor, chunk_size: int) -> dict[str, torch.Tensor]: ...
+    def gather(self, indices: torch.Tensor, frames: Frames | int) -> dict[str, torch.Tensor]:
+        """The batch of the samples at `indices` with the frames `frames` names (an int: an action
+        chunk of that size, the current observation only)."""
+        ...
 
     def stats(self) -> Stats: ...
 

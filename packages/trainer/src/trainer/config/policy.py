@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import draccus
 
 from trainer.config.accelerator import dtype_flag
+from trainer.config.dataset import Frames
 from trainer.config.optim import AdamWConfig, CosineConfig, OptimizerConfig, SchedulerConfig
 from trainer.errors import ConfigError
 
@@ -95,6 +96,24 @@ class PolicyConfig(draccus.ChoiceRegistry):
     def chunk_size(self) -> int:
         """Actions predicted per observation."""
         return 1
+
+    @property
+    def observation_delta_indices(self) -> list[int] | None:
+        """The observation frames the policy reads, in frames from the sample (LeRobot's name and
+        meaning: -1 is the frame before; None, the default, is the current frame alone). The data layer
+        delivers them with `<key>_is_pad` for every source (local, streamed, mixtures) and in workers."""
+        return None
+
+    @property
+    def action_delta_indices(self) -> list[int]:
+        """The action frames the policy is trained on (LeRobot's name): by default the chunk that
+        starts at the sample, `range(chunk_size)`."""
+        return list(range(self.chunk_size))
+
+    @property
+    def frames(self) -> Frames:
+        """Both offsets as the data layer takes them (`config.dataset.Frames`)."""
+        return Frames(tuple(self.observation_delta_indices or (0,)), tuple(self.action_delta_indices))
 
     def get_optimizer_preset(self) -> OptimizerConfig:
         """The optimizer this policy trains with under --use_policy_training_preset=true (LeRobot's

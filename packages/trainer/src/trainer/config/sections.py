@@ -80,7 +80,7 @@ class HubSection:
     (--save_checkpoint_to_hub)."""
 
     repo_id: str | None
-    private: bool | None
+    private: bool
     push_to_hub: bool
     save_checkpoint_to_hub: bool
     push_training_state: bool

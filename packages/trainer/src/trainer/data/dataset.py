@@ -7,9 +7,11 @@ outside one). Its config is a `DatasetConfig` subclass whose `load()` returns an
 - `len(dataset)`: frames (samples) in the order the sampler indexes them;
 - `obs_dim`, `action_dim`, `input_features`: feature sizes, and the names of the observation
   features concatenated (in this order) into the policy's observation vector;
-- `gather(indices, chunk_size)`: a batch `{observation.state, action, action_is_pad}`, where the
-  action chunk of a frame never crosses its episode's end, plus each camera among `input_features` as
-  `observation.images.<name>`: uint8 frames (B, C, H, W), normalized by the policy's preprocessor;
+- `gather(indices, frames)`: a batch `{observation.state, action, action_is_pad}` with the frames
+  `config.dataset.Frames` names around each sample (the action chunk, the observation history), none
+  taken across its episode's bounds (`<key>_is_pad` flags the padded ones), plus each camera among
+  `input_features` as `observation.images.<name>`: uint8 frames (B, C, H, W), or (B, T, C, H, W) with
+  a history, normalized by the policy's preprocessor;
 - with `task` among `input_features`, each frame's task text as UTF-8 bytes (`task_bytes`), for a
   policy that reads the language instruction;
 - `stats()`: mean/std per batch key, for the normalization processors (a camera's per channel,
@@ -31,7 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from trainer.config.dataset import Stats
+from trainer.config.dataset import PAD_SUFFIX, Frames, Stats
 from trainer.errors import ConfigError
 
 OBS_KEY = "observation.state"
@@ -90,6 +92,7 @@ class ArrayDataset:
             raise ConfigError("every episode of a dataset must hold at least one frame")
         ends = torch.cumsum(lengths, 0)
         self._bounds = torch.stack([ends - lengths, ends], dim=1)
+        self.episode_first = torch.repeat_interleave(ends - lengths, lengths)
         self.episode_last = torch.repeat_interleave(ends - 1, lengths)
         self.input_features = list(input_features)
         self._stats = stats
@@ -118,22 +121,32 @@ class ArrayDataset:
     def action_dim(self) -> int:
         return self.actions.shape[1]
 
-    def gather(self, indices: torch.Tensor, chunk_size: int) -> dict[str, torch.Tensor]:
-        """The observation at each index and the next `chunk_size` actions of its episode; steps past
-        the episode's end repeat its last action and are flagged in `action_is_pad`."""
-        steps = indices[:, None] + torch.arange(chunk_size)[None, :]
-        last = self.episode_last[indices][:, None]
-        return {
-            OBS_KEY: self.observations[indices],
-            ACTION_KEY: self.actions[torch.minimum(steps, last)],
-            PAD_KEY: steps > last,
-            **{name: frames[indices] for name, frames in self.images.items()},
-            **(
-                {}
-                if self.tasks is None
-                else {TASK_KEY: task_bytes([self.tasks[i] for i in indices.tolist()])}
-            ),
-        }
+    def frame_positions(
+        self, indices: torch.Tensor, offsets: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The frames at `offsets` from each index, kept inside its episode: (positions, is_pad), both
+        (B, len(offsets)); a padded frame is the episode's first or last, as LeRobot's dataset pads."""
+        wanted = indices[:, None] + torch.tensor(offsets, dtype=torch.int64)[None, :]
+        first, last = self.episode_first[indices][:, None], self.episode_last[indices][:, None]
+        return torch.minimum(torch.maximum(wanted, first), last), (wanted < first) | (wanted > last)
+
+    def gather(self, indices: torch.Tensor, frames: Frames | int) -> dict[str, torch.Tensor]:
+        """The observations at each index (the frames `frames.observation` names, with a history) and
+        its action chunk at `frames.action`; frames past its episode's bounds repeat the nearest one
+        and are flagged in `<key>_is_pad`."""
+        frames = Frames.of(frames)
+        steps, action_pad = self.frame_positions(indices, frames.action)
+        observed = {OBS_KEY: self.observations, **self.images}
+        if frames.history:
+            seen, seen_pad = self.frame_positions(indices, frames.observation)
+            batch = {name: values[seen] for name, values in observed.items()}
+            batch.update({name + PAD_SUFFIX: seen_pad for name in observed})
+        else:
+            batch = {name: values[indices] for name, values in observed.items()}
+        batch.update({ACTION_KEY: self.actions[steps], PAD_KEY: action_pad})
+        if self.tasks is not None:
+            batch[TASK_KEY] = task_bytes([self.tasks[i] for i in indices.tolist()])
+        return batch
 
     def stats(self) -> Stats:
         """The statistics given at construction, else mean and std over these frames; ImageNet's for

@@ -56,7 +56,7 @@ def start_run(plan: RunPlan, lock: RunLock, notes: list[str]) -> Started:
         plan.data,
         dataset,
         plan.val_dataset,
-        section.policy.chunk_size,
+        section.policy.frames,
         dp_world_size=topology.dp_world_size,
         rank=accelerator.process_index,
         device=accelerator.device,

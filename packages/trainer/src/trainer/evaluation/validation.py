@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from trainer.config.dataset import Dataset
+from trainer.config.dataset import Dataset, Frames
 from trainer.data.pipeline.feed import DataFeed
 
 
@@ -36,7 +36,7 @@ def held_out_loss(
     dataset: Dataset,
     preprocessor: Any,
     batch_size: int,
-    chunk_size: int,
+    frames: Frames | int,
     span: tuple[int, int] | None = None,
 ) -> float:
     """Collective: call on all ranks. The policy's training loss averaged over every held-out frame
@@ -49,7 +49,7 @@ def held_out_loss(
     for indices, weight in rank_batches(
         stop - start, accelerator.num_processes, accelerator.process_index, batch_size
     ):
-        batch = preprocessor(dataset.gather(indices + start, chunk_size))
+        batch = preprocessor(dataset.gather(indices + start, frames))
         loss, _ = model({key: value.to(device) for key, value in batch.items()})
         totals[0] += float(loss) * len(indices) * weight
         totals[1] += len(indices) * weight
@@ -69,7 +69,7 @@ def val_losses(
     spans = feed.held_out_spans()
     losses = [
         held_out_loss(
-            accelerator, model, held_out, preprocessor, batch_size, feed.chunk_size, (span.start, span.stop)
+            accelerator, model, held_out, preprocessor, batch_size, feed.frames, (span.start, span.stop)
         )
         for span in spans
     ]

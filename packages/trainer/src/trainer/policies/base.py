@@ -3,9 +3,16 @@
 A policy is an `nn.Module` built from its config and the dataset's feature sizes. It returns
 `(loss, metrics)` from `forward(batch)` and an action from `select_action(batch)`, where a batch holds
 the normalized `observation.state` vector and, for a policy that sees, each camera's normalized frames
-as `observation.images.<name>` (B, C, H, W). `reset()` starts a new episode (ACT's action queue). Two class attributes
-tell the engine how to shard it: `_fsdp_wrap_modules` (class names that become FSDP units) and
-`_fsdp_forward_methods` (entry points other than `forward` that need the sharded parameters gathered).
+as `observation.images.<name>` (B, C, H, W). `reset()` starts a new episode (ACT's action queue).
+
+Every hook the engine reads of a policy is declared on `Policy` with its default: how it shards
+(`_fsdp_wrap_modules`, `_fsdp_forward_methods`), its LoRA targets (`peft_target_modules`), how its
+modules are initialized on the meta device (`initializes`, `initialize_module`), the weights of its
+pretrained parts, its parameter groups, and its LeRobot names (`adapt_state_dict`,
+`lerobot_state_dict`). What a policy decides from its config alone (the frames it reads:
+`observation_delta_indices` / `action_delta_indices`, its training preset, its normalization, its
+LeRobot config schema) is declared on `PolicyConfig` (config/policy.py). The engine reaches a policy's
+hooks through `policy_of`, also inside a PEFT wrapper, never by `getattr`.
 """
 
 from __future__ import annotations
@@ -28,7 +35,10 @@ class Policy(nn.Module):
     """Base class of the policies the engine trains."""
 
     _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ()
+    """Class names of the modules that become FSDP2 units (and the units of activation checkpointing
+    and per-unit compile): modules whose `forward()` runs, so FSDP's hooks gather their parameters."""
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action",)
+    """Entry points other than `forward` that need the sharded parameters gathered."""
 
     def __init__(self, config: PolicyConfig) -> None:
         super().__init__()
@@ -43,6 +53,11 @@ class Policy(nn.Module):
 
     def reset(self) -> None:
         """Forget what earlier steps of an episode left behind (a policy without memory has nothing)."""
+
+    def peft_target_modules(self) -> tuple[str, ...]:
+        """The modules (names or suffixes) `--peft` adds adapters to when --peft.target_modules is
+        unset; none by default (such a policy needs the flag)."""
+        return ()
 
     @classmethod
     def adapt_state_dict(cls, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -89,6 +104,19 @@ class Policy(nn.Module):
         """Submodules trained at their own learning rate, by name (ACT's camera trunk): each becomes an
         optimizer parameter group; the rest uses --optimizer.lr."""
         return {}
+
+
+def policy_of(model: nn.Module) -> Policy | None:
+    """The policy whose hooks `model` follows: itself, or the base inside its PEFT wrapper; None for
+    any other module (which declares no hook)."""
+    if isinstance(model, Policy):
+        return model
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel):
+        base = model.get_base_model()
+        return base if isinstance(base, Policy) else None
+    return None
 
 
 def optimizer_params(model: nn.Module, policy: Policy) -> list[nn.Parameter] | list[dict[str, Any]]:

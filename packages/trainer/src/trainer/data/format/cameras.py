@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.config.dataset import Stats
+from trainer.config.dataset import PAD_SUFFIX, Frames, Stats
 from trainer.data.dataset import IMAGENET_STATS, ArrayDataset, frames_as_float
 from trainer.data.format import metadata as fmt
 from trainer.data.format import validate
@@ -179,8 +179,19 @@ class CameraDataset(ArrayDataset):
         self.cameras = cameras
         self._camera_stats = camera_stats
 
-    def gather(self, indices: torch.Tensor, chunk_size: int) -> dict[str, torch.Tensor]:
-        return {**super().gather(indices, chunk_size), **self.cameras.gather(indices)}
+    def gather(self, indices: torch.Tensor, frames: Frames | int) -> dict[str, torch.Tensor]:
+        """The arrays' batch and each camera's frames: (B, C, H, W), or (B, T, C, H, W) at the
+        observation offsets with a history (decoded at the padded positions' own timestamps, flagged in
+        `<camera>_is_pad`, as LeRobot decodes them)."""
+        frames = Frames.of(frames)
+        batch = super().gather(indices, frames)
+        if not frames.history:
+            return {**batch, **self.cameras.gather(indices)}
+        seen, seen_pad = self.frame_positions(indices, frames.observation)
+        for name, decoded in self.cameras.gather(seen.reshape(-1)).items():
+            batch[name] = decoded.reshape(*seen.shape, *decoded.shape[1:])
+            batch[name + PAD_SUFFIX] = seen_pad
+        return batch
 
     def stats(self) -> Stats:
         return {**super().stats(), **self._camera_stats}

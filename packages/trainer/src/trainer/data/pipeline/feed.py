@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.config.dataset import Dataset
+from trainer.config.dataset import Dataset, Frames
 from trainer.config.sections import DataSection
 from trainer.data.format import remote
 from trainer.data.pipeline import loader
@@ -45,14 +45,14 @@ class DataFeed:
         section: DataSection,
         dataset: Dataset,
         val_dataset: Dataset | None,
-        chunk_size: int,
+        frames: Frames,
         *,
         dp_world_size: int,
         rank: int,
         device: torch.device,
     ) -> None:
         self.section, self.dataset, self.val_dataset = section, dataset, val_dataset
-        self.chunk_size, self.rank, self.device = chunk_size, rank, device
+        self.frames, self.rank, self.device = frames, rank, device
         weighted = dataset.weighted_order
         self.sampler = GlobalOrderSampler(
             len(dataset), section.batch_size, dp_world_size, rank, section.seed, weighted=weighted
@@ -72,7 +72,7 @@ class DataFeed:
         )
         augment = section.dataset.augmentation(section.seed, self.rank)
         stream = loader.batches(
-            self.dataset, self.sampler, steps, self.chunk_size, settings, self.device, augment
+            self.dataset, self.sampler, steps, self.frames, settings, self.device, augment
         )
         while True:
             started = time.perf_counter()

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from trainer.config.dataset import Dataset, Frames
 from trainer.data.format.decode import DecodeError
 from trainer.data.pipeline.sampler import GlobalOrderSampler
 
@@ -50,13 +51,13 @@ class Failure:
 class _Gather(torch.utils.data.Dataset):
     """The DataLoader's view of a dataset: item `indices` is the whole batch `gather(indices)`."""
 
-    def __init__(self, dataset: Any, chunk_size: int) -> None:
+    def __init__(self, dataset: Dataset, frames: Frames) -> None:
         self.dataset = dataset
-        self.chunk_size = chunk_size
+        self.frames = frames
 
     def __getitem__(self, indices: torch.Tensor) -> Batch | Failure:
         try:
-            return self.dataset.gather(indices, self.chunk_size)
+            return self.dataset.gather(indices, self.frames)
         except Exception as exc:  # one line, whatever the cause: the loop raises it on this rank
             return Failure(" ".join(str(exc).split()) or type(exc).__name__)
 
@@ -74,10 +75,10 @@ class _Draws:
 
 
 def batches(
-    dataset: Any,
+    dataset: Dataset,
     sampler: GlobalOrderSampler,
     steps: range,
-    chunk_size: int,
+    frames: Frames,
     settings: LoaderSettings,
     device: torch.device | None = None,
     augment: Callable[[Batch, int], Batch] | None = None,
@@ -86,20 +87,20 @@ def batches(
     augmented for its step; the sampler's position moves with each batch handed out (see the module
     docstring)."""
     device = device or torch.device("cpu")
-    for step, batch in zip(steps, _gathered(dataset, sampler, len(steps), chunk_size, settings), strict=True):
+    for step, batch in zip(steps, _gathered(dataset, sampler, len(steps), frames, settings), strict=True):
         batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
         yield batch if augment is None else augment(batch, step)
 
 
 def _gathered(
-    dataset: Any, sampler: GlobalOrderSampler, steps: int, chunk_size: int, settings: LoaderSettings
+    dataset: Dataset, sampler: GlobalOrderSampler, steps: int, frames: Frames, settings: LoaderSettings
 ) -> Iterator[Batch]:
     if settings.num_workers == 0 or not dataset.gather_in_workers:
         for _ in range(steps):
-            yield dataset.gather(sampler.next_indices(), chunk_size)
+            yield dataset.gather(sampler.next_indices(), frames)
         return
     loader = torch.utils.data.DataLoader(
-        _Gather(dataset, chunk_size),
+        _Gather(dataset, frames),
         batch_size=None,
         sampler=_Draws(sampler, steps),
         num_workers=settings.num_workers,

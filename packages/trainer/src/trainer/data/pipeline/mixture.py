@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from trainer.config.dataset import Dataset, Stats
+from trainer.config.dataset import Dataset, Frames, Stats
 from trainer.data.dataset import TASK_KEY, cat_task_bytes
 from trainer.data.pipeline.sampler import WeightedOrder
 
@@ -55,14 +55,14 @@ class Mixture:
     def action_dim(self) -> int:
         return self.members[0].action_dim
 
-    def gather(self, indices: torch.Tensor, chunk_size: int) -> dict[str, torch.Tensor]:
+    def gather(self, indices: torch.Tensor, frames: Frames | int) -> dict[str, torch.Tensor]:
         """Each index's sample from its member, in the order of `indices`."""
         member = self.weighted_order.member_of(indices)
         parts, positions = [], []
         for k in torch.unique(member).tolist():
             chosen = torch.nonzero(member == k).reshape(-1)
             local = indices[chosen] - self.weighted_order.starts[k]
-            parts.append(self.members[k].gather(local, chunk_size))
+            parts.append(self.members[k].gather(local, frames))
             positions.append(chosen)
         if len(parts) == 1:
             return parts[0]

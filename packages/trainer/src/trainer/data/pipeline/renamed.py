@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from trainer.config.dataset import Dataset, DatasetConfig, Stats
+from trainer.config.dataset import PAD_SUFFIX, Dataset, DatasetConfig, Frames, Stats
 
 
 def load_renamed(
@@ -61,8 +61,13 @@ class RenamedDataset:
     def action_dim(self) -> int:
         return self.inner.action_dim
 
-    def gather(self, indices: torch.Tensor, chunk_size: int) -> dict[str, torch.Tensor]:
-        return {self.rename.get(k, k): v for k, v in self.inner.gather(indices, chunk_size).items()}
+    def gather(self, indices: torch.Tensor, frames: Frames | int) -> dict[str, torch.Tensor]:
+        return {self._renamed(k): v for k, v in self.inner.gather(indices, frames).items()}
+
+    def _renamed(self, key: str) -> str:
+        """A feature's new name; its `<feature>_is_pad` mask follows it."""
+        base = key.removesuffix(PAD_SUFFIX)
+        return self.rename.get(base, base) + key[len(base) :] if base in self.rename else key
 
     def stats(self) -> Stats:
         return {self.rename.get(k, k): v for k, v in self.inner.stats().items()}

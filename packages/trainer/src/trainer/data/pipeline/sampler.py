@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from trainer.config.dataset import MixtureOrder
 from trainer.errors import ConfigError
 
 SEED_STRIDE = 1_000_003  # (seed, epoch) -> one generator seed
@@ -80,7 +81,7 @@ class GlobalOrderSampler:
         dp_world_size: int,
         dp_rank: int,
         seed: int,
-        weighted: WeightedOrder | None = None,
+        weighted: MixtureOrder | None = None,
     ) -> None:
         self.global_batch = batch_size * dp_world_size
         if self.global_batch > num_samples:
@@ -132,7 +133,7 @@ class GlobalOrderSampler:
 class MemberTally:
     """Samples of each mixture member drawn by the whole run (every rank) since the last `take`."""
 
-    def __init__(self, weighted: WeightedOrder) -> None:
+    def __init__(self, weighted: MixtureOrder) -> None:
         self.weighted = weighted
         self.counts = torch.zeros(len(weighted.labels), dtype=torch.int64)
 
