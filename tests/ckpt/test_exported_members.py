@@ -124,6 +124,16 @@ def test_the_table_names_where_each_name_is_defined(name: str) -> None:
     assert getattr(ckpt_tools, name).__module__ == ckpt_tools._EXPORTS[name]
 
 
+def test_save_checkpoint_takes_exactly_start_checkpoints_parameters() -> None:
+    """`save_checkpoint` spells out `start_checkpoint`'s parameters so that callers are type-checked;
+    a parameter added to one is added to the other."""
+    save, start = (
+        inspect.signature(ckpt_tools.save_checkpoint),
+        inspect.signature(ckpt_tools.start_checkpoint),
+    )
+    assert save.parameters == start.parameters
+
+
 def test_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'layout_internals'"):
         _ = ckpt_tools.layout_internals
