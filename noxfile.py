@@ -36,17 +36,19 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
-# ckpt_tools' public modules: the package and every module its lazy table takes a public name from
+# Both packages' public modules: each package and every module its lazy table takes a public name from
 PUBLIC_MODULES = (
-    "import ckpt_tools; "
-    "print(*sorted({'ckpt_tools', *ckpt_tools._EXPORTS.values(), *ckpt_tools._MODULES.values()}))"
+    "import ckpt_tools, trainer; "
+    "print(*sorted({'ckpt_tools', *ckpt_tools._EXPORTS.values(), *ckpt_tools._MODULES.values(), "
+    "'trainer', *trainer._EXPORTS.values()}))"
 )
 
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy over both packages, then `mypy --strict` over ckpt_tools' public modules: the API the
-    trainer and evaluation pipelines type against (the modules they import are read, not reported)."""
+    """mypy over both packages, then `mypy --strict` over their public modules: the API the trainer,
+    evaluation pipelines and LeRobot users type against (the modules they import are read, not
+    reported)."""
     install(session, "mypy>=1.10")
     session.run("mypy")
     modules = str(session.run("python", "-c", PUBLIC_MODULES, silent=True)).split()

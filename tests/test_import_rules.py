@@ -77,7 +77,7 @@ def _edges(package: str) -> dict[str, set[str]]:
 # The layers of each package, lowest first: the first name below the package (a folder, or a module at
 # its root). The package's `__init__` (the export table) is not a layer.
 LAYERS = {
-    "ckpt_tools": ("errors", "format", "files", "dcp", "catalog", "tensors", "reports", "state", "tools", "cli"),
+    "ckpt_tools": ("_version", "errors", "format", "files", "dcp", "catalog", "tensors", "reports", "state", "tools", "cli"),
     "trainer": ("errors", "config", "data", "policies", "reporting", "distributed", "evaluation", "engine", "cli"),
 }  # fmt: skip
 

@@ -1,7 +1,7 @@
 """`nox -s demo` (ACT) and `nox -s demo_vla` (SmolVLA with the language instruction) run on the embedded
 camera task and end by saying where their outputs are and how to run the tools yourself; `nox -s
-typecheck` runs mypy --strict over every module a public name of ckpt_tools comes from; `nox -s
-lerobot_side` runs LeRobot's side only when given a LeRobot venv."""
+typecheck` runs mypy --strict over every module a public name of ckpt_tools or trainer comes from;
+`nox -s lerobot_side` runs LeRobot's side only when given a LeRobot venv."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import ckpt_tools
+import trainer
 
 ROOT = Path(__file__).parents[1]
 
@@ -124,10 +125,11 @@ def test_lerobot_side_runs_only_beside_a_lerobot_venv(noxfile, monkeypatch) -> N
 
 
 def test_the_strict_typecheck_covers_every_module_a_public_name_comes_from(noxfile) -> None:
-    """`nox -s typecheck` asks the installed package for its public modules; what it gets names the
+    """`nox -s typecheck` asks the installed packages for their public modules; what it gets names each
     package and the module defining each public name, so `mypy --strict` reads each definition."""
     listed = subprocess.run(
         [sys.executable, "-c", noxfile.PUBLIC_MODULES], capture_output=True, text=True, check=True, timeout=60
     ).stdout.split()
     defining = {getattr(ckpt_tools, name).__module__ for name in ckpt_tools._EXPORTS}
-    assert set(listed) == {"ckpt_tools", *defining, *ckpt_tools._MODULES.values()}
+    defining |= {getattr(trainer, name).__module__ for name in trainer._EXPORTS}
+    assert set(listed) == {"ckpt_tools", "trainer", *defining, *ckpt_tools._MODULES.values()}

@@ -4,16 +4,14 @@ never imports torch (which alone takes ~2 s here)."""
 
 from __future__ import annotations
 
-import ast
 import inspect
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from report_fixtures import write_step_dir
 
 import ckpt_tools
+from helpers.lazy_exports import modules_after, type_checking_imports
 
 # Adding a name here is a decision about the stable API the trainer and evaluation pipelines use.
 PUBLIC = {
@@ -89,32 +87,11 @@ def test_every_public_name_resolves(name: str) -> None:
     assert getattr(member, "__name__", name).rsplit(".", 1)[-1] == name
 
 
-def _type_checking_imports() -> dict[str, str]:
-    """What the `if TYPE_CHECKING:` block of `ckpt_tools/__init__.py` imports: name -> module (a
-    module imported by name, `from ckpt_tools.files import storage`, maps to itself)."""
-    tree = ast.parse(Path(inspect.getfile(ckpt_tools)).read_text(encoding="utf-8"))
-    block = next(
-        node
-        for node in tree.body
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-    )
-    imported: dict[str, str] = {}
-    for statement in block.body:
-        assert isinstance(statement, ast.ImportFrom) and statement.module, ast.unparse(statement)
-        for alias in statement.names:
-            # `name as name`: an explicit re-export, which mypy --strict requires of a package
-            assert alias.asname == alias.name, ast.unparse(statement)
-            submodule = f"{statement.module}.{alias.name}"
-            module = submodule if submodule in ckpt_tools._MODULES.values() else statement.module
-            imported[alias.name] = module
-    return imported
-
-
 def test_type_checkers_see_the_lazy_table() -> None:
     """The `TYPE_CHECKING` imports (what mypy and editors read), the lazy table (what runs) and
     `__all__` (what pdoc documents) name the same objects from the same modules."""
     lazy = {**ckpt_tools._EXPORTS, **ckpt_tools._MODULES}
-    assert _type_checking_imports() == lazy
+    assert type_checking_imports(ckpt_tools, ckpt_tools._MODULES.values()) == lazy
     assert set(lazy) == set(ckpt_tools.__all__)
 
 
@@ -124,22 +101,23 @@ def test_the_table_names_where_each_name_is_defined(name: str) -> None:
     assert getattr(ckpt_tools, name).__module__ == ckpt_tools._EXPORTS[name]
 
 
+def test_save_checkpoint_takes_exactly_start_checkpoints_parameters() -> None:
+    """`save_checkpoint` spells out `start_checkpoint`'s parameters so that callers are type-checked;
+    a parameter added to one is added to the other."""
+    save, start = (
+        inspect.signature(ckpt_tools.save_checkpoint),
+        inspect.signature(ckpt_tools.start_checkpoint),
+    )
+    assert save.parameters == start.parameters
+
+
 def test_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'layout_internals'"):
         _ = ckpt_tools.layout_internals
 
 
-def _modules_after(code: str) -> set[str]:
-    """Run `code` in a fresh interpreter and return the top-level modules it imported (on stderr, so
-    a command's own output on stdout stays apart)."""
-    probe = f"{code}\nimport sys\nprint(' '.join({{m.split('.')[0] for m in sys.modules}}), file=sys.stderr)"
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    return set(result.stderr.split())
-
-
 def test_import_does_not_import_torch() -> None:
-    modules = _modules_after("import ckpt_tools; ckpt_tools.TrainingStep; ckpt_tools.describe_checkpoint")
+    modules = modules_after("import ckpt_tools; ckpt_tools.TrainingStep; ckpt_tools.describe_checkpoint")
     assert "torch" not in modules and "safetensors" not in modules
 
 
@@ -151,5 +129,5 @@ def test_metadata_commands_do_not_import_torch(tmp_path: Path, command: str) -> 
         f"sys.argv = ['ckpt', {command!r}, {str(step_dir)!r}, '--json']\n"
         "try:\n    main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code"
     )
-    modules = _modules_after(code)
+    modules = modules_after(code)
     assert "torch" not in modules and "numpy" not in modules

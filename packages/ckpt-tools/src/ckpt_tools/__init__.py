@@ -38,7 +38,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from ckpt_tools._version import __version__ as __version__
 
 # What mypy and editors read: the real types, never imported at run time. Each name is re-exported
 # explicitly (`name as name`), one `from` line per module (so isort is off: it would split them).

@@ -17,7 +17,7 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from ckpt_tools import __version__
+        from ckpt_tools._version import __version__
 
         print(f"ckpt {__version__}")
         raise typer.Exit()

@@ -151,11 +151,46 @@ def start_checkpoint(
 
 
 def save_checkpoint(
-    checkpoints_dir: str | os.PathLike[str], training_step: TrainingStep, **kwargs: Any
+    checkpoints_dir: str | os.PathLike[str],
+    training_step: TrainingStep,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    policy_config: dict[str, Any],
+    train_config: dict[str, Any],
+    processors: Mapping[str, ProcessorState] | None = None,
+    scheduler: Stateful | None = None,
+    scaler: Stateful | None = None,
+    process_group: dist.ProcessGroup | None = None,
+    adapter_config: Mapping[str, Any] | None = None,
+    keep_last: int = 0,
+    manifest: bool = True,
+    background: bool = False,
+    ema: Mapping[str, torch.Tensor] | None = None,
+    shard_size: int | str | None = None,
 ) -> str:
     """Collective: call on all ranks. `start_checkpoint(...).finish()` with the same arguments: write
-    `<checkpoints_dir>/<step:06d>/`, move `last` to it, apply `keep_last`; returns the step directory."""
-    return start_checkpoint(checkpoints_dir, training_step, **kwargs).finish()
+    `<checkpoints_dir>/<step:06d>/`, move `last` to it, apply `keep_last`; returns the step directory.
+    The parameters are spelt out (not `**kwargs`) so that a caller's arguments are type-checked;
+    `tests/ckpt/test_exported_members.py` keeps them `start_checkpoint`'s."""
+    return start_checkpoint(
+        checkpoints_dir,
+        training_step,
+        model=model,
+        optimizer=optimizer,
+        policy_config=policy_config,
+        train_config=train_config,
+        processors=processors,
+        scheduler=scheduler,
+        scaler=scaler,
+        process_group=process_group,
+        adapter_config=adapter_config,
+        keep_last=keep_last,
+        manifest=manifest,
+        background=background,
+        ema=ema,
+        shard_size=shard_size,
+    ).finish()
 
 
 class PendingCheckpoint:

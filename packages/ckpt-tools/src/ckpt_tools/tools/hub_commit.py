@@ -34,7 +34,7 @@ def commit_to_hub(
     as one commit, tag it; returns the repo URL and the commit id. Every failure is one `PublishError`."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
-    from ckpt_tools import __version__
+    from ckpt_tools._version import __version__
 
     api = HfApi(endpoint=endpoint, token=token, library_name="ckpt-tools", library_version=__version__)
     api_token = api.token if isinstance(api.token, str) else None  # True means "the cached one"

@@ -312,7 +312,8 @@ def _stats(
         if key in entry:
             return np.asarray(entry[key], dtype=np.float32).reshape(-1)
         data = frames[name].astype(np.float64)
-        return (data.mean(0) if key == "mean" else data.std(0, ddof=0)).astype(np.float32)
+        moment: np.ndarray = data.mean(0) if key == "mean" else data.std(0, ddof=0)  # numpy types both Any
+        return moment.astype(np.float32)
 
     def stat(names: list[str]) -> dict[str, torch.Tensor]:
         mean = torch.from_numpy(np.concatenate([of(n, "mean") for n in names]))
