@@ -166,7 +166,7 @@ def save_checkpoint(
     keep_last: int = 0,
     manifest: bool = True,
     background: bool = False,
-    ema: Mapping[str, torch.Tensor] | None = None,
+    extra_weights: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
     shard_size: int | str | None = None,
 ) -> str:
     """Collective: call on all ranks. `start_checkpoint(...).finish()` with the same arguments: write
@@ -188,7 +188,7 @@ def save_checkpoint(
         keep_last=keep_last,
         manifest=manifest,
         background=background,
-        ema=ema,
+        extra_weights=extra_weights,
         shard_size=shard_size,
     ).finish()
 
