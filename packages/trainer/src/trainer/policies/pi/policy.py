@@ -35,6 +35,8 @@ class PiPolicy(nn.Module):
 
     # FSDP units: SigLIP's encoder layers and the joint decoder layers, the modules whose forward() runs.
     fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("SiglipEncoderLayer", "JointLayer")
+    # Entry points besides forward() that must gather the root unit's parameters first.
+    fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("sample_actions",)
 
     def __init__(self, config: PI0Config, features: Features) -> None:
         super().__init__()
