@@ -343,3 +343,21 @@ def test_a_missing_tokenizer_is_refused_in_one_line(fixtures, tmp_path: Path, mo
         ConfigError, match=r"^--policy.tokenizer_name=empty: empty holds no tokenizer \(tokenizer.json\)"
     ):
         PiPolicy(dataclasses.replace(config, tokenizer_name="empty"), features)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bfloat16_keeps_lerobots_float32_parts_and_stays_near(fixtures, kind: str, monkeypatch) -> None:
+    """--policy.dtype=bfloat16 as LeRobot casts it: the Gemma layers in bfloat16, SigLIP, the projector,
+    every norm and the projections in float32; the results near the float32 reference (LeRobot's own
+    bfloat16 run moves the actions by ~3e-3)."""
+    monkeypatch.chdir(fixtures[kind])
+    policy = PiPolicy.from_lerobot("pretrained_model", size_overrides=OVERRIDES, dtype="bfloat16")
+    float32 = ("vision_tower", "multi_modal_projector", "layernorm", "model.norm")
+    for name, param in policy.named_parameters():
+        kept = not name.startswith("model.paligemma_with_expert.") or any(part in name for part in float32)
+        assert param.dtype == (torch.float32 if kept else torch.bfloat16), name
+    reference, _ = _reference(fixtures[kind], "reference")
+    loss, _ = policy.forward(_batch(reference), noise=reference["loss.noise"], time=reference["loss.time"])
+    actions = policy.sample_actions(_observation(reference), noise=reference["noise"])
+    torch.testing.assert_close(loss, reference["loss.mean"], atol=0.05, rtol=0.02)
+    torch.testing.assert_close(actions, reference["actions.normalized"], atol=0.05, rtol=0.02)
