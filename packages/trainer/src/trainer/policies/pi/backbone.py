@@ -11,7 +11,7 @@ output reads, so no trainable parameter is left without a gradient.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -113,7 +113,11 @@ class PaliGemmaWithExpert(nn.Module):
 
     @property
     def vision_tower(self) -> nn.Module:
-        return self.paligemma["model"]["vision_tower"]
+        return self.get_submodule("paligemma.model.vision_tower")
+
+    @property
+    def joint_layers(self) -> list[JointLayer]:
+        return [cast(JointLayer, layer) for layer in self.layers]
 
     def _to_bfloat16(self) -> None:
         """LeRobot's bfloat16: everything but the vision path and the norms."""
@@ -128,10 +132,10 @@ class PaliGemmaWithExpert(nn.Module):
             self.vision_tower.requires_grad_(False)
         if self.train_expert_only:
             self.paligemma.requires_grad_(False)
-            for layer in self.layers:
+            for layer in self.joint_layers:
                 layer.paligemma.requires_grad_(False)
-        self.paligemma["model"]["language_model"]["norm"].requires_grad_(False)
-        last = self.layers[-1].paligemma
+        self.get_submodule("paligemma.model.language_model.norm").requires_grad_(False)
+        last = self.joint_layers[-1].paligemma
         for part in (last.self_attn.q_proj, last.self_attn.o_proj, last.post_attention_layernorm, last.mlp):
             part.requires_grad_(False)
 
@@ -142,18 +146,20 @@ class PaliGemmaWithExpert(nn.Module):
             self.vision_tower.eval()
         if self.train_expert_only:
             self.paligemma.eval()
+            for layer in self.joint_layers:
+                layer.paligemma.eval()
         return self
 
     def embed_image(self, image: torch.Tensor) -> torch.Tensor:
         """(B, 3, R, R) in [-1, 1] -> (B, (R/patch)^2, width): SigLIP's last hidden state (after its
         post-layernorm) through the projector, unscaled, in float32."""
-        model = self.paligemma["model"]
-        hidden = self.vision_tower["vision_model"](pixel_values=image.float()).last_hidden_state
-        return model["multi_modal_projector"](hidden)
+        vision = self.get_submodule("paligemma.model.vision_tower.vision_model")
+        hidden = vision(pixel_values=image.float()).last_hidden_state
+        return self.get_submodule("paligemma.model.multi_modal_projector")(hidden)
 
     def embed_language(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token embeddings times sqrt(width) (GemmaTextScaledWordEmbedding, in the weight dtype)."""
-        return self.paligemma["model"]["language_model"]["embed_tokens"](tokens)
+        return self.get_submodule("paligemma.model.language_model.embed_tokens")(tokens)
 
     def run(
         self,
@@ -166,12 +172,12 @@ class PaliGemmaWithExpert(nn.Module):
     ) -> tuple[torch.Tensor | None, list[KeyValue]]:
         """The expert's normed output for the suffix (None without one) and the prefix's keys and
         values per layer (empty without a prefix). `positions` (B, L) cover the tokens present."""
-        dtype = self.layers[0].paligemma.self_attn.q_proj.weight.dtype
+        dtype = self.joint_layers[0].paligemma.self_attn.q_proj.weight.dtype
         prefix = None if prefix is None else prefix.to(dtype)
         suffix = None if suffix is None else suffix.to(dtype)
         cos, sin = self.rotary_emb(torch.empty(0, dtype=dtype, device=positions.device), positions)
         filled: list[KeyValue] = []
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.joint_layers):
             prefix, suffix, kv = layer(
                 prefix, suffix, mask, cos, sin, cond, None if cache is None else cache[i]
             )
@@ -179,5 +185,5 @@ class PaliGemmaWithExpert(nn.Module):
                 filled.append(kv)
         if suffix is None:
             return None, filled
-        out, _ = self.gemma_expert["model"]["norm"](suffix, cond)
+        out, _ = self.get_submodule("gemma_expert.model.norm")(suffix, cond)
         return out, filled

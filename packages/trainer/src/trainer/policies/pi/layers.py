@@ -16,6 +16,7 @@ cos/sin from `GemmaRotaryEmbedding`), attention eager in float32 (policies/vla/a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -96,6 +97,20 @@ class DecoderLayer(nn.Module):
         return gated(out, self.mlp(h.to(self.mlp.up_proj.weight.dtype)), gate)
 
 
+@dataclass
+class _Stream:
+    """One stream's part of a joint layer: its layer, input, condition, and its queries (None where
+    nothing reads its output), keys and values after RoPE, and residual gate."""
+
+    layer: DecoderLayer
+    hidden: torch.Tensor
+    cond: torch.Tensor | None
+    query: torch.Tensor | None
+    key: torch.Tensor
+    value: torch.Tensor
+    gate: torch.Tensor | None
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE of x (B, L, H, D) with cos/sin (B, L, D) as transformers' Gemma applies it."""
     from transformers.models.gemma.modeling_gemma import rotate_half
@@ -130,44 +145,44 @@ class JointLayer(nn.Module):
         """(prefix out, suffix out, the prefix's keys and values). `mask` (B, queries, keys) and
         `cos`/`sin` (B, L, head_dim) cover the tokens present, prefix first; with `cache` (sampling)
         the prefix is absent and its keys and values come from the prefill."""
-        streams = [
-            (layer, h, c)
-            for layer, h, c in ((self.paligemma, prefix, None), (self.expert, suffix, cond))
-            if h is not None
-        ]
-        parts = [
-            layer.project(h, c, queries=not (self.last and layer is self.paligemma))
-            for layer, h, c in streams
-        ]
-        lengths = [h.shape[1] for _, h, _ in streams]
-        cos_parts, sin_parts = cos.split(lengths, dim=1), sin.split(lengths, dim=1)
-        keys = [rotate(k, c, s) for (_, k, _, _), c, s in zip(parts, cos_parts, sin_parts, strict=True)]
-        values = [v for _, _, v, _ in parts]
-        filled = (keys[0], values[0]) if prefix is not None else None
-        if cache is not None:
-            keys, values = [cache[0], *keys], [cache[1], *values]
-        queries = [
-            rotate(q, c, s)
-            for (q, _, _, _), c, s in zip(parts, cos_parts, sin_parts, strict=True)
-            if q is not None
-        ]
+        streams: list[_Stream | None] = []
+        start = 0
+        for layer, hidden, c in ((self.paligemma, prefix, None), (self.expert, suffix, cond)):
+            if hidden is None:
+                streams.append(None)
+                continue
+            end = start + hidden.shape[1]
+            rope = cos[:, start:end], sin[:, start:end]
+            q, k, v, gate = layer.project(hidden, c, queries=not (self.last and layer is self.paligemma))
+            query = None if q is None else rotate(q, *rope)
+            streams.append(_Stream(layer, hidden, c, query, rotate(k, *rope), v, gate))
+            start = end
+        first = streams[0]
+        filled = None if first is None else (first.key, first.value)
+        present = [s for s in streams if s is not None]
+        queries = [s.query for s in present if s.query is not None]
         if not queries:  # the prefill's last layer: its keys and values are all it gives
             return None, None, filled
+        keys, values = [s.key for s in present], [s.value for s in present]
+        if cache is not None:
+            keys, values = [cache[0], *keys], [cache[1], *values]
         asking = sum(q.shape[1] for q in queries)
         attended = attend(
-            torch.cat(queries, dim=1), torch.cat(keys, dim=1), torch.cat(values, dim=1),
-            mask[:, mask.shape[1] - asking :], self.heads,
-        )  # fmt: skip
+            torch.cat(queries, dim=1),
+            torch.cat(keys, dim=1),
+            torch.cat(values, dim=1),
+            mask[:, -asking:],
+            self.heads,
+        )
         outs: list[torch.Tensor | None] = []
-        start = 0
-        for (layer, h, c), (q, _, _, gate) in zip(streams, parts, strict=True):
-            if q is None:
+        offset = 0
+        for stream in streams:
+            if stream is None or stream.query is None:
                 outs.append(None)
                 continue
-            outs.append(layer.finish(attended[:, start : start + h.shape[1]], h, gate, c))
-            start += h.shape[1]
-        if prefix is None:
-            outs.insert(0, None)
-        if suffix is None:
-            outs.append(None)
+            n = stream.hidden.shape[1]
+            outs.append(
+                stream.layer.finish(attended[:, offset : offset + n], stream.hidden, stream.gate, stream.cond)
+            )
+            offset += n
         return outs[0], outs[1], filled

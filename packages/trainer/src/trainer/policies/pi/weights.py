@@ -37,10 +37,10 @@ def from_lerobot(state: dict[str, torch.Tensor], config: PI0Config) -> dict[str,
     fixed: dict[str, torch.Tensor] = {}
     for key, value in state.items():
         if not key.startswith("model."):
-            key = _openpi_key(key, config)
-            if key is None:
+            renamed = _openpi_key(key, config)
+            if renamed is None:
                 continue
-            key = "model." + key
+            key = "model." + renamed
         fixed[key] = value
     if EMBED not in fixed and VLM_HEAD in fixed:
         fixed[EMBED] = fixed[VLM_HEAD]
