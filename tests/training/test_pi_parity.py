@@ -361,3 +361,27 @@ def test_bfloat16_keeps_lerobots_float32_parts_and_stays_near(fixtures, kind: st
     actions = policy.sample_actions(_observation(reference), noise=reference["noise"])
     torch.testing.assert_close(loss, reference["loss.mean"], atol=0.05, rtol=0.02)
     torch.testing.assert_close(actions, reference["actions.normalized"], atol=0.05, rtol=0.02)
+
+
+def test_a_checkpoint_of_another_model_is_refused_in_one_line(policies, fixtures) -> None:
+    """pi0.5's weights into pi0 (no state_proj, adaRMS norms): the first missing tensor named, nothing
+    loaded; LeRobot itself only prints a warning and keeps the random model."""
+    policy = policies["pi0"]
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    pi05 = load_file(str(fixtures["pi05"] / "pretrained_model" / "model.safetensors"))
+    with pytest.raises(
+        ConfigError, match=r"^elsewhere lacks model\.\S+ \(\d+ in all\): it is not a checkpoint"
+    ) as raised:
+        pi_weights.load_lerobot(policy, pi05, policy.config, "elsewhere")
+    assert "\n" not in str(raised.value)
+    assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
+
+
+def test_quantiles_without_their_statistics_are_refused_in_one_line(fixtures) -> None:
+    import ckpt_tools
+    from trainer.data.pipeline.processors import Processor
+
+    saved = ckpt_tools.load_processors(str(fixtures["pi05"] / "pretrained_model"))["policy_preprocessor"]
+    tensors = [{k: v for k, v in step.items() if not k.endswith(".q99")} for step in saved.step_tensors]
+    with pytest.raises(ConfigError, match=r"^its processor step 3 has no observation.state.q01/q99 tensor"):
+        Processor.from_state(saved.config, tensors)
