@@ -49,5 +49,10 @@ def test_the_third_party_fixtures_are_committed() -> None:
         "tests/fixtures/lerobot_smolvla_tiny/tiny_smolvlm/tokenizer.json",
         "tests/fixtures/lerobot_smolvla_tiny/reference.safetensors",
         "tests/fixtures/lerobot_smolvla_tiny/reference_padded_task.safetensors",
+        "tests/fixtures/lerobot_pi0_tiny/pretrained_model/model.safetensors",
+        "tests/fixtures/lerobot_pi0_tiny/tiny_paligemma/tokenizer.json",
+        "tests/fixtures/lerobot_pi0_tiny/reference_padded_task.safetensors",
+        "tests/fixtures/lerobot_pi05_tiny/pretrained_model/model.safetensors",
+        "tests/fixtures/lerobot_pi05_tiny/reference_padded_task.safetensors",
     ):
         assert required in names, f"{required} is not committed"

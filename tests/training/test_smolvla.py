@@ -225,19 +225,19 @@ def test_a_hub_id_backbone_is_read_through_the_hf_cache_offline(
     """`--policy.vlm_model_name=<repo id>` as LeRobot reads it: the snapshot in the Hugging Face cache
     (here offline); a repo id the cache lacks is one line."""
     from helpers.hf_cache import put_in_hub_cache
-    from trainer.policies.smolvla.resolve import resolve_backbone
+    from trainer.policies.vla.hub import resolve_pretrained
 
     cache = tmp_path / "hub"
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     put_in_hub_cache(fixture / "tiny_smolvlm", "someone/tiny-smolvlm", "model", str(cache))
     monkeypatch.chdir(tmp_path)
-    resolved = Path(resolve_backbone("someone/tiny-smolvlm"))
+    resolved = Path(resolve_pretrained("someone/tiny-smolvlm", "--policy.vlm_model_name"))
     assert (resolved / "tokenizer.json").read_bytes() == (
         fixture / "tiny_smolvlm" / "tokenizer.json"
     ).read_bytes()
     with pytest.raises(ConfigError, match=r"^--policy.vlm_model_name=someone/absent: not a local directory"):
-        resolve_backbone("someone/absent")
+        resolve_pretrained("someone/absent", "--policy.vlm_model_name")
 
 
 def test_load_vlm_weights_copies_the_backbones_weights_into_the_vlm(fixture: Path, tmp_path: Path) -> None:

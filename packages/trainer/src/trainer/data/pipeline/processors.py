@@ -101,7 +101,8 @@ def _from_lerobot(
 ) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
     """LeRobot's processor (its `policy_preprocessor.json` steps and their state files) as our
     normalize steps: MEAN_STD features divided by `std + eps` (LeRobot's normalizer; its unnormalizer
-    multiplies by `std` alone), IDENTITY cameras kept on [0, 1] (mean 0, std 1)."""
+    multiplies by `std` alone), QUANTILES (pi0.5's) as the same affine map, IDENTITY cameras kept on
+    [0, 1] (mean 0, std 1)."""
     ours: list[dict[str, Any]] = []
     tensors: list[dict[str, torch.Tensor]] = []
     for index, (step, state) in enumerate(zip(steps, step_tensors, strict=False)):
@@ -123,6 +124,8 @@ def _from_lerobot(
                     state[f"{name}.mean"],
                     state[f"{name}.std"] + eps,
                 )
+            elif mode == "QUANTILES":
+                stats[f"{name}.mean"], stats[f"{name}.std"] = _quantile_affine(state, name, index, config)
             elif mode == "IDENTITY" and is_camera(name):
                 channels = int(feature.get("shape", [3])[0])
                 stats[f"{name}.mean"], stats[f"{name}.std"] = (
@@ -131,7 +134,7 @@ def _from_lerobot(
                 )
             elif mode != "IDENTITY":
                 raise ConfigError(
-                    f"its processor normalizes {name} with {mode}, which is not supported (MEAN_STD or IDENTITY)"
+                    f"its processor normalizes {name} with {mode}, which is not supported (MEAN_STD, QUANTILES or IDENTITY)"
                 )
             else:
                 continue
@@ -141,6 +144,20 @@ def _from_lerobot(
         ours.append({"type": "unnormalize" if inverse else "normalize", "features": names})
         tensors.append(stats)
     return {"steps": ours}, tensors
+
+
+def _quantile_affine(
+    state: dict[str, torch.Tensor], name: str, index: int, config: dict[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LeRobot's QUANTILES map `2 (x - q01) / (q99 - q01) - 1` (a zero range taken as eps, no clipping)
+    as (mean, std) = (q01 + range / 2, range / 2): equal to float rounding (2.4e-7 on pi0.5's fixture),
+    both ways (LeRobot's unnormalizer inverts the same range)."""
+    if f"{name}.q01" not in state or f"{name}.q99" not in state:
+        raise ConfigError(f"its processor step {index} has no {name}.q01/q99 tensor in its state file")
+    low, high = state[f"{name}.q01"], state[f"{name}.q99"]
+    eps = torch.tensor(float(config.get("eps", 1e-8)), dtype=low.dtype)
+    half = torch.where(high == low, eps, high - low) / 2
+    return low + half, half
 
 
 def _merge_environment_state(

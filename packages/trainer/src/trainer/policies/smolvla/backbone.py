@@ -1,6 +1,6 @@
 """The SmolVLM backbone and the action expert as `transformers` builds them, and the task tokenizer.
 
-`--policy.vlm_model_name` is resolved as LeRobot resolves it (resolve.py). The VLM is built from its
+`--policy.vlm_model_name` is resolved as LeRobot resolves it (policies/vla/hub.py). The VLM is built from its
 config (random init); `load_vlm_weights` copies the backbone's pretrained weights in later
 (`load_pretrained_parts`), so loading a checkpoint never reads them. The expert is a Llama model of the
 VLM's text config made `expert_width_multiplier` times narrower, with LeRobot's intermediate size; in
@@ -11,7 +11,6 @@ are LeRobot's (`vlm.model.text_model.layers.{i}`, `lm_expert.layers.{i}`), so it
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -19,21 +18,17 @@ import torch
 from torch import nn
 
 from trainer.errors import ConfigError
-from trainer.policies.smolvla.resolve import FLAG as _FLAG
-from trainer.policies.smolvla.resolve import resolve_backbone
+from trainer.policies.vla.hub import TOKENIZER_FILES, import_transformers, load_pretrained, resolve_pretrained
 
 if TYPE_CHECKING:
     from trainer.policies.smolvla.config import SmolVLAConfig
 
 
+FLAG = "--policy.vlm_model_name"
+
+
 def _transformers() -> Any:
-    try:
-        import transformers
-    except ImportError:
-        raise ConfigError(
-            "--policy.type=smolvla needs transformers: pip install 'ckpt-trainer[smolvla]'"
-        ) from None
-    return transformers
+    return import_transformers("smolvla", "smolvla")
 
 
 def vlm_config(config: SmolVLAConfig) -> Any:
@@ -43,27 +38,15 @@ def vlm_config(config: SmolVLAConfig) -> Any:
 
 def load_tokenizer(config: SmolVLAConfig) -> Any:
     """The backbone's tokenizer; a backbone directory without one is refused in one line."""
-    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-    return _load(config, "tokenizer", names, _transformers().AutoTokenizer)
+    return _load(config, "tokenizer", TOKENIZER_FILES, _transformers().AutoTokenizer)
 
 
 def _load(config: SmolVLAConfig, what: str, files: tuple[str, ...], auto: Any) -> Any:
-    """`auto.from_pretrained` of the backbone's directory, which must hold one of `files`; every
-    failure is one line naming the backbone."""
-    name = config.vlm_model_name
-    directory = resolve_backbone(name)
-    if not any(os.path.isfile(os.path.join(directory, file)) for file in files):
-        raise ConfigError(
-            f"{_FLAG}={name}: {directory} holds no {what} ({files[0]}); SmolVLA builds the VLM from the "
-            "backbone's config and tokenizes the task with its tokenizer: give a SmolVLM model directory"
-        )
-    try:
-        return auto.from_pretrained(directory)
-    except Exception as exc:  # transformers raises many types for a malformed file
-        detail = " ".join(str(exc).split())[:160]
-        raise ConfigError(
-            f"{_FLAG}={name}: its {what} does not load ({type(exc).__name__}: {detail})"
-        ) from None
+    needs = (
+        "SmolVLA builds the VLM from the backbone's config and tokenizes the task with its tokenizer: "
+        "give a SmolVLM model directory"
+    )
+    return load_pretrained(config.vlm_model_name, FLAG, what, files, auto, needs)
 
 
 def expert_intermediate_size(hidden: int, multiplier: int = 4, multiple_of: int = 256) -> int:
@@ -182,17 +165,17 @@ class VLMWithExpert(nn.Module):
         """Copy the backbone's pretrained weights (safetensors in its directory) into `vlm`."""
         from ckpt_tools import load_model_state_dict
 
-        directory = resolve_backbone(name, weights=True)
+        directory = resolve_pretrained(name, FLAG, weights=True)
         try:
             state = load_model_state_dict(directory)
         except Exception as exc:
             raise ConfigError(
-                f"{_FLAG}={name}: --policy.load_vlm_weights=true but its weights do not load ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
+                f"{FLAG}={name}: --policy.load_vlm_weights=true but its weights do not load ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
             ) from None
         own = self.vlm.state_dict()
         missing = [k for k in own if k not in state and not k.startswith("model.text_model.layers.")]
         if missing:
             raise ConfigError(
-                f"{_FLAG}={name}: its weights lack {missing[0]}; give the SmolVLM model the config describes"
+                f"{FLAG}={name}: its weights lack {missing[0]}; give the SmolVLM model the config describes"
             )
         self.vlm.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)

@@ -19,7 +19,7 @@ from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
 from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
 from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, TASK_KEY, is_camera
 from trainer.errors import ConfigError
-from trainer.policies.smolvla.resolve import same_backbone
+from trainer.policies.vla.hub import same_config
 
 ATTENTION_MODES = ("cross_attn", "self_attn")
 PAD_LANGUAGE = ("longest", "max_length")
@@ -199,7 +199,7 @@ class SmolVLAConfig(PolicyConfig):
         name, saved = flags.get("vlm_model_name"), base.get("vlm_model_name")
         if name is None or not isinstance(saved, str) or name == saved:
             return
-        if not same_backbone(name, saved):
+        if not same_config(name, saved, "--policy.vlm_model_name"):
             raise ConfigError(
                 f"--policy.vlm_model_name={name} but --policy.path={path} was trained on {saved} (another "
                 "backbone config): drop --policy.vlm_model_name, or give a copy of that backbone"

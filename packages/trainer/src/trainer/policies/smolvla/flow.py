@@ -21,28 +21,8 @@ from torch import nn
 from trainer.policies.smolvla.backbone import VLMWithExpert
 from trainer.policies.smolvla.config import SmolVLAConfig
 from trainer.policies.smolvla.joint import JointStack
-
-
-def time_embedding(time: torch.Tensor, dim: int, min_period: float, max_period: float) -> torch.Tensor:
-    """Sine-cosine embedding (B, dim) of scalar times, computed in float64 (float32 on MPS)."""
-    dtype = torch.float32 if time.device.type == "mps" else torch.float64
-    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=dtype, device=time.device)
-    period = min_period * (max_period / min_period) ** fraction
-    angles = (1.0 / period * 2 * math.pi)[None, :] * time[:, None]
-    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
-
-
-def block_mask(pad: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """(B, L, L) attention mask: token i sees token j when j is not padding and j's block (the
-    cumulative sum of `blocks`) is not after i's."""
-    cumulative = torch.cumsum(blocks, dim=1)
-    return (cumulative[:, None, :] <= cumulative[:, :, None]) & (pad[:, None, :] & pad[:, :, None])
-
-
-def sample_time(batch: int, device: torch.device) -> torch.Tensor:
-    """LeRobot's training times: Beta(1.5, 1) * 0.999 + 0.001 (sampled on the CPU)."""
-    beta = torch.distributions.Beta(torch.tensor(1.5), torch.tensor(1.0))
-    return (beta.sample((batch,)) * 0.999 + 0.001).to(device=device, dtype=torch.float32)
+from trainer.policies.vla.attention import block_mask
+from trainer.policies.vla.flow import euler, noisy_actions, time_embedding
 
 
 class FlowMatching(nn.Module):
@@ -121,9 +101,7 @@ class FlowMatching(nn.Module):
         noise: torch.Tensor, time: torch.Tensor,
     ) -> torch.Tensor:  # fmt: skip
         """Element-wise squared error (B, chunk, max_action_dim) of the predicted velocity."""
-        t = time[:, None, None].to(actions.dtype)
-        x_t = t * noise + (1 - t) * actions
-        target = noise - actions
+        x_t, target = noisy_actions(actions, noise, time)
         emb, pad, block = prefix
         suffix = self.embed_suffix(x_t, time)
         b, n = suffix.shape[:2]
@@ -145,11 +123,10 @@ class FlowMatching(nn.Module):
         ones = torch.ones(b, n, dtype=torch.bool, device=pad.device)
         mask = torch.cat([pad[:, None, :].expand(b, n, -1), block_mask(ones, ones)], dim=2)
         positions = pad.sum(dim=-1)[:, None] + torch.cumsum(ones, dim=1) - 1
-        dt = -1.0 / self.config.num_steps
-        x_t = noise
-        for step in range(self.config.num_steps):
-            time = torch.tensor(1.0 + step * dt, dtype=torch.float32, device=noise.device).expand(b)
+
+        def velocity(x_t: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
             out, _ = self.stack.run(None, self.embed_suffix(x_t, time), mask, positions, cache=cache)
             assert out is not None
-            x_t = x_t + dt * self.velocity(out)
-        return x_t
+            return self.velocity(out)
+
+        return euler(velocity, noise, self.config.num_steps)

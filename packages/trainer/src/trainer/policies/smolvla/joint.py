@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from trainer.policies.smolvla.backbone import VLMWithExpert
+from trainer.policies.vla.attention import attend
 
 ROPE_BASE = 10_000.0
 
@@ -37,22 +37,6 @@ def rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     sin, cos = torch.sin(radians[..., None, :]), torch.cos(radians[..., None, :])
     x1, x2 = x.split(half, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(dtype)
-
-
-def attend(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, heads: int
-) -> torch.Tensor:
-    """Eager grouped-query attention: query (B, Lq, H, D), key/value (B, Lk, KV, D), mask (B, Lq, Lk)
-    True = attend; scores in float32 scaled by D**-0.5, masked with float32's minimum."""
-    b, _, _, d = query.shape
-    groups = heads // key.shape[2]
-    key = key.repeat_interleave(groups, dim=2).float().transpose(1, 2)
-    value = value.repeat_interleave(groups, dim=2)
-    scores = torch.matmul(query.float().transpose(1, 2), key.transpose(2, 3)) * d**-0.5
-    scores = torch.where(mask[:, None], scores, torch.finfo(torch.float32).min)
-    probs = F.softmax(scores, dim=-1).to(value.dtype)
-    out = torch.matmul(probs, value.transpose(1, 2))
-    return out.transpose(1, 2).reshape(b, -1, heads * d)
 
 
 def _qkv(layer: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:

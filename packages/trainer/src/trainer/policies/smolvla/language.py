@@ -14,12 +14,9 @@ from typing import Any
 
 import torch
 
-from trainer.data.dataset import TASK_KEY, task_texts
 from trainer.policies.smolvla import backbone
 from trainer.policies.smolvla.config import SmolVLAConfig
-
-TOKENS_KEY = "observation.language.tokens"
-TOKEN_MASK_KEY = "observation.language.attention_mask"
+from trainer.policies.vla.language import TOKEN_MASK_KEY, TOKENS_KEY, batch_tasks, tokenize
 
 
 class Tokenizer:
@@ -31,15 +28,8 @@ class Tokenizer:
 
     def __call__(self, tasks: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens (B, L) int64, mask (B, L) bool) of the tasks, each followed by a newline."""
-        encoded = self.tokenizer(
-            [task + "\n" for task in tasks],
-            max_length=self.config.tokenizer_max_length,
-            truncation=True,
-            padding=self.config.pad_language_to,
-            padding_side="right",
-            return_tensors="pt",
-        )
-        return encoded["input_ids"].long(), encoded["attention_mask"].bool()
+        texts = [task + "\n" for task in tasks]
+        return tokenize(self.tokenizer, texts, self.config.tokenizer_max_length, self.config.pad_language_to)
 
     def batch_tokens(
         self, batch: dict[str, torch.Tensor], device: torch.device
@@ -47,9 +37,7 @@ class Tokenizer:
         """The batch's task tokens and mask: its own, else its `task` bytes tokenized."""
         if TOKENS_KEY in batch:
             return batch[TOKENS_KEY], batch[TOKEN_MASK_KEY].bool()
-        if TASK_KEY not in batch:
-            raise ValueError(f"the batch holds no task: SmolVLA needs {TOKENS_KEY!r} or {TASK_KEY!r}")
-        tokens, mask = self(task_texts(batch[TASK_KEY]))
+        tokens, mask = self(batch_tasks(batch, "SmolVLA"))
         return tokens.to(device), mask.to(device)
 
     def image_token_ids(self) -> tuple[int, int] | None:

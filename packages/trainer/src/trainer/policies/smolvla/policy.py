@@ -15,30 +15,15 @@ import collections
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 
 from trainer.data.dataset import ACTION_KEY, OBS_KEY, PAD_KEY
 from trainer.errors import ConfigError
 from trainer.policies.base import Policy
 from trainer.policies.smolvla import backbone, language
 from trainer.policies.smolvla.config import SmolVLAConfig
-from trainer.policies.smolvla.flow import FlowMatching, sample_time
-
-
-def resize_with_pad(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """(B, C, h, w) resized to fit (height, width) with its aspect kept (bilinear, sizes truncated
-    to integers), zero-padded on the left and top."""
-    h, w = image.shape[2:]
-    if (h, w) == (height, width):
-        return image
-    ratio = max(w / width, h / height)
-    new_h, new_w = int(h / ratio), int(w / ratio)
-    resized = F.interpolate(image, size=(new_h, new_w), mode="bilinear", align_corners=False)
-    return F.pad(resized, (max(0, width - new_w), 0, max(0, height - new_h), 0), value=0.0)
-
-
-def pad_last(x: torch.Tensor, size: int) -> torch.Tensor:
-    return x if x.shape[-1] >= size else F.pad(x, (0, size - x.shape[-1]))
+from trainer.policies.smolvla.flow import FlowMatching
+from trainer.policies.vla.flow import sample_noise, sample_time
+from trainer.policies.vla.images import pad_last, resize_with_pad
 
 
 class SmolVLAPolicy(Policy):
@@ -138,7 +123,7 @@ class SmolVLAPolicy(Policy):
         sample with reduction="none")."""
         actions = pad_last(batch[ACTION_KEY].to(self._dtype), self.config.max_action_dim)
         if noise is None:
-            noise = torch.normal(0.0, 1.0, size=actions.shape, dtype=torch.float32, device=actions.device)
+            noise = sample_noise(actions.shape, actions.device)
         if time is None:
             time = sample_time(actions.shape[0], actions.device)
         losses = self.model.losses(self._prefix(batch), actions, noise.to(self._dtype), time)[
@@ -167,7 +152,7 @@ class SmolVLAPolicy(Policy):
         b = prefix[0].shape[0]
         if noise is None:
             shape = (b, self.config.chunk_size, self.config.max_action_dim)
-            noise = torch.normal(0.0, 1.0, size=shape, dtype=torch.float32, device=prefix[0].device)
+            noise = sample_noise(shape, prefix[0].device)
         return self.model.sample(prefix, noise.to(self._dtype))[:, :, : self.config.action_dim]
 
     @torch.no_grad()

@@ -1,0 +1,189 @@
+"""PaliGemma (SigLIP, the multi-modal projector, Gemma) and the Gemma action expert, built from
+transformers' classes at the sizes the config resolves (LeRobot's `PaliGemmaWithExpertModel`).
+
+Weights are initialised from the configs (random); every weight a run uses comes from a checkpoint.
+The module names are LeRobot's except the decoder layers, which pair up in `layers.{i}` (the FSDP units:
+layers.py); weights.py maps the names both ways. What LeRobot holds but nothing reads is not built:
+both `lm_head`s, the expert's token embedding. PaliGemma's final norm is kept (it is in every
+checkpoint) but frozen, as are the parts of the last PaliGemma layer that only the discarded prefix
+output reads, so no trainable parameter is left without a gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from trainer.policies.pi.config import GemmaSize, PI0Config, Sizes
+from trainer.policies.pi.layers import JointLayer, KeyValue, PiRMSNorm
+from trainer.policies.vla.hub import import_transformers
+
+# What LeRobot keeps in float32 when --policy.dtype=bfloat16 casts the rest.
+FLOAT32_PARTS = (
+    "vision_tower",
+    "multi_modal_projector",
+    "input_layernorm",
+    "post_attention_layernorm",
+    "model.norm",
+)
+
+
+def gemma_config(size: GemmaSize, vocab_size: int) -> Any:
+    """transformers' GemmaConfig for one stack, with LeRobot's activation and default RoPE/eps."""
+    transformers = import_transformers("pi0", "pi")
+    return transformers.GemmaConfig(
+        hidden_size=size.width, num_hidden_layers=size.depth, intermediate_size=size.mlp_dim,
+        num_attention_heads=size.num_heads, num_key_value_heads=size.num_kv_heads, head_dim=size.head_dim,
+        vocab_size=vocab_size, hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+    )  # fmt: skip
+
+
+def _siglip(transformers: Any, vision_config: Any) -> nn.Module:
+    """SigLIP's vision transformer (embeddings, encoder, post-layernorm): the `vision_model` inside
+    transformers' SiglipVisionModel up to 5.x's flattening, the model itself after it."""
+    model = transformers.SiglipVisionModel(vision_config)
+    return getattr(model, "vision_model", model)
+
+
+class Projector(nn.Module):
+    """PaliGemma's multi-modal projector: one linear map from SigLIP's width to Gemma's."""
+
+    def __init__(self, vision_width: int, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(vision_width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+class PaliGemmaWithExpert(nn.Module):
+    """`paligemma.model.{vision_tower, multi_modal_projector, language_model.{embed_tokens, norm}}`,
+    `gemma_expert.model.norm`, and the paired decoder layers `layers.{i}`."""
+
+    def __init__(self, config: PI0Config, sizes: Sizes) -> None:
+        super().__init__()
+        transformers = import_transformers("pi0", "pi")
+        from transformers.models.gemma.modeling_gemma import (
+            GemmaRotaryEmbedding,
+            GemmaTextScaledWordEmbedding,
+        )
+
+        v = sizes.vision
+        vision_config = transformers.SiglipVisionConfig(
+            hidden_size=v.hidden_size, intermediate_size=v.intermediate_size, num_hidden_layers=v.num_hidden_layers,
+            num_attention_heads=v.num_attention_heads, patch_size=v.patch_size, image_size=config.image_resolution[0],
+            hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6, vision_use_head=False,
+        )  # fmt: skip
+        vlm, expert = gemma_config(sizes.vlm, sizes.vocab_size), gemma_config(sizes.expert, sizes.vocab_size)
+        language = nn.ModuleDict(
+            {
+                "embed_tokens": GemmaTextScaledWordEmbedding(
+                    sizes.vocab_size, sizes.vlm.width, 0, embed_scale=sizes.vlm.width**0.5
+                ),
+                "norm": PiRMSNorm(sizes.vlm.width, vlm.rms_norm_eps),
+            }
+        )
+        self.paligemma = nn.ModuleDict(
+            {
+                "model": nn.ModuleDict(
+                    {
+                        "vision_tower": nn.ModuleDict({"vision_model": _siglip(transformers, vision_config)}),
+                        "multi_modal_projector": Projector(v.hidden_size, sizes.vlm.width),
+                        "language_model": language,
+                    }
+                )
+            }
+        )
+        cond = sizes.expert.width if config.pi05 else None
+        self.gemma_expert = nn.ModuleDict(
+            {"model": nn.ModuleDict({"norm": PiRMSNorm(sizes.expert.width, expert.rms_norm_eps, cond)})}
+        )
+        depth = sizes.vlm.depth
+        self.layers = nn.ModuleList(
+            JointLayer(vlm, expert, i, last=i == depth - 1, adarms=config.pi05) for i in range(depth)
+        )
+        self.rotary_emb = GemmaRotaryEmbedding(vlm)
+        self.freeze_vision_encoder = config.freeze_vision_encoder
+        self.train_expert_only = config.train_expert_only
+        if config.dtype == "bfloat16":
+            self._to_bfloat16()
+        self._set_requires_grad()
+
+    @property
+    def vision_tower(self) -> nn.Module:
+        return self.get_submodule("paligemma.model.vision_tower")
+
+    @property
+    def joint_layers(self) -> list[JointLayer]:
+        return [cast(JointLayer, layer) for layer in self.layers]
+
+    def _to_bfloat16(self) -> None:
+        """LeRobot's bfloat16: everything but the vision path and the norms."""
+        self.to(torch.bfloat16)
+        for name, param in self.named_parameters():
+            if any(part in name for part in FLOAT32_PARTS):
+                param.data = param.data.float()
+
+    def _set_requires_grad(self) -> None:
+        """LeRobot's freezing, plus the parts no output reads (the module docstring)."""
+        if self.freeze_vision_encoder:
+            self.vision_tower.requires_grad_(False)
+        if self.train_expert_only:
+            self.paligemma.requires_grad_(False)
+            for layer in self.joint_layers:
+                layer.paligemma.requires_grad_(False)
+        self.get_submodule("paligemma.model.language_model.norm").requires_grad_(False)
+        last = self.joint_layers[-1].paligemma
+        for part in (last.self_attn.q_proj, last.self_attn.o_proj, last.post_attention_layernorm, last.mlp):
+            part.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> PaliGemmaWithExpert:
+        """Frozen parts stay in eval mode, as LeRobot keeps them."""
+        super().train(mode)
+        if self.freeze_vision_encoder:
+            self.vision_tower.eval()
+        if self.train_expert_only:
+            self.paligemma.eval()
+            for layer in self.joint_layers:
+                layer.paligemma.eval()
+        return self
+
+    def embed_image(self, image: torch.Tensor) -> torch.Tensor:
+        """(B, 3, R, R) in [-1, 1] -> (B, (R/patch)^2, width): SigLIP's last hidden state (after its
+        post-layernorm) through the projector, unscaled, in float32."""
+        vision = self.get_submodule("paligemma.model.vision_tower.vision_model")
+        hidden = vision(pixel_values=image.float()).last_hidden_state
+        return self.get_submodule("paligemma.model.multi_modal_projector")(hidden)
+
+    def embed_language(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token embeddings times sqrt(width) (GemmaTextScaledWordEmbedding, in the weight dtype)."""
+        return self.get_submodule("paligemma.model.language_model.embed_tokens")(tokens)
+
+    def run(
+        self,
+        prefix: torch.Tensor | None,
+        suffix: torch.Tensor | None,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cond: torch.Tensor | None = None,
+        cache: list[KeyValue] | None = None,
+    ) -> tuple[torch.Tensor | None, list[KeyValue]]:
+        """The expert's normed output for the suffix (None without one) and the prefix's keys and
+        values per layer (empty without a prefix). `positions` (B, L) cover the tokens present."""
+        dtype = self.joint_layers[0].paligemma.self_attn.q_proj.weight.dtype
+        prefix = None if prefix is None else prefix.to(dtype)
+        suffix = None if suffix is None else suffix.to(dtype)
+        cos, sin = self.rotary_emb(torch.empty(0, dtype=dtype, device=positions.device), positions)
+        filled: list[KeyValue] = []
+        for i, layer in enumerate(self.joint_layers):
+            prefix, suffix, kv = layer(
+                prefix, suffix, mask, cos, sin, cond, None if cache is None else cache[i]
+            )
+            if kv is not None:
+                filled.append(kv)
+        if suffix is None:
+            return None, filled
+        out, _ = self.get_submodule("gemma_expert.model.norm")(suffix, cond)
+        return out, filled

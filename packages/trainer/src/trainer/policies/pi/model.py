@@ -1,0 +1,149 @@
+"""pi0's and pi0.5's flow-matching model (LeRobot's `PI0Pytorch` / `PI05Pytorch`): prefix and suffix
+tokens, the training loss, and Euler sampling with the prefix's keys and values cached.
+
+The prefix is [each camera's image tokens, the language tokens], one bidirectional block (restricted by
+the pad mask). pi0's suffix is [a state token, the action tokens] with blocks `1 1 0 ... 0` (the state
+token sees the prefix and itself, the action tokens everything); the action tokens are
+`action_time_mlp_out(silu(action_time_mlp_in([action_in_proj(x_t), time_emb])))`. pi0.5's suffix is the
+action tokens `action_in_proj(x_t)` alone (blocks `1 0 ... 0`): its state is in the prompt and the time
+conditions the expert's norms (adaRMS) through `silu(time_mlp_out(silu(time_mlp_in(time_emb))))`.
+Positions are `cumsum(pad) - 1` over [prefix; suffix], so the language padding between the two does
+not advance them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer.policies.pi.backbone import PaliGemmaWithExpert
+from trainer.policies.pi.config import PI0Config, Sizes
+from trainer.policies.pi.layers import KeyValue
+from trainer.policies.vla.attention import block_mask
+from trainer.policies.vla.flow import euler, noisy_actions, time_embedding
+
+# (embeddings, pad mask, block starts) of a token sequence.
+Tokens = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class PiFlowModel(nn.Module):
+    """Parameter names are LeRobot's below `model.` (weights.py maps the paired layers)."""
+
+    def __init__(self, config: PI0Config, sizes: Sizes) -> None:
+        super().__init__()
+        self.config = config
+        self.paligemma_with_expert = PaliGemmaWithExpert(config, sizes)
+        width = sizes.expert.width
+        self.action_in_proj = nn.Linear(config.max_action_dim, width)
+        self.action_out_proj = nn.Linear(width, config.max_action_dim)
+        if config.pi05:
+            self.time_mlp_in = nn.Linear(width, width)
+            self.time_mlp_out = nn.Linear(width, width)
+        else:
+            self.state_proj = nn.Linear(config.max_state_dim, width)
+            self.action_time_mlp_in = nn.Linear(2 * width, width)
+            self.action_time_mlp_out = nn.Linear(width, width)
+
+    def embed_prefix(self, images: list[torch.Tensor], image_masks: list[torch.Tensor], tokens: torch.Tensor,
+                     token_masks: torch.Tensor) -> Tokens:  # fmt: skip
+        """[camera tokens..., language tokens], all in block 0."""
+        embs, pads = [], []
+        for image, image_mask in zip(images, image_masks, strict=True):
+            emb = self.paligemma_with_expert.embed_image(image)
+            embs.append(emb)
+            pads.append(image_mask[:, None].expand(emb.shape[0], emb.shape[1]))
+        embs.append(self.paligemma_with_expert.embed_language(tokens).to(embs[0].dtype))
+        pads.append(token_masks)
+        emb, pad = torch.cat(embs, dim=1), torch.cat(pads, dim=1)
+        return emb, pad, torch.zeros_like(pad)
+
+    def embed_suffix(
+        self, state: torch.Tensor | None, x_t: torch.Tensor, time: torch.Tensor
+    ) -> tuple[Tokens, torch.Tensor | None]:
+        """The suffix tokens and pi0.5's adaRMS condition (None for pi0)."""
+        config = self.config
+        action = self.action_in_proj(x_t)
+        t = time_embedding(time, action.shape[-1], config.min_period, config.max_period).to(time.dtype)
+        b, n = action.shape[:2]
+        if config.pi05:
+            cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(t))))
+            blocks = [1] + [0] * (n - 1)
+            emb = action
+        else:
+            assert state is not None, "pi0 reads the state"
+            t = t[:, None, :].expand_as(action)
+            action = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(torch.cat([action, t], dim=2))))
+            emb = torch.cat(
+                [self.state_proj(state.to(self.state_proj.weight.dtype))[:, None, :], action], dim=1
+            )
+            blocks, cond = [1, 1] + [0] * (n - 1), None
+        pad = torch.ones(b, emb.shape[1], dtype=torch.bool, device=emb.device)
+        block = torch.tensor(blocks, dtype=torch.bool, device=emb.device)[None].expand(b, -1)
+        return (emb, pad, block), cond
+
+    def velocity(self, expert_out: torch.Tensor) -> torch.Tensor:
+        """action_out_proj of the action tokens, in float32 as LeRobot computes it."""
+        out = expert_out[:, -self.config.chunk_size :].float()
+        return self.action_out_proj(out.to(self.action_out_proj.weight.dtype))
+
+    def losses(self, prefix: Tokens, state: torch.Tensor | None, actions: torch.Tensor, noise: torch.Tensor,
+               time: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Element-wise squared velocity error (B, chunk, max_action_dim) at noise `noise`, time `time`."""
+        x_t, u_t = noisy_actions(actions, noise, time)
+        (suffix, suffix_pad, suffix_block), cond = self.embed_suffix(state, x_t, time)
+        mask, positions = joint_layout(prefix[1], prefix[2], suffix_pad, suffix_block)
+        out, _ = self.paligemma_with_expert.run(prefix[0], suffix, mask, positions, cond)
+        assert out is not None
+        return F.mse_loss(u_t, self.velocity(out), reduction="none")
+
+    def prefill(self, prefix: Tokens) -> list[KeyValue]:
+        """The prefix's keys (after RoPE) and values at every layer, computed once per chunk."""
+        emb, pad, block = prefix
+        _, cache = self.paligemma_with_expert.run(emb, None, *joint_layout(pad, block))
+        return cache
+
+    def denoise(
+        self,
+        prefix: Tokens,
+        cache: list[KeyValue],
+        state: torch.Tensor | None,
+        x_t: torch.Tensor,
+        time: torch.Tensor,
+    ) -> torch.Tensor:
+        """The expert's normed output (B, suffix, width) for x_t at `time` against the cached prefix."""
+        (suffix, suffix_pad, suffix_block), cond = self.embed_suffix(state, x_t, time)
+        mask, positions = step_layout(prefix[1], suffix_pad, suffix_block)
+        out, _ = self.paligemma_with_expert.run(None, suffix, mask, positions, cond, cache=cache)
+        assert out is not None
+        return out
+
+    def sample(self, prefix: Tokens, state: torch.Tensor | None, noise: torch.Tensor) -> torch.Tensor:
+        """x_0 (B, chunk, max_action_dim) integrated from x_1 = `noise` in num_inference_steps steps."""
+        cache = self.prefill(prefix)
+
+        def velocity(x_t: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
+            return self.velocity(self.denoise(prefix, cache, state, x_t, time))
+
+        return euler(velocity, noise, self.config.num_inference_steps)
+
+
+def joint_layout(
+    pad: torch.Tensor, block: torch.Tensor, suffix_pad: torch.Tensor | None = None,
+    suffix_block: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(mask (B, L, L), positions (B, L)) of one pass over [prefix; suffix] (the suffix optional):
+    LeRobot's make_att_2d_masks and `cumsum(pad) - 1`."""
+    if suffix_pad is not None and suffix_block is not None:
+        pad, block = torch.cat([pad, suffix_pad], dim=1), torch.cat([block, suffix_block], dim=1)
+    return block_mask(pad, block), torch.cumsum(pad, dim=1) - 1
+
+
+def step_layout(
+    prefix_pad: torch.Tensor, suffix_pad: torch.Tensor, suffix_block: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask (B, suffix, prefix + suffix), positions (B, suffix)) of a denoising step: the suffix sees
+    the valid prefix and its own blocks; its positions continue after the valid prefix tokens."""
+    n = suffix_pad.shape[1]
+    mask = torch.cat([prefix_pad[:, None, :].expand(-1, n, -1), block_mask(suffix_pad, suffix_block)], dim=2)
+    return mask, prefix_pad.sum(dim=-1)[:, None] + torch.cumsum(suffix_pad, dim=1) - 1

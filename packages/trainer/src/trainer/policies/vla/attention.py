@@ -1,0 +1,32 @@
+"""Attention as LeRobot's VLA policies compute it: block masks over [prefix; suffix] and eager
+grouped-query attention in float32."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def block_mask(pad: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """(B, L, L) attention mask: token i sees token j when j is not padding and j's block (the
+    cumulative sum of `blocks`) is not after i's."""
+    cumulative = torch.cumsum(blocks, dim=1)
+    return (cumulative[:, None, :] <= cumulative[:, :, None]) & (pad[:, None, :] & pad[:, :, None])
+
+
+def attend(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, heads: int
+) -> torch.Tensor:
+    """Eager grouped-query attention: query (B, Lq, H, D), key/value (B, Lk, KV, D), mask (B, Lq, Lk)
+    True = attend; scores in float32 scaled by D**-0.5, masked with float32's minimum. For a query
+    that sees something this equals LeRobot's additive -2.38e38 mask; a query that sees nothing
+    (padding) gets a uniform softmax either way, never NaN."""
+    b, _, _, d = query.shape
+    groups = heads // key.shape[2]
+    key = key.repeat_interleave(groups, dim=2).float().transpose(1, 2)
+    value = value.repeat_interleave(groups, dim=2)
+    scores = torch.matmul(query.float().transpose(1, 2), key.transpose(2, 3)) * d**-0.5
+    scores = torch.where(mask[:, None], scores, torch.finfo(torch.float32).min)
+    probs = F.softmax(scores, dim=-1).to(value.dtype)
+    out = torch.matmul(probs, value.transpose(1, 2))
+    return out.transpose(1, 2).reshape(b, -1, heads * d)
