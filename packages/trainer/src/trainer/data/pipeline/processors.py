@@ -101,7 +101,8 @@ def _from_lerobot(
 ) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
     """LeRobot's processor (its `policy_preprocessor.json` steps and their state files) as our
     normalize steps: MEAN_STD features divided by `std + eps` (LeRobot's normalizer; its unnormalizer
-    multiplies by `std` alone), IDENTITY cameras kept on [0, 1] (mean 0, std 1)."""
+    multiplies by `std` alone), MIN_MAX ones onto [-1, 1] (`min_max_as_mean_std`), IDENTITY cameras kept
+    on [0, 1] (mean 0, std 1)."""
     ours: list[dict[str, Any]] = []
     tensors: list[dict[str, torch.Tensor]] = []
     for index, (step, state) in enumerate(zip(steps, step_tensors, strict=False)):
@@ -110,7 +111,8 @@ def _from_lerobot(
             continue
         config = step.get("config") if isinstance(step.get("config"), dict) else {}
         features, norm_map = config.get("features") or {}, config.get("norm_map") or {}
-        eps = 0.0 if inverse else float(config.get("eps", 1e-8))
+        range_eps = float(config.get("eps", 1e-8))
+        eps = 0.0 if inverse else range_eps
         names, stats = [], {}
         for name, feature in features.items():
             mode = norm_map.get(feature.get("type") if isinstance(feature, dict) else None, "IDENTITY")
@@ -123,6 +125,14 @@ def _from_lerobot(
                     state[f"{name}.mean"],
                     state[f"{name}.std"] + eps,
                 )
+            elif mode == "MIN_MAX":
+                if f"{name}.min" not in state or f"{name}.max" not in state:
+                    raise ConfigError(
+                        f"its processor step {index} has no {name}.min/max tensor in its state file"
+                    )
+                stats[f"{name}.mean"], stats[f"{name}.std"] = min_max_as_mean_std(
+                    state[f"{name}.min"], state[f"{name}.max"], range_eps
+                )
             elif mode == "IDENTITY" and is_camera(name):
                 channels = int(feature.get("shape", [3])[0])
                 stats[f"{name}.mean"], stats[f"{name}.std"] = (
@@ -131,7 +141,7 @@ def _from_lerobot(
                 )
             elif mode != "IDENTITY":
                 raise ConfigError(
-                    f"its processor normalizes {name} with {mode}, which is not supported (MEAN_STD or IDENTITY)"
+                    f"its processor normalizes {name} with {mode}, which is not supported (MEAN_STD, MIN_MAX or IDENTITY)"
                 )
             else:
                 continue
@@ -141,6 +151,17 @@ def _from_lerobot(
         ours.append({"type": "unnormalize" if inverse else "normalize", "features": names})
         tensors.append(stats)
     return {"steps": ours}, tensors
+
+
+def min_max_as_mean_std(
+    low: torch.Tensor, high: torch.Tensor, eps: float = 1e-8
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LeRobot's MIN_MAX normalization, `2 (x - min) / (max - min) - 1` (inverse `(x + 1) / 2 (max - min)
+    + min`), as the (mean, std) of our `(x - mean) / std`: the centre and the half-range, a zero range
+    replaced by `eps` as LeRobot does. The same map, up to float rounding (about 1e-7 on [-1, 1])."""
+    span = high - low
+    span = torch.where(span == 0, torch.full_like(span, eps), span)
+    return low + span / 2, span / 2
 
 
 def _merge_environment_state(
