@@ -49,5 +49,7 @@ def test_the_third_party_fixtures_are_committed() -> None:
         "tests/fixtures/lerobot_smolvla_tiny/tiny_smolvlm/tokenizer.json",
         "tests/fixtures/lerobot_smolvla_tiny/reference.safetensors",
         "tests/fixtures/lerobot_smolvla_tiny/reference_padded_task.safetensors",
+        "tests/fixtures/lerobot_diffusion_tiny/pretrained_model/model.safetensors",
+        "tests/fixtures/lerobot_diffusion_tiny/reference.safetensors",
     ):
         assert required in names, f"{required} is not committed"
