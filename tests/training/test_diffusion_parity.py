@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 import ckpt_tools
@@ -24,6 +24,7 @@ from trainer.data.pipeline.processors import Processor
 from trainer.errors import ConfigError
 from trainer.policies.diffusion import ActionQueue, DiffusionConfig, DiffusionFeatures, DiffusionModel
 from trainer.policies.diffusion.vision import center_crop_offsets, random_crop_offsets
+from trainer.policies.resnet import ResNetTrunk
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "lerobot_diffusion_tiny"
 MODEL = FIXTURE / "pretrained_model"
@@ -251,7 +252,7 @@ def test_separate_encoders_give_the_shared_ones_features_and_crop_per_camera(mod
     config = dataclasses.replace(model.config, use_separate_rgb_encoder_per_camera=True)
     separate = DiffusionModel(config, model.features).eval()
     shared = model.rgb_encoder.state_dict()
-    for encoder in separate.rgb_encoder:
+    for encoder in separate.rgb_encoder.children():
         encoder.load_state_dict(shared)
     batch = pre_batch(ref, actions=False)
     with torch.no_grad():
@@ -280,11 +281,36 @@ def test_lerobots_default_sizes_and_batch_norm_names(saved) -> None:
             built = DiffusionModel(config, features)
         assert sum(p.numel() for p in built.parameters()) == params
         assert len(built.state_dict()) == tensors
+        assert built.noise_scheduler.alphas_cumprod.device.type == "cpu"  # not module state: never meta
     names = set(built.state_dict())
     for name in ("running_mean", "running_var", "num_batches_tracked"):
         assert (
             f"rgb_encoder.1.backbone.4.0.bn1.{name}" in names and f"rgb_encoder.0.backbone.1.{name}" in names
         )
+
+
+def test_pretrained_backbone_weights_load_into_every_camera_trunk(tmp_path) -> None:
+    """torchvision-named ResNet18 weights (a local file here; a Hub id goes through the cache) land in
+    each camera's Sequential-named trunk, batch-norm statistics included."""
+    source = ResNetTrunk("resnet18", norm=nn.BatchNorm2d)
+    generator = torch.Generator().manual_seed(0)
+    state = {
+        name: torch.rand(t.shape, generator=generator)
+        for name, t in source.state_dict().items()
+        if not name.endswith("num_batches_tracked")
+    }
+    save_file(state, str(tmp_path / "resnet18.safetensors"))
+    config = DiffusionConfig(
+        pretrained_backbone_weights=str(tmp_path / "resnet18.safetensors"), horizon=16, n_action_steps=8
+    )
+    cameras = {name: (3, 24, 40) for name in CAMERAS}
+    model = DiffusionModel(config, DiffusionFeatures(state_dim=4, action_dim=2, cameras=cameras))
+    model.load_pretrained_backbone()
+    for encoder in model.rgb_encoder.children():
+        ours = encoder.backbone.state_dict()
+        assert torch.equal(ours["4.0.conv1.weight"], state["layer1.0.conv1.weight"])
+        assert torch.equal(ours["7.0.downsample.1.running_var"], state["layer4.0.downsample.1.running_var"])
+        assert torch.equal(ours["1.running_mean"], state["bn1.running_mean"])
 
 
 def test_ddim_draws_nothing_after_the_initial_sample(model) -> None:

@@ -29,7 +29,9 @@ from trainer.policies.diffusion.vision import RgbEncoder
 
 def make_noise_scheduler(config: DiffusionConfig) -> Any:
     """diffusers' DDPM or DDIM scheduler, built with exactly the arguments LeRobot passes (diffusers'
-    defaults for the rest: fixed_small variance, leading timestep spacing, DDIM's eta 0)."""
+    defaults for the rest: fixed_small variance, leading timestep spacing, DDIM's eta 0). Its tables
+    are plain CPU tensors, not module state, so they are built on the CPU even inside a meta-device
+    build (diffusers moves them to the samples' device where it needs them)."""
     try:
         from diffusers import DDIMScheduler, DDPMScheduler
     except ImportError:
@@ -37,15 +39,16 @@ def make_noise_scheduler(config: DiffusionConfig) -> Any:
             "--policy.type=diffusion needs diffusers: pip install 'ckpt-trainer[diffusion]'"
         ) from None
     scheduler = DDPMScheduler if config.noise_scheduler_type == "DDPM" else DDIMScheduler
-    return scheduler(
-        num_train_timesteps=config.num_train_timesteps,
-        beta_start=config.beta_start,
-        beta_end=config.beta_end,
-        beta_schedule=config.beta_schedule,
-        clip_sample=config.clip_sample,
-        clip_sample_range=config.clip_sample_range,
-        prediction_type=config.prediction_type,
-    )
+    with torch.device("cpu"):
+        return scheduler(
+            num_train_timesteps=config.num_train_timesteps,
+            beta_start=config.beta_start,
+            beta_end=config.beta_end,
+            beta_schedule=config.beta_schedule,
+            clip_sample=config.clip_sample,
+            clip_sample_range=config.clip_sample_range,
+            prediction_type=config.prediction_type,
+        )
 
 
 class DiffusionModel(nn.Module):
@@ -77,10 +80,10 @@ class DiffusionModel(nn.Module):
     def load_pretrained_backbone(self) -> None:
         """The config's `pretrained_backbone_weights` into every camera trunk (a fresh build's start)."""
         source = self.config.pretrained_backbone_weights
-        if source and self.cameras:
-            encoders = self.rgb_encoder if isinstance(self.rgb_encoder, nn.ModuleList) else [self.rgb_encoder]
-            for encoder in encoders:
-                encoder.load_pretrained_backbone(source)
+        if not source:
+            return
+        for encoder in (module for module in self.modules() if isinstance(module, RgbEncoder)):
+            encoder.load_pretrained_backbone(source)
 
     def global_conditioning(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, n_obs_steps * per-step features): per step `[state, camera features in camera order,
@@ -120,6 +123,8 @@ class DiffusionModel(nn.Module):
         prediction against the noise (epsilon) or the actions (sample). `reduction="mean"`: the scalar
         LeRobot back-propagates (over non-padded steps under do_mask_loss_for_padding); "none": the
         (B, horizon, A) squared errors, unmasked."""
+        if reduction not in ("mean", "none"):
+            raise ValueError(f"reduction={reduction!r}: choose mean or none")
         global_cond = self.global_conditioning(batch)
         trajectory = batch[ACTION_KEY]
         if trajectory.shape[1] != self.config.horizon:

@@ -120,13 +120,15 @@ class ConditionalUnet1d(nn.Module):
         x = x.transpose(1, 2)  # the 1-D convolutions run over time: (B, A, T)
         cond = torch.cat([self.diffusion_step_encoder(timesteps), global_cond], dim=-1)
         skips = []
-        for first, second, downsample in self.down_modules:
+        for level in self.down_modules:
+            first, second, downsample = level.children()
             x = self._run(second, self._run(first, x, cond), cond)
             skips.append(x)
             x = downsample(x)
         for middle in self.mid_modules:
             x = self._run(middle, x, cond)
-        for first, second, upsample in self.up_modules:
+        for level in self.up_modules:
+            first, second, upsample = level.children()
             x = torch.cat((x, skips.pop()), dim=1)
             x = upsample(self._run(second, self._run(first, x, cond), cond))
         return self.final_conv(x).transpose(1, 2)
