@@ -20,7 +20,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import ckpt_tools
-from trainer.data.pipeline.processors import Processor
+from trainer.data.dataset import IMAGENET_STATS
+from trainer.data.pipeline.processors import Processor, build_processors
 from trainer.errors import ConfigError
 from trainer.policies.diffusion import ActionQueue, DiffusionConfig, DiffusionFeatures, DiffusionModel
 from trainer.policies.diffusion.vision import center_crop_offsets, random_crop_offsets
@@ -125,6 +126,29 @@ def test_the_preprocessor_and_postprocessor_are_lerobots(ref, processors) -> Non
     for key in (*OBSERVATION, "action"):
         close(out[key], ref[f"pre.{key}"])
     close(post({"action": ref["actions.normalized"]})["action"], ref["actions.unnormalized"])
+
+
+def test_dataset_statistics_normalize_as_lerobots_processor(ref) -> None:
+    """The engine's processors, built from a dataset's statistics through the config's
+    normalization_stats (MIN_MAX min/max as centre and half-range, the cameras' ImageNet mean/std),
+    preprocess as LeRobot's saved processor did; an unmapped type (ENV) stays as it is."""
+    state = load_file(str(MODEL / "policy_preprocessor_step_3_normalizer_processor.safetensors"))
+    stats = {
+        key: {stat: state[f"{key}.{stat}"] for stat in ("mean", "std", "min", "max")}
+        for key in ("observation.state", "action")
+    }
+    stats.update({name: {"mean": IMAGENET_STATS["mean"], "std": IMAGENET_STATS["std"]} for name in CAMERAS})
+    stats["observation.environment_state"] = {"mean": torch.full((3,), 5.0), "std": torch.full((3,), 2.0)}
+    config = DiffusionConfig(pretrained_backbone_weights=None)
+    normalized = config.normalization_stats(stats)
+    assert torch.equal(normalized["observation.environment_state"]["std"], torch.ones(3))
+    pre, _ = build_processors(normalized)
+    out = pre({key: ref[f"raw.{key}"] for key in (*OBSERVATION, "action")})
+    for key in (*OBSERVATION, "action"):
+        close(out[key], ref[f"pre.{key}"])
+    del stats["action"]["min"]
+    with pytest.raises(ConfigError, match="maps action to MIN_MAX, but the dataset gives no min/max"):
+        config.normalization_stats(stats)
 
 
 def test_the_image_path_matches_lerobot(model, ref) -> None:

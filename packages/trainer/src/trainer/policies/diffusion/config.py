@@ -211,10 +211,6 @@ class DiffusionConfig(PolicyConfig):
         return "null" if shape is None else str(list(shape))
 
     @property
-    def chunk_size(self) -> int:
-        return self.horizon
-
-    @property
     def observation_delta_indices(self) -> list[int]:
         """The observation steps a sample holds, relative to the current frame (oldest first)."""
         return list(range(1 - self.n_obs_steps, 1))
