@@ -116,6 +116,11 @@ def test_the_rng_protocol_reproduces_every_stored_draw(ref) -> None:
     )
     assert torch.equal(torch.randn((3, 8, 2)), ref["loss_train.eps"])
     assert torch.equal(torch.randint(0, 100, (3,)), ref["loss_train.timesteps"])
+    torch.manual_seed(SEEDS["rollout"])
+    for chunk in range(3):  # one stream through the rollout's three chunks
+        assert torch.equal(torch.randn((1, 8, 2)), ref[f"rollout.chunk{chunk}.x_T"])
+        noises = torch.stack([torch.randn((1, 8, 2)) for _ in range(99)])
+        assert torch.equal(noises, ref[f"rollout.chunk{chunk}.variance_noise"])
 
 
 def test_the_preprocessor_and_postprocessor_are_lerobots(ref, processors) -> None:
@@ -251,9 +256,18 @@ def test_the_train_mode_loss_matches_lerobot(model, ref) -> None:
         model.eval()
 
 
-def test_the_rollout_matches_lerobot(model, ref, processors) -> None:
-    """9 select_action calls on raw single observations: preprocessed, queued, a chunk at calls 0, 4, 8."""
+def test_the_rollout_matches_lerobot(model, ref, processors, monkeypatch) -> None:
+    """9 select_action calls on raw single observations: preprocessed, queued, a chunk at calls 0, 4, 8
+    (each chunk's conditioning and denoised horizon checked on its own, to name a mismatch)."""
     pre, post = processors
+    chunks: list[tuple[torch.Tensor, torch.Tensor]] = []
+    sample_chunk = model.sample_chunk
+
+    def recorded(cond: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+        chunks.append((cond, sample_chunk(cond, noise)))
+        return chunks[-1][1]
+
+    monkeypatch.setattr(model, "sample_chunk", recorded)
     queue = ActionQueue(model)
     torch.manual_seed(SEEDS["rollout"])
     actions, chunk_calls = [], []
@@ -266,6 +280,9 @@ def test_the_rollout_matches_lerobot(model, ref, processors) -> None:
             chunk_calls.append(f)
         actions.append(queue.select_action(observation))
     assert chunk_calls == ref["rollout.chunk_calls"].tolist()
+    for index, (cond, chunk) in enumerate(chunks):
+        close(cond, ref[f"rollout.chunk{index}.global_cond"])
+        close(chunk, ref[f"rollout.chunk{index}.actions_horizon"])
     close(torch.stack(actions), ref["rollout.actions.normalized"])
     close(post({"action": torch.stack(actions)})["action"], ref["rollout.actions.unnormalized"])
 
@@ -370,6 +387,7 @@ BAD_CONFIGS = [
     ({"use_group_norm": True}, "--policy.use_group_norm=true"),
     ({"resize_shape": (48, 80), "crop_shape": (40, 70), "crop_ratio": 0.9}, "--policy.crop_shape=[40, 70]"),
     ({"crop_ratio": 1.5}, "--policy.crop_ratio=1.5"),
+    ({"resize_shape": (48,)}, "--policy.resize_shape=[48]"),
     ({"kernel_size": 4}, "--policy.kernel_size=4"),
     ({"num_inference_steps": 200}, "--policy.num_inference_steps=200"),
     ({"compile_model": True}, "--policy.compile_model=true"),

@@ -150,9 +150,13 @@ class DiffusionConfig(PolicyConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._normalize_types()
+        _refuse([
+            (self.resize_shape is None or (len(self.resize_shape) == 2 and min(self.resize_shape) > 0), f"--policy.resize_shape={self._shown(self.resize_shape)} must be a pair of positive integers (H, W)"),
+            (0 < self.crop_ratio <= 1, f"--policy.crop_ratio={self.crop_ratio} must be in (0, 1]"),
+        ])  # fmt: skip
         self._derive_crop_shape()
         factor = 2 ** len(self.down_dims)
-        checks = [
+        _refuse([
             (self.vision_backbone in resnet.BLOCKS, f"--policy.vision_backbone={self.vision_backbone!r}: choose resnet18 or resnet34 (the plain-torch trunk builds the BasicBlock ResNets only; LeRobot also takes deeper torchvision ones)"),
             (self.noise_scheduler_type in NOISE_SCHEDULERS, f"--policy.noise_scheduler_type={self.noise_scheduler_type!r}: choose DDPM or DDIM"),
             (self.prediction_type in PREDICTION_TYPES, f"--policy.prediction_type={self.prediction_type!r}: choose epsilon or sample"),
@@ -163,8 +167,6 @@ class DiffusionConfig(PolicyConfig):
             (1 <= self.n_action_steps <= self.horizon - self.n_obs_steps + 1, f"--policy.n_action_steps={self.n_action_steps} must be in [1, horizon - n_obs_steps + 1 = {self.horizon - self.n_obs_steps + 1}]: a chunk holds no more actions from the current step on"),
             (self.kernel_size >= 1 and self.kernel_size % 2 == 1, f"--policy.kernel_size={self.kernel_size} must be odd (the U-Net pads k // 2 on each side)"),
             (all(d > 0 and d % self.n_groups == 0 and d % FINAL_CONV_GROUPS == 0 for d in self.down_dims) if self.n_groups >= 1 else False, f"--policy.down_dims={list(self.down_dims)}: each must be a multiple of --policy.n_groups={self.n_groups} and of 8 (the GroupNorm groups)"),
-            (self.resize_shape is None or (len(self.resize_shape) == 2 and min(self.resize_shape) > 0), f"--policy.resize_shape={self._shown(self.resize_shape)} must be a pair of positive integers (H, W)"),
-            (0 < self.crop_ratio <= 1, f"--policy.crop_ratio={self.crop_ratio} must be in (0, 1]"),
             (self.crop_shape is None or (len(self.crop_shape) == 2 and min(self.crop_shape) > 0), f"--policy.crop_shape={self._shown(self.crop_shape)} must be a pair of positive integers (H, W)"),
             (not (self.use_group_norm and self.pretrained_backbone_weights), "--policy.use_group_norm=true replaces the trunk's batch norm, which pretrained weights need: set --policy.pretrained_backbone_weights=null"),
             (self.spatial_softmax_num_keypoints >= 1 and self.diffusion_step_embed_dim >= 2, "--policy.spatial_softmax_num_keypoints must be >= 1 and --policy.diffusion_step_embed_dim >= 2"),
@@ -175,10 +177,7 @@ class DiffusionConfig(PolicyConfig):
             (not self.compile_model, "--policy.compile_model=true: compile with --accelerator.compile=true instead"),
             (self.scheduler_name == "cosine", f"--policy.scheduler_name={self.scheduler_name!r}: only cosine is supported; choose another schedule with --scheduler.type and --use_policy_training_preset=false"),
             (self.optimizer_lr > 0, f"--policy.optimizer_lr must be > 0, got {self.optimizer_lr}"),
-        ]  # fmt: skip
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
+        ])  # fmt: skip
 
     def _normalize_types(self) -> None:
         """Lists from JSON or flags as the tuples the fields declare."""
@@ -292,6 +291,13 @@ class DiffusionConfig(PolicyConfig):
             action_dim=features.action_dim,
         )
         return out
+
+
+def _refuse(checks: list[tuple[bool, str]]) -> None:
+    """The first failed check's line, as a ConfigError."""
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
 
 
 def _feature_type(name: str) -> str:
