@@ -14,7 +14,12 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["lint", "tests"]
 
 CONSTRAINTS = ("-c", "constraints.txt")
-PACKAGES = ("-e", "packages/ckpt-tools[test]", "-e", "packages/trainer[test,tracking,augment,smolvla]")
+PACKAGES = (
+    "-e",
+    "packages/ckpt-tools[test]",
+    "-e",
+    "packages/trainer[test,tracking,augment,smolvla,diffusion]",
+)
 
 
 def install(session: nox.Session, *extra: str) -> None:

@@ -54,5 +54,7 @@ def test_the_third_party_fixtures_are_committed() -> None:
         "tests/fixtures/lerobot_pi0_tiny/reference_padded_task.safetensors",
         "tests/fixtures/lerobot_pi05_tiny/pretrained_model/model.safetensors",
         "tests/fixtures/lerobot_pi05_tiny/reference_padded_task.safetensors",
+        "tests/fixtures/lerobot_diffusion_tiny/pretrained_model/model.safetensors",
+        "tests/fixtures/lerobot_diffusion_tiny/reference.safetensors",
     ):
         assert required in names, f"{required} is not committed"

@@ -1,16 +1,19 @@
-"""ResNet trunks for ACT's cameras, in plain torch (torchvision is not a dependency).
+"""ResNet trunks for the policies' cameras, in plain torch (torchvision is not a dependency).
 
 The modules carry torchvision's names (`conv1`, `bn1`, `layer1`..`layer4`, `downsample.0/1`), so the
-weights torchvision and timm publish for ResNet-18/34 load as they are. Batch norm is frozen (its
+weights torchvision and timm publish for ResNet-18/34 load as they are. ACT's batch norm is frozen (its
 running statistics and affine terms are buffers, as torchvision's `FrozenBatchNorm2d`, which LeRobot's
 ACT uses): small robot batches would otherwise wreck the statistics of a pretrained trunk. The trunk
 returns the `layer4` feature map, as LeRobot's `IntermediateLayerGetter(return_layers={"layer4": ...})`.
+Diffusion Policy picks the norm layer (`norm`: trained batch norm, or group norm) and reads the trunk as
+torchvision's `children()[:-2]` (`as_sequential`), the names its checkpoints use.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +31,8 @@ TORCHVISION_WEIGHTS = {
     "ResNet34_Weights.IMAGENET1K_V1": "timm/resnet34.tv_in1k",
 }
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+_STEP_COUNTER = "num_batches_tracked"  # a trained batch norm's counter: no weight file needs to hold it
+Norm = Callable[[int], nn.Module]  # a norm layer for this many channels
 
 
 _IDENTITY = {"weight": 1.0, "bias": 0.0, "running_mean": 0.0, "running_var": 1.0}
@@ -62,14 +67,16 @@ class FrozenBatchNorm2d(nn.Module):
 class BasicBlock(nn.Module):
     """Two 3x3 convolutions with a residual connection (a 1x1 `downsample` when the shape changes)."""
 
-    def __init__(self, inp: int, out: int, stride: int, dilation: int) -> None:
+    def __init__(
+        self, inp: int, out: int, stride: int, dilation: int, norm: Norm = FrozenBatchNorm2d
+    ) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(inp, out, 3, stride, padding=dilation, dilation=dilation, bias=False)
-        self.bn1 = FrozenBatchNorm2d(out)
+        self.bn1 = norm(out)
         self.conv2 = nn.Conv2d(out, out, 3, 1, padding=dilation, dilation=dilation, bias=False)
-        self.bn2 = FrozenBatchNorm2d(out)
+        self.bn2 = norm(out)
         self.downsample = (
-            nn.Sequential(nn.Conv2d(inp, out, 1, stride, bias=False), FrozenBatchNorm2d(out))
+            nn.Sequential(nn.Conv2d(inp, out, 1, stride, bias=False), norm(out))
             if stride != 1 or inp != out
             else None
         )
@@ -90,12 +97,13 @@ class ResNetTrunk(nn.Module):
     `dilate_last` replaces layer4's stride with dilation 2 (LeRobot's
     `replace_final_stride_with_dilation`): a feature map twice as large per side, the same weights.
     torchvision refuses this for BasicBlock; here layer4's first block keeps dilation 1 and the
-    following ones dilate, as torchvision's `_make_layer` does for the blocks that support it."""
+    following ones dilate, as torchvision's `_make_layer` does for the blocks that support it.
+    `norm` builds every norm layer (frozen batch norm by default, ACT's)."""
 
-    def __init__(self, name: str, dilate_last: bool = False) -> None:
+    def __init__(self, name: str, dilate_last: bool = False, norm: Norm = FrozenBatchNorm2d) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(3, 64, 7, 2, padding=3, bias=False)
-        self.bn1 = FrozenBatchNorm2d(64)
+        self.bn1 = norm(64)
         widths, inp = (64, 128, 256, 512), 64
         for index, (width, count) in enumerate(zip(widths, BLOCKS[name], strict=True)):
             last = index == 3 and dilate_last
@@ -103,7 +111,7 @@ class ResNetTrunk(nn.Module):
             blocks = []
             for i in range(count):
                 dilation = 2 if last and i > 0 else 1
-                blocks.append(BasicBlock(inp, width, stride if i == 0 else 1, dilation))
+                blocks.append(BasicBlock(inp, width, stride if i == 0 else 1, dilation, norm))
                 inp = width
             self.add_module(f"layer{index + 1}", ResNetStage(*blocks))
 
@@ -114,12 +122,19 @@ class ResNetTrunk(nn.Module):
         return x
 
 
+def as_sequential(trunk: ResNetTrunk) -> nn.Sequential:
+    """The trunk's modules in torchvision's `children()[:-2]` order (conv1, bn1, relu, max-pool,
+    layer1..layer4: indices 0..7), which is how LeRobot's Diffusion Policy holds and names its trunk."""
+    layers = [getattr(trunk, f"layer{index}") for index in range(1, 5)]
+    return nn.Sequential(trunk.conv1, trunk.bn1, nn.ReLU(), nn.MaxPool2d(3, 2, padding=1), *layers)
+
+
 def load_pretrained(trunk: ResNetTrunk, source: str) -> None:
     """Copy torchvision/timm-named weights into `trunk` from `source`: a local safetensors file, a Hub
     model repo id (its `model.safetensors`, through the HF cache), or one of torchvision's weight enum
     names (`ResNet18_Weights.IMAGENET1K_V1`, read as its timm copy on the Hub). The classifier (`fc.*`)
-    and batch-norm step counters are ignored; any trunk tensor missing or of another shape is an error
-    naming the flag."""
+    and batch-norm step counters are ignored (a trained batch norm keeps its own); any other trunk tensor
+    missing or of another shape is an error naming the flag."""
     from safetensors.torch import load_file
 
     path = _weights_file(source)
@@ -127,7 +142,7 @@ def load_pretrained(trunk: ResNetTrunk, source: str) -> None:
         state = load_file(path)
     except Exception as exc:  # a truncated or foreign file: safetensors raises several types
         raise ConfigError(f"{FLAG}={source}: {path} is not a readable safetensors file ({exc})") from None
-    own = trunk.state_dict()
+    own = {name: t for name, t in trunk.state_dict().items() if not name.endswith(_STEP_COUNTER)}
     missing = [name for name in own if name not in state]
     if missing:
         raise ConfigError(
@@ -140,7 +155,7 @@ def load_pretrained(trunk: ResNetTrunk, source: str) -> None:
             f"{FLAG}={source}: {wrong[0]!r} is {tuple(state[wrong[0]].shape)}, the trunk's is "
             f"{tuple(own[wrong[0]].shape)}: the file holds another architecture than --policy.vision_backbone"
         )
-    trunk.load_state_dict({name: state[name] for name in own})
+    trunk.load_state_dict({name: state[name] for name in own}, strict=False)  # the counters stay
 
 
 def _weights_file(source: str) -> str:

@@ -96,13 +96,17 @@ class Processor:
 _LEROBOT_NORMALIZERS = {"normalizer_processor": False, "unnormalizer_processor": True}
 
 
+# LeRobot's normalization modes that map a range onto [-1, 1]: the state-file statistics bounding it.
+RANGES = {"MIN_MAX": ("min", "max"), "QUANTILES": ("q01", "q99")}
+
+
 def _from_lerobot(
     steps: list[Any], step_tensors: list[dict[str, torch.Tensor]]
 ) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
     """LeRobot's processor (its `policy_preprocessor.json` steps and their state files) as our
     normalize steps: MEAN_STD features divided by `std + eps` (LeRobot's normalizer; its unnormalizer
-    multiplies by `std` alone), QUANTILES (pi0.5's) as the same affine map, IDENTITY cameras kept on
-    [0, 1] (mean 0, std 1)."""
+    multiplies by `std` alone), MIN_MAX ones and QUANTILES (pi0.5's) onto [-1, 1] as the same affine
+    map (`min_max_as_mean_std`, over min/max or q01/q99), IDENTITY cameras kept on [0, 1] (mean 0, std 1)."""
     ours: list[dict[str, Any]] = []
     tensors: list[dict[str, torch.Tensor]] = []
     for index, (step, state) in enumerate(zip(steps, step_tensors, strict=False)):
@@ -111,7 +115,8 @@ def _from_lerobot(
             continue
         config = step.get("config") if isinstance(step.get("config"), dict) else {}
         features, norm_map = config.get("features") or {}, config.get("norm_map") or {}
-        eps = 0.0 if inverse else float(config.get("eps", 1e-8))
+        range_eps = float(config.get("eps", 1e-8))
+        eps = 0.0 if inverse else range_eps
         names, stats = [], {}
         for name, feature in features.items():
             mode = norm_map.get(feature.get("type") if isinstance(feature, dict) else None, "IDENTITY")
@@ -124,8 +129,16 @@ def _from_lerobot(
                     state[f"{name}.mean"],
                     state[f"{name}.std"] + eps,
                 )
-            elif mode == "QUANTILES":
-                stats[f"{name}.mean"], stats[f"{name}.std"] = _quantile_affine(state, name, index, config)
+            elif mode in RANGES:
+                low, high = (f"{name}.{stat}" for stat in RANGES[mode])
+                if low not in state or high not in state:
+                    bounds = "/".join(RANGES[mode])
+                    raise ConfigError(
+                        f"its processor step {index} has no {name}.{bounds} tensor in its state file"
+                    )
+                stats[f"{name}.mean"], stats[f"{name}.std"] = min_max_as_mean_std(
+                    state[low], state[high], range_eps
+                )
             elif mode == "IDENTITY" and is_camera(name):
                 channels = int(feature.get("shape", [3])[0])
                 stats[f"{name}.mean"], stats[f"{name}.std"] = (
@@ -134,7 +147,7 @@ def _from_lerobot(
                 )
             elif mode != "IDENTITY":
                 raise ConfigError(
-                    f"its processor normalizes {name} with {mode}, which is not supported (MEAN_STD, QUANTILES or IDENTITY)"
+                    f"its processor normalizes {name} with {mode}, which is not supported (MEAN_STD, MIN_MAX, QUANTILES or IDENTITY)"
                 )
             else:
                 continue
@@ -146,18 +159,15 @@ def _from_lerobot(
     return {"steps": ours}, tensors
 
 
-def _quantile_affine(
-    state: dict[str, torch.Tensor], name: str, index: int, config: dict[str, Any]
+def min_max_as_mean_std(
+    low: torch.Tensor, high: torch.Tensor, eps: float = 1e-8
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """LeRobot's QUANTILES map `2 (x - q01) / (q99 - q01) - 1` (a zero range taken as eps, no clipping)
-    as (mean, std) = (q01 + range / 2, range / 2): equal to float rounding (2.4e-7 on pi0.5's fixture),
-    both ways (LeRobot's unnormalizer inverts the same range)."""
-    if f"{name}.q01" not in state or f"{name}.q99" not in state:
-        raise ConfigError(f"its processor step {index} has no {name}.q01/q99 tensor in its state file")
-    low, high = state[f"{name}.q01"], state[f"{name}.q99"]
-    eps = torch.tensor(float(config.get("eps", 1e-8)), dtype=low.dtype)
-    half = torch.where(high == low, eps, high - low) / 2
-    return low + half, half
+    """LeRobot's MIN_MAX normalization, `2 (x - min) / (max - min) - 1` (inverse `(x + 1) / 2 (max - min)
+    + min`), as the (mean, std) of our `(x - mean) / std`: the centre and the half-range, a zero range
+    replaced by `eps` as LeRobot does. The same map, up to float rounding (about 1e-7 on [-1, 1])."""
+    span = high - low
+    span = torch.where(span == 0, torch.full_like(span, eps), span)
+    return low + span / 2, span / 2
 
 
 def _merge_environment_state(
