@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -11,6 +12,7 @@ import draccus
 
 import ckpt_tools
 from ckpt_tools import layout
+from trainer.cli.lerobot_flags import settle_lerobot_flags
 from trainer.config.dataset import DatasetConfig
 from trainer.config.registry import known_types, register_import_path, split_allow_types
 from trainer.config.train import TrainConfig
@@ -29,7 +31,7 @@ def parse_config(args: Sequence[str]) -> TrainConfig:
     """Flags override the `--config_path` file, which overrides the defaults. With `--resume=true` and
     no `--config_path`, the file is the train_config.json of `--output_dir`'s last checkpoint, if any."""
     allowed, argv = split_allow_types(normalize_argv(args))
-    config_path, rest = _split_config_path(argv)
+    config_path, rest = _split_config_path(settle_lerobot_flags(argv))
     if config_path is None:
         config_path = _auto_resume_config_path(rest)
     flags_given = frozenset(arg[2:].partition("=")[0] for arg in rest if arg.startswith("--"))
@@ -39,6 +41,8 @@ def parse_config(args: Sequence[str]) -> TrainConfig:
             config.use_policy_training_preset = False
     config.config_path = config_path
     config.flags_given = flags_given
+    if config.output_dir is None:  # LeRobot's `--output_dir=null`: a new dated directory for the run
+        config.output_dir = f"outputs/train/{datetime.datetime.now():%Y-%m-%d/%H-%M-%S}_{config.run_name}"
     if not layout.is_url(config.output_dir):  # resolved once: a resume from elsewhere writes the same run
         config.output_dir = os.path.abspath(os.path.expanduser(config.output_dir))
     return config
@@ -120,6 +124,11 @@ def _parse(rest: list[str], config_path: str | None, allowed: tuple[str, ...]) -
         cause = exc.__cause__ or exc.__context__
         if isinstance(cause, ConfigError):
             raise cause from None
+        if "tolerance_s" in str(exc) and any(arg.startswith("--dataset.tolerance_s=") for arg in rest):
+            raise ConfigError(
+                "--tolerance_s applies to a LeRobotDataset's video frames (--dataset.root or --dataset.repo_id): "
+                "this run's dataset has none"
+            ) from None
         raise ConfigError(f"invalid configuration: {' '.join(str(exc).split())}{_hint(str(exc))}") from None
     return config
 

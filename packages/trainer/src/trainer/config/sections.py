@@ -33,12 +33,19 @@ class DataSection:
     batch_size: int
     num_workers: int
     prefetch_factor: int
+    persistent_workers: bool
+    multiprocessing_context: str | None
+    """The workers' start method (--dataloader_multiprocessing_context; None: the platform's)."""
     seed: int
     """Seeds the sample order (and the augmentation's draws)."""
     timeout_s: int
     """How long a batch may take before its worker is reported stalled (--collective_timeout_s)."""
     val_freq: int
-    """Held-out val_loss every this many loop steps (--eval_freq; 0: only at the end)."""
+    """Held-out val_loss every this many loop steps (--eval_freq or LeRobot's --eval_steps; 0: only at
+    the end)."""
+    max_val_samples: int
+    """Most held-out samples val_loss scores, split evenly across the held-out spans (LeRobot's
+    --max_eval_samples; 0: all of them)."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import ckpt_tools
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import DatasetConfig
 from trainer.config.ema import EmaConfig
+from trainer.config.environment import EnvEvalConfig
 from trainer.config.optim import AdamWConfig, CosineConfig, OptimizerConfig, SchedulerConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.peft import PeftConfig
@@ -70,7 +71,17 @@ class TrainConfig:
     """DataLoader worker processes per rank that decode camera frames ahead of the loop (0 decodes in
     the training process; data without cameras is always gathered in the training process)."""
     prefetch_factor: int = 2
-    """Batches each data loader worker decodes ahead."""
+    """Batches each data loader worker decodes ahead (LeRobot's default is 4)."""
+    persistent_workers: bool = True
+    """Keep the data loader workers alive between iterators (the run reads one iterator, so its
+    workers live for the whole run either way; LeRobot's flag)."""
+    dataloader_multiprocessing_context: str | None = None
+    """How data loader workers start: fork, spawn or forkserver (LeRobot's flag; its default is spawn);
+    unset: Python's platform default (fork on Linux), which the video readers are safe under."""
+    cudnn_deterministic: bool = False
+    """Deterministic cuDNN kernels (torch.backends.cudnn.deterministic, benchmark off) from the start
+    of the run, for reproducible convolutions at some speed (LeRobot's flag); false leaves torch's
+    defaults."""
     steps: int = 500
     """Loop steps (micro-batches), not optimizer updates."""
     save_freq: int = 250
@@ -78,14 +89,25 @@ class TrainConfig:
     log_freq: int = 50
     """Log reduced metrics every this many loop steps."""
     eval_freq: int = 0
-    """Log val_loss on the held-out --dataset.val_episodes every this many loop steps (and at the end);
-    0: only at the end."""
+    """Log val_loss on the held-out --dataset.val_episodes (or --dataset.eval_split) every this many
+    loop steps (and at the end); 0: only at the end."""
+    eval_steps: int = 0
+    """LeRobot's name for --eval_freq (the two must agree when both are set); it needs held-out data
+    (--dataset.eval_split or --dataset.val_episodes), as in LeRobot."""
+    max_eval_samples: int = 0
+    """Most held-out frames each val_loss scores, the first ones of each mixture member's held-out
+    episodes, split evenly across the members (LeRobot splits across tasks); 0: every held-out frame."""
+    env_eval_freq: int = 0
+    """LeRobot's period of environment evaluation, which runs only with --env.type (not built here:
+    refused): any value >= 0 is accepted and, without an environment, evaluates nothing, as in LeRobot."""
+    eval: EnvEvalConfig = field(default_factory=EnvEvalConfig)
     seed: int = 1000
     """Seeds the policy's initialization, dropout and the sample order."""
     output_dir: str = "outputs/train"
     """Run directory: checkpoints/, metrics.jsonl, loss_curve.png."""
-    job_name: str = "pendulum_act"
-    """Name shown in the banner and the metrics."""
+    job_name: str | None = None
+    """Name shown in the banner, the metrics and the trackers' run; unset: the policy type, as
+    lerobot-train names a run without --env.type."""
     resume: bool = False
     """Continue from the checkpoint --config_path names, else from output_dir's latest one (a fresh start
     before the first save); docs/resume.md."""
@@ -125,8 +147,11 @@ class TrainConfig:
             raise ConfigError(
                 f"--num_workers must be >= 0 (0 decodes in the training process), got {self.num_workers}"
             )
-        if self.eval_freq < 0:
-            raise ConfigError(f"--eval_freq must be >= 0, got {self.eval_freq}")
+        for name in ("eval_freq", "eval_steps", "max_eval_samples", "env_eval_freq"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        self._check_lerobot_eval_steps()
+        self._check_multiprocessing_context()
         for name in (
             "batch_size",
             "steps",
@@ -154,6 +179,42 @@ class TrainConfig:
             raise ConfigError(
                 f"--save_checkpoint_to_hub=true pushes to a Hub repo, and --policy.repo_id={repo_id} is a path or "
                 "URL: to keep checkpoints in a bucket, set --output_dir to it (checkpoints are written there)"
+            )
+
+    def _check_lerobot_eval_steps(self) -> None:
+        """LeRobot's --eval_steps is --eval_freq under its name: both set must agree, and like LeRobot's
+        it needs held-out frames to score."""
+        if not self.eval_steps:
+            return
+        if self.eval_freq and self.eval_freq != self.eval_steps:
+            raise ConfigError(
+                f"--eval_steps={self.eval_steps} (LeRobot's name for --eval_freq) disagrees with "
+                f"--eval_freq={self.eval_freq}: set one"
+            )
+        if not (getattr(self.dataset, "eval_split", 0.0) or getattr(self.dataset, "val_episodes", None)):
+            raise ConfigError(
+                f"--eval_steps={self.eval_steps} scores held-out episodes, and this run holds none out: add "
+                "--dataset.eval_split=0.1 (or --dataset.val_episodes=[...]), or drop --eval_steps"
+            )
+
+    @property
+    def run_name(self) -> str:
+        """--job_name, else LeRobot's default: the policy type."""
+        return self.job_name or self.policy.type
+
+    @property
+    def val_freq(self) -> int:
+        """How often val_loss is logged: --eval_freq, or LeRobot's --eval_steps."""
+        return self.eval_freq or self.eval_steps
+
+    def _check_multiprocessing_context(self) -> None:
+        import multiprocessing
+
+        context = self.dataloader_multiprocessing_context
+        if context is not None and context not in multiprocessing.get_all_start_methods():
+            raise ConfigError(
+                f"--dataloader_multiprocessing_context={context!r} is not one of "
+                f"{', '.join(multiprocessing.get_all_start_methods())} (or null for the platform's default)"
             )
 
     def derive(self, **changes: Any) -> TrainConfig:

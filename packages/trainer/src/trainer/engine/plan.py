@@ -8,7 +8,7 @@ tracker run ids, the optimizer and schedule (the policy's training preset or the
 dataset's observation features and feature sizes. Each decision is a function that returns a value; the
 caller's config is deep-copied first and never edited.
 
-The result is a `RunPlan` of typed sections (engine/sections.py), and the `TrainConfig` stops here:
+The result is a `RunPlan` of typed sections (config/sections.py), and the `TrainConfig` stops here:
 each part of the engine takes only its own section. `train_config.json` is the encoded resolved config,
 computed here once (`SavingSection.train_config`), so it records exactly what the run did.
 
@@ -60,6 +60,7 @@ def train(config: TrainConfig) -> RunSummary:
     """Collective: call on all ranks. `trainer train`: seeds, resolves the run plan from `config` (which
     is never edited) and runs it (engine/loop.py); returns the summary."""
     seed_everything(config.seed)  # before the plan reads the data, so a dataset plug-in's draws repeat
+    set_cudnn(config.cudnn_deterministic)
     return loop.train(resolve_plan(config, launch_world_size()))
 
 
@@ -70,6 +71,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def set_cudnn(deterministic: bool) -> None:
+    """--cudnn_deterministic=true: cuDNN's deterministic kernels and no autotuning (LeRobot's flag);
+    false leaves torch's settings as they are."""
+    if deterministic:
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+
+
 def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
     """Every rank resolves the same plan from the same config. Refuses, before any data is read, what
     cannot run (a layout or format that does not fit, trackers or a Hub publish that would fail, an
@@ -78,7 +87,7 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
     parallelism, layout_note = settle_parallelism(config, world_size)
     topology = resolve_topology(parallelism, world_size)
     checkpoint_format, format_note = settle_checkpoint_format(config, topology)
-    wandb, trackio = resolve_run_ids(config.wandb, config.trackio, config.resume, config.job_name)
+    wandb, trackio = resolve_run_ids(config.wandb, config.trackio, config.resume, config.run_name)
     optimizer, scheduler, source = resolve_optimization(config)
     config = config.derive(
         optimizer=optimizer,
@@ -128,9 +137,12 @@ def data_section(config: TrainConfig) -> DataSection:
         batch_size=config.batch_size,
         num_workers=config.num_workers,
         prefetch_factor=config.prefetch_factor,
+        persistent_workers=config.persistent_workers,
+        multiprocessing_context=config.dataloader_multiprocessing_context,
         seed=config.seed,
         timeout_s=config.collective_timeout_s,
-        val_freq=config.eval_freq,
+        val_freq=config.val_freq,
+        max_val_samples=config.max_eval_samples,
     )
 
 
@@ -181,7 +193,7 @@ def hub_section(config: TrainConfig) -> HubSection:
 def tracking_section(config: TrainConfig) -> TrackingSection:
     """The metrics logger's and the trackers' section of a resolved config."""
     return TrackingSection(
-        job_name=config.job_name,
+        job_name=config.run_name,
         output_dir=config.output_dir,
         log_freq=config.log_freq,
         wandb=config.wandb,
@@ -203,6 +215,10 @@ def saved_config(config: TrainConfig) -> dict[str, Any]:
     return {**encode_config(config), "resume": False}
 
 
+# a policy's optimizer_* field read with either optimizer: ACT's camera trunk's own learning rate
+ALL_OPTIMIZERS = ("policy.optimizer_lr_backbone",)
+
+
 def resolve_optimization(config: TrainConfig) -> tuple[OptimizerConfig, SchedulerConfig, str]:
     """The optimizer and schedule the run trains with, and where they came from (the banner's words).
 
@@ -214,6 +230,17 @@ def resolve_optimization(config: TrainConfig) -> tuple[OptimizerConfig, Schedule
     With false, the --optimizer.* / --scheduler.* values (flags, a config file, the defaults) apply."""
     resuming = config.resume and config.config_path is not None
     if not config.use_policy_training_preset:
+        preset_fields = sorted(
+            flag
+            for flag in config.flags_given
+            if flag.startswith(("policy.optimizer_", "policy.scheduler_")) and flag not in ALL_OPTIMIZERS
+        )
+        if preset_fields:
+            raise ConfigError(
+                f"--{preset_fields[0]} sets the policy's training preset, which --use_policy_training_preset=false "
+                f"replaces with --optimizer.* and --scheduler.*: set the value there (e.g. --optimizer.lr), or "
+                "drop --use_policy_training_preset=false to train with the preset"
+            )
         source = "the resumed run's train_config.json" if resuming else "--optimizer.* and --scheduler.*"
         return config.optimizer, config.scheduler, f"{source} (--use_policy_training_preset=false)"
     name = f"{type(config.policy).__name__.removesuffix('Config')}'s preset"

@@ -48,6 +48,7 @@ class Cameras:
         names: Sequence[str],
         columns: dict[str, np.ndarray],
         video_backend: str = "pyav",
+        tolerance_s: float | None = None,
     ) -> None:
         self.info = info
         self.names = list(names)
@@ -57,7 +58,7 @@ class Cameras:
         self.images = {n: columns[n] for n in self.names if info.features[n]["dtype"] == "image"}
         self.places = {n: fmt.read_video_places(info, n) for n in self.names if n not in self.images}
         self.reader = VideoReader(video_backend)
-        self.tolerance = tolerance(info.fps)
+        self.tolerance = tolerance(info.fps, tolerance_s)
 
     def check(self) -> None:
         """The cheap checks of every video the loaded episodes use (see the module docstring)."""

@@ -41,9 +41,10 @@ class DecodeError(ConfigError):
     """A camera file cannot give the frame a sample needs (missing, damaged, too short, wrong size)."""
 
 
-def tolerance(fps: float) -> float:
-    """LeRobot's `tolerance_s`: nearest decoded frame must be closer than one frame period."""
-    return 1.0 / fps - 1e-4
+def tolerance(fps: float, tolerance_s: float | None = None) -> float:
+    """How far the nearest decoded frame may lie from the timestamp asked for: LeRobot's `tolerance_s`
+    when given (--tolerance_s, LeRobot's default 1e-4 s), else just under one frame period."""
+    return 1.0 / fps - 1e-4 if tolerance_s is None else tolerance_s
 
 
 class VideoReader:

@@ -67,6 +67,8 @@ class DataFeed:
         settings = loader.LoaderSettings(
             section.num_workers,
             section.prefetch_factor,
+            section.persistent_workers,
+            section.multiprocessing_context,
             section.timeout_s,
             pin_memory=self.device.type == "cuda",
         )
@@ -98,14 +100,21 @@ class DataFeed:
 
     def held_out_spans(self) -> list[HeldOutSpan]:
         """The held-out data val_loss scores, as spans of `val_dataset`: one per mixture member, or one
-        for all of it; empty without held-out data."""
+        for all of it; empty without held-out data. With --max_eval_samples each span keeps its first
+        frames, the cap split evenly across the spans (at least one frame each)."""
         held_out = self.val_dataset
         if held_out is None:
             return []
         weighted = held_out.weighted_order
         if weighted is None:
-            return [HeldOutSpan(None, 0, len(held_out))]
-        return [
-            HeldOutSpan(label, int(start), int(start + size))
-            for label, start, size in zip(weighted.labels, weighted.starts, weighted.sizes, strict=True)
-        ]
+            spans = [HeldOutSpan(None, 0, len(held_out))]
+        else:
+            spans = [
+                HeldOutSpan(label, int(start), int(start + size))
+                for label, start, size in zip(weighted.labels, weighted.starts, weighted.sizes, strict=True)
+            ]
+        cap = self.section.max_val_samples
+        if not cap:
+            return spans
+        each = max(1, cap // len(spans))
+        return [HeldOutSpan(s.label, s.start, min(s.stop, s.start + each)) for s in spans]

@@ -31,10 +31,15 @@ Batch = dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class LoaderSettings:
-    """How a rank's batches are produced (the run's --num_workers, --prefetch_factor)."""
+    """How a rank's batches are produced (the run's --num_workers, --prefetch_factor,
+    --persistent_workers, --dataloader_multiprocessing_context)."""
 
     num_workers: int = 0
     prefetch_factor: int = 2
+    persistent_workers: bool = True
+    """Keep the workers between iterators (the run makes one iterator, so they live for all of it)."""
+    multiprocessing_context: str | None = None
+    """How workers start (fork, spawn, forkserver); None: Python's platform default."""
     timeout_s: float = 300.0
     """How long a batch may take before the worker is reported stalled (--collective_timeout_s)."""
     pin_memory: bool = False
@@ -105,7 +110,8 @@ def _gathered(
         sampler=_Draws(sampler, steps),
         num_workers=settings.num_workers,
         prefetch_factor=settings.prefetch_factor,
-        persistent_workers=True,  # one iterator for the whole run: workers keep their open files
+        persistent_workers=settings.persistent_workers,
+        multiprocessing_context=settings.multiprocessing_context,
         pin_memory=settings.pin_memory,
         timeout=settings.timeout_s,
         # The workers' base seed comes from a generator of their own: drawn from the global one, it

@@ -66,6 +66,10 @@ class LeRobotConfig(DatasetConfig):
     """Held-out episode indices: never trained on, their val_loss is logged every --eval_freq steps."""
     video_backend: str = "pyav"
     """Video decoder: pyav (LeRobot's reference path) or torchcodec (needs the `torchcodec` extra)."""
+    tolerance_s: float | None = None
+    """Seconds the decoded video frame nearest a sample's timestamp may lie from it before the sample is
+    refused (LeRobot's --tolerance_s, which sets it; LeRobot's default is 1e-4); unset: just under one
+    frame period."""
     use_imagenet_stats: bool = True
     """Normalize 3-channel cameras with ImageNet's mean/std instead of stats.json's (LeRobot's default,
     for vision backbones pretrained on ImageNet)."""
@@ -86,6 +90,8 @@ class LeRobotConfig(DatasetConfig):
             raise ConfigError(
                 f"--dataset.video_backend={self.video_backend} is not one of {', '.join(VIDEO_BACKENDS)}"
             )
+        if self.tolerance_s is not None and self.tolerance_s <= 0:
+            raise ConfigError(f"--tolerance_s must be > 0 seconds, got {self.tolerance_s}")
         if not self.root and not self.repo_id:
             raise ConfigError("--dataset.type=lerobot needs --dataset.root=PATH or --dataset.repo_id=ID")
         if self.streaming and not self.root:
@@ -231,7 +237,7 @@ def _load(
     if not cameras:
         dataset = ArrayDataset(*arrays, tasks=tasks)
     else:
-        reader = Cameras(info, cameras, frames, config.video_backend)
+        reader = Cameras(info, cameras, frames, config.video_backend, config.tolerance_s)
         reader.check()
         camera = camera_stats(info, cameras, saved, config.use_imagenet_stats)
         dataset = CameraDataset(*arrays, reader, camera, tasks=tasks)

@@ -120,6 +120,7 @@ class MixtureConfig(LeRobotConfig):
                 streaming=self.streaming,
                 cache_size=str(max(1, self.cache_bytes() // len(self.members))),  # split: see above
                 video_backend=self.video_backend,
+                tolerance_s=self.tolerance_s,
                 use_imagenet_stats=self.use_imagenet_stats,
                 image_transforms=self.image_transforms,
                 eval_split=self.eval_split,
