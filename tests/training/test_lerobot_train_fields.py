@@ -256,3 +256,42 @@ def test_lerobot_names_renamed_here() -> None:
     config = parse_config(["--peft.lora_alpha=8", "--wandb.mode=null", "--peft.init_type=null"])
     assert (config.peft.alpha, config.wandb.mode) == (8, "online")
     assert Path(parse_config([]).output_dir).name == "train"
+
+
+def test_a_url_root_without_streaming_says_to_add_it() -> None:
+    for root in ("s3://bucket/x", "hf://datasets/someone/data"):
+        with pytest.raises(
+            ConfigError, match=rf"^--dataset.root={root} is a URL, .*add --dataset.streaming=true"
+        ):
+            parse_config([f"--dataset.root={root}"])
+
+
+def test_a_missing_local_root_says_it_is_missing(tmp_path) -> None:
+    config = parse_config([f"--dataset.root={tmp_path / 'nowhere'}"])
+    with pytest.raises(
+        ConfigError, match=r"^--dataset.root=.*nowhere does not exist: pass the LeRobotDataset's"
+    ):
+        config.dataset.load()
+
+
+def test_a_lerobot_checkpoint_of_a_type_we_lack_names_it_and_ours(tmp_path) -> None:
+    step = copy_fixture(tmp_path, "lerobot", "checkpoint_act") / "checkpoints" / "000004"
+    config_file = step / "pretrained_model" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "type": "pi0_fast"}))
+    with pytest.raises(
+        ConfigError, match=r"holds a pi0_fast policy, a type this trainer does not have: it trains act, "
+    ) as error:
+        parse_config([f"--policy.path={step}"])
+    assert "\n" not in str(error.value) and "smolvla" in str(error.value)
+
+
+def test_a_malformed_stats_entry_is_refused_in_one_line(tmp_path) -> None:
+    root = copy_fixture(tmp_path, "lerobot", "dataset_tiny")
+    stats_file = root / "meta" / "stats.json"
+    stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
+    stats_file.write_text(json.dumps({**stats, "observation.state": "broken"}))
+    with pytest.raises(
+        ConfigError, match=r"stats.json: observation.state is 'broken', not an object of statistics"
+    ) as error:
+        parse_config([f"--dataset.root={root}"]).dataset.load()
+    assert "\n" not in str(error.value)

@@ -87,6 +87,12 @@ def policy_defaults(args: list[str], config_path: str | None) -> Iterator[str | 
         raise ConfigError(
             f"--policy.type={explicit} but --policy.path={path} holds a {base['type']} policy: drop --policy.type"
         )
+    if base["type"] not in PolicyConfig.get_known_choices() and ":" not in base["type"]:
+        ours = ", ".join(t for t in PolicyConfig.get_known_choices() if ":" not in t)
+        raise ConfigError(
+            f"--policy.path={path} holds a {base['type']} policy, a type this trainer does not have: it "
+            f"trains {ours} (or your own, --policy.type=module.path:ConfigClass)"
+        )
     if base["type"] in PolicyConfig.get_known_choices():
         typed = {
             a.split("=", 1)[0].removeprefix("--policy."): a.split("=", 1)[1]

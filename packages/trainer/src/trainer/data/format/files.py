@@ -30,6 +30,7 @@ from trainer.data.format.remote import (
     count_retries,
     unreachable,
 )
+from trainer.errors import ConfigError
 
 
 class RemotePath:
@@ -109,6 +110,12 @@ def dataset_root(root: str, streaming: bool = False, cache_size: int = DEFAULT_C
     """`--dataset.root` as the readers take it: a URL read in place when streaming (an S3 one needs
     credentials, a Hub one an existing repo and revision), else a local directory."""
     if not streaming:
+        if not Path(root).is_dir():
+            state = "is not a directory" if Path(root).exists() else "does not exist"
+            raise ConfigError(
+                f"--dataset.root={root} {state}: pass the LeRobotDataset's directory (the one holding meta/ "
+                "and data/), or --dataset.repo_id=ID alone to read it through the Hub cache"
+            )
         return Path(root)
     if not layout.is_url(root):
         root = Path(root).absolute().as_uri()

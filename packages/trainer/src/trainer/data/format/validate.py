@@ -216,8 +216,13 @@ def check_stats(
     notes = []
     for name, size in sizes.items():
         entry = stats.get(name)
-        if not isinstance(entry, dict):
+        if entry is None:
             continue
+        if not isinstance(entry, dict):
+            raise ConfigError(
+                f"{path}: {name} is {_short(entry)}, not an object of statistics (mean, std, min, max); "
+                "recompute the statistics with LeRobot (or delete the entry: the trainer then computes it)"
+            )
         checked[name] = {}
         for key in ("mean", "std"):
             if key not in entry:

@@ -90,6 +90,11 @@ class LeRobotConfig(DatasetConfig):
             raise ConfigError(
                 f"--dataset.video_backend={self.video_backend} is not one of {', '.join(VIDEO_BACKENDS)}"
             )
+        if self.root and ckpt_tools.layout.is_url(self.root) and not self.streaming:
+            raise ConfigError(
+                f"--dataset.root={self.root} is a URL, read in place only when streamed: add "
+                "--dataset.streaming=true (docs/datasets_at_scale.md#streaming)"
+            )
         if self.tolerance_s is not None and self.tolerance_s <= 0:
             raise ConfigError(f"--tolerance_s must be > 0 seconds, got {self.tolerance_s}")
         if not self.root and not self.repo_id:
