@@ -295,3 +295,42 @@ def test_a_malformed_stats_entry_is_refused_in_one_line(tmp_path) -> None:
     ) as error:
         parse_config([f"--dataset.root={root}"]).dataset.load()
     assert "\n" not in str(error.value)
+
+
+def test_smolvla_min_max_state_and_action_train_on_the_datasets_range(tmp_path) -> None:
+    """--policy.normalization_mapping's MIN_MAX (recorded in config.json) is what the processors
+    apply: the stats.json min/max as the map onto [-1, 1], not the mean/std."""
+    root = copy_fixture(tmp_path, "lerobot", "dataset_tiny")
+    mapping = {"VISUAL": "IDENTITY", "STATE": "MIN_MAX", "ACTION": "MIN_MAX"}
+    config = parse_config(
+        [
+            f"--dataset.root={root}",
+            "--policy.type=smolvla",
+            f"--policy.normalization_mapping={json.dumps(mapping)}",
+        ]
+    )
+    stats = config.dataset.load(["observation.state"]).stats()
+    saved = json.loads((root / "meta" / "stats.json").read_text())["action"]
+    assert stats["action"]["min"].tolist() == pytest.approx(saved["min"])
+    mapped = config.policy.normalization_stats(stats)
+    for key in ("observation.state", "action"):
+        low, high = stats[key]["min"], stats[key]["max"]
+        assert torch.allclose(mapped[key]["mean"], (low + high) / 2)
+        assert torch.allclose(mapped[key]["std"], (high - low) / 2)
+    default = parse_config([f"--dataset.root={root}", "--policy.type=smolvla"]).policy
+    assert default.normalization_stats(stats)["action"]["std"].equal(stats["action"]["std"])
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--policy.use_cache=false", "--policy.use_cache=false is not supported: the sampler always reuses"),
+        (
+            '--policy.normalization_mapping={"STATE": "QUANTILES"}',
+            "each mode must be one of MEAN_STD, MIN_MAX",
+        ),
+    ],
+)
+def test_smolvla_flags_it_cannot_honour_are_refused(flag: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_config(["--policy.type=smolvla", flag])

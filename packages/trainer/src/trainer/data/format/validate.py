@@ -208,7 +208,7 @@ def _floats(values: np.ndarray) -> np.ndarray:
 def check_stats(
     path: DatasetPath, stats: dict[str, Any], sizes: dict[str, int]
 ) -> tuple[dict[str, dict[str, np.ndarray]], list[str]]:
-    """`meta/stats.json`'s mean and std of the features in `sizes` (name -> values per frame: a vector's
+    """`meta/stats.json`'s mean, std, min and max of the features in `sizes` (name -> values per frame: a vector's
     size, a camera's channels), as float arrays of that length; and one warning line per feature whose
     std has a value <= 0 (floored to STD_FLOOR). Anything not finite or of another length is one
     ConfigError."""
@@ -224,7 +224,7 @@ def check_stats(
                 "recompute the statistics with LeRobot (or delete the entry: the trainer then computes it)"
             )
         checked[name] = {}
-        for key in ("mean", "std"):
+        for key in ("mean", "std", "min", "max"):
             if key not in entry:
                 continue
             try:

@@ -28,7 +28,8 @@ class Normalize:
     def __init__(
         self, stats: dict[str, dict[str, torch.Tensor]], keys: tuple[str, ...], inverse: bool
     ) -> None:
-        self.stats = {key: stats[key] for key in keys}
+        # mean and std only: a dataset's min/max (for a policy's MIN_MAX mapping) are not processor state
+        self.stats = {key: {n: stats[key][n] for n in ("mean", "std")} for key in keys}
         self.inverse = inverse
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -157,6 +158,32 @@ def _from_lerobot(
         ours.append({"type": "unnormalize" if inverse else "normalize", "features": names})
         tensors.append(stats)
     return {"steps": ours}, tensors
+
+
+NORMALIZATION_MODES = ("MEAN_STD", "MIN_MAX", "IDENTITY")  # what a policy's normalization_mapping may say
+FEATURE_TYPES = {OBS_KEY: "STATE", ENV_KEY: "ENV", ACTION_KEY: "ACTION"}  # LeRobot's FeatureType names
+
+
+def feature_type(name: str) -> str:
+    """A feature's LeRobot type (VISUAL, STATE, ENV, ACTION): the key of `normalization_mapping`."""
+    return "VISUAL" if is_camera(name) else FEATURE_TYPES.get(name, "STATE")
+
+
+def mapped_stats(name: str, stats: dict[str, Any], mode: str) -> dict[str, Any]:
+    """A feature's statistics as the mean/std the processors apply under `mode`: MEAN_STD as they
+    are, IDENTITY mean 0 and std 1, MIN_MAX the dataset's min and max as the map onto [-1, 1]
+    (`min_max_as_mean_std`); a MIN_MAX feature the dataset gives no min/max for is one line."""
+    if mode == "MEAN_STD":
+        return stats
+    if mode == "IDENTITY":
+        return {"mean": torch.zeros_like(stats["mean"]), "std": torch.ones_like(stats["std"])}
+    if "min" not in stats or "max" not in stats:
+        raise ConfigError(
+            f"--policy.normalization_mapping maps {name} to MIN_MAX, but the dataset gives no min/max for it: "
+            "map its type to MEAN_STD"
+        )
+    mean, std = min_max_as_mean_std(stats["min"], stats["max"])
+    return {"mean": mean, "std": std}
 
 
 def min_max_as_mean_std(

@@ -17,9 +17,10 @@ policy's config puts that in its default `input_features`). They reach the batch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -315,20 +316,20 @@ def open_dataset(
 def _stats(
     saved: dict[str, dict[str, np.ndarray]], features: list[str], frames: dict[str, np.ndarray]
 ) -> Stats:
-    """meta/stats.json's mean/std per feature, concatenated like the observation (computed from the
-    loaded frames for a feature the file lacks)."""
+    """meta/stats.json's mean, std, min and max per feature, concatenated like the observation
+    (computed from the loaded frames for a feature the file lacks); min/max serve a policy's MIN_MAX
+    normalization."""
+    reduce: dict[str, Callable[..., Any]] = {"mean": np.mean, "std": np.std, "min": np.min, "max": np.max}
 
     def of(name: str, key: str) -> np.ndarray:
         entry = saved.get(name, {})
         if key in entry:
             return np.asarray(entry[key], dtype=np.float32).reshape(-1)
-        data = frames[name].astype(np.float64)
-        moment: np.ndarray = data.mean(0) if key == "mean" else data.std(0, ddof=0)  # numpy types both Any
+        moment: np.ndarray = reduce[key](frames[name].astype(np.float64), axis=0)
         return moment.astype(np.float32)
 
     def stat(names: list[str]) -> dict[str, torch.Tensor]:
-        mean = torch.from_numpy(np.concatenate([of(n, "mean") for n in names]))
-        std = torch.from_numpy(np.concatenate([of(n, "std") for n in names])).clamp_min(validate.STD_FLOOR)
-        return {"mean": mean, "std": std}
+        found = {key: torch.from_numpy(np.concatenate([of(n, key) for n in names])) for key in reduce}
+        return {**found, "std": found["std"].clamp_min(validate.STD_FLOOR)}
 
     return {OBS_KEY: stat(features), ACTION_KEY: stat([ACTION_KEY])}

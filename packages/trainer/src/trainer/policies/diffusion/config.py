@@ -12,12 +12,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from trainer.config.optim import AdamConfig, CosineConfig
 from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
-from trainer.data.dataset import ACTION_KEY, OBS_KEY, is_camera
-from trainer.data.pipeline.processors import ENV_KEY, min_max_as_mean_std
+from trainer.data.dataset import ACTION_KEY, OBS_KEY
+from trainer.data.pipeline.processors import ENV_KEY, NORMALIZATION_MODES, feature_type, mapped_stats
 from trainer.errors import ConfigError
 from trainer.policies import resnet
 
@@ -25,8 +23,6 @@ NOISE_SCHEDULERS = ("DDPM", "DDIM")
 PREDICTION_TYPES = ("epsilon", "sample")
 # diffusers' DDPMScheduler/DDIMScheduler beta schedules (any other raises deep inside diffusers).
 BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2", "sigmoid")
-NORMALIZATION_MODES = ("MEAN_STD", "MIN_MAX", "IDENTITY")
-FEATURE_TYPES = {OBS_KEY: "STATE", ENV_KEY: "ENV", ACTION_KEY: "ACTION"}  # LeRobot's FeatureType names
 FINAL_CONV_GROUPS = 8  # LeRobot's final_conv GroupNorm: 8 groups whatever --policy.n_groups says
 
 
@@ -271,7 +267,7 @@ class DiffusionConfig(PolicyConfig):
         normalization_mapping says: a MIN_MAX feature's min and max become the centre and half-range that
         map it onto [-1, 1], an IDENTITY one (LeRobot's environment state: no ENV entry) mean 0, std 1."""
         return {
-            name: _stats_for(name, value, self.normalization_mapping.get(_feature_type(name), "IDENTITY"))
+            name: mapped_stats(name, value, self.normalization_mapping.get(feature_type(name), "IDENTITY"))
             for name, value in stats.items()
         }
 
@@ -298,21 +294,3 @@ def _refuse(checks: list[tuple[bool, str]]) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
-
-
-def _feature_type(name: str) -> str:
-    return "VISUAL" if is_camera(name) else FEATURE_TYPES.get(name, "STATE")
-
-
-def _stats_for(name: str, stats: dict[str, Any], mode: str) -> dict[str, Any]:
-    if mode == "MEAN_STD":
-        return stats
-    if mode == "IDENTITY":
-        return {"mean": torch.zeros_like(stats["mean"]), "std": torch.ones_like(stats["std"])}
-    if "min" not in stats or "max" not in stats:
-        raise ConfigError(
-            f"--policy.normalization_mapping maps {name} to MIN_MAX, but the dataset gives no min/max for it: "
-            "map its type to MEAN_STD"
-        )
-    mean, std = min_max_as_mean_std(stats["min"], stats["max"])
-    return {"mean": mean, "std": std}

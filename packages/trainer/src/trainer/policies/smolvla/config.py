@@ -13,11 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import torch
-
 from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
 from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
 from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, TASK_KEY, is_camera
+from trainer.data.pipeline.processors import NORMALIZATION_MODES, feature_type, mapped_stats
 from trainer.errors import ConfigError
 from trainer.policies.vla.hub import same_config
 
@@ -59,7 +58,8 @@ class SmolVLAConfig(PolicyConfig):
     num_steps: int = 10
     """Euler steps of the flow-matching sampler."""
     use_cache: bool = True
-    """Compute the prefix's keys and values once per chunk and reuse them in every Euler step."""
+    """Compute the prefix's keys and values once per chunk and reuse them in every Euler step (always
+    here: false, LeRobot's recomputation at each step, is refused)."""
     freeze_vision_encoder: bool = True
     """Keep the vision tower frozen (and in eval mode)."""
     train_expert_only: bool = True
@@ -133,6 +133,8 @@ class SmolVLAConfig(PolicyConfig):
             (not self.adapt_to_pi_aloha, "--policy.adapt_to_pi_aloha=true is not supported; convert the dataset's joints instead"),
             (not self.use_delta_joint_actions_aloha, "--policy.use_delta_joint_actions_aloha=true is not implemented (nor is it in LeRobot)"),
             (not self.compile_model, "--policy.compile_model=true: compile with --accelerator.compile=true instead"),
+            (self.use_cache, "--policy.use_cache=false is not supported: the sampler always reuses the prefix's keys and values (the same actions as recomputing them)"),
+            (set(self.normalization_mapping.values()) <= set(NORMALIZATION_MODES), f"--policy.normalization_mapping={self.normalization_mapping}: each mode must be one of {', '.join(NORMALIZATION_MODES)}"),
             (self.obs_dim <= self.max_state_dim, f"the state has {self.obs_dim} values, more than --policy.max_state_dim={self.max_state_dim}: raise --policy.max_state_dim or drop state features"),
             (self.action_dim <= self.max_action_dim, f"the action has {self.action_dim} values, more than --policy.max_action_dim={self.max_action_dim}: raise --policy.max_action_dim"),
         ]  # fmt: skip
@@ -206,15 +208,13 @@ class SmolVLAConfig(PolicyConfig):
             )
 
     def normalization_stats(self, stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """Cameras under `normalization_mapping["VISUAL"] = IDENTITY` (LeRobot's default) keep their
-        [0, 1] values: mean 0, std 1 (the preprocessor still scales uint8 frames to [0, 1])."""
-        if self.normalization_mapping.get("VISUAL", "IDENTITY") != "IDENTITY":
-            return stats
+        """Each feature normalized as `normalization_mapping` says for its type: cameras under
+        VISUAL = IDENTITY (LeRobot's default) keep their [0, 1] values (mean 0, std 1; the preprocessor
+        still scales uint8 frames to [0, 1]), a MIN_MAX state or action is mapped onto [-1, 1] from the
+        dataset's min and max (as config.json records it)."""
         return {
-            key: {"mean": torch.zeros_like(value["mean"]), "std": torch.ones_like(value["std"])}
-            if is_camera(key)
-            else value
-            for key, value in stats.items()
+            name: mapped_stats(name, value, self.normalization_mapping.get(feature_type(name), "IDENTITY"))
+            for name, value in stats.items()
         }
 
     def to_dict(self) -> dict[str, Any]:
