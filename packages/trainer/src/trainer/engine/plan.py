@@ -8,7 +8,7 @@ tracker run ids, the optimizer and schedule (the policy's training preset or the
 dataset's observation features and feature sizes. Each decision is a function that returns a value; the
 caller's config is deep-copied first and never edited.
 
-The result is a `RunPlan` of typed sections (engine/sections.py), and the `TrainConfig` stops here:
+The result is a `RunPlan` of typed sections (config/sections.py), and the `TrainConfig` stops here:
 each part of the engine takes only its own section. `train_config.json` is the encoded resolved config,
 computed here once (`SavingSection.train_config`), so it records exactly what the run did.
 

@@ -38,7 +38,7 @@ class Run:
     ema: Ema | None = None  # --ema.enable: the shadow of the trained parameters
 
     def extra_weights(self) -> dict[str, dict[str, torch.Tensor]]:
-        """The weight sets saved beside the model, by their name in ckpt_tools' table (format/weight_sets.py):
+        """The weight sets saved beside the model, by their name in ckpt_tools' weight-set table:
         what every checkpoint writes and a resume fills. Adding a set is its producer here."""
         return extra_weights(self.ema)
 
