@@ -76,6 +76,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_it_trains_with_a_finite_loss_and_saves_lerobots_names(workdir: Path) -> None:
     records = [json.loads(line) for line in (workdir / "straight" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if r.get("event") == "train"]
+    banner = next(r["banner"] for r in records if r.get("event") == "start")
+    assert "--policy.drop_n_last_frames=7: 52 of the 80 frames are drawn as samples" in " ".join(banner)
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
     model = workdir / "straight" / "checkpoints" / "last" / "pretrained_model"
     ours = load_file(str(model / "model.safetensors"))
