@@ -6,7 +6,7 @@ Face cache (downloaded once per node by its first rank, see `hub.download_once`)
 
 The policy's observation is every float vector `observation.*` feature (or `--policy.input_features`),
 concatenated in the order meta/info.json lists them; `action` is the target. The statistics for the
-normalization processors are meta/stats.json's mean and std of the same features.
+normalization processors are meta/stats.json's mean, std, min and max of the same features.
 
 Cameras (`observation.images.*`, image or video features) are decoded only for a policy that asks for
 them by naming them in `--policy.input_features` (`observation.images.*`: every camera; a camera
@@ -17,7 +17,7 @@ policy's config puts that in its default `input_features`). They reach the batch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -304,20 +304,25 @@ def open_dataset(
 def _stats(
     saved: dict[str, dict[str, np.ndarray]], features: list[str], frames: dict[str, np.ndarray]
 ) -> Stats:
-    """meta/stats.json's mean/std per feature, concatenated like the observation (computed from the
-    loaded frames for a feature the file lacks)."""
+    """meta/stats.json's mean/std/min/max per feature, concatenated like the observation (computed from
+    the loaded frames for a feature the file lacks)."""
+    computed: dict[str, Callable[..., np.ndarray]] = {
+        "mean": np.mean,
+        "std": np.std,
+        "min": np.min,
+        "max": np.max,
+    }
 
     def of(name: str, key: str) -> np.ndarray:
         entry = saved.get(name, {})
         if key in entry:
             return np.asarray(entry[key], dtype=np.float32).reshape(-1)
-        data = frames[name].astype(np.float64)
-        moment: np.ndarray = data.mean(0) if key == "mean" else data.std(0, ddof=0)  # numpy types both Any
+        moment: np.ndarray = computed[key](frames[name].astype(np.float64), axis=0)  # numpy types it Any
         return moment.astype(np.float32)
 
     def stat(names: list[str]) -> dict[str, torch.Tensor]:
-        mean = torch.from_numpy(np.concatenate([of(n, "mean") for n in names]))
-        std = torch.from_numpy(np.concatenate([of(n, "std") for n in names])).clamp_min(validate.STD_FLOOR)
-        return {"mean": mean, "std": std}
+        out = {key: torch.from_numpy(np.concatenate([of(n, key) for n in names])) for key in computed}
+        out["std"] = out["std"].clamp_min(validate.STD_FLOOR)
+        return out
 
     return {OBS_KEY: stat(features), ACTION_KEY: stat([ACTION_KEY])}
