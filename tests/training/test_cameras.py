@@ -39,18 +39,24 @@ def video_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy_fixture(tmp_path_factory.mktemp("video"), "lerobot", "dataset_video")
 
 
-@pytest.mark.parametrize("name", ["dataset_video", "dataset_images"])
+@pytest.mark.parametrize("name", ["dataset_video", "dataset_images", "dataset_channel_first"])
 def test_frames_equal_what_lerobot_decoded_and_none_is_a_neighbour(name, tmp_path) -> None:
+    """dataset_channel_first declares its cameras (C, H, W) in info.json, the others (H, W, C): the
+    items are (C, H, W) either way, as LeRobot's."""
     reference = load_file(fixture_dir("lerobot", f"{name}_frames.safetensors"))
     dataset = trainer.open_dataset(root=copy_fixture(tmp_path, "lerobot", name))
+    cameras = [key for key in reference if key.startswith("observation.images.")]
+    assert cameras == sorted(dataset.cameras.names) and len(cameras) == 2
     for position, index in enumerate(reference["index"].tolist()):
         item = dataset[index]
         assert int(item["index"]) == index and float(item["timestamp"]) == float(
             reference["timestamp"][position]
         )
-        for camera in (TOP, WRIST):
+        for camera in cameras:
             expected = reference[camera][position]
-            assert item[camera].dtype == torch.float32 and item[camera].shape == (3, 24, 40)
+            assert item[camera].dtype == torch.float32 and item[camera].shape == expected.shape
+            if f"source.{camera}" in reference and dataset.cameras.info.features[camera]["dtype"] == "image":
+                assert torch.equal(item[camera], reference[f"source.{camera}"][position] / 255)  # lossless
             own = (item[camera] - expected).abs().mean()
             assert own < 0.01, (camera, index)
             for neighbour in (index - 1, index + 1):  # an off-by-one frame would be closer to them
