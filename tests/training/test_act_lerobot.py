@@ -1,17 +1,21 @@
 """LeRobot's ACT checkpoint (lerobot-train 0.6.1, state + environment state, no camera) read by our
 ACT: its config.json schema, its tensors under our names (fused attention projections split), its
-processors; `--policy.path` fine-tunes from it."""
+processors; `--policy.path` fine-tunes from it; and LeRobot's ACT trains on a channel-first dataset."""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 import trainer
-from helpers.fixtures import copy_fixture
+from helpers.fixtures import copy_fixture, fixture_dir
+from helpers.train_flags import TINY_LEROBOT_ACT
 from trainer.cli.parse import parse_config
 from trainer.engine.plan import train
 from trainer.errors import ConfigError
@@ -110,3 +114,29 @@ def test_lerobots_checkpoint_fine_tunes_here(tmp_path: Path, monkeypatch) -> Non
     after = tuned.policy.state_dict()
     assert set(after) == set(base)
     assert not torch.equal(after["action_head.weight"], base["action_head.weight"])
+
+
+def test_lerobots_act_trains_on_a_channel_first_dataset(tmp_path: Path, clean_accelerate) -> None:
+    """dataset_channel_first (cameras declared (C, H, W), one image and one video): a tiny ACT trains
+    2 steps, its cameras recorded at the shapes LeRobot's `dataset_to_policy_features` gives them."""
+    from accelerate.state import AcceleratorState
+
+    root = copy_fixture(tmp_path, "lerobot", "dataset_channel_first")
+    flags = [f"--dataset.root={root}", "--policy.type=act", *TINY_LEROBOT_ACT, "--batch_size=4"]
+    flags += [
+        "--num_workers=0",
+        "--steps=2",
+        "--save_freq=2",
+        "--log_freq=1",
+        f"--output_dir={tmp_path / 'run'}",
+    ]
+    summary = train(parse_config(flags))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    assert summary.steps == 2 and math.isfinite(summary.final_loss)
+    with safe_open(fixture_dir("lerobot", "dataset_channel_first_frames.safetensors"), "pt") as frames:
+        features = json.loads(frames.metadata()["dataset_to_policy_features"])
+    trained = trainer.load_policy(str(tmp_path / "run" / "checkpoints" / "last"))
+    visual = {name: f["shape"] for name, f in features.items() if f["type"] == "VISUAL"}
+    assert trained.policy.config.image_shapes == visual and len(visual) == 2
+    saved = trained.policy.config.lerobot_config()["input_features"]
+    assert {name: saved[name]["shape"] for name in visual} == visual
