@@ -25,6 +25,7 @@ from trainer.distributed.wrap import WrapPlan, check_tied_weights, resolve_wrap_
 from trainer.errors import ConfigError, WrapPlanError
 from trainer.policies import build_policy
 from trainer.policies.act import ACTConfig
+from trainer.policies.diffusion.config import DiffusionConfig
 from trainer.policies.mlp import MLPConfig
 from trainer.policies.smolvla import SmolVLAConfig
 
@@ -273,6 +274,7 @@ def test_every_config_field_is_a_documented_flag() -> None:
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(MLPConfig)}
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(ACTConfig)}
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(SmolVLAConfig)}
+    leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(DiffusionConfig)}
     leaves |= {f"--dataset.{field.name}" for field in dataclasses.fields(MixtureConfig)} - {
         "--dataset.image_transforms"
     }
