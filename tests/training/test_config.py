@@ -33,7 +33,10 @@ from trainer.policies.smolvla import SmolVLAConfig
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        (["--policy.type=nope"], r"--policy.type='nope' is unknown: choose one of act, act_state, diffusion, mlp"),
+        (
+            ["--policy.type=nope"],
+            r"--policy.type='nope' is unknown: choose one of act, act_state, diffusion, mlp",
+        ),
         (["--policy.type=no.such.module:Cfg"], r"cannot import Cfg from no.such.module"),
         (["--parallelism.cp_size=2"], r"--parallelism.cp_size=2 is not supported"),
         (["--parallelism.tp_size=2"], r"--parallelism.tp_size=2 is not supported"),
