@@ -39,6 +39,7 @@ def video_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy_fixture(tmp_path_factory.mktemp("video"), "lerobot", "dataset_video")
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", ["dataset_video", "dataset_images"])
 def test_frames_equal_what_lerobot_decoded_and_none_is_a_neighbour(name, tmp_path) -> None:
     reference = load_file(fixture_dir("lerobot", f"{name}_frames.safetensors"))
