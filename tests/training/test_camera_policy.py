@@ -75,9 +75,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 # The learning test's runs: 100 steps of batch 32 learn the task with a wide margin (camera 355 above
 # the state alone, against the 150 asked), where 60 steps of batch 32 (margin 88) or 40-100 steps of
 # batch 16 do not. The camera run is most of the cost (a ResNet-18 trunk, 11 M parameters: forward,
-# backward and AdamW on each step), ~160-260 s of CPU; on this 2-core machine at load average 9-10
-# (other jobs beside it) the test took 680 s of wall time, and the earlier 150-step module fixture
-# 780 s, over the suite's 300 s. Its own limit of 1800 s keeps it far from a time-out on such a machine.
+# backward and AdamW on each step): the test takes 32 s on an idle 2-core machine (48 s under AVX2
+# kernels), but 680 s at load average 9-10 (other jobs beside it, whose threads the 2 of torch wait on),
+# where the earlier 150-step module fixture took 780 s, over the suite's 300 s. Its own limit of 1800 s
+# keeps it far from a time-out on such a machine.
 LEARN_STEPS, LEARN_BATCH = 100, 32
 
 
