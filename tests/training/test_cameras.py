@@ -40,6 +40,7 @@ def video_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy_fixture(tmp_path_factory.mktemp("video"), "lerobot", "dataset_video")
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", ["dataset_video", "dataset_images", "dataset_channel_first"])
 def test_frames_equal_what_lerobot_decoded_and_none_is_a_neighbour(name, tmp_path) -> None:
     """dataset_channel_first declares its cameras (C, H, W) in info.json, the others (H, W, C): the
