@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+import helpers.toy_policy  # noqa: F401  (registers --policy.type=toy: the tables below must not list it)
 from trainer.cli.flags import all_flags, help_text, markdown_table
 from trainer.cli.parse import parse_config
 from trainer.config.optim import OptimizerConfig, SchedulerConfig
@@ -261,7 +262,8 @@ def test_policy_dtype_casts_parameters_only() -> None:
 
 
 def test_docs_flag_table_is_the_one_generated_from_the_config() -> None:
-    """docs/training.md lists every config field with its default: the table is `markdown_table()`."""
+    """docs/training.md lists every config field with its default: the table is `markdown_table()`,
+    the same whatever policies a user's package has registered in the process (the toy here)."""
     page = (Path(__file__).parents[2] / "docs" / "training.md").read_text()
     documented = page.split("<!-- flags:begin -->\n")[1].split("\n<!-- flags:end -->")[0]
     assert documented == markdown_table(), (
