@@ -33,6 +33,27 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *session.posargs)
 
 
+# Other CPU instruction sets for `tests_isa`: MKL (matmul), oneDNN (convolutions) and ATen (elementwise
+# and reduction kernels) held to AVX2, and ATen's plain C++ loops. Each splits and orders float sums
+# otherwise than an AVX-512 or AMX CPU, so an expectation that holds on one CPU only goes red here.
+ISA_SETTINGS: dict[str, dict[str, str]] = {
+    "avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
+    "default": {"ATEN_CPU_CAPABILITY": "default"},
+}
+
+
+@nox.session
+def tests_isa(session: nox.Session) -> None:
+    """The numerical tests (`-m numerics`: stored references such as LeRobot's outputs and the legacy
+    checkpoints' actions, micro-batches against one batch, resumes) again under each of ISA_SETTINGS,
+    where torch's kernels sum in other orders than on the machine that wrote the expectations.
+    Options after `--` go to pytest, e.g. `nox -s tests_isa -- -x`."""
+    install(session)
+    for name, env in ISA_SETTINGS.items():
+        session.log(f"tests_isa: {name}: {' '.join(f'{k}={v}' for k, v in env.items())}")
+        session.run("pytest", "-m", "numerics", *session.posargs, env=env)
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check and format check."""

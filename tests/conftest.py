@@ -1,4 +1,5 @@
-"""Settings every test process needs before any library reads them at import time.
+"""Settings every test process needs before any library reads them at import time, and a time-out in a
+fixture that says which fixture it was.
 
 huggingface_hub reads `HF_HUB_DISABLE_XET` and `HF_HOME` when it is first imported, and safetensors or
 peft may import it from any test module, so they are set here, before test modules are collected:
@@ -7,10 +8,14 @@ from the developer's login cache or environment is ever used or sent by a test.
 """
 
 import atexit
+import contextlib
 import os
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +24,44 @@ os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="ckpt-tests-hf-home-")
 atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 for _name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
     os.environ.pop(_name, None)
+
+
+PYTEST_TIMEOUT = re.compile(r"Timeout \(>(?P<limit>[0-9.]+)s\) from pytest-timeout")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest):
+    """pytest-timeout's limit covers a test's setup, so a slow module fixture (one that trains) can time
+    out inside the first test that asks for it, and every other test of the module then errors with the
+    same bare "Timeout (>300.0s) from pytest-timeout." This names the fixture that was still setting up,
+    its scope and file, and how long it had run of the test's limit, so the report says it was time."""
+    start = time.monotonic()
+    try:
+        return (yield)
+    except pytest.fail.Exception as failed:
+        timed_out = PYTEST_TIMEOUT.search(str(failed))
+        if timed_out is None or getattr(failed, "fixture_named", False):
+            raise  # another failure, or one an inner fixture already named
+        code = getattr(fixturedef.func, "__code__", None)
+        where = ""
+        if code is not None:
+            path = Path(code.co_filename)
+            with contextlib.suppress(ValueError):
+                path = path.relative_to(request.config.rootpath)
+            where = f", {path}:{code.co_firstlineno}"
+        item = getattr(request, "_pyfuncitem", request.node)
+        message = (
+            f"Timeout in fixture {fixturedef.argname!r} ({fixturedef.scope} scope{where}): it had been "
+            f"setting up for {time.monotonic() - start:.0f} s when pytest-timeout's {timed_out['limit']} s "
+            f"for {item.nodeid} ran out. A fixture too slow for this machine (or a busy machine), not a "
+            "failed check: make the fixture smaller, or give the tests a longer @pytest.mark.timeout."
+        )
+        # Reworded in place: pytest keeps this exception object for the fixture (a module fixture's
+        # other tests raise it again), and its traceback shows where the fixture was when time ran out.
+        failed.msg = message
+        failed.args = (message,)
+        failed.fixture_named = True  # type: ignore[attr-defined]
+        raise
 
 
 @pytest.fixture(scope="session")

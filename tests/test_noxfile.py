@@ -1,7 +1,8 @@
 """`nox -s demo` (ACT) and `nox -s demo_vla` (SmolVLA with the language instruction) run on the embedded
 camera task and end by saying where their outputs are and how to run the tools yourself; `nox -s
 typecheck` runs mypy --strict over every module a public name of ckpt_tools or trainer comes from;
-`nox -s lerobot_side` runs LeRobot's side only when given a LeRobot venv."""
+`nox -s lerobot_side` runs LeRobot's side only when given a LeRobot venv; `nox -s tests_isa` reruns the
+numerical tests under other instruction sets, and CI runs it."""
 
 from __future__ import annotations
 
@@ -133,3 +134,49 @@ def test_the_strict_typecheck_covers_every_module_a_public_name_comes_from(noxfi
     defining = {getattr(ckpt_tools, name).__module__ for name in ckpt_tools._EXPORTS}
     defining |= {getattr(trainer, name).__module__ for name in trainer._EXPORTS}
     assert set(listed) == {"ckpt_tools", "trainer", *defining, *ckpt_tools._MODULES.values()}
+
+
+def test_tests_isa_reruns_the_numerical_tests_under_each_instruction_set(noxfile) -> None:
+    """`-m numerics` once per setting, each with its environment (subprocesses and torchrun ranks
+    inherit it): MKL, oneDNN and ATen held to AVX2, then ATen's plain loops; CI runs the session."""
+    runs: list[tuple[tuple[str, ...], dict]] = []
+    session = _Session()
+    session.run = lambda *args, **kwargs: runs.append((args, kwargs))  # type: ignore[method-assign]
+    session.posargs = ["-x"]
+    noxfile.tests_isa(session)
+    assert [args for args, _ in runs] == [("pytest", "-m", "numerics", "-x")] * 2
+    assert [kwargs["env"] for _, kwargs in runs] == [
+        {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
+        {"ATEN_CPU_CAPABILITY": "default"},
+    ]
+    assert "tests_isa" in (ROOT / ".ci" / "run").read_text().split("nox -s", 1)[1].splitlines()[0]
+
+
+def test_the_numerics_marker_selects_stored_references_and_summation_orders() -> None:
+    """The lane's selection: declared in pyproject's markers, and it holds the tests whose expectations
+    are another CPU's or another order's floats (the legacy actions, LeRobot's SmolVLA outputs,
+    micro-batches against one batch), not every test."""
+    import tomllib
+
+    markers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    assert any(marker.startswith("numerics:") for marker in markers)
+    files = [
+        "tests/training/test_legacy_checkpoints.py",
+        "tests/training/test_engine.py",
+        "tests/training/test_smolvla.py",
+    ]
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "numerics", "-p", "no:cacheprovider", *files],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    ).stdout.splitlines()  # fmt: skip
+    selected = [line for line in listed if "::" in line]
+    for expected in (
+        "tests/training/test_legacy_checkpoints.py::test_old_checkpoint_acts_as_it_did[act]",
+        "tests/training/test_engine.py::test_gradient_accumulation_gives_the_same_update",
+        "tests/training/test_smolvla.py::test_actions_and_loss_are_lerobots[reference]",
+    ):
+        assert expected in selected, (expected, listed[-5:])
+    # not every test of those files: one that compares no floats stays out of the lane
+    assert not [
+        line for line in selected if "test_old_checkpoint_evaluates" in line or "test_defaults" in line
+    ]

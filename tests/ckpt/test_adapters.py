@@ -44,12 +44,17 @@ def adapted(use_rslora: bool):
     return model, base_state, adapter, config_dict
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("use_rslora", [False, True])
 def test_merged_weights_reproduce_peft_outputs(use_rslora):
     model, base_state, adapter, config = adapted(use_rslora)
     merged = Tiny()
     merged.load_state_dict(merge_lora(base_state, adapter, config))
     x = torch.randn(8, 4)
+    # (W + s * B @ A) @ x against W @ x + s * B @ (A @ x): the same terms summed in another order, each
+    # order within (4 + rank) * U * sum(|terms|) of the exact result (U = 2**-24; terms and outputs are
+    # O(1) here), so ~1e-6 apart at most; rtol 1e-5 (168 U) leaves margin, and a wrong scale, a swapped
+    # A/B or a missed layer moves the outputs by ~1e-1.
     torch.testing.assert_close(merged(x), model(x), rtol=1e-5, atol=1e-6)
 
 

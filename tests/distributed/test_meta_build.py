@@ -24,7 +24,10 @@ from ckpt_tools import layout
 from helpers.launch import run_torchrun
 from helpers.train_flags import tiny_args
 
-pytestmark = pytest.mark.distributed
+# The module fixture launches 8 one-step runs (1 to 4 ranks each, every rank importing torch): 84 s on
+# an idle 2-core machine, but past the suite's 300 s at load average 10, which took every test of the
+# module down with it. 900 s keeps it far from a time-out on a busy machine (each launch keeps its own 240 s).
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_observe_init.py"
 

@@ -218,6 +218,7 @@ def test_torchrun_max_restarts_recovers_without_a_person(runs, monkeypatch):
 # ---------------------------------------------------------------------------- changed topology
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", list(TOPOLOGIES))
 def test_changed_topology_matches_uninterrupted_run(runs, name):
     out = runs.from_reference(name)
@@ -242,6 +243,7 @@ def test_changed_topology_matches_uninterrupted_run(runs, name):
         assert (saved["parallelism"]["dp_replicate"], saved["parallelism"]["dp_shard"]) == (1, -1)
 
 
+@pytest.mark.numerics
 def test_hsdp_ddp_fsdp2_loss_parity(runs):
     """Same global batch, same samples: the three data-parallel engines agree step by step."""
     fsdp2, hsdp, ddp = (metrics(runs.from_reference(n)) for n in ("fsdp2x2ranks", "hsdp2x2", "ddp2"))

@@ -80,6 +80,7 @@ def test_saves_that_end_windows_are_accepted() -> None:
     parse_config([f"{ACCUM}=3", "--save_freq=10", "--steps=9"])  # only the final save, at a window end
 
 
+@pytest.mark.numerics
 def test_resume_at_a_window_end_is_bit_exact(tmp_path: Path, dataset_cache: str, clean_accelerate) -> None:
     """Uninterrupted 6 steps (3 updates of 2 micro-batches) against a resume from step 4."""
     flags = (f"{ACCUM}=2", "--steps=6", "--save_freq=2")
@@ -89,6 +90,7 @@ def test_resume_at_a_window_end_is_bit_exact(tmp_path: Path, dataset_cache: str,
     _assert_bit_identical(tmp_path / "resumed" / "checkpoints" / "000006", whole / "000006")
 
 
+@pytest.mark.numerics
 def test_windows_count_from_step_zero_on_a_run_resumed_with_accumulation(
     tmp_path: Path, dataset_cache: str, clean_accelerate
 ) -> None:

@@ -91,6 +91,7 @@ def _reference_trunk(state: dict[str, torch.Tensor], x: torch.Tensor) -> torch.T
     return y
 
 
+@pytest.mark.numerics
 def test_trunk_with_torchvision_weights_computes_resnet18(tmp_path) -> None:
     state = _torchvision_resnet18_state()
     path = tmp_path / "resnet18.safetensors"

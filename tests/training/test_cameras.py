@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 import trainer
@@ -39,18 +40,25 @@ def video_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy_fixture(tmp_path_factory.mktemp("video"), "lerobot", "dataset_video")
 
 
-@pytest.mark.parametrize("name", ["dataset_video", "dataset_images"])
+@pytest.mark.numerics
+@pytest.mark.parametrize("name", ["dataset_video", "dataset_images", "dataset_channel_first"])
 def test_frames_equal_what_lerobot_decoded_and_none_is_a_neighbour(name, tmp_path) -> None:
+    """dataset_channel_first declares its cameras (C, H, W) in info.json, the others (H, W, C): the
+    items are (C, H, W) either way, as LeRobot's."""
     reference = load_file(fixture_dir("lerobot", f"{name}_frames.safetensors"))
     dataset = trainer.open_dataset(root=copy_fixture(tmp_path, "lerobot", name))
+    cameras = sorted(key for key in reference if key.startswith("observation.images."))
+    assert cameras == sorted(dataset.cameras.names) and len(cameras) == 2
     for position, index in enumerate(reference["index"].tolist()):
         item = dataset[index]
         assert int(item["index"]) == index and float(item["timestamp"]) == float(
             reference["timestamp"][position]
         )
-        for camera in (TOP, WRIST):
+        for camera in cameras:
             expected = reference[camera][position]
-            assert item[camera].dtype == torch.float32 and item[camera].shape == (3, 24, 40)
+            assert item[camera].dtype == torch.float32 and item[camera].shape == expected.shape
+            if f"source.{camera}" in reference and dataset.cameras.info.features[camera]["dtype"] == "image":
+                assert torch.equal(item[camera], reference[f"source.{camera}"][position] / 255)  # lossless
             own = (item[camera] - expected).abs().mean()
             assert own < 0.01, (camera, index)
             for neighbour in (index - 1, index + 1):  # an off-by-one frame would be closer to them
@@ -60,6 +68,38 @@ def test_frames_equal_what_lerobot_decoded_and_none_is_a_neighbour(name, tmp_pat
                         index,
                         neighbour,
                     )
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_channel_first_cameras_batch_as_lerobots_policy_features_with_per_channel_stats(flat, tmp_path):
+    """dataset_channel_first: the batch's frames have the shapes LeRobot's `dataset_to_policy_features`
+    gives its policies, and stats.json's (3, 1, 1) nested lists (or the same values flat) are the
+    normalization's per-channel mean and std."""
+    root = copy_fixture(tmp_path, "lerobot", "dataset_channel_first")
+    saved = json.loads((root / "meta/stats.json").read_text())
+    if flat:
+        for camera, key in [
+            (c, k) for c in ("observation.images.front", "observation.images.side") for k in ("mean", "std")
+        ]:
+            saved[camera][key] = torch.tensor(saved[camera][key]).flatten().tolist()
+        (root / "meta/stats.json").write_text(json.dumps(saved))
+    with safe_open(fixture_dir("lerobot", "dataset_channel_first_frames.safetensors"), "pt") as frames:
+        features = json.loads(frames.metadata()["dataset_to_policy_features"])
+    dataset = LeRobotConfig(root=str(root), use_imagenet_stats=False).load(["observation.images.*"])
+    batch, stats = dataset.gather(torch.tensor([0, 19]), 1), dataset.stats()
+    visual = {name: tuple(f["shape"]) for name, f in features.items() if f["type"] == "VISUAL"}
+    assert (
+        {name: tuple(batch[name].shape[1:]) for name in visual}
+        == visual
+        == {
+            "observation.images.front": (3, 8, 8),
+            "observation.images.side": (3, 16, 32),
+        }
+    )
+    for camera in visual:
+        for key in ("mean", "std"):
+            expected = torch.tensor(saved[camera][key], dtype=torch.float32).reshape(3, 1, 1)
+            assert torch.equal(stats[camera][key], expected), (camera, key)
 
 
 def test_items_carry_lerobots_keys_and_uint8_on_request(video_root) -> None:

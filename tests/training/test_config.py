@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+import helpers.toy_policy  # noqa: F401  (registers --policy.type=toy: the tables below must not list it)
 from trainer.cli.flags import all_flags, help_text, markdown_table
 from trainer.cli.parse import parse_config
 from trainer.config.optim import OptimizerConfig, SchedulerConfig
@@ -25,6 +26,7 @@ from trainer.distributed.wrap import WrapPlan, check_tied_weights, resolve_wrap_
 from trainer.errors import ConfigError, WrapPlanError
 from trainer.policies import build_policy
 from trainer.policies.act import ACTConfig
+from trainer.policies.diffusion.config import DiffusionConfig
 from trainer.policies.mlp import MLPConfig
 from trainer.policies.smolvla import SmolVLAConfig
 
@@ -32,7 +34,10 @@ from trainer.policies.smolvla import SmolVLAConfig
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        (["--policy.type=nope"], r"--policy.type='nope' is unknown: choose one of act, act_state, mlp"),
+        (
+            ["--policy.type=nope"],
+            r"--policy.type='nope' is unknown: choose one of act, act_state, diffusion, mlp",
+        ),
         (["--policy.type=no.such.module:Cfg"], r"cannot import Cfg from no.such.module"),
         (["--parallelism.cp_size=2"], r"--parallelism.cp_size=2 is not supported"),
         (["--parallelism.tp_size=2"], r"--parallelism.tp_size=2 is not supported"),
@@ -257,7 +262,8 @@ def test_policy_dtype_casts_parameters_only() -> None:
 
 
 def test_docs_flag_table_is_the_one_generated_from_the_config() -> None:
-    """docs/training.md lists every config field with its default: the table is `markdown_table()`."""
+    """docs/training.md lists every config field with its default: the table is `markdown_table()`,
+    the same whatever policies a user's package has registered in the process (the toy here)."""
     page = (Path(__file__).parents[2] / "docs" / "training.md").read_text()
     documented = page.split("<!-- flags:begin -->\n")[1].split("\n<!-- flags:end -->")[0]
     assert documented == markdown_table(), (
@@ -273,6 +279,7 @@ def test_every_config_field_is_a_documented_flag() -> None:
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(MLPConfig)}
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(ACTConfig)}
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(SmolVLAConfig)}
+    leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(DiffusionConfig)}
     leaves |= {f"--dataset.{field.name}" for field in dataclasses.fields(MixtureConfig)} - {
         "--dataset.image_transforms"
     }

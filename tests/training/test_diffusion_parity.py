@@ -63,7 +63,9 @@ def saved() -> dict:
 @pytest.fixture(scope="module")
 def model(saved) -> DiffusionModel:
     """LeRobot's checkpoint in our model, held as `diffusion` the way LeRobot's policy holds it."""
-    config = DiffusionConfig(**DiffusionConfig.from_saved(saved))
+    fields = DiffusionConfig.from_saved(saved)
+    assert fields.pop("type") == "diffusion"  # kept for the registry (trainer.load_policy decodes by it)
+    config = DiffusionConfig(**fields)
     built = DiffusionModel(config, DiffusionFeatures.from_lerobot(saved))
     nn.ModuleDict({"diffusion": built}).load_state_dict(
         load_file(str(MODEL / "model.safetensors")), strict=True

@@ -14,6 +14,7 @@ import torch
 
 import ckpt_tools
 from ckpt_tools import Topology, layout
+from helpers.numerics import EPS, U
 from helpers.train_flags import tiny_args
 from trainer.cli.parse import parse_config
 from trainer.config.sections import ParallelismSection
@@ -120,8 +121,34 @@ def test_fp16_on_cpu_autocasts_in_float16_and_saves_the_scaler(
     assert {t.dtype for t in state.values()} == {torch.float32}
 
 
+# Batch 8 in one step against batch 4 x 2 accumulated micro-batches: the same 8 samples, summed in
+# another order (two means of 4 added, against one mean of 8, and kernels blocked for 4 rows instead
+# of 8), so the gradients agree to float32 rounding, not bit for bit. Each gradient element is a sum
+# over the 8 samples of terms made by the backward pass's dot products (at most 128 terms: the hidden
+# width). Reordering a float32 sum of n terms moves it by at most 2 * n * U * sum(|terms|) (each order
+# is within n * U * sum(|terms|) of the exact sum); with n = 8 + 128 and the tensor's largest |gradient|
+# as the scale of its terms, GRAD_ULPS = 2 * 136 units U of max|g| (1.6e-5 of it) bound the difference.
+# AVX-512, AVX2 and the default kernels measure at most 2.5 U * max|g|, and accumulating wrongly (a
+# micro-batch dropped or counted twice, the loss not divided by the steps, an update per micro-batch)
+# moves g by a fair fraction of max|g|, some 1e4 times the bound.
+GRAD_ULPS = 2 * (8 + 128)
+
+
+@pytest.mark.numerics
 def test_gradient_accumulation_gives_the_same_update(tmp_path, dataset_cache, clean_accelerate) -> None:
-    """batch 8 x accum 1 (one step) and batch 4 x accum 2 (two steps) see the same 8 samples."""
+    """batch 8 x accum 1 (one step) and batch 4 x accum 2 (two steps) see the same 8 samples: one AdamW
+    update each, from the same gradient to float32 rounding, so the same weights to the rounding that
+    AdamW's first step lets through.
+
+    The gradient is read from the saved optimizer state: after one update exp_avg = (1 - beta1) * g (its
+    norm, 4.1, is under the clip at 10). AdamW's first step moves each weight by lr * d with
+    d = m_hat / (sqrt(v_hat) + eps) = g / (|g| + eps): about the sign of g, and a steep function of g
+    where |g| is within a few eps (1e-8) of 0 (the smallest here are 3e-8), where the last bits of g
+    decide d: on an AMX CPU one weight came out 3e-6 apart, over the rtol 1e-5 / atol 1e-6 this test
+    had. So the weights are compared within lr * |d_a - d_b|, computed in
+    float64 from each run's own saved moments, plus the float32 rounding of the update itself in each
+    run (multiplying by 1 - lr * wd, adding lr * d: an ulp of |w| each, and a few U of lr * d for the
+    square root, the division and eps): 2 * (2 * EPS * |w| + 8 * U * lr) for the two runs."""
     common = [
         "--policy.type=mlp",
         "--policy.dropout=0",
@@ -144,10 +171,53 @@ def test_gradient_accumulation_gives_the_same_update(tmp_path, dataset_cache, cl
     assert math.isfinite(logged[1]["grad_norm"]) and logged[1]["grad_norm"] > 0
     a = ckpt_tools.load_model_state_dict(one.last_checkpoint)
     b = ckpt_tools.load_model_state_dict(two.last_checkpoint)
+    (group,) = _param_groups(one.last_checkpoint)
+    assert _param_groups(two.last_checkpoint) == [group]
+    lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+    moments = {run: _adam_moments(summary.last_checkpoint) for run, summary in (("a", one), ("b", two))}
     initial = _initial_weights(dataset_cache)
+    assert a.keys() == b.keys() == moments["a"].keys() == moments["b"].keys()
     for key in a:
         assert not torch.equal(a[key], initial[key]), f"{key} was not updated"
-        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+        (m_a, v_a, step_a), (m_b, v_b, step_b) = moments["a"][key], moments["b"][key]
+        assert step_a == step_b == 1, f"{key}: {step_a} and {step_b} updates, not one each"
+        grad_bound = GRAD_ULPS * U * float(m_a.abs().max())
+        grad_off = float((m_a - m_b).abs().max())
+        assert grad_off <= grad_bound, f"{key}: exp_avg {grad_off:.3g} apart, over {grad_bound:.3g}"
+
+        def direction(m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            m_hat, v_hat = m.double() / (1 - beta1), v.double() / (1 - beta2)
+            return m_hat / (v_hat.sqrt() + eps)
+
+        w_a, w_b = a[key].double(), b[key].double()
+        weight_bound = lr * (direction(m_a, v_a) - direction(m_b, v_b)).abs()
+        weight_bound += 2 * (2 * EPS * torch.maximum(w_a.abs(), w_b.abs()) + 8 * U * lr)
+        assert (w_a - w_b).abs().le(weight_bound).all(), (
+            f"{key}: weights {float((w_a - w_b).abs().max()):.3g} apart where their gradients allow "
+            f"{float(weight_bound[(w_a - w_b).abs().argmax()]):.3g}"
+        )
+
+
+def _param_groups(step: Path) -> list[dict]:
+    """The optimizer's hyperparameters as saved (lr, betas, eps, weight decay), without the names."""
+    groups = json.loads((Path(step) / layout.TRAINING_STATE_DIR / layout.OPTIMIZER_PARAM_GROUPS).read_text())
+    return [{k: v for k, v in group.items() if k != "params"} for group in groups]
+
+
+def _adam_moments(step: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor, int]]:
+    """Each parameter's AdamW moments (exp_avg, exp_avg_sq) and update count, as saved."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(Path(step) / layout.TRAINING_STATE_DIR / layout.OPTIMIZER_SAFETENSORS))
+    names = {key.split("/")[1] for key in state if key.startswith("state/")}
+    return {
+        name: (
+            state[f"state/{name}/exp_avg"],
+            state[f"state/{name}/exp_avg_sq"],
+            int(state[f"state/{name}/step"]),
+        )
+        for name in names
+    }
 
 
 def _initial_weights(cache: str) -> dict[str, torch.Tensor]:

@@ -1,12 +1,15 @@
 """Damaged copies of the LeRobot-written dataset fixtures, each read by every reader of datasets.
 
 A dataset is input as hostile as a checkpoint. Each `Damage` below copies one committed fixture
-(tests/fixtures/lerobot/dataset_video, dataset_images, dataset_tiny) and breaks one thing in it; each
-`Reader` reads the copy as a user would. The outcome of every (damage, reader) pair is checked: one
-`error: ...` line matching the damage's `line`, exit 1 and no traceback; or success where the reader
-never reads the damaged part (`passes`) or the data is valid (`line=None`).
+(tests/fixtures/lerobot/dataset_video, dataset_images, dataset_tiny, dataset_channel_first) and breaks
+one thing in it; each `Reader` reads the copy as a user would. The outcome of every (damage, reader)
+pair is checked: one `error: ...` line matching the damage's `line`, exit 1 and no traceback; or
+success where the reader never reads the damaged part (`passes`) or the data is valid (`line=None`).
 
-A new reader (the streamed datasets, say) inherits every case by adding itself to `READERS`.
+A new reader inherits every case by adding itself to `READERS`. The streamed one does: a training run
+with --dataset.streaming=true reads each damaged copy uploaded to the S3 test server (one bucket for the
+module) and ends in the same line, naming the object where the local reader names the file; a damage an
+object store cannot hold (a symlink, a FIFO, a directory) is read locally only.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import re
 import shutil
 import struct
 import time
+import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +43,7 @@ pytestmark = pytest.mark.timeout(600)
 CAMERA_POLICY = "helpers.camera_policy:CameraPolicyConfig"
 TOP = "observation.images.top"
 TOP_VIDEO = f"videos/{TOP}/chunk-000/file-000.mp4"
+FRONT, SIDE = "observation.images.front", "observation.images.side"  # dataset_channel_first's
 DATA = "data/chunk-000/file-000.parquet"
 EPISODES = "meta/episodes/chunk-000/file-000.parquet"
 
@@ -48,10 +53,18 @@ EPISODES = "meta/episodes/chunk-000/file-000.parquet"
 
 @dataclass(frozen=True)
 class Reader:
-    """Reads the dataset at `root` as a user would; returns (exit code, stderr)."""
+    """Reads the dataset at `root` as a user would; returns (exit code, stderr). A `streamed` reader
+    reads the copy uploaded to the S3 test server with --dataset.streaming=true (`root` is its URL) and
+    ends as its local reader `local` does, its line naming the object instead of the file."""
 
     name: str
-    read: Callable[[Path, Path, int, pytest.CaptureFixture[str]], tuple[int, str]]
+    read: Callable[[str, Path, int, bool, pytest.CaptureFixture[str]], tuple[int, str]]
+    streamed: bool = False
+
+    @property
+    def local(self) -> str:
+        """The local reader whose outcome this one shares (the one `Damage.passes` names)."""
+        return self.name.removeprefix("streamed ")
 
 
 def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -60,19 +73,23 @@ def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
     return int(exit_info.value.code or 0), capsys.readouterr().err
 
 
-def _info(root: Path, work: Path, episode: int, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    return _cli(["dataset", "info", f"--dataset.root={root}"], capsys)
+def _root(root: str, streamed: bool) -> list[str]:
+    return [f"--dataset.root={root}", *(["--dataset.streaming=true"] if streamed else [])]
 
 
-def _show(root: Path, work: Path, episode: int, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    args = ["dataset", "show", f"--dataset.root={root}", f"--episode={episode}", f"--output={work / 's.png'}"]
+def _info(root: str, work: Path, episode: int, streamed: bool, capsys) -> tuple[int, str]:
+    return _cli(["dataset", "info", *_root(root, streamed)], capsys)
+
+
+def _show(root: str, work: Path, episode: int, streamed: bool, capsys) -> tuple[int, str]:
+    args = ["dataset", "show", *_root(root, streamed), f"--episode={episode}", f"--output={work / 's.png'}"]
     return _cli(args, capsys)
 
 
-def _open(root: Path, work: Path, episode: int, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+def _open(root: str, work: Path, episode: int, streamed: bool, capsys) -> tuple[int, str]:
     """`open_dataset` and every item: a TrainerError is the library's one line (exit 1 in a CLI)."""
     try:
-        dataset = open_dataset(root=root)
+        dataset = open_dataset(root=root, streaming=streamed)
         for i in range(len(dataset)):
             dataset[i]
     except TrainerError as exc:
@@ -80,12 +97,13 @@ def _open(root: Path, work: Path, episode: int, capsys: pytest.CaptureFixture[st
     return 0, ""
 
 
-def _train(workers: int) -> Callable[[Path, Path, int, pytest.CaptureFixture[str]], tuple[int, str]]:
-    def read(root: Path, work: Path, episode: int, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+def _train(workers: int) -> Callable[[str, Path, int, bool, pytest.CaptureFixture[str]], tuple[int, str]]:
+    def read(root: str, work: Path, episode: int, streamed: bool, capsys) -> tuple[int, str]:
         from accelerate.state import AcceleratorState
 
-        policy = "mlp" if root.name == "dataset_tiny" else CAMERA_POLICY  # never read a damaged file here
-        args = ["train", f"--dataset.root={root}", f"--policy.type={policy}", f"--num_workers={workers}"]
+        tiny = root.rstrip("/").endswith("dataset_tiny")
+        policy = "mlp" if tiny else CAMERA_POLICY  # never read a damaged file here
+        args = ["train", *_root(root, streamed), f"--policy.type={policy}", f"--num_workers={workers}"]
         args += ["--steps=2", "--batch_size=8", "--save_freq=2", "--log_freq=1", "--collective_timeout_s=60"]
         try:
             return _cli([*args, f"--output_dir={work / f'run{workers}'}"], capsys)
@@ -101,6 +119,7 @@ READERS = [
     Reader("open", _open),
     Reader("train0", _train(0)),
     Reader("train2", _train(2)),
+    Reader("streamed train0", _train(0), streamed=True),  # a run reads every part a damage is in
 ]
 
 
@@ -111,7 +130,9 @@ READERS = [
 class Damage:
     """One fixture with one thing broken by `apply(root)`; `line`: the regex the error line matches
     (None: the data is valid and every reader succeeds); `passes`: readers that never read the damaged
-    part and succeed; `episode`: the episode `show` draws (one holding the damage)."""
+    part and succeed; `episode`: the episode `show` draws (one holding the damage); `local_only`: a
+    damage an object store cannot hold (a symlink, a FIFO, a directory), so no streamed reader reads it
+    (`video_path ../outside` is the store's way out of the root)."""
 
     name: str
     fixture: str
@@ -119,6 +140,7 @@ class Damage:
     line: str | None
     passes: frozenset[str] = frozenset()
     episode: int = 0
+    local_only: bool = False
 
 
 def _json(relative: str, change: Callable[[dict], object]) -> Callable[[Path], None]:
@@ -263,6 +285,13 @@ DAMAGES = [
     Damage("valid video", "dataset_video", None, None),
     Damage("valid images", "dataset_images", None, None),
     Damage("valid tiny", "dataset_tiny", None, None),
+    Damage("valid channel-first", "dataset_channel_first", None, None),
+    Damage(
+        "valid channel-first, stats flat",
+        "dataset_channel_first",
+        _json("meta/stats.json", _set(FRONT, "mean", [0.5, 0.5, 0.5])),
+        None,
+    ),
     # meta/info.json
     Damage(
         "fps 0",
@@ -297,6 +326,31 @@ DAMAGES = [
         "dataset_images",
         _json("meta/info.json", _set("features", TOP, "shape", [24, 40])),
         r"'observation.images.top' has shape \[24, 40\]; an image or video is \[height, width, channels\]",
+    ),
+    Damage(
+        "camera names not a layout",
+        "dataset_channel_first",
+        _json("meta/info.json", _set("features", FRONT, "names", ["width", "height", "channels"])),
+        r"feature 'observation.images.front' has names \['width', 'height', 'channels'\], not an image "
+        r"layout; set them to \[\"height\", \"width\", \"channels\"\] or \[\"channels\", \"height\", \"width\"\]",
+    ),
+    Damage(
+        "channel-first image without names",
+        "dataset_channel_first",
+        _json("meta/info.json", _set("features", FRONT, "names", None)),
+        r"images.front( \(episode 0, index 0\): the image declares 8x8 pixels, meta/info.json says 3x8,|"
+        r"\.mean is .*, not 8 finite numbers \(one per channel, flat or \(8, 1, 1\):) its shape \[3, 8, 8\] "
+        r"read as \[height, width, channels\].* fix meta/info.json's shape or names",
+        NOT_INFO,
+    ),
+    Damage(
+        "channel-first video named channel-last",
+        "dataset_channel_first",
+        _json("meta/info.json", _set("features", SIDE, "names", ["height", "width", "channels"])),
+        r"(file-000.mp4: frames are 16x32, meta/info.json says observation.images.side is 3x16 \(episode 0\),|"
+        r"images.side.mean is .*, not 32 finite numbers \(one per channel, flat or \(32, 1, 1\):) its shape "
+        r"\[3, 16, 32\] read as \[height, width, channels\].* fix meta/info.json's shape or names",
+        NOT_INFO,
     ),
     Damage(
         "camera key with ../",
@@ -340,12 +394,14 @@ DAMAGES = [
         "dataset_tiny",
         _replace_file("meta/info.json", lambda p: p.symlink_to("/etc/passwd")),
         OUTSIDE,
+        local_only=True,
     ),
     Damage(
         "info.json a FIFO",
         "dataset_tiny",
         _replace_file("meta/info.json", os.mkfifo),
         r"info.json: the metadata file is a FIFO",
+        local_only=True,
     ),
     # meta/stats.json
     Damage(
@@ -360,6 +416,14 @@ DAMAGES = [
         "dataset_tiny",
         _json("meta/stats.json", _set("action", "std", [1.0])),
         r"action.std is \[1.0\], not 2 finite numbers",
+        TRAINING_ONLY,
+    ),
+    Damage(
+        "camera stats of two channels",
+        "dataset_channel_first",
+        _json("meta/stats.json", _set(FRONT, "std", [[[0.5]], [[0.5]]])),
+        r"stats.json: observation.images.front.std is \[\[\[0.5\]\], \[\[0.5\]\]\], not 3 finite numbers "
+        r"\(one per channel, flat or \(3, 1, 1\): its shape \[3, 8, 8\] read as \[channels, height, width\]",
         TRAINING_ONLY,
     ),
     Damage(
@@ -436,14 +500,23 @@ DAMAGES = [
         _replace_file(TOP_VIDEO, lambda p: p.symlink_to("/etc/passwd")),
         OUTSIDE,
         NOT_INFO,
+        local_only=True,
     ),
-    Damage("video a symlink outside the root", "dataset_video", _outside_copy(TOP_VIDEO), OUTSIDE, NOT_INFO),
+    Damage(
+        "video a symlink outside the root",
+        "dataset_video",
+        _outside_copy(TOP_VIDEO),
+        OUTSIDE,
+        NOT_INFO,
+        local_only=True,
+    ),
     Damage(
         "video a FIFO",
         "dataset_video",
         _replace_file(TOP_VIDEO, os.mkfifo),
         r"file-000.mp4: the video of observation.images.top is a FIFO",
         NOT_INFO,
+        local_only=True,
     ),
     Damage(
         "video a directory",
@@ -451,6 +524,7 @@ DAMAGES = [
         _replace_file(TOP_VIDEO, Path.mkdir),
         r"is a directory",
         NOT_INFO,
+        local_only=True,
     ),
     # data files
     Damage(
@@ -468,7 +542,14 @@ DAMAGES = [
         NOT_INFO,
         episode=1,
     ),
-    Damage("data file a symlink outside the root", "dataset_tiny", _outside_copy(DATA), OUTSIDE, NOT_INFO),
+    Damage(
+        "data file a symlink outside the root",
+        "dataset_tiny",
+        _outside_copy(DATA),
+        OUTSIDE,
+        NOT_INFO,
+        local_only=True,
+    ),
     Damage(
         "data file truncated",
         "dataset_tiny",
@@ -525,13 +606,55 @@ def damaged(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Damage], Path
     return make
 
 
-@pytest.mark.parametrize("reader", READERS, ids=lambda r: r.name)
-@pytest.mark.parametrize("damage", DAMAGES, ids=lambda d: d.name)
+@pytest.fixture(scope="module")
+def uploaded(s3_server, damaged) -> Iterator[Callable[[Damage], str]]:
+    """The damaged copy of each case uploaded once to one bucket of the S3 test server: its URL."""
+    import fsspec
+
+    store = fsspec.filesystem("s3", use_listings_cache=False)
+    bucket = f"hostile-{uuid.uuid4().hex[:12]}"
+    store.mkdir(bucket)
+    made: dict[str, str] = {}
+
+    def upload(damage: Damage) -> str:
+        if damage.name not in made:
+            url = f"s3://{bucket}/{len(made)}/{damage.fixture}"
+            store.put(f"{damaged(damage)}/", url, recursive=True)
+            made[damage.name] = url
+        return made[damage.name]
+
+    yield upload
+    store.rm(bucket, recursive=True)
+
+
+def _cases(streamed: bool) -> list:
+    return [
+        pytest.param(damage, reader, id=f"{damage.name}-{reader.name}")
+        for damage in DAMAGES
+        for reader in READERS
+        if reader.streamed == streamed and not (streamed and damage.local_only)
+    ]
+
+
+@pytest.mark.parametrize(("damage", "reader"), _cases(streamed=False))
 def test_every_reader_ends_a_damaged_dataset_in_one_line(
     damage: Damage, reader: Reader, damaged, tmp_path, capsys, clean_accelerate
 ) -> None:
-    code, err = reader.read(damaged(damage), tmp_path, damage.episode, capsys)
-    if damage.line is None or reader.name in damage.passes:
+    _ends_in_one_line(damage, reader, str(damaged(damage)), tmp_path, capsys)
+
+
+@pytest.mark.parametrize(("damage", "reader"), _cases(streamed=True))
+def test_every_streamed_reader_ends_a_damaged_copy_on_s3_in_one_line(
+    damage: Damage, reader: Reader, uploaded, tmp_path, capsys, clean_accelerate
+) -> None:
+    """The same cases read in place from the S3 test server (`uploaded`, set up before
+    `clean_accelerate` saves the environment that holds the server's endpoint and credentials)."""
+    _ends_in_one_line(damage, reader, uploaded(damage), tmp_path, capsys)
+
+
+def _ends_in_one_line(damage: Damage, reader: Reader, root: str, work: Path, capsys) -> None:
+    code, err = reader.read(root, work, damage.episode, reader.streamed, capsys)
+    if damage.line is None or reader.local in damage.passes:
         assert code == 0, err
         return
     errors = [line for line in err.splitlines() if line.startswith("error")]

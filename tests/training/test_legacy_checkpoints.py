@@ -1,9 +1,10 @@
 """Checkpoints written before ACT became LeRobot's ACT (tests/fixtures/legacy, commit 3d11015) still
-load with `load_policy` (acting bit for bit as they did), evaluate with `trainer eval`, start a run with
-`--policy.path` and resume: a `type: act` config with the old fields is the `act_state` policy."""
+load with `load_policy` (acting as they did, to float32 rounding), evaluate with `trainer eval`, start a
+run with `--policy.path` and resume: a `type: act` config with the old fields is the `act_state` policy."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 
 import trainer
 from helpers.fixtures import copy_fixture, fixture_dir
+from helpers.numerics import EPS, largest_magnitude
 from trainer.cli.eval_command import run_eval
 from trainer.cli.parse import parse_config
 from trainer.engine.plan import train
@@ -24,12 +26,44 @@ def _step(kind: str) -> str:
     return str(fixture_dir("legacy", f"checkpoint_{kind}") / "checkpoints" / "000002")
 
 
+# The stored actions are float32 results of commit 3d11015 on the CPU that wrote them (an AVX-512 one):
+# one rounding of the function the checkpoint's weights define, in the order that CPU's kernels summed.
+# AVX2, AMX or ATen's plain loops sum in other orders and land 1-2 float32 ulps away, so the stored
+# actions are not compared bit for bit with today's, but each with the float64 evaluation of the same
+# loaded policy (exact to ~1e-16 on any CPU). A float32 evaluation of these two-layer networks is a
+# chain of a few dozen rounded operations (normalize, dot products of at most 16 terms, softmax or GELU,
+# layer norm, unnormalize), each off by at most U = EPS/2 relative to its result, on values no larger
+# than the largest magnitude the computation passes through (M, measured on the float64 run); with the
+# first-order propagation of those errors that is well inside 32 ulps of M: EPS * 32 * M (1.4e-5 here,
+# against 1-2 ulps of the largest action measured on AVX-512, AVX2 and the default kernels, 5e-8). A
+# policy read wrongly (a weight swapped or left at its initial value, a statistic or a layer missed)
+# moves the actions by orders of magnitude more.
+ROUNDING_ULPS = 32
+
+
+@pytest.mark.numerics
 @pytest.mark.parametrize("kind", ["act", "mlp"])
 def test_old_checkpoint_acts_as_it_did(kind) -> None:
     loaded = trainer.load_policy(_step(kind))
     assert loaded.config.type == ("act_state" if kind == "act" else "mlp")
     obs = np.array(EXPECTED["observation.state"], dtype=np.float32)
-    assert torch.equal(loaded.select_action({"observation.state": obs}), torch.tensor(EXPECTED[kind]))
+    exact_policy = copy.deepcopy(loaded.policy).double()
+
+    def exact_actions() -> torch.Tensor:
+        normalized = loaded.preprocessor({"observation.state": torch.from_numpy(obs).double()})
+        with torch.no_grad():
+            return loaded.postprocessor({"action": exact_policy.select_action(normalized)})["action"]
+
+    scale = largest_magnitude(exact_policy, exact_actions)
+    exact = exact_actions()
+    assert exact.dtype == torch.float64
+    tolerance = ROUNDING_ULPS * EPS * scale
+    stored = torch.tensor(EXPECTED[kind], dtype=torch.float32)
+    today = loaded.select_action({"observation.state": obs})
+    assert today.dtype == torch.float32 and today.shape == stored.shape
+    for name, actions in (("stored", stored), ("today's", today)):
+        off = float((actions.double() - exact).abs().max())
+        assert off <= tolerance, f"{name} actions are {off:.3g} from float64's, over {tolerance:.3g}"
 
 
 def test_only_the_old_act_fields_mean_act_state() -> None:

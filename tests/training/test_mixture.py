@@ -64,6 +64,7 @@ def test_both_spellings_record_the_same_members_and_resume_from_them_alone(tmp_p
     assert isinstance(resumed, MixtureConfig) and resumed.members == from_file.members
 
 
+@pytest.mark.numerics
 def test_pooled_statistics_are_those_of_the_concatenated_frames(tmp_path) -> None:
     members = [{"root": VIDEO, "weight": 5}, {"root": IMAGES, "weight": 1}, {"root": TINY, "weight": 2}]
     mixture = _mixture(tmp_path, members).load(["observation.state"])

@@ -92,7 +92,7 @@ def _walk(config: Any, prefix: str, policy_type: str | None = None) -> list[Flag
 def _choice_flags(name: str, default: str, registry: Any, only: str | None) -> list[Flag]:
     """`--X.type`, the fields every type has, then each built-in type's own fields, marked with it
     (or only the fields of type `only`)."""
-    built_in = [t for t in known_types(registry) if ":" not in t]  # not those registered by import path
+    built_in = _shipped_types(registry)
     what, meaning, import_paths = CHOICES[registry]
     own_type = f", or module.path:ConfigClass for your own {what}" if import_paths else ""
     choices = f"{', '.join(built_in)}{own_type}"
@@ -115,6 +115,14 @@ def _choice_flags(name: str, default: str, registry: Any, only: str | None) -> l
             entry = (choice, _render(_default(field)), _meaning(cls, field.name))
             own.setdefault(f"{name}.{field.name}", []).append(entry)
     return flags + [_merged(flag, entries) for flag, entries in own.items()]
+
+
+def _shipped_types(registry: Any) -> list[str]:
+    """The types the trainer ships: not those a user's package registers (by name or import path),
+    so the flag table and `--help` read the same whatever else a process has imported."""
+    return [
+        t for t in known_types(registry) if registry.get_choice_class(t).__module__.startswith("trainer.")
+    ]
 
 
 def _merged(name: str, entries: list[tuple[str, str, str]]) -> Flag:

@@ -111,6 +111,13 @@ class PolicyConfig(draccus.ChoiceRegistry):
         return list(range(self.chunk_size))
 
     @property
+    def drop_n_last_frames(self) -> int:
+        """Frames at the end of every episode never drawn as training samples (LeRobot's name: its
+        episode-aware sampler's; Diffusion Policy drops 7 so that its action chunks rarely run past an
+        episode's end). They are still read as the observations and actions around other samples."""
+        return 0
+
+    @property
     def frames(self) -> Frames:
         """Both offsets as the data layer takes them (`config.dataset.Frames`)."""
         return Frames(tuple(self.observation_delta_indices or (0,)), tuple(self.action_delta_indices))

@@ -15,7 +15,8 @@ outside one). Its config is a `DatasetConfig` subclass whose `load()` returns an
 - with `task` among `input_features`, each frame's task text as UTF-8 bytes (`task_bytes`), for a
   policy that reads the language instruction;
 - `stats()`: mean/std per batch key, for the normalization processors (a camera's per channel,
-  shaped (C, 1, 1), on the [0, 1] scale);
+  shaped (C, 1, 1), on the [0, 1] scale), and min/max where the data has them (a policy that
+  normalizes by range, `normalization_stats`, refuses data without them);
 - `episode_bounds()`: one `[start, end)` frame range per episode;
 - `gather_in_workers`: True when `gather` decodes (cameras), so the input pipeline runs it in
   DataLoader workers (data/pipeline/loader.py); in-memory data is gathered in the training process;
@@ -149,15 +150,20 @@ class ArrayDataset:
         return batch
 
     def stats(self) -> Stats:
-        """The statistics given at construction, else mean and std over these frames; ImageNet's for
-        the cameras."""
+        """The statistics given at construction, else mean, std, min and max over these frames (min and
+        max for a MIN_MAX policy: Diffusion Policy's state and action); ImageNet's for the cameras."""
         cameras = {name: dict(IMAGENET_STATS) for name in self.images}
         if self._stats is not None:
             return {**cameras, **self._stats}
         return {
             **cameras,
             **{
-                key: {"mean": data.mean(0), "std": data.std(0).clamp_min(1e-6)}
+                key: {
+                    "mean": data.mean(0),
+                    "std": data.std(0).clamp_min(1e-6),
+                    "min": data.amin(0),
+                    "max": data.amax(0),
+                }
                 for key, data in ((OBS_KEY, self.observations), (ACTION_KEY, self.actions))
             },
         }

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from trainer.config.dataset import Dataset
 from trainer.config.sections import RunPlan
+from trainer.data.pipeline.sampler import sampled_frames
 from trainer.distributed.wrap import WrapPlan, describe_parameters
 
 if TYPE_CHECKING:
@@ -68,6 +69,13 @@ def _run_lines(plan: RunPlan, wrap_plan: WrapPlan | None, accelerator: Accelerat
         f"{len(plan.dataset)} samples, mixed precision {mixed_precision}, checkpoints "
         f"{saving.checkpoint_format} every {saving.save_freq} steps in {saving.output_dir}",
     ]
+    dropped = plan.policy.policy.drop_n_last_frames
+    if dropped:
+        drawn = len(sampled_frames(plan.dataset.episode_bounds(), dropped))
+        lines.append(
+            f"--policy.drop_n_last_frames={dropped}: {drawn} of the {len(plan.dataset)} frames are drawn as "
+            "samples (never an episode's last ones; they are still read around the others)"
+        )
     ema = optimization.ema
     if ema.enable:
         warmup = f"warmup inv_gamma={ema.inv_gamma} power={ema.power:.4g}" if ema.power else "no warmup"

@@ -37,14 +37,11 @@ class Run:
     """Raises once another run took the output_dir over (the run lock's `check`, main rank)."""
     ema: Ema | None = None  # --ema.enable: the shadow of the trained parameters
 
-    def extra_weights(self) -> dict[str, dict[str, torch.Tensor]]:
-        """The weight sets saved beside the model, by their name in ckpt_tools' table (format/weight_sets.py):
-        what every checkpoint writes and a resume fills. Adding a set is its producer here."""
-        return extra_weights(self.ema)
-
 
 def extra_weights(ema: Ema | None) -> dict[str, dict[str, torch.Tensor]]:
-    """The weight sets beside the model a run with this EMA keeps: `ema`, the shadow, with --ema.enable."""
+    """The weight sets a run keeps beside the model, by their name in ckpt_tools' weight-set table: what
+    every checkpoint writes and a resume fills (`ema`, the shadow, with --ema.enable). Adding a set is its
+    producer here."""
     return {} if ema is None else {"ema": ema.shadow}
 
 

@@ -60,6 +60,7 @@ def start_run(plan: RunPlan, lock: RunLock, notes: list[str]) -> Started:
         dp_world_size=topology.dp_world_size,
         rank=accelerator.process_index,
         device=accelerator.device,
+        drop_last_frames=section.policy.drop_n_last_frames,
     )
     optimization = plan.optimization
     optimizer = optimization.optimizer.build(optimizer_params(policy, built.base))

@@ -6,6 +6,8 @@ in the batch, a uint8 (B, C, H, W) tensor exactly as decoded; the policy's prepr
 float in [0, 1], augments and normalizes it on the device. Decoding happens where `gather` runs: in the
 DataLoader workers (loader.py).
 
+A camera's size is info.json's `shape`, read in the layout its `names` declare ((H, W, C) or LeRobot's
+channel-first (C, H, W): `Info.camera_shape`); the frames are (C, H, W) whichever it is, as LeRobot's.
 Every file is checked when the dataset is opened (`Cameras.check`: it exists, opens, holds a video
 stream of info.json's size that covers its episodes' timestamps; an image column's first image of each
 episode has a header of info.json's size), so a bad file stops the run before its
@@ -64,10 +66,10 @@ class Cameras:
         """The cheap checks of every video the loaded episodes use (see the module docstring)."""
         episodes, first, slot = np.unique(self.episode, return_index=True, return_inverse=True)
         for name, images in self.images.items():
-            size = self.info.camera_shape(name)[1:]
+            size, reading = self.info.camera_shape(name)[1:], self.info.camera_reading(name)
             for episode, position in zip(episodes.tolist(), first.tolist(), strict=True):
                 where = f"{self.info.root} {name} (episode {episode}, index {int(self.index[position])})"
-                check_image_header(images[position], where, size)
+                check_image_header(images[position], where, size, reading)
         last = np.full(len(episodes), -np.inf)
         np.maximum.at(last, slot, self.timestamp)  # each episode's last timestamp
         for name, places in self.places.items():
@@ -100,7 +102,8 @@ class Cameras:
         if size != (height, width):
             raise DecodeError(
                 f"{path}: frames are {size[0]}x{size[1]}, meta/info.json says {name} is {height}x{width} "
-                f"(episode {held[0][0]}); re-encode the video or fix meta/info.json"
+                f"(episode {held[0][0]}), {self.info.camera_reading(name)}; re-encode the video or fix "
+                "meta/info.json's shape or names"
             )
         episode, needed = max(held, key=lambda entry: entry[1])
         if needed >= covered + self.tolerance:
@@ -116,7 +119,10 @@ class Cameras:
         channels, height, width = self.info.camera_shape(name)
         if name in self.images:
             image = decode_image(
-                self.images[name][position], f"{self.info.root} {name} ({where})", (height, width)
+                self.images[name][position],
+                f"{self.info.root} {name} ({where})",
+                (height, width),
+                self.info.camera_reading(name),
             )
             source = f"the image of {name}"
         else:
@@ -126,10 +132,12 @@ class Cameras:
             source = str(place.path)
         if image.shape != (height, width, channels):
             raise DecodeError(
-                f"{source}: a frame of {image.shape[0]}x{image.shape[1]}x{image.shape[2]} ({where}), meta/info.json "
-                f"says {height}x{width}x{channels}; re-encode the camera or fix meta/info.json"
+                f"{source}: a {image.shape[0]}x{image.shape[1]} frame of {image.shape[2]} channels ({where}), "
+                f"meta/info.json says {height}x{width} of {channels}, {self.info.camera_reading(name)} "
+                "(the decoders give RGB); "
+                "re-encode the camera or fix meta/info.json's shape or names"
             )
-        return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
+        return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)  # (C, H, W), as LeRobot's
 
     def gather(self, positions: torch.Tensor) -> dict[str, torch.Tensor]:
         """Every camera at `positions`: uint8 (B, C, H, W) per camera key."""

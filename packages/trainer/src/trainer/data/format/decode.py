@@ -176,25 +176,26 @@ def video_duration(container: Any) -> float:
     return float(container.duration or 0) / 1e6
 
 
-def decode_image(data: bytes | None, where: str, size: tuple[int, int]) -> np.ndarray:
+def decode_image(data: bytes | None, where: str, size: tuple[int, int], reading: str) -> np.ndarray:
     """An (H, W, 3) uint8 array of PNG/JPEG bytes from an `image` column, whose header must declare
-    `size` (height, width, info.json's): the header is read and checked before a pixel is decoded, so
-    a few KB declaring 40000x40000 (a decompression bomb) allocate nothing. Bad bytes: one DecodeError."""
-    with _opened_image(data, where, size) as image:
+    `size` (height, width, info.json's, read as `reading` says): the header is read and checked before
+    a pixel is decoded, so a few KB declaring 40000x40000 (a decompression bomb) allocate nothing. Bad
+    bytes: one DecodeError."""
+    with _opened_image(data, where, size, reading) as image:
         try:
             return np.array(image.convert("RGB"))  # writable: torch.from_numpy shares it
         except (OSError, ValueError, SyntaxError) as exc:  # truncated or damaged pixel data
             raise DecodeError(_undecodable(where, exc)) from None
 
 
-def check_image_header(data: bytes | None, where: str, size: tuple[int, int]) -> None:
+def check_image_header(data: bytes | None, where: str, size: tuple[int, int], reading: str) -> None:
     """The cheap half of `decode_image`, for the checks at open: the header parses and declares `size`."""
-    with _opened_image(data, where, size):
+    with _opened_image(data, where, size, reading):
         pass
 
 
 @contextlib.contextmanager
-def _opened_image(data: bytes | None, where: str, size: tuple[int, int]) -> Iterator[Any]:
+def _opened_image(data: bytes | None, where: str, size: tuple[int, int], reading: str) -> Iterator[Any]:
     """The PIL image of `data`, its header read and its size checked, its pixels not yet decoded."""
     from PIL import Image, UnidentifiedImageError
 
@@ -216,8 +217,8 @@ def _opened_image(data: bytes | None, where: str, size: tuple[int, int]) -> Iter
         width, height = image.size
         if (height, width) != size:
             raise DecodeError(
-                f"{where}: the image declares {height}x{width} pixels, meta/info.json says {size[0]}x{size[1]}; "
-                "nothing was decoded: re-write the dataset or fix meta/info.json"
+                f"{where}: the image declares {height}x{width} pixels, meta/info.json says {size[0]}x{size[1]}, "
+                f"{reading}; nothing was decoded: re-write the dataset or fix meta/info.json's shape or names"
             )
         yield image
 

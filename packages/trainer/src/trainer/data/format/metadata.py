@@ -68,9 +68,18 @@ class Info:
         return [n for n in self.visual_features if n.startswith("observation.images.")]
 
     def camera_shape(self, name: str) -> tuple[int, int, int]:
-        """(C, H, W) of a camera, from info.json's (H, W, C) `shape`."""
-        height, width, channels = (int(v) for v in self.features[name]["shape"])
-        return channels, height, width
+        """(C, H, W) of a camera, from info.json's `shape` in the layout its `names` declare:
+        (H, W, C) or (C, H, W) (validate.camera_layout). The frames are (C, H, W) either way."""
+        feature = self.features[name]
+        layout = validate.camera_layout(self.root / "meta" / "info.json", name, feature)
+        sizes = dict(zip(layout, (int(v) for v in feature["shape"]), strict=True))
+        return sizes["channels"], sizes["height"], sizes["width"]
+
+    def camera_reading(self, name: str) -> str:
+        """How a camera's shape was read, for the line that finds frames of another size."""
+        feature = self.features[name]
+        layout = validate.camera_layout(self.root / "meta" / "info.json", name, feature)
+        return f"its shape {feature['shape']} read as [{', '.join(layout)}]"
 
     def size(self, name: str) -> int:
         return int(np.prod(self.features[name].get("shape") or [1]))
@@ -108,7 +117,8 @@ def read_stats(info: Info) -> tuple[dict[str, dict[str, np.ndarray]], list[str]]
         return {}, []
     sizes = {n: info.size(n) for n in info.features if info.is_float_vector(n)}
     sizes.update({n: info.camera_shape(n)[0] for n in info.cameras})
-    return validate.check_stats(path, _read_json(path), sizes)
+    readings = {n: info.camera_reading(n) for n in info.cameras}
+    return validate.check_stats(path, _read_json(path), sizes, readings)
 
 
 def read_episode_ranges(root: DatasetPath) -> dict[int, tuple[int, int]]:

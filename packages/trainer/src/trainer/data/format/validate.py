@@ -5,11 +5,12 @@ A dataset is input as hostile as a checkpoint: downloaded from the Hub or handed
 The readers of `metadata.py` call these checks on what they have just read, so one module says what a
 valid dataset is: a finite, sane `fps`; features whose shapes are positive integers within
 `--dataset.max_feature_size` values (a declared 100000x100000 camera is refused before anything is
-allocated); path templates that use only their documented keys, with no attribute or index access, and
-land inside the dataset root; camera keys without path separators; episode rows with finite times and
-every index present; statistics that are finite, of the feature's length, with a positive std (a
-non-positive one is floored to `STD_FLOOR`, and said so); regular files inside the root (never a
-symlink out of it, a FIFO or a directory); no NaN or inf in a state or action frame.
+allocated), an image's `names` one of its two layouts, (H, W, C) or (C, H, W); path templates that
+use only their documented keys, with no attribute or index access, and land inside the dataset root;
+camera keys without path separators; episode rows with finite times and every index present;
+statistics that are finite, of the feature's length (a camera's: one per channel), with a positive
+std (a non-positive one is floored to `STD_FLOOR`, and said so); regular files inside the root (never
+a symlink out of it, a FIFO or a directory); no NaN or inf in a state or action frame.
 
 Each violation is one ConfigError line naming the file, the field, the value and the fix.
 """
@@ -40,6 +41,9 @@ DEFAULT_TEMPLATES = {
     "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
     "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
 }
+CHANNELS_LAST = ("height", "width", "channels")  # an image's axes as LeRobot names them
+CHANNELS_FIRST = ("channels", "height", "width")
+_AXIS_SPELLINGS = {"channel": "channels"}  # LeRobot v2.0's ported datasets; LeRobot still reads it
 _FORMAT_SPEC = re.compile(r"0?[0-9]?d?")  # `03d`, `d` or nothing: a short zero-padded integer
 _REWRITE = "re-write the dataset with LeRobot or fix the field"
 
@@ -85,8 +89,30 @@ def _check_feature(path: DatasetPath, name: Any, feature: Any, max_size: int) ->
         check_camera_key(path, name)
         if len(shape) != 3:  # a depth map's [height, width, 1] is listed too: refused only if a run asks
             raise ConfigError(
-                f"{where} has shape {shape}; an image or video is [height, width, channels]; {_REWRITE}"
+                f"{where} has shape {shape}; an image or video is [height, width, channels] or "
+                f"[channels, height, width]; {_REWRITE}"
             )
+        camera_layout(path, name, feature)
+
+
+def camera_layout(path: DatasetPath, name: str, feature: dict[str, Any]) -> tuple[str, str, str]:
+    """The axes of an image or video feature's `shape`, as its `names` declare them: CHANNELS_LAST or
+    CHANNELS_FIRST (LeRobot's names; its older "channel" read as LeRobot reads it). Absent names are
+    CHANNELS_LAST, the layout every writer used before LeRobot's channel-first cameras. Any other
+    names are one ConfigError: reading the shape in a guessed layout would swap height and channels."""
+    names = feature.get("names")
+    if names is None:
+        return CHANNELS_LAST
+    if isinstance(names, list) and all(isinstance(n, str) for n in names):
+        axes = tuple(_AXIS_SPELLINGS.get(n, n) for n in names)
+        for layout in (CHANNELS_LAST, CHANNELS_FIRST):
+            if axes == layout:
+                return layout
+    raise ConfigError(
+        f"{path}: feature {name!r} has names {_short(names)}, not an image layout; set them to "
+        f'["height", "width", "channels"] or ["channels", "height", "width"], as its shape '
+        f"{feature.get('shape')} is laid out"
+    )
 
 
 def check_camera_key(path: DatasetPath, name: str) -> None:
@@ -206,12 +232,14 @@ def _floats(values: np.ndarray) -> np.ndarray:
 
 
 def check_stats(
-    path: DatasetPath, stats: dict[str, Any], sizes: dict[str, int]
+    path: DatasetPath, stats: dict[str, Any], sizes: dict[str, int], cameras: dict[str, str] | None = None
 ) -> tuple[dict[str, dict[str, np.ndarray]], list[str]]:
     """`meta/stats.json`'s mean, std, min and max of the features in `sizes` (name -> values per frame: a vector's
     size, a camera's channels), as float arrays of that length; and one warning line per feature whose
-    std has a value <= 0 (floored to STD_FLOOR). Anything not finite or of another length is one
-    ConfigError."""
+    std has a value <= 0 (floored to STD_FLOOR). A camera's (`cameras`: name -> how its shape was read,
+    for the error line) are one value per channel: flat, (C, 1, 1) as LeRobot writes them (nested
+    lists) or any other shape of C values. Anything not finite or of another length is one ConfigError."""
+    cameras = cameras or {}
     checked: dict[str, dict[str, np.ndarray]] = {}
     notes = []
     for name, size in sizes.items():
@@ -232,9 +260,13 @@ def check_stats(
             except (TypeError, ValueError):
                 values = np.array([np.nan])
             if values.size != size or not np.isfinite(values).all():
+                each, fix = "", ""
+                if name in cameras:
+                    each = f" (one per channel, flat or ({size}, 1, 1): {cameras[name]} in meta/info.json)"
+                    fix = " or fix meta/info.json's shape or names"
                 raise ConfigError(
-                    f"{path}: {name}.{key} is {_short(entry[key])}, not {size} finite numbers; recompute the "
-                    "statistics with LeRobot (or delete the entry: the trainer then computes it)"
+                    f"{path}: {name}.{key} is {_short(entry[key])}, not {size} finite numbers{each}; recompute "
+                    f"the statistics with LeRobot{fix} (or delete the entry: the trainer then computes it)"
                 )
             checked[name][key] = values
         low = np.flatnonzero(checked[name].get("std", np.ones(1)) <= 0)

@@ -19,7 +19,7 @@ from trainer.config.dataset import Dataset, Frames
 from trainer.config.sections import DataSection
 from trainer.data.format import remote
 from trainer.data.pipeline import loader
-from trainer.data.pipeline.sampler import GlobalOrderSampler, MemberTally
+from trainer.data.pipeline.sampler import GlobalOrderSampler, MemberTally, sampled_frames
 
 Batch = dict[str, torch.Tensor]
 
@@ -50,12 +50,16 @@ class DataFeed:
         dp_world_size: int,
         rank: int,
         device: torch.device,
+        drop_last_frames: int = 0,
     ) -> None:
+        """`drop_last_frames`: the policy's `drop_n_last_frames`, the frames at the end of each episode
+        never sampled (they still serve as other samples' observations and actions)."""
         self.section, self.dataset, self.val_dataset = section, dataset, val_dataset
         self.frames, self.rank, self.device = frames, rank, device
         weighted = dataset.weighted_order
+        kept = sampled_frames(dataset.episode_bounds(), drop_last_frames) if drop_last_frames else None
         self.sampler = GlobalOrderSampler(
-            len(dataset), section.batch_size, dp_world_size, rank, section.seed, weighted=weighted
+            len(dataset), section.batch_size, dp_world_size, rank, section.seed, weighted=weighted, kept=kept
         )
         self._tally = MemberTally(weighted) if weighted is not None else None
         self._waited_s = 0.0

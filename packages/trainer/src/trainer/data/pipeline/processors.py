@@ -28,8 +28,9 @@ class Normalize:
     def __init__(
         self, stats: dict[str, dict[str, torch.Tensor]], keys: tuple[str, ...], inverse: bool
     ) -> None:
-        # mean and std only: a dataset's min/max (for a policy's MIN_MAX mapping) are not processor state
-        self.stats = {key: {n: stats[key][n] for n in ("mean", "std")} for key in keys}
+        # mean and std alone: what the step applies and saves (a dataset's min/max reach a MIN_MAX
+        # policy's processors as mean/std through `PolicyConfig.normalization_stats`)
+        self.stats = {key: {name: stats[key][name] for name in ("mean", "std")} for key in keys}
         self.inverse = inverse
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

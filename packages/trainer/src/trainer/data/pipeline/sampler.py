@@ -73,6 +73,14 @@ def _largest_remainder(weights: Sequence[float], total: int) -> list[int]:
     return shares
 
 
+def sampled_frames(bounds: torch.Tensor, drop_last: int) -> torch.Tensor:
+    """The frames a run samples when the last `drop_last` of every `[start, end)` episode in `bounds`
+    are never drawn (LeRobot's `EpisodeAwareSampler`): `[start, end - drop_last)` of each, in order; an
+    episode of `drop_last` frames or fewer gives none."""
+    ranges = [torch.arange(start, max(start, end - drop_last)) for start, end in bounds.tolist()]
+    return torch.cat(ranges) if ranges else torch.zeros(0, dtype=torch.int64)
+
+
 class GlobalOrderSampler:
     def __init__(
         self,
@@ -82,12 +90,18 @@ class GlobalOrderSampler:
         dp_rank: int,
         seed: int,
         weighted: MixtureOrder | None = None,
+        kept: torch.Tensor | None = None,
     ) -> None:
+        """`kept`: the only indices drawn (`sampled_frames`), in place of all `num_samples`: an epoch
+        is then a permutation of them (a mixture's weighted order with the others left out)."""
         self.global_batch = batch_size * dp_world_size
-        if self.global_batch > num_samples:
+        drawn = num_samples if kept is None else len(kept)
+        if self.global_batch > drawn:
             raise ConfigError(
                 f"--batch_size={batch_size} x dp_world_size={dp_world_size} = {self.global_batch} samples per "
-                f"step, but the dataset has only {num_samples}: lower --batch_size or add --dataset.episodes"
+                f"step, but the dataset has only {drawn}"
+                + ("" if kept is None else f" to sample (of {num_samples}: --policy.drop_n_last_frames)")
+                + ": lower --batch_size or add --dataset.episodes"
             )
         if weighted is not None and weighted.length != num_samples:
             raise ValueError(f"a mixture order of {weighted.length} samples for a dataset of {num_samples}")
@@ -96,6 +110,11 @@ class GlobalOrderSampler:
         self.dp_rank = dp_rank
         self.seed = seed
         self.weighted = weighted
+        self.kept = kept
+        self._kept_mask = None
+        if kept is not None:
+            self._kept_mask = torch.zeros(num_samples, dtype=torch.bool)
+            self._kept_mask[kept] = True
         self.epoch = 0
         self.offset = 0
         self.last_global = torch.zeros(0, dtype=torch.int64)
@@ -104,9 +123,12 @@ class GlobalOrderSampler:
 
     def _permutation(self, epoch: int) -> torch.Tensor:
         if self.weighted is not None:
-            return self.weighted.order(self.seed, epoch)
+            order = self.weighted.order(self.seed, epoch)
+            return order if self._kept_mask is None else order[self._kept_mask[order]]
         generator = torch.Generator().manual_seed(self.seed * SEED_STRIDE + epoch)
-        return torch.randperm(self.num_samples, generator=generator)
+        if self.kept is None:
+            return torch.randperm(self.num_samples, generator=generator)
+        return self.kept[torch.randperm(len(self.kept), generator=generator)]
 
     @property
     def position(self) -> tuple[int, int]:
@@ -115,14 +137,15 @@ class GlobalOrderSampler:
 
     def set_position(self, epoch: int, offset: int) -> None:
         """Continue from a recorded position (resume)."""
-        if offset < 0 or offset > self.num_samples:
-            raise ValueError(f"sampler offset {offset} is outside [0, {self.num_samples}]")
+        order = self._permutation(epoch)
+        if offset < 0 or offset > len(order):
+            raise ValueError(f"sampler offset {offset} is outside [0, {len(order)}]")
         self.epoch, self.offset = epoch, offset
-        self._order = self._permutation(epoch)
+        self._order = order
 
     def next_indices(self) -> torch.Tensor:
         """This rank's indices for the next loop step; a short remainder starts the next epoch."""
-        if self.offset + self.global_batch > self.num_samples:
+        if self.offset + self.global_batch > len(self._order):
             self.set_position(self.epoch + 1, 0)
         self.last_global = self._order[self.offset : self.offset + self.global_batch]
         start = self.offset + self.dp_rank * self.batch_size

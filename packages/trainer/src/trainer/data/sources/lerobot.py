@@ -6,7 +6,7 @@ Face cache (downloaded once per node by its first rank, see `hub.download_once`)
 
 The policy's observation is every float vector `observation.*` feature (or `--policy.input_features`),
 concatenated in the order meta/info.json lists them; `action` is the target. The statistics for the
-normalization processors are meta/stats.json's mean and std of the same features.
+normalization processors are meta/stats.json's mean, std, min and max of the same features.
 
 Cameras (`observation.images.*`, image or video features) are decoded only for a policy that asks for
 them by naming them in `--policy.input_features` (`observation.images.*`: every camera; a camera
@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -316,20 +315,25 @@ def open_dataset(
 def _stats(
     saved: dict[str, dict[str, np.ndarray]], features: list[str], frames: dict[str, np.ndarray]
 ) -> Stats:
-    """meta/stats.json's mean, std, min and max per feature, concatenated like the observation
-    (computed from the loaded frames for a feature the file lacks); min/max serve a policy's MIN_MAX
-    normalization."""
-    reduce: dict[str, Callable[..., Any]] = {"mean": np.mean, "std": np.std, "min": np.min, "max": np.max}
+    """meta/stats.json's mean/std/min/max per feature, concatenated like the observation (computed from
+    the loaded frames for a feature the file lacks)."""
+    computed: dict[str, Callable[..., np.ndarray]] = {
+        "mean": np.mean,
+        "std": np.std,
+        "min": np.min,
+        "max": np.max,
+    }
 
     def of(name: str, key: str) -> np.ndarray:
         entry = saved.get(name, {})
         if key in entry:
             return np.asarray(entry[key], dtype=np.float32).reshape(-1)
-        moment: np.ndarray = reduce[key](frames[name].astype(np.float64), axis=0)
+        moment: np.ndarray = computed[key](frames[name].astype(np.float64), axis=0)  # numpy types it Any
         return moment.astype(np.float32)
 
     def stat(names: list[str]) -> dict[str, torch.Tensor]:
-        found = {key: torch.from_numpy(np.concatenate([of(n, key) for n in names])) for key in reduce}
-        return {**found, "std": found["std"].clamp_min(validate.STD_FLOOR)}
+        out = {key: torch.from_numpy(np.concatenate([of(n, key) for n in names])) for key in computed}
+        out["std"] = out["std"].clamp_min(validate.STD_FLOOR)
+        return out
 
     return {OBS_KEY: stat(features), ACTION_KEY: stat([ACTION_KEY])}

@@ -38,18 +38,18 @@ def check_publish_config(hub: HubSection) -> str | None:
     token in huggingface_hub's usual places (HF_TOKEN, `hf auth login`), --policy.private for an
     fsspec target. Returns a warning for a repo id that will not be used (LeRobot launch lines name
     one without --policy.push_to_hub and expect a publish)."""
-    policy, pushes = hub, hub.publishes  # `policy`: its fields are the --policy.* flags named below
-    if policy.repo_id is not None and not pushes:
+    pushes = hub.publishes
+    if hub.repo_id is not None and not pushes:
         return (
-            f"warning: --policy.repo_id={policy.repo_id} is set but --policy.push_to_hub is false: nothing "
+            f"warning: --policy.repo_id={hub.repo_id} is set but --policy.push_to_hub is false: nothing "
             "will be published (add --policy.push_to_hub=true, or publish later with `ckpt push`)"
         )
-    if not pushes or policy.repo_id is None:
+    if not pushes or hub.repo_id is None:
         return None
-    if ckpt_tools.is_fsspec_target(policy.repo_id):
-        if policy.private:
+    if ckpt_tools.is_fsspec_target(hub.repo_id):
+        if hub.private:
             raise ConfigError(
-                f"--policy.private applies to Hub repos only, not to --policy.repo_id={policy.repo_id}"
+                f"--policy.private applies to Hub repos only, not to --policy.repo_id={hub.repo_id}"
             )
         return None
     from huggingface_hub import get_token
@@ -57,13 +57,13 @@ def check_publish_config(hub: HubSection) -> str | None:
     from huggingface_hub.utils import validate_repo_id
 
     try:
-        validate_repo_id(policy.repo_id)
+        validate_repo_id(hub.repo_id)
     except HFValidationError as exc:
-        raise ConfigError(f"--policy.repo_id={policy.repo_id}: {' '.join(str(exc).split())}") from None
-    if "/" not in policy.repo_id:
-        raise ConfigError(f"--policy.repo_id={policy.repo_id} needs a namespace: give namespace/name")
+        raise ConfigError(f"--policy.repo_id={hub.repo_id}: {' '.join(str(exc).split())}") from None
+    if "/" not in hub.repo_id:
+        raise ConfigError(f"--policy.repo_id={hub.repo_id} needs a namespace: give namespace/name")
     if get_token() is None:
-        flag = "--policy.push_to_hub=true" if policy.push_to_hub else "--save_checkpoint_to_hub=true"
+        flag = "--policy.push_to_hub=true" if hub.push_to_hub else "--save_checkpoint_to_hub=true"
         raise ConfigError(f"{flag} needs a Hub token with write access: set HF_TOKEN or run `hf auth login`")
     return None
 

@@ -19,7 +19,7 @@ from trainer.config.sections import SavingSection
 from trainer.distributed.interrupt import Agreement, Interrupted
 from trainer.engine.checkpoint import disk_forecast, saving
 from trainer.engine.checkpoint.hub_pushes import CheckpointPusher
-from trainer.engine.run import Run
+from trainer.engine.run import Run, extra_weights
 from trainer.errors import USER_ERRORS, RunFailedError
 from trainer.reporting.metrics import Logger
 
@@ -133,5 +133,5 @@ def _saved_objects(run: Run) -> saving.SavedObjects:
         "scaler": run.accelerator.scaler,
         "preprocessor": run.preprocessor,
         "postprocessor": run.postprocessor,
-        "extra_weights": run.extra_weights(),
+        "extra_weights": extra_weights(run.ema),
     }

@@ -9,12 +9,13 @@ config refuses up front, one line naming the flag.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from trainer.config.optim import AdamConfig, CosineConfig
 from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
-from trainer.data.dataset import ACTION_KEY, OBS_KEY
+from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, is_camera
 from trainer.data.pipeline.processors import ENV_KEY, NORMALIZATION_MODES, feature_type, mapped_stats
 from trainer.errors import ConfigError
 from trainer.policies import resnet
@@ -58,6 +59,7 @@ class DiffusionFeatures:
         )
 
 
+@PolicyConfig.register_subclass("diffusion")
 @dataclass
 class DiffusionConfig(PolicyConfig):
     """LeRobot's Diffusion Policy: a 1-D U-Net denoising an action chunk, conditioned by FiLM on the
@@ -73,7 +75,7 @@ class DiffusionConfig(PolicyConfig):
         default_factory=lambda: {"VISUAL": "MEAN_STD", "STATE": "MIN_MAX", "ACTION": "MIN_MAX"}
     )
     """How each feature type is normalized (LeRobot's: cameras by mean/std, state and action to [-1, 1])."""
-    drop_n_last_frames: int = 7
+    drop_n_last_frames: int = 7  # a field here, a property on the base
     """Frames at the end of each episode never sampled for training (LeRobot's episode-aware sampler)."""
     vision_backbone: str = "resnet18"
     """Camera trunk: resnet18 or resnet34."""
@@ -142,6 +144,13 @@ class DiffusionConfig(PolicyConfig):
     """The preset's schedule (cosine: the only one supported here)."""
     scheduler_warmup_steps: int = 500
     """The preset's linear warmup steps."""
+    input_features: list[str] = field(default_factory=lambda: [ALL_CAMERAS])
+    """Observation features: float vectors, concatenated in this order into `observation.state`, and
+    cameras (`observation.images.*`: every camera of the dataset, beside every float vector when none
+    is named); config.json records the resolved list."""
+    image_shapes: dict[str, list[int]] = field(default_factory=dict)
+    """Frame shape (C, H, W) of each camera, taken from the dataset (config.json records it; frames of
+    another shape are refused)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -173,7 +182,45 @@ class DiffusionConfig(PolicyConfig):
             (not self.compile_model, "--policy.compile_model=true: compile with --accelerator.compile=true instead"),
             (self.scheduler_name == "cosine", f"--policy.scheduler_name={self.scheduler_name!r}: only cosine is supported; choose another schedule with --scheduler.type and --use_policy_training_preset=false"),
             (self.optimizer_lr > 0, f"--policy.optimizer_lr must be > 0, got {self.optimizer_lr}"),
+            (self.drop_n_last_frames >= 0, f"--policy.drop_n_last_frames={self.drop_n_last_frames} must be >= 0"),
         ])  # fmt: skip
+
+    # The class it builds: policy.py binds it on import (the package imports both), so this module,
+    # which the model's modules read, imports none of them.
+    built_by: ClassVar[Callable[..., Any] | None] = None
+
+    def policy_class(self) -> Callable[..., Any]:
+        assert self.built_by is not None, "import trainer.policies.diffusion to build a Diffusion Policy"
+        return self.built_by
+
+    @property
+    def cameras(self) -> list[str]:
+        """The cameras the policy reads, in config order (the order their features condition in)."""
+        return [name for name in self.input_features if is_camera(name) and name != ALL_CAMERAS]
+
+    def features(self) -> DiffusionFeatures:
+        """The shapes the model is built for: the state and action widths and each camera's frames."""
+        missing = [name for name in self.cameras if len(self.image_shapes.get(name, [])) != 3]
+        if missing:
+            raise ConfigError(
+                f"the Diffusion Policy's config gives no (C, H, W) frame shape for camera {missing[0]} "
+                "(--policy.image_shapes): train it on data that has the camera"
+            )
+        shapes = {name: [int(s) for s in self.image_shapes[name]] for name in self.cameras}
+        cameras = {name: (shape[0], shape[1], shape[2]) for name, shape in shapes.items()}
+        return DiffusionFeatures(state_dim=self.obs_dim, action_dim=self.action_dim, cameras=cameras)
+
+    def with_frame_shapes(self, shapes: dict[str, list[int]]) -> DiffusionConfig:
+        """The cameras' frame shapes recorded; a checkpoint's camera at another size than the data's is
+        refused (SpatialSoftmax's grid and the conditioning width follow the frame size)."""
+        for name, shape in shapes.items():
+            saved = self.image_shapes.get(name)
+            if saved is not None and list(saved) != list(shape):
+                raise ConfigError(
+                    f"camera {name!r} gives {tuple(shape)} frames, but the policy was trained on {tuple(saved)}: "
+                    "resize the frames, or train a new policy"
+                )
+        return dataclasses.replace(self, image_shapes={**self.image_shapes, **shapes})
 
     def _normalize_types(self) -> None:
         """Lists from JSON or flags as the tuples the fields declare."""
@@ -278,11 +325,17 @@ class DiffusionConfig(PolicyConfig):
         inputs = saved.get("input_features")
         if not isinstance(inputs, dict):
             return saved  # already ours
+        if ENV_KEY in inputs:
+            raise ConfigError(
+                f"the Diffusion Policy's config.json reads {ENV_KEY}, which this engine's Diffusion Policy "
+                "does not condition on separately yet: retrain without it"
+            )
         own = {f.name for f in dataclasses.fields(cls)}
-        out = {k: v for k, v in saved.items() if k in own and k not in LEROBOT_RUN_FIELDS}
+        out = {k: v for k, v in saved.items() if k in {*own, "type"} and k not in LEROBOT_RUN_FIELDS}
         features = DiffusionFeatures.from_lerobot(saved)
         out.update(
             input_features=list(inputs),
+            image_shapes={name: list(shape) for name, shape in features.cameras.items()},
             obs_dim=features.state_dim,
             action_dim=features.action_dim,
         )

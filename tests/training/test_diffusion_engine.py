@@ -1,0 +1,201 @@
+"""Diffusion Policy through the engine: `--policy.type=diffusion` trained from scratch on LeRobot's camera
+dataset (MIN_MAX state and action from its stats.json, the observation history and the action chunk
+LeRobot's delta indices ask for, `drop_n_last_frames` honoured by the sampler), saved under LeRobot's
+tensor names, resumed bit for bit, fine-tuned from LeRobot's own checkpoint with --policy.path, and
+loaded with `trainer.load_policy` to act on raw observations through its queues."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import trainer
+from helpers.fixtures import copy_fixture
+from trainer.cli.parse import parse_config
+from trainer.data.pipeline.processors import min_max_as_mean_std
+from trainer.data.pipeline.sampler import GlobalOrderSampler, sampled_frames
+from trainer.engine.plan import train
+from trainer.errors import ConfigError
+
+TINY = [
+    "--policy.type=diffusion",
+    "--policy.pretrained_backbone_weights=null",
+    "--policy.use_separate_rgb_encoder_per_camera=false",
+    "--policy.horizon=8",
+    "--policy.n_action_steps=4",
+    "--policy.down_dims=[16,32,64]",
+    "--policy.num_inference_steps=10",
+    "--policy.optimizer_lr=1e-3",
+    "--policy.scheduler_warmup_steps=1",
+    "--dataset.root=dataset_video",
+    "--batch_size=2",
+    "--num_workers=0",
+    "--log_freq=1",
+]
+CAMERAS = ("observation.images.top", "observation.images.wrist")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread: these tensors are tiny, and two threads on a busy machine spin many times
+    slower than one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _train(workdir: Path, flags: list[str]) -> None:
+    from accelerate.state import AcceleratorState
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(workdir)
+        AcceleratorState._reset_state(reset_partial_state=True)
+        try:
+            train(parse_config(flags))
+        finally:
+            AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The dataset LeRobot's checkpoint was trained on, the checkpoint, and a 4-step run from scratch
+    saved at steps 2 and 4."""
+    tmp = tmp_path_factory.mktemp("diffusion_engine")
+    copy_fixture(tmp, "lerobot", "dataset_video")
+    copy_fixture(tmp, "lerobot_diffusion_tiny")
+    _train(tmp, [*TINY, "--steps=4", "--save_freq=2", "--output_dir=straight"])
+    return tmp
+
+
+def test_it_trains_with_a_finite_loss_and_saves_lerobots_names(workdir: Path) -> None:
+    records = [json.loads(line) for line in (workdir / "straight" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r.get("event") == "train"]
+    banner = next(r["banner"] for r in records if r.get("event") == "start")
+    assert "--policy.drop_n_last_frames=7: 52 of the 80 frames are drawn as samples" in " ".join(banner)
+    assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
+    model = workdir / "straight" / "checkpoints" / "last" / "pretrained_model"
+    ours = load_file(str(model / "model.safetensors"))
+    theirs = load_file(str(workdir / "lerobot_diffusion_tiny" / "pretrained_model" / "model.safetensors"))
+    # the same features and sizes but batch norm (the default): LeRobot's names, plus its running stats
+    assert all(name.startswith("diffusion.") for name in ours)
+    assert {n for n in theirs} <= set(ours) and "diffusion.rgb_encoder.backbone.1.running_mean" in ours
+    config = json.loads((model / "config.json").read_text())
+    assert config["type"] == "diffusion" and config["input_features"] == ["observation.state", *CAMERAS]
+    assert config["image_shapes"] == {name: [3, 24, 40] for name in CAMERAS}
+
+
+def test_state_and_action_are_normalized_min_max_from_stats_json(workdir: Path) -> None:
+    """LeRobot's default for Diffusion Policy: the saved preprocessor maps stats.json's min/max onto
+    [-1, 1] (centre and half-range), the cameras by ImageNet's mean/std."""
+    stats = json.loads((workdir / "dataset_video" / "meta" / "stats.json").read_text())
+    model = workdir / "straight" / "checkpoints" / "last" / "pretrained_model"
+    saved = load_file(str(model / "policy_preprocessor_step_0.safetensors"))
+    for key in ("observation.state", "action"):
+        low, high = (torch.tensor(stats[key][s], dtype=torch.float32) for s in ("min", "max"))
+        mean, std = min_max_as_mean_std(low, high)
+        assert torch.equal(saved[f"{key}.mean"], mean) and torch.equal(saved[f"{key}.std"], std)
+    assert torch.allclose(saved[f"{CAMERAS[0]}.mean"].flatten(), torch.tensor([0.485, 0.456, 0.406]))
+
+
+def test_a_resumed_run_is_bit_exact(workdir: Path) -> None:
+    """Steps 3-4 resumed from step 2 give the uninterrupted run's model.safetensors bit for bit (the
+    random crop, the noise and the timesteps come from the restored RNG)."""
+    shutil.copytree(workdir / "straight", workdir / "resumed", symlinks=True)
+    checkpoints = workdir / "resumed" / "checkpoints"
+    shutil.rmtree(checkpoints / "000004")
+    (checkpoints / "last").unlink()
+    (checkpoints / "last").symlink_to("000002")
+    _train(workdir, ["--resume=true", "--steps=4", "--output_dir=resumed"])
+    straight, resumed = (
+        load_file(str(workdir / run / "checkpoints" / "000004" / "pretrained_model" / "model.safetensors"))
+        for run in ("straight", "resumed")
+    )
+    at_two = load_file(str(checkpoints / "000002" / "pretrained_model" / "model.safetensors"))
+    assert straight.keys() == resumed.keys()
+    assert all(torch.equal(straight[name], resumed[name]) for name in straight)
+    assert not all(torch.equal(straight[name], at_two[name]) for name in straight)  # steps 3-4 trained
+
+
+def test_lerobots_checkpoint_loads_strictly_and_fine_tunes(workdir: Path) -> None:
+    """--policy.path=<LeRobot's pretrained_model>: its config.json (LeRobot's schema) and all 213 tensors,
+    trained on for 2 steps."""
+    base = workdir / "lerobot_diffusion_tiny" / "pretrained_model"
+    _train(workdir, [f"--policy.path={base}", "--dataset.root=dataset_video", "--batch_size=2",
+                     "--num_workers=0", "--steps=2", "--output_dir=tuned"])  # fmt: skip
+    before = load_file(str(base / "model.safetensors"))
+    after = load_file(
+        str(workdir / "tuned" / "checkpoints" / "last" / "pretrained_model" / "model.safetensors")
+    )
+    assert after.keys() == before.keys() and len(after) == 213
+    assert not torch.equal(
+        after["diffusion.unet.final_conv.1.weight"], before["diffusion.unet.final_conv.1.weight"]
+    )
+    assert torch.equal(
+        after["diffusion.rgb_encoder.pool.pos_grid"], before["diffusion.rgb_encoder.pool.pos_grid"]
+    )
+
+
+def test_the_loaded_checkpoint_acts_on_raw_observations_through_its_queues(workdir: Path) -> None:
+    """select_action on one raw observation per call: the model samples a chunk at calls 0 and 4
+    (n_action_steps=4), from a history of two copies of the first observation, then of the last two;
+    reset() starts over."""
+    loaded = trainer.load_policy(str(workdir / "straight" / "checkpoints" / "last"))
+    generator = torch.Generator().manual_seed(0)
+    frames = [torch.randint(0, 256, (24, 40, 3), generator=generator, dtype=torch.uint8) for _ in range(6)]
+    observations = [
+        {"observation.state": [0.1 * f, 0.2, 0.0, -0.1], **{name: frames[f].numpy() for name in CAMERAS}}
+        for f in range(6)
+    ]
+    torch.manual_seed(0)
+    actions = torch.stack([loaded.select_action(o) for o in observations])
+    assert actions.shape == (6, 2) and torch.isfinite(actions).all()
+
+    def history(*indices: int) -> dict[str, torch.Tensor]:
+        steps = [loaded.preprocessor(_raw(observations[i])) for i in indices]
+        return {key: torch.stack([s[key] for s in steps], dim=1) for key in ("observation.state", *CAMERAS)}
+
+    policy = loaded.policy
+    torch.manual_seed(0)
+    first = policy.predict_action_chunk(history(0, 0))
+    second = policy.predict_action_chunk(history(3, 4))
+    expected = loaded.postprocessor({"action": torch.cat([first, second], dim=1)[0]})["action"]
+    torch.testing.assert_close(actions, expected[:6], rtol=0, atol=0)
+    loaded.reset()
+    torch.manual_seed(0)
+    assert torch.equal(loaded.select_action(observations[0]), actions[0])
+
+
+def _raw(observation: dict) -> dict[str, torch.Tensor]:
+    from trainer.data.pipeline.processors import observation_batch
+
+    return observation_batch(observation, ["observation.state", *CAMERAS])[0]
+
+
+def test_drop_n_last_frames_is_never_sampled() -> None:
+    """LeRobot's EpisodeAwareSampler: the last drop_n_last_frames frames of each episode are never
+    training samples; every other frame is drawn once per epoch, and the position resumes."""
+    bounds = torch.tensor([[0, 20], [20, 40], [40, 45], [45, 65]])
+    kept = sampled_frames(bounds, 7)
+    assert kept.tolist() == [*range(0, 13), *range(20, 33), *range(45, 58)]  # a 5-frame episode: none
+    sampler = GlobalOrderSampler(65, 3, 1, 0, seed=1, kept=kept)
+    epoch = torch.cat([sampler.next_indices() for _ in range(13)])
+    assert sorted(epoch.tolist()) == kept.tolist()
+    assert sampler.next_indices().tolist() != [] and sampler.epoch == 1
+    with pytest.raises(ConfigError, match=r"only 0 to sample \(of 65: --policy.drop_n_last_frames\)"):
+        GlobalOrderSampler(65, 3, 1, 0, seed=1, kept=sampled_frames(bounds, 20))
+
+
+def test_a_checkpoint_reading_the_environment_state_is_one_line(workdir: Path) -> None:
+    from trainer.policies.diffusion import DiffusionConfig
+
+    saved = json.loads((workdir / "lerobot_diffusion_tiny" / "pretrained_model" / "config.json").read_text())
+    saved["input_features"]["observation.environment_state"] = {"type": "ENV", "shape": [3]}
+    with pytest.raises(ConfigError, match=r"reads observation\.environment_state") as caught:
+        DiffusionConfig.from_saved(saved)
+    assert "\n" not in str(caught.value)
