@@ -44,6 +44,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 EXPECTED = "expected.safetensors"
+RAW = "raw."  # the raw observation both sides' processors take (cameras float in [0, 1], the state)
+SELECTED = "expected.selected"  # our `load_policy(...).select_action` on it, step after step (S, B, A)
 MODEL_DIR = "pretrained_model"
 OUT = "expected.actions"  # our chunk (B, chunk_size, action_dim), normalized
 NOISE = "expected.noise"  # SmolVLA's flow-matching noise, passed to both
@@ -105,8 +107,34 @@ def _write_expected(workdir: Path, batch_size: int) -> None:
         noise = torch.randn(shape, generator=g)
         chunk = policy.predict_action_chunk(dict(inputs), noise=noise)
         inputs[NOISE] = noise
-    save_file({**inputs, OUT: chunk.contiguous()}, str(workdir / EXPECTED), metadata={"type": config["type"]})
+    raw = seeded_raw(config, batch_size, g)
+    tasks = [TASKS[i % len(TASKS)] for i in range(batch_size)]
+    observation = {**raw, **({"task": tasks} if config["type"] == "smolvla" else {})}
+    selected = []
+    loaded.reset()
+    for _ in range(config["n_action_steps"]):  # the whole first chunk, through the action queue
+        torch.manual_seed(SEED)  # SmolVLA's noise: LeRobot's select_action draws it with the same call
+        selected.append(loaded.select_action(observation))
+    tensors = {**inputs, OUT: chunk.contiguous(), SELECTED: torch.stack(selected).contiguous()}
+    tensors.update({RAW + name: value for name, value in raw.items()})
+    metadata = {"type": config["type"], "tasks": json.dumps(tasks)}
+    save_file(tensors, str(workdir / EXPECTED), metadata=metadata)
     print(f"wrote {workdir / MODEL_DIR} and {workdir / EXPECTED}: {config['type']} chunk {list(chunk.shape)}")
+
+
+SEED = 7
+
+
+def seeded_raw(config: dict, batch_size: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """A raw observation as a LeRobot dataset gives it: each camera float in [0, 1], the robot state
+    around the dataset's scale (the processors normalize both), every input feature of config.json."""
+    return {
+        name: torch.rand((batch_size, *f["shape"]), generator=g)
+        if f["type"] == "VISUAL"
+        else 3 * torch.randn((batch_size, *f["shape"]), generator=g)
+        for name, f in config["input_features"].items()
+        if not name.startswith("observation.images.empty_camera_")
+    }
 
 
 def lerobot(workdir: Path, atol: float) -> int:
@@ -120,9 +148,11 @@ def lerobot(workdir: Path, atol: float) -> int:
         return 2
 
     with safe_open(str(workdir / EXPECTED), "pt") as handle:
-        kind = (handle.metadata() or {})["type"]
+        metadata = handle.metadata() or {}
+    kind, tasks = metadata["type"], json.loads(metadata["tasks"])
     saved = load_file(str(workdir / EXPECTED))
-    expected = saved.pop(OUT)
+    expected, selected = saved.pop(OUT), saved.pop(SELECTED)
+    raw = {name.removeprefix(RAW): saved.pop(name) for name in list(saved) if name.startswith(RAW)}
     noise = saved.pop(NOISE, None)
     if kind == "act":
         from lerobot.policies.act.modeling_act import ACTPolicy
@@ -143,6 +173,33 @@ def lerobot(workdir: Path, atol: float) -> int:
     diff = (actions - expected).abs().max().item()
     verdict = "OK" if diff <= atol else "FAIL"
     print(f"{verdict}: {kind} loaded strictly by LeRobot; max |LeRobot - ours| = {diff:.3g} (atol {atol:g})")
+    return max(0 if diff <= atol else 1, _processors_round(policy, workdir, raw, tasks, kind, selected, atol))
+
+
+def _processors_round(policy, workdir: Path, raw, tasks, kind: str, selected, atol: float) -> int:
+    """LeRobot's `make_pre_post_processors(pretrained_path=export)` around its policy, on our raw
+    observation: preprocessor -> select_action -> postprocessor, step after step, against ours."""
+    from lerobot.policies.factory import make_pre_post_processors
+
+    pre, post = make_pre_post_processors(policy.config, pretrained_path=str(workdir / MODEL_DIR))
+    policy.reset()
+    steps = []
+    for _ in range(selected.shape[0]):
+        batch = pre({**raw, **({"task": list(tasks)} if kind == "smolvla" else {})})
+        torch.manual_seed(SEED)
+        steps.append(post(policy.select_action(batch)).float().cpu())
+    actions = torch.stack(steps)
+    names = [type(step).__name__ for step in (*pre.steps, *post.steps)]
+    if actions.shape != selected.shape:
+        print(f"FAIL: LeRobot's processed actions are {tuple(actions.shape)}, ours {tuple(selected.shape)}")
+        return 1
+    diff = (actions - selected).abs().max().item()
+    verdict = "OK" if diff <= atol else "FAIL"
+    print(
+        f"{verdict}: {kind} processors loaded by LeRobot's make_pre_post_processors ({', '.join(names)}); "
+        f"raw observation -> {selected.shape[0]} unnormalized actions, max |LeRobot - ours| = {diff:.3g} "
+        f"(atol {atol:g})"
+    )
     return 0 if diff <= atol else 1
 
 
