@@ -20,6 +20,7 @@ import torch
 
 from ckpt_tools import layout
 from trainer.data.dataset import ACTION_KEY, OBS_KEY
+from trainer.errors import ConfigError
 
 SCHEMA = "lerobot-0.6.1"  # what docs/format.md calls the processor files' schema version
 NORMALIZER, UNNORMALIZER = "normalizer_processor", "unnormalizer_processor"
@@ -93,6 +94,12 @@ class LeRobotPipeline:
             elif mode in RANGES:
                 low, high = RANGES[mode]
                 out[f"{name}.{low}"], out[f"{name}.{high}"] = mean - std, mean + std
+            elif bool((mean != 0).any() or (std != 1).any()):  # IDENTITY: LeRobot would not normalize it
+                raise ConfigError(
+                    f"{name} is normalized by these statistics, but its type {self.features[name]['type']} "
+                    "is IDENTITY in LeRobot's pipeline for this policy: its processors cannot be written in "
+                    "LeRobot's schema (a checkpoint of an older release normalized it: retrain to export)"
+                )
         return {key: tensor.detach().to("cpu", torch.float32).contiguous() for key, tensor in out.items()}
 
     def _feature_stats(
