@@ -6,13 +6,19 @@
 cameras in [0, 1], the task's tokens and mask, and the flow-matching noise) and writes them with our
 action chunk to `WORKDIR/expected.safetensors`.
 
+It also draws a seeded raw observation (cameras float in [0, 1] as LeRobot's dataset gives them, the
+state, SmolVLA's task strings) and writes our `trainer.load_policy(export).select_action` on it for the
+whole first chunk (`n_action_steps` calls through the action queue; SmolVLA's noise from a fixed seed).
+
 `lerobot` (a separate Python 3.12 venv, this project not needed there:
 `python3.12 -m venv ~/lerobot-venv && ~/lerobot-venv/bin/pip install "lerobot[smolvla]==0.6.1"
 "torch==2.11.0" num2words`) loads `WORKDIR/pretrained_model` with LeRobot's
 `ACTPolicy.from_pretrained(dir, strict=True)` or `SmolVLAPolicy.from_pretrained(dir, strict=True)`,
-computes `predict_action_chunk` on the same inputs, and compares with ours: it prints the largest
-difference and exits 1 above --atol (LeRobot's own re-runs of SmolVLA differ by ~2e-7; float32).
-Model inputs are compared after normalization on both sides: our processors are ours, not LeRobot's.
+computes `predict_action_chunk` on the same normalized inputs and compares with ours; then loads our
+processor files with LeRobot's `make_pre_post_processors(policy.config, pretrained_path=dir)` and runs
+the raw observation through LeRobot's preprocessor -> `select_action` -> postprocessor (the same seed
+before each call) against our unnormalized actions. It prints the largest difference of each and exits 1
+above --atol (LeRobot's own re-runs of SmolVLA differ by ~2e-7; float32).
 
 A SmolVLA's config names its backbone (`vlm_model_name`): run both halves from a directory where that
 name resolves (a relative path, or a Hub id in the HF cache). Never part of the tests or `nox -s bench`.
@@ -21,7 +27,8 @@ name resolves (a relative path, or a Hub id in the HF cache). Never part of the 
 with two cameras and a SmolVLA on the tiny backbone here, 3 steps each on the fixture dataset
 `tests/fixtures/lerobot/dataset_video`, then runs `ours` in this venv and `lerobot` in --lerobot-python's.
 Measured with lerobot 0.6.1 (torch 2.11, CPU): both load with strict=True; max |LeRobot - ours| is
-2.98e-7 for the ACT and 0 for the SmolVLA (docs/vla.md).
+2.98e-7 for the ACT's chunk and 0 for the SmolVLA's; through LeRobot's own processors on the raw
+observation, 1.34e-7 for the ACT's actions and 0 for the SmolVLA's (docs/vla.md).
 
 Usage:
   python benchmarks/lerobot_side.py check --lerobot-python /path/to/lerobot-venv/bin/python [--atol 1e-5]
