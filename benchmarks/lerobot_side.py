@@ -6,13 +6,19 @@
 cameras in [0, 1], the task's tokens and mask, and the flow-matching noise) and writes them with our
 action chunk to `WORKDIR/expected.safetensors`.
 
+It also draws a seeded raw observation (cameras float in [0, 1] as LeRobot's dataset gives them, the
+state, SmolVLA's task strings) and writes our `trainer.load_policy(export).select_action` on it for the
+whole first chunk (`n_action_steps` calls through the action queue; SmolVLA's noise from a fixed seed).
+
 `lerobot` (a separate Python 3.12 venv, this project not needed there:
 `python3.12 -m venv ~/lerobot-venv && ~/lerobot-venv/bin/pip install "lerobot[smolvla]==0.6.1"
 "torch==2.11.0" num2words`) loads `WORKDIR/pretrained_model` with LeRobot's
 `ACTPolicy.from_pretrained(dir, strict=True)` or `SmolVLAPolicy.from_pretrained(dir, strict=True)`,
-computes `predict_action_chunk` on the same inputs, and compares with ours: it prints the largest
-difference and exits 1 above --atol (LeRobot's own re-runs of SmolVLA differ by ~2e-7; float32).
-Model inputs are compared after normalization on both sides: our processors are ours, not LeRobot's.
+computes `predict_action_chunk` on the same normalized inputs and compares with ours; then loads our
+processor files with LeRobot's `make_pre_post_processors(policy.config, pretrained_path=dir)` and runs
+the raw observation through LeRobot's preprocessor -> `select_action` -> postprocessor (the same seed
+before each call) against our unnormalized actions. It prints the largest difference of each and exits 1
+above --atol (LeRobot's own re-runs of SmolVLA differ by ~2e-7; float32).
 
 A SmolVLA's config names its backbone (`vlm_model_name`): run both halves from a directory where that
 name resolves (a relative path, or a Hub id in the HF cache). Never part of the tests or `nox -s bench`.
@@ -21,7 +27,8 @@ name resolves (a relative path, or a Hub id in the HF cache). Never part of the 
 with two cameras and a SmolVLA on the tiny backbone here, 3 steps each on the fixture dataset
 `tests/fixtures/lerobot/dataset_video`, then runs `ours` in this venv and `lerobot` in --lerobot-python's.
 Measured with lerobot 0.6.1 (torch 2.11, CPU): both load with strict=True; max |LeRobot - ours| is
-2.98e-7 for the ACT and 0 for the SmolVLA (docs/vla.md).
+2.98e-7 for the ACT's chunk and 0 for the SmolVLA's; through LeRobot's own processors on the raw
+observation, 1.34e-7 for the ACT's actions and 0 for the SmolVLA's (docs/vla.md).
 
 Usage:
   python benchmarks/lerobot_side.py check --lerobot-python /path/to/lerobot-venv/bin/python [--atol 1e-5]
@@ -44,6 +51,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 EXPECTED = "expected.safetensors"
+RAW = "raw."  # the raw observation both sides' processors take (cameras float in [0, 1], the state)
+SELECTED = "expected.selected"  # our `load_policy(...).select_action` on it, step after step (S, B, A)
 MODEL_DIR = "pretrained_model"
 OUT = "expected.actions"  # our chunk (B, chunk_size, action_dim), normalized
 NOISE = "expected.noise"  # SmolVLA's flow-matching noise, passed to both
@@ -105,8 +114,34 @@ def _write_expected(workdir: Path, batch_size: int) -> None:
         noise = torch.randn(shape, generator=g)
         chunk = policy.predict_action_chunk(dict(inputs), noise=noise)
         inputs[NOISE] = noise
-    save_file({**inputs, OUT: chunk.contiguous()}, str(workdir / EXPECTED), metadata={"type": config["type"]})
+    raw = seeded_raw(config, batch_size, g)
+    tasks = [TASKS[i % len(TASKS)] for i in range(batch_size)]
+    observation = {**raw, **({"task": tasks} if config["type"] == "smolvla" else {})}
+    selected = []
+    loaded.reset()
+    for _ in range(config["n_action_steps"]):  # the whole first chunk, through the action queue
+        torch.manual_seed(SEED)  # SmolVLA's noise: LeRobot's select_action draws it with the same call
+        selected.append(loaded.select_action(observation))
+    tensors = {**inputs, OUT: chunk.contiguous(), SELECTED: torch.stack(selected).contiguous()}
+    tensors.update({RAW + name: value for name, value in raw.items()})
+    metadata = {"type": config["type"], "tasks": json.dumps(tasks)}
+    save_file(tensors, str(workdir / EXPECTED), metadata=metadata)
     print(f"wrote {workdir / MODEL_DIR} and {workdir / EXPECTED}: {config['type']} chunk {list(chunk.shape)}")
+
+
+SEED = 7
+
+
+def seeded_raw(config: dict, batch_size: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """A raw observation as a LeRobot dataset gives it: each camera float in [0, 1], the robot state
+    around the dataset's scale (the processors normalize both), every input feature of config.json."""
+    return {
+        name: torch.rand((batch_size, *f["shape"]), generator=g)
+        if f["type"] == "VISUAL"
+        else 3 * torch.randn((batch_size, *f["shape"]), generator=g)
+        for name, f in config["input_features"].items()
+        if not name.startswith("observation.images.empty_camera_")
+    }
 
 
 def lerobot(workdir: Path, atol: float) -> int:
@@ -120,9 +155,11 @@ def lerobot(workdir: Path, atol: float) -> int:
         return 2
 
     with safe_open(str(workdir / EXPECTED), "pt") as handle:
-        kind = (handle.metadata() or {})["type"]
+        metadata = handle.metadata() or {}
+    kind, tasks = metadata["type"], json.loads(metadata["tasks"])
     saved = load_file(str(workdir / EXPECTED))
-    expected = saved.pop(OUT)
+    expected, selected = saved.pop(OUT), saved.pop(SELECTED)
+    raw = {name.removeprefix(RAW): saved.pop(name) for name in list(saved) if name.startswith(RAW)}
     noise = saved.pop(NOISE, None)
     if kind == "act":
         from lerobot.policies.act.modeling_act import ACTPolicy
@@ -143,6 +180,33 @@ def lerobot(workdir: Path, atol: float) -> int:
     diff = (actions - expected).abs().max().item()
     verdict = "OK" if diff <= atol else "FAIL"
     print(f"{verdict}: {kind} loaded strictly by LeRobot; max |LeRobot - ours| = {diff:.3g} (atol {atol:g})")
+    return max(0 if diff <= atol else 1, _processors_round(policy, workdir, raw, tasks, kind, selected, atol))
+
+
+def _processors_round(policy, workdir: Path, raw, tasks, kind: str, selected, atol: float) -> int:
+    """LeRobot's `make_pre_post_processors(pretrained_path=export)` around its policy, on our raw
+    observation: preprocessor -> select_action -> postprocessor, step after step, against ours."""
+    from lerobot.policies.factory import make_pre_post_processors
+
+    pre, post = make_pre_post_processors(policy.config, pretrained_path=str(workdir / MODEL_DIR))
+    policy.reset()
+    steps = []
+    for _ in range(selected.shape[0]):
+        batch = pre({**raw, **({"task": list(tasks)} if kind == "smolvla" else {})})
+        torch.manual_seed(SEED)
+        steps.append(post(policy.select_action(batch)).float().cpu())
+    actions = torch.stack(steps)
+    names = [type(step).__name__ for step in (*pre.steps, *post.steps)]
+    if actions.shape != selected.shape:
+        print(f"FAIL: LeRobot's processed actions are {tuple(actions.shape)}, ours {tuple(selected.shape)}")
+        return 1
+    diff = (actions - selected).abs().max().item()
+    verdict = "OK" if diff <= atol else "FAIL"
+    print(
+        f"{verdict}: {kind} processors loaded by LeRobot's make_pre_post_processors ({', '.join(names)}); "
+        f"raw observation -> {selected.shape[0]} unnormalized actions, max |LeRobot - ours| = {diff:.3g} "
+        f"(atol {atol:g})"
+    )
     return 0 if diff <= atol else 1
 
 

@@ -75,6 +75,12 @@ def processor_step_name(processor: str, index: int) -> str:
     return f"{processor}_step_{index}.safetensors"
 
 
+def lerobot_state_file_name(processor: str, index: int, registry_name: str) -> str:
+    """`policy_preprocessor_step_3_normalizer_processor.safetensors`: the state file LeRobot 0.6.1's
+    pipeline writer names for step `index` (0-based) of a processor, by the step's registry name."""
+    return f"{processor}_step_{index}_{registry_name}.safetensors"
+
+
 def named_state_files(processor_config: Any, source: str) -> list[str | None] | None:
     """The state file of each step of a processor whose JSON config names them, as LeRobot writes it
     (`{"steps": [{..., "state_file": "policy_preprocessor_step_3_normalizer_processor.safetensors"}]}`):

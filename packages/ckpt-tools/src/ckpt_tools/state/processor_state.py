@@ -1,5 +1,6 @@
-"""The policy's pre/post-processors saved beside the weights: a JSON config and one tensor file per
-processor step (`<name>.json`, `<name>_step_<i>.safetensors`)."""
+"""The policy's pre/post-processors saved beside the weights: a JSON config and the steps' tensor files,
+either named by the config (LeRobot 0.6.1's pipeline schema: a step's `state_file`, only for steps
+with state) or numbered (`<name>_step_<i>.safetensors` for every step: the schema before it)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from ckpt_tools.tensors.tensor_io import read_safetensors, write_safetensors
 class ProcessorState:
     """A pre/post-processor of the policy: its JSON config and one tensor dict per processor step.
 
-    Saved as `<name>.json` plus `<name>_step_<i>.safetensors` for every step, an empty file included,
-    so step indices stay dense. Names are `layout.PREPROCESSOR` and `layout.POSTPROCESSOR`.
+    Saved as `<name>.json` plus, when the config's steps name their `state_file`s (LeRobot's schema),
+    those files for the steps naming one (a step without one must hold no tensors); otherwise
+    `<name>_step_<i>.safetensors` for every step, an empty file included, so step indices stay dense.
+    Names are `layout.PREPROCESSOR` and `layout.POSTPROCESSOR`.
     """
 
     config: dict[str, Any]
@@ -45,12 +48,27 @@ def write_processors(
 ) -> None:
     """Write every processor's config and step files into `model_dir` (main rank only)."""
     for name, processor in (processors or {}).items():
+        files = _step_files(name, processor)  # a mismatch refused before this processor's first byte
         manifest.write_json(
             layout.join(model_dir, layout.processor_config_name(name)), processor.config, recorder
         )
-        for index, tensors in enumerate(processor.step_tensors):
-            path = layout.join(model_dir, layout.processor_step_name(name, index))
-            write_safetensors(path, tensors, None, recorder)
+        for file, tensors in files:
+            write_safetensors(layout.join(model_dir, file), tensors, None, recorder)
+
+
+def _step_files(name: str, processor: ProcessorState) -> list[tuple[str, dict[str, torch.Tensor]]]:
+    """(file name, tensors) of each step that is written: the config's `state_file`s, else numbered."""
+    named = layout.named_state_files(processor.config, layout.processor_config_name(name))
+    if named is None:
+        return [(layout.processor_step_name(name, i), t) for i, t in enumerate(processor.step_tensors)]
+    if len(named) != len(processor.step_tensors) or any(
+        tensors and not file for file, tensors in zip(named, processor.step_tensors, strict=False)
+    ):
+        raise UsageError(
+            f"processor {name!r} names state files for {len(named)} steps but holds tensors for "
+            f"{len(processor.step_tensors)}, or tensors for a step without a state_file: give one dict per step"
+        )
+    return [(file, tensors) for file, tensors in zip(named, processor.step_tensors, strict=True) if file]
 
 
 def load_processors(path: str | os.PathLike[str]) -> dict[str, ProcessorState]:

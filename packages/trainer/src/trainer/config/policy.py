@@ -21,6 +21,8 @@ from trainer.errors import ConfigError
 if TYPE_CHECKING:
     from torch import nn
 
+    from trainer.data.pipeline.lerobot_schema import LeRobotPipeline
+
 # PolicyConfig fields that say where a run publishes, not what the policy is.
 PUBLISH_FIELDS = ("push_to_hub", "repo_id", "private")
 # Fields of the run, not of the policy: kept out of config.json like the publish settings.
@@ -142,6 +144,12 @@ class PolicyConfig(draccus.ChoiceRegistry):
         """The statistics the processors normalize with, from the dataset's (a policy whose cameras
         stay on [0, 1], SmolVLA's, replaces theirs with mean 0 and std 1)."""
         return stats
+
+    def lerobot_pipeline(self) -> LeRobotPipeline | None:
+        """The processors in LeRobot 0.6.1's pipeline schema, as its factory would build them for the
+        same policy (ACT, SmolVLA); None for a type LeRobot lacks, whose processor files keep our own
+        schema (docs/format.md)."""
+        return None
 
     @classmethod
     def check_path_flags(cls, base: dict[str, Any], flags: dict[str, str], path: str) -> None:

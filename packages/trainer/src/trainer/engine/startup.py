@@ -42,7 +42,9 @@ def start_run(plan: RunPlan, lock: RunLock, notes: list[str]) -> Started:
     # on the meta device where it can be; --policy.path weights, --peft adapters, unit transforms
     built = model_build.build(section, topology.is_sharded, dataset.obs_dim, dataset.action_dim, notes)
     policy, wrap_plan = built.policy, built.wrap_plan
-    preprocessor, postprocessor = build_processors(section.policy.normalization_stats(dataset.stats()))
+    preprocessor, postprocessor = build_processors(
+        section.policy.normalization_stats(dataset.stats()), section.policy.lerobot_pipeline()
+    )
     accelerator = build_accelerator(plan.parallelism, wrap_plan)
     model_build.before_prepare(built, section, accelerator.device)  # the unsharded policy is real now
     # while the launcher's store is up (ranks it leaves behind still save), bounded like every collective

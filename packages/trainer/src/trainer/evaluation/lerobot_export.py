@@ -9,9 +9,11 @@ knows no policy) must give the names a safetensors save gives. Our ACT's attenti
 LeRobot's already, so exporting it writes what its `pretrained_model/` holds.
 
 The directory holds `config.json` in LeRobot's schema (`PolicyConfig.lerobot_config`),
-`model.safetensors` under LeRobot's names and shapes (`Policy.lerobot_state_dict`), and our processor
-files copied as they are, so `trainer.load_policy` and `--policy.path` read it too (LeRobot builds its
-own processors from the dataset).
+`model.safetensors` under LeRobot's names and shapes (`Policy.lerobot_state_dict`), and the processor
+files in LeRobot's pipeline schema, so LeRobot's `make_pre_post_processors(config, pretrained_path=DIR)`
+loads them and `trainer.load_policy` and `--policy.path` read the directory too: a checkpoint's files
+in that schema already (every ACT and SmolVLA saved since it) are copied byte for byte, older ones
+(docs/format.md, `steps-v1`) rewritten in it from the statistics they hold.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from safetensors.torch import save_file
 
 import ckpt_tools
 from ckpt_tools import layout, storage
+from trainer.data.pipeline.processors import Processor
 from trainer.errors import ConfigError
-from trainer.evaluation.inference import load_policy
+from trainer.evaluation.inference import LoadedPolicy, load_policy
 from trainer.policies import pretrained
 
 
@@ -41,7 +44,39 @@ def export_lerobot(path: str, output_dir: str, weights: str | None = None) -> li
     with open(os.path.join(output_dir, layout.POLICY_CONFIG), "w", encoding="utf-8") as handle:
         json.dump(config, handle, indent=4)
     save_file(state, os.path.join(output_dir, layout.MODEL_SAFETENSORS), metadata={"format": "pt"})
-    return [layout.POLICY_CONFIG, layout.MODEL_SAFETENSORS, *_copy_processors(path, output_dir)]
+    if _in_lerobots_schema(path):
+        return [layout.POLICY_CONFIG, layout.MODEL_SAFETENSORS, *_copy_processors(path, output_dir)]
+    return [layout.POLICY_CONFIG, layout.MODEL_SAFETENSORS, *_write_processors(loaded, output_dir)]
+
+
+def _in_lerobots_schema(path: str) -> bool:
+    """Whether the checkpoint's preprocessor is LeRobot's pipeline (its steps have registry names)."""
+    try:
+        config = ckpt_tools.load_processors(pretrained.resolve(path))[layout.PREPROCESSOR].config
+    except ckpt_tools.CheckpointError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    steps = config.get("steps")
+    return isinstance(steps, list) and all(isinstance(s, dict) and "registry_name" in s for s in steps)
+
+
+def _write_processors(loaded: LoadedPolicy, output_dir: str) -> list[str]:
+    """An older checkpoint's statistics (read exactly: `steps-v1` holds our mean/std) written in
+    LeRobot's schema, as the policy's config describes its pipeline."""
+    pipeline = loaded.config.lerobot_pipeline()
+    names = []
+    for name, processor in (
+        (layout.PREPROCESSOR, loaded.preprocessor),
+        (layout.POSTPROCESSOR, loaded.postprocessor),
+    ):
+        config, tensors = Processor(processor.steps, pipeline).state()
+        names.append(layout.processor_config_name(name))
+        with open(os.path.join(output_dir, names[-1]), "w", encoding="utf-8") as handle:
+            json.dump(config, handle, indent=2)
+        for step, state in zip(config["steps"], tensors, strict=True):
+            if "state_file" in step:
+                save_file(state, os.path.join(output_dir, step["state_file"]))
+                names.append(step["state_file"])
+    return names
 
 
 def _copy_processors(path: str, output_dir: str) -> list[str]:

@@ -33,6 +33,7 @@ from torch import nn
 from trainer.config.optim import AdamWConfig, ConstantConfig
 from trainer.config.policy import PolicyConfig
 from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, PAD_KEY, is_camera
+from trainer.data.pipeline import lerobot_schema
 from trainer.errors import ConfigError
 from trainer.policies import act_lerobot, resnet
 from trainer.policies.base import Policy
@@ -139,6 +140,23 @@ class ACTConfig(PolicyConfig):
     def lerobot_config(self) -> dict[str, Any]:
         """LeRobot's ACTConfig schema (act_lerobot.py); config.json itself stays ours, see docs/vla.md."""
         return act_lerobot.config_to_lerobot(dataclasses.asdict(self))
+
+    def lerobot_pipeline(self) -> lerobot_schema.LeRobotPipeline:
+        """LeRobot's `make_act_pre_post_processors`: rename, batch axis, device, then the normalizer over
+        the inputs and the action, every type MEAN_STD but the environment state (no ENV entry)."""
+        features = act_lerobot.input_features(dataclasses.asdict(self))
+        features[ACTION_KEY] = {"type": "ACTION", "shape": [self.action_dim]}
+        before = (lerobot_schema.rename(), lerobot_schema.to_batch(), lerobot_schema.device())
+        return lerobot_schema.LeRobotPipeline(before, features, dict(act_lerobot.MEAN_STD))
+
+    def normalization_stats(self, stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """The environment state at the end of `observation.state` left as it is (mean 0, std 1), as
+        LeRobot's ACT leaves it (its normalization_mapping has no ENV entry)."""
+        if not self.env_state_dim or OBS_KEY not in stats:
+            return stats
+        state = {name: tensor.clone() for name, tensor in stats[OBS_KEY].items()}
+        state["mean"][-self.env_state_dim :], state["std"][-self.env_state_dim :] = 0.0, 1.0
+        return {**stats, OBS_KEY: state}
 
     def with_frame_shapes(self, shapes: dict[str, list[int]]) -> ACTConfig:
         """The cameras' frame shapes recorded; a checkpoint's cameras at another size than the data's

@@ -26,7 +26,7 @@ from trainer.data.pipeline.processors import ENV_KEY
 from trainer.errors import ConfigError
 
 # The normalization our ACT's processors apply; a LeRobot config.json asking for another is refused.
-_MEAN_STD = {"VISUAL": "MEAN_STD", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
+MEAN_STD = {"VISUAL": "MEAN_STD", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
 _PREFIX = "model."
 _IN_PROJ = re.compile(r"^(.*\.(?:self_attn|multihead_attn))\.in_proj_(weight|bias)$")
 _FFN = re.compile(r"^(.*\.layers\.\d+)\.(linear[12]\.(?:weight|bias))$")
@@ -76,8 +76,8 @@ def config_from_lerobot(saved: dict[str, Any]) -> dict[str, Any]:
     features = saved.get("input_features")
     if not isinstance(features, dict):
         return saved
-    mapping = saved.get("normalization_mapping", _MEAN_STD)
-    if mapping != _MEAN_STD:
+    mapping = saved.get("normalization_mapping", MEAN_STD)
+    if mapping != MEAN_STD:
         raise ConfigError(
             f"the ACT config.json normalizes with {mapping}; this ACT normalizes every feature by mean and "
             "std (MEAN_STD): retrain with LeRobot's default normalization_mapping"
@@ -130,6 +130,24 @@ def state_to_lerobot(state: dict[str, torch.Tensor], pos_enc: torch.Tensor | Non
     return out
 
 
+def input_features(ours: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Our ACTConfig's inputs as LeRobot's typed features: the robot state (STATE), the environment
+    state at the end of our `observation.state` (ENV), each camera (VISUAL, (C, H, W))."""
+    obs_dim, env_dim = ours["obs_dim"], ours["env_state_dim"]
+    features: dict[str, Any] = {}
+    if obs_dim > env_dim:
+        features[OBS_KEY] = {"type": "STATE", "shape": [obs_dim - env_dim]}
+    if env_dim:
+        features[ENV_KEY] = {"type": "ENV", "shape": [env_dim]}
+    for name in _cameras(ours):
+        features[name] = {"type": "VISUAL", "shape": list(ours["image_shapes"].get(name, []))}
+    return features
+
+
+def _cameras(ours: dict[str, Any]) -> list[str]:
+    return [name for name in ours["input_features"] if is_camera(name) and name != ALL_CAMERAS]
+
+
 def config_to_lerobot(ours: dict[str, Any]) -> dict[str, Any]:
     """Our ACTConfig's fields as LeRobot 0.6.1's ACT config.json, the reverse of `config_from_lerobot`
     (`ACTPolicy.from_pretrained` refuses a field it does not know): the float vectors one
@@ -137,29 +155,20 @@ def config_to_lerobot(ours: dict[str, Any]) -> dict[str, Any]:
     state's width (`observation.environment_state`, ENV), each camera a VISUAL feature, LeRobot's run
     fields at its defaults. LeRobot's ACT needs a camera or an environment state, so an ACT reading
     only a state vector is refused."""
-    obs_dim, env_dim = ours["obs_dim"], ours["env_state_dim"]
-    cameras = [name for name in ours["input_features"] if is_camera(name) and name != ALL_CAMERAS]
-    if not cameras and not env_dim:
+    if not _cameras(ours) and not ours["env_state_dim"]:
         raise ConfigError(
             "LeRobot's ACT needs a camera or observation.environment_state among its inputs, and this "
             "ACT reads only a state vector: train it with a camera (or --policy.env_state_dim) to export it"
         )
-    features: dict[str, Any] = {}
-    if obs_dim > env_dim:
-        features[OBS_KEY] = {"type": "STATE", "shape": [obs_dim - env_dim]}
-    if env_dim:
-        features[ENV_KEY] = {"type": "ENV", "shape": [env_dim]}
-    for name in cameras:
-        features[name] = {"type": "VISUAL", "shape": list(ours["image_shapes"].get(name, []))}
     return {
         "type": "act",
         "n_obs_steps": ours["n_obs_steps"],
-        "input_features": features,
+        "input_features": input_features(ours),
         "output_features": {ACTION_KEY: {"type": "ACTION", "shape": [ours["action_dim"]]}},
         "device": ours["device"],
         **LEROBOT_RUN_FIELDS,
         **{
-            name: dict(_MEAN_STD) if name == "normalization_mapping" else ours[name]
+            name: dict(MEAN_STD) if name == "normalization_mapping" else ours[name]
             for name in _LEROBOT_FIELDS
         },
     }

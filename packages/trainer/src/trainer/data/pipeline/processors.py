@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from trainer.data.dataset import ACTION_KEY, OBS_KEY, TASK_KEY, frames_as_float, is_camera, task_bytes
+from trainer.data.pipeline.lerobot_schema import RANGES, LeRobotPipeline
 from trainer.errors import ConfigError
 
 PREPROCESSOR_KEYS = (OBS_KEY, ACTION_KEY)
@@ -50,10 +51,13 @@ class Normalize:
 
 
 class Processor:
-    """An ordered list of steps; its state is (config, one tensor dict per step)."""
+    """An ordered list of steps; its state is (config, one tensor dict per step): in LeRobot 0.6.1's
+    pipeline schema when the policy has a LeRobot counterpart (`lerobot`, one normalize step), else
+    ours (`{"steps": [{"type": "normalize", "features": [...]}]}`, docs/format.md)."""
 
-    def __init__(self, steps: list[Normalize]) -> None:
+    def __init__(self, steps: list[Normalize], lerobot: LeRobotPipeline | None = None) -> None:
         self.steps = steps
+        self.lerobot = lerobot
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         for step in self.steps:
@@ -61,6 +65,10 @@ class Processor:
         return batch
 
     def state(self) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
+        if self.lerobot is not None:
+            (step,) = self.steps
+            write = self.lerobot.postprocessor if step.inverse else self.lerobot.preprocessor
+            return write(step.stats)
         return {"steps": [step.config() for step in self.steps]}, [step.tensors() for step in self.steps]
 
     @classmethod
@@ -96,10 +104,6 @@ class Processor:
 # LeRobot's processor steps that hold normalization statistics; its other steps (rename, batch axis,
 # the task's newline and tokenizer, device) are what the policy and the input pipeline do here.
 _LEROBOT_NORMALIZERS = {"normalizer_processor": False, "unnormalizer_processor": True}
-
-
-# LeRobot's normalization modes that map a range onto [-1, 1]: the state-file statistics bounding it.
-RANGES = {"MIN_MAX": ("min", "max"), "QUANTILES": ("q01", "q99")}
 
 
 def _from_lerobot(
@@ -243,12 +247,15 @@ def _check_stats(stats: dict[str, torch.Tensor], feature: str, index: int, size:
             )
 
 
-def build_processors(stats: dict[str, dict[str, torch.Tensor]]) -> tuple[Processor, Processor]:
-    """(preprocessor, postprocessor) for a dataset's statistics (its cameras' included)."""
+def build_processors(
+    stats: dict[str, dict[str, torch.Tensor]], lerobot: LeRobotPipeline | None = None
+) -> tuple[Processor, Processor]:
+    """(preprocessor, postprocessor) for a dataset's statistics (its cameras' included), saved in
+    LeRobot's schema when `lerobot` describes the policy's pipeline there."""
     cameras = tuple(sorted(key for key in stats if is_camera(key)))
     return (
-        Processor([Normalize(stats, PREPROCESSOR_KEYS + cameras, inverse=False)]),
-        Processor([Normalize(stats, POSTPROCESSOR_KEYS, inverse=True)]),
+        Processor([Normalize(stats, PREPROCESSOR_KEYS + cameras, inverse=False)], lerobot),
+        Processor([Normalize(stats, POSTPROCESSOR_KEYS, inverse=True)], lerobot),
     )
 
 

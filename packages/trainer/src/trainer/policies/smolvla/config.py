@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
 from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
 from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, TASK_KEY, is_camera
+from trainer.data.pipeline import lerobot_schema
 from trainer.data.pipeline.processors import NORMALIZATION_MODES, feature_type, mapped_stats
 from trainer.errors import ConfigError
 from trainer.policies.vla.hub import same_config
@@ -241,6 +242,29 @@ class SmolVLAConfig(PolicyConfig):
     def lerobot_config(self) -> dict[str, Any]:
         """config.json itself: it is LeRobot's schema already."""
         return self.to_dict()
+
+    def lerobot_pipeline(self) -> lerobot_schema.LeRobotPipeline:
+        """LeRobot's `make_smolvla_pre_post_processors`: rename, batch axis, the task's newline, its
+        tokenizer (this backbone's, at this length and padding), device, then the normalizer."""
+        saved = self.to_dict()
+        tokenizer = lerobot_schema.step(
+            "tokenizer_processor",
+            max_length=self.tokenizer_max_length,
+            task_key=TASK_KEY,
+            padding_side="right",
+            padding=self.pad_language_to,
+            truncation=True,
+            tokenizer_name=self.vlm_model_name,
+        )
+        before = (
+            lerobot_schema.rename(),
+            lerobot_schema.to_batch(),
+            lerobot_schema.step("smolvla_new_line_processor"),
+            tokenizer,
+            lerobot_schema.device(),
+        )
+        features = {**saved["input_features"], **saved["output_features"]}
+        return lerobot_schema.LeRobotPipeline(before, features, dict(self.normalization_mapping))
 
     @classmethod
     def from_saved(cls, saved: dict[str, Any]) -> dict[str, Any]:
