@@ -3,7 +3,8 @@
 `ours` (this project's venv) exports a checkpoint of ours with `trainer export` into
 `WORKDIR/pretrained_model/`, draws a seeded batch of normalized model inputs under LeRobot's batch keys
 (ACT: `observation.state`, `observation.environment_state`, each camera; SmolVLA: the state, the
-cameras in [0, 1], the task's tokens and mask, and the flow-matching noise) and writes them with our
+cameras in [0, 1], the task's tokens and mask, and the flow-matching noise; Diffusion Policy: the state
+and cameras with their `n_obs_steps` history, and the initial noise) and writes them with our
 action chunk to `WORKDIR/expected.safetensors`.
 
 It also draws a seeded raw observation (cameras float in [0, 1] as LeRobot's dataset gives them, the
@@ -11,10 +12,10 @@ state, SmolVLA's task strings) and writes our `trainer.load_policy(export).selec
 whole first chunk (`n_action_steps` calls through the action queue; SmolVLA's noise from a fixed seed).
 
 `lerobot` (a separate Python 3.12 venv, this project not needed there:
-`python3.12 -m venv ~/lerobot-venv && ~/lerobot-venv/bin/pip install "lerobot[smolvla]==0.6.1"
+`python3.12 -m venv ~/lerobot-venv && ~/lerobot-venv/bin/pip install "lerobot[smolvla,diffusion]==0.6.1"
 "torch==2.11.0" num2words`) loads `WORKDIR/pretrained_model` with LeRobot's
-`ACTPolicy.from_pretrained(dir, strict=True)` or `SmolVLAPolicy.from_pretrained(dir, strict=True)`,
-computes `predict_action_chunk` on the same normalized inputs and compares with ours; then loads our
+`ACTPolicy`, `SmolVLAPolicy` or `DiffusionPolicy.from_pretrained(dir, strict=True)`, computes
+`predict_action_chunk` on the same normalized inputs (the same seed before it: DDPM's steps draw noise) and compares with ours; then loads our
 processor files with LeRobot's `make_pre_post_processors(policy.config, pretrained_path=dir)` and runs
 the raw observation through LeRobot's preprocessor -> `select_action` -> postprocessor (the same seed
 before each call) against our unnormalized actions. It prints the largest difference of each and exits 1
@@ -24,11 +25,12 @@ A SmolVLA's config names its backbone (`vlm_model_name`): run both halves from a
 name resolves (a relative path, or a Hub id in the HF cache). Never part of the tests or `nox -s bench`.
 
 `check` does the whole round in a scratch directory (`nox -s lerobot_side` runs it): it trains an ACT
-with two cameras and a SmolVLA on the tiny backbone here, 3 steps each on the fixture dataset
+with two cameras, a SmolVLA on the tiny backbone and a small Diffusion Policy here, 3 steps each on the fixture dataset
 `tests/fixtures/lerobot/dataset_video`, then runs `ours` in this venv and `lerobot` in --lerobot-python's.
 Measured with lerobot 0.6.1 (torch 2.11, CPU): both load with strict=True; max |LeRobot - ours| is
 2.98e-7 for the ACT's chunk and 0 for the SmolVLA's; through LeRobot's own processors on the raw
-observation, 1.34e-7 for the ACT's actions and 0 for the SmolVLA's (docs/vla.md).
+observation, 1.34e-7 for the ACT's actions and 0 for the SmolVLA's (docs/vla.md); the Diffusion
+Policy's chunk 0, its actions through LeRobot's processors 4.17e-7.
 
 Usage:
   python benchmarks/lerobot_side.py check --lerobot-python /path/to/lerobot-venv/bin/python [--atol 1e-5]
@@ -72,6 +74,11 @@ TRAIN = {
         "--policy.chunk_size=5", "--policy.n_action_steps=5", "--policy.num_vlm_layers=4",
         "--policy.num_steps=3", "--policy.resize_imgs_with_padding=[32,32]",
     ],
+    "diffusion": [
+        "--policy.type=diffusion", "--policy.pretrained_backbone_weights=null", "--policy.horizon=8",
+        "--policy.n_action_steps=4", "--policy.down_dims=[16,32,64]", "--policy.num_inference_steps=10",
+        "--policy.use_separate_rgb_encoder_per_camera=false",
+    ],
 }  # fmt: skip
 
 
@@ -107,6 +114,14 @@ def _write_expected(workdir: Path, batch_size: int) -> None:
         vectors = [inputs[k] for k in ("observation.state", "observation.environment_state") if k in inputs]
         cameras = {k: v for k, v in inputs.items() if config["input_features"][k]["type"] == "VISUAL"}
         chunk = policy.predict_chunk({**cameras, "observation.state": torch.cat(vectors, dim=-1)})
+    elif config["type"] == "diffusion":  # the observation history (B, n_obs_steps, ...) and the noise
+        inputs = {k: torch.stack([v] * config["n_obs_steps"], dim=1) for k, v in inputs.items()}
+        noise = torch.randn(
+            (batch_size, config["horizon"], config["output_features"]["action"]["shape"][0]), generator=g
+        )
+        torch.manual_seed(SEED)  # DDPM's steps draw their variance noise: LeRobot's draws it alike
+        chunk = policy.predict_action_chunk(dict(inputs), noise=noise)
+        inputs[NOISE] = noise
     else:
         tokens, mask = policy.tokenizer([TASKS[i % len(TASKS)] for i in range(batch_size)])
         inputs[TOKENS], inputs[TOKEN_MASK] = tokens, mask
@@ -120,7 +135,7 @@ def _write_expected(workdir: Path, batch_size: int) -> None:
     selected = []
     loaded.reset()
     for _ in range(config["n_action_steps"]):  # the whole first chunk, through the action queue
-        torch.manual_seed(SEED)  # SmolVLA's noise: LeRobot's select_action draws it with the same call
+        torch.manual_seed(SEED)  # SmolVLA's and Diffusion's noise: LeRobot's select_action draws it alike
         selected.append(loaded.select_action(observation))
     tensors = {**inputs, OUT: chunk.contiguous(), SELECTED: torch.stack(selected).contiguous()}
     tensors.update({RAW + name: value for name, value in raw.items()})
@@ -167,6 +182,13 @@ def lerobot(workdir: Path, atol: float) -> int:
         policy = ACTPolicy.from_pretrained(str(workdir / MODEL_DIR), strict=True)
         policy.eval()
         actions = policy.predict_action_chunk(saved)
+    elif kind == "diffusion":
+        from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
+
+        policy = DiffusionPolicy.from_pretrained(str(workdir / MODEL_DIR), strict=True)
+        policy.eval()
+        torch.manual_seed(SEED)
+        actions = policy.predict_action_chunk(saved, noise=noise)
     else:
         from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
 
@@ -242,7 +264,7 @@ def main() -> int:
     theirs = sub.add_parser("lerobot", help="load with LeRobot 0.6.1 and compare (LeRobot's venv)")
     theirs.add_argument("workdir", type=Path)
     theirs.add_argument("--atol", type=float, default=1e-5)
-    both = sub.add_parser("check", help="train an ACT and a SmolVLA here, then both halves (this venv)")
+    both = sub.add_parser("check", help="train each policy of TRAIN here, then both halves (this venv)")
     both.add_argument("--lerobot-python", required=True, help="the Python of a venv with lerobot==0.6.1")
     both.add_argument("--atol", type=float, default=1e-5)
     args = parser.parse_args()

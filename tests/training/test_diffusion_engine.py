@@ -16,11 +16,12 @@ from safetensors.torch import load_file
 
 import trainer
 from helpers.fixtures import copy_fixture
+from helpers.processor_files import same_as_lerobots
 from trainer.cli.parse import parse_config
-from trainer.data.pipeline.processors import min_max_as_mean_std
 from trainer.data.pipeline.sampler import GlobalOrderSampler, sampled_frames
 from trainer.engine.plan import train
 from trainer.errors import ConfigError
+from trainer.evaluation.lerobot_export import export_lerobot
 
 TINY = [
     "--policy.type=diffusion",
@@ -91,15 +92,14 @@ def test_it_trains_with_a_finite_loss_and_saves_lerobots_names(workdir: Path) ->
 
 
 def test_state_and_action_are_normalized_min_max_from_stats_json(workdir: Path) -> None:
-    """LeRobot's default for Diffusion Policy: the saved preprocessor maps stats.json's min/max onto
-    [-1, 1] (centre and half-range), the cameras by ImageNet's mean/std."""
+    """LeRobot's default for Diffusion Policy: the saved normalizer holds stats.json's min/max for the
+    state and action (LeRobot's MIN_MAX onto [-1, 1]), the cameras ImageNet's mean/std."""
     stats = json.loads((workdir / "dataset_video" / "meta" / "stats.json").read_text())
     model = workdir / "straight" / "checkpoints" / "last" / "pretrained_model"
-    saved = load_file(str(model / "policy_preprocessor_step_0.safetensors"))
+    saved = load_file(str(model / "policy_preprocessor_step_3_normalizer_processor.safetensors"))
     for key in ("observation.state", "action"):
-        low, high = (torch.tensor(stats[key][s], dtype=torch.float32) for s in ("min", "max"))
-        mean, std = min_max_as_mean_std(low, high)
-        assert torch.equal(saved[f"{key}.mean"], mean) and torch.equal(saved[f"{key}.std"], std)
+        for stat in ("min", "max"):
+            assert torch.allclose(saved[f"{key}.{stat}"], torch.tensor(stats[key][stat]), atol=1e-6)
     assert torch.allclose(saved[f"{CAMERAS[0]}.mean"].flatten(), torch.tensor([0.485, 0.456, 0.406]))
 
 
@@ -198,4 +198,42 @@ def test_a_checkpoint_reading_the_environment_state_is_one_line(workdir: Path) -
     saved["input_features"]["observation.environment_state"] = {"type": "ENV", "shape": [3]}
     with pytest.raises(ConfigError, match=r"reads observation\.environment_state") as caught:
         DiffusionConfig.from_saved(saved)
+    assert "\n" not in str(caught.value)
+
+
+def test_its_processor_files_are_lerobots(workdir: Path) -> None:
+    """lerobot-train's Diffusion Policy on the same dataset wrote the fixture's processor files: ours are
+    equal field by field, and their statistics are its numbers (the same stats.json and ImageNet camera
+    statistics; the MIN_MAX bounds written back from our centre and half-range)."""
+    ours = workdir / "straight" / "checkpoints" / "last" / "pretrained_model"
+    theirs = workdir / "lerobot_diffusion_tiny" / "pretrained_model"
+    same_as_lerobots(ours, theirs)
+    for name in (
+        "policy_preprocessor_step_3_normalizer_processor.safetensors",
+        "policy_postprocessor_step_0_unnormalizer_processor.safetensors",
+    ):
+        mine, lerobots = load_file(str(ours / name)), load_file(str(theirs / name))
+        assert all(torch.allclose(mine[key], lerobots[key], atol=1e-6) for key in mine), name
+
+
+def test_lerobots_checkpoint_exports_as_it_came(workdir: Path, tmp_path: Path) -> None:
+    """LeRobot's checkpoint read by us and exported is LeRobot's again: config.json equal as a whole
+    (every field mapped back from ours), every tensor bit for bit, the processor files byte for byte."""
+    base = workdir / "lerobot_diffusion_tiny" / "pretrained_model"
+    written = export_lerobot(str(base), str(tmp_path / "export"))
+    export = tmp_path / "export"
+    assert json.loads((export / "config.json").read_text()) == json.loads((base / "config.json").read_text())
+    mine, theirs = load_file(str(export / "model.safetensors")), load_file(str(base / "model.safetensors"))
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    processors = sorted(name for name in written if name.startswith("policy_"))
+    assert processors == sorted(p.name for p in base.glob("policy_*processor*"))
+    assert all((export / name).read_bytes() == (base / name).read_bytes() for name in processors)
+
+
+def test_an_export_reading_no_single_state_vector_is_one_line() -> None:
+    from trainer.policies.diffusion import DiffusionConfig
+
+    config = DiffusionConfig(obs_dim=5, action_dim=2, input_features=["observation.state", "other", *CAMERAS])
+    with pytest.raises(ConfigError, match=r"reads the robot state as one observation\.state") as caught:
+        config.lerobot_config()
     assert "\n" not in str(caught.value)

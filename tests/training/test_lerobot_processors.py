@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import ckpt_tools
 import trainer
 from helpers.fixtures import copy_fixture, fixture_dir
+from helpers.processor_files import same_as_lerobots
 from trainer.cli.parse import parse_config
-from trainer.data.pipeline.lerobot_schema import RANGES
 from trainer.data.pipeline.processors import Processor
 from trainer.engine.plan import train
 from trainer.evaluation.lerobot_export import export_lerobot
@@ -36,7 +35,6 @@ SMOLVLA = ["--policy.type=smolvla", "--policy.vlm_model_name=tiny_smolvlm", "--p
 COMMON = ["--batch_size=2", "--num_workers=0", "--steps=1"]
 LEROBOT_ACT = fixture_dir("lerobot", "checkpoint_act", "checkpoints", "000004", "pretrained_model")
 LEROBOT_SMOLVLA = fixture_dir("lerobot_smolvla_tiny", "pretrained_model")
-NEEDED = {"MEAN_STD": ("mean", "std"), **RANGES, "IDENTITY": ()}
 
 
 def _train(work: Path, dataset: str, flags: list[str]) -> Path:
@@ -65,38 +63,13 @@ def smolvla_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _train(work, "dataset_video", SMOLVLA)
 
 
-def _headers(path: Path) -> dict[str, tuple[str, list[int]]]:
-    with safe_open(str(path), "pt") as handle:
-        return {k: (handle.get_slice(k).get_dtype(), handle.get_slice(k).get_shape()) for k in handle.keys()}  # noqa: SIM118
-
-
-def _same_as_lerobots(ours: Path, theirs: Path) -> None:
-    """Every processor JSON equal; each state file named as LeRobot's, holding the tensors LeRobot's
-    step reads for its features' modes (of its shapes and dtypes) and no tensor LeRobot's file lacks."""
-    for name in ("policy_preprocessor.json", "policy_postprocessor.json"):
-        config = json.loads((ours / name).read_text())
-        assert config == json.loads((theirs / name).read_text()), name
-        for step in config["steps"]:
-            if "state_file" not in step:
-                continue
-            mine, lerobots = _headers(ours / step["state_file"]), _headers(theirs / step["state_file"])
-            features, norm_map = step["config"]["features"], step["config"]["norm_map"]
-            needed = {
-                f"{key}.{stat}"
-                for key, feature in features.items()
-                for stat in NEEDED[norm_map.get(feature["type"], "IDENTITY")]
-            }
-            assert needed and needed <= mine.keys() <= lerobots.keys(), (step["state_file"], sorted(mine))
-            assert {key: lerobots[key] for key in mine} == mine
-
-
 def _normalizers(model: Path) -> list[Processor]:
     processors = ckpt_tools.load_processors(str(model))
     return [Processor.from_state(p.config, p.step_tensors) for p in processors.values()]
 
 
 def test_an_act_writes_lerobots_processor_files(act_model: Path) -> None:
-    _same_as_lerobots(act_model, LEROBOT_ACT)
+    same_as_lerobots(act_model, LEROBOT_ACT)
     ours = load_file(str(act_model / "policy_preprocessor_step_3_normalizer_processor.safetensors"))
     theirs = load_file(str(LEROBOT_ACT / "policy_preprocessor_step_3_normalizer_processor.safetensors"))
     assert all(torch.allclose(ours[key], theirs[key]) for key in ours)  # the same stats.json, read twice
@@ -114,7 +87,7 @@ def test_the_acts_files_read_back_normalize_as_lerobots(act_model: Path) -> None
 
 
 def test_a_smolvla_writes_lerobots_processor_files(smolvla_model: Path) -> None:
-    _same_as_lerobots(smolvla_model, LEROBOT_SMOLVLA)
+    same_as_lerobots(smolvla_model, LEROBOT_SMOLVLA)
     names = sorted(p.name for p in smolvla_model.glob("policy_*processor*"))
     assert names == sorted(p.name for p in LEROBOT_SMOLVLA.glob("policy_*processor*"))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import draccus
 
@@ -19,9 +19,23 @@ from trainer.config.optim import AdamWConfig, CosineConfig, OptimizerConfig, Sch
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
-    from trainer.data.pipeline.lerobot_schema import LeRobotPipeline
+ProcessorFiles = tuple[
+    dict[str, Any], list[dict[str, "torch.Tensor"]]
+]  # a processor's JSON, tensors per step
+
+
+class ProcessorSchema(Protocol):
+    """A policy's normalizer and unnormalizer written as another tool builds them (LeRobot's pipeline:
+    `data/pipeline/lerobot_schema.LeRobotPipeline`), from our per-key mean/std. Declared here, with the
+    hook that returns it, so the config layer names no data-layer class."""
+
+    def preprocessor(self, stats: dict[str, dict[str, torch.Tensor]]) -> ProcessorFiles: ...
+
+    def postprocessor(self, stats: dict[str, dict[str, torch.Tensor]]) -> ProcessorFiles: ...
+
 
 # PolicyConfig fields that say where a run publishes, not what the policy is.
 PUBLISH_FIELDS = ("push_to_hub", "repo_id", "private")
@@ -145,7 +159,7 @@ class PolicyConfig(draccus.ChoiceRegistry):
         stay on [0, 1], SmolVLA's, replaces theirs with mean 0 and std 1)."""
         return stats
 
-    def lerobot_pipeline(self) -> LeRobotPipeline | None:
+    def lerobot_pipeline(self) -> ProcessorSchema | None:
         """The processors in LeRobot 0.6.1's pipeline schema, as its factory would build them for the
         same policy (ACT, SmolVLA); None for a type LeRobot lacks, whose processor files keep our own
         schema (docs/format.md)."""

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ckpt_tools import layout
+from trainer.config.policy import ProcessorFiles
 from trainer.data.dataset import ACTION_KEY, OBS_KEY
 from trainer.errors import ConfigError
 
@@ -60,14 +61,14 @@ class LeRobotPipeline:
     features: dict[str, dict[str, Any]]
     norm_map: dict[str, str]
 
-    def preprocessor(self, stats: dict[str, dict[str, torch.Tensor]]) -> tuple[dict[str, Any], list[dict]]:
+    def preprocessor(self, stats: dict[str, dict[str, torch.Tensor]]) -> ProcessorFiles:
         """(policy_preprocessor.json, one tensor dict per step) for our normalize step's statistics."""
         index = len(self.before)
         normalizer = self._normalizer(NORMALIZER, layout.PREPROCESSOR, index, self.features)
         steps = [*self.before, normalizer]
         return _pipeline(layout.PREPROCESSOR, steps), [*({} for _ in self.before), self._tensors(stats)]
 
-    def postprocessor(self, stats: dict[str, dict[str, torch.Tensor]]) -> tuple[dict[str, Any], list[dict]]:
+    def postprocessor(self, stats: dict[str, dict[str, torch.Tensor]]) -> ProcessorFiles:
         """(policy_postprocessor.json, one tensor dict per step): unnormalize the action, then the CPU."""
         outputs = {ACTION_KEY: self.features[ACTION_KEY]}
         steps = [self._normalizer(UNNORMALIZER, layout.POSTPROCESSOR, 0, outputs), device()]

@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.config.policy import ProcessorSchema
 from trainer.data.dataset import ACTION_KEY, OBS_KEY, TASK_KEY, frames_as_float, is_camera, task_bytes
-from trainer.data.pipeline.lerobot_schema import RANGES, LeRobotPipeline
+from trainer.data.pipeline.lerobot_schema import RANGES
 from trainer.errors import ConfigError
 
 PREPROCESSOR_KEYS = (OBS_KEY, ACTION_KEY)
@@ -55,7 +56,7 @@ class Processor:
     pipeline schema when the policy has a LeRobot counterpart (`lerobot`, one normalize step), else
     ours (`{"steps": [{"type": "normalize", "features": [...]}]}`, docs/format.md)."""
 
-    def __init__(self, steps: list[Normalize], lerobot: LeRobotPipeline | None = None) -> None:
+    def __init__(self, steps: list[Normalize], lerobot: ProcessorSchema | None = None) -> None:
         self.steps = steps
         self.lerobot = lerobot
 
@@ -248,7 +249,7 @@ def _check_stats(stats: dict[str, torch.Tensor], feature: str, index: int, size:
 
 
 def build_processors(
-    stats: dict[str, dict[str, torch.Tensor]], lerobot: LeRobotPipeline | None = None
+    stats: dict[str, dict[str, torch.Tensor]], lerobot: ProcessorSchema | None = None
 ) -> tuple[Processor, Processor]:
     """(preprocessor, postprocessor) for a dataset's statistics (its cameras' included), saved in
     LeRobot's schema when `lerobot` describes the policy's pipeline there."""

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from trainer.config.optim import AdamConfig, CosineConfig
 from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
 from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, is_camera
+from trainer.data.pipeline import lerobot_schema
 from trainer.data.pipeline.processors import ENV_KEY, NORMALIZATION_MODES, feature_type, mapped_stats
 from trainer.errors import ConfigError
 from trainer.policies import resnet
@@ -25,6 +26,9 @@ PREDICTION_TYPES = ("epsilon", "sample")
 # diffusers' DDPMScheduler/DDIMScheduler beta schedules (any other raises deep inside diffusers).
 BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2", "sigmoid")
 FINAL_CONV_GROUPS = 8  # LeRobot's final_conv GroupNorm: 8 groups whatever --policy.n_groups says
+# Our fields LeRobot's DiffusionConfig lacks: the shapes are its typed features, the rest stay in
+# train_config.json (its from_pretrained refuses a field it does not know).
+_OURS_ONLY = ("dropout", "dtype", "obs_dim", "action_dim", "path", "input_features", "image_shapes")
 
 
 @dataclass
@@ -316,6 +320,42 @@ class DiffusionConfig(PolicyConfig):
         return {
             name: mapped_stats(name, value, self.normalization_mapping.get(feature_type(name), "IDENTITY"))
             for name, value in stats.items()
+        }
+
+    def lerobot_config(self) -> dict[str, Any]:
+        """LeRobot 0.6.1's DiffusionConfig schema (`trainer export`), the reverse of `from_saved`: the
+        state and cameras as typed features, LeRobot's run fields at its defaults. LeRobot's policy reads
+        one `observation.state`, so a policy concatenating several vectors, or none, is refused."""
+        vectors = [name for name in self.input_features if not is_camera(name)]
+        if vectors != [OBS_KEY]:
+            raise ConfigError(
+                f"LeRobot's Diffusion Policy reads the robot state as one {OBS_KEY}, and this one reads "
+                f"{vectors or 'no vector'}: train it with --policy.input_features listing {OBS_KEY} and cameras"
+            )
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _OURS_ONLY}
+        return {
+            "type": self.type,
+            **{name: list(value) if isinstance(value, tuple) else value for name, value in own.items()},
+            **self._lerobot_features(),
+            **LEROBOT_RUN_FIELDS,
+        }
+
+    def lerobot_pipeline(self) -> lerobot_schema.LeRobotPipeline:
+        """LeRobot's `make_diffusion_pre_post_processors`: rename, batch axis, device, then the normalizer
+        over the state, the cameras and the action as normalization_mapping says."""
+        features = self._lerobot_features()
+        before = (lerobot_schema.rename(), lerobot_schema.to_batch(), lerobot_schema.device())
+        typed = {**features["input_features"], **features["output_features"]}
+        return lerobot_schema.LeRobotPipeline(before, typed, dict(self.normalization_mapping))
+
+    def _lerobot_features(self) -> dict[str, dict[str, Any]]:
+        """config.json's `input_features` (the state vector, then each camera) and `output_features`."""
+        inputs: dict[str, Any] = {OBS_KEY: {"type": "STATE", "shape": [self.obs_dim]}} if self.obs_dim else {}
+        for name in self.cameras:
+            inputs[name] = {"type": "VISUAL", "shape": list(self.image_shapes.get(name, []))}
+        return {
+            "input_features": inputs,
+            "output_features": {ACTION_KEY: {"type": "ACTION", "shape": [self.action_dim]}},
         }
 
     @classmethod
