@@ -161,7 +161,7 @@ class PolicyConfig(draccus.ChoiceRegistry):
 
     def lerobot_pipeline(self) -> ProcessorSchema | None:
         """The processors in LeRobot 0.6.1's pipeline schema, as its factory would build them for the
-        same policy (ACT, SmolVLA); None for a type LeRobot lacks, whose processor files keep our own
+        same policy (ACT, SmolVLA, Diffusion Policy); None for a type LeRobot lacks, whose processor files keep our own
         schema (docs/format.md)."""
         return None
 
@@ -177,10 +177,11 @@ class PolicyConfig(draccus.ChoiceRegistry):
         return saved
 
     def lerobot_config(self) -> dict[str, Any]:
-        """This config as LeRobot 0.6.1's config.json of the same policy (`trainer export`: ACT maps
-        its fields, SmolVLA's `to_dict` is LeRobot's already); a type LeRobot lacks is one line."""
+        """This config as LeRobot 0.6.1's config.json of the same policy (`trainer export`: ACT and
+        Diffusion Policy map their fields, SmolVLA's `to_dict` is LeRobot's already); a type LeRobot
+        lacks is one line."""
         raise ConfigError(
-            f"a {self.type} policy has no LeRobot counterpart: only act and smolvla export to LeRobot"
+            f"a {self.type} policy has no LeRobot counterpart: only act, smolvla and diffusion export to LeRobot"
         )
 
     def to_dict(self) -> dict[str, Any]:
