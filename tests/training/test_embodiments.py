@@ -210,3 +210,25 @@ def test_members_that_differ_in_a_feature_name_the_member_and_the_feature(workdi
     message = f"mixture member 1 (arm4): has no camera {TOP} (its cameras: {FRONT})"
     with pytest.raises(ConfigError, match=re.escape(message)):
         config.load([OBS_KEY, TOP])
+
+
+def test_held_out_frames_of_members_that_differ_are_counted_per_member(workdir: Path) -> None:
+    path = workdir / "mixture.json"
+    config = parse_config([f"--dataset.mixture={path}", "--dataset.eval_split=0.5"]).dataset
+    held_out = config.load_validation([OBS_KEY, ALL_CAMERAS, TASK_KEY], mixed_members=True)
+    assert isinstance(held_out, MixedMixture)
+    assert held_out.weighted_order.labels == ["dataset_video", "arm6"]
+    assert [len(member) for member in held_out.members] == list(held_out.weighted_order.sizes)
+    assert held_out.gather(torch.tensor([len(held_out) - 1]), Frames.chunk(5))["action"].shape == (1, 5, 3)
+
+
+def test_one_camera_name_of_two_frame_sizes_is_refused_in_one_line(workdir: Path) -> None:
+    """Mapping the 4x4 camera onto the video robot's 24x40 slot would stack frames of two sizes."""
+    path = workdir / "one_slot.json"
+    members = [{"root": "dataset_video"}, {"root": "arm6", "rename_map": {FRONT: TOP}}]
+    path.write_text(json.dumps(members))
+    config = parse_config([f"--dataset.mixture={path}"]).dataset
+    message = f"mixture member 1 (arm6): its camera {TOP} is 3x4x4, another member's 3x24x40"
+    with pytest.raises(ConfigError, match=re.escape(message)) as error:
+        config.load([OBS_KEY, ALL_CAMERAS, TASK_KEY], mixed_members=True)
+    assert "\n" not in str(error.value)
