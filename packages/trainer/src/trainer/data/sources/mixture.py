@@ -152,7 +152,8 @@ class MixtureConfig(LeRobotConfig):
 
     def _load(self, requested: Sequence[str], held_out: bool, mixed: bool) -> Mixture:
         """Each member loaded as a single-dataset run would load it, asked for the first member's
-        features under its own names, and served under the mixture's."""
+        features under its own names, and served under the mixture's; members that differ, for a policy
+        that takes them (`mixed`), as a `MixedMixture`."""
         infos = []
         for index in range(len(self.members)):
             with self.naming(index):
@@ -191,7 +192,7 @@ class MixtureConfig(LeRobotConfig):
                 config = self.member_config(index)
                 data = config.load_validation(asked) if held_out else config.load(asked)
                 assert data is not None  # held out: every member holds some out (eval_split)
-                for camera in info.cameras:
+                for camera in (c for c in info.cameras if c in data.input_features):  # the ones it serves
                     name, shape = rename.get(camera, camera), info.camera_shape(camera)
                     if shapes.setdefault(name, shape) != shape:
                         raise ConfigError(
