@@ -63,17 +63,23 @@ def write_dataset(
     rows_per_file: int = 37,
     seed: int = 0,
     broken_images: bool = False,
+    *,
+    state_size: int = 4,
+    action_size: int = 2,
+    fps: int = 10,
 ) -> dict[str, np.ndarray]:
     """Write the dataset under `root`; returns the frames written (for comparisons). `broken_images`
-    stores bytes that are not an image in the camera column."""
-    data = frames(episode_lengths, seed)
+    stores bytes that are not an image in the camera column. `state_size` (4 to 8) and `action_size`
+    (2 to 4) widen the state and action with copies of their first values halved: another robot."""
+    data = _widened(frames(episode_lengths, seed), state_size, action_size)
     total = len(data["index"])
     file_of_row = []
     for n, start in enumerate(range(0, total, rows_per_file)):
         chunk, file = divmod(n, 2)  # two files per chunk directory: several chunks too
         rows = slice(start, min(start + rows_per_file, total))
         file_of_row += [(chunk, file)] * (rows.stop - rows.start)
-        _write_data_file(root / f"data/chunk-{chunk:03d}/file-{file:03d}.parquet", data, rows, broken_images)
+        path = root / f"data/chunk-{chunk:03d}/file-{file:03d}.parquet"
+        _write_data_file(path, data, rows, broken_images, fps)
     ends = np.cumsum(episode_lengths)
     starts = ends - np.asarray(episode_lengths)
     episodes = pa.table(
@@ -89,16 +95,25 @@ def write_dataset(
     )
     (root / "meta/episodes/chunk-000").mkdir(parents=True)
     pq.write_table(episodes, root / "meta/episodes/chunk-000/file-000.parquet")
-    pq.write_table(pa.table({"task_index": [0], "__index_level_0__": ["move"]}), root / "meta/tasks.parquet")
+    pq.write_table(pa.table({"task_index": [0], "task": ["move"]}), root / "meta/tasks.parquet")
     stats = {
         name: {"mean": data[name].mean(0).tolist(), "std": data[name].std(0).tolist(), "count": [total]}
         for name in (STATE, VELOCITY, "action")
     }
     (root / "meta/stats.json").write_text(json.dumps(stats))
+    features = {
+        **FEATURES,
+        STATE: {**FEATURES[STATE], "shape": [state_size], "names": [f"s{i}" for i in range(state_size)]},
+        "action": {
+            **FEATURES["action"],
+            "shape": [action_size],
+            "names": [f"a{i}" for i in range(action_size)],
+        },
+    }
     info = {
         "codebase_version": "v3.0",
-        "fps": 10,
-        "features": FEATURES,
+        "fps": fps,
+        "features": features,
         "total_episodes": len(episode_lengths),
         "total_frames": total,
         "total_tasks": 1,
@@ -120,7 +135,16 @@ def _png(index: int) -> bytes:
     return out.getvalue()
 
 
-def _write_data_file(path: Path, data: dict[str, np.ndarray], rows: slice, broken_images: bool) -> None:
+def _widened(data: dict[str, np.ndarray], state_size: int, action_size: int) -> dict[str, np.ndarray]:
+    for key, size in ((STATE, state_size), ("action", action_size)):
+        values = data[key]
+        data[key] = np.concatenate([values, 0.5 * values[:, : size - values.shape[1]]], axis=1)
+    return data
+
+
+def _write_data_file(
+    path: Path, data: dict[str, np.ndarray], rows: slice, broken_images: bool, fps: int
+) -> None:
     n = rows.stop - rows.start
 
     def vectors(values: np.ndarray, fixed: bool = False) -> pa.Array:
@@ -143,7 +167,7 @@ def _write_data_file(path: Path, data: dict[str, np.ndarray], rows: slice, broke
             IMAGE: image,
             VELOCITY: vectors(data[VELOCITY], fixed=True),
             "action": vectors(data["action"]),
-            "timestamp": pa.array(data["frame_index"][rows] / 10.0, pa.float32()),
+            "timestamp": pa.array(data["frame_index"][rows] / float(fps), pa.float32()),
             "frame_index": pa.array(data["frame_index"][rows]),
             "episode_index": pa.array(data["episode_index"][rows]),
             "index": pa.array(data["index"][rows]),

@@ -106,12 +106,16 @@ class DatasetConfig(draccus.ChoiceRegistry):
     def type(self) -> str:
         return self.get_choice_name(type(self))
 
-    def load(self, input_features: Sequence[str] = ()) -> Dataset:
+    def load(self, input_features: Sequence[str] = (), *, mixed_members: bool = False) -> Dataset:
         """The training data. `input_features` are the observation features the policy asks for
-        (empty: the dataset's default); a feature the dataset cannot provide is a ConfigError."""
+        (empty: the dataset's default); a feature the dataset cannot provide is a ConfigError.
+        `mixed_members`: the policy takes a mixture whose members differ (`PolicyConfig.takes_mixed_members`);
+        only a mixture reads it."""
         raise NotImplementedError
 
-    def load_validation(self, input_features: Sequence[str] = ()) -> Dataset | None:
+    def load_validation(
+        self, input_features: Sequence[str] = (), *, mixed_members: bool = False
+    ) -> Dataset | None:
         """Held-out data for `val_loss`, or None when the config holds none out."""
         return None
 

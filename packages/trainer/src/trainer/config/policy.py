@@ -134,6 +134,14 @@ class PolicyConfig(draccus.ChoiceRegistry):
         return 0
 
     @property
+    def takes_mixed_members(self) -> bool:
+        """Whether the policy trains on a mixture whose members differ in state or action size, cameras or
+        fps (data/sources/mixture.py): it reads each item's state and action padded to the widest member
+        with `*_dim_is_pad` masks and a camera a member lacks as an empty slot (`<camera>_padding_mask`).
+        False by default: ACT, Diffusion and the MLPs read one fixed layout, so members must agree."""
+        return False
+
+    @property
     def frames(self) -> Frames:
         """Both offsets as the data layer takes them (`config.dataset.Frames`)."""
         return Frames(tuple(self.observation_delta_indices or (0,)), tuple(self.action_delta_indices))

@@ -40,6 +40,12 @@ from trainer.errors import ConfigError
 OBS_KEY = "observation.state"
 ACTION_KEY = "action"
 PAD_KEY = "action_is_pad"
+# A mixture of members that differ (data/pipeline/embodiments.py): which of an item's state and action
+# values are padding, (B, width) True past the member's own size, and a camera slot's presence
+# (`<camera>_padding_mask`, (B,) False where the item's member has no such camera: an empty slot).
+STATE_DIM_PAD_KEY = "observation.state_dim_is_pad"
+ACTION_DIM_PAD_KEY = "action_dim_is_pad"
+CAMERA_MASK_SUFFIX = "_padding_mask"
 CAMERA_PREFIX = "observation.images."
 ALL_CAMERAS = CAMERA_PREFIX + "*"  # in --policy.input_features: every camera of the dataset
 # In --policy.input_features: the frame's task text, gathered as UTF-8 bytes (B, longest) zero-padded

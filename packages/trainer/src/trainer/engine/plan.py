@@ -100,7 +100,11 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
     )
     publish_note = _check_startable(config, topology)
     dataset, val_dataset, rename_note = load_renamed(
-        config.dataset, config.rename_map, config.policy.input_features, held_out=True
+        config.dataset,
+        config.rename_map,
+        config.policy.input_features,
+        held_out=True,
+        mixed_members=config.policy.takes_mixed_members,
     )
     config = config.derive(policy=resolve_policy_features(config.policy, dataset))
     notes = tuple(note for note in (layout_note, format_note, publish_note, rename_note) if note)

@@ -62,13 +62,18 @@ class Mixture:
         for k in torch.unique(member).tolist():
             chosen = torch.nonzero(member == k).reshape(-1)
             local = indices[chosen] - self.weighted_order.starts[k]
-            parts.append(self.members[k].gather(local, frames))
+            parts.append(self.member_batch(k, local, frames))
             positions.append(chosen)
         if len(parts) == 1:
             return parts[0]
         where = torch.argsort(torch.cat(positions))  # from the members' order back to `indices`'
         cat = {TASK_KEY: cat_task_bytes}  # texts of different lengths; everything else one shape
         return {key: cat.get(key, torch.cat)([part[key] for part in parts])[where] for key in parts[0]}
+
+    def member_batch(self, k: int, indices: torch.Tensor, frames: Frames | int) -> dict[str, torch.Tensor]:
+        """Member `k`'s samples at its own `indices`, as the mixture serves them (a mixture of members
+        that differ pads them: embodiments.py)."""
+        return self.members[k].gather(indices, frames)
 
     def stats(self) -> Stats:
         return pool_stats([m.stats() for m in self.members], [len(m) for m in self.members])

@@ -17,14 +17,23 @@ from trainer.config.dataset import PAD_SUFFIX, Dataset, DatasetConfig, Frames, S
 
 
 def load_renamed(
-    config: DatasetConfig, rename: Mapping[str, str], input_features: Sequence[str], *, held_out: bool
+    config: DatasetConfig,
+    rename: Mapping[str, str],
+    input_features: Sequence[str],
+    *,
+    held_out: bool,
+    mixed_members: bool = False,
 ) -> tuple[Dataset, Dataset | None, str]:
     """The data (and with `held_out` the held-out data) for a policy that reads `input_features`
     under `rename`: the dataset is asked for its own names and served under the policy's. Returns the
-    note naming the renames that matched no feature the run reads ("" if none)."""
+    note naming the renames that matched no feature the run reads ("" if none). `mixed_members`: the
+    policy's `takes_mixed_members`."""
     dataset_name = {new: old for old, new in rename.items()}
-    dataset = config.load([dataset_name.get(name, name) for name in input_features])
-    validation = config.load_validation(dataset.input_features) if held_out else None
+    asked = [dataset_name.get(name, name) for name in input_features]
+    dataset = config.load(asked, mixed_members=mixed_members)
+    validation = (
+        config.load_validation(dataset.input_features, mixed_members=mixed_members) if held_out else None
+    )
     unused = [old for old in rename if old not in dataset.input_features]
     note = (
         f"--rename_map: {', '.join(unused)} is not among the observation features this run reads "

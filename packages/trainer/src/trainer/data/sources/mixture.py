@@ -14,10 +14,13 @@ The members resolve once, when the config is built, into `members`: train_config
 flag (video backend, ImageNet statistics, augmentation, `eval_split`) applies to every member; the
 episodes are chosen per member.
 
-Members must agree on what a policy is trained on: one fps, one action size, and every observation
-feature and camera the run reads, under the mixture's names (the first member's, or what each member's
-`rename_map` maps its own names to), with one size. A disagreement is one line naming the member and
-the fix. The data is `data/pipeline/mixture.py`'s `Mixture` of the members as single-dataset runs load them.
+For a policy of one fixed layout, members must agree on what it is trained on: one fps, one action size,
+and every observation feature and camera the run reads, under the mixture's names (the first member's,
+or what each member's `rename_map` maps its own names to), with one size. A disagreement is one line
+naming the member, the feature and the fix. The data is `data/pipeline/mixture.py`'s `Mixture` of the
+members as single-dataset runs load them. A policy that takes members that differ
+(`PolicyConfig.takes_mixed_members`, SmolVLA) gets a `MixedMixture` (data/pipeline/embodiments.py)
+when they do: each member padded to the widest, its missing cameras empty slots, at its own fps.
 
 With `--dataset.streaming=true` every member is read in place (its `root` an fsspec URL, `s3://...` or
 `hf://datasets/...`; a local one as `file://`), each through its own block cache: the members split
@@ -37,14 +40,17 @@ from typing import Any
 
 from ckpt_tools import layout
 from trainer.config.dataset import Dataset, DatasetConfig
-from trainer.data.dataset import ACTION_KEY, is_camera
+from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, TASK_KEY, is_camera
 from trainer.data.format import metadata as fmt
+from trainer.data.pipeline.embodiments import MixedMixture
 from trainer.data.pipeline.mixture import Mixture
 from trainer.data.pipeline.renamed import RenamedDataset
 from trainer.data.sources.lerobot import LeRobotConfig
 from trainer.errors import ConfigError
 
 MIXTURE_HINT = "see docs/datasets_at_scale.md"
+# what every refusal of members that differ adds: the policies that take them (PolicyConfig.takes_mixed_members)
+DIFFER_HINT = "; or train a policy that takes members that differ (--policy.type=smolvla)"
 
 
 @dataclass
@@ -136,19 +142,24 @@ class MixtureConfig(LeRobotConfig):
         except ConfigError as exc:
             raise ConfigError(f"mixture member {index} ({self.labels()[index]}): {exc}") from None
 
-    def load(self, input_features: Sequence[str] = ()) -> Mixture:
-        return self._load(input_features, held_out=False)
+    def load(self, input_features: Sequence[str] = (), *, mixed_members: bool = False) -> Mixture:
+        return self._load(input_features, held_out=False, mixed=mixed_members)
 
-    def load_validation(self, input_features: Sequence[str] = ()) -> Mixture | None:
-        return self._load(input_features, held_out=True) if self.eval_split else None
+    def load_validation(
+        self, input_features: Sequence[str] = (), *, mixed_members: bool = False
+    ) -> Mixture | None:
+        return self._load(input_features, held_out=True, mixed=mixed_members) if self.eval_split else None
 
-    def _load(self, requested: Sequence[str], held_out: bool) -> Mixture:
+    def _load(self, requested: Sequence[str], held_out: bool, mixed: bool) -> Mixture:
         """Each member loaded as a single-dataset run would load it, asked for the first member's
-        features under its own names, and served under the mixture's."""
+        features under its own names, and served under the mixture's; members that differ, for a policy
+        that takes them (`mixed`), as a `MixedMixture`."""
         infos = []
         for index in range(len(self.members)):
             with self.naming(index):
                 infos.append(fmt.read_info(self.member_config(index).local_root()))
+        if mixed and members_differ(infos, self.members):
+            return self._load_mixed(infos, requested, held_out)
         check_rates(infos, self.labels())
         datasets: list[Dataset] = []
         for index, (member, info) in enumerate(zip(self.members, infos, strict=True)):
@@ -166,6 +177,37 @@ class MixtureConfig(LeRobotConfig):
         # held out: every frame counts once, so val_loss is over the held-out frames as they are
         weights = [float(len(d)) for d in datasets] if held_out else [m.weight for m in self.members]
         return Mixture(datasets, weights, self.labels())
+
+    def _load_mixed(self, infos: Sequence[fmt.Info], requested: Sequence[str], held_out: bool) -> Mixture:
+        """Members that differ (data/pipeline/embodiments.py), each asked for the features it has among
+        those requested (the wildcard and the task as they are), at its own fps."""
+        datasets: list[Dataset] = []
+        shapes: dict[str, tuple[int, int, int]] = {}
+        for index, (member, info) in enumerate(zip(self.members, infos, strict=True)):
+            rename = member.rename_map
+            own_name = {new: old for old, new in rename.items()}
+            has = {rename.get(name, name) for name in (*info.cameras, *info.observation_features)}
+            asked = [own_name.get(name, name) for name in requested if name in has or not _named(name)]
+            with self.naming(index):
+                config = self.member_config(index)
+                data = config.load_validation(asked) if held_out else config.load(asked)
+                assert data is not None  # held out: every member holds some out (eval_split)
+                for camera in (c for c in info.cameras if c in data.input_features):  # the ones it serves
+                    name, shape = rename.get(camera, camera), info.camera_shape(camera)
+                    if shapes.setdefault(name, shape) != shape:
+                        raise ConfigError(
+                            f"its camera {name} is {'x'.join(map(str, shape))}, another member's "
+                            f"{'x'.join(map(str, shapes[name]))}: give one name one frame size (map it to "
+                            "another name in the member's rename_map)"
+                        )
+            datasets.append(RenamedDataset(data, rename) if rename else data)
+        missing = [n for n in requested if _named(n) and not any(n in d.input_features for d in datasets)]
+        if missing:
+            raise ConfigError(
+                f"no mixture member has feature {missing[0]}: leave it out of --policy.input_features"
+            )
+        weights = [float(len(d)) for d in datasets] if held_out else [m.weight for m in self.members]
+        return MixedMixture(datasets, weights, self.labels(), shapes)
 
     def banner(self) -> list[str]:
         total = sum(member.weight for member in self.members)
@@ -326,6 +368,23 @@ def check_members(members: Sequence[MixtureMember]) -> None:
                 )
 
 
+def _named(feature: str) -> bool:
+    """Whether a requested feature names one observation feature (not the camera wildcard or the task)."""
+    return feature not in (ALL_CAMERAS, TASK_KEY)
+
+
+def members_differ(infos: Sequence[fmt.Info], members: Sequence[MixtureMember]) -> bool:
+    """Whether the members differ in fps, action size, cameras or observation features and their sizes
+    (under the mixture's names): such a mixture is a `MixedMixture` for a policy that takes it."""
+
+    def layout(info: fmt.Info, rename: dict[str, str]) -> tuple[object, ...]:
+        vectors = sorted((rename.get(n, n), info.size(n)) for n in info.observation_features)
+        cameras = sorted(rename.get(n, n) for n in info.cameras)
+        return info.fps, info.size(ACTION_KEY), tuple(vectors), tuple(cameras)
+
+    return len({layout(info, m.rename_map) for info, m in zip(infos, members, strict=True)}) > 1
+
+
 def check_rates(infos: Sequence[fmt.Info], labels: Sequence[str]) -> None:
     """One fps and one action size across the members."""
     for what, values, fix in (
@@ -335,7 +394,8 @@ def check_rates(infos: Sequence[fmt.Info], labels: Sequence[str]) -> None:
         if len(set(values)) > 1:
             listed = ", ".join(f"{label} {value:g}" for label, value in zip(labels, values, strict=True))
             raise ConfigError(
-                f"the mixture's members disagree on {what} ({listed}): a policy trains on one; {fix}"
+                f"the mixture's members disagree on {what} ({listed}): this policy trains on one; {fix}"
+                f"{DIFFER_HINT}"
             )
 
 
@@ -347,13 +407,13 @@ def check_features(info: fmt.Info, rename: dict[str, str], features: Sequence[st
         if is_camera(name) and name not in cameras:
             raise ConfigError(
                 f"has no camera {name} (its cameras: {', '.join(cameras) or 'none'}): map one of its cameras "
-                f"to it in the member's rename_map, or leave {name} out of --policy.input_features"
+                f"to it in the member's rename_map, or leave {name} out of --policy.input_features{DIFFER_HINT}"
             )
         if not is_camera(name) and name not in vectors:
             raise ConfigError(
                 f"has no feature {name} (its observation features: {', '.join(vectors) or 'none'}): map one "
                 "of its features to it in the member's rename_map, or name the features to train on in "
-                "--policy.input_features"
+                f"--policy.input_features{DIFFER_HINT}"
             )
 
 
@@ -374,6 +434,6 @@ def check_sizes(
                 f"{label} {'x'.join(map(str, size))}" for label, size in zip(labels, sizes, strict=True)
             )
             raise ConfigError(
-                f"the mixture's members disagree on the size of {name} ({listed}): a policy reads one; "
-                "map it to one size in the datasets, or leave it out of --policy.input_features"
+                f"the mixture's members disagree on the size of {name} ({listed}): this policy reads one; "
+                f"map it to one size in the datasets, or leave it out of --policy.input_features{DIFFER_HINT}"
             )

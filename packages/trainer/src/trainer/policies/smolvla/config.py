@@ -177,6 +177,12 @@ class SmolVLAConfig(PolicyConfig):
         return self.built_by
 
     @property
+    def takes_mixed_members(self) -> bool:
+        """SmolVLA pads state and action to max_state_dim / max_action_dim and masks empty camera slots:
+        members of different shapes fit (the loss skips the padded action dims, policy.py)."""
+        return True
+
+    @property
     def cameras(self) -> list[str]:
         """The cameras the policy reads, in config order (the order of their tokens)."""
         return [name for name in self.input_features if is_camera(name) and name != ALL_CAMERAS]

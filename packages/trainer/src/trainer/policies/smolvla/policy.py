@@ -16,7 +16,14 @@ from typing import ClassVar
 
 import torch
 
-from trainer.data.dataset import ACTION_KEY, OBS_KEY, PAD_KEY
+from trainer.data.dataset import (
+    ACTION_DIM_PAD_KEY,
+    ACTION_KEY,
+    CAMERA_MASK_SUFFIX,
+    OBS_KEY,
+    PAD_KEY,
+    STATE_DIM_PAD_KEY,
+)
 from trainer.errors import ConfigError
 from trainer.policies.base import Policy
 from trainer.policies.smolvla import backbone, language
@@ -86,7 +93,7 @@ class SmolVLAPolicy(Policy):
             images.append((image * 2.0 - 1.0).to(self._dtype))
             masks.append(
                 batch.get(
-                    f"{name}_padding_mask", torch.ones(len(image), dtype=torch.bool, device=image.device)
+                    name + CAMERA_MASK_SUFFIX, torch.ones(len(image), dtype=torch.bool, device=image.device)
                 ).bool()
             )
         # LeRobot adds `empty_cameras` camera names no batch holds, so every call appends that many
@@ -100,6 +107,8 @@ class SmolVLAPolicy(Policy):
         images, masks = self._images(batch)
         state = batch[OBS_KEY]
         state = state[:, -1] if state.ndim > 2 else state
+        if STATE_DIM_PAD_KEY in batch:  # a mixture's smaller robot: its padded values stay 0 once normalized
+            state = state.masked_fill(batch[STATE_DIM_PAD_KEY], 0.0)
         if state.shape[-1] > self.config.max_state_dim:
             raise ValueError(
                 f"the state has {state.shape[-1]} values, more than max_state_dim={self.config.max_state_dim}"
@@ -120,7 +129,8 @@ class SmolVLAPolicy(Policy):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """LeRobot's loss: the element-wise squared velocity error on the real action dimensions,
         summed over the steps that are not padding and divided by their number x action_dim (per
-        sample with reduction="none")."""
+        sample with reduction="none"); with `action_dim_is_pad` (a mixture of members that differ)
+        over each item's own dims (`_masked_loss`)."""
         actions = pad_last(batch[ACTION_KEY].to(self._dtype), self.config.max_action_dim)
         if noise is None:
             noise = sample_noise(actions.shape, actions.device)
@@ -131,6 +141,8 @@ class SmolVLAPolicy(Policy):
         ]
         metrics = {"losses_after_forward": losses.detach().mean()}
         pad = batch.get(PAD_KEY)
+        if ACTION_DIM_PAD_KEY in batch:
+            return _masked_loss(losses, pad, batch[ACTION_DIM_PAD_KEY], reduction), metrics
         if pad is not None:
             losses = losses * (~pad).unsqueeze(-1)
         dims = losses.shape[-1]
@@ -185,6 +197,22 @@ class SmolVLAPolicy(Policy):
             super().initialize_module(module)
         else:
             initializer(module)
+
+
+def _masked_loss(
+    losses: torch.Tensor, pad: torch.Tensor | None, dim_pad: torch.Tensor, reduction: str
+) -> torch.Tensor:
+    """The loss over each item's own action dims (a mixture of members that differ,
+    data/pipeline/embodiments.py): padded dims multiplied by 0, so they add no loss and exactly zero
+    gradient, and each item's valid count is its valid steps x its own action size."""
+    steps = (
+        (~pad) if pad is not None else torch.ones(losses.shape[:2], dtype=torch.bool, device=losses.device)
+    )
+    valid = steps.unsqueeze(-1) & ~dim_pad[:, None, : losses.shape[-1]]
+    losses = losses * valid
+    if reduction == "none":
+        return losses.sum(dim=(1, 2)) / valid.sum(dim=(1, 2)).clamp_min(1)
+    return losses.sum() / valid.sum().clamp_min(1)
 
 
 SmolVLAConfig.built_by = SmolVLAPolicy
