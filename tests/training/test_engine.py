@@ -23,6 +23,7 @@ from trainer.data.pipeline.sampler import GlobalOrderSampler
 from trainer.distributed.factory import build_accelerator
 from trainer.engine.plan import train
 from trainer.errors import ConfigError
+from trainer.reporting.loss_curve import read_history
 
 
 def test_single_process_run_writes_checkpoints_and_metrics(
@@ -63,6 +64,10 @@ def test_single_process_run_writes_checkpoints_and_metrics(
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if r.get("event") == "train"]
     assert len(losses) == 3 and losses[-1] < 0.85 * losses[0]
+    windows = [r["losses"] for r in records if r.get("event") == "step_losses"]
+    history = read_history(out / "metrics.jsonl")  # what loss_curve.png draws: every one of the 60 steps
+    assert [s for s, _ in history.step_loss] == list(range(1, 61)) and [len(w) for w in windows] == [20] * 3
+    assert all(abs(sum(w) / len(w) - loss) < 1e-6 for w, loss in zip(windows, losses, strict=True))
     png = (out / "loss_curve.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and png[12:16] == b"IHDR"
     width, height = struct.unpack(">II", png[16:24])

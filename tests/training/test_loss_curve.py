@@ -58,3 +58,29 @@ def test_a_one_point_run_shows_its_point() -> None:
     (line,) = fig.axes[0].get_lines()
     assert list(line.get_xdata()) == [1] and line.get_marker() not in (None, "None", "", " ")
     plt.close(fig)
+
+
+def test_every_steps_loss_is_read_across_a_resume_and_drawn(tmp_path) -> None:
+    """The `step_losses` record beside each log line holds the window's steps, ending at its step; a
+    crashed segment's steps after the checkpoint are dropped like its logged points."""
+    path = tmp_path / "metrics.jsonl"
+    _write(
+        path,
+        {"event": "start", "banner": ["first segment"]},
+        {"event": "step_losses", "step": 2, "losses": [1.2, 1.0]},
+        _train(2, 1.1),
+        {"event": "step_losses", "step": 4, "losses": [0.9, 0.8]},
+        _train(4, 0.85),
+        {"event": "start", "banner": ["resumed"]},
+        {"event": "resume", "step": 2, "changes": []},
+        {"event": "step_losses", "step": 4, "losses": [0.95, 0.7]},
+        _train(4, 0.825),
+    )
+    history = read_history(path)
+    assert history.step_loss == [(1, 1.2), (2, 1.0), (3, 0.95), (4, 0.7)]
+    assert history.loss == [(2, 1.1), (4, 0.825)]
+    fig = draw(history, "every step")
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    assert list(lines["loss (every step)"].get_xdata()) == [1, 2, 3, 4]
+    assert list(lines["loss"].get_xdata()) == [2, 4]
+    plt.close(fig)

@@ -173,7 +173,8 @@ def _log_window(
     metrics (a mixture's samples per member, retried GETs of a streamed dataset, the wait for data);
     returns the loss."""
     feed = run.feed
-    loss, samples_per_s = window.close(run.accelerator, feed.sampler.global_batch)
+    loss, step_losses, samples_per_s = window.close(run.accelerator, feed.sampler.global_batch)
+    logger.record({"event": "step_losses", "step": step, "losses": step_losses})  # for loss_curve.png
     norm = {"grad_norm": _read_norm(grad_norm)} if grad_norm is not None else {}
     lr = run.scheduler.get_last_lr()[0]
     record = {"step": step, "loss": loss, **norm, "lr": lr, "samples_per_s": samples_per_s}

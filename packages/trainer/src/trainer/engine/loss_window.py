@@ -1,4 +1,4 @@
-"""The training loss between two log steps, and the throughput over the same window."""
+"""The training loss between two log steps, each step's too, and the throughput over the same window."""
 
 from __future__ import annotations
 
@@ -12,23 +12,27 @@ if TYPE_CHECKING:
 
 
 class LossWindow:
-    """Losses summed on the device as the steps run (reading a value back would wait for the device at
-    every step); `close()` reduces their mean over the ranks when the loop logs."""
+    """Losses kept on the device as the steps run (reading a value back would wait for the device at
+    every step); `close()` reduces them over the ranks when the loop logs, in one collective."""
 
     def __init__(self, device: torch.device) -> None:
         self._total = torch.zeros((), device=device)
-        self._steps = 0
+        self._losses: list[torch.Tensor] = []
         self._start = time.perf_counter()
 
     def add(self, loss: torch.Tensor) -> None:
-        self._total += loss
-        self._steps += 1
+        self._total += loss.detach()
+        self._losses.append(loss.detach().reshape(1))
 
-    def close(self, accelerator: Accelerator, global_batch: int) -> tuple[float, float]:
-        """Collective. The window's mean loss over every rank and its samples per second; the next
-        window starts now."""
-        mean = float(accelerator.reduce(self._total / self._steps, reduction="mean"))
-        samples_per_s = self._steps * global_batch / (time.perf_counter() - self._start)
+    def close(self, accelerator: Accelerator, global_batch: int) -> tuple[float, list[float], float]:
+        """Collective. The window's mean loss over every rank, each step's mean over the ranks (the loss
+        curve draws every step, not only the logged ones) and the samples per second; the next window
+        starts now. The mean is the running sum's over the steps, as before each step's loss was kept:
+        the steps ride along in the same reduction, element by element, so the logged value is unchanged."""
+        steps = len(self._losses)
+        window = torch.cat([(self._total / steps).reshape(1), *self._losses]).to(torch.float32)
+        reduced = accelerator.reduce(window, reduction="mean").tolist()
+        samples_per_s = steps * global_batch / (time.perf_counter() - self._start)
         self._total.zero_()
-        self._steps, self._start = 0, time.perf_counter()
-        return mean, samples_per_s
+        self._losses, self._start = [], time.perf_counter()
+        return reduced[0], reduced[1:], samples_per_s

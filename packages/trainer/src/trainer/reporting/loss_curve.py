@@ -22,13 +22,18 @@ class History:
     """(step, value) pairs of the whole run, in step order, and the steps it resumed at."""
 
     loss: list[tuple[int, float]] = field(default_factory=list)
+    """The logged losses: each the mean over its log window."""
     val_loss: list[tuple[int, float]] = field(default_factory=list)
     resumes: list[int] = field(default_factory=list)
+    step_loss: list[tuple[int, float]] = field(default_factory=list)
+    """Every step's loss (the `step_losses` records each log line comes with; none in a run of a
+    release before them)."""
 
     def _truncate(self, step: int) -> None:
         """Drop what a crashed segment logged after the checkpoint the next segment resumed from."""
         self.loss = [(s, v) for s, v in self.loss if s <= step]
         self.val_loss = [(s, v) for s, v in self.val_loss if s <= step]
+        self.step_loss = [(s, v) for s, v in self.step_loss if s <= step]
         self.resumes = [s for s in self.resumes if s < step]
 
 
@@ -54,12 +59,16 @@ def read_history(path: str | os.PathLike[str]) -> History:
             fresh = False
             history._truncate(step)
             history.resumes.append(step)
-        elif isinstance(step, int) and ("loss" in record or "val_loss" in record):
+        elif isinstance(step, int) and ("loss" in record or "val_loss" in record or event == "step_losses"):
             if fresh:  # training began without a resume: a new run, not a continuation
                 history, fresh = History(), False
             for name in ("loss", "val_loss"):
                 if isinstance(record.get(name), int | float):
                     getattr(history, name).append((step, float(record[name])))
+            losses = record.get("losses") if event == "step_losses" else None
+            if isinstance(losses, list):  # the window's steps, ending at `step`
+                first = step - len(losses) + 1
+                history.step_loss += [(first + i, float(v)) for i, v in enumerate(losses)]
     return history
 
 
@@ -75,14 +84,19 @@ def plot(history: History, path: str | os.PathLike[str], title: str) -> None:
 
 
 def draw(history: History, title: str) -> Any:
-    """The figure: training loss (and validation loss) over loop steps, resume points marked. Points
-    carry markers, so a run that logged once still shows its point."""
+    """The figure: every step's training loss, the logged window means and the validation loss over
+    loop steps, resume points marked. Logged points carry markers, so a run that logged once still shows
+    its point."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
+    if len(history.step_loss) > 1:
+        ax.plot(
+            *zip(*history.step_loss, strict=True), "-", linewidth=0.8, alpha=0.5, label="loss (every step)"
+        )
     for name, points, style in (("loss", history.loss, "-o"), ("val_loss", history.val_loss, "-s")):
         if points:
             ax.plot(*zip(*points, strict=True), style, markersize=3 if len(points) > 1 else 6, label=name)
@@ -91,7 +105,7 @@ def draw(history: History, title: str) -> Any:
     ax.set_title(title)
     ax.set_xlabel("loop step")
     ax.set_ylabel("loss (mean over ranks)")
-    if all(v > 0 for _, v in history.loss + history.val_loss):
+    if all(v > 0 for _, v in history.loss + history.val_loss + history.step_loss):
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend()
