@@ -64,6 +64,19 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureR
         raise
 
 
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """One intra-op thread for a module of tiny-tensor tests (`pytestmark =
+    pytest.mark.usefixtures("one_thread")`): two threads on a busy 2-core machine spin many times slower
+    than one."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """moto's S3-compatible server on 127.0.0.1, started once per session; the process environment

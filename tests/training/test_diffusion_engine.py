@@ -15,11 +15,10 @@ import torch
 from safetensors.torch import load_file
 
 import trainer
+from helpers.engine_run import train_in
 from helpers.fixtures import copy_fixture
 from helpers.processor_files import same_as_lerobots
-from trainer.cli.parse import parse_config
 from trainer.data.pipeline.sampler import GlobalOrderSampler, sampled_frames
-from trainer.engine.plan import train
 from trainer.errors import ConfigError
 from trainer.evaluation.lerobot_export import export_lerobot
 
@@ -41,26 +40,7 @@ TINY = [
 CAMERAS = ("observation.images.top", "observation.images.wrist")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: these tensors are tiny, and two threads on a busy machine spin many times
-    slower than one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _train(workdir: Path, flags: list[str]) -> None:
-    from accelerate.state import AcceleratorState
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(workdir)
-        AcceleratorState._reset_state(reset_partial_state=True)
-        try:
-            train(parse_config(flags))
-        finally:
-            AcceleratorState._reset_state(reset_partial_state=True)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +50,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("diffusion_engine")
     copy_fixture(tmp, "lerobot", "dataset_video")
     copy_fixture(tmp, "lerobot_diffusion_tiny")
-    _train(tmp, [*TINY, "--steps=4", "--save_freq=2", "--output_dir=straight"])
+    train_in(tmp, [*TINY, "--steps=4", "--save_freq=2", "--output_dir=straight"])
     return tmp
 
 
@@ -111,7 +91,7 @@ def test_a_resumed_run_is_bit_exact(workdir: Path) -> None:
     shutil.rmtree(checkpoints / "000004")
     (checkpoints / "last").unlink()
     (checkpoints / "last").symlink_to("000002")
-    _train(workdir, ["--resume=true", "--steps=4", "--output_dir=resumed"])
+    train_in(workdir, ["--resume=true", "--steps=4", "--output_dir=resumed"])
     straight, resumed = (
         load_file(str(workdir / run / "checkpoints" / "000004" / "pretrained_model" / "model.safetensors"))
         for run in ("straight", "resumed")
@@ -126,7 +106,7 @@ def test_lerobots_checkpoint_loads_strictly_and_fine_tunes(workdir: Path) -> Non
     """--policy.path=<LeRobot's pretrained_model>: its config.json (LeRobot's schema) and all 213 tensors,
     trained on for 2 steps."""
     base = workdir / "lerobot_diffusion_tiny" / "pretrained_model"
-    _train(workdir, [f"--policy.path={base}", "--dataset.root=dataset_video", "--batch_size=2",
+    train_in(workdir, [f"--policy.path={base}", "--dataset.root=dataset_video", "--batch_size=2",
                      "--num_workers=0", "--steps=2", "--output_dir=tuned"])  # fmt: skip
     before = load_file(str(base / "model.safetensors"))
     after = load_file(

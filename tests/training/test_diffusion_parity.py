@@ -40,14 +40,7 @@ def close(ours: torch.Tensor, theirs: torch.Tensor) -> None:
     torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=RTOL)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: these tensors are tiny, and two threads on a busy machine spin ten times
-    slower than one (LeRobot's own 1- vs 2-thread runs differ well inside the tolerance)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

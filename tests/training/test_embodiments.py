@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers.engine_run import TINY_SMOLVLA, train_in
 from helpers.fixtures import copy_fixture
 from helpers.lerobot_data import frames, write_dataset
 from trainer.cli.parse import parse_config
@@ -23,34 +24,15 @@ from trainer.config.dataset import Frames
 from trainer.data.dataset import ACTION_DIM_PAD_KEY, ALL_CAMERAS, OBS_KEY, STATE_DIM_PAD_KEY, TASK_KEY
 from trainer.data.pipeline.embodiments import MixedMixture
 from trainer.data.sources.mixture import MixtureConfig
-from trainer.engine.plan import train
 from trainer.errors import ConfigError
 from trainer.policies import build_policy
 
 TOP, WRIST, FRONT = (f"observation.images.{name}" for name in ("top", "wrist", "front"))
-SMOLVLA = [
-    "--policy.type=smolvla",
-    "--policy.vlm_model_name=tiny_smolvlm",
-    "--policy.load_vlm_weights=false",
-    "--policy.chunk_size=5",
-    "--policy.n_action_steps=5",
-    "--policy.num_vlm_layers=4",
-    "--policy.num_steps=3",
-    "--policy.resize_imgs_with_padding=[32,32]",
-    "--batch_size=2",
-    "--num_workers=0",
-    "--log_freq=1",
-]
+SMOLVLA = TINY_SMOLVLA
 VIDEO_FRAMES = 80  # dataset_video's frames come first in the mixture's index space
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: the tensors are tiny, and two threads on a busy machine spin slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -71,18 +53,6 @@ def _mixture(workdir: Path, mixed: bool) -> MixedMixture:
     data = config.load([OBS_KEY, ALL_CAMERAS, TASK_KEY], mixed_members=mixed)
     assert isinstance(data, MixedMixture)
     return data
-
-
-def _train(workdir: Path, flags: list[str]) -> None:
-    from accelerate.state import AcceleratorState
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(workdir)
-        AcceleratorState._reset_state(reset_partial_state=True)
-        try:
-            train(parse_config(flags))
-        finally:
-            AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def test_each_item_is_its_members_own_sample_padded_with_masks(workdir: Path) -> None:
@@ -151,7 +121,7 @@ def test_padded_action_dims_get_exactly_zero_gradient(workdir: Path, monkeypatch
 def straight(workdir: Path) -> Path:
     """4 steps of a tiny SmolVLA on the mixture, saved at steps 2 and 4."""
     flags = [*SMOLVLA, "--dataset.mixture=mixture.json", "--steps=4", "--save_freq=2"]
-    _train(workdir, [*flags, "--output_dir=straight"])
+    train_in(workdir, [*flags, "--output_dir=straight"])
     return workdir / "straight"
 
 
@@ -167,7 +137,7 @@ def test_smolvla_trains_on_members_that_differ_and_resumes_bit_for_bit(workdir: 
     shutil.rmtree(resumed / "checkpoints" / "000004")
     (resumed / "checkpoints" / "last").unlink()
     (resumed / "checkpoints" / "last").symlink_to("000002")
-    _train(workdir, ["--resume=true", "--steps=4", "--output_dir=resumed"])
+    train_in(workdir, ["--resume=true", "--steps=4", "--output_dir=resumed"])
     a, b = (
         load_file(str(run / "checkpoints" / "000004" / "pretrained_model" / "model.safetensors"))
         for run in (straight, resumed)
@@ -188,7 +158,7 @@ def test_a_policy_that_cannot_take_members_that_differ_is_refused_in_one_line(
     workdir: Path, policy: str, message: str
 ) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)) as error:
-        _train(
+        train_in(
             workdir,
             [policy, "--dataset.mixture=mixture.json", "--steps=1", "--num_workers=0", "--output_dir=no"],
         )

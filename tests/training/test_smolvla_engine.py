@@ -14,24 +14,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import trainer
+from helpers.engine_run import TINY_SMOLVLA
 from helpers.fixtures import copy_fixture
 from trainer.cli.parse import parse_config
 from trainer.engine.plan import train
 from trainer.errors import ConfigError
 
-TINY = [
-    "--policy.type=smolvla",
-    "--policy.vlm_model_name=tiny_smolvlm",
-    "--policy.load_vlm_weights=false",
-    "--policy.chunk_size=5",
-    "--policy.n_action_steps=5",
-    "--policy.num_vlm_layers=4",
-    "--policy.num_steps=3",
-    "--policy.resize_imgs_with_padding=[32,32]",
-    "--batch_size=2",
-    "--num_workers=0",
-    "--log_freq=1",
-]
+TINY = TINY_SMOLVLA
 
 
 # The schedule of the fixture's lerobot-train command (its train_log.txt), 4 steps.
