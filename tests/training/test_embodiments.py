@@ -50,7 +50,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _mixture(workdir: Path, mixed: bool) -> MixedMixture:
     config = parse_config([f"--dataset.mixture={workdir / 'mixture.json'}"]).dataset
     assert isinstance(config, MixtureConfig)
-    data = config.load([OBS_KEY, ALL_CAMERAS, TASK_KEY], mixed_members=mixed)
+    data = config.serving(mixed).load([OBS_KEY, ALL_CAMERAS, TASK_KEY])
     assert isinstance(data, MixedMixture)
     return data
 
@@ -185,7 +185,7 @@ def test_members_that_differ_in_a_feature_name_the_member_and_the_feature(workdi
 def test_held_out_frames_of_members_that_differ_are_counted_per_member(workdir: Path) -> None:
     path = workdir / "mixture.json"
     config = parse_config([f"--dataset.mixture={path}", "--dataset.eval_split=0.5"]).dataset
-    held_out = config.load_validation([OBS_KEY, ALL_CAMERAS, TASK_KEY], mixed_members=True)
+    held_out = config.serving(True).load_validation([OBS_KEY, ALL_CAMERAS, TASK_KEY])
     assert isinstance(held_out, MixedMixture)
     assert held_out.weighted_order.labels == ["dataset_video", "arm6"]
     assert [len(member) for member in held_out.members] == list(held_out.weighted_order.sizes)
@@ -200,5 +200,5 @@ def test_one_camera_name_of_two_frame_sizes_is_refused_in_one_line(workdir: Path
     config = parse_config([f"--dataset.mixture={path}"]).dataset
     message = f"mixture member 1 (arm6): its camera {TOP} is 3x4x4, another member's 3x24x40"
     with pytest.raises(ConfigError, match=re.escape(message)) as error:
-        config.load([OBS_KEY, ALL_CAMERAS, TASK_KEY], mixed_members=True)
+        config.serving(True).load([OBS_KEY, ALL_CAMERAS, TASK_KEY])
     assert "\n" not in str(error.value)

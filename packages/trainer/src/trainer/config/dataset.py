@@ -106,18 +106,20 @@ class DatasetConfig(draccus.ChoiceRegistry):
     def type(self) -> str:
         return self.get_choice_name(type(self))
 
-    def load(self, input_features: Sequence[str] = (), *, mixed_members: bool = False) -> Dataset:
+    def load(self, input_features: Sequence[str] = ()) -> Dataset:
         """The training data. `input_features` are the observation features the policy asks for
-        (empty: the dataset's default); a feature the dataset cannot provide is a ConfigError.
-        `mixed_members`: the policy takes a mixture whose members differ (`PolicyConfig.takes_mixed_members`);
-        only a mixture reads it."""
+        (empty: the dataset's default); a feature the dataset cannot provide is a ConfigError."""
         raise NotImplementedError
 
-    def load_validation(
-        self, input_features: Sequence[str] = (), *, mixed_members: bool = False
-    ) -> Dataset | None:
+    def load_validation(self, input_features: Sequence[str] = ()) -> Dataset | None:
         """Held-out data for `val_loss`, or None when the config holds none out."""
         return None
+
+    def serving(self, mixed_members: bool) -> DatasetConfig:
+        """This config as it serves a policy that does (`mixed_members`) or does not take a mixture whose
+        members differ (`PolicyConfig.takes_mixed_members`). Only a mixture answers otherwise than
+        itself, so a dataset plugin implements `load` alone."""
+        return self
 
     def banner(self) -> list[str]:
         """Lines the run's start banner shows about the data (sources, unused features)."""

@@ -74,7 +74,7 @@ class PendulumConfig(DatasetConfig):
         task = "_camera" if self.camera else ""
         return Path(root) / f"pendulum_v1{task}_ep{self.episodes}_seed{self.seed}_noise{self.noise:g}.npz"
 
-    def load(self, input_features: Sequence[str] = (), *, mixed_members: bool = False) -> ArrayDataset:
+    def load(self, input_features: Sequence[str] = ()) -> ArrayDataset:
         """Read the cached episodes, generating them first when the cache is missing."""
         cameras = [sim.CAMERA] if self.camera else []
         what = "the pendulum dataset" + ("" if self.camera else " (without --dataset.camera=true)")

@@ -30,10 +30,9 @@ def load_renamed(
     policy's `takes_mixed_members`."""
     dataset_name = {new: old for old, new in rename.items()}
     asked = [dataset_name.get(name, name) for name in input_features]
-    dataset = config.load(asked, mixed_members=mixed_members)
-    validation = (
-        config.load_validation(dataset.input_features, mixed_members=mixed_members) if held_out else None
-    )
+    serving = config.serving(mixed_members)
+    dataset = serving.load(asked)
+    validation = serving.load_validation(dataset.input_features) if held_out else None
     unused = [old for old in rename if old not in dataset.input_features]
     note = (
         f"--rename_map: {', '.join(unused)} is not among the observation features this run reads "

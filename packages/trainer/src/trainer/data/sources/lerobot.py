@@ -159,14 +159,12 @@ class LeRobotConfig(DatasetConfig):
             held.extend(episodes[len(episodes) - count :])
         return sorted(held)
 
-    def load(self, input_features: Sequence[str] = (), *, mixed_members: bool = False) -> Dataset:
+    def load(self, input_features: Sequence[str] = ()) -> Dataset:
         root = self.local_root()
         ranges = fmt.read_episode_ranges(root)
         return _load(root, self.train_episodes(root, ranges), ranges, input_features, self)
 
-    def load_validation(
-        self, input_features: Sequence[str] = (), *, mixed_members: bool = False
-    ) -> Dataset | None:
+    def load_validation(self, input_features: Sequence[str] = ()) -> Dataset | None:
         if not self.val_episodes and not self.eval_split:
             return None
         root = self.local_root()

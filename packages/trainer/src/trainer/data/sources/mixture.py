@@ -30,13 +30,14 @@ With `--dataset.streaming=true` every member is read in place (its `root` an fss
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ckpt_tools import layout
 from trainer.config.dataset import Dataset, DatasetConfig
@@ -87,6 +88,7 @@ class MixtureConfig(LeRobotConfig):
     """Sampling weight of each dataset of --dataset.repo_id='[a,b]' (positive, normalized; default equal)."""
     members: list[MixtureMember] = field(default_factory=list)
     """The mixture's datasets as resolved from --dataset.mixture or the lists (train_config.json records them)."""
+    mixed_members: ClassVar[bool] = False  # set per copy by `serving`: the policy takes members that differ
 
     def __post_init__(self) -> None:
         given = _given_members(self)
@@ -142,13 +144,20 @@ class MixtureConfig(LeRobotConfig):
         except ConfigError as exc:
             raise ConfigError(f"mixture member {index} ({self.labels()[index]}): {exc}") from None
 
-    def load(self, input_features: Sequence[str] = (), *, mixed_members: bool = False) -> Mixture:
-        return self._load(input_features, held_out=False, mixed=mixed_members)
+    def serving(self, mixed_members: bool) -> MixtureConfig:
+        """A copy that loads members that differ as a `MixedMixture` when the policy takes them, and
+        refuses them in one line otherwise (the flag is the policy's, not the run's: it is not saved)."""
+        copy = dataclasses.replace(self, members=list(self.members))
+        copy.mixed_members = mixed_members
+        return copy
 
-    def load_validation(
-        self, input_features: Sequence[str] = (), *, mixed_members: bool = False
-    ) -> Mixture | None:
-        return self._load(input_features, held_out=True, mixed=mixed_members) if self.eval_split else None
+    def load(self, input_features: Sequence[str] = ()) -> Mixture:
+        return self._load(input_features, held_out=False, mixed=self.mixed_members)
+
+    def load_validation(self, input_features: Sequence[str] = ()) -> Mixture | None:
+        return (
+            self._load(input_features, held_out=True, mixed=self.mixed_members) if self.eval_split else None
+        )
 
     def _load(self, requested: Sequence[str], held_out: bool, mixed: bool) -> Mixture:
         """Each member loaded as a single-dataset run would load it, asked for the first member's
