@@ -58,6 +58,7 @@ PUBLIC = {
     "write_scores",
     "best_steps",
     "point_best",
+    "prune_steps",
     "default_mode",
     # adapters, conversion, publishing
     "merge_lora",

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
         one_line as one_line,
     )
     from ckpt_tools.files import storage as storage
-    from ckpt_tools.files.commit import latest_step_dir as latest_step_dir
+    from ckpt_tools.files.commit import latest_step_dir as latest_step_dir, prune_steps as prune_steps
     from ckpt_tools.files.locate import read_training_step as read_training_step
     from ckpt_tools.files.scores import (
         Ranking as Ranking,
@@ -143,6 +143,7 @@ _EXPORTS: dict[str, str] = {
     "load_rng_state": "ckpt_tools.state.rng",
     "read_training_step": "ckpt_tools.files.locate",
     "latest_step_dir": "ckpt_tools.files.commit",
+    "prune_steps": "ckpt_tools.files.commit",
     "Ranking": "ckpt_tools.files.scores",
     "best_steps": "ckpt_tools.files.scores",
     "default_mode": "ckpt_tools.files.scores",

@@ -270,6 +270,24 @@ class GymEnv(EnvConfig):
         return f"install the package that registers {self.task}"
 
 
+def check_installed(config: EnvConfig) -> None:
+    """An environment whose package is missing is one line when the run starts, not a failed score
+    per checkpoint later (found without importing it)."""
+    import importlib.util
+
+    package = config.package
+    if package is None:
+        return
+    try:
+        found = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigError(
+            f"--env.type={config.type} needs the module {package}, which is not installed: {config.install_hint()}"
+        )
+
+
 REFUSED = "recording evaluation rollouts as a dataset (LeRobot's --eval.recording) is not built"
 
 

@@ -117,8 +117,14 @@ def _due_steps(root: str, plan: StepPlan) -> list[str]:
     if plan.scoring is None:
         return []
     names = sorted(name for name in storage.list_names(root) if layout.is_step_dir_name(name))
-    wanted = [n for n in names if not plan.every or int(n) % plan.every == 0 or int(n) == plan.last_step]
+    wanted = [name for name in names if is_due(int(name), plan.every, plan.last_step)]
     return [name for name in wanted if not is_env_scored(_scores(layout.join(root, name)))]
+
+
+def is_due(step: int, every: int, last_step: int) -> bool:
+    """Whether the run asks for step `step` to be scored: a multiple of --env_eval_freq (`every`; 0:
+    every committed step) or its last step."""
+    return not every or step % every == 0 or step == last_step
 
 
 def is_env_scored(scores: dict[str, Any] | None) -> bool:
