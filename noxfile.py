@@ -18,7 +18,7 @@ PACKAGES = (
     "-e",
     "packages/ckpt-tools[test]",
     "-e",
-    "packages/trainer[test,tracking,augment,smolvla,diffusion]",
+    "packages/trainer[test,tracking,augment,smolvla,diffusion,pusht]",
 )
 
 

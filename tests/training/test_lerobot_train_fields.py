@@ -115,7 +115,10 @@ def test_lerobots_smolvla_command_line_parses(tmp_path) -> None:
         (["--env.type=libero"], "--env.type=libero: LeRobot's libero environment is not built here"),
         (["--env.fps=10"], "--env.fps needs --env.type=pusht|aloha|pendulum|gym first"),
         (["--eval.recording=true"], "--eval.recording: recording evaluation rollouts as a dataset"),
-        (["--keep_best=2"], "--keep_best=2 --best_metric=avg_sum_reward ranks checkpoints by an environment's"),
+        (
+            ["--keep_best=2"],
+            "--keep_best=2 --best_metric=avg_sum_reward ranks checkpoints by an environment's",
+        ),
         (["--job.target=a10g"], "--job.target=a10g: --job.* submits lerobot-train as a Hugging Face Job"),
         (["--reward_model.path=x/y"], "--reward_model.path=x/y: training a reward model is not built"),
         (["--save_checkpoint=false"], "--save_checkpoint=false is refused: trainer train always saves"),
