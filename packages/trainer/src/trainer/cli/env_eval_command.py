@@ -25,6 +25,7 @@ import draccus
 
 import ckpt_tools
 from ckpt_tools import layout
+from trainer.cli.eval_command import EvalPolicy
 from trainer.config.environment import EnvConfig, EnvEvalConfig
 from trainer.config.registry import split_allow_types
 from trainer.errors import ConfigError
@@ -53,16 +54,10 @@ RUN_FIELDS = (
 
 
 @dataclass
-class EnvPolicy:
-    path: str = ""
-    """The policy to evaluate: any form `trainer.load_policy` accepts."""
-
-
-@dataclass
 class EnvEvalArgs:
     """`trainer eval --env.type=...`: one policy in one environment."""
 
-    policy: EnvPolicy = field(default_factory=EnvPolicy)
+    policy: EvalPolicy = field(default_factory=EvalPolicy)
     env: EnvConfig | None = None
     eval: EnvEvalConfig = field(default_factory=EnvEvalConfig)
     seed: int = 1000

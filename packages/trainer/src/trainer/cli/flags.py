@@ -8,8 +8,8 @@ meaning is its attribute docstring, the text under it in the dataclass.
 from __future__ import annotations
 
 import dataclasses
-import typing
 import difflib
+import typing
 from dataclasses import dataclass
 from typing import Any
 
