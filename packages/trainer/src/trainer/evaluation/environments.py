@@ -28,9 +28,10 @@ from trainer.data.dataset import TASK_KEY
 from trainer.errors import ConfigError
 
 ARRAY_KEY = "observation"  # the key of an observation that is one array, not a dict
+VectorEnv = gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv
 
 
-def make_vector_env(config: EnvConfig, count: int, use_async: bool) -> gym.vector.VectorEnv:
+def make_vector_env(config: EnvConfig, count: int, use_async: bool) -> VectorEnv:
     """`count` copies of the environment stepped together (one in this process when `count` is 1)."""
     gym_id = _registered_id(config)
     make = functools.partial(_make_one, gym_id, config.disable_env_checker, config.gym_kwargs())

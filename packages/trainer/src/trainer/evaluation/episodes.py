@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
-from trainer.evaluation.environments import raw_observations
+from trainer.evaluation.environments import VectorEnv, raw_observations
 
 Act = Callable[[dict[str, Any]], np.ndarray]  # a batch of raw observations -> (B, action_dim) actions
 
@@ -67,9 +66,7 @@ class Rollouts:
     reads_task: bool
 
 
-def run_episodes(
-    env: gym.vector.VectorEnv, act: Act, reset: Callable[[], None], plan: Rollouts
-) -> list[Episode]:
+def run_episodes(env: VectorEnv, act: Act, reset: Callable[[], None], plan: Rollouts) -> list[Episode]:
     """`plan.n_episodes` episodes of `act` in `env`, in batches of `env.num_envs`; raises
     `EnvironmentFailure` (one line) when one fails."""
     episodes: list[Episode] = []
@@ -84,7 +81,7 @@ def run_episodes(
 
 
 def _run_batch(
-    env: gym.vector.VectorEnv,
+    env: VectorEnv,
     act: Act,
     reset: Callable[[], None],
     batch: list[Episode],
@@ -117,7 +114,7 @@ def _run_batch(
         del episode.frames[episode.steps + 1 :]
 
 
-def _render(env: gym.vector.VectorEnv, batch: list[Episode], count: int) -> None:
+def _render(env: VectorEnv, batch: list[Episode], count: int) -> None:
     """The next video frame of each of the first `count` episodes (an AsyncVectorEnv renders them all)."""
     if count:
         frames = env.call("render")

@@ -9,7 +9,7 @@ with seed s, and the last step's `info["is_success"]` says whether the rod was h
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -22,7 +22,7 @@ VIDEO_SCALE = 8  # the 32x32 picture drawn 256x256 in videos
 class PendulumEnv(gym.Env[dict[str, Any], np.ndarray]):
     """One pendulum task; `camera` picks the target task with its frame."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 20}
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 20}  # noqa: RUF012 (gymnasium's)
 
     def __init__(self, camera: bool = False, render_mode: str = "rgb_array") -> None:
         self.camera, self.render_mode = camera, render_mode
@@ -75,5 +75,6 @@ class PendulumEnv(gym.Env[dict[str, Any], np.ndarray]):
         return observation
 
 
-gym.register("trainer/Pendulum-v0", entry_point=PendulumEnv, kwargs={"camera": False})
-gym.register("trainer/PendulumCamera-v0", entry_point=PendulumEnv, kwargs={"camera": True})
+ENTRY_POINT = f"{__name__}:PendulumEnv"
+gym.register("trainer/Pendulum-v0", entry_point=ENTRY_POINT, kwargs={"camera": False})
+gym.register("trainer/PendulumCamera-v0", entry_point=ENTRY_POINT, kwargs={"camera": True})
