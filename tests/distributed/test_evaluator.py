@@ -1,11 +1,13 @@
 """The evaluator beside a run, with real processes (docs/evaluation.md): a 2-rank FSDP2 run whose
 checkpoints are scored in a deliberately slow environment while it trains, each score at its own step,
-the K best kept; and `trainer eval --watch` following a run, killed, and resumed where it stopped."""
+the K best kept; and the scores landing after a run ended logged by its evaluator, which, killed,
+`trainer eval --watch` resumes where it stopped."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -76,22 +78,45 @@ def test_a_sharded_run_is_scored_at_every_checkpoint_while_it_trains(tmp_path) -
     assert tracked == {s: pytest.approx(r["avg_sum_reward"]) for s, (_, r) in scores.items()}
 
 
-def test_watch_follows_a_run_and_resumes_after_being_killed(tmp_path) -> None:
-    out = tmp_path / "run"
-    watch = [sys.executable, "-m", "trainer.cli", "eval", f"--watch={out}", *SLOW, *ONE_EPISODE]
-    watch += ['--env.kwargs={"delay_s": 0.05}', "--eval.n_episodes=1", "--eval.max_episodes_rendered=0"]
-    first = subprocess.Popen(watch, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        train_in(tmp_path, tiny_args(str(out), str(tmp_path / "cache"), "--steps=6", "--save_freq=2"))
-        deadline = time.monotonic() + 90
-        while not (out / "checkpoints" / "000002" / "eval.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        first.kill()
-        first.wait(timeout=30)
+def _wait_for(condition, what: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.05)
+
+
+def test_late_scores_are_logged_by_the_evaluator_which_resumes_after_being_killed(tmp_path, capsys) -> None:
+    """A run that does not wait for its scores: its evaluator scores every checkpoint after the run
+    ended (the environment is held until then) and logs each into metrics.jsonl and trackio at its
+    step; killed after the first, `trainer eval --watch` goes on with the rest and scores nothing twice."""
+    out, gate = tmp_path / "run", tmp_path / "the-run-ended"
+    flags = tiny_args(str(out), str(tmp_path / "cache"), "--steps=6", "--env_eval_freq=2")
+    flags += [*SLOW, *ONE_EPISODE, f'--env.kwargs={{"gate": "{gate}", "gate_s": 90, "delay_s": 0.05}}']
+    flags += ["--eval.n_episodes=1", "--eval.max_episodes_rendered=0"]
+    flags += ["--trackio.enable=true", "--trackio.project=evaluator-late"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+        train_in(tmp_path, flags)
+    err = capsys.readouterr().err.replace(str(tmp_path), "TMP")
+    assert "steps 000002, 000004, 000006 are being scored after the run ended" in err
+    assert not [r for r in _records(out) if r.get("event") == "eval"]
+    gate.touch()
+
+    evaluator = int(err.split("evaluator: pid ")[1].split(",")[0])
+    _wait_for(lambda: "steps 000002 logged into" in (out / "evaluator.log").read_text(), "late score logged")
+    os.kill(evaluator, signal.SIGKILL)
+    os.waitpid(evaluator, 0)
     before = {p.parent.name: p.read_bytes() for p in out.glob("checkpoints/[0-9]*/eval.json")}
     assert "000002" in before and len(before) < 3
 
+    watch = [
+        sys.executable,
+        "-m",
+        "trainer.cli",
+        "eval",
+        f"--watch={out}",
+        f"--allow_types={SLOW[1].split('=')[1]}",
+    ]
     second = subprocess.run([*watch, "--json"], env=_env(), capture_output=True, text=True, timeout=180)
     assert second.returncode == 0, second.stdout + second.stderr
     assert json.loads(second.stdout.strip().splitlines()[-1])["scored"] == 3 - len(before)
@@ -99,4 +124,14 @@ def test_watch_follows_a_run_and_resumes_after_being_killed(tmp_path) -> None:
     after = {p.parent.name: p.read_bytes() for p in out.glob("checkpoints/[0-9]*/eval.json")}
     assert sorted(after) == ["000002", "000004", "000006"]
     assert all(after[name] == data for name, data in before.items())  # nothing scored twice
-    assert all(json.loads(data)["overall"]["n_episodes"] == 1 for data in after.values())
+
+    scores = {r["step"]: r for r in _records(out) if r.get("event") == "eval"}
+    assert [r["step"] for r in _records(out) if r.get("event") == "eval"] == [2, 4, 6]  # each logged once
+    assert all(
+        scores[s]["avg_sum_reward"] == json.loads(after[f"{s:06d}"])["overall"]["avg_sum_reward"]
+        for s in scores
+    )
+    config = json.loads((out / "checkpoints" / "last" / "pretrained_model" / "train_config.json").read_text())
+    logged = trackio_logs("evaluator-late", config["trackio"]["run_name"])
+    tracked = {row["step"]: row["eval/avg_sum_reward"] for row in logged if "eval/avg_sum_reward" in row}
+    assert tracked == {s: pytest.approx(r["avg_sum_reward"]) for s, r in scores.items()}

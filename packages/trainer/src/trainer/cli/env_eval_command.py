@@ -13,6 +13,8 @@ flags given here override them. A run with `--env_eval_freq` launches this same 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import sys
@@ -28,8 +30,9 @@ from ckpt_tools import layout
 from trainer.cli.eval_command import EvalPolicy
 from trainer.config.environment import EnvConfig, EnvEvalConfig
 from trainer.config.registry import split_allow_types
+from trainer.config.sections import TrackingSection
 from trainer.errors import ConfigError
-from trainer.evaluation import evaluator
+from trainer.evaluation import evaluator, score_log
 from trainer.evaluation.env_scores import EnvScoring, score_policy, score_step
 from trainer.evaluation.environments import check_imports
 from trainer.evaluation.episodes import EnvironmentFailure
@@ -39,6 +42,7 @@ WATCH_FLAG = "--watch"
 LAUNCHED_FLAG = "--launched_by_run"  # set by the run that starts the evaluator: it reads its stdin
 IDLE_FLAG = "--idle_timeout_s"
 IDLE_TIMEOUT_S = 3600.0
+HANDOVER_LOCK_S = 60.0  # a launched evaluator's run releases its lock this soon after closing its input
 # the run's sections the evaluator reads from a step's train_config.json
 RUN_FIELDS = (
     "env",
@@ -159,8 +163,41 @@ def run_watch(args: list[str]) -> dict[str, Any]:
         return score_step(step_dir, plan.scoring, plan.scoring.eval.device, allowed)
 
     control = evaluator.Control(launched)
-    scored = evaluator.follow(output_dir, plan_of, score, _say, control, idle)
+    report = functools.partial(_report, output_dir, launched, allowed)
+    scored = evaluator.follow(output_dir, plan_of, score, report, _say, control, idle)
     return {"output_dir": output_dir, "scored": scored}
+
+
+def _report(
+    output_dir: str, launched: bool, allowed: tuple[str, ...], plan: evaluator.StepPlan, final: bool
+) -> None:
+    """The scores no run logged, into metrics.jsonl and the run's trackers (evaluation/score_log.py).
+    A launched evaluator's run has just let go of its files: its lock is waited for a little."""
+    wait_s = HANDOVER_LOCK_S if launched else 0.0
+    tracking = functools.partial(_run_tracking, output_dir, allowed)
+    with contextlib.redirect_stdout(sys.stderr):  # what trackers print stays off `--json`'s output
+        logged = score_log.log_landed(output_dir, plan.every, plan.last_step, tracking, wait_s)
+    if logged:
+        _say(f"steps {', '.join(logged)} logged into {output_dir}/metrics.jsonl and the run's trackers")
+    elif logged is None and final:
+        _say(
+            f"a run holds {output_dir} (or it cannot be locked): the scores it did not log reach metrics.jsonl "
+            "when a run there reads them (a resume does)"
+        )
+
+
+def _run_tracking(output_dir: str, allowed: tuple[str, ...]) -> TrackingSection | None:
+    """The trackers of the run in `output_dir`, as its resume would continue them (its saved config);
+    None, said in one line, when that config cannot be read here."""
+    from trainer.cli.parse import parse_config
+    from trainer.engine.plan import tracking_section
+
+    flags = ["--resume=true", f"--output_dir={output_dir}", *(f"--allow_types={name}" for name in allowed)]
+    try:
+        return tracking_section(parse_config(flags))
+    except ConfigError as exc:
+        _say(f"the run's trackers are not logged to: its config does not load here ({exc})")
+        return None
 
 
 def _watch_flags(args: list[str]) -> tuple[str, bool, float, list[str]]:
