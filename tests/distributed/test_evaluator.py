@@ -1,7 +1,7 @@
 """The evaluator beside a run, with real processes (docs/evaluation.md): a 2-rank FSDP2 run whose
 checkpoints are scored in a deliberately slow environment while it trains, each score at its own step,
-the K best kept; and the scores landing after a run ended logged by its evaluator, which, killed,
-`trainer eval --watch` resumes where it stopped."""
+the K best kept; an evaluator whose process dies costing the run one line; and the scores landing after
+a run ended logged by its evaluator, which, killed, `trainer eval --watch` resumes where it stopped."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from helpers.launch import launch_env, torchrun_command
 from helpers.slow_env import FEATURES_MAP
 from helpers.tracker_stores import trackio_logs
 from helpers.train_flags import tiny_args
+from trainer.engine import loop
 
 pytestmark = pytest.mark.distributed
 
@@ -78,11 +79,58 @@ def test_a_sharded_run_is_scored_at_every_checkpoint_while_it_trains(tmp_path) -
     assert tracked == {s: pytest.approx(r["avg_sum_reward"]) for s, (_, r) in scores.items()}
 
 
+def _evaluator_alive() -> bool:
+    """Whether a `trainer eval --watch` child of this process still runs (a zombie is dead: the run
+    has not reaped it yet)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"--watch" in cmdline:
+            return True
+    return False
+
+
 def _wait_for(condition, what: str, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"no {what} within {timeout} s"
         time.sleep(0.05)
+
+
+def test_an_evaluator_that_dies_costs_the_run_one_line(tmp_path, capsys, monkeypatch) -> None:
+    """The environment ends the evaluator's process while it scores step 2; training is held at its
+    third step until the process is gone, then goes on to the end: one warning line, no score."""
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+    train_step = loop._train_step
+    calls = []
+
+    def held(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            _wait_for(lambda: not _evaluator_alive(), "end of the evaluator")
+        return train_step(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "_train_step", held)
+    out = tmp_path / "run"
+    flags = tiny_args(str(out), str(tmp_path / "cache"), "--steps=6", "--save_freq=6", "--env_eval_freq=2")
+    train_in(tmp_path, [*flags, *SLOW, *ONE_EPISODE, '--env.kwargs={"exit_at": 1}', "--eval.n_episodes=1"])
+
+    err = capsys.readouterr().err.replace(str(tmp_path), "TMP")
+    lines = [
+        line for line in err.splitlines() if "evaluator" in line and not line.startswith("evaluator: pid")
+    ]
+    assert len(lines) == 1 and "warning: the evaluator stopped (exit 3)" in lines[0], err
+    assert "000002" in lines[0] and "the run goes on" in lines[0]
+    records = _records(out)
+    assert [r["event"] for r in records].count("evaluator_lost") == 1
+    assert [r["step"] for r in records if r.get("event") == "train"][-1] == 6 and records[-1][
+        "event"
+    ] == "summary"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["000002", "000004", "000006", "last"]
+    assert not list(out.glob("checkpoints/*/eval.json"))
 
 
 def test_late_scores_are_logged_by_the_evaluator_which_resumes_after_being_killed(tmp_path, capsys) -> None:
