@@ -9,7 +9,8 @@ record is written.
 
 `score_step` scores a committed step of a run and writes the record into it (`<step>/eval.json`, the
 videos in `<step>/eval_videos/`), with the step, the environment and the weights; an evaluation that
-fails (the environment crashed, hung or returned NaN; the policy cannot act there) writes the one line
+fails (the environment crashed, hung or returned NaN; the policy cannot act there; the step's files are
+damaged) writes the one line
 why in place of the figures, so a follower counts the step as done and never retries it forever.
 """
 
@@ -108,6 +109,6 @@ def score_step(step_dir: str, scoring: EnvScoring, device: str, allowed: Sequenc
             **score_policy(loaded, scoring, step_dir, layout.EVAL_VIDEOS_DIR),
             "weights": loaded.weights,
         }
-    except (EnvironmentFailure, ConfigError) as exc:
+    except (EnvironmentFailure, ConfigError, ckpt_tools.CheckpointError) as exc:  # a damaged step too
         record = {"env": scoring.env.type, "task": scoring.env.task, "error": " ".join(str(exc).split())}
     return ckpt_tools.write_scores(step_dir, {"step": step, **record})
