@@ -4,6 +4,7 @@ task whose steps wait `delay_s` each, and, with a `gate` path, wait until that p
 while this checkpoint was being scored" is shown by what happened, not by timings. `crash_at` raises at
 that step and `nan_at` returns a NaN reward there: the failures an evaluator must survive. `exit_at` ends
 the whole process there (exit status 3), as a simulator that aborts does: the run must survive that.
+`start_s` makes building the environment take that long (a renderer that never comes up).
 
 Run `--env.type=gym --env.task=helpers.slow_env:SlowPendulum-v0` with tests/ on PYTHONPATH."""
 
@@ -30,7 +31,9 @@ class SlowPendulum(PendulumEnv):
         crash_at: int = -1,
         nan_at: int = -1,
         exit_at: int = -1,
+        start_s: float = 0.0,
     ) -> None:
+        time.sleep(start_s)
         super().__init__(camera=False)
         self.delay_s, self.gate, self.gate_s = delay_s, gate, gate_s
         self.crash_at, self.nan_at, self.exit_at, self.steps = crash_at, nan_at, exit_at, 0

@@ -64,8 +64,9 @@ def pendulum_step(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ({"crash_at": 3}, 60.0, "RuntimeError: the simulator lost its contact solver"),
         ({"nan_at": 2}, 60.0, "the environment returned a NaN or infinite reward"),
         ({"gate": "/nonexistent", "gate_s": 30.0}, 0.5, "took longer than --eval.episode_time_limit_s=0.5"),
+        ({"start_s": 30.0}, 0.5, "starting the environments took longer than --eval.episode_time_limit_s=0.5"),
     ],
-    ids=["crash", "nan", "hang"],
+    ids=["crash", "nan", "hang", "hang-at-start"],
 )
 def test_a_failing_environment_costs_one_line_and_that_score(
     pendulum_step, tmp_path, kwargs, limit, why
@@ -124,3 +125,4 @@ def test_an_environment_the_policy_cannot_read_is_one_line(pendulum_step, capsys
     err = capsys.readouterr().err.strip()
     assert exit_code.value.code == 1 and "\n" not in err
     assert "the policy reads 'observation.state', which --env.type=gym gives no value for" in err
+

@@ -199,7 +199,7 @@ def env_evaluation(config: TrainConfig) -> EnvEvaluation | None:
         every=config.env_eval_freq,
         last_step=config.steps,
         wait_at_end=settings.wait_at_end,
-        step_bound_s=batches * settings.episode_time_limit_s + EVALUATOR_START_S,
+        step_bound_s=(batches + 1) * settings.episode_time_limit_s + EVALUATOR_START_S,  # + starting them
         allow_types=(env.gym_id,) if env.type == "gym" and env.package is not None else (),
     )
 

@@ -29,7 +29,7 @@ from trainer.config.environment import EnvConfig, EnvEvalConfig
 from trainer.data.dataset import TASK_KEY
 from trainer.errors import ConfigError
 from trainer.evaluation.environments import check_features, feature_names, make_vector_env
-from trainer.evaluation.episodes import EnvironmentFailure, Episode, Rollouts, run_episodes
+from trainer.evaluation.episodes import EnvironmentFailure, Episode, Rollouts, run_episodes, time_limit
 from trainer.evaluation.inference import LoadedPolicy, load_policy
 from trainer.evaluation.videos import write_video
 
@@ -53,7 +53,8 @@ def score_policy(loaded: LoadedPolicy, scoring: EnvScoring, out_dir: str, videos
     env_config, settings = scoring.env, scoring.eval
     check_features(env_config, loaded.input_features, scoring.rename_map)
     started = time.monotonic()
-    env = make_vector_env(env_config, settings.environments(), settings.use_async_envs)
+    with time_limit(settings.episode_time_limit_s, "starting the environments"):
+        env = make_vector_env(env_config, settings.environments(), settings.use_async_envs)
     plan = Rollouts(
         n_episodes=settings.n_episodes,
         start_seed=scoring.seed,
