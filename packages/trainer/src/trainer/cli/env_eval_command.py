@@ -23,11 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import draccus
-
 import ckpt_tools
 from ckpt_tools import layout
 from trainer.cli.eval_command import EvalPolicy
+from trainer.cli.parse import parse_config, parse_flags
 from trainer.config.environment import EnvConfig, EnvEvalConfig
 from trainer.config.registry import split_allow_types
 from trainer.config.sections import TrackingSection
@@ -146,26 +145,33 @@ def run_watch(args: list[str]) -> dict[str, Any]:
     """The evaluator following a run until its last step is scored (or it is stopped)."""
     allowed, rest = split_allow_types([a for a in args if a != "--json"])
     output_dir, launched, idle, flags = _watch_flags(rest)
-    plans: dict[str, evaluator.StepPlan] = {}
-
-    def plan_of(step_dir: str) -> evaluator.StepPlan:
-        if step_dir not in plans:
-            plans[step_dir] = _step_plan(step_dir, flags, allowed)
-        return plans[step_dir]
-
-    prepared: list[bool] = []
-
-    def score(step_dir: str, plan: evaluator.StepPlan) -> dict[str, Any]:
-        assert plan.scoring is not None
-        if not prepared:
-            _set_up_process(plan.scoring.eval)
-            prepared.append(True)
-        return score_step(step_dir, plan.scoring, plan.scoring.eval.device, allowed)
-
-    control = evaluator.Control(launched)
+    watcher = _Watcher(flags, allowed)
     report = functools.partial(_report, output_dir, launched, allowed)
-    scored = evaluator.follow(output_dir, plan_of, score, report, _say, control, idle)
+    control = evaluator.Control(launched)
+    scored = evaluator.follow(output_dir, watcher.plan_of, watcher.score, report, _say, control, idle)
     return {"output_dir": output_dir, "scored": scored}
+
+
+class _Watcher:
+    """What `evaluator.follow` calls back: each step's plan (read once), and its scoring (the process
+    set up for it at the first)."""
+
+    def __init__(self, flags: list[str], allowed: tuple[str, ...]) -> None:
+        self.flags, self.allowed = flags, allowed
+        self.plans: dict[str, evaluator.StepPlan] = {}
+        self.set_up = False
+
+    def plan_of(self, step_dir: str) -> evaluator.StepPlan:
+        if step_dir not in self.plans:
+            self.plans[step_dir] = _step_plan(step_dir, self.flags, self.allowed)
+        return self.plans[step_dir]
+
+    def score(self, step_dir: str, plan: evaluator.StepPlan) -> dict[str, Any]:
+        assert plan.scoring is not None  # follow refuses a run without an environment
+        if not self.set_up:
+            _set_up_process(plan.scoring.eval)
+            self.set_up = True
+        return score_step(step_dir, plan.scoring, plan.scoring.eval.device, self.allowed)
 
 
 def _report(
@@ -189,8 +195,7 @@ def _report(
 def _run_tracking(output_dir: str, allowed: tuple[str, ...]) -> TrackingSection | None:
     """The trackers of the run in `output_dir`, as its resume would continue them (its saved config);
     None, said in one line, when that config cannot be read here."""
-    from trainer.cli.parse import parse_config
-    from trainer.engine.plan import tracking_section
+    from trainer.engine.plan import tracking_section  # the training engine, loaded only to log late scores
 
     flags = ["--resume=true", f"--output_dir={output_dir}", *(f"--allow_types={name}" for name in allowed)]
     try:
@@ -258,13 +263,7 @@ def _parse(cls: type[Any], args: list[str], saved: dict[str, Any] | None) -> Any
             config_path = os.path.join(tmp, "run.json")
             with open(config_path, "w", encoding="utf-8") as handle:
                 json.dump(saved, handle)
-        try:
-            return draccus.parse(cls, config_path=config_path, args=args, exit_on_error=False)
-        except Exception as exc:  # draccus wraps bad flags and values in several exception types
-            cause = exc.__cause__ or exc.__context__
-            if isinstance(cause, ConfigError):
-                raise cause from None
-            raise ConfigError(f"trainer eval: {' '.join(str(exc).split())}") from None
+        return parse_flags(cls, args, config_path, lambda message: f"trainer eval: {message}")
 
 
 def _set_up_process(settings: EnvEvalConfig) -> None:

@@ -17,6 +17,7 @@ that has ended) is logged by the evaluator itself (`report`: score_log.py).
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -72,8 +73,6 @@ class Control:
             self.released.set()
 
     def _read_stdin(self) -> None:
-        import sys
-
         for line in sys.stdin:
             if line.split() in (["finish"], ["finish", "log"]):
                 self.logs = line.split() == ["finish", "log"]
