@@ -126,3 +126,19 @@ def test_an_environment_the_policy_cannot_read_is_one_line(pendulum_step, capsys
     assert exit_code.value.code == 1 and "\n" not in err
     assert "the policy reads 'observation.state', which --env.type=gym gives no value for" in err
 
+
+@pytest.mark.parametrize(
+    ("flags", "why"),
+    [
+        ([], "scores its checkpoints in no environment: give one, e.g. --env.type=pusht"),
+        ([*SLOW, "--eval.wait_at_end=true"], "--eval.wait_at_end is the training run's"),
+    ],
+    ids=["no-environment", "run-only-flag"],
+)
+def test_watch_refuses_what_it_cannot_act_on_in_one_line(pendulum_step, capsys, flags, why) -> None:
+    """A run that scores in no environment, with none given, is refused at once (not followed for
+    --idle_timeout_s); a flag only a training run acts on is refused, not ignored."""
+    with pytest.raises(SystemExit) as exit_code:
+        main(["eval", f"--watch={pendulum_step.parents[1]}", *flags])
+    err = capsys.readouterr().err.strip()
+    assert exit_code.value.code == 1 and "\n" not in err and why in err, err

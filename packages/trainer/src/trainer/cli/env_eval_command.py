@@ -41,6 +41,8 @@ WATCH_FLAG = "--watch"
 LAUNCHED_FLAG = "--launched_by_run"  # set by the run that starts the evaluator: it reads its stdin
 IDLE_FLAG = "--idle_timeout_s"
 IDLE_TIMEOUT_S = 3600.0
+# --eval.* flags a training run acts on and `trainer eval` would ignore
+RUN_ONLY_FLAGS = {"--eval.wait_at_end": "is the training run's (its end waits for the last score)"}
 HANDOVER_LOCK_S = 60.0  # a launched evaluator's run releases its lock this soon after closing its input
 # the run's sections the evaluator reads from a step's train_config.json
 RUN_FIELDS = (
@@ -95,7 +97,7 @@ def is_env_eval(args: Sequence[str]) -> bool:
 
 def run_env_eval(args: list[str]) -> dict[str, Any]:
     """One policy scored in one environment; returns lerobot-eval's record. A failure is one line."""
-    allowed, rest = split_allow_types([a for a in args if a != "--json"])
+    allowed, rest = _split_args(args)
     parsed = _parse(EnvEvalArgs, rest, None)
     if not parsed.policy.path:
         raise ConfigError(
@@ -121,6 +123,15 @@ def run_env_eval(args: list[str]) -> dict[str, Any]:
     return record
 
 
+def _split_args(args: list[str]) -> tuple[tuple[str, ...], list[str]]:
+    """`--allow_types` apart from the rest (`--json` is the CLI's); a flag that only a training run acts
+    on is refused, not ignored."""
+    given = next((a.partition("=")[0] for a in args if a.partition("=")[0] in RUN_ONLY_FLAGS), None)
+    if given is not None:
+        raise ConfigError(f"{given} {RUN_ONLY_FLAGS[given]}: drop it from trainer eval")
+    return split_allow_types([a for a in args if a != "--json"])
+
+
 def _into_step(parsed: EnvEvalArgs, scoring: EnvScoring, allowed: tuple[str, ...]) -> dict[str, Any]:
     """No --output_dir: the record goes into the step PATH names, as the evaluator writes it."""
     try:
@@ -143,7 +154,7 @@ def _into_step(parsed: EnvEvalArgs, scoring: EnvScoring, allowed: tuple[str, ...
 
 def run_watch(args: list[str]) -> dict[str, Any]:
     """The evaluator following a run until its last step is scored (or it is stopped)."""
-    allowed, rest = split_allow_types([a for a in args if a != "--json"])
+    allowed, rest = _split_args(args)
     output_dir, launched, idle, flags = _watch_flags(rest)
     watcher = _Watcher(flags, allowed)
     report = functools.partial(_report, output_dir, launched, allowed)
