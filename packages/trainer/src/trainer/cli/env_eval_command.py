@@ -186,14 +186,14 @@ class _Watcher:
 
 
 def _report(
-    output_dir: str, launched: bool, allowed: tuple[str, ...], plan: evaluator.StepPlan, final: bool
+    output_dir: str, launched: bool, allowed: tuple[str, ...], scored: list[str], final: bool
 ) -> None:
     """The scores no run logged, into metrics.jsonl and the run's trackers (evaluation/score_log.py).
     A launched evaluator's run has just let go of its files: its lock is waited for a little."""
     wait_s = HANDOVER_LOCK_S if launched else 0.0
     tracking = functools.partial(_run_tracking, output_dir, allowed)
     with contextlib.redirect_stdout(sys.stderr):  # what trackers print stays off `--json`'s output
-        logged = score_log.log_landed(output_dir, plan.every, plan.last_step, tracking, wait_s)
+        logged = score_log.log_landed(output_dir, scored, tracking, wait_s)
     if logged:
         _say(f"steps {', '.join(logged)} logged into {output_dir}/metrics.jsonl and the run's trackers")
     elif logged is None and final:

@@ -90,15 +90,15 @@ def follow(
     output_dir: str,
     plan_of: Callable[[str], StepPlan],
     score: Callable[[str, StepPlan], dict[str, Any]],
-    report: Callable[[StepPlan, bool], None],
+    report: Callable[[list[str], bool], None],
     say: Callable[[str], None],
     control: Control,
     idle_timeout_s: float,
 ) -> int:
     """Score the run's due steps as they are committed; returns how many were scored. `plan_of(step_dir)`
-    reads a step's plan, `score(step_dir, plan)` scores it and returns its eval.json, `report(plan,
-    final)` logs the scores that landed when no run does (after each score when `control` allows it,
-    and once before stopping)."""
+    reads a step's plan, `score(step_dir, plan)` scores it and returns its eval.json, `report(scored,
+    final)` logs those of the scored steps that no run logged (after each score when `control` allows
+    it, and once before stopping)."""
     root = layout.join(output_dir, layout.CHECKPOINTS_DIR)
     poll = URL_POLL_S if layout.is_url(output_dir) else POLL_S
     scored, idle_since, known = 0, time.monotonic(), _Scored(root)
@@ -115,7 +115,7 @@ def follow(
         if plan is not None and due:
             scored += _score_due(layout.join(root, due[0]), plan_of, score, say, known)
             if control.may_log():
-                report(plan, False)
+                report(known.sorted(), False)
             idle_since = time.monotonic()
             continue
         stop = _stop_reason(plan, latest, known, control, time.monotonic() - idle_since, idle_timeout_s)
@@ -123,8 +123,8 @@ def follow(
             say(stop)
             break
         control.stopping.wait(poll)
-    if plan is not None and control.logs and not control.stopping.is_set():
-        _report_at_end(plan, report, say, control)
+    if known.names and control.logs and not control.stopping.is_set():
+        _report_at_end(known.sorted(), report, say, control)
     return scored
 
 
@@ -165,7 +165,7 @@ def _stop_reason(
 
 
 def _report_at_end(
-    plan: StepPlan, report: Callable[[StepPlan, bool], None], say: Callable[[str], None], control: Control
+    scored: list[str], report: Callable[[list[str], bool], None], say: Callable[[str], None], control: Control
 ) -> None:
     """Before stopping, log what landed: a launched evaluator first waits (bounded) for its run to
     write its last record."""
@@ -175,7 +175,7 @@ def _report_at_end(
             "metrics.jsonl when it is resumed"
         )
         return
-    report(plan, True)
+    report(scored, True)
 
 
 def _latest(root: str) -> str | None:
@@ -195,6 +195,9 @@ class _Scored:
 
     def add(self, name: str) -> None:
         self.names.add(name)
+
+    def sorted(self) -> list[str]:
+        return sorted(self.names)
 
     def has(self, name: str) -> bool:
         if name not in self.names and is_env_scored(read_scores_or_none(layout.join(self.root, name))):

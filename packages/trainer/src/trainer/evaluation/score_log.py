@@ -46,8 +46,13 @@ def due_scores(output_dir: str, every: int, last_step: int) -> list[Scores]:
 
 def not_logged(output_dir: str, scores: Sequence[Scores]) -> list[tuple[str, dict[str, Any]]]:
     """The environment scores among `scores` that metrics.jsonl has no `eval` record of."""
+    names = _unlogged(output_dir, [name for name, s in scores if s is not None and is_env_scored(s)])
+    return [(name, s) for name, s in scores if name in names and s is not None]
+
+
+def _unlogged(output_dir: str, names: Sequence[str]) -> list[str]:
     logged = event_steps(layout.join(output_dir, METRICS_FILE), "eval")
-    return [(name, s) for name, s in scores if s is not None and is_env_scored(s) and int(name) not in logged]
+    return [name for name in names if int(name) not in logged]
 
 
 def log_score(logger: Logger, step_dir: str, scores: dict[str, Any], line: str) -> None:
@@ -62,28 +67,26 @@ def log_score(logger: Logger, step_dir: str, scores: dict[str, Any], line: str) 
 
 
 def log_landed(
-    output_dir: str,
-    every: int,
-    last_step: int,
-    tracking: Callable[[], TrackingSection | None],
-    wait_s: float,
+    output_dir: str, scored: Sequence[str], tracking: Callable[[], TrackingSection | None], wait_s: float
 ) -> list[str] | None:
-    """Log the scores of due steps that metrics.jsonl lacks, when no run holds `output_dir` (waiting up
-    to `wait_s` for one that is ending to let go). Returns the steps logged; None when a run holds it
-    (or the store cannot be locked: then no one can tell that no run writes there)."""
-    if not not_logged(output_dir, due_scores(output_dir, every, last_step)):
+    """Log the scores of the steps `scored` (steps holding an environment score) that metrics.jsonl
+    lacks, when no run holds `output_dir` (waiting up to `wait_s` for one that is ending to let go).
+    Returns the steps logged; None when a run holds it (or the store cannot be locked: then no one
+    can tell that no run writes there)."""
+    if not _unlogged(output_dir, scored):
         return []
     with _holding_run_lock(output_dir, wait_s) as held:
         if not held:
             return None
-        landed = not_logged(output_dir, due_scores(output_dir, every, last_step))  # again, holding it
-        if not landed:
+        root = layout.join(output_dir, layout.CHECKPOINTS_DIR)
+        landed = not_logged(output_dir, [(n, read_scores_or_none(layout.join(root, n))) for n in scored])
+        if not landed:  # logged meanwhile, by a run that has since let go
             return []
-        logger = MetricsLogger(output_dir, last_step, last_step, tracking(), progress=False)
+        logger = MetricsLogger(output_dir, 0, 0, tracking(), progress=False)
         try:
             for name, scores in landed:
-                step_dir = layout.join(output_dir, layout.CHECKPOINTS_DIR, name)
-                log_score(logger, step_dir, scores, f"logged after the run ended: {score_line(scores)}")
+                line = f"logged after the run ended: {score_line(scores)}"
+                log_score(logger, layout.join(root, name), scores, line)
         finally:
             logger.close(plot=False)
         return [name for name, _ in landed]
