@@ -99,14 +99,7 @@ def _run_batch(
         action = np.asarray(act(raw_observations(observation, plan.names, tasks)), dtype=np.float32)
         observation, reward, terminated, truncated, info = env.step(action)
         _check_finite(observation, reward)
-        success = np.asarray(info.get("is_success", np.zeros(len(batch))), dtype=bool)
-        for i, episode in enumerate(batch):
-            if done[i]:
-                continue
-            episode.sum_reward += float(reward[i])
-            episode.max_reward = max(episode.max_reward, float(reward[i]))
-            episode.success = episode.success or bool(success[i])
-            episode.steps += 1
+        _count(batch, done, reward, np.asarray(info.get("is_success", np.zeros(len(batch))), dtype=bool))
         if not done[:render].all():
             _render(env, batch, render)
         done |= np.asarray(terminated, dtype=bool) | np.asarray(truncated, dtype=bool)
@@ -114,6 +107,17 @@ def _run_batch(
             break
     for episode in batch[:render]:  # the frames up to the episode's end, the last observation included
         del episode.frames[episode.steps + 1 :]
+
+
+def _count(batch: list[Episode], done: np.ndarray, reward: np.ndarray, success: np.ndarray) -> None:
+    """One step's reward and success added to each episode not ended yet."""
+    for i, episode in enumerate(batch):
+        if done[i]:
+            continue
+        episode.sum_reward += float(reward[i])
+        episode.max_reward = max(episode.max_reward, float(reward[i]))
+        episode.success = episode.success or bool(success[i])
+        episode.steps += 1
 
 
 def _render(env: VectorEnv, batch: list[Episode], count: int) -> None:

@@ -105,12 +105,7 @@ def follow(
     plan: StepPlan | None = None
     while not control.stopping.is_set():
         latest = _latest(root)
-        plan = plan_of(latest) if latest is not None else None
-        if plan is not None and plan.scoring is None:
-            raise ConfigError(
-                f"the run in {output_dir} scores its checkpoints in no environment: give one, e.g. "
-                "--env.type=pusht (with --env_eval_freq=N to score only every N steps)"
-            )
+        plan = _plan_of_latest(latest, plan_of, output_dir)
         due = known.due(plan) if plan is not None else []
         if plan is not None and due:
             scored += _score_due(layout.join(root, due[0]), plan_of, score, say, known)
@@ -126,6 +121,20 @@ def follow(
     if known.names and control.logs and not control.stopping.is_set():
         _report_at_end(known.sorted(), report, say, control)
     return scored
+
+
+def _plan_of_latest(
+    latest: str | None, plan_of: Callable[[str], StepPlan], output_dir: str
+) -> StepPlan | None:
+    """The run's plan as its latest step records it (None before its first commit); a run that scores
+    in no environment, with none given on the command line, is refused in one line."""
+    plan = plan_of(latest) if latest is not None else None
+    if plan is not None and plan.scoring is None:
+        raise ConfigError(
+            f"the run in {output_dir} scores its checkpoints in no environment: give one, e.g. "
+            "--env.type=pusht (with --env_eval_freq=N to score only every N steps)"
+        )
+    return plan
 
 
 def _score_due(

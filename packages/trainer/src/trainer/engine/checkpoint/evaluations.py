@@ -121,13 +121,16 @@ class Evaluations:
             )
 
     def hand_over(self) -> None:
-        """The run wrote its last record: closing the evaluator's input lets it log the late scores."""
-        if self.process is not None and self.process.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.process.stdin.close()
+        """The run wrote its last record: its input closed after `finish log`, the evaluator logs the
+        late scores itself."""
+        self._close_input()
 
     def stop(self) -> None:
-        """The run stops early (a signal): the evaluator stops after its current step."""
+        """The run stops early (a signal): its input closed without `finish`, the evaluator stops after
+        its current step."""
+        self._close_input()
+
+    def _close_input(self) -> None:
         if self.process is not None and self.process.stdin is not None:
             with contextlib.suppress(OSError):
                 self.process.stdin.close()
