@@ -140,7 +140,7 @@ def test_late_scores_are_logged_by_the_evaluator_which_resumes_after_being_kille
     out, gate = tmp_path / "run", tmp_path / "the-run-ended"
     flags = tiny_args(str(out), str(tmp_path / "cache"), "--steps=6", "--env_eval_freq=2")
     flags += [*SLOW, *ONE_EPISODE, f'--env.kwargs={{"gate": "{gate}", "gate_s": 90, "delay_s": 0.05}}']
-    flags += ["--eval.n_episodes=1", "--eval.max_episodes_rendered=0"]
+    flags += ["--eval.n_episodes=1", "--eval.max_episodes_rendered=0", "--eval.cpus=[0]"]
     flags += ["--trackio.enable=true", "--trackio.project=evaluator-late"]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
@@ -151,6 +151,9 @@ def test_late_scores_are_logged_by_the_evaluator_which_resumes_after_being_kille
     gate.touch()
 
     evaluator = int(err.split("evaluator: pid ")[1].split(",")[0])
+    nice = int(Path(f"/proc/{evaluator}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    assert nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)  # below the run's ranks
+    assert "Cpus_allowed_list:\t0\n" in Path(f"/proc/{evaluator}/status").read_text()  # --eval.cpus
     _wait_for(lambda: "steps 000002 logged into" in (out / "evaluator.log").read_text(), "late score logged")
     os.kill(evaluator, signal.SIGKILL)
     os.waitpid(evaluator, 0)

@@ -40,6 +40,7 @@ POLL_S = 2.0  # eval.json files are looked for at most this often (local); on a 
 URL_POLL_S = 15.0
 LOG_FILE = "evaluator.log"
 STOP_S = 10.0  # an evaluator told to terminate is killed after this long
+EVALUATOR_NICE = 10  # how far the evaluator's CPU priority is below the rank's (Unix nice, at most 19)
 # a torchrun rank's identity, which the evaluator (one plain process) must not inherit
 _LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK")
 _LAUNCH_PREFIXES = ("MASTER_", "TORCHELASTIC_", "ACCELERATE_", "TORCH_NCCL_")
@@ -168,6 +169,7 @@ class Evaluations:
             except OSError as exc:
                 self.logger.note(f"warning: the evaluator could not start ({exc}): the run trains without it")
                 return None
+        _step_aside(process, environment.cpus, self.logger)
         self.logger.note(
             f"evaluator: pid {process.pid}, scoring every {environment.every} steps; its log: {path}"
         )
@@ -187,6 +189,22 @@ class Evaluations:
         )
         self.pending.clear()
         self.process = None
+
+
+def _step_aside(process: subprocess.Popen[bytes], cpus: tuple[int, ...], logger: Logger) -> None:
+    """The evaluator, as it starts, below the training ranks: a lower CPU priority (EVALUATOR_NICE, which
+    its environment processes inherit), so that on cores it shares the ranks go first, and onto its own
+    cores (--eval.cpus), where otherwise it would import torch and load its first checkpoint on the
+    rank's cores, which it inherits, before moving itself."""
+    with contextlib.suppress(OSError):  # a priority it cannot lower is no reason to stop
+        below = min(19, os.getpriority(os.PRIO_PROCESS, 0) + EVALUATOR_NICE)
+        os.setpriority(os.PRIO_PROCESS, process.pid, below)
+    if not cpus:
+        return
+    try:
+        os.sched_setaffinity(process.pid, cpus)
+    except OSError as exc:  # it moves itself at its first score, or says why not in its log
+        logger.note(f"warning: the evaluator could not be moved to --eval.cpus={list(cpus)} ({exc})")
 
 
 def _tell(pipe: IO[bytes] | None, line: bytes, close: bool) -> None:
