@@ -84,14 +84,15 @@ def test_state_and_action_are_normalized_min_max_from_stats_json(workdir: Path) 
 
 
 def test_a_resumed_run_is_bit_exact(workdir: Path) -> None:
-    """Steps 3-4 resumed from step 2 give the uninterrupted run's model.safetensors bit for bit (the
-    random crop, the noise and the timesteps come from the restored RNG)."""
+    """Steps 3-4 resumed from step 2, their 2-step observation histories decoded in 2 DataLoader
+    workers, give the uninterrupted run's model.safetensors (decoded in the training process) bit for
+    bit (the random crop, the noise and the timesteps come from the restored RNG)."""
     shutil.copytree(workdir / "straight", workdir / "resumed", symlinks=True)
     checkpoints = workdir / "resumed" / "checkpoints"
     shutil.rmtree(checkpoints / "000004")
     (checkpoints / "last").unlink()
     (checkpoints / "last").symlink_to("000002")
-    train_in(workdir, ["--resume=true", "--steps=4", "--output_dir=resumed"])
+    train_in(workdir, ["--resume=true", "--steps=4", "--output_dir=resumed", "--num_workers=2"])
     straight, resumed = (
         load_file(str(workdir / run / "checkpoints" / "000004" / "pretrained_model" / "model.safetensors"))
         for run in ("straight", "resumed")
