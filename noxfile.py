@@ -152,7 +152,7 @@ def lerobot_side(session: nox.Session) -> None:
     `lerobot[smolvla,diffusion]==0.6.1` (says so and exits 0 otherwise): an ACT with cameras, a SmolVLA and
     a Diffusion Policy trained here, exported, load in LeRobot's `from_pretrained(dir, strict=True)` and act as ours within 1e-5, and
     so do LeRobot's `make_pre_post_processors(pretrained_path=export)` around them on a raw observation
-    (benchmarks/lerobot_side.py check), then the training step time of our SmolVLA and ACT against
+    (benchmarks/lerobot_side.py check; LeRobot's Diffusion checkpoint fine-tuned on FSDP2 x2 with an EMA too), then the training step time of our SmolVLA and ACT against
     LeRobot's on the same checkpoint and batch (benchmarks/bench_smolvla_lerobot.py; options after `--` go
     to the bench, e.g. `-- --repeat 5`)."""
     lerobot_python = os.environ.get("LEROBOT_PYTHON")

@@ -26,11 +26,14 @@ name resolves (a relative path, or a Hub id in the HF cache). Never part of the 
 
 `check` does the whole round in a scratch directory (`nox -s lerobot_side` runs it): it trains an ACT
 with two cameras, a SmolVLA on the tiny backbone and a small Diffusion Policy here, 3 steps each on the fixture dataset
-`tests/fixtures/lerobot/dataset_video`, then runs `ours` in this venv and `lerobot` in --lerobot-python's.
-Measured with lerobot 0.6.1 (torch 2.11, CPU): both load with strict=True; max |LeRobot - ours| is
-2.98e-7 for the ACT's chunk and 0 for the SmolVLA's; through LeRobot's own processors on the raw
-observation, 1.34e-7 for the ACT's actions and 0 for the SmolVLA's (docs/vla.md); the Diffusion
-Policy's chunk 0, its actions through LeRobot's processors 4.17e-7.
+`tests/fixtures/lerobot/dataset_video`, and fine-tunes LeRobot's own Diffusion checkpoint
+(`tests/fixtures/lerobot_diffusion_tiny`) for 3 steps on FSDP2 x2 with an EMA in one torchrun launch
+(2 gloo ranks; its export holds the EMA's weights), then runs `ours` in this venv and `lerobot` in
+--lerobot-python's on each. Measured with lerobot 0.6.1 (torch 2.11, CPU): all load with strict=True;
+max |LeRobot - ours| is 2.98e-7 for the ACT's chunk and 0 for the SmolVLA's; through LeRobot's own
+processors on the raw observation, 1.34e-7 for the ACT's actions and 0 for the SmolVLA's (docs/vla.md);
+the Diffusion Policy's chunk 0, its actions through LeRobot's processors 4.17e-7; the FSDP2 + EMA
+fine-tune of LeRobot's checkpoint: chunk 0, actions through LeRobot's processors 1.49e-7.
 
 Usage:
   python benchmarks/lerobot_side.py check --lerobot-python /path/to/lerobot-venv/bin/python [--atol 1e-5]
@@ -80,13 +83,21 @@ TRAIN = {
         "--policy.use_separate_rgb_encoder_per_camera=false",
     ],
 }  # fmt: skip
+# LeRobot's own Diffusion checkpoint (tests/fixtures/lerobot_diffusion_tiny) fine-tuned here on 2 gloo
+# ranks, FSDP2 with an EMA, in one torchrun launch: its export holds the EMA's weights.
+SHARDED_TUNE = [
+    "--policy.path=lerobot_diffusion_tiny/pretrained_model", "--parallelism.dp_shard=2", "--ema.enable=true",
+    "--use_policy_training_preset=false", "--optimizer.type=adam", "--optimizer.lr=1e-3",
+    "--scheduler.type=constant", "--scheduler.warmup_steps=0",
+]  # fmt: skip
 
 
 def ours(path: str, workdir: Path, batch_size: int) -> None:
-    """Export `path`, draw the inputs, compute our chunk, write them (this project's venv)."""
+    """Export `path` (its EMA's weights when it keeps one, as `trainer export` and `load_policy` choose),
+    draw the inputs, compute our chunk, write them (this project's venv)."""
     from trainer.evaluation.lerobot_export import export_lerobot
 
-    export_lerobot(path, str(workdir / MODEL_DIR), weights="model")
+    export_lerobot(path, str(workdir / MODEL_DIR))
     with torch.no_grad():
         _write_expected(workdir, batch_size)
 
@@ -233,22 +244,29 @@ def _processors_round(policy, workdir: Path, raw, tasks, kind: str, selected, at
 
 
 def check(lerobot_python: str, atol: float) -> int:
-    """Train each policy of TRAIN here, then run both halves on it; 0 when LeRobot agrees on all."""
+    """Train each policy of TRAIN here, and fine-tune LeRobot's Diffusion checkpoint on FSDP2 x2 with an
+    EMA (SHARDED_TUNE), then run both halves on each result; 0 when LeRobot agrees on all."""
     failed = 0
     with tempfile.TemporaryDirectory(prefix="lerobot_side_") as tmp:
         work = Path(tmp)
         shutil.copytree(FIXTURES / "lerobot" / "dataset_video", work / "dataset_video")
         shutil.copytree(FIXTURES / "lerobot_smolvla_tiny" / "tiny_smolvlm", work / "tiny_smolvlm")
+        shutil.copytree(FIXTURES / "lerobot_diffusion_tiny", work / "lerobot_diffusion_tiny")
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         script = str(Path(__file__).resolve())
-        for kind, flags in TRAIN.items():
+        trainer_cli = ["-m", "trainer.cli", "train"]
+        runs = {kind: [sys.executable, *trainer_cli, *flags] for kind, flags in TRAIN.items()}
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        runs["diffusion_fsdp2_ema"] = [*torchrun, "--rdzv-endpoint=localhost:0", *trainer_cli, *SHARDED_TUNE]
+        for kind, command in runs.items():
             run, side = f"{kind}_run", work / f"{kind}_check"
-            train = [sys.executable, "-m", "trainer.cli", "train", *flags, *COMMON, f"--output_dir={run}"]
+            train = [*command, *COMMON, f"--output_dir={run}"]
             subprocess.run(train, cwd=work, env=env, check=True, stdout=subprocess.DEVNULL)
             side.mkdir()
             ours_half = [sys.executable, script, "ours", f"--policy.path={run}/checkpoints/last", str(side)]
             subprocess.run(ours_half, cwd=work, env=env, check=True)
             theirs = [lerobot_python, script, "lerobot", str(side), f"--atol={atol}"]
+            print(f"{kind}:", flush=True)
             failed |= subprocess.run(theirs, cwd=work, env=env).returncode != 0
     return 1 if failed else 0
 
