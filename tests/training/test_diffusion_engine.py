@@ -18,6 +18,7 @@ import trainer
 from helpers.engine_run import train_in
 from helpers.fixtures import copy_fixture
 from helpers.processor_files import same_as_lerobots
+from trainer.cli import main
 from trainer.data.pipeline.sampler import GlobalOrderSampler, sampled_frames
 from trainer.errors import ConfigError
 from trainer.evaluation.lerobot_export import export_lerobot
@@ -170,6 +171,20 @@ def test_drop_n_last_frames_is_never_sampled() -> None:
     assert sampler.next_indices().tolist() != [] and sampler.epoch == 1
     with pytest.raises(ConfigError, match=r"only 0 to sample \(of 65: --policy.drop_n_last_frames\)"):
         GlobalOrderSampler(65, 3, 1, 0, seed=1, kept=sampled_frames(bounds, 20))
+
+
+def test_a_history_longer_than_every_episode_ends_trainer_train_in_one_line(workdir: Path, capsys) -> None:
+    """dataset_video's episodes hold 20 frames: 21 observation steps would pad every sample's history."""
+    flags = [*TINY, "--policy.n_obs_steps=21", "--policy.horizon=32", "--output_dir=too_long"]
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as exit_info:
+        patch.chdir(workdir)
+        main(["train", *flags])
+    assert exit_info.value.code == 1 and capsys.readouterr().err.strip().splitlines() == [
+        "error: the policy reads 21 observation frames per sample (--policy.n_obs_steps), more than the longest "
+        "episode of the dataset holds (20 frames): no sample would see a history of its own; lower "
+        "--policy.n_obs_steps to at most 20"
+    ]
+    assert not (workdir / "too_long").exists()
 
 
 def test_a_checkpoint_reading_the_environment_state_is_one_line(workdir: Path) -> None:
