@@ -26,14 +26,16 @@ name resolves (a relative path, or a Hub id in the HF cache). Never part of the 
 
 `check` does the whole round in a scratch directory (`nox -s lerobot_side` runs it): it trains an ACT
 with two cameras, a SmolVLA on the tiny backbone and a small Diffusion Policy here, 3 steps each on the fixture dataset
-`tests/fixtures/lerobot/dataset_video`, and fine-tunes LeRobot's own Diffusion checkpoint
+`tests/fixtures/lerobot/dataset_video`, a Diffusion Policy on LeRobot's `dataset_tiny` conditioned on its
+`observation.environment_state` (no camera), and fine-tunes LeRobot's own Diffusion checkpoint
 (`tests/fixtures/lerobot_diffusion_tiny`) for 3 steps on FSDP2 x2 with an EMA in one torchrun launch
 (2 gloo ranks; its export holds the EMA's weights), then runs `ours` in this venv and `lerobot` in
 --lerobot-python's on each. Measured with lerobot 0.6.1 (torch 2.11, CPU): all load with strict=True;
 max |LeRobot - ours| is 2.98e-7 for the ACT's chunk and 0 for the SmolVLA's; through LeRobot's own
 processors on the raw observation, 1.34e-7 for the ACT's actions and 0 for the SmolVLA's (docs/vla.md);
-the Diffusion Policy's chunk 0, its actions through LeRobot's processors 4.17e-7; the FSDP2 + EMA
-fine-tune of LeRobot's checkpoint: chunk 0, actions through LeRobot's processors 1.49e-7.
+the Diffusion Policy's chunk 0, its actions through LeRobot's processors 4.17e-7; with the environment
+state, chunk 0 and 8.64e-7; the FSDP2 + EMA fine-tune of LeRobot's checkpoint: chunk 0, actions through
+LeRobot's processors 1.49e-7.
 
 Usage:
   python benchmarks/lerobot_side.py check --lerobot-python /path/to/lerobot-venv/bin/python [--atol 1e-5]
@@ -82,6 +84,11 @@ TRAIN = {
         "--policy.n_action_steps=4", "--policy.down_dims=[16,32,64]", "--policy.num_inference_steps=10",
         "--policy.use_separate_rgb_encoder_per_camera=false",
     ],
+    "diffusion_env": [  # LeRobot's dataset_tiny: no camera, its own observation.environment_state
+        "--policy.type=diffusion", "--policy.horizon=8", "--policy.n_action_steps=4",
+        "--policy.down_dims=[16,32,64]", "--policy.num_inference_steps=10", "--dataset.root=dataset_tiny",
+        "--policy.input_features=[observation.state,observation.environment_state]", "--policy.env_state_dim=3",
+    ],
 }  # fmt: skip
 # LeRobot's own Diffusion checkpoint (tests/fixtures/lerobot_diffusion_tiny) fine-tuned here on 2 gloo
 # ranks, FSDP2 with an EMA, in one torchrun launch: its export holds the EMA's weights.
@@ -122,16 +129,14 @@ def _write_expected(workdir: Path, batch_size: int) -> None:
     g = torch.Generator().manual_seed(0)
     inputs = seeded_inputs(config, batch_size, g)
     if config["type"] == "act":
-        vectors = [inputs[k] for k in ("observation.state", "observation.environment_state") if k in inputs]
-        cameras = {k: v for k, v in inputs.items() if config["input_features"][k]["type"] == "VISUAL"}
-        chunk = policy.predict_chunk({**cameras, "observation.state": torch.cat(vectors, dim=-1)})
+        chunk = policy.predict_chunk(one_state_vector(inputs, config))
     elif config["type"] == "diffusion":  # the observation history (B, n_obs_steps, ...) and the noise
         inputs = {k: torch.stack([v] * config["n_obs_steps"], dim=1) for k, v in inputs.items()}
         noise = torch.randn(
             (batch_size, config["horizon"], config["output_features"]["action"]["shape"][0]), generator=g
         )
         torch.manual_seed(SEED)  # DDPM's steps draw their variance noise: LeRobot's draws it alike
-        chunk = policy.predict_action_chunk(dict(inputs), noise=noise)
+        chunk = policy.predict_action_chunk(one_state_vector(inputs, config), noise=noise)
         inputs[NOISE] = noise
     else:
         tokens, mask = policy.tokenizer([TASKS[i % len(TASKS)] for i in range(batch_size)])
@@ -156,6 +161,14 @@ def _write_expected(workdir: Path, batch_size: int) -> None:
 
 
 SEED = 7
+
+
+def one_state_vector(inputs: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
+    """LeRobot's batch as ours: its robot state and environment state are one `observation.state`
+    here (the robot's first), the cameras as they are."""
+    vectors = [inputs[k] for k in ("observation.state", "observation.environment_state") if k in inputs]
+    cameras = {k: v for k, v in inputs.items() if config["input_features"][k]["type"] == "VISUAL"}
+    return {**cameras, "observation.state": torch.cat(vectors, dim=-1)}
 
 
 def seeded_raw(config: dict, batch_size: int, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -254,13 +267,17 @@ def check(lerobot_python: str, atol: float) -> int:
         shutil.copytree(FIXTURES / "lerobot_diffusion_tiny", work / "lerobot_diffusion_tiny")
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         script = str(Path(__file__).resolve())
-        trainer_cli = ["-m", "trainer.cli", "train"]
-        runs = {kind: [sys.executable, *trainer_cli, *flags] for kind, flags in TRAIN.items()}
+        shutil.copytree(FIXTURES / "lerobot" / "dataset_tiny", work / "dataset_tiny")
+        trainer_cli = [sys.executable, "-m", "trainer.cli", "train"]
+        runs = {kind: (trainer_cli, flags) for kind, flags in TRAIN.items()}
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-        runs["diffusion_fsdp2_ema"] = [*torchrun, "--rdzv-endpoint=localhost:0", *trainer_cli, *SHARDED_TUNE]
-        for kind, command in runs.items():
+        runs["diffusion_fsdp2_ema"] = (
+            [*torchrun, "--rdzv-endpoint=localhost:0", *trainer_cli[1:]],
+            SHARDED_TUNE,
+        )
+        for kind, (command, flags) in runs.items():
             run, side = f"{kind}_run", work / f"{kind}_check"
-            train = [*command, *COMMON, f"--output_dir={run}"]
+            train = [*command, *COMMON, *flags, f"--output_dir={run}"]  # the run's flags over COMMON's
             subprocess.run(train, cwd=work, env=env, check=True, stdout=subprocess.DEVNULL)
             side.mkdir()
             ours_half = [sys.executable, script, "ours", f"--policy.path={run}/checkpoints/last", str(side)]
