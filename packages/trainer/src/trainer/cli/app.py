@@ -13,7 +13,8 @@ USAGE = (
     "usage: trainer train [--config_path=FILE] [--policy.type=act|mlp|module:Class] [--flag=value ...]\n"
     "       trainer eval --policy.path=PATH [--dataset.root=DIR --dataset.episodes=[...]] [--json]\n"
     "       trainer dataset info|show --dataset.root=DIR [--json | --episode=N]\n"
-    "       trainer export --policy.path=PATH --output_dir=DIR [--weights=model|ema]   (for LeRobot)"
+    "       trainer export --policy.path=PATH --output_dir=DIR [--weights=model|ema] [--embodiment=NAME]"
+    "   (for LeRobot)"
 )
 HELP_FLAGS = ("-h", "--help")
 

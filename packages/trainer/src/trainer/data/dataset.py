@@ -46,6 +46,9 @@ PAD_KEY = "action_is_pad"
 STATE_DIM_PAD_KEY = "observation.state_dim_is_pad"
 ACTION_DIM_PAD_KEY = "action_dim_is_pad"
 CAMERA_MASK_SUFFIX = "_padding_mask"
+# ... and the item's robot: the index of its member's `config.dataset.Embodiment` (B,) int64, which
+# picks the statistics the preprocessor normalizes it with.
+EMBODIMENT_KEY = "embodiment"
 CAMERA_PREFIX = "observation.images."
 ALL_CAMERAS = CAMERA_PREFIX + "*"  # in --policy.input_features: every camera of the dataset
 # In --policy.input_features: the frame's task text, gathered as UTF-8 bytes (B, longest) zero-padded
