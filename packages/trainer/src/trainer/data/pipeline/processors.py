@@ -190,7 +190,9 @@ def _embodiments(config: Any) -> list[Embodiment]:
             raise ConfigError(
                 f"its processor config's embodiment {index} is not {{name, obs_dim, action_dim, input_features}}"
             )
-        found.append(Embodiment(entry["name"], sizes[0], sizes[1], tuple(features)))
+        found.append(
+            Embodiment(entry["name"], int(entry["obs_dim"]), int(entry["action_dim"]), tuple(features))
+        )
     names = [e.name for e in found]
     if len(set(names)) != len(names):
         raise ConfigError(f"its processor config names an embodiment twice: {', '.join(names)}")

@@ -37,7 +37,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from ckpt_tools import layout
 from trainer.config.dataset import Dataset, DatasetConfig
@@ -88,11 +88,11 @@ class MixtureConfig(LeRobotConfig):
     """Sampling weight of each dataset of --dataset.repo_id='[a,b]' (positive, normalized; default equal)."""
     members: list[MixtureMember] = field(default_factory=list)
     """The mixture's datasets as resolved from --dataset.mixture or the lists (train_config.json records them)."""
-    # set per copy by `serving`: the policy takes members that differ, and pads their sizes and cameras
-    mixed_members: ClassVar[bool] = False
-    padded: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
+        # set per copy by `serving` (the policy's, not the run's: not fields, so not saved): the policy
+        # takes members that differ, and pads their sizes and cameras
+        self.mixed_members, self.padded = False, True
         given = _given_members(self)
         if given and self.members:
             raise ConfigError(
@@ -413,7 +413,7 @@ def members_differ(infos: Sequence[fmt.Info], members: Sequence[MixtureMember]) 
 
 def check_rates(infos: Sequence[fmt.Info], labels: Sequence[str], fps: bool = True) -> None:
     """One action size (and with `fps`, one fps) across the members."""
-    checks = [
+    checks: list[tuple[str, Sequence[float], str]] = [
         ("fps", [info.fps for info in infos], "resample them to one rate"),
         ("action size", [info.size(ACTION_KEY) for info in infos], "map their actions to one action space"),
     ]
