@@ -113,6 +113,22 @@ def test_each_item_is_its_members_own_sample_padded_with_masks(workdir: Path) ->
     assert torch.equal(batch[FRONT][1], arm[FRONT][0]) and not batch[FRONT][0].any()
 
 
+def test_augmentation_transforms_the_frames_and_leaves_the_camera_masks(workdir: Path) -> None:
+    """--dataset.image_transforms.enable=true on a mixture of robots: the masks named after a camera
+    (`<camera>_padding_mask`) are not frames (they once reached kornia and failed)."""
+    config = parse_config(
+        [f"--dataset.mixture={workdir / 'mixture.json'}", "--dataset.image_transforms.enable=true"]
+    ).dataset
+    data = config.serving(True).load([OBS_KEY, ALL_CAMERAS, TASK_KEY])
+    augment = config.augmentation(0, 0)
+    assert augment is not None
+    batch = data.gather(torch.tensor([3, VIDEO_FRAMES + 4]), Frames.chunk(5))
+    out = augment(batch, 1)
+    for camera in (TOP, WRIST, FRONT):
+        assert out[camera].dtype == torch.float32 and out[camera].shape == batch[camera].shape
+        assert torch.equal(out[f"{camera}_padding_mask"], batch[f"{camera}_padding_mask"])
+
+
 def test_each_member_keeps_its_own_fps(workdir: Path) -> None:
     """The 15 fps robot's chunk is its next 5 frames as LeRobot wrote them (a third of a second of it),
     beside the 10 fps robot's (half a second): the offsets count each member's own frames."""
