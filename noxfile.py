@@ -18,7 +18,7 @@ PACKAGES = (
     "-e",
     "packages/ckpt-tools[test]",
     "-e",
-    "packages/trainer[test,tracking,augment,smolvla,diffusion]",
+    "packages/trainer[test,tracking,augment,smolvla,diffusion,pusht]",
 )
 
 
@@ -113,7 +113,9 @@ def bench(session: nox.Session) -> None:
     time of `ckpt inspect --json` against `hf version`, then the ACT benchmark (two 96x96 cameras:
     trainer step time vs a bare FSDP2 loop, peak RSS with the trunk frozen vs trained), then the memory
     benchmark (a 470 M-parameter policy built on meta on 1, 2 and 4 gloo ranks and HSDP 2x2: per-rank peak RSS at
-    build, first step and save against 16 B/param / N + a tiny run's; then the default-size SmolVLA on 4 ranks).
+    build, first step and save against 16 B/param / N + a tiny run's; then the default-size SmolVLA on 4 ranks),
+    then the evaluation benchmark (training steps/s with the evaluator on its own core vs without it, and
+    PushT / ALOHA seconds per episode).
 
     Options after `--` go to the conversion benchmark, e.g. `nox -s bench -- --size-mb 1600 --repeat 3`.
     """
@@ -134,6 +136,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_act.py")
     session.run("python", "benchmarks/bench_memory.py")
     session.run("python", "benchmarks/bench_memory.py", "--policy", "smolvla")
+    session.run("python", "benchmarks/bench_eval.py")
 
 
 @nox.session
