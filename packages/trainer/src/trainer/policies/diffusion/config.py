@@ -214,6 +214,19 @@ class DiffusionConfig(PolicyConfig):
         cameras = {name: (shape[0], shape[1], shape[2]) for name, shape in shapes.items()}
         return DiffusionFeatures(state_dim=self.obs_dim, action_dim=self.action_dim, cameras=cameras)
 
+    @property
+    def takes_mixed_members(self) -> bool:
+        """Robots that differ in fps and statistics only: each member at its own fps, normalized by its
+        own statistics. Their sizes and cameras must agree (`pads_mixed_members` is False): the
+        conditioning's width and the U-Net's action channels are the robot's sizes, and every camera has
+        its encoder and must be seen, so a robot padded to another's sizes could not be exported for its
+        own raw observations."""
+        return True
+
+    @property
+    def pads_mixed_members(self) -> bool:
+        return False
+
     def with_frame_shapes(self, shapes: dict[str, list[int]]) -> DiffusionConfig:
         """The cameras' frame shapes recorded; a checkpoint's camera at another size than the data's is
         refused (SpatialSoftmax's grid and the conditioning width follow the frame size)."""
