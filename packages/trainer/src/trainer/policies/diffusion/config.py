@@ -235,6 +235,19 @@ class DiffusionConfig(PolicyConfig):
             env_state_dim=self.env_state_dim,
         )
 
+    @property
+    def takes_mixed_members(self) -> bool:
+        """Robots that differ in fps and statistics only: each member at its own fps, normalized by its
+        own statistics. Their sizes and cameras must agree (`pads_mixed_members` is False): the
+        conditioning's width and the U-Net's action channels are the robot's sizes, and every camera has
+        its encoder and must be seen, so a robot padded to another's sizes could not be exported for its
+        own raw observations."""
+        return True
+
+    @property
+    def pads_mixed_members(self) -> bool:
+        return False
+
     def with_frame_shapes(self, shapes: dict[str, list[int]]) -> DiffusionConfig:
         """The cameras' frame shapes recorded; a checkpoint's camera at another size than the data's is
         refused (SpatialSoftmax's grid and the conditioning width follow the frame size)."""
