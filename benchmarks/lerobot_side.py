@@ -26,16 +26,21 @@ name resolves (a relative path, or a Hub id in the HF cache). Never part of the 
 
 `check` does the whole round in a scratch directory (`nox -s lerobot_side` runs it): it trains an ACT
 with two cameras, a SmolVLA on the tiny backbone and a small Diffusion Policy here, 3 steps each on the fixture dataset
-`tests/fixtures/lerobot/dataset_video`, then runs `ours` in this venv and `lerobot` in --lerobot-python's.
-It also trains the SmolVLA on two robots that differ (`dataset_video` beside `dataset_arm6`: state 4/6,
-action 2/3, two video cameras vs one image camera, 10/15 fps) and checks each robot's export
-(`ours --embodiment=NAME`), against our `load_policy(checkpoint, embodiment=NAME)` on that robot's raw
-observation.
-Measured with lerobot 0.6.1 (torch 2.11, CPU): both load with strict=True; max |LeRobot - ours| is
+`tests/fixtures/lerobot/dataset_video`, a Diffusion Policy on LeRobot's `dataset_tiny` conditioned on its
+`observation.environment_state` (no camera), and fine-tunes LeRobot's own Diffusion checkpoint
+(`tests/fixtures/lerobot_diffusion_tiny`) for 3 steps on FSDP2 x2 with an EMA in one torchrun launch
+(2 gloo ranks; its export holds the EMA's weights), then runs `ours` in this venv and `lerobot` in
+--lerobot-python's on each. It also trains the SmolVLA on two robots that differ (`dataset_video` beside
+`dataset_arm6`: state 4/6, action 2/3, two video cameras vs one image camera, 10/15 fps) and checks each
+robot's export (`ours --embodiment=NAME`), against our `load_policy(checkpoint, embodiment=NAME)` on that
+robot's raw observation.
+Measured with lerobot 0.6.1 (torch 2.11, CPU): all load with strict=True; max |LeRobot - ours| is
 2.98e-7 for the ACT's chunk and 0 for the SmolVLA's; through LeRobot's own processors on the raw
 observation, 1.34e-7 for the ACT's actions and 0 for the SmolVLA's (docs/vla.md); the Diffusion
-Policy's chunk 0, its actions through LeRobot's processors 4.17e-7; the two-robot SmolVLA's exports,
-each loaded strictly, chunk 0 and actions through LeRobot's processors 0 for both robots.
+Policy's chunk 0, its actions through LeRobot's processors 4.17e-7; with the environment state, chunk 0
+and 8.64e-7; the FSDP2 + EMA fine-tune of LeRobot's checkpoint: chunk 0, actions through LeRobot's
+processors 1.49e-7; the two-robot SmolVLA's exports, each loaded strictly, chunk 0 and actions through
+LeRobot's processors 0 for both robots.
 
 Usage:
   python benchmarks/lerobot_side.py check --lerobot-python /path/to/lerobot-venv/bin/python [--atol 1e-5]
@@ -90,15 +95,28 @@ TRAIN = {
         "--policy.n_action_steps=4", "--policy.down_dims=[16,32,64]", "--policy.num_inference_steps=10",
         "--policy.use_separate_rgb_encoder_per_camera=false",
     ],
+    "diffusion_env": [  # LeRobot's dataset_tiny: no camera, its own observation.environment_state
+        "--policy.type=diffusion", "--policy.horizon=8", "--policy.n_action_steps=4",
+        "--policy.down_dims=[16,32,64]", "--policy.num_inference_steps=10", "--dataset.root=dataset_tiny",
+        "--policy.input_features=[observation.state,observation.environment_state]", "--policy.env_state_dim=3",
+    ],
 }  # fmt: skip
+# LeRobot's own Diffusion checkpoint (tests/fixtures/lerobot_diffusion_tiny) fine-tuned here on 2 gloo
+# ranks, FSDP2 with an EMA, in one torchrun launch: its export holds the EMA's weights.
+SHARDED_TUNE = [
+    "--policy.path=lerobot_diffusion_tiny/pretrained_model", "--parallelism.dp_shard=2", "--ema.enable=true",
+    "--use_policy_training_preset=false", "--optimizer.type=adam", "--optimizer.lr=1e-3",
+    "--scheduler.type=constant", "--scheduler.warmup_steps=0",
+]  # fmt: skip
 
 
 def ours(path: str, workdir: Path, batch_size: int, embodiment: str | None = None) -> None:
-    """Export `path` (for one `embodiment` of a policy trained on several robots), draw the inputs,
-    compute our chunk, write them (this project's venv)."""
+    """Export `path` (its EMA's weights when it keeps one, as `trainer export` and `load_policy` choose;
+    for one `embodiment` of a policy trained on several robots), draw the inputs, compute our chunk,
+    write them (this project's venv)."""
     from trainer.evaluation.lerobot_export import export_lerobot
 
-    export_lerobot(path, str(workdir / MODEL_DIR), weights="model", embodiment=embodiment)
+    export_lerobot(path, str(workdir / MODEL_DIR), embodiment=embodiment)
     with torch.no_grad():
         _write_expected(workdir, batch_size, path if embodiment else None, embodiment)
 
@@ -125,21 +143,19 @@ def _write_expected(
     if checkpoint is None:
         loaded = trainer.load_policy(str(workdir / MODEL_DIR))
     else:
-        loaded = trainer.load_policy(checkpoint, weights="model", embodiment=embodiment)
+        loaded = trainer.load_policy(checkpoint, embodiment=embodiment)
     policy, config = loaded.policy.eval(), json.loads((workdir / MODEL_DIR / "config.json").read_text())
     g = torch.Generator().manual_seed(0)
     inputs = seeded_inputs(config, batch_size, g)
     if config["type"] == "act":
-        vectors = [inputs[k] for k in ("observation.state", "observation.environment_state") if k in inputs]
-        cameras = {k: v for k, v in inputs.items() if config["input_features"][k]["type"] == "VISUAL"}
-        chunk = policy.predict_chunk({**cameras, "observation.state": torch.cat(vectors, dim=-1)})
+        chunk = policy.predict_chunk(one_state_vector(inputs, config))
     elif config["type"] == "diffusion":  # the observation history (B, n_obs_steps, ...) and the noise
         inputs = {k: torch.stack([v] * config["n_obs_steps"], dim=1) for k, v in inputs.items()}
         noise = torch.randn(
             (batch_size, config["horizon"], config["output_features"]["action"]["shape"][0]), generator=g
         )
         torch.manual_seed(SEED)  # DDPM's steps draw their variance noise: LeRobot's draws it alike
-        chunk = policy.predict_action_chunk(dict(inputs), noise=noise)
+        chunk = policy.predict_action_chunk(one_state_vector(inputs, config), noise=noise)
         inputs[NOISE] = noise
     else:
         tokens, mask = policy.tokenizer([TASKS[i % len(TASKS)] for i in range(batch_size)])
@@ -164,6 +180,14 @@ def _write_expected(
 
 
 SEED = 7
+
+
+def one_state_vector(inputs: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
+    """LeRobot's batch as ours: its robot state and environment state are one `observation.state`
+    here (the robot's first), the cameras as they are."""
+    vectors = [inputs[k] for k in ("observation.state", "observation.environment_state") if k in inputs]
+    cameras = {k: v for k, v in inputs.items() if config["input_features"][k]["type"] == "VISUAL"}
+    return {**cameras, "observation.state": torch.cat(vectors, dim=-1)}
 
 
 def seeded_raw(config: dict, batch_size: int, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -252,22 +276,30 @@ def _processors_round(policy, workdir: Path, raw, tasks, kind: str, selected, at
 
 
 def check(lerobot_python: str, atol: float) -> int:
-    """Train each policy of TRAIN here, and a SmolVLA on two robots that differ (MIXED), then run both
-    halves on each (on each robot's export for the mixed one); 0 when LeRobot agrees on all."""
+    """Train each policy of TRAIN here, a SmolVLA on two robots that differ (MIXED), and fine-tune
+    LeRobot's Diffusion checkpoint on FSDP2 x2 with an EMA (SHARDED_TUNE), then run both halves on each
+    (on each robot's export for the mixed one); 0 when LeRobot agrees on all."""
     failed = 0
     with tempfile.TemporaryDirectory(prefix="lerobot_side_") as tmp:
         work = Path(tmp)
         for dataset in ("dataset_video", "dataset_arm6"):
             shutil.copytree(FIXTURES / "lerobot" / dataset, work / dataset)
         shutil.copytree(FIXTURES / "lerobot_smolvla_tiny" / "tiny_smolvlm", work / "tiny_smolvlm")
+        shutil.copytree(FIXTURES / "lerobot" / "dataset_tiny", work / "dataset_tiny")
+        shutil.copytree(FIXTURES / "lerobot_diffusion_tiny", work / "lerobot_diffusion_tiny")
         (work / "mixture.json").write_text(json.dumps([{"root": name} for name in MIXED_ROBOTS]))
-        runs = [(kind, [*flags, *COMMON], [None]) for kind, flags in TRAIN.items()]
-        runs.append(("smolvla_mixed", [*TRAIN["smolvla"], *MIXED], list(MIXED_ROBOTS)))
+        trainer_cli = [sys.executable, "-m", "trainer.cli", "train"]
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        # (kind, command, flags, robots): a run's own flags after COMMON's, so that they win
+        runs = [(kind, trainer_cli, [*COMMON, *flags], [None]) for kind, flags in TRAIN.items()]
+        runs.append(("smolvla_mixed", trainer_cli, [*TRAIN["smolvla"], *MIXED], list(MIXED_ROBOTS)))
+        sharded = [*torchrun, "--rdzv-endpoint=localhost:0", *trainer_cli[1:]]
+        runs.append(("diffusion_fsdp2_ema", sharded, [*COMMON, *SHARDED_TUNE], [None]))
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         script = str(Path(__file__).resolve())
-        for kind, flags, robots in runs:
+        for kind, command, flags, robots in runs:
             run = f"{kind}_run"
-            train = [sys.executable, "-m", "trainer.cli", "train", *flags, f"--output_dir={run}"]
+            train = [*command, *flags, f"--output_dir={run}"]
             subprocess.run(train, cwd=work, env=env, check=True, stdout=subprocess.DEVNULL)
             for robot in robots:
                 side = work / (f"{kind}_check" if robot is None else f"{kind}_{robot}_check")
@@ -279,8 +311,8 @@ def check(lerobot_python: str, atol: float) -> int:
                     f"--policy.path={run}/checkpoints/last",
                     str(side),
                 ]
+                print(f"{kind}:" if robot is None else f"robot {robot} of the mixture:", flush=True)
                 if robot is not None:
-                    print(f"robot {robot} of the mixture:", flush=True)
                     ours_half.append(f"--embodiment={robot}")
                 subprocess.run(ours_half, cwd=work, env=env, check=True)
                 theirs = [lerobot_python, script, "lerobot", str(side), f"--atol={atol}"]
