@@ -15,7 +15,8 @@ USAGE = (
     "       trainer eval --policy.path=PATH --env.type=pusht|aloha|pendulum|gym [--eval.n_episodes=N ...]\n"
     "       trainer eval --watch OUTPUT_DIR   (the evaluator: scores a run's checkpoints as they land)\n"
     "       trainer dataset info|show --dataset.root=DIR [--json | --episode=N]\n"
-    "       trainer export --policy.path=PATH --output_dir=DIR [--weights=model|ema]   (for LeRobot)"
+    "       trainer export --policy.path=PATH --output_dir=DIR [--weights=model|ema] [--embodiment=NAME]"
+    "   (for LeRobot)"
 )
 HELP_FLAGS = ("-h", "--help")
 
