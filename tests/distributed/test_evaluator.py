@@ -1,11 +1,13 @@
 """The evaluator beside a run, with real processes (docs/evaluation.md): a 2-rank FSDP2 run whose
 checkpoints are scored in a deliberately slow environment while it trains, each score at its own step,
-the K best kept; and `trainer eval --watch` following a run, killed, and resumed where it stopped."""
+the K best kept; an evaluator whose process dies costing the run one line; and the scores landing after
+a run ended logged by its evaluator, which, killed, `trainer eval --watch` resumes where it stopped."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ from helpers.launch import launch_env, torchrun_command
 from helpers.slow_env import FEATURES_MAP
 from helpers.tracker_stores import trackio_logs
 from helpers.train_flags import tiny_args
+from trainer.engine import loop
 
 pytestmark = pytest.mark.distributed
 
@@ -76,22 +79,95 @@ def test_a_sharded_run_is_scored_at_every_checkpoint_while_it_trains(tmp_path) -
     assert tracked == {s: pytest.approx(r["avg_sum_reward"]) for s, (_, r) in scores.items()}
 
 
-def test_watch_follows_a_run_and_resumes_after_being_killed(tmp_path) -> None:
+def _evaluator_alive() -> bool:
+    """Whether a `trainer eval --watch` child of this process still runs (a zombie is dead: the run
+    has not reaped it yet)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"--watch" in cmdline:
+            return True
+    return False
+
+
+def _wait_for(condition, what: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.05)
+
+
+def test_an_evaluator_that_dies_costs_the_run_one_line(tmp_path, capsys, monkeypatch) -> None:
+    """The environment ends the evaluator's process while it scores step 2; training is held at its
+    third step until the process is gone, then goes on to the end: one warning line, no score."""
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+    train_step = loop._train_step
+    calls = []
+
+    def held(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            _wait_for(lambda: not _evaluator_alive(), "end of the evaluator")
+        return train_step(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "_train_step", held)
     out = tmp_path / "run"
-    watch = [sys.executable, "-m", "trainer.cli", "eval", f"--watch={out}", *SLOW, *ONE_EPISODE]
-    watch += ['--env.kwargs={"delay_s": 0.05}', "--eval.n_episodes=1", "--eval.max_episodes_rendered=0"]
-    first = subprocess.Popen(watch, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        train_in(tmp_path, tiny_args(str(out), str(tmp_path / "cache"), "--steps=6", "--save_freq=2"))
-        deadline = time.monotonic() + 90
-        while not (out / "checkpoints" / "000002" / "eval.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        first.kill()
-        first.wait(timeout=30)
+    flags = tiny_args(str(out), str(tmp_path / "cache"), "--steps=6", "--save_freq=6", "--env_eval_freq=2")
+    train_in(tmp_path, [*flags, *SLOW, *ONE_EPISODE, '--env.kwargs={"exit_at": 1}', "--eval.n_episodes=1"])
+
+    err = capsys.readouterr().err.replace(str(tmp_path), "TMP")
+    lines = [
+        line for line in err.splitlines() if "evaluator" in line and not line.startswith("evaluator: pid")
+    ]
+    assert len(lines) == 1 and "warning: the evaluator stopped (exit 3)" in lines[0], err
+    assert "000002" in lines[0] and "the run goes on" in lines[0]
+    records = _records(out)
+    assert [r["event"] for r in records].count("evaluator_lost") == 1
+    assert [r["step"] for r in records if r.get("event") == "train"][-1] == 6 and records[-1][
+        "event"
+    ] == "summary"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["000002", "000004", "000006", "last"]
+    assert not list(out.glob("checkpoints/*/eval.json"))
+
+
+def test_late_scores_are_logged_by_the_evaluator_which_resumes_after_being_killed(tmp_path, capsys) -> None:
+    """A run that does not wait for its scores: its evaluator scores every checkpoint after the run
+    ended (the environment is held until then) and logs each into metrics.jsonl and trackio at its
+    step; killed after the first, `trainer eval --watch` goes on with the rest and scores nothing twice."""
+    out, gate = tmp_path / "run", tmp_path / "the-run-ended"
+    flags = tiny_args(str(out), str(tmp_path / "cache"), "--steps=6", "--env_eval_freq=2")
+    flags += [*SLOW, *ONE_EPISODE, f'--env.kwargs={{"gate": "{gate}", "gate_s": 90, "delay_s": 0.05}}']
+    flags += ["--eval.n_episodes=1", "--eval.max_episodes_rendered=0", "--eval.cpus=[0]"]
+    flags += ["--trackio.enable=true", "--trackio.project=evaluator-late"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+        train_in(tmp_path, flags)
+    err = capsys.readouterr().err.replace(str(tmp_path), "TMP")
+    assert "steps 000002, 000004, 000006 are being scored after the run ended" in err
+    assert not [r for r in _records(out) if r.get("event") == "eval"]
+    gate.touch()
+
+    evaluator = int(err.split("evaluator: pid ")[1].split(",")[0])
+    nice = int(Path(f"/proc/{evaluator}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    assert nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)  # below the run's ranks
+    assert "Cpus_allowed_list:\t0\n" in Path(f"/proc/{evaluator}/status").read_text()  # --eval.cpus
+    _wait_for(lambda: "steps 000002 logged into" in (out / "evaluator.log").read_text(), "late score logged")
+    os.kill(evaluator, signal.SIGKILL)
+    os.waitpid(evaluator, 0)
     before = {p.parent.name: p.read_bytes() for p in out.glob("checkpoints/[0-9]*/eval.json")}
     assert "000002" in before and len(before) < 3
 
+    watch = [
+        sys.executable,
+        "-m",
+        "trainer.cli",
+        "eval",
+        f"--watch={out}",
+        f"--allow_types={SLOW[1].split('=')[1]}",
+    ]
     second = subprocess.run([*watch, "--json"], env=_env(), capture_output=True, text=True, timeout=180)
     assert second.returncode == 0, second.stdout + second.stderr
     assert json.loads(second.stdout.strip().splitlines()[-1])["scored"] == 3 - len(before)
@@ -99,4 +175,14 @@ def test_watch_follows_a_run_and_resumes_after_being_killed(tmp_path) -> None:
     after = {p.parent.name: p.read_bytes() for p in out.glob("checkpoints/[0-9]*/eval.json")}
     assert sorted(after) == ["000002", "000004", "000006"]
     assert all(after[name] == data for name, data in before.items())  # nothing scored twice
-    assert all(json.loads(data)["overall"]["n_episodes"] == 1 for data in after.values())
+
+    scores = {r["step"]: r for r in _records(out) if r.get("event") == "eval"}
+    assert [r["step"] for r in _records(out) if r.get("event") == "eval"] == [2, 4, 6]  # each logged once
+    assert all(
+        scores[s]["avg_sum_reward"] == json.loads(after[f"{s:06d}"])["overall"]["avg_sum_reward"]
+        for s in scores
+    )
+    config = json.loads((out / "checkpoints" / "last" / "pretrained_model" / "train_config.json").read_text())
+    logged = trackio_logs("evaluator-late", config["trackio"]["run_name"])
+    tracked = {row["step"]: row["eval/avg_sum_reward"] for row in logged if "eval/avg_sum_reward" in row}
+    assert tracked == {s: pytest.approx(r["avg_sum_reward"]) for s, r in scores.items()}

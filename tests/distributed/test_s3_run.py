@@ -4,6 +4,7 @@
 before step 4 and `--resume=true --output_dir=s3://...` continues on one process from `last` (a text
 object). The ckpt commands then read, convert and publish the remote step, and `load_model_state_dict` and
 `trainer.load_policy` load it.
+`trainer eval --watch s3://...` then scores the run's steps in the bucket, killed and started again.
 The credentials reach every process through the environment only: no written object and no console
 line may contain the secret.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import fsspec
@@ -83,6 +86,8 @@ def test_fsdp2_run_on_s3_saves_resumes_converts_and_publishes(s3_server, s3_buck
     policy = trainer.load_policy(f"{checkpoints}/last").policy.state_dict()
     assert all(torch.equal(policy[k], want[k]) for k in want)
 
+    _watch_scores_the_bucket_and_resumes_after_being_killed(store, out)
+
     secret = s3_server.secret
     for key in store.find(s3_bucket):
         assert secret.encode() not in store.cat(key), key
@@ -90,3 +95,43 @@ def test_fsdp2_run_on_s3_saves_resumes_converts_and_publishes(s3_server, s3_buck
         assert secret not in text
     train_config = store.cat(f"{step2}/pretrained_model/{layout.TRAIN_CONFIG}").decode()
     assert "AWS_" not in train_config and s3_server.endpoint not in train_config
+
+
+def _watch_scores_the_bucket_and_resumes_after_being_killed(store, out: str) -> None:
+    """`trainer eval --watch s3://...` scores the run's committed steps in the pendulum (the run asked
+    for no environment: every step is due), each eval.json written into the bucket; killed after the
+    first, it is started again and scores only the rest. No run holds the bucket, so the watchers log
+    the scores into its metrics.jsonl themselves, each once."""
+    watch = [sys.executable, "-m", "trainer.cli", "eval", f"--watch={out}", "--env.type=pendulum"]
+    watch += ["--eval.n_episodes=1", "--eval.batch_size=1", "--eval.use_async_envs=false"]
+    watch += ["--eval.max_episodes_rendered=0"]
+    step2 = f"{out}/checkpoints/000002"
+    first = subprocess.Popen(watch, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while not store.exists(f"{step2}/eval.json") and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+    scores = {name: f"{out}/checkpoints/{name}/eval.json" for name in ("000002", "000004")}
+    before = {name: store.cat(path) for name, path in scores.items() if store.exists(path)}
+    assert "000002" in before
+
+    second = subprocess.run([*watch, "--json"], capture_output=True, text=True, timeout=180)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert json.loads(second.stdout.strip().splitlines()[-1])["scored"] == 2 - len(before)
+    assert "the run's last step 4 is scored: the evaluator stops" in second.stderr
+    after = {name: json.loads(store.cat(path)) for name, path in scores.items()}
+    assert all(store.cat(scores[name]) == data for name, data in before.items())  # nothing scored twice
+    assert [(s["step"], s["env"], s["overall"]["n_episodes"]) for s in after.values()] == [
+        (2, "pendulum", 1),
+        (4, "pendulum", 1),
+    ]
+    records = [json.loads(line) for line in store.cat(f"{out}/metrics.jsonl").decode().splitlines()]
+    logged = [(r["step"], r["avg_sum_reward"]) for r in records if r.get("event") == "eval"]
+    assert logged == [
+        (2, after["000002"]["overall"]["avg_sum_reward"]),
+        (4, after["000004"]["overall"]["avg_sum_reward"]),
+    ]
+    assert not store.exists(f"{out}/trainer.lock")  # each watcher let go of the run's lock

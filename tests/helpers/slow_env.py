@@ -2,7 +2,9 @@
 task whose steps wait `delay_s` each, and, with a `gate` path, wait until that path exists (bounded by
 `gate_s`). Tests use the gate to hold an evaluation until a run has reached its end, so "training went on
 while this checkpoint was being scored" is shown by what happened, not by timings. `crash_at` raises at
-that step and `nan_at` returns a NaN reward there: the failures an evaluator must survive.
+that step and `nan_at` returns a NaN reward there: the failures an evaluator must survive. `exit_at` ends
+the whole process there (exit status 3), as a simulator that aborts does: the run must survive that.
+`start_s` makes building the environment take that long (a renderer that never comes up).
 
 Run `--env.type=gym --env.task=helpers.slow_env:SlowPendulum-v0` with tests/ on PYTHONPATH."""
 
@@ -28,10 +30,13 @@ class SlowPendulum(PendulumEnv):
         gate_s: float = 120.0,
         crash_at: int = -1,
         nan_at: int = -1,
+        exit_at: int = -1,
+        start_s: float = 0.0,
     ) -> None:
+        time.sleep(start_s)
         super().__init__(camera=False)
         self.delay_s, self.gate, self.gate_s = delay_s, gate, gate_s
-        self.crash_at, self.nan_at, self.steps = crash_at, nan_at, 0
+        self.crash_at, self.nan_at, self.exit_at, self.steps = crash_at, nan_at, exit_at, 0
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         time.sleep(self.delay_s)
@@ -39,6 +44,8 @@ class SlowPendulum(PendulumEnv):
         while self.gate and not os.path.exists(self.gate) and time.monotonic() < deadline:
             time.sleep(0.05)
         self.steps += 1
+        if self.steps == self.exit_at:
+            os._exit(3)
         if self.steps == self.crash_at:
             raise RuntimeError("the simulator lost its contact solver")
         observation, reward, terminated, truncated, info = super().step(action)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import shutil
 from collections import namedtuple
+from types import SimpleNamespace
 
 import pytest
 
+from ckpt_tools import Ranking
 from helpers.fixtures import copy_fixture
 from trainer.cli import main
 from trainer.engine.checkpoint import disk_forecast
@@ -24,12 +26,48 @@ def test_saves_after_counts_every_save_freq_and_the_last_step(step, steps, save_
 
 
 @pytest.mark.parametrize(
+    "step, steps, save_freq, eval_every, expected",
+    [
+        (2, 12, 4, 3, 6),
+        (4, 12, 4, 6, 3),
+        (4, 12, 4, 4, 2),
+        (2, 11, 4, 3, 6),
+        (9, 10, 4, 3, 1),
+        (12, 12, 4, 3, 0),
+    ],
+)
+def test_saves_after_counts_the_evaluators_saves_once(step, steps, save_freq, eval_every, expected) -> None:
+    """--env_eval_freq adds its multiples (schedule.saves_at); a step both ask for is one save, and so
+    is a last step that is one of them."""
+    assert saves_after(step, steps, save_freq, eval_every) == expected
+    schedule = [
+        s for s in range(step + 1, steps + 1) if s % save_freq == 0 or s % eval_every == 0 or s == steps
+    ]
+    assert len(schedule) == expected
+
+
+@pytest.mark.parametrize(
     "saves_left, on_disk, keep_last, expected",
     [(9, 1, 0, 9), (9, 1, 3, 3), (1, 1, 3, 1), (9, 4, 3, 0), (0, 1, 0, 0)],
 )
 def test_retention_caps_what_accumulates(saves_left, on_disk, keep_last, expected) -> None:
     """keep_last K: K steps kept plus the one being written before retention deletes the oldest."""
     assert more_on_disk(saves_left, on_disk, keep_last) == expected
+
+
+def test_the_evaluators_saves_and_the_best_kept_are_forecast(tmp_path) -> None:
+    """A run saving every 4 steps and every 3 for its evaluator, keeping 1 newest and the 2 best: after
+    the first save (step 3 of 12) 5 more saves come, at most 1 + 2 + the one being written on disk."""
+    step_dir = tmp_path / "checkpoints" / "000003"
+    step_dir.mkdir(parents=True)
+    (step_dir / "model.safetensors").write_bytes(b"0" * 1024)
+    section = SimpleNamespace(
+        steps=12, save_freq=4, eval_every=3, keep_last=1, ranking=Ranking("pc_success", keep=2)
+    )
+    line, record = disk_forecast.first_save_note(str(step_dir), section)  # type: ignore[arg-type]
+    assert record["checkpoints_needed"] == 3 and "needs 3 more on disk" in line
+    section.keep_last = 0
+    assert disk_forecast.first_save_note(str(step_dir), section)[1]["checkpoints_needed"] == 5  # type: ignore[arg-type]
 
 
 def test_room_is_the_whole_checkpoints_that_fit() -> None:

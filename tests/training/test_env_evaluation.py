@@ -20,6 +20,8 @@ from helpers.train_flags import tiny_args
 from trainer.cli import main
 from trainer.cli.parse import parse_config
 from trainer.config.environment import AlohaEnv, EnvEvalConfig, PushtEnv
+from trainer.engine.plan import env_evaluation
+from trainer.errors import ConfigError
 from trainer.evaluation.env_scores import EnvScoring, score_step
 from trainer.evaluation.evaluator import score_line
 
@@ -50,6 +52,14 @@ def test_lerobots_env_flags_parse_into_the_run() -> None:
     )
 
 
+def test_eval_cpus_the_machine_lacks_are_refused_at_start() -> None:
+    config = parse_config(["--env.type=pendulum", "--env_eval_freq=2", "--eval.cpus=[0,4096]"])
+    with pytest.raises(
+        ConfigError, match=r"--eval.cpus=\[0, 4096\]: this machine has no core 4096 \(cores 0-"
+    ):
+        env_evaluation(config)
+
+
 @pytest.fixture(scope="module")
 def pendulum_step(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny MLP trained on the pendulum: its last step."""
@@ -64,8 +74,13 @@ def pendulum_step(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ({"crash_at": 3}, 60.0, "RuntimeError: the simulator lost its contact solver"),
         ({"nan_at": 2}, 60.0, "the environment returned a NaN or infinite reward"),
         ({"gate": "/nonexistent", "gate_s": 30.0}, 0.5, "took longer than --eval.episode_time_limit_s=0.5"),
+        (
+            {"start_s": 30.0},
+            0.5,
+            "starting the environments took longer than --eval.episode_time_limit_s=0.5",
+        ),
     ],
-    ids=["crash", "nan", "hang"],
+    ids=["crash", "nan", "hang", "hang-at-start"],
 )
 def test_a_failing_environment_costs_one_line_and_that_score(
     pendulum_step, tmp_path, kwargs, limit, why
@@ -124,3 +139,20 @@ def test_an_environment_the_policy_cannot_read_is_one_line(pendulum_step, capsys
     err = capsys.readouterr().err.strip()
     assert exit_code.value.code == 1 and "\n" not in err
     assert "the policy reads 'observation.state', which --env.type=gym gives no value for" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "why"),
+    [
+        ([], "scores its checkpoints in no environment: give one, e.g. --env.type=pusht"),
+        ([*SLOW, "--eval.wait_at_end=true"], "--eval.wait_at_end is the training run's"),
+    ],
+    ids=["no-environment", "run-only-flag"],
+)
+def test_watch_refuses_what_it_cannot_act_on_in_one_line(pendulum_step, capsys, flags, why) -> None:
+    """A run that scores in no environment, with none given, is refused at once (not followed for
+    --idle_timeout_s); a flag only a training run acts on is refused, not ignored."""
+    with pytest.raises(SystemExit) as exit_code:
+        main(["eval", f"--watch={pendulum_step.parents[1]}", *flags])
+    err = capsys.readouterr().err.strip()
+    assert exit_code.value.code == 1 and "\n" not in err and why in err, err

@@ -13,6 +13,8 @@ flags given here override them. A run with `--env_eval_freq` launches this same 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import sys
@@ -21,15 +23,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import draccus
-
 import ckpt_tools
 from ckpt_tools import layout
 from trainer.cli.eval_command import EvalPolicy
+from trainer.cli.parse import parse_config, parse_flags
 from trainer.config.environment import EnvConfig, EnvEvalConfig
 from trainer.config.registry import split_allow_types
+from trainer.config.sections import TrackingSection
 from trainer.errors import ConfigError
-from trainer.evaluation import evaluator
+from trainer.evaluation import evaluator, score_log
 from trainer.evaluation.env_scores import EnvScoring, score_policy, score_step
 from trainer.evaluation.environments import check_imports
 from trainer.evaluation.episodes import EnvironmentFailure
@@ -39,6 +41,9 @@ WATCH_FLAG = "--watch"
 LAUNCHED_FLAG = "--launched_by_run"  # set by the run that starts the evaluator: it reads its stdin
 IDLE_FLAG = "--idle_timeout_s"
 IDLE_TIMEOUT_S = 3600.0
+# --eval.* flags a training run acts on and `trainer eval` would ignore
+RUN_ONLY_FLAGS = {"--eval.wait_at_end": "is the training run's (its end waits for the last score)"}
+HANDOVER_LOCK_S = 60.0  # a launched evaluator's run releases its lock this soon after closing its input
 # the run's sections the evaluator reads from a step's train_config.json
 RUN_FIELDS = (
     "env",
@@ -92,7 +97,7 @@ def is_env_eval(args: Sequence[str]) -> bool:
 
 def run_env_eval(args: list[str]) -> dict[str, Any]:
     """One policy scored in one environment; returns lerobot-eval's record. A failure is one line."""
-    allowed, rest = split_allow_types([a for a in args if a != "--json"])
+    allowed, rest = _split_args(args)
     parsed = _parse(EnvEvalArgs, rest, None)
     if not parsed.policy.path:
         raise ConfigError(
@@ -118,6 +123,15 @@ def run_env_eval(args: list[str]) -> dict[str, Any]:
     return record
 
 
+def _split_args(args: list[str]) -> tuple[tuple[str, ...], list[str]]:
+    """`--allow_types` apart from the rest (`--json` is the CLI's); a flag that only a training run acts
+    on is refused, not ignored."""
+    given = next((a.partition("=")[0] for a in args if a.partition("=")[0] in RUN_ONLY_FLAGS), None)
+    if given is not None:
+        raise ConfigError(f"{given} {RUN_ONLY_FLAGS[given]}: drop it from trainer eval")
+    return split_allow_types([a for a in args if a != "--json"])
+
+
 def _into_step(parsed: EnvEvalArgs, scoring: EnvScoring, allowed: tuple[str, ...]) -> dict[str, Any]:
     """No --output_dir: the record goes into the step PATH names, as the evaluator writes it."""
     try:
@@ -140,27 +154,66 @@ def _into_step(parsed: EnvEvalArgs, scoring: EnvScoring, allowed: tuple[str, ...
 
 def run_watch(args: list[str]) -> dict[str, Any]:
     """The evaluator following a run until its last step is scored (or it is stopped)."""
-    allowed, rest = split_allow_types([a for a in args if a != "--json"])
+    allowed, rest = _split_args(args)
     output_dir, launched, idle, flags = _watch_flags(rest)
-    plans: dict[str, evaluator.StepPlan] = {}
-
-    def plan_of(step_dir: str) -> evaluator.StepPlan:
-        if step_dir not in plans:
-            plans[step_dir] = _step_plan(step_dir, flags, allowed)
-        return plans[step_dir]
-
-    prepared: list[bool] = []
-
-    def score(step_dir: str, plan: evaluator.StepPlan) -> dict[str, Any]:
-        assert plan.scoring is not None
-        if not prepared:
-            _set_up_process(plan.scoring.eval)
-            prepared.append(True)
-        return score_step(step_dir, plan.scoring, plan.scoring.eval.device, allowed)
-
+    watcher = _Watcher(flags, allowed)
+    report = functools.partial(_report, output_dir, launched, allowed)
     control = evaluator.Control(launched)
-    scored = evaluator.follow(output_dir, plan_of, score, _say, control, idle)
+    scored = evaluator.follow(output_dir, watcher.plan_of, watcher.score, report, _say, control, idle)
     return {"output_dir": output_dir, "scored": scored}
+
+
+class _Watcher:
+    """What `evaluator.follow` calls back: each step's plan (read once), and its scoring (the process
+    set up for it at the first)."""
+
+    def __init__(self, flags: list[str], allowed: tuple[str, ...]) -> None:
+        self.flags, self.allowed = flags, allowed
+        self.plans: dict[str, evaluator.StepPlan] = {}
+        self.set_up = False
+
+    def plan_of(self, step_dir: str) -> evaluator.StepPlan:
+        if step_dir not in self.plans:
+            self.plans[step_dir] = _step_plan(step_dir, self.flags, self.allowed)
+        return self.plans[step_dir]
+
+    def score(self, step_dir: str, plan: evaluator.StepPlan) -> dict[str, Any]:
+        assert plan.scoring is not None  # follow refuses a run without an environment
+        if not self.set_up:
+            _set_up_process(plan.scoring.eval)
+            self.set_up = True
+        return score_step(step_dir, plan.scoring, plan.scoring.eval.device, self.allowed)
+
+
+def _report(
+    output_dir: str, launched: bool, allowed: tuple[str, ...], scored: list[str], final: bool
+) -> None:
+    """The scores no run logged, into metrics.jsonl and the run's trackers (evaluation/score_log.py).
+    A launched evaluator's run has just let go of its files: its lock is waited for a little."""
+    wait_s = HANDOVER_LOCK_S if launched else 0.0
+    tracking = functools.partial(_run_tracking, output_dir, allowed)
+    with contextlib.redirect_stdout(sys.stderr):  # what trackers print stays off `--json`'s output
+        logged = score_log.log_landed(output_dir, scored, tracking, wait_s)
+    if logged:
+        _say(f"steps {', '.join(logged)} logged into {output_dir}/metrics.jsonl and the run's trackers")
+    elif logged is None and final:
+        _say(
+            f"a run holds {output_dir} (or it cannot be locked): the scores it did not log reach metrics.jsonl "
+            "when a run there reads them (a resume does)"
+        )
+
+
+def _run_tracking(output_dir: str, allowed: tuple[str, ...]) -> TrackingSection | None:
+    """The trackers of the run in `output_dir`, as its resume would continue them (its saved config);
+    None, said in one line, when that config cannot be read here."""
+    from trainer.engine.plan import tracking_section  # the training engine, loaded only to log late scores
+
+    flags = ["--resume=true", f"--output_dir={output_dir}", *(f"--allow_types={name}" for name in allowed)]
+    try:
+        return tracking_section(parse_config(flags))
+    except ConfigError as exc:
+        _say(f"the run's trackers are not logged to: its config does not load here ({exc})")
+        return None
 
 
 def _watch_flags(args: list[str]) -> tuple[str, bool, float, list[str]]:
@@ -221,13 +274,7 @@ def _parse(cls: type[Any], args: list[str], saved: dict[str, Any] | None) -> Any
             config_path = os.path.join(tmp, "run.json")
             with open(config_path, "w", encoding="utf-8") as handle:
                 json.dump(saved, handle)
-        try:
-            return draccus.parse(cls, config_path=config_path, args=args, exit_on_error=False)
-        except Exception as exc:  # draccus wraps bad flags and values in several exception types
-            cause = exc.__cause__ or exc.__context__
-            if isinstance(cause, ConfigError):
-                raise cause from None
-            raise ConfigError(f"trainer eval: {' '.join(str(exc).split())}") from None
+        return parse_flags(cls, args, config_path, lambda message: f"trainer eval: {message}")
 
 
 def _set_up_process(settings: EnvEvalConfig) -> None:

@@ -20,11 +20,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import draccus
 import torch
 
 import ckpt_tools
-from trainer.cli.parse import LEROBOT_FLAGS, settle_choice
+from trainer.cli.parse import LEROBOT_FLAGS, parse_flags, settle_choice
 from trainer.config.dataset import DatasetConfig
 from trainer.config.registry import split_allow_types
 from trainer.data.dataset import OBS_KEY, TASK_KEY
@@ -88,13 +87,7 @@ def run_eval(args: Sequence[str]) -> dict[str, Any]:
         )
     with _saved_dataset(path, rest) as config_path:
         settle_choice(rest, config_path, DatasetConfig, "dataset", allowed)
-        try:
-            config = draccus.parse(EvalConfig, config_path=config_path, args=rest, exit_on_error=False)
-        except Exception as exc:  # draccus wraps bad flags and values in several exception types
-            cause = exc.__cause__ or exc.__context__
-            raise (
-                cause if isinstance(cause, ConfigError) else ConfigError(" ".join(str(exc).split()))
-            ) from None
+        config = parse_flags(EvalConfig, rest, config_path)
     loaded = load_policy(
         path, config.device, config.weights, allow_types=allowed, embodiment=config.embodiment
     )

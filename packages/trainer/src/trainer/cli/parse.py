@@ -6,7 +6,8 @@ import contextlib
 import datetime
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 import draccus
 
@@ -26,6 +27,7 @@ DEFAULT_TYPES = {"policy": "act_state", "dataset": "pendulum"}
 LEROBOT_FLAGS = ("--dataset.repo_id", "--dataset.root")
 # a mixture of LeRobotDatasets (data/sources/mixture.py): its file, its weights, or a list of datasets
 MIXTURE_FLAGS = ("--dataset.mixture", "--dataset.weights", "--dataset.repo_id=[", "--dataset.root=[")
+T = TypeVar("T")
 
 
 def parse_config(args: Sequence[str]) -> TrainConfig:
@@ -118,21 +120,33 @@ def _parse(rest: list[str], config_path: str | None, allowed: tuple[str, ...]) -
     for registry, section in ((PolicyConfig, "policy"), (DatasetConfig, "dataset")):
         settle_choice(rest, config_path, registry, section, allowed)
     check_env_type(rest, config_path)
+
+    def describe(message: str) -> str:
+        if "tolerance_s" in message and any(arg.startswith("--dataset.tolerance_s=") for arg in rest):
+            return (
+                "--tolerance_s applies to a LeRobotDataset's video frames (--dataset.root or --dataset.repo_id): "
+                "this run's dataset has none"
+            )
+        return f"invalid configuration: {message}{_hint(message)}"
+
+    return parse_flags(TrainConfig, rest, config_path, describe)
+
+
+def parse_flags(
+    cls: type[T], args: Sequence[str], config_path: str | None, describe: Callable[[str], str] = str
+) -> T:
+    """draccus over `args` (flags over the `config_path` file, over the defaults). A bad flag or value,
+    which draccus wraps in several exception types, is one `ConfigError` line (`describe` words the
+    message); a `ConfigError` a config's own check raised comes through as it is."""
     try:
-        config = draccus.parse(TrainConfig, config_path=config_path, args=rest, exit_on_error=False)
+        return draccus.parse(cls, config_path=config_path, args=list(args), exit_on_error=False)
     except ConfigError:
         raise
-    except Exception as exc:  # draccus wraps bad flags and bad values in several exception types
+    except Exception as exc:
         cause = exc.__cause__ or exc.__context__
         if isinstance(cause, ConfigError):
             raise cause from None
-        if "tolerance_s" in str(exc) and any(arg.startswith("--dataset.tolerance_s=") for arg in rest):
-            raise ConfigError(
-                "--tolerance_s applies to a LeRobotDataset's video frames (--dataset.root or --dataset.repo_id): "
-                "this run's dataset has none"
-            ) from None
-        raise ConfigError(f"invalid configuration: {' '.join(str(exc).split())}{_hint(str(exc))}") from None
-    return config
+        raise ConfigError(describe(" ".join(str(exc).split()))) from None
 
 
 def _hint(message: str) -> str:

@@ -316,8 +316,9 @@ class EnvEvalConfig:
     threads: int = 1
     """Torch threads of the evaluator's policy."""
     episode_time_limit_s: float = 600.0
-    """Seconds an episode may take before that checkpoint's evaluation is given up (one line; the
-    other checkpoints and the run go on)."""
+    """Seconds one batch of episodes (--eval.batch_size environments stepped together), or starting the
+    environments, may take before that checkpoint's evaluation is given up (one line; the other
+    checkpoints and the run go on)."""
     max_episodes_rendered: int = 4
     """Episodes written as mp4 videos beside each score (0: none)."""
     wait_at_end: bool = False

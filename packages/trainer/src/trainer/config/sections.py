@@ -160,6 +160,8 @@ class EnvEvaluation:
     """The longest one step's evaluation may take (its batches of episodes, each within the time limit)."""
     allow_types: tuple[str, ...]
     """The module:Name environment id the run itself named, which the evaluator may import."""
+    cpus: tuple[int, ...] = ()
+    """--eval.cpus: the cores the evaluator is moved to as it starts (empty: the run's own)."""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ the process group is up (the main rank decides and broadcasts, resume.before_pre
 from __future__ import annotations
 
 import copy
+import os
 import random
 from dataclasses import replace
 from typing import Any
@@ -195,13 +196,20 @@ def env_evaluation(config: TrainConfig) -> EnvEvaluation | None:
     settings = config.eval
     batches = -(-settings.n_episodes // settings.environments())
     env = config.env
+    cores = os.cpu_count() or 1
+    missing = [cpu for cpu in settings.cpus or () if not 0 <= cpu < cores]
+    if missing:
+        raise ConfigError(
+            f"--eval.cpus={settings.cpus}: this machine has no core {missing[0]} (cores 0-{cores - 1})"
+        )
     return EnvEvaluation(
         output_dir=config.output_dir,
         every=config.env_eval_freq,
         last_step=config.steps,
         wait_at_end=settings.wait_at_end,
-        step_bound_s=batches * settings.episode_time_limit_s + EVALUATOR_START_S,
+        step_bound_s=(batches + 1) * settings.episode_time_limit_s + EVALUATOR_START_S,  # + starting them
         allow_types=(env.gym_id,) if env.type == "gym" and env.package is not None else (),
+        cpus=tuple(settings.cpus or ()),
     )
 
 

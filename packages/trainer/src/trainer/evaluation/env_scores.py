@@ -9,7 +9,8 @@ record is written.
 
 `score_step` scores a committed step of a run and writes the record into it (`<step>/eval.json`, the
 videos in `<step>/eval_videos/`), with the step, the environment and the weights; an evaluation that
-fails (the environment crashed, hung or returned NaN; the policy cannot act there) writes the one line
+fails (the environment crashed, hung or returned NaN; the policy cannot act there; the step's files are
+damaged) writes the one line
 why in place of the figures, so a follower counts the step as done and never retries it forever.
 """
 
@@ -28,7 +29,7 @@ from trainer.config.environment import EnvConfig, EnvEvalConfig
 from trainer.data.dataset import TASK_KEY
 from trainer.errors import ConfigError
 from trainer.evaluation.environments import check_features, feature_names, make_vector_env
-from trainer.evaluation.episodes import EnvironmentFailure, Episode, Rollouts, run_episodes
+from trainer.evaluation.episodes import EnvironmentFailure, Episode, Rollouts, run_episodes, time_limit
 from trainer.evaluation.inference import LoadedPolicy, load_policy
 from trainer.evaluation.videos import write_video
 
@@ -52,7 +53,8 @@ def score_policy(loaded: LoadedPolicy, scoring: EnvScoring, out_dir: str, videos
     env_config, settings = scoring.env, scoring.eval
     check_features(env_config, loaded.input_features, scoring.rename_map)
     started = time.monotonic()
-    env = make_vector_env(env_config, settings.environments(), settings.use_async_envs)
+    with time_limit(settings.episode_time_limit_s, "starting the environments"):
+        env = make_vector_env(env_config, settings.environments(), settings.use_async_envs)
     plan = Rollouts(
         n_episodes=settings.n_episodes,
         start_seed=scoring.seed,
@@ -108,6 +110,6 @@ def score_step(step_dir: str, scoring: EnvScoring, device: str, allowed: Sequenc
             **score_policy(loaded, scoring, step_dir, layout.EVAL_VIDEOS_DIR),
             "weights": loaded.weights,
         }
-    except (EnvironmentFailure, ConfigError) as exc:
+    except (EnvironmentFailure, ConfigError, ckpt_tools.CheckpointError) as exc:  # a damaged step too
         record = {"env": scoring.env.type, "task": scoring.env.task, "error": " ".join(str(exc).split())}
     return ckpt_tools.write_scores(step_dir, {"step": step, **record})

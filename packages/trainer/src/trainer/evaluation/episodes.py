@@ -5,8 +5,9 @@ The environments of a batch start from consecutive seeds and run together until 
 the episode's step limit); what an environment returns after its own end is not counted. An episode
 that takes longer than the time limit, an environment that raises, or a reward or observation that is
 NaN ends the whole evaluation with one `EnvironmentFailure` line: the caller loses that score and
-nothing else. The limit is a timer signal in this thread, so it also stops an environment stuck in
-Python code (a worker process of an AsyncVectorEnv is stopped when the caller closes it).
+nothing else. The limit (`time_limit`, which also bounds starting the environments) is a timer signal in
+this thread, so it also stops an environment stuck in Python code or waiting for its worker process (a
+worker of an AsyncVectorEnv is stopped when the caller closes it).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
@@ -74,7 +76,7 @@ def run_episodes(env: VectorEnv, act: Act, reset: Callable[[], None], plan: Roll
         first = len(episodes)
         batch = [Episode(first + i, plan.start_seed + first + i) for i in range(env.num_envs)]
         render = max(0, min(plan.rendered - first, env.num_envs))
-        with _failures(first), _time_limit(plan.time_limit_s, first):
+        with _failures(first), time_limit(plan.time_limit_s, f"episodes from {first} on"):
             _run_batch(env, act, reset, batch, plan, render)
         episodes.extend(batch[: plan.n_episodes - first])
     return episodes
@@ -97,14 +99,7 @@ def _run_batch(
         action = np.asarray(act(raw_observations(observation, plan.names, tasks)), dtype=np.float32)
         observation, reward, terminated, truncated, info = env.step(action)
         _check_finite(observation, reward)
-        success = np.asarray(info.get("is_success", np.zeros(len(batch))), dtype=bool)
-        for i, episode in enumerate(batch):
-            if done[i]:
-                continue
-            episode.sum_reward += float(reward[i])
-            episode.max_reward = max(episode.max_reward, float(reward[i]))
-            episode.success = episode.success or bool(success[i])
-            episode.steps += 1
+        _count(batch, done, reward, np.asarray(info.get("is_success", np.zeros(len(batch))), dtype=bool))
         if not done[:render].all():
             _render(env, batch, render)
         done |= np.asarray(terminated, dtype=bool) | np.asarray(truncated, dtype=bool)
@@ -112,6 +107,17 @@ def _run_batch(
             break
     for episode in batch[:render]:  # the frames up to the episode's end, the last observation included
         del episode.frames[episode.steps + 1 :]
+
+
+def _count(batch: list[Episode], done: np.ndarray, reward: np.ndarray, success: np.ndarray) -> None:
+    """One step's reward and success added to each episode not ended yet."""
+    for i, episode in enumerate(batch):
+        if done[i]:
+            continue
+        episode.sum_reward += float(reward[i])
+        episode.max_reward = max(episode.max_reward, float(reward[i]))
+        episode.success = episode.success or bool(success[i])
+        episode.steps += 1
 
 
 def _render(env: VectorEnv, batch: list[Episode], count: int) -> None:
@@ -151,10 +157,10 @@ class _Timeout(BaseException):
 
 
 @contextlib.contextmanager
-def _time_limit(seconds: float, first: int) -> Iterator[None]:
-    """Bound one batch of episodes to `seconds` with a SIGALRM timer (main thread only; elsewhere the
-    caller's own bounds apply)."""
-    if not _in_main_thread():
+def time_limit(seconds: float, what: str) -> Iterator[None]:
+    """Bound `what` (one batch of episodes, starting the environments) to `seconds` with a SIGALRM timer
+    (main thread only; elsewhere the caller's own bounds apply)."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
 
@@ -167,15 +173,9 @@ def _time_limit(seconds: float, first: int) -> Iterator[None]:
         yield
     except _Timeout:
         raise EnvironmentFailure(
-            f"episodes from {first} on took longer than --eval.episode_time_limit_s={seconds:g}: the "
-            "environment hangs or is slower than the limit allows"
+            f"{what} took longer than --eval.episode_time_limit_s={seconds:g}: the environment hangs or is "
+            "slower than the limit allows"
         ) from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-
-
-def _in_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()

@@ -60,8 +60,14 @@ class MetricsLogger:
     `close`: what a resumed run continues from, the records up to its checkpoint, is always written."""
 
     def __init__(
-        self, output_dir: str, total_steps: int, start_step: int, tracking: TrackingSection | None = None
+        self,
+        output_dir: str,
+        total_steps: int,
+        start_step: int,
+        tracking: TrackingSection | None = None,
+        progress: bool = True,
     ) -> None:
+        """`progress=False`: no progress bar (the evaluator logging a run's late scores trains nothing)."""
         storage.makedirs(output_dir)
         self.dir = output_dir.rstrip("/")
         self.path = f"{self.dir}/{METRICS_FILE}"
@@ -77,7 +83,7 @@ class MetricsLogger:
         self.trackers = GuardedTrackers(trackers, self.console.print)
         self.title = tracking.job_name if tracking is not None else layout.name(self.dir)
         self.progress: Progress | None = None
-        if self.console.is_terminal:
+        if progress and self.console.is_terminal:
             self.progress = Progress(
                 TextColumn("train"),
                 BarColumn(),
@@ -119,11 +125,14 @@ class MetricsLogger:
         if self.progress is not None:
             self.progress.advance(self.task, steps)
 
-    def close(self) -> None:
+    def close(self, plot: bool = True) -> None:
+        """Write what is left, draw the loss curve (unless `plot` is False: nothing was trained since
+        the run drew it) and finish the trackers."""
         if self.progress is not None:
             self.progress.stop()
         self.flush()
-        self._plot()
+        if plot:
+            self._plot()
         self.trackers.finish()
 
     def _append(self, record: dict[str, Any]) -> None:

@@ -244,7 +244,9 @@ class TrackioTracker:
         self.run.log(row, step=step)
 
     def finish(self) -> None:
-        self.run.finish()
+        """trackio's own finish of its current run (this one): it also forgets the run, which trackio
+        would otherwise finish again at exit, printing onto standard output after `--json`'s record."""
+        self.trackio.finish()
 
 
 def _numbers(record: dict[str, Any]) -> dict[str, float]:

@@ -9,9 +9,13 @@ logs each score when its eval.json appears (metrics.jsonl and the trackers, at t
 training step; a resumed run logs those that landed while it was away, once). A run ranked by
 `val_loss` writes that figure into each step's eval.json itself and moves `best`.
 
-The evaluator's standard input is its control line: `finish` when the run ends (it scores what is
-committed, then stops), closed without it when the run stops or dies (it stops after its current
-step). Its output goes to `<output_dir>/evaluator.log`. Its death costs one line; the run goes on.
+The evaluator's standard input is its control line: `finish` when the run ends and waits for the last
+scores (`--eval.wait_at_end`: it scores what is committed, then stops, and the run logs them),
+`finish log` when the run ends without waiting (it scores what is committed, and logs into
+metrics.jsonl and the trackers itself what lands after the run closes its input, at the very end:
+evaluation/score_log.py), the input closed without either when the run stops or dies (it stops after
+its current step). Its output goes to `<output_dir>/evaluator.log`. Its death costs one line; the run
+goes on.
 """
 
 from __future__ import annotations
@@ -28,13 +32,15 @@ from typing import IO, Any
 import ckpt_tools
 from ckpt_tools import layout, storage
 from trainer.config.sections import EnvEvaluation, SavingSection
-from trainer.evaluation.evaluator import is_due, is_env_scored, score_line
-from trainer.reporting.loss_curve import event_steps
-from trainer.reporting.metrics import METRICS_FILE, Logger
+from trainer.evaluation.evaluator import is_due, is_env_scored, read_scores_or_none, score_line
+from trainer.evaluation.score_log import due_scores, log_score, not_logged
+from trainer.reporting.metrics import Logger
 
 POLL_S = 2.0  # eval.json files are looked for at most this often (local); on a store:
 URL_POLL_S = 15.0
 LOG_FILE = "evaluator.log"
+STOP_S = 10.0  # an evaluator told to terminate is killed after this long
+EVALUATOR_NICE = 10  # how far the evaluator's CPU priority is below the rank's (Unix nice, at most 19)
 # a torchrun rank's identity, which the evaluator (one plain process) must not inherit
 _LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK")
 _LAUNCH_PREFIXES = ("MASTER_", "TORCHELASTIC_", "ACCELERATE_", "TORCH_NCCL_")
@@ -80,9 +86,8 @@ class Evaluations:
             return
         self._polled = time.monotonic()
         for name in sorted(self.pending):
-            scores = _read(layout.join(self.root, name))
-            if is_env_scored(scores):
-                assert scores is not None
+            scores = read_scores_or_none(layout.join(self.root, name))
+            if scores is not None and is_env_scored(scores):
                 self._log(name, scores)
                 self.pending.discard(name)
         if self.process is not None and self.process.poll() is not None and self.pending:
@@ -95,27 +100,38 @@ class Evaluations:
 
     def finish(self, wait: bool, bound_s: float) -> None:
         """The run ended: the evaluator is told to score what is committed and stop; with `wait`, the
-        run waits for it (at most `bound_s`) and logs the last scores."""
+        run waits for it (at most `bound_s`) and logs the last scores, otherwise the evaluator logs
+        those that land after `hand_over`."""
         if self.process is None:
             return
-        _tell(self.process.stdin, b"finish\n")
+        _tell(self.process.stdin, b"finish\n" if wait else b"finish log\n", close=wait)
         if wait:
             try:
                 self.process.wait(timeout=bound_s)
             except subprocess.TimeoutExpired:
-                self.process.terminate()
+                _end(self.process)
                 self._lost(f"the evaluator took longer than {bound_s:.0f} s to score the last steps: stopped")
         self.poll(force=True)
         if wait:  # the steps kept for their scores are scored now: --keep_last applies to them too
             ckpt_tools.prune_steps(self.root, self.keep_last, self.keep())
         if self.pending:
             self.logger.note(
-                f"steps {', '.join(sorted(self.pending))} are being scored after the run ended (their eval.json; "
+                f"steps {', '.join(sorted(self.pending))} are being scored after the run ended: the evaluator "
+                "writes their eval.json and logs them into metrics.jsonl and the trackers (if it is stopped, "
                 f"`trainer eval --watch {layout.parent(self.root)}` goes on where it stopped)"
             )
 
+    def hand_over(self) -> None:
+        """The run wrote its last record: its input closed after `finish log`, the evaluator logs the
+        late scores itself."""
+        self._close_input()
+
     def stop(self) -> None:
-        """The run stops early (a signal): the evaluator stops after its current step."""
+        """The run stops early (a signal): its input closed without `finish`, the evaluator stops after
+        its current step."""
+        self._close_input()
+
+    def _close_input(self) -> None:
         if self.process is not None and self.process.stdin is not None:
             with contextlib.suppress(OSError):
                 self.process.stdin.close()
@@ -123,18 +139,10 @@ class Evaluations:
     def _catch_up(self, output_dir: str, environment: EnvEvaluation) -> None:
         """A resumed run: log the scores that landed while no run was there (once), and wait for those
         of the steps still unscored."""
-        if not storage.exists(self.root):
-            return
-        logged = event_steps(layout.join(output_dir, METRICS_FILE), "eval")
-        for name in sorted(n for n in storage.list_names(self.root) if layout.is_step_dir_name(n)):
-            if not is_due(int(name), environment.every, environment.last_step):
-                continue
-            scores = _read(layout.join(self.root, name))
-            if not is_env_scored(scores):
-                self.pending.add(name)
-            elif int(name) not in logged:
-                assert scores is not None
-                self._log(name, scores)
+        scores = due_scores(output_dir, environment.every, environment.last_step)
+        self.pending.update(name for name, s in scores if s is None or not is_env_scored(s))
+        for name, landed in not_logged(output_dir, scores):
+            self._log(name, landed)
 
     def _launch(self, environment: EnvEvaluation) -> subprocess.Popen[bytes] | None:
         """`trainer eval --watch OUTPUT_DIR` as a child of this rank, in its own process."""
@@ -161,6 +169,7 @@ class Evaluations:
             except OSError as exc:
                 self.logger.note(f"warning: the evaluator could not start ({exc}): the run trains without it")
                 return None
+        _step_aside(process, environment.cpus, self.logger)
         self.logger.note(
             f"evaluator: pid {process.pid}, scoring every {environment.every} steps; its log: {path}"
         )
@@ -168,13 +177,7 @@ class Evaluations:
 
     def _log(self, name: str, scores: dict[str, Any]) -> None:
         """One score in metrics.jsonl and the trackers, at its checkpoint's step."""
-        step_dir = layout.join(self.root, name)
-        overall = scores.get("overall", {})
-        figures = {k: v for k, v in overall.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-        videos = [layout.join(step_dir, path) for path in overall.get("video_paths", [])]
-        problem = {"error": scores["error"]} if "error" in scores else {}
-        record = {"event": "eval", "step": int(name), "env": scores.get("env"), **figures, **problem}
-        self.logger.note(score_line(scores), **record, videos=videos)
+        log_score(self.logger, layout.join(self.root, name), scores, score_line(scores))
 
     def _lost(self, why: str) -> None:
         """The evaluator is gone: one line, and its unscored steps are no longer kept from pruning."""
@@ -188,22 +191,44 @@ class Evaluations:
         self.process = None
 
 
-def _read(step_dir: str) -> dict[str, Any] | None:
+def _step_aside(process: subprocess.Popen[bytes], cpus: tuple[int, ...], logger: Logger) -> None:
+    """The evaluator, as it starts, below the training ranks: a lower CPU priority (EVALUATOR_NICE, which
+    its environment processes inherit), so that on cores it shares the ranks go first, and onto its own
+    cores (--eval.cpus), where otherwise it would import torch and load its first checkpoint on the
+    rank's cores, which it inherits, before moving itself."""
+    with contextlib.suppress(OSError):  # a priority it cannot lower is no reason to stop
+        below = min(19, os.getpriority(os.PRIO_PROCESS, 0) + EVALUATOR_NICE)
+        os.setpriority(os.PRIO_PROCESS, process.pid, below)
+    if not cpus:
+        return
     try:
-        return ckpt_tools.read_scores(step_dir)
-    except ckpt_tools.CheckpointError:
-        return None
+        os.sched_setaffinity(process.pid, cpus)
+    except OSError as exc:  # it moves itself at its first score, or says why not in its log
+        logger.note(f"warning: the evaluator could not be moved to --eval.cpus={list(cpus)} ({exc})")
 
 
-def _tell(pipe: IO[bytes] | None, line: bytes) -> None:
-    """A control line to the evaluator, then its input closed; an evaluator already gone is no error."""
+def _tell(pipe: IO[bytes] | None, line: bytes, close: bool) -> None:
+    """A control line to the evaluator (then its input closed, with `close`); an evaluator already
+    gone is no error."""
     if pipe is None:
         return
     with contextlib.suppress(OSError):
         pipe.write(line)
         pipe.flush()
-    with contextlib.suppress(OSError):
-        pipe.close()
+    if close:
+        with contextlib.suppress(OSError):
+            pipe.close()
+
+
+def _end(process: subprocess.Popen[bytes]) -> None:
+    """Terminate the evaluator, and kill it when it does not end within STOP_S."""
+    process.terminate()
+    try:
+        process.wait(timeout=STOP_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):  # a process stuck in the kernel: left to it
+            process.wait(timeout=STOP_S)
 
 
 @contextlib.contextmanager

@@ -96,6 +96,11 @@ class Checkpoints:
 
     def publish(self, summary: RunSummary) -> None:
         """After the loop and the logger's close: a metrics write that failed after the last save ends
-        the run in one line; then the end-of-run publish (--policy.push_to_hub), after the pushes."""
-        check_writes(self.logger, self.section.output_dir, summary.last_checkpoint)
-        publishing.publish_final(self.section, summary, self.logger, self.pushes)
+        the run in one line; then the end-of-run publish (--policy.push_to_hub), after the pushes. The
+        run writes nothing more: the evaluator logs the scores that land from now on."""
+        try:
+            check_writes(self.logger, self.section.output_dir, summary.last_checkpoint)
+            publishing.publish_final(self.section, summary, self.logger, self.pushes)
+        finally:
+            if self.evaluations is not None:
+                self.evaluations.hand_over()
