@@ -157,6 +157,13 @@ class PolicyConfig(draccus.ChoiceRegistry):
         `ConstantConfig(warmup_steps=0)` here. This base returns the engine's default cosine."""
         return CosineConfig()
 
+    @property
+    def cast_dtype(self) -> str | None:
+        """The dtype `build_policy` casts every parameter to: `--policy.dtype` by default; None for a
+        policy that places its own dtypes (pi0's bfloat16 keeps the vision tower and the norms in
+        float32, as LeRobot does)."""
+        return self.dtype
+
     def policy_class(self) -> Callable[[PolicyConfig], nn.Module]:
         """The class this config builds, called with the config (`trainer.policies.Policy` subclasses;
         `build_policy` refuses anything else)."""
@@ -179,9 +186,11 @@ class PolicyConfig(draccus.ChoiceRegistry):
         weights cannot follow (SmolVLA: another backbone); raises ConfigError."""
 
     @classmethod
-    def from_saved(cls, saved: dict[str, Any]) -> dict[str, Any]:
+    def from_saved(cls, saved: dict[str, Any], preprocessor: dict[str, Any] | None = None) -> dict[str, Any]:
         """A saved config.json of this type as this class's fields (a type whose config.json follows
-        another tool's schema, LeRobot's SmolVLA, maps it here; the others are saved as they are)."""
+        another tool's schema, LeRobot's SmolVLA, maps it here; the others are saved as they are).
+        `preprocessor` is the checkpoint's `policy_preprocessor.json` when it has one: LeRobot records
+        some of a policy's settings there only (pi0's tokenizer)."""
         return saved
 
     def lerobot_config(self) -> dict[str, Any]:

@@ -81,6 +81,7 @@ def load_policy(
     weights: str | None = None,
     *,
     allow_types: Collection[str] = (),
+    **fields: Any,
 ) -> LoadedPolicy:
     """Load the policy saved at `path` (see the module docstring for the accepted forms).
 
@@ -91,7 +92,11 @@ def load_policy(
     `weights`: "model" (the trained parameters' last values) or "ema" (their `--ema.enable` average);
     None takes the EMA when the checkpoint holds one, since a run that kept an EMA kept it to be used
     (LeRobot's evaluation does the same), and the model otherwise (`Checkpoint.choose_weights`: a name
-    that is no weight set, or a set the checkpoint lacks, is one line). `LoadedPolicy.weights` says which."""
+    that is no weight set, or a set the checkpoint lacks, is one line). `LoadedPolicy.weights` says which.
+
+    `fields` set policy config fields over the saved ones, for what a checkpoint does not record: a
+    LeRobot pi0/pi0.5 of other than LeRobot's sizes needs `size_overrides=PATH` (its config.json names
+    LeRobot's variants only; docs/pi.md)."""
     local = pretrained.resolve(path)
     try:
         checkpoint = ckpt_tools.open_checkpoint(local)
@@ -100,6 +105,7 @@ def load_policy(
         processors = ckpt_tools.load_processors(local)
     except ckpt_tools.CheckpointError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    saved = {**upgrade_policy_config(saved, pretrained.saved_preprocessor(processors)), **fields}
     config = _policy_config(saved, path, tuple(allow_types))
     state = pretrained.read_weights(path, chosen)
     _check_config_fits(config, state, path)  # before anything of the config's size is allocated
@@ -112,7 +118,6 @@ def load_policy(
 
 
 def _policy_config(saved: dict[str, Any], path: str, allow_types: tuple[str, ...]) -> PolicyConfig:
-    saved = upgrade_policy_config(saved)
     policy_type = saved.get("type")
     if not isinstance(policy_type, str):
         raise ConfigError(f"{path}: its config.json names no policy type")

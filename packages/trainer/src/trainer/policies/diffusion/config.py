@@ -17,7 +17,7 @@ from trainer.config.optim import AdamConfig, CosineConfig
 from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
 from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, is_camera
 from trainer.data.pipeline import lerobot_schema
-from trainer.data.pipeline.processors import ENV_KEY, NORMALIZATION_MODES, feature_type, mapped_stats
+from trainer.data.pipeline.processors import ENV_KEY, NORMALIZATION_MODES, stats_by_type
 from trainer.errors import ConfigError
 from trainer.policies import resnet
 
@@ -317,10 +317,7 @@ class DiffusionConfig(PolicyConfig):
         """The dataset's statistics as the mean/std the processors apply, per feature type as
         normalization_mapping says: a MIN_MAX feature's min and max become the centre and half-range that
         map it onto [-1, 1], an IDENTITY one (LeRobot's environment state: no ENV entry) mean 0, std 1."""
-        return {
-            name: mapped_stats(name, value, self.normalization_mapping.get(feature_type(name), "IDENTITY"))
-            for name, value in stats.items()
-        }
+        return stats_by_type(stats, self.normalization_mapping)
 
     def lerobot_config(self) -> dict[str, Any]:
         """LeRobot 0.6.1's DiffusionConfig schema (`trainer export`), the reverse of `from_saved`: the
@@ -359,7 +356,7 @@ class DiffusionConfig(PolicyConfig):
         }
 
     @classmethod
-    def from_saved(cls, saved: dict[str, Any]) -> dict[str, Any]:
+    def from_saved(cls, saved: dict[str, Any], preprocessor: dict[str, Any] | None = None) -> dict[str, Any]:
         """A LeRobot config.json as this dataclass's fields: its typed features become the input names
         and sizes (their shapes: `DiffusionFeatures.from_lerobot`), its run fields are dropped."""
         inputs = saved.get("input_features")
