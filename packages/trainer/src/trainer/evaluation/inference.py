@@ -125,6 +125,8 @@ def _policy_config(saved: dict[str, Any], path: str, allow_types: tuple[str, ...
     try:
         config = draccus.decode(PolicyConfig, saved)
     except Exception as exc:  # draccus reports unknown fields and bad values in several types
+        if isinstance(exc.__cause__, ConfigError):  # a config's own check: its line says what to fix
+            raise ConfigError(f"{path}: {exc.__cause__}") from None
         raise ConfigError(
             f"{path}: its config.json does not describe a policy ({' '.join(str(exc).split())})"
         ) from None
