@@ -150,8 +150,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class JointLayer(nn.Module):
     """Layer i of PaliGemma's Gemma (`paligemma`) and of the action expert (`expert`): the FSDP unit.
 
-    The last layer's prefix output can reach nothing (pi0 reads the expert's output only), so there
-    the prefix gives its keys and values alone."""
+    Each stream attends to the keys before it and its own: the prefix to itself, the suffix to the
+    prefix and itself. LeRobot runs one attention over [prefix; suffix] in which the prefix's view of
+    the suffix is masked out; here the prefix's attention never reads the suffix, so its outputs depend
+    on no suffix token: a frozen PaliGemma (train_expert_only) then keeps no activations for the
+    backward pass and the backward never runs through it. The last layer's prefix output can reach
+    nothing (pi0 reads the expert's output only), so there the prefix gives its keys and values alone."""
 
     def __init__(self, vlm_config: Any, expert_config: Any, index: int, last: bool, adarms: bool) -> None:
         super().__init__()
@@ -188,30 +192,22 @@ class JointLayer(nn.Module):
         first = streams[0]
         # the prefix's values leave the unit as a tensor of their own (`view` of v_proj's output otherwise)
         filled = None if first is None else (first.key, first.value.clone())
-        present = [s for s in streams if s is not None]
-        queries = [s.query for s in present if s.query is not None]
-        if not queries:  # the prefill's last layer: its keys and values are all it gives
-            return None, None, filled
-        keys, values = [s.key for s in present], [s.value for s in present]
-        if cache is not None:
-            keys, values = [cache[0], *keys], [cache[1], *values]
-        asking = sum(q.shape[1] for q in queries)
-        attended = attend(
-            torch.cat(queries, dim=1),
-            torch.cat(keys, dim=1),
-            torch.cat(values, dim=1),
-            mask[:, -asking:],
-            self.heads,
-        )
+        keys, values = ([cache[0]], [cache[1]]) if cache is not None else ([], [])
         outs: list[torch.Tensor | None] = []
-        offset = 0
+        row = 0
         for stream in streams:
-            if stream is None or stream.query is None:
+            if stream is None:
                 outs.append(None)
                 continue
+            keys.append(stream.key)
+            values.append(stream.value)
             n = stream.hidden.shape[1]
-            outs.append(
-                stream.layer.finish(attended[:, offset : offset + n], stream.hidden, stream.gate, stream.cond)
-            )
-            offset += n
+            if stream.query is None:  # the prefill's last layer: its keys and values are all it gives
+                outs.append(None)
+            else:  # this stream's queries against the keys so far (the cache's, the prefix's, its own)
+                seen = torch.cat(keys, dim=1)
+                rows = mask[:, row : row + n, : seen.shape[1]]
+                attended = attend(stream.query, seen, torch.cat(values, dim=1), rows, self.heads)
+                outs.append(stream.layer.finish(attended, stream.hidden, stream.gate, stream.cond))
+            row += n
         return outs[0], outs[1], filled
