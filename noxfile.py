@@ -18,7 +18,7 @@ PACKAGES = (
     "-e",
     "packages/ckpt-tools[test]",
     "-e",
-    "packages/trainer[test,tracking,augment,smolvla,diffusion]",
+    "packages/trainer[test,tracking,augment,smolvla,pi,diffusion]",
 )
 
 
@@ -149,8 +149,9 @@ def gpu(session: nox.Session) -> None:
 @nox.session
 def lerobot_side(session: nox.Session) -> None:
     """LeRobot 0.6.1 itself beside this trainer, when LEROBOT_PYTHON names the Python of a venv with
-    `lerobot[smolvla,diffusion]==0.6.1` (says so and exits 0 otherwise): an ACT with cameras, a SmolVLA and
-    a Diffusion Policy trained here, exported, load in LeRobot's `from_pretrained(dir, strict=True)` and act as ours within 1e-5, and
+    `lerobot[smolvla,diffusion,pi]==0.6.1` (says so and exits 0 otherwise): an ACT with cameras, a SmolVLA,
+    a Diffusion Policy trained here and LeRobot's tiny pi0.5 fine-tuned here, exported, load in LeRobot's
+    `from_pretrained(dir, strict=True)` and act as ours within 1e-5, and
     so do LeRobot's `make_pre_post_processors(pretrained_path=export)` around them on a raw observation
     (benchmarks/lerobot_side.py check), then the training step time of our SmolVLA and ACT against
     LeRobot's on the same checkpoint and batch (benchmarks/bench_smolvla_lerobot.py; options after `--` go
