@@ -153,7 +153,7 @@ def lerobot_side(session: nox.Session) -> None:
     a Diffusion Policy trained here and LeRobot's tiny pi0.5 fine-tuned here, exported, load in LeRobot's
     `from_pretrained(dir, strict=True)` and act as ours within 1e-5, and
     so do LeRobot's `make_pre_post_processors(pretrained_path=export)` around them on a raw observation
-    (benchmarks/lerobot_side.py check), then the training step time of our SmolVLA and ACT against
+    (benchmarks/lerobot_side.py check), then the training step time of our SmolVLA, ACT and pi0.5 against
     LeRobot's on the same checkpoint and batch (benchmarks/bench_smolvla_lerobot.py; options after `--` go
     to the bench, e.g. `-- --repeat 5`)."""
     lerobot_python = os.environ.get("LEROBOT_PYTHON")
@@ -163,7 +163,7 @@ def lerobot_side(session: nox.Session) -> None:
     install(session)
     session.run("python", "benchmarks/lerobot_side.py", "check", f"--lerobot-python={lerobot_python}")
     bench = ("benchmarks/bench_smolvla_lerobot.py", f"--lerobot-python={lerobot_python}")
-    for policy in ("smolvla", "act"):
+    for policy in ("smolvla", "act", "pi05"):
         session.run("python", *bench, f"--policy={policy}", *session.posargs)
 
 
