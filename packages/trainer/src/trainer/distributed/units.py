@@ -53,5 +53,3 @@ def apply_unit_transforms(
             f"torch.compile: {where}, backend {accelerator.compile_backend}, mode {accelerator.compile_mode}"
         )
     return lines
-
-

@@ -34,7 +34,13 @@ from trainer.policies.vla.flow import sample_noise, sample_time
 from trainer.policies.vla.images import pad_last, resize_with_pad
 
 # LeRobot's default LoRA targets besides the expert's q/v projections (`_get_default_peft_targets`).
-LORA_PROJECTIONS = ("state_proj", "action_in_proj", "action_out_proj", "action_time_mlp_in", "action_time_mlp_out")
+LORA_PROJECTIONS = (
+    "state_proj",
+    "action_in_proj",
+    "action_out_proj",
+    "action_time_mlp_in",
+    "action_time_mlp_out",
+)
 
 
 class PiPolicy(Policy):
@@ -96,7 +102,9 @@ class PiPolicy(Policy):
         return (*expert, *heads)
 
     def initializes(self, module: torch.nn.Module) -> bool:
-        return self.model.paligemma_with_expert.initializer_of(module) is not None or super().initializes(module)
+        return self.model.paligemma_with_expert.initializer_of(module) is not None or super().initializes(
+            module
+        )
 
     def initialize_module(self, module: torch.nn.Module) -> None:
         """transformers' initializer for the modules transformers built, torch's for the rest."""

@@ -56,7 +56,9 @@ def is_lerobots(names: Iterable[str]) -> bool:
     without the `model.` prefix) rather than this model's."""
     lerobot = (_VLM_LAYER, _EXPERT_LAYER)
     return any(
-        not name.startswith("model.") or name in (VLM_HEAD, EXPERT_HEAD) or any(p.match(name) for p in lerobot)
+        not name.startswith("model.")
+        or name in (VLM_HEAD, EXPERT_HEAD)
+        or any(p.match(name) for p in lerobot)
         for name in names
     )
 
