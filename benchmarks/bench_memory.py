@@ -18,8 +18,19 @@ sizes, random weights: 100 M parameters trained, 350 M frozen) on the embedded c
 instruction, on 4 ranks; its ideal counts 4 bytes per frozen parameter (weights only) and its baseline
 is a tiny SmolVLA's run (transformers is part of the runtime).
 
-Usage: python benchmarks/bench_memory.py [--policy act_state|smolvla] [--layouts 1,2,4,2x2]
-       [--blocks 16] [--dim 1024] [--ffn 4096] [--workdir DIR]
+`--policy pi0|pi05` measures LeRobot's pi0 / pi0.5 at its default size (gemma_2b + gemma_300m, SigLIP
+at 224 x 224; random weights, the tiny fixture's tokenizer) on the embedded camera task, on 4 ranks, one
+`--mode`: `expert-bf16` (--policy.train_expert_only=true, --policy.dtype=bfloat16 as LeRobot keeps it),
+`expert-fp32`, `lora` (LeRobot's targets over a bfloat16 base) or `full` (everything trains; `--depth N`
+cuts both Gemmas to N layer pairs). Each tensor counts in its own dtype: the ideal is the weights'
+bytes plus 3x each trained parameter's (its gradient and Adam's two moments), over the shard degree,
+plus the same command's peak at the fixtures' tiny sizes. At the default size the expert-only float32
+run needs about 5.3 GB per rank on 4 ranks (21 GB in all): run it where that fits (`BENCH_THREADS=4`
+gives each rank 4 torch threads on a machine with cores to spare).
+
+Usage: python benchmarks/bench_memory.py [--policy act_state|smolvla|pi0|pi05] [--layouts 1,2,4,2x2]
+       [--blocks 16] [--dim 1024] [--ffn 4096] [--mode expert-bf16|expert-fp32|lora|full] [--depth N]
+       [--workdir DIR]
 Each large configuration runs once, one at a time (at 470 M parameters a rank of the 1-process run
 peaks near 8 GB; check `free -g` first).
 """
