@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers.engine_run import TINY_SMOLVLA, train_in
+from helpers.engine_run import TINY_SMOLVLA, rewound_copy, train_in
 from helpers.fixtures import copy_fixture
 from helpers.lerobot_data import frames, write_dataset
 from trainer.cli.parse import parse_config
@@ -132,11 +132,7 @@ def test_smolvla_trains_on_members_that_differ_and_resumes_bit_for_bit(workdir: 
     config = json.loads((straight / "checkpoints" / "last" / "pretrained_model" / "config.json").read_text())
     assert config["input_features"]["observation.state"]["shape"] == [6]
     assert config["output_features"]["action"]["shape"] == [3]
-    resumed = workdir / "resumed"
-    shutil.copytree(straight, resumed, symlinks=True)
-    shutil.rmtree(resumed / "checkpoints" / "000004")
-    (resumed / "checkpoints" / "last").unlink()
-    (resumed / "checkpoints" / "last").symlink_to("000002")
+    resumed = rewound_copy(straight, workdir / "resumed", 2)
     train_in(workdir, ["--resume=true", "--steps=4", "--output_dir=resumed"])
     a, b = (
         load_file(str(run / "checkpoints" / "000004" / "pretrained_model" / "model.safetensors"))

@@ -19,7 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import trainer
-from helpers.engine_run import train_in
+from helpers.engine_run import rewound_copy, train_in
 from helpers.fixtures import copy_fixture
 from trainer.cli.parse import parse_config
 from trainer.data.dataset import task_bytes
@@ -102,11 +102,7 @@ def test_lerobots_checkpoint_fine_tunes_and_exports_in_its_schema(
 def test_a_resumed_run_is_bit_exact(workdir: Path, tuned: Path) -> None:
     """Step 2 resumed from step 1 gives the uninterrupted run's model.safetensors bit for bit (the
     flow-matching noise and time come from the restored RNG)."""
-    shutil.copytree(workdir / "tuned", workdir / "resumed", symlinks=True)
-    checkpoints = workdir / "resumed" / "checkpoints"
-    shutil.rmtree(checkpoints / "000002")
-    (checkpoints / "last").unlink()
-    (checkpoints / "last").symlink_to("000001")
+    rewound_copy(workdir / "tuned", workdir / "resumed", 1)
     train_in(workdir, ["--resume=true", "--steps=2", "--output_dir=resumed"])
     straight, resumed = (
         load_file(str(workdir / run / "checkpoints" / "000002" / "pretrained_model" / "model.safetensors"))

@@ -17,21 +17,20 @@ LeRobot's names back (weights.py).
 
 from __future__ import annotations
 
-import collections
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import ClassVar
 
 import torch
 
 from trainer.data.dataset import ACTION_KEY, OBS_KEY
 from trainer.errors import ConfigError
-from trainer.policies.base import Policy
 from trainer.policies.pi import weights
 from trainer.policies.pi.config import PI0Config, PI05Config
 from trainer.policies.pi.language import PiTokenizer
 from trainer.policies.pi.model import PiFlowModel, Tokens
 from trainer.policies.vla.flow import sample_noise, sample_time
 from trainer.policies.vla.images import pad_last, resize_with_pad
+from trainer.policies.vla.policy import VLAPolicy
 
 # LeRobot's default LoRA targets besides the expert's q/v projections (`_get_default_peft_targets`).
 LORA_PROJECTIONS = (
@@ -43,7 +42,7 @@ LORA_PROJECTIONS = (
 )
 
 
-class PiPolicy(Policy):
+class PiPolicy(VLAPolicy):
     """pi0 (`PI0Policy`) or pi0.5 (`PI05Policy`), built from its config alone."""
 
     # FSDP units are the modules whose forward() runs: SigLIP's patch and position embeddings and its
@@ -57,7 +56,7 @@ class PiPolicy(Policy):
     pi05: ClassVar[bool] = False
 
     def __init__(self, config: PI0Config) -> None:
-        super().__init__(config)
+        super().__init__(config, config.n_action_steps)
         self.config: PI0Config = config
         features = config.features()
         if not features.cameras:
@@ -72,7 +71,6 @@ class PiPolicy(Policy):
         self.features = features
         self.tokenizer = PiTokenizer(config)  # before the model: a missing tokenizer is one line
         self.model = PiFlowModel(config, config.sizes())
-        self._queue: collections.deque[torch.Tensor] = collections.deque(maxlen=config.n_action_steps)
 
     # ---------------------------------------------------------------- LeRobot's names and defaults
 
@@ -101,18 +99,8 @@ class PiPolicy(Policy):
         heads = [f"model.{name}" for name in LORA_PROJECTIONS if hasattr(self.model, name)]
         return (*expert, *heads)
 
-    def initializes(self, module: torch.nn.Module) -> bool:
-        return self.model.paligemma_with_expert.initializer_of(module) is not None or super().initializes(
-            module
-        )
-
-    def initialize_module(self, module: torch.nn.Module) -> None:
-        """transformers' initializer for the modules transformers built, torch's for the rest."""
-        initializer = self.model.paligemma_with_expert.initializer_of(module)
-        if initializer is None:
-            super().initialize_module(module)
-        else:
-            initializer(module)
+    def initializer_of(self, module: torch.nn.Module) -> Callable[[torch.nn.Module], None] | None:
+        return self.model.paligemma_with_expert.initializer_of(module)
 
     # ---------------------------------------------------------------- inputs
 
@@ -191,19 +179,6 @@ class PiPolicy(Policy):
             shape = (prefix[0].shape[0], self.config.chunk_size, self.config.max_action_dim)
             noise = sample_noise(shape, prefix[0].device)
         return self.model.sample(prefix, self.padded_state(batch), noise)[:, :, : self.features.action_dim]
-
-    @torch.no_grad()
-    def select_action(
-        self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """The next action of LeRobot's action queue: a chunk sampled every `n_action_steps` calls."""
-        if not self._queue:
-            chunk = self.predict_action_chunk(batch, noise)[:, : self.config.n_action_steps]
-            self._queue.extend(chunk.transpose(0, 1))
-        return self._queue.popleft()
-
-    def reset(self) -> None:
-        self._queue.clear()
 
 
 class PI0Policy(PiPolicy):
