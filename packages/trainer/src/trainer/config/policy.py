@@ -176,8 +176,8 @@ class PolicyConfig(draccus.ChoiceRegistry):
 
     def lerobot_pipeline(self) -> ProcessorSchema | None:
         """The processors in LeRobot 0.6.1's pipeline schema, as its factory would build them for the
-        same policy (ACT, SmolVLA, Diffusion Policy); None for a type LeRobot lacks, whose processor files keep our own
-        schema (docs/format.md)."""
+        same policy (ACT, SmolVLA, Diffusion Policy, pi0, pi0.5); None for a type LeRobot lacks, whose
+        processor files keep our own schema (docs/format.md)."""
         return None
 
     @classmethod
@@ -194,11 +194,12 @@ class PolicyConfig(draccus.ChoiceRegistry):
         return saved
 
     def lerobot_config(self) -> dict[str, Any]:
-        """This config as LeRobot 0.6.1's config.json of the same policy (`trainer export`: ACT and
-        Diffusion Policy map their fields, SmolVLA's `to_dict` is LeRobot's already); a type LeRobot
-        lacks is one line."""
+        """This config as LeRobot 0.6.1's config.json of the same policy (`trainer export`: ACT,
+        Diffusion Policy and pi0/pi0.5 map their fields, SmolVLA's `to_dict` is LeRobot's already); a
+        type LeRobot lacks is one line."""
         raise ConfigError(
-            f"a {self.type} policy has no LeRobot counterpart: only act, smolvla and diffusion export to LeRobot"
+            f"a {self.type} policy has no LeRobot counterpart: only act, diffusion, smolvla, pi0 and pi05 "
+            "export to LeRobot"
         )
 
     def to_dict(self) -> dict[str, Any]:
