@@ -118,7 +118,7 @@ class PaliGemmaWithExpert(nn.Module):
         if config.gradient_checkpointing:  # LeRobot's: every SigLIP layer and decoder layer recomputed
             for module in self.modules():
                 if type(module).__name__ in CHECKPOINTED:
-                    module.forward = checkpointed(module.forward)  # type: ignore[method-assign]
+                    module.forward = checkpointed(module.forward)
 
     def _transformers_initializers(
         self, transformers: Any, vision_config: Any, vlm: Any, expert: Any
@@ -131,13 +131,14 @@ class PaliGemmaWithExpert(nn.Module):
         gemma["expert"] = transformers.GemmaPreTrainedModel(expert)._init_weights
         owned: dict[int, Callable[[nn.Module], None]] = {id(m): siglip for m in self.vision_tower.modules()}
         for layer in self.joint_layers:
-            for stream in ("paligemma", "expert"):
-                decoder = layer.get_submodule(stream)
+            for decoder, stream in ((layer.paligemma, "paligemma"), (layer.expert, "expert")):
                 for part in (decoder.self_attn, decoder.mlp):
                     owned.update({id(m): gemma[stream] for m in part.modules()})
-        language = self.get_submodule("paligemma.model")
-        for part in (language.language_model.embed_tokens, language.multi_modal_projector, self.rotary_emb):
-            owned.update({id(m): gemma["paligemma"] for m in part.modules()})
+        for name in ("language_model.embed_tokens", "multi_modal_projector"):
+            owned.update(
+                {id(m): gemma["paligemma"] for m in self.get_submodule(f"paligemma.model.{name}").modules()}
+            )
+        owned.update({id(m): gemma["paligemma"] for m in self.rotary_emb.modules()})
         return owned
 
     def initializer_of(self, module: nn.Module) -> Callable[[nn.Module], None] | None:
