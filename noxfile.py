@@ -18,7 +18,7 @@ PACKAGES = (
     "-e",
     "packages/ckpt-tools[test]",
     "-e",
-    "packages/trainer[test,tracking,augment,smolvla,pi,diffusion]",
+    "packages/trainer[test,tracking,augment,smolvla,pi,diffusion,pusht]",
 )
 
 
@@ -103,7 +103,8 @@ def bench(session: nox.Session) -> None:
     an ACT step), then the streaming benchmark (samples/s of a camera dataset streamed from moto's S3
     server vs local disk, 2 workers, and the workers' VmHWM),
     then the camera benchmark (pipeline frames/s in training order vs PyAV front to back, worker RSS)
-    and the share of a 2-rank ACT step spent waiting for camera data, from disk and streamed,
+    and the share of a 2-rank ACT step, and of a Diffusion Policy step with 2 observation steps, spent
+    waiting for camera data, from disk and streamed,
     then the engine benchmark (trainer step time vs a bare FSDP2 loop, save stall vs a raw dcp.save,
     resume peak RSS per rank vs a fresh start), then activation checkpointing's saved activations and
     step time and compile's step time against a plain policy, then the save stall of --async_save against a
@@ -113,7 +114,9 @@ def bench(session: nox.Session) -> None:
     time of `ckpt inspect --json` against `hf version`, then the ACT benchmark (two 96x96 cameras:
     trainer step time vs a bare FSDP2 loop, peak RSS with the trunk frozen vs trained), then the memory
     benchmark (a 470 M-parameter policy built on meta on 1, 2 and 4 gloo ranks and HSDP 2x2: per-rank peak RSS at
-    build, first step and save against 16 B/param / N + a tiny run's; then the default-size SmolVLA on 4 ranks).
+    build, first step and save against 16 B/param / N + a tiny run's; then the default-size SmolVLA on 4 ranks),
+    then the evaluation benchmark (training steps/s with the evaluator on its own core vs without it, and
+    PushT / ALOHA seconds per episode).
 
     Options after `--` go to the conversion benchmark, e.g. `nox -s bench -- --size-mb 1600 --repeat 3`.
     """
@@ -124,6 +127,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_stream.py")
     session.run("python", "benchmarks/bench_video.py")
     session.run("python", "benchmarks/bench_data_wait.py")
+    session.run("python", "benchmarks/bench_data_wait.py", "--policy", "diffusion")
     session.run("python", "benchmarks/bench_manifest.py")
     session.run("python", "benchmarks/bench_engine.py")
     session.run("python", "benchmarks/bench_compile.py")
@@ -134,6 +138,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_act.py")
     session.run("python", "benchmarks/bench_memory.py")
     session.run("python", "benchmarks/bench_memory.py", "--policy", "smolvla")
+    session.run("python", "benchmarks/bench_eval.py")
 
 
 @nox.session
@@ -150,12 +155,13 @@ def gpu(session: nox.Session) -> None:
 def lerobot_side(session: nox.Session) -> None:
     """LeRobot 0.6.1 itself beside this trainer, when LEROBOT_PYTHON names the Python of a venv with
     `lerobot[smolvla,diffusion,pi]==0.6.1` (says so and exits 0 otherwise): an ACT with cameras, a SmolVLA,
-    a Diffusion Policy trained here and LeRobot's tiny pi0.5 fine-tuned here, exported, load in LeRobot's
-    `from_pretrained(dir, strict=True)` and act as ours within 1e-5, and
-    so do LeRobot's `make_pre_post_processors(pretrained_path=export)` around them on a raw observation
-    (benchmarks/lerobot_side.py check), then the training step time of our SmolVLA, ACT and pi0.5 against
-    LeRobot's on the same checkpoint and batch (benchmarks/bench_smolvla_lerobot.py; options after `--` go
-    to the bench, e.g. `-- --repeat 5`)."""
+    a Diffusion Policy (with cameras, and with an environment state) trained here, LeRobot's Diffusion
+    checkpoint fine-tuned on FSDP2 x2 with an EMA and LeRobot's tiny pi0.5 fine-tuned here, exported, load
+    in LeRobot's `from_pretrained(dir, strict=True)` and act as ours within 1e-5, and so do LeRobot's
+    `make_pre_post_processors(pretrained_path=export)` around them on a raw observation
+    (benchmarks/lerobot_side.py check), then the training step time of our SmolVLA, ACT, Diffusion Policy
+    and pi0.5 against LeRobot's on the same checkpoint and batch (benchmarks/bench_smolvla_lerobot.py;
+    options after `--` go to the bench, e.g. `-- --repeat 5`)."""
     lerobot_python = os.environ.get("LEROBOT_PYTHON")
     if not lerobot_python:
         session.log("lerobot_side: LEROBOT_PYTHON is not set; set it to a venv's Python with lerobot==0.6.1")
@@ -163,7 +169,7 @@ def lerobot_side(session: nox.Session) -> None:
     install(session)
     session.run("python", "benchmarks/lerobot_side.py", "check", f"--lerobot-python={lerobot_python}")
     bench = ("benchmarks/bench_smolvla_lerobot.py", f"--lerobot-python={lerobot_python}")
-    for policy in ("smolvla", "act", "pi05"):
+    for policy in ("smolvla", "act", "diffusion", "pi05"):
         session.run("python", *bench, f"--policy={policy}", *session.posargs)
 
 

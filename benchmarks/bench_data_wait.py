@@ -1,14 +1,17 @@
 """How much of a training step waits for camera data: a 2-rank FSDP2 run of LeRobot's ACT (the size of
 bench_act.py) on a LeRobotDataset with two 96x96 AV1 video cameras, frames decoded in --num_workers=2
-DataLoader workers per rank. Each rank times how long the loop is blocked asking for its next batch
+DataLoader workers per rank. With `--policy diffusion` the run is LeRobot's Diffusion Policy with its 2
+observation steps (each sample decodes both cameras' current and previous frames), a separate ResNet-18
+per camera on 84x84 crops and a U-Net of [64, 128, 256] over a horizon of 16 (LeRobot's widths,
+[512, 1024, 2048], make a CPU step minutes long, and a longer step only hides the wait). Each rank times how long the loop is blocked asking for its next batch
 (data_wait_worker.py; the first batch, which waits for the workers to start, is left out) against the
 loop's time over the same steps; the share is that ratio (goal: under 10 %). The same run then streams
 the dataset (`--dataset.streaming=true`) from moto's S3 server on loopback (tests/helpers/s3_server.py),
 with a cache of `--cache-size` per process, and its steps/s is compared with the local run's (issue
 35's goal: >= 0.8x, data wait under 10 %). Run through `nox -s bench`.
 
-Usage: python benchmarks/bench_data_wait.py [--steps 24] [--batch 4] [--workers 2] [--cache-size 64MiB]
-       [--workdir DIR]
+Usage: python benchmarks/bench_data_wait.py [--policy act|diffusion] [--steps 24] [--batch 4] [--workers 2]
+       [--cache-size 64MiB] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -31,9 +34,18 @@ sys.path.insert(0, str(HERE.parent / "tests"))  # the suite's S3 server helper, 
 
 from helpers.s3_server import start_s3_server  # noqa: E402
 
+POLICIES = {
+    "act": ["--policy.type=act", *(f"--policy.{k}={'null' if v is None else v}" for k, v in ACT_FLAGS.items())],
+    "diffusion": [
+        "--policy.type=diffusion", "--policy.n_obs_steps=2", "--policy.horizon=16", "--policy.n_action_steps=8",
+        "--policy.down_dims=[64,128,256]", "--policy.crop_shape=[84,84]", "--policy.pretrained_backbone_weights=null",
+    ],
+}  # fmt: skip
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policy", choices=tuple(POLICIES), default="act")
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2)
@@ -45,7 +57,8 @@ def main() -> None:
     shutil.rmtree(root, ignore_errors=True)
     codec = pick_codec()
     write_dataset(root, episodes=8, length=100, height=SIZE, width=SIZE, codec=codec, cameras=tuple(CAMERAS))
-    print(f"data wait, 2-rank FSDP2 ACT, two {SIZE}x{SIZE} {codec} cameras, --num_workers={args.workers}:")
+    name = "ACT" if args.policy == "act" else "Diffusion Policy, 2 observation steps"
+    print(f"data wait, 2-rank FSDP2 {name}, two {SIZE}x{SIZE} {codec} cameras, --num_workers={args.workers}:")
     local = measure(args, "local disk", [f"--dataset.root={root}"], workdir / "run")
     server = start_s3_server()
     try:
@@ -67,9 +80,8 @@ def measure(args: argparse.Namespace, label: str, data: list[str], out: Path) ->
     """One 2-rank run reading `data`: prints each rank's data-wait share, returns the slower rank's
     steps per second (first batch left out)."""
     shutil.rmtree(out, ignore_errors=True)
-    policy = [f"--policy.{k}={'null' if v is None else v}" for k, v in ACT_FLAGS.items()]
     output = torchrun(
-        HERE / "data_wait_worker.py", *data, "--policy.type=act", *policy,
+        HERE / "data_wait_worker.py", *data, *POLICIES[args.policy],
         "--parallelism.dp_shard=2", f"--num_workers={args.workers}", f"--batch_size={args.batch}",
         f"--steps={args.steps}", f"--log_freq={args.steps}", f"--save_freq={10 * args.steps}",
         f"--output_dir={out}",

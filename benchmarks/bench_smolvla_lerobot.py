@@ -1,21 +1,26 @@
-"""Training step time of our SmolVLA (or ACT, or pi0.5) against LeRobot 0.6.1's, side by side on CPU.
-Two venvs.
+"""Training step time of our SmolVLA (or ACT, Diffusion Policy, pi0.5) against LeRobot 0.6.1's, side by
+side on CPU. Two venvs.
 
 Both sides load the same LeRobot checkpoint (`tests/fixtures/lerobot_smolvla_tiny`, LeRobot's tiny
-SmolVLA, with `--policy act` the committed LeRobot ACT, `tests/fixtures/lerobot/checkpoint_act`, with
-`--policy pi05` LeRobot's tiny pi0.5, `tests/fixtures/lerobot_pi05_tiny`: ours at its sizes through
-`size_overrides`, LeRobot's through the fixture's own `tiny_pi.py`) with their own `from_pretrained`,
-read the same preprocessed batch from one safetensors file (drawn here, seeded; the VLAs' flow-matching
-noise and times included, so both compute the same loss: LeRobot's pi forward takes neither, so its
-model's two samplers are replaced on the instance, as the fixture's reference was computed), and
-time the same step: `forward`, `backward`, gradient clipping at 10, AdamW over the parameters that
+SmolVLA; with `--policy act` the committed LeRobot ACT, `tests/fixtures/lerobot/checkpoint_act`; with
+`--policy diffusion` LeRobot's Diffusion Policy, `tests/fixtures/lerobot_diffusion_tiny`: two 24x40
+cameras resized to 48x80 and cropped to 43x72, one shared ResNet-18 with group norm, a U-Net of
+[16, 32, 64]; with `--policy pi05` LeRobot's tiny pi0.5, `tests/fixtures/lerobot_pi05_tiny`: ours at its
+sizes through `size_overrides`, LeRobot's through the fixture's own `tiny_pi.py`) with their own
+`from_pretrained`, read the same preprocessed batch from one safetensors file (drawn here, seeded; the
+VLAs' flow-matching noise and times included, so both compute the same loss: LeRobot's pi forward takes
+neither, so its model's two samplers are replaced on the instance, as the fixture's reference was
+computed; Diffusion's `n_obs_steps` observation history and `horizon` actions), and time the same step
+from the same seed of torch's global generator (Diffusion's crops, noise and timesteps draw from it,
+alike on both sides): `forward`, `backward`, gradient clipping at 10, AdamW over the parameters that
 require gradients, `zero_grad`. Each worker runs `--warmup` steps, then `--steps` timed ones, on
 `--threads` torch threads (default 1: on a shared 2-core machine, 2 OpenMP threads that lose a core to
 another job made either side swing between 20 and 600 ms per step); the sides alternate `--repeat`
 times, so a loaded machine slows both alike.
 The figure is ours / LeRobot's, each side's best run (the median step of its least disturbed run: other
-jobs only ever slow a run down); the goal is <= 1.0x. The first step's losses are
-printed too: for the VLAs they agree to float rounding (the same weights, batch, noise and times).
+jobs only ever slow a run down), with the samples per second it means; the goal is <= 1.0x. The first
+step's losses are printed too: for the VLAs and Diffusion Policy they agree to float rounding (the same
+weights, batch and random draws).
 
 This project's half runs in this venv (`trainer` importable); LeRobot's in a Python 3.12 venv with
 `pip install "lerobot[smolvla]==0.6.1"` (this project not needed there), given as --lerobot-python.
@@ -26,8 +31,8 @@ Never part of the tests or `nox -s bench`.
 
 Usage:
   python benchmarks/bench_smolvla_lerobot.py --lerobot-python /path/to/lerobot-venv/bin/python \
-    [--ours-python PYTHON] [--policy smolvla|act|pi05] [--batch 8] [--steps 20] [--warmup 3] [--repeat 3] \
-    [--threads 1]
+    [--ours-python PYTHON] [--policy smolvla|act|diffusion|pi05] [--batch 8] [--steps 20] [--warmup 3] \
+    [--repeat 3] [--threads 1]
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ FIXTURES = Path(__file__).parents[1] / "tests" / "fixtures"
 MODELS = {
     "smolvla": FIXTURES / "lerobot_smolvla_tiny" / "pretrained_model",
     "act": FIXTURES / "lerobot" / "checkpoint_act" / "checkpoints" / "000002" / "pretrained_model",
+    "diffusion": FIXTURES / "lerobot_diffusion_tiny" / "pretrained_model",
     "pi05": FIXTURES / "lerobot_pi05_tiny" / "pretrained_model",
 }
 # LeRobot's pi0.5 fixture: its tokenizer (named relatively), and its launcher shrinking LeRobot's sizes
@@ -79,7 +85,11 @@ def prepare(policy: str, workdir: Path, batch_size: int) -> None:
     config = json.loads((workdir / MODEL_DIR / "config.json").read_text())
     g = torch.Generator().manual_seed(0)
     batch = seeded_inputs(config, batch_size, g)
-    chunk, action_dim = config["chunk_size"], config["output_features"]["action"]["shape"][0]
+    if policy == "diffusion":  # every observation feature with its history (B, n_obs_steps, ...)
+        draws = [batch, *(seeded_inputs(config, batch_size, g) for _ in range(config["n_obs_steps"] - 1))]
+        batch = {key: torch.stack([draw[key] for draw in draws], dim=1) for key in batch}
+    chunk = config["horizon"] if policy == "diffusion" else config["chunk_size"]
+    action_dim = config["output_features"]["action"]["shape"][0]
     batch["action"] = torch.randn(batch_size, chunk, action_dim, generator=g)
     batch["action_is_pad"] = torch.zeros(batch_size, chunk, dtype=torch.bool)
     if policy in ("smolvla", "pi05"):
@@ -118,6 +128,10 @@ def load_lerobot(policy: str, workdir: Path) -> torch.nn.Module:
         from lerobot.policies.pi05 import PI05Policy
 
         return PI05Policy.from_pretrained(str(workdir / MODEL_DIR), strict=True)
+    if policy == "diffusion":
+        from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
+
+        return DiffusionPolicy.from_pretrained(str(workdir / MODEL_DIR), strict=True)
     from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
 
     return SmolVLAPolicy.from_pretrained(str(workdir / MODEL_DIR), strict=True)
@@ -144,6 +158,7 @@ def worker(side: str, workdir: Path, steps: int, warmup: int) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=1e-10)
     times, first_loss = [], float("nan")
     for i in range(warmup + steps):
+        torch.manual_seed(i)  # Diffusion's crops, noise and timesteps: the same draws on both sides
         start = time.perf_counter()
         loss, _ = policy.forward(dict(batch), **kwargs)
         loss.backward()
@@ -199,6 +214,8 @@ def drive(args: argparse.Namespace) -> int:
             f"  {side:8s} {1000 * step[side]:8.1f} ms/step  (runs: {each} ms; first loss "
             f"{runs[0]['first_loss']:.7g}; {int(runs[0]['trainable']):,} trainable parameters; torch {runs[0]['torch']})"
         )
+    rates = {side: args.batch / seconds for side, seconds in step.items()}
+    print(f"  samples/s: ours {rates['ours']:.1f}, LeRobot {rates['lerobot']:.1f}")
     print(f"  ratio ours / LeRobot: {step['ours'] / step['lerobot']:.2f}x (goal <= 1.0x)")
     return 0
 

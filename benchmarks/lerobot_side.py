@@ -30,20 +30,29 @@ A SmolVLA's config names its backbone (`vlm_model_name`): run both halves from a
 name resolves (a relative path, or a Hub id in the HF cache). Never part of the tests or `nox -s bench`.
 
 `check` does the whole round in a scratch directory (`nox -s lerobot_side` runs it): it trains an ACT
-with two cameras, a SmolVLA on the tiny backbone and a small Diffusion Policy here, and fine-tunes
-LeRobot's own tiny pi0.5 checkpoint (tests/fixtures/lerobot_pi05_tiny), 3 steps each on the fixture
-dataset `tests/fixtures/lerobot/dataset_video`, then runs `ours` in this venv and `lerobot` in
---lerobot-python's.
-Measured with lerobot 0.6.1 (torch 2.11, CPU): both load with strict=True; max |LeRobot - ours| is
+with two cameras, a SmolVLA on the tiny backbone and a small Diffusion Policy here, 3 steps each on the fixture dataset
+`tests/fixtures/lerobot/dataset_video`, a Diffusion Policy on LeRobot's `dataset_tiny` conditioned on its
+`observation.environment_state` (no camera), and fine-tunes LeRobot's own Diffusion checkpoint
+(`tests/fixtures/lerobot_diffusion_tiny`) for 3 steps on FSDP2 x2 with an EMA in one torchrun launch
+(2 gloo ranks; its export holds the EMA's weights), and fine-tunes LeRobot's own tiny pi0.5 checkpoint
+(`tests/fixtures/lerobot_pi05_tiny`) for 3 steps, then runs `ours` in this venv and `lerobot` in
+--lerobot-python's on each. It also trains the SmolVLA on two robots that differ (`dataset_video` beside
+`dataset_arm6`: state 4/6, action 2/3, two video cameras vs one image camera, 10/15 fps) and checks each
+robot's export (`ours --embodiment=NAME`), against our `load_policy(checkpoint, embodiment=NAME)` on that
+robot's raw observation.
+Measured with lerobot 0.6.1 (torch 2.11, CPU): all load with strict=True; max |LeRobot - ours| is
 2.98e-7 for the ACT's chunk and 0 for the SmolVLA's; through LeRobot's own processors on the raw
 observation, 1.34e-7 for the ACT's actions and 0 for the SmolVLA's (docs/vla.md); the Diffusion
-Policy's chunk 0, its actions through LeRobot's processors 4.17e-7; the pi0.5's chunk 0, its actions
-through LeRobot's processors (QUANTILES normalizer, the state written into the prompt, the tokenizer)
-2.98e-8.
+Policy's chunk 0, its actions through LeRobot's processors 4.17e-7; with the environment state, chunk 0
+and 8.64e-7; the FSDP2 + EMA fine-tune of LeRobot's checkpoint: chunk 0, actions through LeRobot's
+processors 1.49e-7; the two-robot SmolVLA's exports, each loaded strictly, chunk 0 and actions through
+LeRobot's processors 0 for both robots; the pi0.5's chunk 0, its actions through LeRobot's processors
+(QUANTILES normalizer, the state written into the prompt, the tokenizer) 2.98e-8.
 
 Usage:
   python benchmarks/lerobot_side.py check --lerobot-python /path/to/lerobot-venv/bin/python [--atol 1e-5]
   python benchmarks/lerobot_side.py ours --policy.path=outputs/run/checkpoints/last WORKDIR [--batch 3]
+      [--embodiment=NAME]
   /path/to/lerobot-venv/bin/python benchmarks/lerobot_side.py lerobot WORKDIR [--atol 1e-5]
 """
 
@@ -73,7 +82,12 @@ PI = ("pi0", "pi05")
 LANGUAGE = ("smolvla", *PI)  # the policies whose observation holds the task
 FIXTURES = Path(__file__).parents[1] / "tests" / "fixtures"
 # What `check` trains here (from its scratch directory, which holds the dataset and the backbone)
-COMMON = ["--dataset.root=dataset_video", "--batch_size=2", "--num_workers=0", "--steps=3", "--save_freq=3"]
+RUN = ["--batch_size=2", "--num_workers=0", "--steps=3", "--save_freq=3"]
+COMMON = ["--dataset.root=dataset_video", *RUN]
+# ... and a SmolVLA on two robots that differ (state 4/6, action 2/3, two video cameras vs one image
+# camera, 10/15 fps), exported for each of them
+MIXED_ROBOTS = ("dataset_video", "dataset_arm6")
+MIXED = ["--dataset.mixture=mixture.json", *RUN]
 TRAIN = {
     "act": [
         "--policy.type=act", "--policy.dim_model=16", "--policy.n_heads=2", "--policy.dim_feedforward=32",
@@ -90,18 +104,34 @@ TRAIN = {
         "--policy.n_action_steps=4", "--policy.down_dims=[16,32,64]", "--policy.num_inference_steps=10",
         "--policy.use_separate_rgb_encoder_per_camera=false",
     ],
+    "diffusion_env": [  # LeRobot's dataset_tiny: no camera, its own observation.environment_state
+        "--policy.type=diffusion", "--policy.horizon=8", "--policy.n_action_steps=4",
+        "--policy.down_dims=[16,32,64]", "--policy.num_inference_steps=10", "--dataset.root=dataset_tiny",
+        "--policy.input_features=[observation.state,observation.environment_state]", "--policy.env_state_dim=3",
+    ],
     # LeRobot's own tiny pi0.5 checkpoint (tests/fixtures/lerobot_pi05_tiny) fine-tuned at its sizes
     "pi05": ["--policy.path=pi05_base", "--policy.size_overrides=tiny_paligemma/tiny_pi_overrides.json"],
 }  # fmt: skip
+# LeRobot's own Diffusion checkpoint (tests/fixtures/lerobot_diffusion_tiny) fine-tuned here on 2 gloo
+# ranks, FSDP2 with an EMA, in one torchrun launch: its export holds the EMA's weights.
+SHARDED_TUNE = [
+    "--policy.path=lerobot_diffusion_tiny/pretrained_model", "--parallelism.dp_shard=2", "--ema.enable=true",
+    "--use_policy_training_preset=false", "--optimizer.type=adam", "--optimizer.lr=1e-3",
+    "--scheduler.type=constant", "--scheduler.warmup_steps=0",
+]  # fmt: skip
 
 
-def ours(path: str, workdir: Path, batch_size: int) -> None:
-    """Export `path`, draw the inputs, compute our chunk, write them (this project's venv)."""
+def ours(path: str, workdir: Path, batch_size: int, embodiment: str | None = None) -> None:
+    """Export `path` (its EMA's weights when it keeps one, as `trainer export` and `load_policy` choose;
+    for one `embodiment` of a policy trained on several robots), draw the inputs, compute our chunk,
+    write them (this project's venv)."""
     from trainer.evaluation.lerobot_export import export_lerobot
 
-    export_lerobot(path, str(workdir / MODEL_DIR), weights="model")
+    export_lerobot(path, str(workdir / MODEL_DIR), embodiment=embodiment)
     with torch.no_grad():
-        _write_expected(workdir, batch_size, _unrecorded_fields(path))
+        _write_expected(
+            workdir, batch_size, path if embodiment else None, embodiment, _unrecorded_fields(path)
+        )
 
 
 def _unrecorded_fields(path: str) -> dict[str, str]:
@@ -124,25 +154,34 @@ def seeded_inputs(config: dict, batch_size: int, g: torch.Generator) -> dict[str
     return inputs
 
 
-def _write_expected(workdir: Path, batch_size: int, fields: dict[str, str]) -> None:
-    """Draw seeded inputs for the exported policy, compute our chunk from the export, write both."""
+def _write_expected(
+    workdir: Path,
+    batch_size: int,
+    checkpoint: str | None = None,
+    embodiment: str | None = None,
+    fields: dict[str, str] | None = None,
+) -> None:
+    """Draw seeded inputs for the exported policy, compute our chunk, write both: from the export (with
+    the config `fields` LeRobot's config.json does not record), or for one embodiment from the
+    `checkpoint` itself (`load_policy(checkpoint, embodiment=)`, what the export must act as)."""
     import trainer
 
-    loaded = trainer.load_policy(str(workdir / MODEL_DIR), **fields)
+    if checkpoint is None:
+        loaded = trainer.load_policy(str(workdir / MODEL_DIR), **(fields or {}))
+    else:
+        loaded = trainer.load_policy(checkpoint, embodiment=embodiment)
     policy, config = loaded.policy.eval(), json.loads((workdir / MODEL_DIR / "config.json").read_text())
     g = torch.Generator().manual_seed(0)
     inputs = seeded_inputs(config, batch_size, g)
     if config["type"] == "act":
-        vectors = [inputs[k] for k in ("observation.state", "observation.environment_state") if k in inputs]
-        cameras = {k: v for k, v in inputs.items() if config["input_features"][k]["type"] == "VISUAL"}
-        chunk = policy.predict_chunk({**cameras, "observation.state": torch.cat(vectors, dim=-1)})
+        chunk = policy.predict_chunk(one_state_vector(inputs, config))
     elif config["type"] == "diffusion":  # the observation history (B, n_obs_steps, ...) and the noise
         inputs = {k: torch.stack([v] * config["n_obs_steps"], dim=1) for k, v in inputs.items()}
         noise = torch.randn(
             (batch_size, config["horizon"], config["output_features"]["action"]["shape"][0]), generator=g
         )
         torch.manual_seed(SEED)  # DDPM's steps draw their variance noise: LeRobot's draws it alike
-        chunk = policy.predict_action_chunk(dict(inputs), noise=noise)
+        chunk = policy.predict_action_chunk(one_state_vector(inputs, config), noise=noise)
         inputs[NOISE] = noise
     else:  # SmolVLA, pi0, pi0.5: the prompt's tokens (pi0.5's hold the normalized state) and the noise
         prompts = [TASKS[i % len(TASKS)] for i in range(batch_size)]
@@ -163,12 +202,20 @@ def _write_expected(workdir: Path, batch_size: int, fields: dict[str, str]) -> N
         selected.append(loaded.select_action(observation))
     tensors = {**inputs, OUT: chunk.contiguous(), SELECTED: torch.stack(selected).contiguous()}
     tensors.update({RAW + name: value for name, value in raw.items()})
-    metadata = {"type": config["type"], "tasks": json.dumps(tasks)}
+    metadata = {"type": config["type"], "tasks": json.dumps(tasks), "embodiment": embodiment or ""}
     save_file(tensors, str(workdir / EXPECTED), metadata=metadata)
     print(f"wrote {workdir / MODEL_DIR} and {workdir / EXPECTED}: {config['type']} chunk {list(chunk.shape)}")
 
 
 SEED = 7
+
+
+def one_state_vector(inputs: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
+    """LeRobot's batch as ours: its robot state and environment state are one `observation.state`
+    here (the robot's first), the cameras as they are."""
+    vectors = [inputs[k] for k in ("observation.state", "observation.environment_state") if k in inputs]
+    cameras = {k: v for k, v in inputs.items() if config["input_features"][k]["type"] == "VISUAL"}
+    return {**cameras, "observation.state": torch.cat(vectors, dim=-1)}
 
 
 def seeded_raw(config: dict, batch_size: int, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -281,27 +328,52 @@ def _processors_round(policy, workdir: Path, raw, tasks, kind: str, selected, at
 
 
 def check(lerobot_python: str, atol: float) -> int:
-    """Train each policy of TRAIN here, then run both halves on it; 0 when LeRobot agrees on all."""
+    """Train each policy of TRAIN here (LeRobot's tiny pi0.5 fine-tuned among them), a SmolVLA on two
+    robots that differ (MIXED), and fine-tune LeRobot's Diffusion checkpoint on FSDP2 x2 with an EMA
+    (SHARDED_TUNE), then run both halves on each
+    (on each robot's export for the mixed one); 0 when LeRobot agrees on all."""
     failed = 0
     with tempfile.TemporaryDirectory(prefix="lerobot_side_") as tmp:
         work = Path(tmp)
-        shutil.copytree(FIXTURES / "lerobot" / "dataset_video", work / "dataset_video")
+        for dataset in ("dataset_video", "dataset_arm6"):
+            shutil.copytree(FIXTURES / "lerobot" / dataset, work / dataset)
         shutil.copytree(FIXTURES / "lerobot_smolvla_tiny" / "tiny_smolvlm", work / "tiny_smolvlm")
+        shutil.copytree(FIXTURES / "lerobot" / "dataset_tiny", work / "dataset_tiny")
+        shutil.copytree(FIXTURES / "lerobot_diffusion_tiny", work / "lerobot_diffusion_tiny")
         pi05 = FIXTURES / "lerobot_pi05_tiny"  # its checkpoint, tokenizer, and LeRobot's size launcher
         shutil.copytree(pi05 / "pretrained_model", work / "pi05_base")
         shutil.copytree(pi05 / "tiny_paligemma", work / "tiny_paligemma")
         shutil.copy(pi05 / "tiny_pi.py", work / "tiny_pi.py")
+        (work / "mixture.json").write_text(json.dumps([{"root": name} for name in MIXED_ROBOTS]))
+        trainer_cli = [sys.executable, "-m", "trainer.cli", "train"]
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        # (kind, command, flags, robots): a run's own flags after COMMON's, so that they win
+        runs = [(kind, trainer_cli, [*COMMON, *flags], [None]) for kind, flags in TRAIN.items()]
+        runs.append(("smolvla_mixed", trainer_cli, [*TRAIN["smolvla"], *MIXED], list(MIXED_ROBOTS)))
+        sharded = [*torchrun, "--rdzv-endpoint=localhost:0", *trainer_cli[1:]]
+        runs.append(("diffusion_fsdp2_ema", sharded, [*COMMON, *SHARDED_TUNE], [None]))
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         script = str(Path(__file__).resolve())
-        for kind, flags in TRAIN.items():
-            run, side = f"{kind}_run", work / f"{kind}_check"
-            train = [sys.executable, "-m", "trainer.cli", "train", *flags, *COMMON, f"--output_dir={run}"]
+        for kind, command, flags, robots in runs:
+            run = f"{kind}_run"
+            train = [*command, *flags, f"--output_dir={run}"]
             subprocess.run(train, cwd=work, env=env, check=True, stdout=subprocess.DEVNULL)
-            side.mkdir()
-            ours_half = [sys.executable, script, "ours", f"--policy.path={run}/checkpoints/last", str(side)]
-            subprocess.run(ours_half, cwd=work, env=env, check=True)
-            theirs = [lerobot_python, script, "lerobot", str(side), f"--atol={atol}"]
-            failed |= subprocess.run(theirs, cwd=work, env=env).returncode != 0
+            for robot in robots:
+                side = work / (f"{kind}_check" if robot is None else f"{kind}_{robot}_check")
+                side.mkdir()
+                ours_half = [
+                    sys.executable,
+                    script,
+                    "ours",
+                    f"--policy.path={run}/checkpoints/last",
+                    str(side),
+                ]
+                print(f"{kind}:" if robot is None else f"robot {robot} of the mixture:", flush=True)
+                if robot is not None:
+                    ours_half.append(f"--embodiment={robot}")
+                subprocess.run(ours_half, cwd=work, env=env, check=True)
+                theirs = [lerobot_python, script, "lerobot", str(side), f"--atol={atol}"]
+                failed |= subprocess.run(theirs, cwd=work, env=env).returncode != 0
     return 1 if failed else 0
 
 
@@ -313,6 +385,7 @@ def main() -> int:
     mine.add_argument("--policy.path", dest="path", required=True)
     mine.add_argument("workdir", type=Path)
     mine.add_argument("--batch", type=int, default=3)
+    mine.add_argument("--embodiment", default=None, help="the robot of a policy trained on several")
     theirs = sub.add_parser("lerobot", help="load with LeRobot 0.6.1 and compare (LeRobot's venv)")
     theirs.add_argument("workdir", type=Path)
     theirs.add_argument("--atol", type=float, default=1e-5)
@@ -323,7 +396,7 @@ def main() -> int:
     if args.side == "check":
         return check(os.path.abspath(args.lerobot_python), args.atol)  # the halves run elsewhere
     if args.side == "ours":
-        ours(args.path, args.workdir, args.batch)
+        ours(args.path, args.workdir, args.batch, args.embodiment)
         return 0
     return lerobot(args.workdir, args.atol)
 

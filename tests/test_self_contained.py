@@ -43,6 +43,7 @@ def test_the_third_party_fixtures_are_committed() -> None:
         "tests/fixtures/lerobot/checkpoint_act/checkpoints/000004/pretrained_model/model.safetensors",
         "tests/fixtures/lerobot/dataset_video/meta/info.json",
         "tests/fixtures/lerobot/dataset_images/meta/info.json",
+        "tests/fixtures/lerobot/dataset_arm6/meta/info.json",
         "tests/fixtures/lerobot/dataset_video_frames.safetensors",
         "tests/fixtures/lerobot/dataset_images_frames.safetensors",
         "tests/fixtures/lerobot_smolvla_tiny/pretrained_model/model.safetensors",

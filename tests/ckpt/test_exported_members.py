@@ -52,6 +52,14 @@ PUBLIC = {
     "describe_checkpoint",
     "VerifyReport",
     "verify_checkpoint",
+    # a step's evaluation scores (eval.json), the steps ranked by one figure, the `best` pointer
+    "Ranking",
+    "read_scores",
+    "write_scores",
+    "best_steps",
+    "point_best",
+    "prune_steps",
+    "default_mode",
     # adapters, conversion, publishing
     "merge_lora",
     "merge_adapter_dir",

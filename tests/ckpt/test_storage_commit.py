@@ -320,9 +320,9 @@ def test_a_directory_link_named_last_elsewhere_in_a_path_is_no_pointer(tmp_path:
 def test_a_path_ending_in_last_is_followed_whatever_its_directory_is_called(tmp_path):
     root = tmp_path / "saves"  # a checkpoints directory under another name
     commit_step(write_step(root, 5, "a"), root, 5)
-    assert commit.follow_last(root / "last") == f"{root}/000005"
+    assert commit.follow_pointers(root / "last") == f"{root}/000005"
     for other in ("last/pretrained_model", "notes"):  # a `last` inside the path, another name: no pointer
-        assert commit.follow_last(f"{root}/{other}") == f"{root}/{other}"
+        assert commit.follow_pointers(f"{root}/{other}") == f"{root}/{other}"
 
 
 def test_without_symlinks_last_is_a_text_pointer_the_readers_follow(tmp_path, monkeypatch) -> None:

@@ -15,6 +15,7 @@ from torch import nn
 import helpers.toy_policy  # noqa: F401  (registers --policy.type=toy: the tables below must not list it)
 from trainer.cli.flags import all_flags, help_text, markdown_table
 from trainer.cli.parse import parse_config
+from trainer.config.environment import EnvConfig
 from trainer.config.optim import OptimizerConfig, SchedulerConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.train import encode_config
@@ -288,9 +289,14 @@ def test_every_config_field_is_a_documented_flag() -> None:
     leaves |= {
         f"--dataset.image_transforms.{field.name}" for field in dataclasses.fields(ImageTransformsConfig)
     }
-    for registry, section in ((OptimizerConfig, "optimizer"), (SchedulerConfig, "scheduler")):
+    for registry, section in (
+        (OptimizerConfig, "optimizer"),
+        (SchedulerConfig, "scheduler"),
+        (EnvConfig, "env"),
+    ):
         for choice in registry.get_known_choices().values():
             leaves |= {f"--{section}.{field.name}" for field in dataclasses.fields(choice)}
+    leaves = (leaves - {"--env"}) | {"--env.type"}  # unset by default: its type and every type's fields
     assert leaves | {"--config_path"} == set(names) and len(names) == len(set(names))
     assert all(flag.meaning for flag in all_flags())
     help_lines = help_text().splitlines()

@@ -17,6 +17,7 @@ import trainer
 from helpers.engine_run import rewound_copy, train_in
 from helpers.fixtures import copy_fixture
 from helpers.processor_files import same_as_lerobots
+from trainer.cli import main
 from trainer.data.pipeline.sampler import GlobalOrderSampler, sampled_frames
 from trainer.errors import ConfigError
 from trainer.evaluation.lerobot_export import export_lerobot
@@ -83,10 +84,11 @@ def test_state_and_action_are_normalized_min_max_from_stats_json(workdir: Path) 
 
 
 def test_a_resumed_run_is_bit_exact(workdir: Path) -> None:
-    """Steps 3-4 resumed from step 2 give the uninterrupted run's model.safetensors bit for bit (the
-    random crop, the noise and the timesteps come from the restored RNG)."""
+    """Steps 3-4 resumed from step 2, their 2-step observation histories decoded in 2 DataLoader
+    workers, give the uninterrupted run's model.safetensors (decoded in the training process) bit for
+    bit (the random crop, the noise and the timesteps come from the restored RNG)."""
     checkpoints = rewound_copy(workdir / "straight", workdir / "resumed", 2) / "checkpoints"
-    train_in(workdir, ["--resume=true", "--steps=4", "--output_dir=resumed"])
+    train_in(workdir, ["--resume=true", "--steps=4", "--output_dir=resumed", "--num_workers=2"])
     straight, resumed = (
         load_file(str(workdir / run / "checkpoints" / "000004" / "pretrained_model" / "model.safetensors"))
         for run in ("straight", "resumed")
@@ -146,10 +148,10 @@ def test_the_loaded_checkpoint_acts_on_raw_observations_through_its_queues(workd
     assert torch.equal(loaded.select_action(observations[0]), actions[0])
 
 
-def _raw(observation: dict) -> dict[str, torch.Tensor]:
+def _raw(observation: dict, features: list[str] | None = None) -> dict[str, torch.Tensor]:
     from trainer.data.pipeline.processors import observation_batch
 
-    return observation_batch(observation, ["observation.state", *CAMERAS])[0]
+    return observation_batch(observation, features or ["observation.state", *CAMERAS])[0]
 
 
 def test_drop_n_last_frames_is_never_sampled() -> None:
@@ -166,14 +168,94 @@ def test_drop_n_last_frames_is_never_sampled() -> None:
         GlobalOrderSampler(65, 3, 1, 0, seed=1, kept=sampled_frames(bounds, 20))
 
 
-def test_a_checkpoint_reading_the_environment_state_is_one_line(workdir: Path) -> None:
-    from trainer.policies.diffusion import DiffusionConfig
+def test_a_history_longer_than_every_episode_ends_trainer_train_in_one_line(workdir: Path, capsys) -> None:
+    """dataset_video's episodes hold 20 frames: 21 observation steps would pad every sample's history."""
+    flags = [*TINY, "--policy.n_obs_steps=21", "--policy.horizon=32", "--output_dir=too_long"]
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as exit_info:
+        patch.chdir(workdir)
+        main(["train", *flags])
+    assert exit_info.value.code == 1 and capsys.readouterr().err.strip().splitlines() == [
+        "error: the policy reads 21 observation frames per sample (--policy.n_obs_steps), more than the longest "
+        "episode of the dataset holds (20 frames): no sample would see a history of its own; lower "
+        "--policy.n_obs_steps to at most 20"
+    ]
+    assert not (workdir / "too_long").exists()
 
-    saved = json.loads((workdir / "lerobot_diffusion_tiny" / "pretrained_model" / "config.json").read_text())
-    saved["input_features"]["observation.environment_state"] = {"type": "ENV", "shape": [3]}
-    with pytest.raises(ConfigError, match=r"reads observation\.environment_state") as caught:
-        DiffusionConfig.from_saved(saved)
-    assert "\n" not in str(caught.value)
+
+ENV = "observation.environment_state"
+
+
+def test_lerobots_config_with_an_environment_state_conditions_on_it_after_the_cameras(workdir: Path) -> None:
+    """LeRobot's config.json with an ENV feature: the environment state read at the end of our
+    `observation.state` (7 values: the robot's 4, then its 3) and written back as LeRobot's again; each
+    observation step conditions the U-Net on [state, camera features, environment state], LeRobot's
+    order, so the U-Net's conditioning is 2 x 3 values wider than the checkpoint's."""
+    from trainer.policies.diffusion import DiffusionConfig, DiffusionPolicy
+
+    pretrained = workdir / "lerobot_diffusion_tiny" / "pretrained_model"
+    saved = json.loads((pretrained / "config.json").read_text())
+    saved["input_features"] = {ENV: {"type": "ENV", "shape": [3]}, **saved["input_features"]}
+    fields = DiffusionConfig.from_saved(saved)
+    assert fields.pop("type") == "diffusion"
+    config = DiffusionConfig(**fields)
+    assert (config.obs_dim, config.env_state_dim) == (7, 3)
+    assert config.input_features == ["observation.state", ENV, *CAMERAS]
+    assert config.lerobot_config() == saved
+    policy = DiffusionPolicy(config).eval()
+    film = "diffusion.unet.down_modules.0.0.cond_encoder.1.weight"
+    widths = [
+        weights[film].shape[1]
+        for weights in (policy.state_dict(), load_file(str(pretrained / "model.safetensors")))
+    ]
+    assert widths[0] == widths[1] + 2 * 3
+    generator = torch.Generator().manual_seed(0)
+    state = torch.randn(2, 2, 7, generator=generator)
+    batch = {
+        "observation.state": state,
+        **{c: torch.rand(2, 2, 3, 24, 40, generator=generator) for c in CAMERAS},
+    }
+    steps = policy.diffusion.global_conditioning(policy._cast(batch)).view(2, 2, -1)
+    assert torch.equal(steps[..., :4], state[..., :4]) and torch.equal(steps[..., -3:], state[..., 4:])
+    cameras = torch.stack([batch[c] for c in CAMERAS], dim=2)
+    assert torch.equal(steps[..., 4:-3], policy.diffusion.image_features(cameras))
+
+
+def test_the_environment_state_trains_unnormalized_and_exports(tmp_path: Path) -> None:
+    """LeRobot's dataset_tiny (its own `observation.environment_state`, no camera): the saved normalizer
+    holds the robot state's min/max alone (ENV is IDENTITY in LeRobot's mapping), so the model reads the
+    environment state as the data gives it, and the export lists both typed features and acts as the
+    checkpoint does."""
+    copy_fixture(tmp_path, "lerobot", "dataset_tiny")
+    flags = [*TINY, "--dataset.root=dataset_tiny", f"--policy.input_features=[observation.state,{ENV}]"]
+    train_in(tmp_path, [*flags, "--policy.env_state_dim=3", "--steps=2", "--output_dir=env"])
+    checkpoint = tmp_path / "env" / "checkpoints" / "last"
+    stats = json.loads((tmp_path / "dataset_tiny" / "meta" / "stats.json").read_text())
+    model = checkpoint / "pretrained_model"
+    normalizer = load_file(str(model / "policy_preprocessor_step_3_normalizer_processor.safetensors"))
+    assert {key for key in normalizer if key.startswith("observation.")} == {
+        "observation.state.min",
+        "observation.state.max",
+    }
+    assert torch.allclose(
+        normalizer["observation.state.min"], torch.tensor(stats["observation.state"]["min"])
+    )
+    loaded = trainer.load_policy(str(checkpoint))
+    raw = {"observation.state": [0.5, -1.0, 2.0, 0.0], ENV: [3.0, -7.0, 0.25]}
+    normalized = loaded.preprocessor(_raw(raw, ["observation.state", ENV]))["observation.state"]
+    assert torch.equal(normalized[0, 4:], torch.tensor(raw[ENV]))  # left as it is
+    assert not torch.equal(normalized[0, :4], torch.tensor(raw["observation.state"]))  # MIN_MAX
+    export = tmp_path / "export"
+    export_lerobot(str(checkpoint), str(export))
+    written = json.loads((export / "config.json").read_text())["input_features"]
+    assert written == {
+        "observation.state": {"type": "STATE", "shape": [4]},
+        ENV: {"type": "ENV", "shape": [3]},
+    }
+    actions = []
+    for source in (checkpoint, export):
+        torch.manual_seed(0)
+        actions.append(trainer.load_policy(str(source)).select_action(raw))
+    assert torch.equal(actions[0], actions[1])
 
 
 def test_its_processor_files_are_lerobots(workdir: Path) -> None:

@@ -386,6 +386,11 @@ BAD_CONFIGS = [
     ({"kernel_size": 4}, "--policy.kernel_size=4"),
     ({"num_inference_steps": 200}, "--policy.num_inference_steps=200"),
     ({"compile_model": True}, "--policy.compile_model=true"),
+    (
+        {"env_state_dim": 3, "input_features": ["observation.environment_state", "observation.state"]},
+        "--policy.env_state_dim=3",
+    ),
+    ({"env_state_dim": 3, "obs_dim": 3}, "--policy.env_state_dim=3"),
 ]
 
 

@@ -112,8 +112,13 @@ def test_lerobots_smolvla_command_line_parses(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--env.type=pusht"], "--env.type=pusht: environment evaluation (--env.type) is not built yet"),
-        (["--eval.n_episodes=10"], "--eval.n_episodes=10 configures LeRobot's environment evaluation"),
+        (["--env.type=libero"], "--env.type=libero: LeRobot's libero environment is not built here"),
+        (["--env.fps=10"], "--env.fps needs --env.type=pusht|aloha|pendulum|gym first"),
+        (["--eval.recording=true"], "--eval.recording: recording evaluation rollouts as a dataset"),
+        (
+            ["--keep_best=2"],
+            "--keep_best=2 --best_metric=avg_sum_reward ranks checkpoints by an environment's",
+        ),
         (["--job.target=a10g"], "--job.target=a10g: --job.* submits lerobot-train as a Hugging Face Job"),
         (["--reward_model.path=x/y"], "--reward_model.path=x/y: training a reward model is not built"),
         (["--save_checkpoint=false"], "--save_checkpoint=false is refused: trainer train always saves"),
@@ -135,9 +140,9 @@ def test_what_cannot_be_honoured_is_refused_in_one_line(flags: list[str], messag
 def test_a_refusal_exits_non_zero_in_one_line_and_writes_nothing(tmp_path, capsys) -> None:
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as info:
-        main(["train", *BASE, f"--output_dir={out}", "--env.type=aloha"])
+        main(["train", *BASE, f"--output_dir={out}", "--env.type=metaworld"])
     err = capsys.readouterr().err.strip()
-    assert info.value.code != 0 and err.count("\n") == 0 and "trainer eval" in err
+    assert info.value.code != 0 and err.count("\n") == 0 and "aloha, gym, pendulum, pusht" in err
     assert not out.exists()
 
 

@@ -56,8 +56,16 @@ if TYPE_CHECKING:
         one_line as one_line,
     )
     from ckpt_tools.files import storage as storage
-    from ckpt_tools.files.commit import latest_step_dir as latest_step_dir
+    from ckpt_tools.files.commit import latest_step_dir as latest_step_dir, prune_steps as prune_steps
     from ckpt_tools.files.locate import read_training_step as read_training_step
+    from ckpt_tools.files.scores import (
+        Ranking as Ranking,
+        best_steps as best_steps,
+        default_mode as default_mode,
+        point_best as point_best,
+        read_scores as read_scores,
+        write_scores as write_scores,
+    )
     from ckpt_tools.files.sharded_safetensors import parse_size as parse_size
     from ckpt_tools.files.storage import read_config_json as read_config_json
     from ckpt_tools.format import layout as layout
@@ -135,6 +143,13 @@ _EXPORTS: dict[str, str] = {
     "load_rng_state": "ckpt_tools.state.rng",
     "read_training_step": "ckpt_tools.files.locate",
     "latest_step_dir": "ckpt_tools.files.commit",
+    "prune_steps": "ckpt_tools.files.commit",
+    "Ranking": "ckpt_tools.files.scores",
+    "best_steps": "ckpt_tools.files.scores",
+    "default_mode": "ckpt_tools.files.scores",
+    "point_best": "ckpt_tools.files.scores",
+    "read_scores": "ckpt_tools.files.scores",
+    "write_scores": "ckpt_tools.files.scores",
     "Checkpoint": "ckpt_tools.state.evaluation_load",
     "open_checkpoint": "ckpt_tools.state.evaluation_load",
     "load_model_state_dict": "ckpt_tools.state.evaluation_load",

@@ -1,9 +1,11 @@
-"""The step commit and the `last` pointer: how a step becomes visible to readers, and how readers
-find the newest complete step.
+"""The step commit and the pointers: how a step becomes visible to readers, and how readers find the
+newest complete step (`last`) or the best-scored one (`best`, moved by files/scores.py).
 
 A step is written under `checkpoints/.tmp-<step>/`, renamed to its final name when complete, and only
 then does `last` move to it (docs/format.md). Whether a step is complete is not decided here: the
-caller passes that check (`is_complete`), so this module needs nothing above plain storage.
+caller passes that check (`is_complete`), so this module needs nothing above plain storage. Both
+pointers have one form and one set of reader checks (`read_pointer`, `point`); `read_last` and
+`point_last` are the `last` pointer's.
 """
 
 from __future__ import annotations
@@ -36,12 +38,12 @@ if TYPE_CHECKING:
     import fsspec
 
 
-def follow_last(path: str | os.PathLike[str]) -> str:
-    """`path` with the `last` pointer it goes through replaced by the step directory `last` names.
+def follow_pointers(path: str | os.PathLike[str]) -> str:
+    """`path` with the pointer it goes through (`last` or `best`) replaced by the step it names.
 
-    An output_dir (holding `checkpoints/last`) and a `checkpoints/` directory become that step; a path
-    ending in `last`, or going through `checkpoints/last` (`checkpoints/last/pretrained_model`), has
-    the pointer replaced, so every reader gets `read_last`'s checks. Any other path comes back
+    An output_dir (holding `checkpoints/last`) and a `checkpoints/` directory become the step `last`
+    names; a path ending in `last` or `best`, or going through one (`checkpoints/best/pretrained_model`),
+    has the pointer replaced, so every reader gets `read_pointer`'s checks. Any other path comes back
     unchanged (a directory link that happens to be called `last`, `/mnt/last/run/...`, is no pointer).
     """
     text = os.fspath(path).rstrip("/")
@@ -52,8 +54,8 @@ def follow_last(path: str | os.PathLike[str]) -> str:
     for i in range(1, len(parts)):
         root = "/".join(parts[:i])
         inside = i == len(parts) - 1 or parts[i - 1] == layout.CHECKPOINTS_DIR  # not `/mnt/last/...`
-        if parts[i] == layout.LAST and root and inside and has_last(root):
-            return layout.join(read_last(root), *parts[i + 1 :])
+        if parts[i] in layout.POINTERS and root and inside and has_pointer(root, parts[i]):
+            return layout.join(read_pointer(root, parts[i]), *parts[i + 1 :])
     return text
 
 
@@ -61,20 +63,30 @@ def has_last(checkpoints_dir: str | os.PathLike[str]) -> bool:
     """Whether `checkpoints_dir` holds an entry named `last`, whatever it is (a link, even a dangling
     one, a text file, a directory, a FIFO): anything there is a pointer for `read_last` to accept or
     refuse, never "no checkpoint yet", so a broken `last` cannot start a fresh run over the old steps."""
-    return lexists(layout.join(os.fspath(checkpoints_dir), layout.LAST))
+    return has_pointer(checkpoints_dir, layout.LAST)
+
+
+def has_pointer(checkpoints_dir: str | os.PathLike[str], pointer: str) -> bool:
+    """Whether `checkpoints_dir` holds an entry named `pointer`, whatever it is (see `has_last`)."""
+    return lexists(layout.join(os.fspath(checkpoints_dir), pointer))
 
 
 def read_last(checkpoints_dir: str | os.PathLike[str]) -> str:
-    """Path of the step that `checkpoints/last` names: a relative symlink, or a text file on stores
-    without links.
+    """Path of the step that `checkpoints/last` names (`read_pointer`)."""
+    return read_pointer(checkpoints_dir, layout.LAST)
 
-    Readers follow `last` only to an existing step directory directly inside `checkpoints_dir`:
+
+def read_pointer(checkpoints_dir: str | os.PathLike[str], pointer: str) -> str:
+    """Path of the step that `checkpoints/<pointer>` (`last`, `best`) names: a relative symlink, or a
+    text file on stores without links.
+
+    Readers follow a pointer only to an existing step directory directly inside `checkpoints_dir`:
     a pointer to a `.tmp-` directory (a save in progress), a hand-made link leaving the directory
     (`last -> /etc`, `last -> ../other/000005`), a step directory that is itself a link leading out of
     `checkpoints_dir`, or a missing step raises `CorruptCheckpointError`.
     """
     root = os.fspath(checkpoints_dir).rstrip("/")
-    last = layout.join(root, layout.LAST)
+    last = layout.join(root, pointer)
     link = local_path(last) if is_link(last) else None
     if link is not None:
         name = _link_step_name(link)
@@ -90,7 +102,7 @@ def read_last(checkpoints_dir: str | os.PathLike[str]) -> str:
             f"{last} points to {describe(name)}, which is not a step directory inside {root}; readers follow it "
             f"only to a complete step beside it: repoint it (ln -sfn <step, e.g. 005000> {last})"
         )
-    step = contained(root, name, f"{layout.LAST} (through the step directory)")  # a link out is refused
+    step = contained(root, name, f"{pointer} (through the step directory)")  # a link out is refused
     if not is_dir(step):
         raise CorruptCheckpointError(
             f"{last} names {name}, which does not exist; repoint it at a complete step "
@@ -212,10 +224,11 @@ def _step_back_last(root: str, name: str, is_complete: Callable[[str], bool]) ->
     remove_last(root)
 
 
-def remove_last(checkpoints_dir: str | os.PathLike[str]) -> None:
-    """Delete the `last` pointer (one unlink or object delete); a missing one is not an error."""
+def remove_last(checkpoints_dir: str | os.PathLike[str], pointer: str = layout.LAST) -> None:
+    """Delete the `last` pointer (or `pointer`: one unlink or object delete); a missing one is not an
+    error."""
     root = os.fspath(checkpoints_dir).rstrip("/")
-    fs, inner = resolve(layout.join(root, layout.LAST))
+    fs, inner = resolve(layout.join(root, pointer))
     if is_local(fs):
         if os.path.lexists(inner):
             os.remove(inner)
@@ -235,9 +248,15 @@ def _rename_dir(fs: fsspec.AbstractFileSystem, src: str, dst: str) -> None:
 
 
 def point_last(checkpoints_dir: str | os.PathLike[str], step_name: str) -> None:
-    """Make `checkpoints/last` name `step_name`, replacing the old pointer in one step.
+    """Make `checkpoints/last` name `step_name` (`point`)."""
+    point(checkpoints_dir, layout.LAST, step_name)
 
-    On local disk `last` is a relative symlink (`last -> 005000`) created under a temporary name and
+
+def point(checkpoints_dir: str | os.PathLike[str], pointer: str, step_name: str) -> None:
+    """Make `checkpoints/<pointer>` (`last`, `best`) name `step_name`, replacing the old pointer in one
+    step.
+
+    On local disk a pointer is a relative symlink (`last -> 005000`) created under a temporary name and
     moved over the old one with `os.replace`, so a reader sees either the old or the new target. Stores
     without links get a text file holding the step name (one object write, atomic on object stores).
     """
@@ -246,15 +265,15 @@ def point_last(checkpoints_dir: str | os.PathLike[str], step_name: str) -> None:
     root = os.fspath(checkpoints_dir).rstrip("/")
     fs, inner_root = resolve(root)
     if not is_local(fs):
-        write_text(layout.join(root, layout.LAST), step_name + "\n")
+        write_text(layout.join(root, pointer), step_name + "\n")
         return
-    last = os.path.join(inner_root, layout.LAST)
+    last = os.path.join(inner_root, pointer)
     if os.path.isdir(last) and not os.path.islink(last):  # os.replace cannot put a link over it
         raise CorruptCheckpointError(
             f"{last} is a directory, not a pointer: move it away (it may hold a copied step), then "
             f"resume; the step was written but `last` still does not name it"
         )
-    tmp = os.path.join(inner_root, f"{layout.TMP_PREFIX}{layout.LAST}-{os.getpid()}")
+    tmp = os.path.join(inner_root, f"{layout.TMP_PREFIX}{pointer}-{os.getpid()}")
     if os.path.lexists(tmp):
         os.remove(tmp)
     try:
@@ -285,9 +304,11 @@ def prune_steps(
     a later retention deletes it). Returns the names deleted, oldest first.
 
     It counts what is on disk, so it works across restarts. It never deletes the step `last` names
-    (the newest one kept), a step newer than `last` (left by a run that was resumed from an earlier
-    step: the resumed run replaces it when it gets there), or a `.tmp-` directory (a save being
-    written). The step a run resumed from is older than `last` only once a newer step is committed.
+    (the newest one kept), the one `best` names, a step newer than `last` (left by a run that was
+    resumed from an earlier step: the resumed run replaces it when it gets there), or a `.tmp-`
+    directory (a save being written). The step a run resumed from is older than `last` only once a
+    newer step is committed. The K best-scored steps of `--keep_best` reach it in `keep`
+    (files/scores.py: `best_steps`).
     """
     root = os.fspath(checkpoints_dir).rstrip("/")
     if keep_last < 1 or not has_last(root):
@@ -295,7 +316,19 @@ def prune_steps(
     newest = int(layout.name(read_last(root)))
     steps = sorted(int(name) for name in list_names(root) if layout.is_step_dir_name(name))
     older = [step for step in steps if step <= newest][:-keep_last]
-    older = [step for step in older if layout.step_dir_name(step) not in keep]
+    spared = {*keep, *_best_name(root)}
+    older = [step for step in older if layout.step_dir_name(step) not in spared]
     for step in older:
         remove_tree(layout.join(root, layout.step_dir_name(step)))
     return [layout.step_dir_name(step) for step in older]
+
+
+def _best_name(root: str) -> list[str]:
+    """The step `best` names, if it names one (a broken `best` spares nothing: retention never reads a
+    pointer it cannot follow as a reason to delete)."""
+    if not has_pointer(root, layout.BEST):
+        return []
+    try:
+        return [layout.name(read_pointer(root, layout.BEST))]
+    except CheckpointError:
+        return []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from ckpt_tools.errors import CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError
-from ckpt_tools.files.commit import follow_last
+from ckpt_tools.files.commit import follow_pointers
 from ckpt_tools.files.storage import absolute, check_links, exists, is_dir, read_bytes
 from ckpt_tools.format import layout
 from ckpt_tools.format.meta import TrainingStep
@@ -14,15 +14,15 @@ from ckpt_tools.format.untrusted import MAX_CONFIG_BYTES
 
 
 def resolve_model_dir(path: str | os.PathLike[str]) -> tuple[str | None, str]:
-    """Accept a step directory, `checkpoints/last`, a run's output_dir, its `checkpoints/` directory
-    or a `pretrained_model/`.
+    """Accept a step directory, `checkpoints/last` or `checkpoints/best`, a run's output_dir, its
+    `checkpoints/` directory or a `pretrained_model/`.
 
     Returns `(step_dir, pretrained_model_dir)`; `step_dir` is None for a bare model directory
     (a converted or downloaded one). Raises `CheckpointNotFoundError` for a missing path and
-    `CorruptCheckpointError` for a `last` that `read_last` refuses, or a directory holding a link that
+    `CorruptCheckpointError` for a pointer that `read_pointer` refuses, or a directory holding a link that
     leads outside it (`storage.check_links`).
     """
-    text = follow_last(path)
+    text = follow_pointers(path)
     if not exists(text):
         raise CheckpointNotFoundError(f"{text}: no such file or directory")
     base = text if layout.is_url(text) else absolute(text)

@@ -13,11 +13,15 @@ from ckpt_tools.errors import CorruptCheckpointError
 
 CHECKPOINTS_DIR = "checkpoints"
 LAST = "last"
+BEST = "best"  # the step that scored best by the run's --best_metric (files/scores.py)
+POINTERS = (LAST, BEST)
 STEP_DIGITS = 6
 
 PRETRAINED_MODEL_DIR = "pretrained_model"
 TRAINING_STATE_DIR = "training_state"
 MANIFEST = "manifest.json"  # sizes and sha256 of every file the save wrote
+EVAL_SCORES = "eval.json"  # a committed step's evaluation scores, written after its commit
+EVAL_VIDEOS_DIR = "eval_videos"  # a few of those episodes as mp4 files, beside eval.json
 
 # pretrained_model/
 POLICY_CONFIG = "config.json"

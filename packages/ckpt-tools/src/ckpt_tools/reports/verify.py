@@ -71,11 +71,12 @@ def verify_checkpoint(path: str | os.PathLike[str], *, deep: bool = False) -> Ve
     text = os.fspath(path)
     findings = Findings()
     try:
-        target = commit.follow_last(text)
+        target = commit.follow_pointers(text)
     except CorruptCheckpointError as exc:  # `last` leads nowhere a reader may go: that is the finding
         return VerifyReport(text, (), (one_line(exc, expected=(Exception,)),))
     if target != text.rstrip("/"):
-        findings.checked.append(f"{layout.LAST} names a step directory inside {layout.CHECKPOINTS_DIR}/")
+        pointer = layout.BEST if f"/{layout.BEST}/" in f"/{text.rstrip('/')}/" else layout.LAST
+        findings.checked.append(f"{pointer} names a step directory inside {layout.CHECKPOINTS_DIR}/")
     with storage.listed(target):  # on a bucket: one listing instead of a request per file asked about
         return _verify_target(text, target, findings, deep)
 

@@ -12,8 +12,11 @@ from collections.abc import Sequence
 USAGE = (
     "usage: trainer train [--config_path=FILE] [--policy.type=act|mlp|module:Class] [--flag=value ...]\n"
     "       trainer eval --policy.path=PATH [--dataset.root=DIR --dataset.episodes=[...]] [--json]\n"
+    "       trainer eval --policy.path=PATH --env.type=pusht|aloha|pendulum|gym [--eval.n_episodes=N ...]\n"
+    "       trainer eval --watch OUTPUT_DIR   (the evaluator: scores a run's checkpoints as they land)\n"
     "       trainer dataset info|show --dataset.root=DIR [--json | --episode=N]\n"
-    "       trainer export --policy.path=PATH --output_dir=DIR [--weights=model|ema]   (for LeRobot)"
+    "       trainer export --policy.path=PATH --output_dir=DIR [--weights=model|ema] [--embodiment=NAME]"
+    "   (for LeRobot)"
 )
 HELP_FLAGS = ("-h", "--help")
 
@@ -157,12 +160,26 @@ def _eval(args: list[str]) -> None:
     """`trainer eval`: one line (or one JSON object with --json) from the main rank."""
     import json
 
-    from trainer.cli.eval_command import run_eval
-    from trainer.evaluation.rollouts import summary_line
+    from trainer.cli.env_eval_command import WATCH_FLAG, is_env_eval, run_env_eval, run_watch
+    from trainer.cli.parse import normalize_argv
 
-    result = run_eval(args)
+    args = normalize_argv(args)
+    if is_env_eval(args):
+        from trainer.evaluation.evaluator import score_line
+
+        watching = any(arg.startswith(WATCH_FLAG) for arg in args)
+        result = run_watch(args) if watching else run_env_eval(args)
+        line = (
+            f"scored {result['scored']} steps of {result['output_dir']}" if watching else score_line(result)
+        )
+    else:
+        from trainer.cli.eval_command import run_eval
+        from trainer.evaluation.rollouts import summary_line
+
+        result = run_eval(args)
+        line = summary_line(result)
     if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps(result) if "--json" in args else summary_line(result))
+        print(json.dumps(result) if "--json" in args else line)
 
 
 def _exit(code: int, leave_group: bool = True) -> None:

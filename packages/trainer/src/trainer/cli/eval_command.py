@@ -4,11 +4,15 @@ The data defaults to the run's own (the `dataset` section of the checkpoint's tr
 `--dataset.*` flags override it, and LeRobot's `--dataset.root` / `--dataset.repo_id` switch to a
 LeRobotDataset. For a LeRobotDataset every episode is scored unless `--dataset.episodes` names some
 (the run's own train/val split is not inherited). Under torchrun the work is split across ranks.
+
+A policy trained on several robots (a mixture whose members differ) is scored as one of them,
+`--embodiment=NAME` (default: the first member's): on the run's own mixture, that robot's member alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import tempfile
@@ -27,6 +31,7 @@ from trainer.data.dataset import OBS_KEY, TASK_KEY
 from trainer.data.embedded import sim
 from trainer.data.embedded.pendulum import PendulumConfig
 from trainer.data.pipeline.renamed import load_renamed
+from trainer.data.sources.mixture import MixtureConfig
 from trainer.errors import ConfigError
 from trainer.evaluation import rollouts as evaluation
 from trainer.evaluation.inference import LoadedPolicy, load_policy
@@ -44,6 +49,8 @@ Scores a saved policy without training (docs/training.md, Evaluation):
   --batch_size=256     frames per forward pass on a dataset
   --device=cpu         where the policy runs
   --weights=model|ema  which weights; default: the EMA when the checkpoint holds one (--ema.enable)
+  --embodiment=NAME    the robot of a policy trained on several (a mixture member's name); default:
+                       the first; on the run's own mixture, that member's data alone
   --json               print one JSON object instead of a line
   --allow_types=a:B,.. module:Class types the checkpoint may name (imported: trust them first)"""
 _SPLIT_FIELDS = ("episodes", "val_episodes", "eval_split")  # a LeRobot run's split: not inherited by eval
@@ -67,6 +74,8 @@ class EvalConfig:
     """Where the policy runs."""
     weights: str | None = None
     """model or ema (a run's --ema.enable average); unset: the EMA when the checkpoint holds one."""
+    embodiment: str | None = None
+    """The robot of a policy trained on several, by its mixture member's name; unset: the first."""
 
 
 def run_eval(args: Sequence[str]) -> dict[str, Any]:
@@ -86,7 +95,9 @@ def run_eval(args: Sequence[str]) -> dict[str, Any]:
             raise (
                 cause if isinstance(cause, ConfigError) else ConfigError(" ".join(str(exc).split()))
             ) from None
-    loaded = load_policy(path, config.device, config.weights, allow_types=allowed)
+    loaded = load_policy(
+        path, config.device, config.weights, allow_types=allowed, embodiment=config.embodiment
+    )
     world, rank, reduce = _ranks()
     if config.dataset.rollout_episodes:
         camera = _sim_camera(config.dataset, loaded)
@@ -94,11 +105,33 @@ def run_eval(args: Sequence[str]) -> dict[str, Any]:
             _sim_actor(loaded), config.dataset.rollout_episodes, world, rank, reduce, camera, loaded.reset
         )
     else:
-        dataset, _, _ = load_renamed(config.dataset, config.rename_map, loaded.input_features, held_out=False)
+        data, rename = _robot_data(config.dataset, config.rename_map, loaded)
+        dataset, _, _ = load_renamed(data, rename, loaded.input_features, held_out=False)
         result = evaluation.action_errors(
             loaded.act, dataset, world, rank, reduce, config.batch_size, loaded.reset
         )
     return {"policy": path, "weights": loaded.weights, **result}
+
+
+def _robot_data(
+    dataset: DatasetConfig, rename: dict[str, str], loaded: LoadedPolicy
+) -> tuple[DatasetConfig, dict[str, str]]:
+    """The data a policy of several robots is scored on, and its renames: on a mixture, the member of
+    the chosen robot alone (every episode it trains on), its own rename_map followed by the run's."""
+    robot = loaded.embodiment
+    if robot is None or not isinstance(dataset, MixtureConfig):
+        return dataset, rename
+    labels = dataset.labels()
+    if robot.name not in labels:
+        raise ConfigError(
+            f"the mixture has no member {robot.name!r} (it has {', '.join(labels)}): give that robot's data "
+            "with --dataset.root, or choose one of its members with --embodiment"
+        )
+    index = labels.index(robot.name)
+    own = dataset.members[index].rename_map
+    renames = {old: rename.get(new, new) for old, new in own.items()}
+    renames.update({old: new for old, new in rename.items() if old not in own.values()})
+    return dataclasses.replace(dataset.member_config(index), eval_split=0.0), renames
 
 
 def _sim_actor(loaded: LoadedPolicy) -> Any:

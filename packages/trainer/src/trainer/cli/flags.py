@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ import draccus
 from draccus.wrappers.docstring import get_attribute_docstring
 
 from trainer.config.dataset import DatasetConfig
+from trainer.config.environment import EnvConfig
 from trainer.config.optim import OptimizerConfig, SchedulerConfig
 from trainer.config.registry import known_types
 from trainer.config.train import TrainConfig
@@ -27,6 +29,7 @@ CHOICES: dict[type[draccus.ChoiceRegistry], tuple[str, str, bool]] = {
     DatasetConfig: ("dataset", "Demonstrations to train on", True),
     OptimizerConfig: ("optimizer", "Optimizer (with --use_policy_training_preset=false)", False),
     SchedulerConfig: ("scheduler", "Learning-rate schedule (with --use_policy_training_preset=false)", False),
+    EnvConfig: ("env", "Environment the checkpoints are scored in (docs/evaluation.md); unset: none", False),
 }
 
 CONFIG_PATH_HELP = (
@@ -78,15 +81,22 @@ def _walk(config: Any, prefix: str, policy_type: str | None = None) -> list[Flag
         value = getattr(config, field.name)
         name = f"{prefix}{field.name}"
         registry = next((r for r in CHOICES if isinstance(value, r)), None)
+        if value is None:  # an optional choice left unset (--env.*): its types' flags all the same
+            registry = _optional_choice(type(config), field.name)
         if registry is not None:
-            flags += _choice_flags(
-                name, value.type, registry, policy_type if registry is PolicyConfig else None
-            )
+            chosen = value.type if value is not None else "-"
+            flags += _choice_flags(name, chosen, registry, policy_type if registry is PolicyConfig else None)
         elif dataclasses.is_dataclass(value):
             flags += _walk(value, f"{name}.")
         else:
             flags.append(Flag(name, _render(value), _meaning(type(config), field.name)))
     return flags
+
+
+def _optional_choice(owner: type, name: str) -> type[draccus.ChoiceRegistry] | None:
+    """The choice registry of a field typed `Choice | None` (`TrainConfig.env`), else None."""
+    hint = typing.get_type_hints(owner).get(name)
+    return next((arg for arg in typing.get_args(hint) if arg in CHOICES), None)
 
 
 def _choice_flags(name: str, default: str, registry: Any, only: str | None) -> list[Flag]:

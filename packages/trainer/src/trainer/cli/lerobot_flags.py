@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 
-from trainer.config.environment import NOT_BUILT
 from trainer.errors import ConfigError
 
 # LeRobot's flag -> this trainer's flag that does the same
@@ -46,7 +45,6 @@ SAME_AS_HERE: dict[str, tuple[tuple[object, ...], str]] = {
 
 # a flag or group (with its sub-flags) -> why it is refused whatever its value
 REFUSED = {
-    "--env": NOT_BUILT,
     "--reward_model": "training a reward model is not built: trainer train trains a policy (--policy.*)",
     "--job": (
         "--job.* submits lerobot-train as a Hugging Face Job; trainer train runs where it is launched "

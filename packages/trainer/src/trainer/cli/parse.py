@@ -14,6 +14,7 @@ import ckpt_tools
 from ckpt_tools import layout
 from trainer.cli.lerobot_flags import settle_lerobot_flags
 from trainer.config.dataset import DatasetConfig
+from trainer.config.environment import EnvConfig
 from trainer.config.registry import known_types, register_import_path, split_allow_types
 from trainer.config.train import TrainConfig
 from trainer.errors import ConfigError
@@ -116,6 +117,7 @@ def _auto_resume_config_path(args: list[str]) -> str | None:
 def _parse(rest: list[str], config_path: str | None, allowed: tuple[str, ...]) -> TrainConfig:
     for registry, section in ((PolicyConfig, "policy"), (DatasetConfig, "dataset")):
         settle_choice(rest, config_path, registry, section, allowed)
+    check_env_type(rest, config_path)
     try:
         config = draccus.parse(TrainConfig, config_path=config_path, args=rest, exit_on_error=False)
     except ConfigError:
@@ -187,6 +189,19 @@ def settle_choice(
             raise ConfigError(
                 f"{flag}={chosen!r} is unknown: choose one of {built_in} or give module.path:ConfigClass"
             )
+
+
+def check_env_type(args: list[str], config_path: str | None) -> None:
+    """`--env.*` needs the environment's type (there is no default environment), one this trainer builds."""
+    chosen, _ = _choice_type(args, config_path, "env")
+    given = next((arg for arg in args if arg.startswith("--env.")), None)
+    if chosen is None and given is not None:
+        raise ConfigError(f"{given.partition('=')[0]} needs --env.type=pusht|aloha|pendulum|gym first")
+    if chosen is not None and chosen not in known_types(EnvConfig):
+        raise ConfigError(
+            f"--env.type={chosen}: LeRobot's {chosen} environment is not built here; choose one of "
+            f"{', '.join(known_types(EnvConfig))} (docs/evaluation.md)"
+        )
 
 
 def _choice_type(args: list[str], config_path: str | None, section: str) -> tuple[str | None, bool]:

@@ -98,6 +98,44 @@ class Dataset(Protocol):
     def episode_bounds(self) -> torch.Tensor: ...
 
 
+@dataclass(frozen=True)
+class Embodiment:
+    """One robot of a mixture whose members differ (data/pipeline/embodiments.py): the member it is
+    (`name`, the member's label), its own state and action sizes, and the observation features it
+    has under the mixture's names (state, its cameras, the task). Each item of such a mixture carries
+    its embodiment's index (`embodiment` in the batch) and is normalized by that embodiment's
+    statistics; the saved processors keep one set per embodiment, and `load_policy(embodiment=)` /
+    `trainer export --embodiment` give the policy for one robot."""
+
+    name: str
+    obs_dim: int
+    action_dim: int
+    input_features: tuple[str, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "obs_dim": self.obs_dim,
+            "action_dim": self.action_dim,
+            "input_features": list(self.input_features),
+        }
+
+
+@runtime_checkable
+class EmbodiedDataset(Protocol):
+    """A dataset of several robots (a mixture whose members differ): `embodiments` in index order and
+    each one's statistics, widened to the dataset's layout (`embodiment_stats`, in the same order)."""
+
+    embodiments: list[Embodiment]
+
+    def embodiment_stats(self) -> list[Stats]: ...
+
+
+def embodiments_of(dataset: object) -> list[Embodiment]:
+    """The robots a dataset's items come from ([] for one robot's data: its `stats()` normalize it)."""
+    return list(dataset.embodiments) if isinstance(dataset, EmbodiedDataset) else []
+
+
 @dataclass
 class DatasetConfig(draccus.ChoiceRegistry):
     """Base of every dataset config; `--dataset.type` picks the subclass."""
@@ -115,10 +153,11 @@ class DatasetConfig(draccus.ChoiceRegistry):
         """Held-out data for `val_loss`, or None when the config holds none out."""
         return None
 
-    def serving(self, mixed_members: bool) -> DatasetConfig:
+    def serving(self, mixed_members: bool, padded: bool = True) -> DatasetConfig:
         """This config as it serves a policy that does (`mixed_members`) or does not take a mixture whose
-        members differ (`PolicyConfig.takes_mixed_members`). Only a mixture answers otherwise than
-        itself, so a dataset plugin implements `load` alone."""
+        members differ (`PolicyConfig.takes_mixed_members`); `padded`: whether their state and action
+        sizes and cameras may differ too (`PolicyConfig.pads_mixed_members`). Only a mixture answers
+        otherwise than itself, so a dataset plugin implements `load` alone."""
         return self
 
     def banner(self) -> list[str]:

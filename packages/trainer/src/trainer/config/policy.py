@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import draccus
 
 from trainer.config.accelerator import dtype_flag
-from trainer.config.dataset import Frames
+from trainer.config.dataset import Embodiment, Frames
 from trainer.config.optim import AdamWConfig, CosineConfig, OptimizerConfig, SchedulerConfig
 from trainer.errors import ConfigError
 
@@ -138,8 +138,27 @@ class PolicyConfig(draccus.ChoiceRegistry):
         """Whether the policy trains on a mixture whose members differ in state or action size, cameras or
         fps (data/sources/mixture.py): it reads each item's state and action padded to the widest member
         with `*_dim_is_pad` masks and a camera a member lacks as an empty slot (`<camera>_padding_mask`).
-        False by default: ACT, Diffusion and the MLPs read one fixed layout, so members must agree."""
+        False by default: ACT and the MLPs read one fixed layout, so members must agree. Each member is
+        then an embodiment (`config.dataset.Embodiment`), normalized by its own statistics."""
         return False
+
+    @property
+    def pads_mixed_members(self) -> bool:
+        """Whether the members it takes may differ in state and action sizes and cameras too (padded,
+        masked: SmolVLA), or in fps and statistics only (False: a policy of one layout, Diffusion
+        Policy, whose members must agree on every size and camera). Default: `takes_mixed_members`."""
+        return self.takes_mixed_members
+
+    def for_embodiment(self, embodiment: Embodiment) -> PolicyConfig:
+        """This config for one robot of the mixture it was trained on (`load_policy(embodiment=)`,
+        `trainer export --embodiment`): that robot's state and action sizes and the input features it
+        has, so the policy acts on its raw observations and its export describes it. The weights must
+        not depend on those sizes (a padding policy's do not): `load_policy` checks them against the
+        config it returns."""
+        features = [name for name in self.input_features if name in embodiment.input_features]
+        return dataclasses.replace(
+            self, obs_dim=embodiment.obs_dim, action_dim=embodiment.action_dim, input_features=features
+        )
 
     @property
     def frames(self) -> Frames:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt_tools import Topology
+from ckpt_tools import Ranking, Topology
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import Dataset, DatasetConfig
 from trainer.config.ema import EmaConfig
@@ -124,6 +124,10 @@ class SavingSection:
     hub: HubSection
     rollout_episodes: int
     """Episodes of the end-of-run evaluation (the model card reports its returns when > 0)."""
+    eval_every: int = 0
+    """Also save every this many steps, for the evaluator to score (--env_eval_freq; 0: no evaluator)."""
+    ranking: Ranking | None = None
+    """--keep_best: the K best steps by --best_metric survive --keep_last, `best` names the top one."""
 
 
 @dataclass(frozen=True)
@@ -142,13 +146,33 @@ class TrackingSection:
 
 
 @dataclass(frozen=True)
+class EnvEvaluation:
+    """The evaluator process beside the run (--env.type with --env_eval_freq; docs/evaluation.md): it
+    reads its environment and --eval.* from the committed steps' train_config.json; the run launches
+    it, logs its scores at their steps, and waits for the last one only with --eval.wait_at_end."""
+
+    output_dir: str
+    every: int
+    """The steps it scores: multiples of --env_eval_freq, and the last one."""
+    last_step: int
+    wait_at_end: bool
+    step_bound_s: float
+    """The longest one step's evaluation may take (its batches of episodes, each within the time limit)."""
+    allow_types: tuple[str, ...]
+    """The module:Name environment id the run itself named, which the evaluator may import."""
+
+
+@dataclass(frozen=True)
 class EvaluationSection:
-    """The end-of-run rollouts on the data's simulated task."""
+    """The end-of-run rollouts on the data's simulated task, and the evaluator beside the run."""
 
     rollout_episodes: int
     rollout_camera: bool
     use_ema: bool
     """Score the EMA weights (--ema.use_for_eval with --ema.enable)."""
+    environment: EnvEvaluation | None = None
+    """The evaluator of the run's checkpoints in --env.type (None without --env.type or with
+    --env_eval_freq=0)."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import ckpt_tools
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import DatasetConfig
 from trainer.config.ema import EmaConfig
-from trainer.config.environment import EnvEvalConfig
+from trainer.config.environment import EnvConfig, EnvEvalConfig
 from trainer.config.optim import AdamWConfig, CosineConfig, OptimizerConfig, SchedulerConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.peft import PeftConfig
@@ -97,10 +97,22 @@ class TrainConfig:
     max_eval_samples: int = 0
     """Most held-out frames each val_loss scores, the first ones of each mixture member's held-out
     episodes, split evenly across the members (LeRobot splits across tasks); 0: every held-out frame."""
-    env_eval_freq: int = 0
-    """LeRobot's period of environment evaluation, which runs only with --env.type (not built here:
-    refused): any value >= 0 is accepted and, without an environment, evaluates nothing, as in LeRobot."""
+    env: EnvConfig | None = None
+    """The environment the run's checkpoints are scored in (--env.type=pusht|aloha|pendulum|gym, LeRobot's
+    flag), by an evaluator process beside the training ranks (docs/evaluation.md); unset: none."""
+    env_eval_freq: int = 20_000
+    """With --env.type: save a checkpoint every this many loop steps and score it in the environment
+    (and the last step's), while training goes on; 0: no evaluation during the run (LeRobot's flag and
+    default)."""
     eval: EnvEvalConfig = field(default_factory=EnvEvalConfig)
+    keep_best: int = 0
+    """Keep the K best-scored checkpoints by --best_metric through --keep_last's pruning, and point
+    checkpoints/best at the best one (0: no ranking)."""
+    best_metric: str = "avg_sum_reward"
+    """The figure --keep_best ranks by: one an environment reports (avg_sum_reward, avg_max_reward,
+    pc_success) or val_loss."""
+    best_mode: str | None = None
+    """max (higher is better) or min; unset: min for a loss, max otherwise."""
     seed: int = 1000
     """Seeds the policy's initialization, dropout and the sample order."""
     output_dir: str = "outputs/train"
@@ -147,10 +159,11 @@ class TrainConfig:
             raise ConfigError(
                 f"--num_workers must be >= 0 (0 decodes in the training process), got {self.num_workers}"
             )
-        for name in ("eval_freq", "eval_steps", "max_eval_samples", "env_eval_freq"):
+        for name in ("eval_freq", "eval_steps", "max_eval_samples", "env_eval_freq", "keep_best"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
         self._check_lerobot_eval_steps()
+        self._check_keep_best()
         self._check_multiprocessing_context()
         for name in (
             "batch_size",
@@ -197,10 +210,38 @@ class TrainConfig:
                 "--dataset.eval_split=0.1 (or --dataset.val_episodes=[...]), or drop --eval_steps"
             )
 
+    def _check_keep_best(self) -> None:
+        """--keep_best ranks by a figure some step will have: an environment's, scored at the
+        checkpoints --env_eval_freq asks for, or val_loss, computed at every checkpoint."""
+        if self.best_mode not in (None, "max", "min"):
+            raise ConfigError(f"--best_mode must be max or min (or unset), got {self.best_mode!r}")
+        if not self.keep_best:
+            return
+        if self.best_metric == "val_loss":
+            saves = [self.save_freq, *([self.env_eval_freq] if self.env_evaluates else [])]
+            if not self.val_freq or any(period % self.val_freq for period in saves):
+                raise ConfigError(
+                    f"--keep_best={self.keep_best} --best_metric=val_loss ranks checkpoints by their val_loss: "
+                    f"set --eval_freq to a divisor of --save_freq={self.save_freq} (and of --env_eval_freq), "
+                    "with held-out episodes (--dataset.eval_split or --dataset.val_episodes)"
+                )
+        elif not self.env_evaluates:
+            raise ConfigError(
+                f"--keep_best={self.keep_best} --best_metric={self.best_metric} ranks checkpoints by an environment's "
+                "figure: add --env.type=... with --env_eval_freq > 0, or rank by --best_metric=val_loss"
+            )
+
+    @property
+    def env_evaluates(self) -> bool:
+        """Whether the run's checkpoints are scored in an environment while it trains."""
+        return self.env is not None and self.env_eval_freq > 0
+
     @property
     def run_name(self) -> str:
-        """--job_name, else LeRobot's default: the policy type."""
-        return self.job_name or self.policy.type
+        """--job_name, else LeRobot's default: `<env>_<policy>` with --env.type, else the policy type."""
+        if self.job_name:
+            return self.job_name
+        return f"{self.env.type}_{self.policy.type}" if self.env is not None else self.policy.type
 
     @property
     def val_freq(self) -> int:

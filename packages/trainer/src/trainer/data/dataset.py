@@ -29,7 +29,7 @@ observations, actions and episode lengths.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -46,6 +46,9 @@ PAD_KEY = "action_is_pad"
 STATE_DIM_PAD_KEY = "observation.state_dim_is_pad"
 ACTION_DIM_PAD_KEY = "action_dim_is_pad"
 CAMERA_MASK_SUFFIX = "_padding_mask"
+# ... and the item's robot: the index of its member's `config.dataset.Embodiment` (B,) int64, which
+# picks the statistics the preprocessor normalizes it with.
+EMBODIMENT_KEY = "embodiment"
 CAMERA_PREFIX = "observation.images."
 ALL_CAMERAS = CAMERA_PREFIX + "*"  # in --policy.input_features: every camera of the dataset
 # In --policy.input_features: the frame's task text, gathered as UTF-8 bytes (B, longest) zero-padded
@@ -211,6 +214,12 @@ def check_input_features(requested: Sequence[str], available: Sequence[str], wha
             f"(available: {', '.join(available) or 'none'}); choose among those"
         )
     return list(requested) or list(available)
+
+
+def camera_frames(batch: Mapping[str, torch.Tensor]) -> list[str]:
+    """The keys of a batch that hold camera frames, sorted: not the masks named after a camera
+    (`<camera>_is_pad` of a history, `<camera>_padding_mask` of a mixture's empty slot)."""
+    return sorted(k for k in batch if is_camera(k) and not k.endswith((PAD_SUFFIX, CAMERA_MASK_SUFFIX)))
 
 
 def frames_as_float(frames: torch.Tensor) -> torch.Tensor:

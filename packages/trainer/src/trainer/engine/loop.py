@@ -63,7 +63,7 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
         logger.note(resume_point.message, event="resume", step=run.start_step, changes=resume_point.changes)
     for note in notes:
         logger.note(note)
-    checkpoints = Checkpoints(run, plan.saving, logger, resume_point.step_dir)
+    checkpoints = Checkpoints(run, plan.saving, plan.evaluation, logger, resume_point.step_dir)
     try:
         losses = _run_steps(run, plan, logger, interrupts, checkpoints)
     except Interrupted as stop:
@@ -151,7 +151,7 @@ def _run_steps(
         if step % log_freq == 0 or step == total:
             losses.append(_log_window(run, logger, step, window, grad_norm))
         if run.feed.val_dataset is not None and (step == total or (val_freq and step % val_freq == 0)):
-            _log_val_loss(run, plan.data.batch_size, logger, step)
+            checkpoints.scored(step, _log_val_loss(run, plan.data.batch_size, logger, step))
         checkpoints.after_step(step)
         if boundary:
             checkpoints.at_boundary(step, agreement[0])
@@ -182,12 +182,13 @@ def _log_window(
     return loss
 
 
-def _log_val_loss(run: Run, batch_size: int, logger: Logger, step: int) -> None:
+def _log_val_loss(run: Run, batch_size: int, logger: Logger, step: int) -> float:
     """Collective. The held-out loss, on the console and in metrics.jsonl (`"event": "val"`); for a
-    mixture each member's too (`val_loss/<member>`)."""
+    mixture each member's too (`val_loss/<member>`). Returns it."""
     loss, per_member = val_losses(run.accelerator, run.model, run.feed, run.preprocessor, batch_size)
     text = "".join(f" {name}={value:.4g}" for name, value in per_member.items())
     logger.note(f"step {step} val_loss={loss:.4g}{text}", event="val", step=step, val_loss=loss, **per_member)
+    return loss
 
 
 def _train_step(

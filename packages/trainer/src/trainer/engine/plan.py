@@ -26,13 +26,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ckpt_tools import Topology
+from ckpt_tools import Ranking, Topology, default_mode
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import Dataset
+from trainer.config.environment import check_installed
 from trainer.config.optim import OptimizerConfig, SchedulerConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.sections import (
     DataSection,
+    EnvEvaluation,
     EvaluationSection,
     HubSection,
     OptimizationSection,
@@ -105,6 +107,7 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
         config.policy.input_features,
         held_out=True,
         mixed_members=config.policy.takes_mixed_members,
+        padded=config.policy.pads_mixed_members,
     )
     config = config.derive(policy=resolve_policy_features(config.policy, dataset))
     notes = tuple(note for note in (layout_note, format_note, publish_note, rename_note) if note)
@@ -127,6 +130,7 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
             config.dataset.rollout_episodes,
             config.dataset.rollout_camera,
             config.ema.enable and config.ema.use_for_eval,
+            env_evaluation(config),
         ),
         notes=notes,
         dataset=dataset,
@@ -179,7 +183,37 @@ def saving_section(config: TrainConfig) -> SavingSection:
         train_config=saved_config(config),
         hub=hub_section(config),
         rollout_episodes=config.dataset.rollout_episodes,
+        eval_every=config.env_eval_freq if config.env_evaluates else 0,
+        ranking=ranking(config),
     )
+
+
+def env_evaluation(config: TrainConfig) -> EnvEvaluation | None:
+    """The evaluator beside the run, when its checkpoints are scored in an environment while it trains."""
+    if not config.env_evaluates or config.env is None:
+        return None
+    settings = config.eval
+    batches = -(-settings.n_episodes // settings.environments())
+    env = config.env
+    return EnvEvaluation(
+        output_dir=config.output_dir,
+        every=config.env_eval_freq,
+        last_step=config.steps,
+        wait_at_end=settings.wait_at_end,
+        step_bound_s=batches * settings.episode_time_limit_s + EVALUATOR_START_S,
+        allow_types=(env.gym_id,) if env.type == "gym" and env.package is not None else (),
+    )
+
+
+EVALUATOR_START_S = 120.0  # loading a checkpoint and starting the environments' processes, at most
+
+
+def ranking(config: TrainConfig) -> Ranking | None:
+    """--keep_best's ranking of the run's steps (None without --keep_best)."""
+    if not config.keep_best:
+        return None
+    mode = config.best_mode or default_mode(config.best_metric)
+    return Ranking(config.best_metric, mode, config.keep_best)
 
 
 def hub_section(config: TrainConfig) -> HubSection:
@@ -279,6 +313,8 @@ def _check_startable(config: TrainConfig, topology: Topology) -> str | None:
     check_accelerate_env()
     check_policy_device(config.policy.device, torch.cuda.is_available())
     saving.check_fresh_output_dir(config.output_dir, config.resume)
+    if config.env is not None:
+        check_installed(config.env)
     saving.check_async_save(config.async_save, topology)
     return publish_note
 

@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import ckpt_tools
+from trainer.config.dataset import Dataset, EmbodiedDataset
+from trainer.config.policy import PolicyConfig
 from trainer.config.sections import RunPlan
 from trainer.data.pipeline.feed import DataFeed
-from trainer.data.pipeline.processors import build_processors
+from trainer.data.pipeline.processors import Processor, build_processors, embodied_processors
 from trainer.distributed.factory import build_accelerator, prepare
 from trainer.distributed.runlock import RunLock
 from trainer.distributed.wrap import WrapPlan
@@ -42,9 +44,7 @@ def start_run(plan: RunPlan, lock: RunLock, notes: list[str]) -> Started:
     # on the meta device where it can be; --policy.path weights, --peft adapters, unit transforms
     built = model_build.build(section, topology.is_sharded, dataset.obs_dim, dataset.action_dim, notes)
     policy, wrap_plan = built.policy, built.wrap_plan
-    preprocessor, postprocessor = build_processors(
-        section.policy.normalization_stats(dataset.stats()), section.policy.lerobot_pipeline()
-    )
+    preprocessor, postprocessor = _processors(section.policy, dataset)
     accelerator = build_accelerator(plan.parallelism, wrap_plan)
     model_build.before_prepare(built, section, accelerator.device)  # the unsharded policy is real now
     # while the launcher's store is up (ranks it leaves behind still save), bounded like every collective
@@ -107,3 +107,13 @@ def start_run(plan: RunPlan, lock: RunLock, notes: list[str]) -> Started:
         ema=ema,
     )
     return Started(run, wrap_plan, resume_point)
+
+
+def _processors(policy: PolicyConfig, dataset: Dataset) -> tuple[Processor, Processor]:
+    """The run's pre/post-processors from the data's statistics as the policy maps them; for a mixture
+    of robots that differ, one set per robot (embodiment), each item normalized by its own."""
+    pipeline = policy.lerobot_pipeline()
+    if isinstance(dataset, EmbodiedDataset) and dataset.embodiments:
+        stats = [policy.normalization_stats(s) for s in dataset.embodiment_stats()]
+        return embodied_processors(stats, pipeline, dataset.embodiments)
+    return build_processors(policy.normalization_stats(dataset.stats()), pipeline)

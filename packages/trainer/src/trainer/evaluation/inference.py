@@ -9,7 +9,7 @@ so every form of one checkpoint gives the same actions.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ import torch
 
 import ckpt_tools
 from ckpt_tools import layout
+from trainer.config.dataset import Embodiment
 from trainer.config.registry import register_import_path
 from trainer.data.dataset import ACTION_KEY, OBS_KEY
 from trainer.data.pipeline.processors import Processor, observation_batch
@@ -34,6 +35,7 @@ class LoadedPolicy:
     postprocessor: Processor
     device: torch.device
     weights: str = "model"  # which weight set was loaded: "model" or "ema"
+    embodiment: Embodiment | None = None  # the robot it acts for, of a policy trained on several
 
     @property
     def config(self) -> PolicyConfig:
@@ -81,6 +83,7 @@ def load_policy(
     weights: str | None = None,
     *,
     allow_types: Collection[str] = (),
+    embodiment: str | None = None,
     **fields: Any,
 ) -> LoadedPolicy:
     """Load the policy saved at `path` (see the module docstring for the accepted forms).
@@ -93,6 +96,13 @@ def load_policy(
     None takes the EMA when the checkpoint holds one, since a run that kept an EMA kept it to be used
     (LeRobot's evaluation does the same), and the model otherwise (`Checkpoint.choose_weights`: a name
     that is no weight set, or a set the checkpoint lacks, is one line). `LoadedPolicy.weights` says which.
+
+    `embodiment`: for a policy trained on a mixture of robots that differ (its processors list them:
+    `config.dataset.Embodiment`), the robot to act for, by its member's name; None takes the first (the
+    default embodiment). The policy then reads that robot's raw observations (its state size, its
+    cameras), is normalized by its statistics and returns its actions (`LoadedPolicy.embodiment`). A
+    name the checkpoint lacks is one line listing those it has, as is a name given for a policy of one
+    robot.
 
     `fields` set policy config fields over the saved ones, for what a checkpoint does not record: a
     LeRobot pi0/pi0.5 of other than LeRobot's sizes needs `size_overrides=PATH` (its config.json names
@@ -107,14 +117,37 @@ def load_policy(
         raise ConfigError(f"{path}: {exc}") from None
     saved = {**upgrade_policy_config(saved, pretrained.saved_preprocessor(processors)), **fields}
     config = _policy_config(saved, path, tuple(allow_types))
+    pre, post = _processors(processors, config, path)
+    robot = choose_embodiment(pre.embodiments, embodiment, path)
+    if robot is not None:
+        config = config.for_embodiment(robot)
+        pre, post = pre.for_embodiment(robot), post.for_embodiment(robot)
     state = pretrained.read_weights(path, chosen)
     _check_config_fits(config, state, path)  # before anything of the config's size is allocated
-    pre, post = _processors(processors, config, path)
     policy = build_policy(config, config.obs_dim, config.action_dim)
     pretrained.fit_weights(policy, state, path)
     target = torch.device(device)
     policy.to(target).eval()
-    return LoadedPolicy(policy=policy, preprocessor=pre, postprocessor=post, device=target, weights=chosen)
+    return LoadedPolicy(policy, pre, post, target, weights=chosen, embodiment=robot)
+
+
+def choose_embodiment(embodiments: Sequence[Embodiment], name: str | None, path: str) -> Embodiment | None:
+    """The embodiment named `name` among a checkpoint's (the first when None; None for a policy of one
+    robot, which takes no name): one line listing those it has otherwise."""
+    if not embodiments:
+        if name is not None:
+            raise ConfigError(
+                f"{path} was trained on one robot's data and has no embodiments: drop embodiment={name}"
+            )
+        return None
+    if name is None:
+        return embodiments[0]
+    found = next((e for e in embodiments if e.name == name), None)
+    if found is None:
+        raise ConfigError(
+            f"{path} has no embodiment {name!r}: it has {', '.join(e.name for e in embodiments)}"
+        )
+    return found
 
 
 def _policy_config(saved: dict[str, Any], path: str, allow_types: tuple[str, ...]) -> PolicyConfig:

@@ -16,6 +16,11 @@ files in LeRobot's pipeline schema, so LeRobot's `make_pre_post_processors(confi
 loads them and `trainer.load_policy` and `--policy.path` read the directory too: a checkpoint's files
 in that schema already (every ACT, SmolVLA, Diffusion Policy and pi saved since it) are copied byte for byte, older ones
 (docs/format.md, `steps-v1`) rewritten in it from the statistics they hold.
+
+A policy trained on a mixture of robots that differ is exported for one of them (`embodiment`, by its
+member's name; default the first), as LeRobot's processors hold one robot's statistics: config.json
+describes that robot (its state and action sizes, its cameras: `PolicyConfig.for_embodiment`) and the
+processor files hold its statistics alone, so LeRobot runs the export on that robot's raw observations.
 """
 
 from __future__ import annotations
@@ -23,32 +28,37 @@ from __future__ import annotations
 import json
 import os
 
+import torch
 from safetensors.torch import save_file
 
 import ckpt_tools
 from ckpt_tools import layout, storage
-from trainer.data.pipeline.processors import Processor
+from trainer.config.dataset import Embodiment
+from trainer.data.pipeline.processors import Processor, embodiment_tensors
 from trainer.errors import ConfigError
 from trainer.evaluation.inference import LoadedPolicy, load_policy
 from trainer.policies import pretrained
 
 
-def export_lerobot(path: str, output_dir: str, weights: str | None = None) -> list[str]:
+def export_lerobot(
+    path: str, output_dir: str, weights: str | None = None, embodiment: str | None = None
+) -> list[str]:
     """Write the policy saved at `path` (any form `trainer.load_policy` accepts) into the new
     directory `output_dir` in LeRobot's form; returns the names written. `weights`: model or ema
-    (default: the EMA when the checkpoint holds one, as `load_policy`)."""
+    (default: the EMA when the checkpoint holds one, as `load_policy`); `embodiment`: the robot of a
+    policy trained on several (see the module docstring)."""
     if os.path.exists(output_dir) and (not os.path.isdir(output_dir) or os.listdir(output_dir)):
         raise ConfigError(f"--output_dir={output_dir} exists and is not empty: choose a new directory")
-    loaded = load_policy(path, "cpu", weights)
+    loaded = load_policy(path, "cpu", weights, embodiment=embodiment)
     config = loaded.config.lerobot_config()  # first: a type LeRobot lacks is refused before writing
     state = {name: tensor.contiguous() for name, tensor in loaded.policy.lerobot_state_dict().items()}
     os.makedirs(output_dir, exist_ok=True)
     with open(os.path.join(output_dir, layout.POLICY_CONFIG), "w", encoding="utf-8") as handle:
         json.dump(config, handle, indent=4)
     save_file(state, os.path.join(output_dir, layout.MODEL_SAFETENSORS), metadata={"format": "pt"})
-    if _in_lerobots_schema(path):
+    if loaded.embodiment is None and _in_lerobots_schema(path):
         return [layout.POLICY_CONFIG, layout.MODEL_SAFETENSORS, *_copy_processors(path, output_dir)]
-    return [layout.POLICY_CONFIG, layout.MODEL_SAFETENSORS, *_write_processors(loaded, output_dir)]
+    return [layout.POLICY_CONFIG, layout.MODEL_SAFETENSORS, *_write_processors(loaded, output_dir, path)]
 
 
 def _in_lerobots_schema(path: str) -> bool:
@@ -61,9 +71,10 @@ def _in_lerobots_schema(path: str) -> bool:
     return isinstance(steps, list) and all(isinstance(s, dict) and "registry_name" in s for s in steps)
 
 
-def _write_processors(loaded: LoadedPolicy, output_dir: str) -> list[str]:
-    """An older checkpoint's statistics (read exactly: `steps-v1` holds our mean/std) written in
-    LeRobot's schema, as the policy's config describes its pipeline."""
+def _write_processors(loaded: LoadedPolicy, output_dir: str, path: str) -> list[str]:
+    """The processors in LeRobot's schema, as the policy's config describes its pipeline: an older
+    checkpoint's statistics (read exactly: `steps-v1` holds our mean/std), or one embodiment's as the
+    checkpoint saved them (`embodiment_tensors`: read back, LeRobot's mean/std would gain its eps twice)."""
     pipeline = loaded.config.lerobot_pipeline()
     names = []
     for name, processor in (
@@ -71,6 +82,8 @@ def _write_processors(loaded: LoadedPolicy, output_dir: str) -> list[str]:
         (layout.POSTPROCESSOR, loaded.postprocessor),
     ):
         config, tensors = Processor(processor.steps, pipeline).state()
+        if loaded.embodiment is not None:
+            tensors = _embodiment_state(path, name, loaded.embodiment, tensors)
         names.append(layout.processor_config_name(name))
         with open(os.path.join(output_dir, names[-1]), "w", encoding="utf-8") as handle:
             json.dump(config, handle, indent=2)
@@ -79,6 +92,24 @@ def _write_processors(loaded: LoadedPolicy, output_dir: str) -> list[str]:
                 save_file(state, os.path.join(output_dir, step["state_file"]))
                 names.append(step["state_file"])
     return names
+
+
+def _embodiment_state(
+    path: str, name: str, embodiment: Embodiment, written: list[dict[str, torch.Tensor]]
+) -> list[dict[str, torch.Tensor]]:
+    """The checkpoint's own state tensors of `embodiment` for processor `name`, step by step; they must
+    be the tensors LeRobot's pipeline for that robot reads (`written`'s names), or the export is refused."""
+    try:
+        saved = ckpt_tools.load_processors(pretrained.resolve(path))[name]
+    except ckpt_tools.CheckpointError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    own = embodiment_tensors(saved.config, saved.step_tensors, embodiment)
+    if [sorted(t) for t in own] != [sorted(t) for t in written]:
+        raise ConfigError(
+            f"{path}: its {name} holds other statistics for embodiment {embodiment.name} than LeRobot's "
+            "pipeline for it reads: the processor files were edited or come from another release"
+        )
+    return own
 
 
 def _copy_processors(path: str, output_dir: str) -> list[str]:

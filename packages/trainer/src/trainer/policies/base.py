@@ -161,6 +161,7 @@ def fit_to_data(config: PolicyConfig, dataset: Dataset) -> PolicyConfig:
     left at 0, and the cameras' frame shapes (`PolicyConfig.with_frame_shapes`), so the saved
     config.json rebuilds the same policy without the data. (A dataset gives cameras only to a policy
     that asks for them: ACT's default `observation.images.*`, or named ones.)"""
+    check_history(config, dataset)
     features = list(dataset.input_features)
     fitted = dataclasses.replace(
         config,
@@ -173,6 +174,23 @@ def fit_to_data(config: PolicyConfig, dataset: Dataset) -> PolicyConfig:
         return fitted
     batch = dataset.gather(torch.zeros(1, dtype=torch.long), 1)
     return fitted.with_frame_shapes({name: list(batch[name].shape[1:]) for name in seen})
+
+
+def check_history(config: PolicyConfig, dataset: Dataset) -> None:
+    """Refuse an observation history longer than every episode: each sample would pad it with its
+    episode's first frame (as LeRobot's dataset silently does), so the policy never sees one of its own."""
+    frames = config.frames
+    if not frames.history:
+        return
+    span = max(frames.observation) - min(frames.observation) + 1
+    bounds = dataset.episode_bounds()
+    longest = int((bounds[:, 1] - bounds[:, 0]).max()) if len(bounds) else 0
+    if span > longest:
+        raise ConfigError(
+            f"the policy reads {span} observation frames per sample (--policy.n_obs_steps), more than the "
+            f"longest episode of the dataset holds ({longest} frames): no sample would see a history of its "
+            f"own; lower --policy.n_obs_steps to at most {longest}"
+        )
 
 
 def register_import_path(type_name: str) -> None:

@@ -42,6 +42,20 @@ def read_text_or_empty(path: str | os.PathLike[str]) -> str:
     return storage.read_text(path) if storage.exists(path) else ""
 
 
+def event_steps(path: str | os.PathLike[str], event: str) -> set[int]:
+    """The steps of the records of one `event` in metrics.jsonl (`eval`: the scores already logged,
+    which a resumed run does not log twice)."""
+    steps = set()
+    for line in read_text_or_empty(path).splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a crash
+            continue
+        if isinstance(record, dict) and record.get("event") == event and isinstance(record.get("step"), int):
+            steps.add(record["step"])
+    return steps
+
+
 def read_history(path: str | os.PathLike[str]) -> History:
     """The history of the run whose latest segment writes `path` (empty when there is no file); a local
     path or a URL."""

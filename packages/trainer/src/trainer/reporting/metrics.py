@@ -110,6 +110,8 @@ class MetricsLogger:
         self.flush()  # notes are rare and mark what must not be lost (a checkpoint's, above all)
         if record.get("event") == "val":  # val_loss, logged at its loop step like the training metrics
             self.trackers.log(record)
+        if record.get("event") == "eval":  # a checkpoint's score, at that checkpoint's step
+            self.trackers.scores(record, [v for v in record.get("videos", []) if storage.local_path(v)])
         if record.get("event") in ("summary", "disk_forecast"):
             self.trackers.summary(record)
 

@@ -30,6 +30,7 @@ from trainer.config.tracking import TrackioConfig, WandbConfig
 from trainer.errors import ConfigError
 
 WANDB_HOST = "https://api.wandb.ai"
+EVAL_STEP = "eval/step"  # W&B's axis of the evaluation figures: the scored checkpoint's training step
 
 
 class Tracker(Protocol):
@@ -38,6 +39,11 @@ class Tracker(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None: ...
 
     def summary(self, values: dict[str, float], step: int) -> None: ...
+
+    def log_scores(self, metrics: dict[str, float], step: int, videos: list[str]) -> None:
+        """A checkpoint's evaluation figures (`eval/<name>`), plotted at the checkpoint's training `step`
+        even when they arrive later, with its episode videos (local mp4 files)."""
+        ...
 
     def finish(self) -> None: ...
 
@@ -137,6 +143,10 @@ class GuardedTrackers:
     def summary(self, record: dict[str, Any]) -> None:
         self._each(lambda t: t.summary(_numbers(record), record["steps"]))
 
+    def scores(self, record: dict[str, Any], videos: list[str]) -> None:
+        metrics = _numbers(record)
+        self._each(lambda t: t.log_scores(metrics, record["step"], videos))
+
     def finish(self) -> None:
         self._each(lambda t: t.finish())
 
@@ -171,12 +181,29 @@ class WandbTracker:
             dir=tracking.output_dir,
             config=dict(tracking.train_config),
         )
+        self._eval_axis = False  # `eval/step` defined at the first score
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
 
     def summary(self, values: dict[str, float], step: int) -> None:
         self.run.summary.update(values)
+
+    def log_scores(self, metrics: dict[str, float], step: int, videos: list[str]) -> None:
+        """W&B's steps only grow, and a score arrives after training went past its checkpoint: the
+        `eval/*` charts are drawn against their own axis, `eval/step` (the checkpoint's step), and the
+        row joins the current one (commit=False) instead of moving W&B's step."""
+        import wandb
+
+        if not self._eval_axis:
+            self.run.define_metric(EVAL_STEP)
+            self.run.define_metric("eval/*", step_metric=EVAL_STEP)
+            self._eval_axis = True
+        row: dict[str, Any] = {f"eval/{key}": value for key, value in metrics.items()}
+        row[EVAL_STEP] = step
+        if videos:
+            row["eval/video"] = wandb.Video(videos[0], format="mp4")
+        self.run.log(row, commit=False)
 
     def finish(self) -> None:
         self.run.finish()
@@ -208,6 +235,13 @@ class TrackioTracker:
     def summary(self, values: dict[str, float], step: int) -> None:
         """trackio has no run summary: the values are logged once at the last step, as summary/*."""
         self.run.log({f"summary/{key}": value for key, value in values.items()}, step=step)
+
+    def log_scores(self, metrics: dict[str, float], step: int, videos: list[str]) -> None:
+        """trackio stores each row with its step, so a late score is logged at its checkpoint's step."""
+        row: dict[str, Any] = {f"eval/{key}": value for key, value in metrics.items()}
+        if videos:
+            row["eval/video"] = self.trackio.Video(videos[0], format="mp4")
+        self.run.log(row, step=step)
 
     def finish(self) -> None:
         self.run.finish()

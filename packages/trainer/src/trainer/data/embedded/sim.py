@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -88,15 +88,11 @@ def rollout(controller: Controller, seed: int, noise: float = 0.0, camera: bool 
     stays the controller's: demonstrations then also cover the states a slightly wrong policy
     reaches, and show how to recover from them (DART-style noise injection).
     """
-    import gymnasium as gym
-
-    steps = _TARGET_STEPS if camera else EPISODE_STEPS
-    env = gym.make(ENV_ID, max_episode_steps=steps, g=_TARGET_G if camera else _G)
+    steps = episode_steps(camera)
+    env = make_env(camera)
     state, _ = env.reset(seed=seed)
     rng = np.random.default_rng(seed)
-    # Not drawn from `rng`: gymnasium seeds its start state from the same stream, so the first draw of
-    # `rng` is the start angle.
-    target = float(np.random.default_rng([seed, 1]).uniform(-math.pi, math.pi)) if camera else None
+    target = draw_target(seed) if camera else None
     observations, actions, frames, total = [], [], [], 0.0
     for _ in range(steps):
         state = np.asarray(state, dtype=np.float32)
@@ -108,15 +104,47 @@ def rollout(controller: Controller, seed: int, noise: float = 0.0, camera: bool 
         if frame is not None:
             frames.append(frame)
         executed = np.clip(action + noise * rng.standard_normal(ACTION_DIM).astype(np.float32), -2, 2)
-        theta, theta_dot = math.atan2(float(state[1]), float(state[0])), float(state[2])
+        before = state
         state, reward, terminated, truncated, _ = env.step(executed)
         if target is not None:  # the distance to the target replaces Pendulum-v1's distance to upright
-            reward = -(_wrap(theta - target) ** 2 + 0.1 * theta_dot**2 + 0.001 * float(executed[0]) ** 2)
+            reward = target_reward(before, executed, target)
         total += float(reward)
         if terminated or truncated:
             break
     env.close()
     return Episode(np.stack(observations), np.stack(actions), total, np.stack(frames) if frames else None)
+
+
+def make_env(camera: bool) -> Any:
+    """The gymnasium Pendulum-v1 each task runs on (the camera task's with lowered gravity)."""
+    import gymnasium as gym
+
+    steps = episode_steps(camera)
+    return gym.make(ENV_ID, max_episode_steps=steps, g=_TARGET_G if camera else _G)
+
+
+def episode_steps(camera: bool) -> int:
+    return _TARGET_STEPS if camera else EPISODE_STEPS
+
+
+def draw_target(seed: int) -> float:
+    """The camera task's target angle of the episode `seed` starts (not drawn from the stream gymnasium
+    seeds its start state from, so the first draw of that stream stays the start angle)."""
+    return float(np.random.default_rng([seed, 1]).uniform(-math.pi, math.pi))
+
+
+def target_reward(state: np.ndarray, executed: np.ndarray, target: float) -> float:
+    """The camera task's reward for the torque `executed` in `state`: the distance to the target
+    replaces Pendulum-v1's distance to upright."""
+    theta, theta_dot = math.atan2(float(state[1]), float(state[0])), float(state[2])
+    return -(_wrap(theta - target) ** 2 + 0.1 * theta_dot**2 + 0.001 * float(executed[0]) ** 2)
+
+
+def reached(state: np.ndarray, target: float | None) -> bool:
+    """Whether the rod is held at its goal (upright, or the target): within 0.3 rad of it, turning
+    slower than 1 rad/s (what a scored episode counts as a success)."""
+    theta = math.atan2(float(state[1]), float(state[0]))
+    return abs(_wrap(theta - (target or 0.0))) < 0.3 and abs(float(state[2])) < 1.0
 
 
 def random_controller(seed: int) -> Controller:

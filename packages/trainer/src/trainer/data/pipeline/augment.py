@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from trainer.data.dataset import CAMERA_PREFIX, frames_as_float
+from trainer.data.dataset import camera_frames, frames_as_float
 from trainer.errors import ConfigError
 
 TRANSFORM_TYPES = ("ColorJitter", "SharpnessJitter", "RandomAffine", "Identity")
@@ -100,7 +100,7 @@ class Augment:
         self.seed, self.rank = seed, rank
 
     def __call__(self, batch: Batch, step: int) -> Batch:
-        cameras = sorted(key for key in batch if key.startswith(CAMERA_PREFIX))
+        cameras = camera_frames(batch)
         if not cameras or not self.names:
             return batch
         out = dict(batch)

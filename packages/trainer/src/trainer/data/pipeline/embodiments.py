@@ -10,9 +10,12 @@ gradient). The cameras are the union of the members' (under the mixture's names,
 reads its frames at its own fps: the policy's offsets are in frames, so a member's action chunk spans
 `chunk / fps` seconds of its own recording and its videos are decoded at its own timestamps.
 
-Statistics: the state and action statistics of each member, widened to the mixture's sizes (mean 0,
-std 1 on the dims it lacks), are pooled by frame count as a mixture pools them; each camera's are
-pooled over the members that have it.
+Statistics are per member, never pooled: robots whose joints mean different things must not share a
+mean and a std. Each member is an `Embodiment` (its label, sizes and features) whose statistics are its
+own, widened to the mixture's layout so that every padded value normalizes to itself under any mode
+(mean 0, std 1, min and the low quantiles -1, max and the high ones 1; a camera it lacks gets the same
+per channel). Every item carries its member's index (`embodiment`), which picks its statistics in the
+preprocessor (data/pipeline/processors.py); `stats()` is the first member's, the default embodiment's.
 """
 
 from __future__ import annotations
@@ -22,18 +25,31 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from trainer.config.dataset import PAD_SUFFIX, Dataset, Frames, Stats
+from trainer.config.dataset import PAD_SUFFIX, Dataset, Embodiment, Frames, Stats
 from trainer.data.dataset import (
     ACTION_DIM_PAD_KEY,
     ACTION_KEY,
     CAMERA_MASK_SUFFIX,
+    EMBODIMENT_KEY,
     OBS_KEY,
     STATE_DIM_PAD_KEY,
     is_camera,
 )
-from trainer.data.pipeline.mixture import Mixture, pool_stats
+from trainer.data.pipeline.mixture import Mixture
 
 PADDED = {OBS_KEY: STATE_DIM_PAD_KEY, ACTION_KEY: ACTION_DIM_PAD_KEY}
+# What a statistic is widened with, where a member lacks the value: each maps a padded value onto itself
+# ((x - 0) / 1 for mean/std, 2 (x + 1) / 2 - 1 for a [-1, 1] range). Other statistics (count) are left out.
+WIDENED_WITH = {
+    "mean": 0.0,
+    "std": 1.0,
+    "min": -1.0,
+    "max": 1.0,
+    "q01": -1.0,
+    "q99": 1.0,
+    "q10": -1.0,
+    "q90": 1.0,
+}
 
 
 class MixedMixture(Mixture):
@@ -54,6 +70,10 @@ class MixedMixture(Mixture):
         self.input_features = union
         self.cameras = [name for name in union if is_camera(name)]
         self.camera_shapes = dict(camera_shapes)
+        self.embodiments = [
+            Embodiment(label, member.obs_dim, member.action_dim, tuple(member.input_features))
+            for member, label in zip(self.members, self.labels, strict=True)
+        ]
 
     @property
     def obs_dim(self) -> int:
@@ -67,6 +87,7 @@ class MixedMixture(Mixture):
         """Member `k`'s samples padded to the mixture's layout (see the module docstring)."""
         batch = self.members[k].gather(indices, frames)
         count = len(indices)
+        batch[EMBODIMENT_KEY] = torch.full((count,), k, dtype=torch.int64)
         for key, mask in PADDED.items():
             width = self.obs_dim if key == OBS_KEY else self.action_dim
             own = batch[key].shape[-1]
@@ -84,21 +105,33 @@ class MixedMixture(Mixture):
         return batch
 
     def stats(self) -> Stats:
-        counts = [len(member) for member in self.members]
-        widened = [self._widened(member.stats()) for member in self.members]
-        keys = list(dict.fromkeys(key for s in widened for key in s))
-        pooled: Stats = {}
-        for key in keys:
-            having = [(s, n) for s, n in zip(widened, counts, strict=True) if key in s]
-            pooled.update(pool_stats([{key: s[key]} for s, _ in having], [n for _, n in having]))
-        return pooled
+        """The default embodiment's (the first member's) statistics: the items of the others are
+        normalized by their own (`embodiment_stats`)."""
+        return self.embodiment_stats()[0]
 
-    def _widened(self, stats: Stats) -> Stats:
-        """A member's statistics with its state and action mean/std padded to the mixture's sizes."""
-        out = dict(stats)
-        for key, width in ((OBS_KEY, self.obs_dim), (ACTION_KEY, self.action_dim)):
-            if key in stats:
-                mean, std = stats[key]["mean"], stats[key]["std"]
-                extra = width - mean.shape[-1]
-                out[key] = {"mean": F.pad(mean, (0, extra)), "std": F.pad(std, (0, extra), value=1.0)}
-        return out
+    def embodiment_stats(self) -> list[Stats]:
+        """Each member's own statistics, widened to the mixture's layout (the module docstring)."""
+        own = [member.stats() for member in self.members]
+        keys = list(dict.fromkeys(key for stats in own for key in stats))
+        widest = {
+            key: max((s[key] for s in own if key in s), key=lambda e: e["mean"].shape[-1]) for key in keys
+        }
+        return [{key: _widened(stats.get(key), widest[key]) for key in keys} for stats in own]
+
+
+def _widened(
+    entry: dict[str, torch.Tensor] | None, widest: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """A member's statistics of one key padded to the widest member's size along the last axis (all of
+    them `WIDENED_WITH`'s values where it lacks the key)."""
+    out = {}
+    for name, fill in WIDENED_WITH.items():
+        if name not in widest:
+            continue
+        target = widest[name]
+        if entry is None or name not in entry:
+            out[name] = torch.full_like(target, fill)
+        else:
+            own = entry[name].to(target.dtype)
+            out[name] = F.pad(own, (0, target.shape[-1] - own.shape[-1]), value=fill)
+    return out

@@ -14,8 +14,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.config.dataset import Embodiment
 from trainer.config.policy import ProcessorSchema
-from trainer.data.dataset import ACTION_KEY, OBS_KEY, TASK_KEY, frames_as_float, is_camera, task_bytes
+from trainer.data.dataset import (
+    ACTION_KEY,
+    EMBODIMENT_KEY,
+    OBS_KEY,
+    TASK_KEY,
+    frames_as_float,
+    is_camera,
+    task_bytes,
+)
 from trainer.data.pipeline.lerobot_schema import RANGES
 from trainer.errors import ConfigError
 
@@ -25,40 +34,82 @@ POSTPROCESSOR_KEYS = (ACTION_KEY,)
 
 
 class Normalize:
-    """One processor step: `(x - mean) / std` per feature (or its inverse)."""
+    """One processor step: `(x - mean) / std` per feature (or its inverse).
+
+    With several embodiments (a mixture of robots that differ: data/pipeline/embodiments.py) it holds
+    one set of statistics per embodiment, `sets[k]` for embodiment k, and normalizes each item of a
+    batch by the set its `embodiment` index names; a batch without that key, by the first set (the
+    default embodiment's)."""
 
     def __init__(
-        self, stats: dict[str, dict[str, torch.Tensor]], keys: tuple[str, ...], inverse: bool
+        self,
+        stats: dict[str, dict[str, torch.Tensor]],
+        keys: Sequence[str],
+        inverse: bool,
+        others: Sequence[dict[str, dict[str, torch.Tensor]]] = (),
     ) -> None:
         # mean and std alone: what the step applies and saves (a dataset's min/max reach a MIN_MAX
         # policy's processors as mean/std through `PolicyConfig.normalization_stats`)
-        self.stats = {key: {name: stats[key][name] for name in ("mean", "std")} for key in keys}
+        self.sets = [
+            {key: {name: s[key][name] for name in ("mean", "std")} for key in keys} for s in (stats, *others)
+        ]
         self.inverse = inverse
+
+    @property
+    def stats(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The statistics of the default embodiment (the only ones without embodiments)."""
+        return self.sets[0]
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = dict(batch)
-        for key, s in self.stats.items():
+        index = batch.get(EMBODIMENT_KEY) if len(self.sets) > 1 else None
+        for key in self.stats:
             if key in out:
                 value = frames_as_float(out[key])  # a camera arrives as decoded (uint8)
-                mean, std = s["mean"].to(value.device), s["std"].to(value.device)
+                mean, std = self._statistics(key, value, index)
                 out[key] = value * std + mean if self.inverse else (value - mean) / std
         return out
+
+    def _statistics(
+        self, key: str, value: torch.Tensor, index: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`key`'s mean and std for `value`: the default's, or each item's embodiment's, shaped
+        (B, 1.., *stat) to broadcast over a frame axis."""
+        if index is None:
+            return self.stats[key]["mean"].to(value.device), self.stats[key]["std"].to(value.device)
+        picked = []
+        for name in ("mean", "std"):
+            stacked = torch.stack([s[key][name] for s in self.sets]).to(value.device)[index.to(value.device)]
+            picked.append(stacked.view(len(index), *[1] * (value.ndim - stacked.ndim), *stacked.shape[1:]))
+        return picked[0], picked[1]
 
     def config(self) -> dict[str, Any]:
         return {"type": "unnormalize" if self.inverse else "normalize", "features": sorted(self.stats)}
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {f"{key}.{name}": t.contiguous() for key, s in self.stats.items() for name, t in s.items()}
+    def tensors(self, embodiment: int = 0) -> dict[str, torch.Tensor]:
+        stats = self.sets[embodiment]
+        return {f"{key}.{name}": t.contiguous() for key, s in stats.items() for name, t in s.items()}
 
 
 class Processor:
     """An ordered list of steps; its state is (config, one tensor dict per step): in LeRobot 0.6.1's
     pipeline schema when the policy has a LeRobot counterpart (`lerobot`, one normalize step), else
-    ours (`{"steps": [{"type": "normalize", "features": [...]}]}`, docs/format.md)."""
+    ours (`{"steps": [{"type": "normalize", "features": [...]}]}`, docs/format.md).
 
-    def __init__(self, steps: list[Normalize], lerobot: ProcessorSchema | None = None) -> None:
+    With `embodiments` (one per set of its steps' statistics) the state holds every embodiment: the
+    default's (the first) as above, so LeRobot reads it, each other one's in the same step file under
+    `embodiment.<k>.<feature>.<stat>` (which LeRobot's normalizer loads and never applies), and the
+    config lists them under `embodiments` (`Embodiment.to_json`; LeRobot ignores the key)."""
+
+    def __init__(
+        self,
+        steps: list[Normalize],
+        lerobot: ProcessorSchema | None = None,
+        embodiments: Sequence[Embodiment] = (),
+    ) -> None:
         self.steps = steps
         self.lerobot = lerobot
+        self.embodiments = list(embodiments)
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         for step in self.steps:
@@ -66,11 +117,36 @@ class Processor:
         return batch
 
     def state(self) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
+        config, tensors = self._state(0)
+        for k in range(1, len(self.embodiments)):
+            for own, more in zip(tensors, self._state(k)[1], strict=True):
+                own.update({f"{EMBODIMENT_PREFIX}{k}.{name}": tensor for name, tensor in more.items()})
+        if self.embodiments:
+            config = {**config, EMBODIMENTS: [e.to_json() for e in self.embodiments]}
+        return config, tensors
+
+    def _state(self, embodiment: int) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
+        """The state of one embodiment's statistics (of the only ones without embodiments)."""
         if self.lerobot is not None:
             (step,) = self.steps
             write = self.lerobot.postprocessor if step.inverse else self.lerobot.preprocessor
-            return write(step.stats)
-        return {"steps": [step.config() for step in self.steps]}, [step.tensors() for step in self.steps]
+            return write(step.sets[embodiment])
+        config = {"steps": [step.config() for step in self.steps]}
+        return config, [step.tensors(embodiment) for step in self.steps]
+
+    def for_embodiment(self, embodiment: Embodiment) -> Processor:
+        """This processor for one of its embodiments alone: that one's statistics cut to its own state
+        and action sizes and features (what `load_policy(embodiment=)` applies and an export holds)."""
+        k = self.embodiments.index(embodiment)
+        steps = []
+        for step in self.steps:
+            stats = {
+                key: {name: _cut(key, t, embodiment) for name, t in s.items()}
+                for key, s in step.sets[k].items()
+                if _kept(key, embodiment)
+            }
+            steps.append(Normalize(stats, list(stats), step.inverse))
+        return Processor(steps, self.lerobot)
 
     @classmethod
     def from_state(
@@ -78,28 +154,124 @@ class Processor:
     ) -> Processor:
         """The processor `state()` described (read back from a checkpoint, so checked first: the
         config's steps against the step files, each feature's `mean` and `std` present, 1-D, of the
-        size `sizes` gives for it). Raises `ConfigError` naming the first problem."""
-        steps_config = config.get("steps") if isinstance(config, dict) else None
-        if isinstance(steps_config, list) and any(
-            isinstance(s, dict) and "registry_name" in s for s in steps_config
+        size `sizes` gives for it, the embodiments' list against their statistics). Raises
+        `ConfigError` naming the first problem."""
+        embodiments = _embodiments(config)
+        sets = [_read_steps(config, tensors, sizes) for tensors in _split(step_tensors, len(embodiments))]
+        steps = [
+            Normalize(stats, features, inverse, [read[index][2] for read in sets[1:]])
+            for index, (features, inverse, stats) in enumerate(sets[0])
+        ]
+        return cls(steps, embodiments=embodiments)
+
+
+EMBODIMENTS = "embodiments"  # the processor config's list of embodiments
+EMBODIMENT_PREFIX = "embodiment."  # `embodiment.<k>.`: embodiment k's statistics in a step file
+
+
+def _embodiments(config: Any) -> list[Embodiment]:
+    """The embodiments a saved processor config lists ([] when it has none), each entry checked."""
+    listed = config.get(EMBODIMENTS) if isinstance(config, dict) else None
+    if listed is None:
+        return []
+    if not isinstance(listed, list) or not listed:
+        raise ConfigError(f"its processor config's {EMBODIMENTS} is not a list of embodiments")
+    found = []
+    for index, entry in enumerate(listed):
+        features = entry.get("input_features") if isinstance(entry, dict) else None
+        sizes = [entry.get(n) for n in ("obs_dim", "action_dim")] if isinstance(entry, dict) else []
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("name"), str)
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes)
+            and isinstance(features, list)
+            and all(isinstance(f, str) for f in features)
         ):
-            config, step_tensors = _from_lerobot(steps_config, step_tensors)
-            steps_config = config["steps"]
-        if not isinstance(steps_config, list) or len(steps_config) != len(step_tensors):
             raise ConfigError(
-                f"its processor config lists {_count(steps_config)} steps for {len(step_tensors)} step files"
+                f"its processor config's embodiment {index} is not {{name, obs_dim, action_dim, input_features}}"
             )
-        steps = []
-        for index, (step, tensors) in enumerate(zip(steps_config, step_tensors, strict=True)):
-            features, inverse = _step_config(step, index)
-            stats: dict[str, dict[str, torch.Tensor]] = {}
-            for name, tensor in tensors.items():
-                key, _, stat = name.rpartition(".")
-                stats.setdefault(key, {})[stat] = tensor
-            for feature in features:
-                _check_stats(stats.get(feature, {}), feature, index, (sizes or {}).get(feature))
-            steps.append(Normalize(stats, features, inverse=inverse))
-        return cls(steps)
+        found.append(
+            Embodiment(entry["name"], int(entry["obs_dim"]), int(entry["action_dim"]), tuple(features))
+        )
+    names = [e.name for e in found]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"its processor config names an embodiment twice: {', '.join(names)}")
+    return found
+
+
+def embodiment_tensors(
+    config: Any, step_tensors: list[dict[str, torch.Tensor]], embodiment: Embodiment
+) -> list[dict[str, torch.Tensor]]:
+    """One embodiment's step tensors of a saved processor, under their own names and as saved (what
+    LeRobot's normalizer reads, unchanged), cut to its sizes and features: an export's state files."""
+    embodiments = _embodiments(config)
+    own = _split(step_tensors, len(embodiments))[embodiments.index(embodiment)]
+    return [
+        {
+            name: _cut(name.rpartition(".")[0], t, embodiment)
+            for name, t in tensors.items()
+            if _kept(name.rpartition(".")[0], embodiment)
+        }
+        for tensors in own
+    ]
+
+
+def _kept(key: str, embodiment: Embodiment) -> bool:
+    """Whether an embodiment has the feature `key` normalizes (the state and action always)."""
+    return key in (OBS_KEY, ACTION_KEY) or key in embodiment.input_features
+
+
+def _cut(key: str, tensor: torch.Tensor, embodiment: Embodiment) -> torch.Tensor:
+    """A statistic of `key` cut to an embodiment's own size along its last axis (the state's and the
+    action's; the others as they are)."""
+    sizes = {OBS_KEY: embodiment.obs_dim, ACTION_KEY: embodiment.action_dim}
+    return tensor[..., : sizes[key]] if key in sizes else tensor
+
+
+def _split(step_tensors: list[dict[str, torch.Tensor]], count: int) -> list[list[dict[str, torch.Tensor]]]:
+    """Each embodiment's step tensors (the default's under their own names, embodiment k's under
+    `embodiment.<k>.`; all of them for one set without embodiments)."""
+    sets: list[list[dict[str, torch.Tensor]]] = [[{} for _ in step_tensors] for _ in range(max(count, 1))]
+    for index, tensors in enumerate(step_tensors):
+        for name, tensor in tensors.items():
+            k, own = 0, name
+            if count and name.startswith(EMBODIMENT_PREFIX):
+                number, _, own = name.removeprefix(EMBODIMENT_PREFIX).partition(".")
+                k = int(number) if number.isdigit() else -1
+                if not 0 < k < count:
+                    raise ConfigError(
+                        f"its processor step {index} holds {name}, but the config lists {count} embodiments"
+                    )
+            sets[k][index][own] = tensor
+    return sets
+
+
+def _read_steps(
+    config: Any, step_tensors: list[dict[str, torch.Tensor]], sizes: dict[str, int] | None
+) -> list[tuple[tuple[str, ...], bool, dict[str, dict[str, torch.Tensor]]]]:
+    """(features, inverse, statistics) of each saved normalize step: ours, or LeRobot's normalizer
+    and unnormalizer (`_from_lerobot`), checked as `Processor.from_state` says."""
+    steps_config = config.get("steps") if isinstance(config, dict) else None
+    if isinstance(steps_config, list) and any(
+        isinstance(s, dict) and "registry_name" in s for s in steps_config
+    ):
+        config, step_tensors = _from_lerobot(steps_config, step_tensors)
+        steps_config = config["steps"]
+    if not isinstance(steps_config, list) or len(steps_config) != len(step_tensors):
+        raise ConfigError(
+            f"its processor config lists {_count(steps_config)} steps for {len(step_tensors)} step files"
+        )
+    steps = []
+    for index, (step, tensors) in enumerate(zip(steps_config, step_tensors, strict=True)):
+        features, inverse = _step_config(step, index)
+        stats: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in tensors.items():
+            key, _, stat = name.rpartition(".")
+            stats.setdefault(key, {})[stat] = tensor
+        for feature in features:
+            _check_stats(stats.get(feature, {}), feature, index, (sizes or {}).get(feature))
+        steps.append((features, inverse, stats))
+    return steps
 
 
 # LeRobot's processor steps that hold normalization statistics; its other steps (rename, batch axis,
@@ -264,10 +436,21 @@ def build_processors(
 ) -> tuple[Processor, Processor]:
     """(preprocessor, postprocessor) for a dataset's statistics (its cameras' included), saved in
     LeRobot's schema when `lerobot` describes the policy's pipeline there."""
-    cameras = tuple(sorted(key for key in stats if is_camera(key)))
+    return embodied_processors([stats], lerobot)
+
+
+def embodied_processors(
+    stats: Sequence[dict[str, dict[str, torch.Tensor]]],
+    lerobot: ProcessorSchema | None = None,
+    embodiments: Sequence[Embodiment] = (),
+) -> tuple[Processor, Processor]:
+    """(preprocessor, postprocessor) for each embodiment's statistics (`stats[k]` for `embodiments[k]`,
+    all of the same keys and sizes), each item normalized by its own (`Normalize`)."""
+    first, others = stats[0], stats[1:]
+    cameras = tuple(sorted(key for key in first if is_camera(key)))
     return (
-        Processor([Normalize(stats, PREPROCESSOR_KEYS + cameras, inverse=False)], lerobot),
-        Processor([Normalize(stats, POSTPROCESSOR_KEYS, inverse=True)], lerobot),
+        Processor([Normalize(first, PREPROCESSOR_KEYS + cameras, False, others)], lerobot, embodiments),
+        Processor([Normalize(first, POSTPROCESSOR_KEYS, True, others)], lerobot, embodiments),
     )
 
 

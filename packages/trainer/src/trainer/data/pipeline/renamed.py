@@ -13,7 +13,17 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from trainer.config.dataset import PAD_SUFFIX, Dataset, DatasetConfig, Frames, Stats
+from trainer.config.dataset import (
+    PAD_SUFFIX,
+    Dataset,
+    DatasetConfig,
+    EmbodiedDataset,
+    Embodiment,
+    Frames,
+    Stats,
+    embodiments_of,
+)
+from trainer.data.dataset import CAMERA_MASK_SUFFIX
 
 
 def load_renamed(
@@ -23,14 +33,15 @@ def load_renamed(
     *,
     held_out: bool,
     mixed_members: bool = False,
+    padded: bool = True,
 ) -> tuple[Dataset, Dataset | None, str]:
     """The data (and with `held_out` the held-out data) for a policy that reads `input_features`
     under `rename`: the dataset is asked for its own names and served under the policy's. Returns the
     note naming the renames that matched no feature the run reads ("" if none). `mixed_members`: the
-    policy's `takes_mixed_members`."""
+    policy's `takes_mixed_members`, `padded` its `pads_mixed_members`."""
     dataset_name = {new: old for old, new in rename.items()}
     asked = [dataset_name.get(name, name) for name in input_features]
-    serving = config.serving(mixed_members)
+    serving = config.serving(mixed_members, padded)
     dataset = serving.load(asked)
     validation = serving.load_validation(dataset.input_features) if held_out else None
     unused = [old for old in rename if old not in dataset.input_features]
@@ -57,6 +68,13 @@ class RenamedDataset:
         # a mixture's draw order by weight (data/pipeline/mixture.py), which the sampler follows
         self.weighted_order = inner.weighted_order
         self.notes: list[str] = list(getattr(inner, "notes", []))  # the banner's lines about the data
+        # a mixture's robots (members that differ), their features renamed too; [] for one robot's data
+        self.embodiments = [
+            Embodiment(
+                e.name, e.obs_dim, e.action_dim, tuple(self.rename.get(n, n) for n in e.input_features)
+            )
+            for e in embodiments_of(inner)
+        ]
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -73,12 +91,24 @@ class RenamedDataset:
         return {self._renamed(k): v for k, v in self.inner.gather(indices, frames).items()}
 
     def _renamed(self, key: str) -> str:
-        """A feature's new name; its `<feature>_is_pad` mask follows it."""
-        base = key.removesuffix(PAD_SUFFIX)
+        """A feature's new name; its `<feature>_is_pad` and `<camera>_padding_mask` masks follow it."""
+        base = key.removesuffix(PAD_SUFFIX).removesuffix(CAMERA_MASK_SUFFIX)
         return self.rename.get(base, base) + key[len(base) :] if base in self.rename else key
 
     def stats(self) -> Stats:
-        return {self.rename.get(k, k): v for k, v in self.inner.stats().items()}
+        return self._renamed_stats(self.inner.stats())
+
+    def embodiment_stats(self) -> list[Stats]:
+        """Each robot's statistics under the new names ([] for one robot's data)."""
+        inner = self.inner
+        return (
+            [self._renamed_stats(s) for s in inner.embodiment_stats()]
+            if isinstance(inner, EmbodiedDataset)
+            else []
+        )
+
+    def _renamed_stats(self, stats: Stats) -> Stats:
+        return {self.rename.get(k, k): v for k, v in stats.items()}
 
     def episode_bounds(self) -> torch.Tensor:
         return self.inner.episode_bounds()

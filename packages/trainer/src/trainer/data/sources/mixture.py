@@ -37,7 +37,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from ckpt_tools import layout
 from trainer.config.dataset import Dataset, DatasetConfig
@@ -88,9 +88,11 @@ class MixtureConfig(LeRobotConfig):
     """Sampling weight of each dataset of --dataset.repo_id='[a,b]' (positive, normalized; default equal)."""
     members: list[MixtureMember] = field(default_factory=list)
     """The mixture's datasets as resolved from --dataset.mixture or the lists (train_config.json records them)."""
-    mixed_members: ClassVar[bool] = False  # set per copy by `serving`: the policy takes members that differ
 
     def __post_init__(self) -> None:
+        # set per copy by `serving` (the policy's, not the run's: not fields, so not saved): the policy
+        # takes members that differ, and pads their sizes and cameras
+        self.mixed_members, self.padded = False, True
         given = _given_members(self)
         if given and self.members:
             raise ConfigError(
@@ -144,32 +146,33 @@ class MixtureConfig(LeRobotConfig):
         except ConfigError as exc:
             raise ConfigError(f"mixture member {index} ({self.labels()[index]}): {exc}") from None
 
-    def serving(self, mixed_members: bool) -> MixtureConfig:
-        """A copy that loads members that differ as a `MixedMixture` when the policy takes them, and
-        refuses them in one line otherwise (the flag is the policy's, not the run's: it is not saved)."""
+    def serving(self, mixed_members: bool, padded: bool = True) -> MixtureConfig:
+        """A copy that loads members that differ as a `MixedMixture` when the policy takes them (with
+        `padded` false, when they differ in fps and statistics only), and refuses them in one line
+        otherwise (the flags are the policy's, not the run's: they are not saved)."""
         copy = dataclasses.replace(self, members=list(self.members))
-        copy.mixed_members = mixed_members
+        copy.mixed_members, copy.padded = mixed_members, padded
         return copy
 
     def load(self, input_features: Sequence[str] = ()) -> Mixture:
-        return self._load(input_features, held_out=False, mixed=self.mixed_members)
+        return self._load(input_features, held_out=False)
 
     def load_validation(self, input_features: Sequence[str] = ()) -> Mixture | None:
-        return (
-            self._load(input_features, held_out=True, mixed=self.mixed_members) if self.eval_split else None
-        )
+        return self._load(input_features, held_out=True) if self.eval_split else None
 
-    def _load(self, requested: Sequence[str], held_out: bool, mixed: bool) -> Mixture:
+    def _load(self, requested: Sequence[str], held_out: bool) -> Mixture:
         """Each member loaded as a single-dataset run would load it, asked for the first member's
         features under its own names, and served under the mixture's; members that differ, for a policy
-        that takes them (`mixed`), as a `MixedMixture`."""
+        that takes them, as a `MixedMixture` (padded, or for a policy of one layout checked to agree on
+        everything but fps)."""
         infos = []
         for index in range(len(self.members)):
             with self.naming(index):
                 infos.append(fmt.read_info(self.member_config(index).local_root()))
-        if mixed and members_differ(infos, self.members):
+        mixed = self.mixed_members and members_differ(infos, self.members)
+        if mixed and self.padded:
             return self._load_mixed(infos, requested, held_out)
-        check_rates(infos, self.labels())
+        check_rates(infos, self.labels(), fps=not mixed)
         datasets: list[Dataset] = []
         for index, (member, info) in enumerate(zip(self.members, infos, strict=True)):
             features = datasets[0].input_features if datasets else list(requested)
@@ -185,13 +188,14 @@ class MixtureConfig(LeRobotConfig):
         check_sizes(infos, self.members, self.labels(), datasets[0].input_features)
         # held out: every frame counts once, so val_loss is over the held-out frames as they are
         weights = [float(len(d)) for d in datasets] if held_out else [m.weight for m in self.members]
+        if mixed:  # one layout, each member at its own fps with its own statistics
+            return MixedMixture(datasets, weights, self.labels(), self._camera_shapes(infos, datasets))
         return Mixture(datasets, weights, self.labels())
 
     def _load_mixed(self, infos: Sequence[fmt.Info], requested: Sequence[str], held_out: bool) -> Mixture:
         """Members that differ (data/pipeline/embodiments.py), each asked for the features it has among
         those requested (the wildcard and the task as they are), at its own fps."""
         datasets: list[Dataset] = []
-        shapes: dict[str, tuple[int, int, int]] = {}
         for index, (member, info) in enumerate(zip(self.members, infos, strict=True)):
             rename = member.rename_map
             own_name = {new: old for old, new in rename.items()}
@@ -201,15 +205,8 @@ class MixtureConfig(LeRobotConfig):
                 config = self.member_config(index)
                 data = config.load_validation(asked) if held_out else config.load(asked)
                 assert data is not None  # held out: every member holds some out (eval_split)
-                for camera in (c for c in info.cameras if c in data.input_features):  # the ones it serves
-                    name, shape = rename.get(camera, camera), info.camera_shape(camera)
-                    if shapes.setdefault(name, shape) != shape:
-                        raise ConfigError(
-                            f"its camera {name} is {'x'.join(map(str, shape))}, another member's "
-                            f"{'x'.join(map(str, shapes[name]))}: give one name one frame size (map it to "
-                            "another name in the member's rename_map)"
-                        )
             datasets.append(RenamedDataset(data, rename) if rename else data)
+        shapes = self._camera_shapes(infos, datasets)
         missing = [n for n in requested if _named(n) and not any(n in d.input_features for d in datasets)]
         if missing:
             raise ConfigError(
@@ -217,6 +214,26 @@ class MixtureConfig(LeRobotConfig):
             )
         weights = [float(len(d)) for d in datasets] if held_out else [m.weight for m in self.members]
         return MixedMixture(datasets, weights, self.labels(), shapes)
+
+    def _camera_shapes(
+        self, infos: Sequence[fmt.Info], datasets: Sequence[Dataset]
+    ) -> dict[str, tuple[int, int, int]]:
+        """(C, H, W) of every camera a member serves, under the mixture's names: one frame size per
+        name (a second one is refused in one line naming the member)."""
+        shapes: dict[str, tuple[int, int, int]] = {}
+        for index, (member, info, data) in enumerate(zip(self.members, infos, datasets, strict=True)):
+            rename = member.rename_map
+            for camera in info.cameras:
+                name, shape = rename.get(camera, camera), info.camera_shape(camera)
+                if name not in data.input_features:  # a camera it records but does not serve
+                    continue
+                if shapes.setdefault(name, shape) != shape:
+                    raise ConfigError(
+                        f"mixture member {index} ({self.labels()[index]}): its camera {name} is "
+                        f"{'x'.join(map(str, shape))}, another member's {'x'.join(map(str, shapes[name]))}: "
+                        "give one name one frame size (map it to another name in the member's rename_map)"
+                    )
+        return shapes
 
     def banner(self) -> list[str]:
         total = sum(member.weight for member in self.members)
@@ -394,12 +411,13 @@ def members_differ(infos: Sequence[fmt.Info], members: Sequence[MixtureMember]) 
     return len({layout(info, m.rename_map) for info, m in zip(infos, members, strict=True)}) > 1
 
 
-def check_rates(infos: Sequence[fmt.Info], labels: Sequence[str]) -> None:
-    """One fps and one action size across the members."""
-    for what, values, fix in (
+def check_rates(infos: Sequence[fmt.Info], labels: Sequence[str], fps: bool = True) -> None:
+    """One action size (and with `fps`, one fps) across the members."""
+    checks: list[tuple[str, Sequence[float], str]] = [
         ("fps", [info.fps for info in infos], "resample them to one rate"),
         ("action size", [info.size(ACTION_KEY) for info in infos], "map their actions to one action space"),
-    ):
+    ]
+    for what, values, fix in checks[0 if fps else 1 :]:
         if len(set(values)) > 1:
             listed = ", ".join(f"{label} {value:g}" for label, value in zip(labels, values, strict=True))
             raise ConfigError(

@@ -79,7 +79,7 @@ def publish_final(
     """
     if not section.hub.publishes:
         return
-    with _upload_group() as group:  # made before the upload, while every rank is here
+    with waiting_group(UPLOAD_TIMEOUT) as group:  # made before the upload, while every rank is here
         ckpt_tools.main_decides(
             lambda: _finish_on_main(section, summary, logger, pushes),
             error=PublishFailedError,
@@ -155,16 +155,17 @@ def _card_extras(section: SavingSection, summary: RunSummary) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _upload_group() -> Iterator[ProcessGroup | None]:
-    """A gloo group for the main rank's publish outcome, made before the upload starts, with a timeout
-    that outlasts the upload (the default group's would end the other ranks' wait too soon); None
-    without a process group."""
+def waiting_group(timeout: timedelta | float) -> Iterator[ProcessGroup | None]:
+    """Collective: a gloo group for an outcome the main rank takes long to reach (a publish's upload,
+    the evaluator's last scores), made while every rank is here, with a timeout that outlasts it (the
+    default group's would end the other ranks' wait too soon); None without a process group."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         yield None
         return
-    group = dist.new_group(backend="gloo", timeout=UPLOAD_TIMEOUT)
+    seconds = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
+    group = dist.new_group(backend="gloo", timeout=seconds)
     try:
         yield group
     finally:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from functools import partial
 
 import ckpt_tools
 from trainer.config.sections import SavingSection
 from trainer.distributed.interrupt import Agreement, Interrupted
 from trainer.engine.checkpoint import disk_forecast, saving
+from trainer.engine.checkpoint.evaluations import Evaluations
 from trainer.engine.checkpoint.hub_pushes import CheckpointPusher
 from trainer.engine.run import Run, extra_weights
 from trainer.errors import USER_ERRORS, RunFailedError
@@ -28,10 +30,16 @@ class SaveSchedule:
     """The save side of the loop. Collective: every method is called on all ranks at the same steps."""
 
     def __init__(
-        self, run: Run, section: SavingSection, logger: Logger, pushes: CheckpointPusher | None = None
+        self,
+        run: Run,
+        section: SavingSection,
+        logger: Logger,
+        pushes: CheckpointPusher | None = None,
+        evaluations: Evaluations | None = None,
     ) -> None:
         self.run, self.section, self.logger = run, section, logger
         self.pushes = pushes  # the main rank's, if any
+        self.evaluations = evaluations  # the main rank's, if any
         self.last_checkpoint: str | None = None
         self._pending: ckpt_tools.PendingCheckpoint | None = None  # a background write not committed
         self._started_now = False  # the pending write was started by this step's save
@@ -47,7 +55,9 @@ class SaveSchedule:
         self._started_now = False
         if self.pushes is not None:
             self.pushes.poll()
-        if step % section.save_freq and step != section.steps:
+        if self.evaluations is not None:
+            self.evaluations.poll()
+        if not self.saves_at(step):
             return
         self._commit_pending()
         if section.async_save and step != section.steps:
@@ -58,6 +68,12 @@ class SaveSchedule:
             self._save(step)
         self._saved_step = step
         check_writes(self.logger, section.output_dir, self.last_checkpoint)  # a full disk stops the run here
+
+    def saves_at(self, step: int) -> bool:
+        """--save_freq, the steps the evaluator scores (--env_eval_freq) and the last step."""
+        section = self.section
+        every = section.eval_every
+        return step % section.save_freq == 0 or bool(every and step % every == 0) or step == section.steps
 
     def at_boundary(self, step: int, agreement: Agreement) -> None:
         """The update boundary's agreed flags: commit a background write every rank has finished (any
@@ -97,11 +113,17 @@ class SaveSchedule:
             self.logger.note(line, **record)
         if self.pushes is not None:
             self.pushes.submit(step_dir)
+        if self.evaluations is not None:
+            self.evaluations.committed(step_dir)
 
-    def _retention(self) -> contextlib.AbstractContextManager[frozenset[str]]:
+    @contextlib.contextmanager
+    def _retention(self) -> Iterator[frozenset[str]]:
         """A commit, its retention and the hand-over of the step to the pushes, with the push queue held
-        still (`CheckpointPusher.hold`): yields the steps retention keeps."""
-        return self.pushes.hold() if self.pushes is not None else contextlib.nullcontext(frozenset())
+        still (`CheckpointPusher.hold`): yields the steps retention keeps, those the evaluator has yet to
+        score and --keep_best's included."""
+        held = self.pushes.hold() if self.pushes is not None else contextlib.nullcontext(frozenset[str]())
+        with held as keep:
+            yield keep | (self.evaluations.keep() if self.evaluations is not None else frozenset())
 
     def _owns_output_dir(self) -> None:
         """Collective. A run whose output_dir another run took over (its lock's heartbeat found the

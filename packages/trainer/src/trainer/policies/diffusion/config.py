@@ -13,11 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import torch
+
 from trainer.config.optim import AdamConfig, CosineConfig
 from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
 from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, is_camera
 from trainer.data.pipeline import lerobot_schema
-from trainer.data.pipeline.processors import ENV_KEY, NORMALIZATION_MODES, stats_by_type
+from trainer.data.pipeline.processors import ENV_KEY, NORMALIZATION_MODES, feature_type, mapped_stats
 from trainer.errors import ConfigError
 from trainer.policies import resnet
 
@@ -28,7 +30,9 @@ BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2", "sigmoid")
 FINAL_CONV_GROUPS = 8  # LeRobot's final_conv GroupNorm: 8 groups whatever --policy.n_groups says
 # Our fields LeRobot's DiffusionConfig lacks: the shapes are its typed features, the rest stay in
 # train_config.json (its from_pretrained refuses a field it does not know).
-_OURS_ONLY = ("dropout", "dtype", "obs_dim", "action_dim", "path", "input_features", "image_shapes")
+_OURS_ONLY = (
+    "dropout", "dtype", "obs_dim", "action_dim", "path", "input_features", "image_shapes", "env_state_dim",
+)  # fmt: skip
 
 
 @dataclass
@@ -155,6 +159,11 @@ class DiffusionConfig(PolicyConfig):
     image_shapes: dict[str, list[int]] = field(default_factory=dict)
     """Frame shape (C, H, W) of each camera, taken from the dataset (config.json records it; frames of
     another shape are refused)."""
+    env_state_dim: int = 0
+    """Width of LeRobot's `observation.environment_state` at the end of `observation.state` (listed last
+    among the float vectors of input_features): conditions after the camera features and is left
+    unnormalized, as in LeRobot; 0 reads every vector as the robot state. Set from a LeRobot
+    checkpoint's config.json."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -187,6 +196,8 @@ class DiffusionConfig(PolicyConfig):
             (self.scheduler_name == "cosine", f"--policy.scheduler_name={self.scheduler_name!r}: only cosine is supported; choose another schedule with --scheduler.type and --use_policy_training_preset=false"),
             (self.optimizer_lr > 0, f"--policy.optimizer_lr must be > 0, got {self.optimizer_lr}"),
             (self.drop_n_last_frames >= 0, f"--policy.drop_n_last_frames={self.drop_n_last_frames} must be >= 0"),
+            (self.env_state_dim >= 0 and (not self.obs_dim or self.env_state_dim < self.obs_dim), f"--policy.env_state_dim={self.env_state_dim} must be in [0, obs_dim={self.obs_dim}): the robot state comes first"),
+            (not self.env_state_dim or self.vectors[-1:] == [ENV_KEY], f"--policy.env_state_dim={self.env_state_dim} reads the end of {OBS_KEY} as {ENV_KEY}: list it last among the float vectors of --policy.input_features (got {self.vectors})"),
         ])  # fmt: skip
 
     # The class it builds: policy.py binds it on import (the package imports both), so this module,
@@ -196,6 +207,11 @@ class DiffusionConfig(PolicyConfig):
     def policy_class(self) -> Callable[..., Any]:
         assert self.built_by is not None, "import trainer.policies.diffusion to build a Diffusion Policy"
         return self.built_by
+
+    @property
+    def vectors(self) -> list[str]:
+        """The float vectors the policy reads, in the order they are concatenated into `observation.state`."""
+        return [name for name in self.input_features if not is_camera(name)]
 
     @property
     def cameras(self) -> list[str]:
@@ -212,7 +228,25 @@ class DiffusionConfig(PolicyConfig):
             )
         shapes = {name: [int(s) for s in self.image_shapes[name]] for name in self.cameras}
         cameras = {name: (shape[0], shape[1], shape[2]) for name, shape in shapes.items()}
-        return DiffusionFeatures(state_dim=self.obs_dim, action_dim=self.action_dim, cameras=cameras)
+        return DiffusionFeatures(
+            state_dim=self.obs_dim - self.env_state_dim,
+            action_dim=self.action_dim,
+            cameras=cameras,
+            env_state_dim=self.env_state_dim,
+        )
+
+    @property
+    def takes_mixed_members(self) -> bool:
+        """Robots that differ in fps and statistics only: each member at its own fps, normalized by its
+        own statistics. Their sizes and cameras must agree (`pads_mixed_members` is False): the
+        conditioning's width and the U-Net's action channels are the robot's sizes, and every camera has
+        its encoder and must be seen, so a robot padded to another's sizes could not be exported for its
+        own raw observations."""
+        return True
+
+    @property
+    def pads_mixed_members(self) -> bool:
+        return False
 
     def with_frame_shapes(self, shapes: dict[str, list[int]]) -> DiffusionConfig:
         """The cameras' frame shapes recorded; a checkpoint's camera at another size than the data's is
@@ -316,18 +350,32 @@ class DiffusionConfig(PolicyConfig):
     def normalization_stats(self, stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """The dataset's statistics as the mean/std the processors apply, per feature type as
         normalization_mapping says: a MIN_MAX feature's min and max become the centre and half-range that
-        map it onto [-1, 1], an IDENTITY one (LeRobot's environment state: no ENV entry) mean 0, std 1."""
-        return stats_by_type(stats, self.normalization_mapping)
+        map it onto [-1, 1], an IDENTITY one mean 0, std 1. The environment state at the end of
+        `observation.state` follows the ENV entry (none in LeRobot's mapping: left as it is)."""
+        mapped = {name: self._mapped(name, feature_type(name), value) for name, value in stats.items()}
+        if self.env_state_dim and OBS_KEY in stats:
+            env = self._mapped(ENV_KEY, "ENV", stats[OBS_KEY])
+            state = self.obs_dim - self.env_state_dim
+            mapped[OBS_KEY] = {
+                stat: torch.cat([mapped[OBS_KEY][stat][:state], env[stat][state:]])
+                for stat in ("mean", "std")
+            }
+        return mapped
+
+    def _mapped(self, name: str, kind: str, stats: dict[str, Any]) -> dict[str, Any]:
+        return mapped_stats(name, stats, self.normalization_mapping.get(kind, "IDENTITY"))
 
     def lerobot_config(self) -> dict[str, Any]:
         """LeRobot 0.6.1's DiffusionConfig schema (`trainer export`), the reverse of `from_saved`: the
-        state and cameras as typed features, LeRobot's run fields at its defaults. LeRobot's policy reads
-        one `observation.state`, so a policy concatenating several vectors, or none, is refused."""
-        vectors = [name for name in self.input_features if not is_camera(name)]
-        if vectors != [OBS_KEY]:
+        state, the environment state and the cameras as typed features, LeRobot's run fields at its
+        defaults. LeRobot's policy reads one `observation.state` (and one `observation.environment_state`),
+        so a policy concatenating other vectors, or none, is refused."""
+        readable = [OBS_KEY, ENV_KEY] if self.env_state_dim else [OBS_KEY]
+        if self.vectors != readable:
             raise ConfigError(
-                f"LeRobot's Diffusion Policy reads the robot state as one {OBS_KEY}, and this one reads "
-                f"{vectors or 'no vector'}: train it with --policy.input_features listing {OBS_KEY} and cameras"
+                f"LeRobot's Diffusion Policy reads the robot state as one {OBS_KEY} (and {ENV_KEY} with "
+                f"--policy.env_state_dim), and this one reads {self.vectors or 'no vector'}: train it with "
+                f"--policy.input_features listing {' and '.join(readable)} and cameras"
             )
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _OURS_ONLY}
         return {
@@ -346,8 +394,12 @@ class DiffusionConfig(PolicyConfig):
         return lerobot_schema.LeRobotPipeline(before, typed, dict(self.normalization_mapping))
 
     def _lerobot_features(self) -> dict[str, dict[str, Any]]:
-        """config.json's `input_features` (the state vector, then each camera) and `output_features`."""
-        inputs: dict[str, Any] = {OBS_KEY: {"type": "STATE", "shape": [self.obs_dim]}} if self.obs_dim else {}
+        """config.json's `input_features` (the state vector, the environment state, then each camera) and
+        `output_features`."""
+        state = self.obs_dim - self.env_state_dim
+        inputs: dict[str, Any] = {OBS_KEY: {"type": "STATE", "shape": [state]}} if state else {}
+        if self.env_state_dim:
+            inputs[ENV_KEY] = {"type": "ENV", "shape": [self.env_state_dim]}
         for name in self.cameras:
             inputs[name] = {"type": "VISUAL", "shape": list(self.image_shapes.get(name, []))}
         return {
@@ -358,22 +410,20 @@ class DiffusionConfig(PolicyConfig):
     @classmethod
     def from_saved(cls, saved: dict[str, Any], preprocessor: dict[str, Any] | None = None) -> dict[str, Any]:
         """A LeRobot config.json as this dataclass's fields: its typed features become the input names
-        and sizes (their shapes: `DiffusionFeatures.from_lerobot`), its run fields are dropped."""
+        and sizes (their shapes: `DiffusionFeatures.from_lerobot`; the environment state read at the end
+        of `observation.state`), its run fields are dropped."""
         inputs = saved.get("input_features")
         if not isinstance(inputs, dict):
             return saved  # already ours
-        if ENV_KEY in inputs:
-            raise ConfigError(
-                f"the Diffusion Policy's config.json reads {ENV_KEY}, which this engine's Diffusion Policy "
-                "does not condition on separately yet: retrain without it"
-            )
         own = {f.name for f in dataclasses.fields(cls)}
         out = {k: v for k, v in saved.items() if k in {*own, "type"} and k not in LEROBOT_RUN_FIELDS}
         features = DiffusionFeatures.from_lerobot(saved)
+        vectors = [name for name in (OBS_KEY, ENV_KEY) if name in inputs]
         out.update(
-            input_features=list(inputs),
+            input_features=[*vectors, *(name for name in inputs if name not in vectors)],
             image_shapes={name: list(shape) for name, shape in features.cameras.items()},
-            obs_dim=features.state_dim,
+            obs_dim=features.state_dim + features.env_state_dim,
+            env_state_dim=features.env_state_dim,
             action_dim=features.action_dim,
         )
         return out

@@ -5,7 +5,8 @@ It holds the model as `diffusion`, so its tensors are LeRobot's names (`diffusio
 
 A training batch holds what the config's `observation_delta_indices` / `action_delta_indices` ask the
 data for: `observation.state` (B, n_obs_steps, D), each camera (B, n_obs_steps, C, H, W), `action`
-(B, horizon, A) and `action_is_pad`, all normalized by the preprocessor. `select_action` takes one
+(B, horizon, A) and `action_is_pad`, all normalized by the preprocessor; with `env_state_dim`, the last
+values of `observation.state` are LeRobot's `observation.environment_state`, split off for the model. `select_action` takes one
 observation step ((B, D), (B, C, H, W)) and keeps the history and the chunk's actions in the queues
 (queues.py); `reset()` starts a new episode.
 """
@@ -17,6 +18,7 @@ from typing import ClassVar
 import torch
 
 from trainer.data.dataset import OBS_KEY
+from trainer.data.pipeline.processors import ENV_KEY
 from trainer.policies.base import Policy
 from trainer.policies.diffusion.config import DiffusionConfig
 from trainer.policies.diffusion.model import DiffusionModel
@@ -73,10 +75,16 @@ class DiffusionPolicy(Policy):
         return bool(self.config.cameras) and bool(self.config.pretrained_backbone_weights)
 
     def _cast(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The model's inputs in its float dtype (--policy.dtype); masks and the rest as they are."""
+        """The model's inputs in its float dtype (--policy.dtype), the environment state split off the
+        end of `observation.state` (one vector in our batch, two of LeRobot's); masks and the rest as
+        they are."""
         dtype = next(self.diffusion.parameters()).dtype
         keys = {OBS_KEY, *self.diffusion.observation_keys, "action"}
-        return {k: v.to(dtype) if k in keys and v.is_floating_point() else v for k, v in batch.items()}
+        out = {k: v.to(dtype) if k in keys and v.is_floating_point() else v for k, v in batch.items()}
+        env = self.config.env_state_dim
+        if env and OBS_KEY in out:
+            out[OBS_KEY], out[ENV_KEY] = out[OBS_KEY][..., :-env], out[OBS_KEY][..., -env:]
+        return out
 
 
 DiffusionConfig.built_by = DiffusionPolicy

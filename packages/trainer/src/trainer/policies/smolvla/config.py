@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from trainer.config.dataset import Embodiment
 from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
 from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
 from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, TASK_KEY
@@ -169,6 +170,14 @@ class SmolVLAConfig(PolicyConfig):
         """SmolVLA pads state and action to max_state_dim / max_action_dim and masks empty camera slots:
         members of different shapes fit (the loss skips the padded action dims, policy.py)."""
         return True
+
+    def for_embodiment(self, embodiment: Embodiment) -> SmolVLAConfig:
+        """One robot's sizes and features (`PolicyConfig.for_embodiment`), and its cameras' frame shapes
+        alone: config.json then lists that robot's cameras (the weights do not depend on any of them)."""
+        config = super().for_embodiment(embodiment)
+        assert isinstance(config, SmolVLAConfig)
+        shapes = {name: shape for name, shape in self.image_shapes.items() if name in config.input_features}
+        return dataclasses.replace(config, image_shapes=shapes)
 
     @property
     def cameras(self) -> list[str]:

@@ -1,0 +1,248 @@
+"""`trainer eval --env.type=... --policy.path=PATH` and `trainer eval --watch OUTPUT_DIR`: policies scored
+in their environments (docs/evaluation.md).
+
+One checkpoint: the figures lerobot-eval reports, written as `eval_info.json` with the videos under
+`--output_dir` (lerobot-eval's layout), or into the step itself (`<step>/eval.json`) when PATH is a step
+of a run and no `--output_dir` is given.
+
+`--watch`: the evaluator (evaluation/evaluator.py) following the run in OUTPUT_DIR (a local directory or
+an `s3://` URL), scoring each committed step the run asked for, with the run's own `--env.*`,
+`--eval.*`, `--seed`, `--rename_map` and `--keep_best` ranking as its train_config.json records them;
+flags given here override them. A run with `--env_eval_freq` launches this same command itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import draccus
+
+import ckpt_tools
+from ckpt_tools import layout
+from trainer.cli.eval_command import EvalPolicy
+from trainer.config.environment import EnvConfig, EnvEvalConfig
+from trainer.config.registry import split_allow_types
+from trainer.errors import ConfigError
+from trainer.evaluation import evaluator
+from trainer.evaluation.env_scores import EnvScoring, score_policy, score_step
+from trainer.evaluation.environments import check_imports
+from trainer.evaluation.episodes import EnvironmentFailure
+from trainer.evaluation.inference import load_policy
+
+WATCH_FLAG = "--watch"
+LAUNCHED_FLAG = "--launched_by_run"  # set by the run that starts the evaluator: it reads its stdin
+IDLE_FLAG = "--idle_timeout_s"
+IDLE_TIMEOUT_S = 3600.0
+# the run's sections the evaluator reads from a step's train_config.json
+RUN_FIELDS = (
+    "env",
+    "eval",
+    "env_eval_freq",
+    "steps",
+    "seed",
+    "rename_map",
+    "keep_best",
+    "best_metric",
+    "best_mode",
+)
+
+
+@dataclass
+class EnvEvalArgs:
+    """`trainer eval --env.type=...`: one policy in one environment."""
+
+    policy: EvalPolicy = field(default_factory=EvalPolicy)
+    env: EnvConfig | None = None
+    eval: EnvEvalConfig = field(default_factory=EnvEvalConfig)
+    seed: int = 1000
+    """The first episode's seed (episode i starts from seed + i), as lerobot-eval."""
+    rename_map: dict[str, str] = field(default_factory=dict)
+    """Environment feature name -> the policy's name for it."""
+    output_dir: str | None = None
+    """Where eval_info.json and videos/ go; unset: into the step PATH names (eval.json, eval_videos/)."""
+    weights: str | None = None
+    """model or ema; unset: the EMA when the checkpoint holds one."""
+
+
+@dataclass
+class WatchArgs:
+    """What the evaluator reads of a run (its train_config.json), flags over it."""
+
+    env: EnvConfig | None = None
+    eval: EnvEvalConfig = field(default_factory=EnvEvalConfig)
+    env_eval_freq: int = 0
+    steps: int = 0
+    seed: int = 1000
+    rename_map: dict[str, str] = field(default_factory=dict)
+    keep_best: int = 0
+    best_metric: str | None = None
+    best_mode: str | None = None
+
+
+def is_env_eval(args: Sequence[str]) -> bool:
+    """Whether `trainer eval` was asked for an environment evaluation (or to follow a run)."""
+    return any(a.startswith(("--env.", WATCH_FLAG)) for a in args)
+
+
+def run_env_eval(args: list[str]) -> dict[str, Any]:
+    """One policy scored in one environment; returns lerobot-eval's record. A failure is one line."""
+    allowed, rest = split_allow_types([a for a in args if a != "--json"])
+    parsed = _parse(EnvEvalArgs, rest, None)
+    if not parsed.policy.path:
+        raise ConfigError(
+            "trainer eval --env.type=... needs --policy.path=PATH (a checkpoint or model directory)"
+        )
+    if parsed.env is None:
+        raise ConfigError(
+            "trainer eval needs --env.type=pusht|aloha|pendulum|gym to score a policy in an environment"
+        )
+    scoring = EnvScoring(parsed.env, parsed.eval, parsed.seed, parsed.rename_map)
+    _set_up_process(parsed.eval)
+    if parsed.output_dir is None:
+        return _into_step(parsed, scoring, allowed)
+    loaded = load_policy(parsed.policy.path, parsed.eval.device, parsed.weights, allow_types=allowed)
+    try:
+        record = score_policy(loaded, scoring, parsed.output_dir, "videos")
+    except EnvironmentFailure as exc:
+        raise ConfigError(
+            f"{parsed.policy.path}: evaluation in --env.type={parsed.env.type} failed: {exc}"
+        ) from None
+    record = {"policy": parsed.policy.path, "weights": loaded.weights, **record}
+    ckpt_tools.storage.write_json(layout.join(parsed.output_dir, "eval_info.json"), record)
+    return record
+
+
+def _into_step(parsed: EnvEvalArgs, scoring: EnvScoring, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """No --output_dir: the record goes into the step PATH names, as the evaluator writes it."""
+    try:
+        step_dir = ckpt_tools.open_checkpoint(parsed.policy.path).step_dir
+    except ckpt_tools.CheckpointError as exc:
+        raise ConfigError(f"--policy.path={parsed.policy.path}: {exc}") from None
+    if step_dir is None:
+        raise ConfigError(
+            f"--policy.path={parsed.policy.path} is no step of a run: give --output_dir=DIR for eval_info.json and the videos"
+        )
+    if parsed.weights is not None:
+        raise ConfigError(
+            "--weights applies with --output_dir: a step's eval.json scores the weights it would load"
+        )
+    record = score_step(step_dir, scoring, parsed.eval.device, allowed)
+    if "error" in record:
+        raise ConfigError(f"{step_dir}: {record['error']}")
+    return record
+
+
+def run_watch(args: list[str]) -> dict[str, Any]:
+    """The evaluator following a run until its last step is scored (or it is stopped)."""
+    allowed, rest = split_allow_types([a for a in args if a != "--json"])
+    output_dir, launched, idle, flags = _watch_flags(rest)
+    plans: dict[str, evaluator.StepPlan] = {}
+
+    def plan_of(step_dir: str) -> evaluator.StepPlan:
+        if step_dir not in plans:
+            plans[step_dir] = _step_plan(step_dir, flags, allowed)
+        return plans[step_dir]
+
+    prepared: list[bool] = []
+
+    def score(step_dir: str, plan: evaluator.StepPlan) -> dict[str, Any]:
+        assert plan.scoring is not None
+        if not prepared:
+            _set_up_process(plan.scoring.eval)
+            prepared.append(True)
+        return score_step(step_dir, plan.scoring, plan.scoring.eval.device, allowed)
+
+    control = evaluator.Control(launched)
+    scored = evaluator.follow(output_dir, plan_of, score, _say, control, idle)
+    return {"output_dir": output_dir, "scored": scored}
+
+
+def _watch_flags(args: list[str]) -> tuple[str, bool, float, list[str]]:
+    output_dir, launched, idle, flags = None, False, IDLE_TIMEOUT_S, []
+    for arg in args:
+        name, _, value = arg.partition("=")
+        if name == WATCH_FLAG:
+            output_dir = value
+        elif name == LAUNCHED_FLAG:
+            launched = value.lower() in ("true", "1", "yes")
+        elif name == IDLE_FLAG:
+            try:
+                idle = float(value)
+            except ValueError:
+                raise ConfigError(f"{IDLE_FLAG}={value}: give seconds, e.g. {IDLE_FLAG}=600") from None
+        else:
+            flags.append(arg)
+    if not output_dir:
+        raise ConfigError(f"{WATCH_FLAG}=OUTPUT_DIR names the run to follow (a directory or an s3:// URL)")
+    path = output_dir if layout.is_url(output_dir) else os.path.abspath(output_dir)
+    return path, launched, idle, flags
+
+
+def _step_plan(step_dir: str, flags: list[str], allowed: tuple[str, ...]) -> evaluator.StepPlan:
+    """A step's plan: its run's sections from its train_config.json, the flags over them."""
+    try:
+        saved = ckpt_tools.open_checkpoint(step_dir).train_config()
+    except ckpt_tools.CheckpointError as exc:
+        raise ConfigError(f"{step_dir}: {exc}") from None
+    run = {key: saved[key] for key in RUN_FIELDS if key in saved}
+    if any(a.startswith("--env.type=") for a in flags):
+        run.pop("env", None)  # another environment than the run's: its fields do not apply
+    parsed = _parse(WatchArgs, flags, run)
+    if parsed.env is not None and "env" in run:
+        check_imports(parsed.env, allowed)
+    run_had_env = run.get("env") is not None
+    every = parsed.env_eval_freq if run_had_env or any(a.startswith("--env_eval_freq=") for a in flags) else 0
+    scoring = (
+        EnvScoring(parsed.env, parsed.eval, parsed.seed, parsed.rename_map)
+        if parsed.env is not None
+        else None
+    )
+    return evaluator.StepPlan(scoring, every, parsed.steps, _ranking(parsed))
+
+
+def _ranking(parsed: WatchArgs) -> ckpt_tools.Ranking | None:
+    if not parsed.keep_best or not parsed.best_metric:
+        return None
+    mode = parsed.best_mode or ckpt_tools.default_mode(parsed.best_metric)
+    return ckpt_tools.Ranking(parsed.best_metric, mode, parsed.keep_best)
+
+
+def _parse(cls: type[Any], args: list[str], saved: dict[str, Any] | None) -> Any:
+    """draccus over `args`, with `saved` (a run's sections) as the config file under them."""
+    with tempfile.TemporaryDirectory(prefix="trainer-eval-") as tmp:
+        config_path = None
+        if saved is not None:
+            config_path = os.path.join(tmp, "run.json")
+            with open(config_path, "w", encoding="utf-8") as handle:
+                json.dump(saved, handle)
+        try:
+            return draccus.parse(cls, config_path=config_path, args=args, exit_on_error=False)
+        except Exception as exc:  # draccus wraps bad flags and values in several exception types
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, ConfigError):
+                raise cause from None
+            raise ConfigError(f"trainer eval: {' '.join(str(exc).split())}") from None
+
+
+def _set_up_process(settings: EnvEvalConfig) -> None:
+    """The evaluator's share of the machine: its cores (`--eval.cpus`, inherited by its environment
+    processes) and its torch threads."""
+    import torch
+
+    if settings.cpus:
+        try:
+            os.sched_setaffinity(0, settings.cpus)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--eval.cpus={settings.cpus}: {exc}") from None
+    torch.set_num_threads(settings.threads)
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

@@ -1,0 +1,126 @@
+"""Policies scored in their environments, one checkpoint at a time (docs/evaluation.md): LeRobot's env
+configs and flags, lerobot-eval's figures and videos in eval.json, and an environment that crashes,
+hangs or returns NaN costing one line and that score only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import av
+import draccus
+import pytest
+
+import ckpt_tools
+from helpers.engine_run import train_in
+from helpers.fixtures import fixture_dir
+from helpers.lerobot_data import write_dataset
+from helpers.slow_env import FEATURES_MAP
+from helpers.train_flags import tiny_args
+from trainer.cli import main
+from trainer.cli.parse import parse_config
+from trainer.config.environment import AlohaEnv, EnvEvalConfig, PushtEnv
+from trainer.evaluation.env_scores import EnvScoring, score_step
+from trainer.evaluation.evaluator import score_line
+
+LEROBOT = json.loads((fixture_dir("lerobot_env_configs") / "env_configs.json").read_text())
+SLOW = ["--env.type=gym", "--env.task=helpers.slow_env:SlowPendulum-v0", f"--env.features_map={FEATURES_MAP}"]
+
+
+def test_env_configs_are_lerobots_field_for_field() -> None:
+    """PushT and ALOHA as lerobot-train 0.6.1 writes them into train_config.json: every field, default,
+    feature shape and feature name; and --eval.* with LeRobot's defaults."""
+    for name, config in (("pusht", PushtEnv()), ("aloha", AlohaEnv())):
+        ours = draccus.encode(config)
+        assert {key: ours[key] for key in LEROBOT["env"][name]} == LEROBOT["env"][name], name
+    ours = draccus.encode(EnvEvalConfig())
+    assert {key: ours[key] for key in LEROBOT["eval"]} == LEROBOT["eval"]
+
+
+def test_lerobots_env_flags_parse_into_the_run() -> None:
+    config = parse_config(
+        ["--env.type=pusht", "--env_eval_freq=500", "--eval.n_episodes=10", "--eval.batch_size=5"]
+    )
+    assert (config.env.type, config.env.gym_id, config.env_eval_freq) == ("pusht", "gym_pusht/PushT-v0", 500)
+    assert (config.eval.environments(), config.run_name) == (5, "pusht_act_state")
+    assert parse_config(["--env.type=pendulum", "--env.camera=true"]).env.features["pixels/top"].shape == (
+        32,
+        32,
+        3,
+    )
+
+
+@pytest.fixture(scope="module")
+def pendulum_step(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny MLP trained on the pendulum: its last step."""
+    root = tmp_path_factory.mktemp("pendulum_policy")
+    train_in(root, tiny_args(str(root / "run"), str(root / "cache"), "--policy.type=mlp", "--save_freq=4"))
+    return root / "run" / "checkpoints" / "000004"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "limit", "why"),
+    [
+        ({"crash_at": 3}, 60.0, "RuntimeError: the simulator lost its contact solver"),
+        ({"nan_at": 2}, 60.0, "the environment returned a NaN or infinite reward"),
+        ({"gate": "/nonexistent", "gate_s": 30.0}, 0.5, "took longer than --eval.episode_time_limit_s=0.5"),
+    ],
+    ids=["crash", "nan", "hang"],
+)
+def test_a_failing_environment_costs_one_line_and_that_score(
+    pendulum_step, tmp_path, kwargs, limit, why
+) -> None:
+    env = parse_config([*SLOW, f"--env.kwargs={json.dumps(kwargs)}"]).env
+    settings = EnvEvalConfig(n_episodes=2, batch_size=1, use_async_envs=False, episode_time_limit_s=limit)
+    record = score_step(str(pendulum_step), EnvScoring(env, settings, 0, {}), "cpu", ())
+    assert why in record["error"] and "\n" not in record["error"] and "overall" not in record
+    assert ckpt_tools.read_scores(str(pendulum_step)) == record  # written: a follower never retries it
+    assert score_line(record).startswith("step 4: evaluation in gym failed, score lost: ")
+
+
+def test_pusht_scores_a_trained_checkpoint_into_eval_json_and_mp4(tmp_path, capsys) -> None:
+    """LeRobot's PushT (gym-pusht) scoring a tiny policy trained on a 2-D feature, renamed onto PushT's
+    agent position: lerobot-eval's figures per episode and overall, and an H.264 video of episode 0."""
+    pytest.importorskip("gym_pusht", reason="the [pusht] extra is part of the tests session")
+    write_dataset(tmp_path / "data", [20, 20])
+    train_in(
+        tmp_path,
+        [
+            f"--dataset.root={tmp_path / 'data'}",
+            "--policy.type=mlp",
+            "--policy.input_features=[observation.velocity]",
+            f"--output_dir={tmp_path / 'run'}",
+            "--steps=2",
+            "--save_freq=2",
+            "--batch_size=4",
+            "--num_workers=0",
+        ],
+    )
+    step = tmp_path / "run" / "checkpoints" / "last"
+    flags = ["--env.type=pusht", "--env.episode_length=12", "--eval.n_episodes=2", "--eval.batch_size=2"]
+    rename = '--rename_map={"observation.state": "observation.velocity"}'
+    with pytest.raises(SystemExit) as exit_code:
+        main(["eval", f"--policy.path={step}", *flags, rename, "--eval.max_episodes_rendered=1", "--json"])
+    assert exit_code.value.code == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    saved = json.loads((tmp_path / "run" / "checkpoints" / "000002" / "eval.json").read_text())
+    assert saved == printed and (saved["step"], saved["env"], saved["weights"]) == (2, "pusht", "model")
+    assert [e["seed"] for e in saved["per_episode"]] == [1000, 1001]
+    sums = [e["sum_reward"] for e in saved["per_episode"]]
+    assert saved["overall"]["avg_sum_reward"] == pytest.approx(sum(sums) / 2)
+    assert saved["per_task"][0]["metrics"]["sum_rewards"] == sums
+    assert saved["overall"]["video_paths"] == ["eval_videos/eval_episode_0.mp4"]
+    with av.open(str(step / "eval_videos" / "eval_episode_0.mp4")) as video:
+        stream = video.streams.video[0]
+        frames = sum(1 for _ in video.decode(stream))
+        assert (stream.codec_context.name, stream.width, stream.average_rate) == ("h264", 384, 10)
+    assert frames == 13  # the reset and every step of the 12-step episode
+
+
+def test_an_environment_the_policy_cannot_read_is_one_line(pendulum_step, capsys) -> None:
+    unmapped = ["--env.type=gym", SLOW[1], '--env.features_map={"agent_pos": "observation.other"}']
+    with pytest.raises(SystemExit) as exit_code:
+        main(["eval", f"--policy.path={pendulum_step}", *unmapped])
+    err = capsys.readouterr().err.strip()
+    assert exit_code.value.code == 1 and "\n" not in err
+    assert "the policy reads 'observation.state', which --env.type=gym gives no value for" in err
