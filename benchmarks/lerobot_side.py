@@ -47,7 +47,7 @@ Policy's chunk 0, its actions through LeRobot's processors 4.17e-7; with the env
 and 8.64e-7; the FSDP2 + EMA fine-tune of LeRobot's checkpoint: chunk 0, actions through LeRobot's
 processors 1.49e-7; the two-robot SmolVLA's exports, each loaded strictly, chunk 0 and actions through
 LeRobot's processors 0 for both robots; the pi0.5's chunk 0, its actions through LeRobot's processors
-(QUANTILES normalizer, the state written into the prompt, the tokenizer) 2.98e-8.
+(QUANTILES normalizer, the state written into the prompt, the tokenizer) 2.98e-8 and 1.49e-8 on two runs.
 
 Usage:
   python benchmarks/lerobot_side.py check --lerobot-python /path/to/lerobot-venv/bin/python [--atol 1e-5]
