@@ -18,7 +18,7 @@ PACKAGES = (
     "-e",
     "packages/ckpt-tools[test]",
     "-e",
-    "packages/trainer[test,tracking,augment,smolvla,diffusion,pusht]",
+    "packages/trainer[test,tracking,augment,smolvla,pi,diffusion,pusht]",
 )
 
 
@@ -154,13 +154,13 @@ def gpu(session: nox.Session) -> None:
 @nox.session
 def lerobot_side(session: nox.Session) -> None:
     """LeRobot 0.6.1 itself beside this trainer, when LEROBOT_PYTHON names the Python of a venv with
-    `lerobot[smolvla,diffusion]==0.6.1` (says so and exits 0 otherwise): an ACT with cameras, a SmolVLA,
-    a Diffusion Policy (with cameras, and with an environment state) trained here and LeRobot's Diffusion
-    checkpoint fine-tuned on FSDP2 x2 with an EMA, exported, load in LeRobot's
-    `from_pretrained(dir, strict=True)` and act as ours within 1e-5, and so do LeRobot's
+    `lerobot[smolvla,diffusion,pi]==0.6.1` (says so and exits 0 otherwise): an ACT with cameras, a SmolVLA,
+    a Diffusion Policy (with cameras, and with an environment state) trained here, LeRobot's Diffusion
+    checkpoint fine-tuned on FSDP2 x2 with an EMA and LeRobot's tiny pi0.5 fine-tuned here, exported, load
+    in LeRobot's `from_pretrained(dir, strict=True)` and act as ours within 1e-5, and so do LeRobot's
     `make_pre_post_processors(pretrained_path=export)` around them on a raw observation
-    (benchmarks/lerobot_side.py check), then the training step time of our SmolVLA, ACT and Diffusion
-    Policy against LeRobot's on the same checkpoint and batch (benchmarks/bench_smolvla_lerobot.py;
+    (benchmarks/lerobot_side.py check), then the training step time of our SmolVLA, ACT, Diffusion Policy
+    and pi0.5 against LeRobot's on the same checkpoint and batch (benchmarks/bench_smolvla_lerobot.py;
     options after `--` go to the bench, e.g. `-- --repeat 5`)."""
     lerobot_python = os.environ.get("LEROBOT_PYTHON")
     if not lerobot_python:
@@ -169,7 +169,7 @@ def lerobot_side(session: nox.Session) -> None:
     install(session)
     session.run("python", "benchmarks/lerobot_side.py", "check", f"--lerobot-python={lerobot_python}")
     bench = ("benchmarks/bench_smolvla_lerobot.py", f"--lerobot-python={lerobot_python}")
-    for policy in ("smolvla", "act", "diffusion"):
+    for policy in ("smolvla", "act", "diffusion", "pi05"):
         session.run("python", *bench, f"--policy={policy}", *session.posargs)
 
 

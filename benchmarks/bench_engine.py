@@ -41,10 +41,10 @@ TRAIN = HERE.parent / "tests" / "distributed" / "scripts" / "train_cli.py"
 
 def torchrun(script: Path, *args: str, nproc: int = 2) -> str:
     """Run `script` on `nproc` gloo ranks with benchmarks/ on the path (workers and dataset plug-ins live
-    here)."""
+    here), one torch thread each (BENCH_THREADS sets another count)."""
     env = {
         **os.environ,
-        "OMP_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": os.environ.get("BENCH_THREADS", "1"),  # per rank (a machine with cores to spare)
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
     }

@@ -18,8 +18,19 @@ sizes, random weights: 100 M parameters trained, 350 M frozen) on the embedded c
 instruction, on 4 ranks; its ideal counts 4 bytes per frozen parameter (weights only) and its baseline
 is a tiny SmolVLA's run (transformers is part of the runtime).
 
-Usage: python benchmarks/bench_memory.py [--policy act_state|smolvla] [--layouts 1,2,4,2x2]
-       [--blocks 16] [--dim 1024] [--ffn 4096] [--workdir DIR]
+`--policy pi0|pi05` measures LeRobot's pi0 / pi0.5 at its default size (gemma_2b + gemma_300m, SigLIP
+at 224 x 224; random weights, the tiny fixture's tokenizer) on the embedded camera task, on 4 ranks, one
+`--mode`: `expert-bf16` (--policy.train_expert_only=true, --policy.dtype=bfloat16 as LeRobot keeps it),
+`expert-fp32`, `lora` (LeRobot's targets over a bfloat16 base) or `full` (everything trains; `--depth N`
+cuts both Gemmas to N layer pairs). Each tensor counts in its own dtype: the ideal is the weights'
+bytes plus 3x each trained parameter's (its gradient and Adam's two moments), over the shard degree,
+plus the same command's peak at the fixtures' tiny sizes. At the default size the expert-only float32
+run needs about 5.3 GB per rank on 4 ranks (21 GB in all): run it where that fits (`BENCH_THREADS=4`
+gives each rank 4 torch threads on a machine with cores to spare).
+
+Usage: python benchmarks/bench_memory.py [--policy act_state|smolvla|pi0|pi05] [--layouts 1,2,4,2x2]
+       [--blocks 16] [--dim 1024] [--ffn 4096] [--mode expert-bf16|expert-fp32|lora|full] [--depth N]
+       [--workdir DIR]
 Each large configuration runs once, one at a time (at 470 M parameters a rank of the 1-process run
 peaks near 8 GB; check `free -g` first).
 """
@@ -83,8 +94,9 @@ def train_flags(output_dir: Path, cache: Path, layout: str, policy: list[str]) -
 @dataclass
 class Subject:
     """A policy measured: the run's flags (batch, data), the policy's at the large size and at a tiny one
-    (the baseline: the runtime the policy brings, from the interpreter to its libraries), and its
-    trainable and frozen parameters."""
+    (the baseline: the runtime the policy brings, from the interpreter to its libraries), its trainable
+    and frozen parameters, and the bytes of its stored weights and of its trained parameters'
+    gradients and Adam moments (in their own dtypes: 12 B per float32 parameter, 6 B per bfloat16 one)."""
 
     title: str
     run: list[str]
@@ -92,26 +104,37 @@ class Subject:
     tiny: list[str]
     trainable: int
     frozen: int
+    weight_bytes: int
+    trained_bytes: int
+    reload: bool = True
+    """Also run from the fresh run's checkpoint (`--policy.path`)."""
 
     def ideal(self, shards: int, baseline: float) -> float:
-        """Adam's 16 B per trainable parameter and 4 B per frozen one, over the shard degree."""
-        return (16 * self.trainable + 4 * self.frozen) / shards + baseline
+        """The weights, and the trained parameters' gradients and Adam moments, over the shard degree
+        (fp32 AdamW: 16 B per trained parameter, 4 B per frozen one)."""
+        return (self.weight_bytes + self.trained_bytes) / shards + baseline
 
     def ideal_terms(self, shards: int, baseline: float) -> str:
-        frozen = f" + 4 B x {self.frozen / 1e6:.0f} M" if self.frozen else ""
-        return f"(16 B x {self.trainable / 1e6:.0f} M{frozen}) / {shards} + {baseline / GB:.2f}"
+        return (
+            f"({self.weight_bytes / GB:.2f} weights + {self.trained_bytes / GB:.2f} grads and moments) / "
+            f"{shards} + {baseline / GB:.2f}"
+        )
 
 
-def counts(policy: PolicyConfig) -> tuple[int, int]:
-    """Trainable and frozen parameters, from a meta build (no memory)."""
+def measured(policy: PolicyConfig) -> tuple[int, int, int, int]:
+    """Trainable and frozen parameters, the weights' bytes and the trained parameters' gradient and
+    Adam moment bytes, from a meta build (no memory)."""
     import torch
 
     from trainer.policies import build_policy
 
     with torch.device("meta"):
         params = list(build_policy(policy, 3, 1).parameters())
-    trainable = sum(p.numel() for p in params if p.requires_grad)
-    return trainable, sum(p.numel() for p in params) - trainable
+    trainable = [p for p in params if p.requires_grad]
+    count = sum(p.numel() for p in trainable)
+    weights = sum(p.numel() * p.element_size() for p in params)
+    trained = sum(3 * p.numel() * p.element_size() for p in trainable)
+    return count, sum(p.numel() for p in params) - count, weights, trained
 
 
 def act_state(blocks: int, dim: int, ffn: int) -> Subject:
@@ -122,7 +145,7 @@ def act_state(blocks: int, dim: int, ffn: int) -> Subject:
     large += [f"--policy.encoder_layers={blocks}", f"--policy.decoder_layers={blocks}"]
     config = ACTStateConfig(dim=dim, heads=16, ffn_dim=ffn, encoder_layers=blocks, decoder_layers=blocks)
     title = f"act_state {blocks}+{blocks} blocks of width {dim}"
-    return Subject(title, ["--batch_size=8"], [*base, *large], base, *counts(config))
+    return Subject(title, ["--batch_size=8"], [*base, *large], base, *measured(config))
 
 
 def smolvla(work: Path) -> Subject:
@@ -137,7 +160,81 @@ def smolvla(work: Path) -> Subject:
     config = SmolVLAConfig(vlm_model_name=str(backbone), input_features=features)
     large = ["--policy.type=smolvla", f"--policy.vlm_model_name={backbone}"]
     title = "SmolVLA, LeRobot's defaults on SmolVLM2-500M"
-    return Subject(title, ["--dataset.camera=true", "--batch_size=2"], large, tiny, *counts(config))
+    return Subject(title, ["--dataset.camera=true", "--batch_size=2"], large, tiny, *measured(config))
+
+
+# What a pi run fine-tunes: LeRobot's expert-only in bfloat16 (LeRobot's storage) or float32, LoRA on
+# LeRobot's targets over a bfloat16 base, or everything (a reduced depth: --depth).
+PI_MODES = {
+    "expert-bf16": ["--policy.train_expert_only=true", "--policy.dtype=bfloat16"],
+    "expert-fp32": ["--policy.train_expert_only=true"],
+    "lora": ["--policy.dtype=bfloat16", "--peft.method_type=LORA", "--peft.r=16"],
+    "full": [],
+}
+
+
+def pi(work: Path, kind: str, mode: str, depth: int | None) -> Subject:
+    """LeRobot's pi0 / pi0.5 at its default size (gemma_2b + gemma_300m, SigLIP at 224 x 224; random
+    weights), or both Gemmas cut to `depth` layer pairs, on the embedded camera task with its
+    instruction. The tokenizer is LeRobot's tiny fixture's (no download; its ids fit PaliGemma's
+    vocabulary); the baseline is the same run at the fixture's tiny sizes."""
+    from trainer.policies.pi import PI0Config, PI05Config
+
+    fixture = HERE.parent / "tests" / "fixtures" / "lerobot_pi05_tiny" / "tiny_paligemma"
+    base = [f"--policy.type={kind}", f"--policy.tokenizer_name={fixture}", *PI_MODES[mode]]
+    tiny = [
+        *base,
+        f"--policy.size_overrides={fixture / 'tiny_pi_overrides.json'}",
+        "--policy.image_resolution=[32,32]",
+    ]
+    large, sizes = list(base), {}
+    if depth is not None:
+        variants = {name: {"depth": depth} for name in ("gemma_2b", "gemma_300m")}
+        overrides = work / f"depth{depth}.json"
+        overrides.write_text(json.dumps({"gemma_variants": _with_sizes(variants)}))
+        large.append(f"--policy.size_overrides={overrides}")
+        sizes = {"size_overrides": str(overrides)}
+    config_class = PI05Config if kind == "pi05" else PI0Config
+    fields = {
+        "train_expert_only": "expert" in mode,
+        "dtype": "float32" if mode in ("expert-fp32", "full") else "bfloat16",
+        "tokenizer_name": str(fixture),
+    }
+    config = config_class(
+        input_features=["observation.state", "observation.images.top", "task"], **fields, **sizes
+    )
+    trainable, frozen, weights, trained = measured(config)
+    if mode == "lora":  # the adapters (float32, rank 16) train; their count from a meta build of the wrapper
+        trainable, frozen, trained = _lora(config, frozen + trainable)
+        weights += trained // 3
+    depth_note = f", {depth} layer pairs" if depth is not None else ""
+    title = f"{kind}, LeRobot's default size{depth_note}, {mode}"
+    run = ["--dataset.camera=true", "--batch_size=2"]
+    return Subject(title, run, large, tiny, trainable, frozen, weights, trained, reload=False)
+
+
+def _with_sizes(variants: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """LeRobot's two variants with some sizes replaced (an overrides file names every size)."""
+    from dataclasses import asdict
+
+    from trainer.policies.pi.config import GEMMA_VARIANTS
+
+    return {name: {**asdict(GEMMA_VARIANTS[name]), **changed} for name, changed in variants.items()}
+
+
+def _lora(config: PolicyConfig, base_params: int) -> tuple[int, int, int]:
+    """(trainable, frozen, trained bytes) of the policy under LoRA rank 16 on its default targets."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from trainer.policies import build_policy
+
+    with torch.device("meta"):
+        policy = build_policy(config, 3, 1)
+        model = get_peft_model(policy, LoraConfig(r=16, target_modules=list(policy.peft_target_modules())))
+    adapters = [p for p in model.parameters() if p.requires_grad]
+    count = sum(p.numel() for p in adapters)
+    return count, base_params, sum(3 * 4 * p.numel() for p in adapters)
 
 
 def row(layout: str, start: str, records: list[dict[str, float]], subject: Subject, baseline: float) -> str:
@@ -159,15 +256,25 @@ def main() -> None:
     parser.add_argument(
         "--layouts", default=None, help="N: FSDP2 over N ranks; RxS: HSDP (default 1,2,4,2x2; smolvla: 4)"
     )
-    parser.add_argument("--policy", choices=("act_state", "smolvla"), default="act_state")
+    parser.add_argument("--policy", choices=("act_state", "smolvla", "pi0", "pi05"), default="act_state")
+    parser.add_argument(
+        "--mode", choices=tuple(PI_MODES), default="expert-bf16", help="pi0 / pi05: what trains"
+    )
+    parser.add_argument(
+        "--depth", type=int, default=None, help="pi0 / pi05: layer pairs (default: LeRobot's 18)"
+    )
     parser.add_argument("--blocks", type=int, default=16)
     parser.add_argument("--dim", type=int, default=1024)
     parser.add_argument("--ffn", type=int, default=4096)
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-memory-"))
+    work.mkdir(parents=True, exist_ok=True)
     cache = work / "cache"
-    subject = smolvla(work) if args.policy == "smolvla" else act_state(args.blocks, args.dim, args.ffn)
+    if args.policy in ("pi0", "pi05"):
+        subject = pi(work, args.policy, args.mode, args.depth)
+    else:
+        subject = smolvla(work) if args.policy == "smolvla" else act_state(args.blocks, args.dim, args.ffn)
     frozen = f" + {subject.frozen / 1e6:.0f} M frozen" if subject.frozen else ""
     print(f"{subject.title}: {subject.trainable / 1e6:.0f} M parameters trained{frozen}")
     print(
@@ -175,7 +282,7 @@ def main() -> None:
         "| ratio | sum over ranks (GB) | time to first step (s) |"
     )
     print("|---|---|---|---|---|---|---|", flush=True)
-    layouts = args.layouts or ("4" if args.policy == "smolvla" else "1,2,4,2x2")
+    layouts = args.layouts or ("1,2,4,2x2" if args.policy == "act_state" else "4")
     for layout in layouts.split(","):
         nproc = layout_flags(layout)[0]
         tiny_dir = work / f"tiny{layout}"
@@ -188,12 +295,13 @@ def main() -> None:
             nproc, fresh_dir / "rec", train_flags(fresh_dir, cache, layout, [*subject.run, *subject.large])
         )
         print(row(layout, "fresh", fresh, subject, baseline), flush=True)
-        step = fresh_dir / "checkpoints" / "000001"
-        from_step = [*subject.run, f"--policy.path={step}"]
-        loaded = run(nproc, loaded_dir / "rec", train_flags(loaded_dir, cache, layout, from_step))
-        print(row(layout, "--policy.path", loaded, subject, baseline), flush=True)
+        if subject.reload:
+            step = fresh_dir / "checkpoints" / "000001"
+            from_step = [*subject.run, f"--policy.path={step}"]
+            loaded = run(nproc, loaded_dir / "rec", train_flags(loaded_dir, cache, layout, from_step))
+            print(row(layout, "--policy.path", loaded, subject, baseline), flush=True)
+            shutil.rmtree(loaded_dir / "checkpoints")
         shutil.rmtree(fresh_dir / "checkpoints")
-        shutil.rmtree(loaded_dir / "checkpoints")
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
 

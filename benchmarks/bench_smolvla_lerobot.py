@@ -1,13 +1,16 @@
-"""Training step time of our SmolVLA (or ACT, or Diffusion Policy) against LeRobot 0.6.1's, side by side
-on CPU. Two venvs.
+"""Training step time of our SmolVLA (or ACT, Diffusion Policy, pi0.5) against LeRobot 0.6.1's, side by
+side on CPU. Two venvs.
 
 Both sides load the same LeRobot checkpoint (`tests/fixtures/lerobot_smolvla_tiny`, LeRobot's tiny
 SmolVLA; with `--policy act` the committed LeRobot ACT, `tests/fixtures/lerobot/checkpoint_act`; with
 `--policy diffusion` LeRobot's Diffusion Policy, `tests/fixtures/lerobot_diffusion_tiny`: two 24x40
 cameras resized to 48x80 and cropped to 43x72, one shared ResNet-18 with group norm, a U-Net of
-[16, 32, 64]) with their own `from_pretrained`, read the same preprocessed batch from one safetensors
-file (drawn here, seeded; SmolVLA's flow-matching noise and times included, so both compute the same
-loss; Diffusion's `n_obs_steps` observation history and `horizon` actions), and time the same step
+[16, 32, 64]; with `--policy pi05` LeRobot's tiny pi0.5, `tests/fixtures/lerobot_pi05_tiny`: ours at its
+sizes through `size_overrides`, LeRobot's through the fixture's own `tiny_pi.py`) with their own
+`from_pretrained`, read the same preprocessed batch from one safetensors file (drawn here, seeded; the
+VLAs' flow-matching noise and times included, so both compute the same loss: LeRobot's pi forward takes
+neither, so its model's two samplers are replaced on the instance, as the fixture's reference was
+computed; Diffusion's `n_obs_steps` observation history and `horizon` actions), and time the same step
 from the same seed of torch's global generator (Diffusion's crops, noise and timesteps draw from it,
 alike on both sides): `forward`, `backward`, gradient clipping at 10, AdamW over the parameters that
 require gradients, `zero_grad`. Each worker runs `--warmup` steps, then `--steps` timed ones, on
@@ -16,7 +19,7 @@ another job made either side swing between 20 and 600 ms per step); the sides al
 times, so a loaded machine slows both alike.
 The figure is ours / LeRobot's, each side's best run (the median step of its least disturbed run: other
 jobs only ever slow a run down), with the samples per second it means; the goal is <= 1.0x. The first
-step's losses are printed too: for SmolVLA and Diffusion Policy they agree to float rounding (the same
+step's losses are printed too: for the VLAs and Diffusion Policy they agree to float rounding (the same
 weights, batch and random draws).
 
 This project's half runs in this venv (`trainer` importable); LeRobot's in a Python 3.12 venv with
@@ -28,8 +31,8 @@ Never part of the tests or `nox -s bench`.
 
 Usage:
   python benchmarks/bench_smolvla_lerobot.py --lerobot-python /path/to/lerobot-venv/bin/python \
-    [--ours-python PYTHON] [--policy smolvla|act|diffusion] [--batch 8] [--steps 20] [--warmup 3] [--repeat 3] \
-    [--threads 1]
+    [--ours-python PYTHON] [--policy smolvla|act|diffusion|pi05] [--batch 8] [--steps 20] [--warmup 3] \
+    [--repeat 3] [--threads 1]
 """
 
 from __future__ import annotations
@@ -56,7 +59,11 @@ MODELS = {
     "smolvla": FIXTURES / "lerobot_smolvla_tiny" / "pretrained_model",
     "act": FIXTURES / "lerobot" / "checkpoint_act" / "checkpoints" / "000002" / "pretrained_model",
     "diffusion": FIXTURES / "lerobot_diffusion_tiny" / "pretrained_model",
+    "pi05": FIXTURES / "lerobot_pi05_tiny" / "pretrained_model",
 }
+# LeRobot's pi0.5 fixture: its tokenizer (named relatively), and its launcher shrinking LeRobot's sizes
+PI_FILES = (FIXTURES / "lerobot_pi05_tiny" / "tiny_paligemma", FIXTURES / "lerobot_pi05_tiny" / "tiny_pi.py")
+OVERRIDES = "tiny_paligemma/tiny_pi_overrides.json"
 BACKBONE = FIXTURES / "lerobot_smolvla_tiny" / "tiny_smolvlm"  # named relatively by the SmolVLA config
 MODEL_DIR, BATCH = "pretrained_model", "batch.safetensors"
 NOISE, TIME = "bench.noise", "bench.time"  # SmolVLA's flow-matching draws, passed to forward
@@ -72,6 +79,9 @@ def prepare(policy: str, workdir: Path, batch_size: int) -> None:
     shutil.copytree(MODELS[policy], workdir / MODEL_DIR)
     if policy == "smolvla":
         shutil.copytree(BACKBONE, workdir / BACKBONE.name)
+    if policy == "pi05":
+        shutil.copytree(PI_FILES[0], workdir / PI_FILES[0].name)
+        shutil.copy(PI_FILES[1], workdir / PI_FILES[1].name)
     config = json.loads((workdir / MODEL_DIR / "config.json").read_text())
     g = torch.Generator().manual_seed(0)
     batch = seeded_inputs(config, batch_size, g)
@@ -82,10 +92,11 @@ def prepare(policy: str, workdir: Path, batch_size: int) -> None:
     action_dim = config["output_features"]["action"]["shape"][0]
     batch["action"] = torch.randn(batch_size, chunk, action_dim, generator=g)
     batch["action_is_pad"] = torch.zeros(batch_size, chunk, dtype=torch.bool)
-    if policy == "smolvla":
+    if policy in ("smolvla", "pi05"):
         with contextlib.chdir(workdir):  # where the config's relative backbone name resolves
-            loaded = trainer.load_policy(MODEL_DIR)
-        batch[TOKENS], batch[TOKEN_MASK] = loaded.policy.tokenizer([TASK] * batch_size)
+            loaded = trainer.load_policy(MODEL_DIR, **_fields(policy))
+        state = (batch["observation.state"],) if policy == "pi05" else ()  # pi0.5's prompt holds it
+        batch[TOKENS], batch[TOKEN_MASK] = loaded.policy.tokenizer([TASK] * batch_size, *state)
         batch[NOISE] = torch.randn(batch_size, chunk, config["max_action_dim"], generator=g)
         batch[TIME] = torch.rand(batch_size, generator=g) * 0.999 + 0.001
     save_file(batch, str(workdir / BATCH), metadata={"type": policy})
@@ -98,7 +109,12 @@ def load_ours(policy: str, workdir: Path, batch: dict[str, torch.Tensor]) -> tor
 
     if policy == "act" and ENV in batch:
         batch["observation.state"] = torch.cat([batch["observation.state"], batch.pop(ENV)], dim=-1)
-    return trainer.load_policy(str(workdir / MODEL_DIR)).policy
+    return trainer.load_policy(str(workdir / MODEL_DIR), **_fields(policy)).policy
+
+
+def _fields(policy: str) -> dict[str, str]:
+    """What LeRobot's config.json does not record: the tiny pi0.5's sizes."""
+    return {"size_overrides": OVERRIDES} if policy == "pi05" else {}
 
 
 def load_lerobot(policy: str, workdir: Path) -> torch.nn.Module:
@@ -106,6 +122,12 @@ def load_lerobot(policy: str, workdir: Path) -> torch.nn.Module:
         from lerobot.policies.act.modeling_act import ACTPolicy
 
         return ACTPolicy.from_pretrained(str(workdir / MODEL_DIR), strict=True)
+    if policy == "pi05":
+        sys.path.insert(0, str(workdir))
+        import tiny_pi  # noqa: F401  (the fixture's sizes, before LeRobot builds the policy)
+        from lerobot.policies.pi05 import PI05Policy
+
+        return PI05Policy.from_pretrained(str(workdir / MODEL_DIR), strict=True)
     if policy == "diffusion":
         from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
 
@@ -128,6 +150,10 @@ def worker(side: str, workdir: Path, steps: int, warmup: int) -> dict[str, Any]:
         kwargs = {"noise": batch.pop(NOISE), "time": batch.pop(TIME)}
     policy = load_ours(policy_type, workdir, batch) if side == "ours" else load_lerobot(policy_type, workdir)
     policy.train()
+    if side == "lerobot" and policy_type == "pi05":  # its forward takes no noise or time: fix its draws
+        noise, flow_time = kwargs.pop("noise"), kwargs.pop("time")
+        policy.model.sample_noise = lambda shape, device: noise
+        policy.model.sample_time = lambda size, device: flow_time
     params = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=1e-10)
     times, first_loss = [], float("nan")

@@ -2,19 +2,24 @@
 
 `ours` (this project's venv) exports a checkpoint of ours with `trainer export` into
 `WORKDIR/pretrained_model/`, draws a seeded batch of normalized model inputs under LeRobot's batch keys
-(ACT: `observation.state`, `observation.environment_state`, each camera; SmolVLA: the state, the
-cameras in [0, 1], the task's tokens and mask, and the flow-matching noise; Diffusion Policy: the state
-and cameras with their `n_obs_steps` history, and the initial noise) and writes them with our
-action chunk to `WORKDIR/expected.safetensors`.
+(ACT: `observation.state`, `observation.environment_state`, each camera; SmolVLA, pi0, pi0.5: the
+state, the cameras in [0, 1], the prompt's tokens and mask (pi0.5's with the state's bins), and the
+flow-matching noise; Diffusion Policy: the state and cameras with their `n_obs_steps` history, and the
+initial noise) and writes them with our action chunk to `WORKDIR/expected.safetensors`.
 
 It also draws a seeded raw observation (cameras float in [0, 1] as LeRobot's dataset gives them, the
-state, SmolVLA's task strings) and writes our `trainer.load_policy(export).select_action` on it for the
-whole first chunk (`n_action_steps` calls through the action queue; SmolVLA's noise from a fixed seed).
+state, the VLAs' task strings) and writes our `trainer.load_policy(export).select_action` on it for the
+whole first chunk (`n_action_steps` calls through the action queue; the VLAs' noise from a fixed seed).
+A pi0/pi0.5 export reloads with the checkpoint's `size_overrides` (its config.json names LeRobot's
+variants only).
 
 `lerobot` (a separate Python 3.12 venv, this project not needed there:
-`python3.12 -m venv ~/lerobot-venv && ~/lerobot-venv/bin/pip install "lerobot[smolvla,diffusion]==0.6.1"
+`python3.12 -m venv ~/lerobot-venv && ~/lerobot-venv/bin/pip install "lerobot[smolvla,diffusion,pi]==0.6.1"
 "torch==2.11.0" num2words`) loads `WORKDIR/pretrained_model` with LeRobot's
-`ACTPolicy`, `SmolVLAPolicy` or `DiffusionPolicy.from_pretrained(dir, strict=True)`, computes
+`ACTPolicy`, `SmolVLAPolicy`, `DiffusionPolicy`, `PI0Policy` or `PI05Policy.from_pretrained(dir,
+strict=True)` (for pi, with the LeRobot fixture's `tiny_pi.py` imported first when the working directory
+holds it: it shrinks LeRobot's hard-coded sizes to the fixture's; and a check that LeRobot holds the
+exported tensors, since its pi `from_pretrained` keeps random weights with a warning otherwise), computes
 `predict_action_chunk` on the same normalized inputs (the same seed before it: DDPM's steps draw noise) and compares with ours; then loads our
 processor files with LeRobot's `make_pre_post_processors(policy.config, pretrained_path=dir)` and runs
 the raw observation through LeRobot's preprocessor -> `select_action` -> postprocessor (the same seed
@@ -29,7 +34,8 @@ with two cameras, a SmolVLA on the tiny backbone and a small Diffusion Policy he
 `tests/fixtures/lerobot/dataset_video`, a Diffusion Policy on LeRobot's `dataset_tiny` conditioned on its
 `observation.environment_state` (no camera), and fine-tunes LeRobot's own Diffusion checkpoint
 (`tests/fixtures/lerobot_diffusion_tiny`) for 3 steps on FSDP2 x2 with an EMA in one torchrun launch
-(2 gloo ranks; its export holds the EMA's weights), then runs `ours` in this venv and `lerobot` in
+(2 gloo ranks; its export holds the EMA's weights), and fine-tunes LeRobot's own tiny pi0.5 checkpoint
+(`tests/fixtures/lerobot_pi05_tiny`) for 3 steps, then runs `ours` in this venv and `lerobot` in
 --lerobot-python's on each. It also trains the SmolVLA on two robots that differ (`dataset_video` beside
 `dataset_arm6`: state 4/6, action 2/3, two video cameras vs one image camera, 10/15 fps) and checks each
 robot's export (`ours --embodiment=NAME`), against our `load_policy(checkpoint, embodiment=NAME)` on that
@@ -40,7 +46,8 @@ observation, 1.34e-7 for the ACT's actions and 0 for the SmolVLA's (docs/vla.md)
 Policy's chunk 0, its actions through LeRobot's processors 4.17e-7; with the environment state, chunk 0
 and 8.64e-7; the FSDP2 + EMA fine-tune of LeRobot's checkpoint: chunk 0, actions through LeRobot's
 processors 1.49e-7; the two-robot SmolVLA's exports, each loaded strictly, chunk 0 and actions through
-LeRobot's processors 0 for both robots.
+LeRobot's processors 0 for both robots; the pi0.5's chunk 0, its actions through LeRobot's processors
+(QUANTILES normalizer, the state written into the prompt, the tokenizer) 2.98e-8 and 1.49e-8 on two runs.
 
 Usage:
   python benchmarks/lerobot_side.py check --lerobot-python /path/to/lerobot-venv/bin/python [--atol 1e-5]
@@ -71,6 +78,8 @@ OUT = "expected.actions"  # our chunk (B, chunk_size, action_dim), normalized
 NOISE = "expected.noise"  # SmolVLA's flow-matching noise, passed to both
 TOKENS, TOKEN_MASK = "observation.language.tokens", "observation.language.attention_mask"
 TASKS = ["pick up the red block", "push"]
+PI = ("pi0", "pi05")
+LANGUAGE = ("smolvla", *PI)  # the policies whose observation holds the task
 FIXTURES = Path(__file__).parents[1] / "tests" / "fixtures"
 # What `check` trains here (from its scratch directory, which holds the dataset and the backbone)
 RUN = ["--batch_size=2", "--num_workers=0", "--steps=3", "--save_freq=3"]
@@ -100,6 +109,8 @@ TRAIN = {
         "--policy.down_dims=[16,32,64]", "--policy.num_inference_steps=10", "--dataset.root=dataset_tiny",
         "--policy.input_features=[observation.state,observation.environment_state]", "--policy.env_state_dim=3",
     ],
+    # LeRobot's own tiny pi0.5 checkpoint (tests/fixtures/lerobot_pi05_tiny) fine-tuned at its sizes
+    "pi05": ["--policy.path=pi05_base", "--policy.size_overrides=tiny_paligemma/tiny_pi_overrides.json"],
 }  # fmt: skip
 # LeRobot's own Diffusion checkpoint (tests/fixtures/lerobot_diffusion_tiny) fine-tuned here on 2 gloo
 # ranks, FSDP2 with an EMA, in one torchrun launch: its export holds the EMA's weights.
@@ -118,7 +129,18 @@ def ours(path: str, workdir: Path, batch_size: int, embodiment: str | None = Non
 
     export_lerobot(path, str(workdir / MODEL_DIR), embodiment=embodiment)
     with torch.no_grad():
-        _write_expected(workdir, batch_size, path if embodiment else None, embodiment)
+        _write_expected(
+            workdir, batch_size, path if embodiment else None, embodiment, _unrecorded_fields(path)
+        )
+
+
+def _unrecorded_fields(path: str) -> dict[str, str]:
+    """What LeRobot's config.json does not record and our checkpoint's does: a pi0's size overrides
+    (the export reloads here with them, as `load_policy(export, size_overrides=)`)."""
+    import ckpt_tools
+
+    overrides = ckpt_tools.open_checkpoint(path).policy_config().get("size_overrides")
+    return {"size_overrides": overrides} if overrides else {}
 
 
 def seeded_inputs(config: dict, batch_size: int, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -133,15 +155,19 @@ def seeded_inputs(config: dict, batch_size: int, g: torch.Generator) -> dict[str
 
 
 def _write_expected(
-    workdir: Path, batch_size: int, checkpoint: str | None = None, embodiment: str | None = None
+    workdir: Path,
+    batch_size: int,
+    checkpoint: str | None = None,
+    embodiment: str | None = None,
+    fields: dict[str, str] | None = None,
 ) -> None:
-    """Draw seeded inputs for the exported policy, compute our chunk, write both: from the export, or
-    for one embodiment from the `checkpoint` itself (`load_policy(checkpoint, embodiment=)`, what the
-    export must act as)."""
+    """Draw seeded inputs for the exported policy, compute our chunk, write both: from the export (with
+    the config `fields` LeRobot's config.json does not record), or for one embodiment from the
+    `checkpoint` itself (`load_policy(checkpoint, embodiment=)`, what the export must act as)."""
     import trainer
 
     if checkpoint is None:
-        loaded = trainer.load_policy(str(workdir / MODEL_DIR))
+        loaded = trainer.load_policy(str(workdir / MODEL_DIR), **(fields or {}))
     else:
         loaded = trainer.load_policy(checkpoint, embodiment=embodiment)
     policy, config = loaded.policy.eval(), json.loads((workdir / MODEL_DIR / "config.json").read_text())
@@ -157,8 +183,10 @@ def _write_expected(
         torch.manual_seed(SEED)  # DDPM's steps draw their variance noise: LeRobot's draws it alike
         chunk = policy.predict_action_chunk(one_state_vector(inputs, config), noise=noise)
         inputs[NOISE] = noise
-    else:
-        tokens, mask = policy.tokenizer([TASKS[i % len(TASKS)] for i in range(batch_size)])
+    else:  # SmolVLA, pi0, pi0.5: the prompt's tokens (pi0.5's hold the normalized state) and the noise
+        prompts = [TASKS[i % len(TASKS)] for i in range(batch_size)]
+        state = (inputs["observation.state"],) if config["type"] in PI else ()
+        tokens, mask = policy.tokenizer(prompts, *state)
         inputs[TOKENS], inputs[TOKEN_MASK] = tokens, mask
         shape = (batch_size, config["chunk_size"], config["max_action_dim"])
         noise = torch.randn(shape, generator=g)
@@ -166,11 +194,11 @@ def _write_expected(
         inputs[NOISE] = noise
     raw = seeded_raw(config, batch_size, g)
     tasks = [TASKS[i % len(TASKS)] for i in range(batch_size)]
-    observation = {**raw, **({"task": tasks} if config["type"] == "smolvla" else {})}
+    observation = {**raw, **({"task": tasks} if config["type"] in LANGUAGE else {})}
     selected = []
     loaded.reset()
     for _ in range(config["n_action_steps"]):  # the whole first chunk, through the action queue
-        torch.manual_seed(SEED)  # SmolVLA's and Diffusion's noise: LeRobot's select_action draws it alike
+        torch.manual_seed(SEED)  # the VLAs' and Diffusion's noise: LeRobot's select_action draws it alike
         selected.append(loaded.select_action(observation))
     tensors = {**inputs, OUT: chunk.contiguous(), SELECTED: torch.stack(selected).contiguous()}
     tensors.update({RAW + name: value for name, value in raw.items()})
@@ -232,6 +260,18 @@ def lerobot(workdir: Path, atol: float) -> int:
         policy.eval()
         torch.manual_seed(SEED)
         actions = policy.predict_action_chunk(saved, noise=noise)
+    elif kind in PI:
+        if Path("tiny_pi.py").is_file():  # the LeRobot fixture's launcher: LeRobot's sizes shrunk to its own
+            sys.path.insert(0, os.getcwd())
+            import tiny_pi  # noqa: F401
+        from lerobot.policies.pi0 import PI0Policy
+        from lerobot.policies.pi05 import PI05Policy
+
+        policy = {"pi0": PI0Policy, "pi05": PI05Policy}[kind].from_pretrained(
+            str(workdir / MODEL_DIR), strict=True
+        )
+        _check_loaded(policy, workdir)
+        actions = policy.predict_action_chunk(saved, noise=noise)
     else:
         from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
 
@@ -248,6 +288,18 @@ def lerobot(workdir: Path, atol: float) -> int:
     return max(0 if diff <= atol else 1, _processors_round(policy, workdir, raw, tasks, kind, selected, atol))
 
 
+def _check_loaded(policy, workdir: Path) -> None:
+    """LeRobot's pi0/pi0.5 `from_pretrained` prints a warning and keeps its random weights when the
+    file does not fit: check that every tensor of the export is what the policy holds."""
+    exported = load_file(str(workdir / MODEL_DIR / "model.safetensors"))
+    held = policy.state_dict()
+    wrong = [name for name, tensor in exported.items() if not torch.equal(held[name].cpu(), tensor)]
+    if wrong or held.keys() != exported.keys():
+        raise SystemExit(
+            f"FAIL: LeRobot's policy does not hold the exported weights ({(wrong or ['keys'])[0]})"
+        )
+
+
 def _processors_round(policy, workdir: Path, raw, tasks, kind: str, selected, atol: float) -> int:
     """LeRobot's `make_pre_post_processors(pretrained_path=export)` around its policy, on our raw
     observation: preprocessor -> select_action -> postprocessor, step after step, against ours."""
@@ -257,7 +309,7 @@ def _processors_round(policy, workdir: Path, raw, tasks, kind: str, selected, at
     policy.reset()
     steps = []
     for _ in range(selected.shape[0]):
-        batch = pre({**raw, **({"task": list(tasks)} if kind == "smolvla" else {})})
+        batch = pre({**raw, **({"task": list(tasks)} if kind in LANGUAGE else {})})
         torch.manual_seed(SEED)
         steps.append(post(policy.select_action(batch)).float().cpu())
     actions = torch.stack(steps)
@@ -276,8 +328,9 @@ def _processors_round(policy, workdir: Path, raw, tasks, kind: str, selected, at
 
 
 def check(lerobot_python: str, atol: float) -> int:
-    """Train each policy of TRAIN here, a SmolVLA on two robots that differ (MIXED), and fine-tune
-    LeRobot's Diffusion checkpoint on FSDP2 x2 with an EMA (SHARDED_TUNE), then run both halves on each
+    """Train each policy of TRAIN here (LeRobot's tiny pi0.5 fine-tuned among them), a SmolVLA on two
+    robots that differ (MIXED), and fine-tune LeRobot's Diffusion checkpoint on FSDP2 x2 with an EMA
+    (SHARDED_TUNE), then run both halves on each
     (on each robot's export for the mixed one); 0 when LeRobot agrees on all."""
     failed = 0
     with tempfile.TemporaryDirectory(prefix="lerobot_side_") as tmp:
@@ -287,6 +340,10 @@ def check(lerobot_python: str, atol: float) -> int:
         shutil.copytree(FIXTURES / "lerobot_smolvla_tiny" / "tiny_smolvlm", work / "tiny_smolvlm")
         shutil.copytree(FIXTURES / "lerobot" / "dataset_tiny", work / "dataset_tiny")
         shutil.copytree(FIXTURES / "lerobot_diffusion_tiny", work / "lerobot_diffusion_tiny")
+        pi05 = FIXTURES / "lerobot_pi05_tiny"  # its checkpoint, tokenizer, and LeRobot's size launcher
+        shutil.copytree(pi05 / "pretrained_model", work / "pi05_base")
+        shutil.copytree(pi05 / "tiny_paligemma", work / "tiny_paligemma")
+        shutil.copy(pi05 / "tiny_pi.py", work / "tiny_pi.py")
         (work / "mixture.json").write_text(json.dumps([{"root": name} for name in MIXED_ROBOTS]))
         trainer_cli = [sys.executable, "-m", "trainer.cli", "train"]
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]

@@ -109,7 +109,8 @@ def test_gpu_runs_the_smoke_script_without_the_cpu_torch_pin(noxfile) -> None:
 
 def test_lerobot_side_runs_only_beside_a_lerobot_venv(noxfile, monkeypatch) -> None:
     """Without LEROBOT_PYTHON the session says how to give it and runs nothing (exit 0); with it, the
-    check, then the step-time bench of SmolVLA, ACT and Diffusion Policy, each in LeRobot's venv beside ours."""
+    check, then the step-time bench of SmolVLA, ACT, Diffusion Policy and pi0.5, each in LeRobot's venv
+    beside ours."""
     monkeypatch.delenv("LEROBOT_PYTHON", raising=False)
     session = _Session()
     noxfile.lerobot_side(session)
@@ -123,6 +124,7 @@ def test_lerobot_side_runs_only_beside_a_lerobot_venv(noxfile, monkeypatch) -> N
         ("python", "benchmarks/bench_smolvla_lerobot.py", lerobot, "--policy=smolvla", "--steps=5"),
         ("python", "benchmarks/bench_smolvla_lerobot.py", lerobot, "--policy=act", "--steps=5"),
         ("python", "benchmarks/bench_smolvla_lerobot.py", lerobot, "--policy=diffusion", "--steps=5"),
+        ("python", "benchmarks/bench_smolvla_lerobot.py", lerobot, "--policy=pi05", "--steps=5"),
     ]
 
 

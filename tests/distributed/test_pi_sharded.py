@@ -1,8 +1,11 @@
-"""pi0 and pi0.5 sharded by torch's FSDP2 on 2 gloo ranks with the policy's own units (each
-JointLayer, each SigLIP encoder layer, the root), one torchrun launch (scripts/pi_fsdp2.py): the
-sharded loss is the unsharded one bit for bit and LeRobot's, the gradients those of one process, and
-a chunk sampled sharded is LeRobot's. A unit whose forward() never ran would leave its parameters
-sharded and fail the forward: the joint layers are called, not read."""
+"""pi0 and pi0.5 sharded on 2 gloo ranks, one torchrun launch (scripts/pi_fsdp2.py).
+
+The trainer fine-tunes LeRobot's pi0.5 checkpoint under FSDP2 with the policy's units as DDP does (the
+same losses and gradient norms), every unit's forward runs (a unit FSDP2 would never gather is named),
+and LoRA on LeRobot's default targets trains under FSDP2. torch's `fully_shard` on the same units gives
+the unsharded loss bit for bit and LeRobot's, the gradients of one process, and LeRobot's sampled chunk.
+HSDP 2x2 (`pi_fsdp2.py OUT WORKDIR hsdp`, 4 ranks) is measured by hand (docs/pi.md): it does not fit
+the suite's time."""
 
 from __future__ import annotations
 
@@ -10,7 +13,9 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
+from safetensors import safe_open
 
 from helpers.fixtures import fixture_dir
 from helpers.launch import run_torchrun
@@ -22,19 +27,56 @@ KINDS = ("lerobot_pi0_tiny", "lerobot_pi05_tiny")
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("pi_sharded")
-    folders = [shutil.copytree(fixture_dir(kind), work / kind) for kind in KINDS]
+    for kind in KINDS:
+        shutil.copytree(fixture_dir(kind), work / kind)
+    shutil.copytree(fixture_dir("lerobot", "dataset_video"), work / "dataset_video")
     (work / "out").mkdir()
-    run_torchrun(SCRIPT, 2, str(work / "out"), *map(str, folders), timeout=360)
-    return {kind: json.loads((work / "out" / f"{kind}.json").read_text()) for kind in KINDS}
+    run_torchrun(SCRIPT, 2, str(work / "out"), str(work), timeout=360)
+    return work / "out"
+
+
+def _train_records(run: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r.get("event") == "train"]
+
+
+def test_lerobots_checkpoint_fine_tunes_on_fsdp2_as_on_ddp(out: Path) -> None:
+    fsdp2, ddp = _train_records(out / "fsdp2"), _train_records(out / "ddp")
+    assert [r["step"] for r in fsdp2] == [1, 2]
+    for key in ("loss", "grad_norm"):
+        np.testing.assert_allclose([r[key] for r in fsdp2], [r[key] for r in ddp], rtol=1e-5)
+
+
+@pytest.mark.parametrize("run", ["fsdp2", "lora"])
+def test_every_fsdp_unit_runs_its_forward(out: Path, run: str) -> None:
+    """The units are the modules whose forward() runs (the joint layer pairs, SigLIP's layers and
+    embeddings, the token embedding, the norms): none is left that FSDP2 would never gather."""
+    units = json.loads((out / f"{run}_units.json").read_text())
+    assert units["never_ran"] == []
+    assert {"JointLayer", "SiglipEncoderLayer", "SiglipVisionEmbeddings", "GemmaTextScaledWordEmbedding",
+            "PiRMSNorm"} <= set(units["classes"])  # fmt: skip
+
+
+def test_lora_under_fsdp2_trains_lerobots_default_targets(out: Path) -> None:
+    """The expert's q/v projections and the action projections (LeRobot's pattern names pi0's time MLP,
+    `action_time_mlp_*`, which pi0.5 lacks), PaliGemma untouched."""
+    model_dir = out / "lora" / "checkpoints" / "last" / "pretrained_model"
+    with safe_open(str(model_dir / "adapter_model.safetensors"), "pt") as handle:
+        names = list(handle.keys())
+        lora_b = [handle.get_tensor(n) for n in names if ".lora_B." in n]
+    targets = {name.split(".lora_")[0].removeprefix("base_model.model.model.") for name in names}
+    expert = {f"paligemma_with_expert.layers.{i}.expert.self_attn.{p}_proj" for i in range(2) for p in "qv"}
+    assert targets == expert | {"action_in_proj", "action_out_proj"}
+    assert any(t.abs().sum() > 0 for t in lora_b)  # the adapters moved from their zero start
 
 
 @pytest.mark.parametrize(("kind", "grads"), [("lerobot_pi0_tiny", 81), ("lerobot_pi05_tiny", 84)])
-def test_fsdp2_on_the_joint_layers_gives_lerobots_loss_and_the_same_gradients(
-    results, kind: str, grads: int
+def test_fsdp2_on_the_policys_units_gives_lerobots_loss_and_the_same_gradients(
+    out: Path, kind: str, grads: int
 ) -> None:
-    result = results[kind]
+    result = json.loads((out / f"{kind}.json").read_text())
     assert result["sharded_loss"] == result["plain_loss"]
     assert abs(result["sharded_loss"] - result["reference_loss"]) < 1e-5
     assert result["same_grad_names"] and result["grads"] == grads  # every trainable tensor but the 7 unread

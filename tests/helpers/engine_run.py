@@ -3,6 +3,7 @@ a VLA's backbone name resolve, as in a user's run), with accelerate's process st
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -37,3 +38,15 @@ def train_in(workdir: Path, flags: list[str]) -> None:
             train(parse_config(flags))
         finally:
             AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def rewound_copy(run: Path, copy: Path, step: int) -> Path:
+    """A copy of the run directory `run` at `copy` as if it had stopped after saving `step`: the later
+    checkpoints removed, `last` naming that step (a resume from there retrains the steps after it)."""
+    shutil.copytree(run, copy, symlinks=True)
+    checkpoints = copy / "checkpoints"
+    for later in [c for c in checkpoints.iterdir() if c.name.isdigit() and int(c.name) > step]:
+        shutil.rmtree(later)
+    (checkpoints / "last").unlink()
+    (checkpoints / "last").symlink_to(f"{step:06d}")
+    return copy

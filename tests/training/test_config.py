@@ -29,6 +29,7 @@ from trainer.policies import build_policy
 from trainer.policies.act import ACTConfig
 from trainer.policies.diffusion.config import DiffusionConfig
 from trainer.policies.mlp import MLPConfig
+from trainer.policies.pi import PI05Config
 from trainer.policies.smolvla import SmolVLAConfig
 
 
@@ -281,6 +282,7 @@ def test_every_config_field_is_a_documented_flag() -> None:
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(ACTConfig)}
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(SmolVLAConfig)}
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(DiffusionConfig)}
+    leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(PI05Config)}
     leaves |= {f"--dataset.{field.name}" for field in dataclasses.fields(MixtureConfig)} - {
         "--dataset.image_transforms"
     }

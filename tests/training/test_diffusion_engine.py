@@ -7,7 +7,6 @@ loaded with `trainer.load_policy` to act on raw observations through its queues.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 import trainer
-from helpers.engine_run import train_in
+from helpers.engine_run import rewound_copy, train_in
 from helpers.fixtures import copy_fixture
 from helpers.processor_files import same_as_lerobots
 from trainer.cli import main
@@ -88,11 +87,7 @@ def test_a_resumed_run_is_bit_exact(workdir: Path) -> None:
     """Steps 3-4 resumed from step 2, their 2-step observation histories decoded in 2 DataLoader
     workers, give the uninterrupted run's model.safetensors (decoded in the training process) bit for
     bit (the random crop, the noise and the timesteps come from the restored RNG)."""
-    shutil.copytree(workdir / "straight", workdir / "resumed", symlinks=True)
-    checkpoints = workdir / "resumed" / "checkpoints"
-    shutil.rmtree(checkpoints / "000004")
-    (checkpoints / "last").unlink()
-    (checkpoints / "last").symlink_to("000002")
+    checkpoints = rewound_copy(workdir / "straight", workdir / "resumed", 2) / "checkpoints"
     train_in(workdir, ["--resume=true", "--steps=4", "--output_dir=resumed", "--num_workers=2"])
     straight, resumed = (
         load_file(str(workdir / run / "checkpoints" / "000004" / "pretrained_model" / "model.safetensors"))

@@ -88,14 +88,23 @@ def test_pool_stats_is_exact_for_members_of_any_size() -> None:
 
     def of(x: np.ndarray) -> dict[str, torch.Tensor]:
         values = {"mean": x.mean(0), "std": x.std(0), "min": x.min(0), "max": x.max(0), "count": [len(x)]}
-        return {k: torch.tensor(np.asarray(v)) for k, v in values.items()} | {"q01": torch.zeros(3)}
+        quantiles = {"q01": np.quantile(x, 0.01, axis=0), "q99": np.quantile(x, 0.99, axis=0)}
+        return {k: torch.tensor(np.asarray(v)) for k, v in {**values, **quantiles}.items()} | {
+            "q10": torch.zeros(3)
+        }
 
-    pooled = pool_stats([{"k": of(x)} for x in parts], [len(x) for x in parts])["k"]
+    members = [of(x) for x in parts]
+    pooled = pool_stats([{"k": m} for m in members], [len(x) for x in parts])["k"]
     every = np.concatenate(parts)
     for name, value in of(every).items():
-        if name != "q01":
+        if name not in ("q01", "q99", "q10"):
             np.testing.assert_allclose(pooled[name].numpy(), value.numpy(), rtol=1e-12, atol=0)
-    assert "q01" not in pooled  # quantiles do not pool from quantiles: left out, not made up
+    # quantiles do not pool exactly from quantiles: q01/q99 (pi0.5's bounds) are the frame-weighted
+    # mean of the members', as LeRobot's aggregate_stats takes them; any other is left out
+    for name in ("q01", "q99"):
+        weighted = sum(len(x) * m[name].numpy() for x, m in zip(parts, members, strict=True)) / len(every)
+        np.testing.assert_allclose(pooled[name].numpy(), weighted, rtol=1e-12)
+    assert "q10" not in pooled
 
 
 def test_the_weighted_order_is_exact_per_epoch_and_walks_every_frame() -> None:

@@ -16,11 +16,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import trainer
 from helpers.fixtures import copy_fixture
 from trainer.errors import ConfigError
-from trainer.policies.pi import JointLayer, PI0Config, PI05Config, PiPolicy
+from trainer.policies import pretrained
+from trainer.policies.pi import JointLayer, PI0Config, PI0Policy, PI05Config, PiPolicy
 from trainer.policies.pi import weights as pi_weights
-from trainer.policies.pi.config import Features
 from trainer.policies.pi.model import joint_layout, step_layout
 
 TOL = 1e-5  # LeRobot's reruns are bit-identical; its typical mistakes move the actions by 3e-3 or more
@@ -41,7 +42,7 @@ def policies(fixtures: dict[str, Path]) -> dict[str, PiPolicy]:
     for kind, folder in fixtures.items():
         with pytest.MonkeyPatch.context() as patch:
             patch.chdir(folder)
-            loaded[kind] = PiPolicy.from_lerobot("pretrained_model", size_overrides=OVERRIDES)
+            loaded[kind] = trainer.load_policy("pretrained_model", size_overrides=OVERRIDES).policy
     return loaded
 
 
@@ -108,7 +109,7 @@ def test_openpi_layout_keys_are_fixed_as_lerobot_fixes_them(policies, fixtures, 
         openpi[key] = value
     if kind == "pi05":
         openpi["state_proj.weight"] = torch.zeros(16, 32)
-    fixed = pi_weights.from_lerobot(openpi, policy.config)
+    fixed = type(policy).adapt_state_dict(openpi)
     ours = policy.state_dict()
     assert fixed.keys() == ours.keys()
     assert all(torch.equal(fixed[k], ours[k]) for k in ours)
@@ -148,7 +149,7 @@ def test_prompt_tokens_masks_and_positions_are_lerobots(policies, fixtures, kind
 def test_actions_and_loss_are_lerobots(policies, fixtures, kind: str, name: str) -> None:
     reference, _ = _reference(fixtures[kind], name)
     policy = policies[kind]
-    actions = policy.sample_actions(_observation(reference), noise=reference["noise"])
+    actions = policy.predict_action_chunk(_observation(reference), noise=reference["noise"])
     _close(actions, reference["actions.normalized"])
     _, postprocessor = _processors(fixtures[kind])
     _close(postprocessor({"action": actions})["action"], reference["actions.unnormalized"])
@@ -229,27 +230,34 @@ def test_the_task_gathered_as_bytes_gives_lerobots_loss(policies, fixtures, kind
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_every_decoder_layer_pair_runs_as_one_module(policies, fixtures, kind: str) -> None:
-    """The FSDP units' forward() is what runs: each JointLayer and each SigLIP encoder layer is called
-    in the loss and at every Euler step, and every decoder weight belongs to exactly one JointLayer."""
+def test_every_fsdp_unit_runs_its_forward(policies, fixtures, kind: str) -> None:
+    """The FSDP units' forward() is what runs: each JointLayer, each SigLIP encoder layer, the
+    embeddings and every norm are called in the loss and at every Euler step, and every decoder weight
+    belongs to exactly one JointLayer."""
     policy = policies[kind]
     reference, _ = _reference(fixtures[kind], "reference")
-    units = [m for m in policy.modules() if type(m).__name__ in PiPolicy.fsdp_wrap_modules]
+    units = [m for m in policy.modules() if type(m).__name__ in PiPolicy._fsdp_wrap_modules]
     calls = {id(m): 0 for m in units}
     hooks = [
         m.register_forward_pre_hook(lambda m, _: calls.__setitem__(id(m), calls[id(m)] + 1)) for m in units
     ]
     try:
         policy.forward(_batch(reference), noise=reference["loss.noise"], time=reference["loss.time"])
-        policy.sample_actions(_observation(reference), noise=reference["noise"])
+        policy.predict_action_chunk(_observation(reference), noise=reference["noise"])
     finally:
         for hook in hooks:
             hook.remove()
-    joint = [m for m in units if isinstance(m, JointLayer)]
-    siglip = [m for m in units if not isinstance(m, JointLayer)]
+    by_class: dict[str, set[int]] = {}
+    for m in units:
+        by_class.setdefault(type(m).__name__, set()).add(calls[id(m)])
+    steps, cameras = policy.config.num_inference_steps, len(policy.features.cameras)
     # the loss, the prefill and each Euler step; SigLIP once per camera in the loss and the prefill
-    assert len(joint) == 2 and {calls[id(m)] for m in joint} == {2 + policy.config.num_inference_steps}
-    assert len(siglip) == 2 and {calls[id(m)] for m in siglip} == {2 * len(policy.features.cameras)}
+    assert by_class.pop("JointLayer") == {2 + steps}
+    assert by_class.pop("SiglipEncoderLayer") == by_class.pop("SiglipVisionEmbeddings") == {2 * cameras}
+    assert by_class.pop("GemmaTextScaledWordEmbedding") == {2}
+    # the norms of the layers' streams and the expert's final norm: each at least once per pass
+    assert set(by_class) == {"PiRMSNorm"} and min(by_class["PiRMSNorm"]) >= 2
+    joint = [m for m in units if isinstance(m, JointLayer)]
     in_units = [n for n, _ in policy.named_parameters() if ".layers." in n and "vision_tower" not in n]
     owned = {id(p) for m in joint for p in m.parameters()}
     assert in_units and all(id(p) in owned for n, p in policy.named_parameters() if n in in_units)
@@ -331,18 +339,23 @@ def test_size_overrides_are_checked(fixtures, tmp_path: Path) -> None:
 
 
 def test_a_missing_tokenizer_is_refused_in_one_line(fixtures, tmp_path: Path, monkeypatch) -> None:
-    config = PI0Config(size_overrides=str(fixtures["pi0"] / OVERRIDES), image_resolution=(32, 32))
-    features = Features(("observation.images.top",), 4, 2)
+    config = PI0Config(
+        size_overrides=str(fixtures["pi0"] / OVERRIDES),
+        image_resolution=(32, 32),
+        input_features=["observation.state", "observation.images.top", "task"],
+        obs_dim=4,
+        action_dim=2,
+    )
     monkeypatch.chdir(tmp_path)
     with pytest.raises(
         ConfigError, match=r"^--policy.tokenizer_name=nowhere: no such directory \(a relative path"
     ):
-        PiPolicy(dataclasses.replace(config, tokenizer_name="nowhere"), features)
+        PI0Policy(dataclasses.replace(config, tokenizer_name="nowhere"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(
         ConfigError, match=r"^--policy.tokenizer_name=empty: empty holds no tokenizer \(tokenizer.json\)"
     ):
-        PiPolicy(dataclasses.replace(config, tokenizer_name="empty"), features)
+        PI0Policy(dataclasses.replace(config, tokenizer_name="empty"))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -351,14 +364,14 @@ def test_bfloat16_keeps_lerobots_float32_parts_and_stays_near(fixtures, kind: st
     every norm and the projections in float32; the results near the float32 reference (LeRobot's own
     bfloat16 run moves the actions by ~3e-3)."""
     monkeypatch.chdir(fixtures[kind])
-    policy = PiPolicy.from_lerobot("pretrained_model", size_overrides=OVERRIDES, dtype="bfloat16")
+    policy = trainer.load_policy("pretrained_model", size_overrides=OVERRIDES, dtype="bfloat16").policy
     float32 = ("vision_tower", "multi_modal_projector", "layernorm", "model.norm")
     for name, param in policy.named_parameters():
         kept = not name.startswith("model.paligemma_with_expert.") or any(part in name for part in float32)
         assert param.dtype == (torch.float32 if kept else torch.bfloat16), name
     reference, _ = _reference(fixtures[kind], "reference")
     loss, _ = policy.forward(_batch(reference), noise=reference["loss.noise"], time=reference["loss.time"])
-    actions = policy.sample_actions(_observation(reference), noise=reference["noise"])
+    actions = policy.predict_action_chunk(_observation(reference), noise=reference["noise"])
     torch.testing.assert_close(loss, reference["loss.mean"], atol=0.05, rtol=0.02)
     torch.testing.assert_close(actions, reference["actions.normalized"], atol=0.05, rtol=0.02)
 
@@ -370,9 +383,10 @@ def test_a_checkpoint_of_another_model_is_refused_in_one_line(policies, fixtures
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     pi05 = load_file(str(fixtures["pi05"] / "pretrained_model" / "model.safetensors"))
     with pytest.raises(
-        ConfigError, match=r"^elsewhere lacks model\.\S+ \(\d+ in all\): it is not a checkpoint"
+        ConfigError,
+        match=r"^--policy.path=elsewhere: its weights do not fit the PI0Policy built from the flags",
     ) as raised:
-        pi_weights.load_lerobot(policy, pi05, policy.config, "elsewhere")
+        pretrained.fit_weights(policy, pi05, "elsewhere")
     assert "\n" not in str(raised.value)
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
 

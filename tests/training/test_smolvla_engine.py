@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import trainer
-from helpers.engine_run import TINY_SMOLVLA
+from helpers.engine_run import TINY_SMOLVLA, rewound_copy
 from helpers.fixtures import copy_fixture
 from trainer.cli.parse import parse_config
 from trainer.engine.plan import train
@@ -141,11 +141,7 @@ def test_a_resumed_run_is_bit_exact(workdir: Path, monkeypatch) -> None:
     flags = [*TINY, "--dataset.root=dataset_video", "--steps=3", "--save_freq=2", "--output_dir=straight"]
     AcceleratorState._reset_state(reset_partial_state=True)
     train(parse_config(flags))
-    shutil.copytree(workdir / "straight", workdir / "resumed", symlinks=True)
-    checkpoints = workdir / "resumed" / "checkpoints"
-    shutil.rmtree(checkpoints / "000003")
-    (checkpoints / "last").unlink()
-    (checkpoints / "last").symlink_to("000002")
+    rewound_copy(workdir / "straight", workdir / "resumed", 2)
     AcceleratorState._reset_state(reset_partial_state=True)
     train(parse_config(["--resume=true", "--steps=3", "--output_dir=resumed"]))
     AcceleratorState._reset_state(reset_partial_state=True)

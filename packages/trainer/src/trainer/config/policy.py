@@ -176,6 +176,13 @@ class PolicyConfig(draccus.ChoiceRegistry):
         `ConstantConfig(warmup_steps=0)` here. This base returns the engine's default cosine."""
         return CosineConfig()
 
+    @property
+    def cast_dtype(self) -> str | None:
+        """The dtype `build_policy` casts every parameter to: `--policy.dtype` by default; None for a
+        policy that places its own dtypes (pi0's bfloat16 keeps the vision tower and the norms in
+        float32, as LeRobot does)."""
+        return self.dtype
+
     def policy_class(self) -> Callable[[PolicyConfig], nn.Module]:
         """The class this config builds, called with the config (`trainer.policies.Policy` subclasses;
         `build_policy` refuses anything else)."""
@@ -188,8 +195,8 @@ class PolicyConfig(draccus.ChoiceRegistry):
 
     def lerobot_pipeline(self) -> ProcessorSchema | None:
         """The processors in LeRobot 0.6.1's pipeline schema, as its factory would build them for the
-        same policy (ACT, SmolVLA, Diffusion Policy); None for a type LeRobot lacks, whose processor files keep our own
-        schema (docs/format.md)."""
+        same policy (ACT, SmolVLA, Diffusion Policy, pi0, pi0.5); None for a type LeRobot lacks, whose
+        processor files keep our own schema (docs/format.md)."""
         return None
 
     @classmethod
@@ -198,17 +205,20 @@ class PolicyConfig(draccus.ChoiceRegistry):
         weights cannot follow (SmolVLA: another backbone); raises ConfigError."""
 
     @classmethod
-    def from_saved(cls, saved: dict[str, Any]) -> dict[str, Any]:
+    def from_saved(cls, saved: dict[str, Any], preprocessor: dict[str, Any] | None = None) -> dict[str, Any]:
         """A saved config.json of this type as this class's fields (a type whose config.json follows
-        another tool's schema, LeRobot's SmolVLA, maps it here; the others are saved as they are)."""
+        another tool's schema, LeRobot's SmolVLA, maps it here; the others are saved as they are).
+        `preprocessor` is the checkpoint's `policy_preprocessor.json` when it has one: LeRobot records
+        some of a policy's settings there only (pi0's tokenizer)."""
         return saved
 
     def lerobot_config(self) -> dict[str, Any]:
-        """This config as LeRobot 0.6.1's config.json of the same policy (`trainer export`: ACT and
-        Diffusion Policy map their fields, SmolVLA's `to_dict` is LeRobot's already); a type LeRobot
-        lacks is one line."""
+        """This config as LeRobot 0.6.1's config.json of the same policy (`trainer export`: ACT,
+        Diffusion Policy and pi0/pi0.5 map their fields, SmolVLA's `to_dict` is LeRobot's already); a
+        type LeRobot lacks is one line."""
         raise ConfigError(
-            f"a {self.type} policy has no LeRobot counterpart: only act, smolvla and diffusion export to LeRobot"
+            f"a {self.type} policy has no LeRobot counterpart: only act, diffusion, smolvla, pi0 and pi05 "
+            "export to LeRobot"
         )
 
     def to_dict(self) -> dict[str, Any]:

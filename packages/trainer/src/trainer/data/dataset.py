@@ -15,8 +15,8 @@ outside one). Its config is a `DatasetConfig` subclass whose `load()` returns an
 - with `task` among `input_features`, each frame's task text as UTF-8 bytes (`task_bytes`), for a
   policy that reads the language instruction;
 - `stats()`: mean/std per batch key, for the normalization processors (a camera's per channel,
-  shaped (C, 1, 1), on the [0, 1] scale), and min/max where the data has them (a policy that
-  normalizes by range, `normalization_stats`, refuses data without them);
+  shaped (C, 1, 1), on the [0, 1] scale), and min/max and q01/q99 where the data has them (a policy
+  that normalizes by range or quantiles, `normalization_stats`, refuses data without them);
 - `episode_bounds()`: one `[start, end)` frame range per episode;
 - `gather_in_workers`: True when `gather` decodes (cameras), so the input pipeline runs it in
   DataLoader workers (data/pipeline/loader.py); in-memory data is gathered in the training process;
@@ -159,8 +159,9 @@ class ArrayDataset:
         return batch
 
     def stats(self) -> Stats:
-        """The statistics given at construction, else mean, std, min and max over these frames (min and
-        max for a MIN_MAX policy: Diffusion Policy's state and action); ImageNet's for the cameras."""
+        """The statistics given at construction, else mean, std, min, max, q01 and q99 over these frames
+        (min and max for a MIN_MAX policy: Diffusion Policy's state and action; the 1st and 99th
+        percentiles for QUANTILES: pi0.5's); ImageNet's for the cameras."""
         cameras = {name: dict(IMAGENET_STATS) for name in self.images}
         if self._stats is not None:
             return {**cameras, **self._stats}
@@ -172,6 +173,8 @@ class ArrayDataset:
                     "std": data.std(0).clamp_min(1e-6),
                     "min": data.amin(0),
                     "max": data.amax(0),
+                    "q01": torch.quantile(data.double(), 0.01, dim=0).to(data.dtype),
+                    "q99": torch.quantile(data.double(), 0.99, dim=0).to(data.dtype),
                 }
                 for key, data in ((OBS_KEY, self.observations), (ACTION_KEY, self.actions))
             },

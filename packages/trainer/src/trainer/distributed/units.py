@@ -12,17 +12,12 @@ keeps its own forward hooks, so FSDP gathers its parameters before the recomputa
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Any
-
-import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.distributed.wrap import WrapPlan, unit_roots
 from trainer.errors import ConfigError
+from trainer.policies.checkpointing import checkpointed
 
 
 def apply_unit_transforms(
@@ -46,7 +41,7 @@ def apply_unit_transforms(
         described = plan.describe()
     if accelerator.activation_checkpointing:
         for unit in units:
-            unit.forward = _checkpointed(unit.forward)
+            unit.forward = checkpointed(unit.forward)
         lines.append(f"activation checkpointing: {len(units)} units ({described})")
     if accelerator.compile:
         targets = units if accelerator.compile_scope == "units" else [policy]
@@ -58,17 +53,3 @@ def apply_unit_transforms(
             f"torch.compile: {where}, backend {accelerator.compile_backend}, mode {accelerator.compile_mode}"
         )
     return lines
-
-
-def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
-    """`forward` that keeps only its inputs for backward and recomputes the rest there (torch's
-    non-reentrant checkpoint, which replays the RNG state, so dropout masks repeat). Without grad
-    (evaluation, select_action) there is nothing to save and it runs as is."""
-
-    @functools.wraps(forward)
-    def checkpointed_forward(*args: Any, **kwargs: Any) -> Any:
-        if not torch.is_grad_enabled():
-            return forward(*args, **kwargs)
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    return checkpointed_forward

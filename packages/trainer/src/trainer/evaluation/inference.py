@@ -84,6 +84,7 @@ def load_policy(
     *,
     allow_types: Collection[str] = (),
     embodiment: str | None = None,
+    **fields: Any,
 ) -> LoadedPolicy:
     """Load the policy saved at `path` (see the module docstring for the accepted forms).
 
@@ -101,7 +102,11 @@ def load_policy(
     default embodiment). The policy then reads that robot's raw observations (its state size, its
     cameras), is normalized by its statistics and returns its actions (`LoadedPolicy.embodiment`). A
     name the checkpoint lacks is one line listing those it has, as is a name given for a policy of one
-    robot."""
+    robot.
+
+    `fields` set policy config fields over the saved ones, for what a checkpoint does not record: a
+    LeRobot pi0/pi0.5 of other than LeRobot's sizes needs `size_overrides=PATH` (its config.json names
+    LeRobot's variants only; docs/pi.md)."""
     local = pretrained.resolve(path)
     try:
         checkpoint = ckpt_tools.open_checkpoint(local)
@@ -110,6 +115,7 @@ def load_policy(
         processors = ckpt_tools.load_processors(local)
     except ckpt_tools.CheckpointError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    saved = {**upgrade_policy_config(saved, pretrained.saved_preprocessor(processors)), **fields}
     config = _policy_config(saved, path, tuple(allow_types))
     pre, post = _processors(processors, config, path)
     robot = choose_embodiment(pre.embodiments, embodiment, path)
@@ -145,7 +151,6 @@ def choose_embodiment(embodiments: Sequence[Embodiment], name: str | None, path:
 
 
 def _policy_config(saved: dict[str, Any], path: str, allow_types: tuple[str, ...]) -> PolicyConfig:
-    saved = upgrade_policy_config(saved)
     policy_type = saved.get("type")
     if not isinstance(policy_type, str):
         raise ConfigError(f"{path}: its config.json names no policy type")
@@ -153,6 +158,8 @@ def _policy_config(saved: dict[str, Any], path: str, allow_types: tuple[str, ...
     try:
         config = draccus.decode(PolicyConfig, saved)
     except Exception as exc:  # draccus reports unknown fields and bad values in several types
+        if isinstance(exc.__cause__, ConfigError):  # a config's own check: its line says what to fix
+            raise ConfigError(f"{path}: {exc.__cause__}") from None
         raise ConfigError(
             f"{path}: its config.json does not describe a policy ({' '.join(str(exc).split())})"
         ) from None

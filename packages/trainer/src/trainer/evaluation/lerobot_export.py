@@ -5,14 +5,16 @@ names the trained module has (docs/format.md), and every reader of ours relies o
 `model.safetensors` and the optimizer state into the (sharded) module by name, `--policy.path` streams
 each rank's blocks by name, the EMA and DCP forms hold the same names, and `ckpt convert` (which
 knows no policy) must give the names a safetensors save gives. Our ACT's attention keeps q/k/v apart
-(LoRA targets each), where LeRobot's fuses them, so its names cannot be ours. SmolVLA's and Diffusion
-Policy's names are LeRobot's already, so exporting them writes the weights their `pretrained_model/` holds.
+(LoRA targets each), where LeRobot's fuses them, so its names cannot be ours; pi0's decoder layers pair
+up into the FSDP units that run them, where LeRobot keeps two stacks (and two unused `lm_head`s, written
+back here). SmolVLA's and Diffusion Policy's names are LeRobot's already, so exporting them writes the
+weights their `pretrained_model/` holds.
 
 The directory holds `config.json` in LeRobot's schema (`PolicyConfig.lerobot_config`),
 `model.safetensors` under LeRobot's names and shapes (`Policy.lerobot_state_dict`), and the processor
 files in LeRobot's pipeline schema, so LeRobot's `make_pre_post_processors(config, pretrained_path=DIR)`
 loads them and `trainer.load_policy` and `--policy.path` read the directory too: a checkpoint's files
-in that schema already (every ACT, SmolVLA and Diffusion Policy saved since it) are copied byte for byte, older ones
+in that schema already (every ACT, SmolVLA, Diffusion Policy and pi saved since it) are copied byte for byte, older ones
 (docs/format.md, `steps-v1`) rewritten in it from the statistics they hold.
 
 A policy trained on a mixture of robots that differ is exported for one of them (`embodiment`, by its

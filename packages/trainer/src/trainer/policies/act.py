@@ -133,7 +133,7 @@ class ACTConfig(PolicyConfig):
         return ACTPolicy
 
     @classmethod
-    def from_saved(cls, saved: dict[str, Any]) -> dict[str, Any]:
+    def from_saved(cls, saved: dict[str, Any], preprocessor: dict[str, Any] | None = None) -> dict[str, Any]:
         """A LeRobot ACT config.json as our fields (act_lerobot.py); ours as it is."""
         return act_lerobot.config_from_lerobot(saved)
 

@@ -177,14 +177,17 @@ _LEGACY_ACT_FIELDS = frozenset(
 )
 
 
-def upgrade_policy_config(saved: dict[str, Any]) -> dict[str, Any]:
+def upgrade_policy_config(
+    saved: dict[str, Any], preprocessor: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """A saved policy config (config.json, or train_config.json's `policy` section) in today's terms:
     an `act` config with the fields of the earlier state-only ACT becomes `act_state`; any other config
     is returned unchanged, but for a type whose config.json follows another tool's schema
-    (`PolicyConfig.from_saved`: LeRobot's SmolVLA)."""
+    (`PolicyConfig.from_saved`: LeRobot's SmolVLA; `preprocessor`, the checkpoint's
+    policy_preprocessor.json, for what LeRobot records there only)."""
     if saved.get("type") == "act" and _LEGACY_ACT_FIELDS & saved.keys():
         return {**saved, "type": "act_state"}
     kind = saved.get("type")
     if isinstance(kind, str) and kind in PolicyConfig.get_known_choices():
-        return PolicyConfig.get_choice_class(kind).from_saved(saved)
+        return PolicyConfig.get_choice_class(kind).from_saved(saved, preprocessor)
     return saved

@@ -151,8 +151,8 @@ def build_policy(config: PolicyConfig, obs_dim: int, action_dim: int) -> Policy:
             f"{type(config).__name__}.policy_class() built a {type(policy).__name__}, not a "
             "trainer.policies.Policy subclass; return one"
         )
-    if config.dtype is not None:
-        policy.to(getattr(torch, config.dtype))
+    if config.cast_dtype is not None:
+        policy.to(getattr(torch, config.cast_dtype))
     return policy
 
 

@@ -13,7 +13,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import ckpt_tools
@@ -52,7 +52,9 @@ def resolve(path: str) -> str:
 def base_policy_config(path: str) -> dict[str, Any]:
     """The saved policy config (`config.json`) at `path`, with `path` recorded."""
     with _checkpoint_errors(path):
-        config = upgrade_policy_config(ckpt_tools.open_checkpoint(resolve(path)).policy_config())
+        local = resolve(path)
+        saved = ckpt_tools.open_checkpoint(local).policy_config()
+        config = upgrade_policy_config(saved, saved_preprocessor(ckpt_tools.load_processors(local)))
     if not isinstance(config.get("type"), str):
         raise ConfigError(f"--policy.path={path}: its config.json names no policy type")
     return {**config, "path": path}
@@ -113,6 +115,13 @@ def _written(data: dict[str, Any]) -> Iterator[str]:
         yield file
 
 
+def saved_preprocessor(processors: Mapping[str, ckpt_tools.ProcessorState]) -> dict[str, Any] | None:
+    """The checkpoint's `policy_preprocessor.json` (None when it has none), which LeRobot's checkpoints
+    record some settings in only (`PolicyConfig.from_saved`)."""
+    state = processors.get(layout.PREPROCESSOR)
+    return None if state is None else state.config
+
+
 def load_weights(policy: Any, path: str) -> None:
     """Copy the pretrained weights at `path` into `policy` (every rank reads them; nothing is shared)."""
     fit_weights(policy, read_weights(path), path)
@@ -142,9 +151,10 @@ def fit_weights(policy: Any, state: dict[str, Any], path: str) -> None:
             f"{type(policy).__name__} built from the flags has {list(own[resized].shape)}: drop the --policy.* "
             "flags that change its shape"
         )
-    missing, unexpected = policy.load_state_dict(state, strict=False)
-    if missing or unexpected:
+    missing, unexpected = [n for n in own if n not in state], [n for n in state if n not in own]
+    if missing or unexpected:  # before anything is copied: a refused load leaves the policy as it was
         _refuse_misfit(policy, path, missing, unexpected, [])
+    policy.load_state_dict(state)
 
 
 def is_adapter(path: str) -> bool:

@@ -231,10 +231,14 @@ def _floats(values: np.ndarray) -> np.ndarray:
     return values.astype(np.float64, copy=False)
 
 
+# The statistics a feature may carry (LeRobot's stats.json; q01/q99 are pi0.5's QUANTILES bounds).
+STAT_KEYS = ("mean", "std", "min", "max", "q01", "q99")
+
+
 def check_stats(
     path: DatasetPath, stats: dict[str, Any], sizes: dict[str, int], cameras: dict[str, str] | None = None
 ) -> tuple[dict[str, dict[str, np.ndarray]], list[str]]:
-    """`meta/stats.json`'s mean, std, min and max of the features in `sizes` (name -> values per frame: a vector's
+    """`meta/stats.json`'s mean, std, min, max, q01 and q99 of the features in `sizes` (name -> values per frame: a vector's
     size, a camera's channels), as float arrays of that length; and one warning line per feature whose
     std has a value <= 0 (floored to STD_FLOOR). A camera's (`cameras`: name -> how its shape was read,
     for the error line) are one value per channel: flat, (C, 1, 1) as LeRobot writes them (nested
@@ -252,7 +256,7 @@ def check_stats(
                 "recompute the statistics with LeRobot (or delete the entry: the trainer then computes it)"
             )
         checked[name] = {}
-        for key in ("mean", "std", "min", "max"):
+        for key in STAT_KEYS:
             if key not in entry:
                 continue
             try:

@@ -55,24 +55,31 @@ class LeRobotPipeline:
     """A policy's processors as LeRobot 0.6.1's factory builds them: `before` the preprocessor's steps
     ahead of its normalizer, `features` the typed input and output features as config.json lists them
     (`{"observation.state": {"type": "STATE", "shape": [4]}, ...}`), `norm_map` the mode per feature
-    type (`{"VISUAL": "MEAN_STD", ...}`; a type it lacks is not normalized)."""
+    type (`{"VISUAL": "MEAN_STD", ...}`; a type it lacks is not normalized); `after` the
+    preprocessor's steps behind its normalizer (pi0.5 writes the normalized state into its prompt
+    there) and `unnormalized` the postprocessor's between its unnormalizer and the device step."""
 
     before: tuple[dict[str, Any], ...]
     features: dict[str, dict[str, Any]]
     norm_map: dict[str, str]
+    after: tuple[dict[str, Any], ...] = ()
+    unnormalized: tuple[dict[str, Any], ...] = ()
 
     def preprocessor(self, stats: dict[str, dict[str, torch.Tensor]]) -> ProcessorFiles:
         """(policy_preprocessor.json, one tensor dict per step) for our normalize step's statistics."""
         index = len(self.before)
         normalizer = self._normalizer(NORMALIZER, layout.PREPROCESSOR, index, self.features)
-        steps = [*self.before, normalizer]
-        return _pipeline(layout.PREPROCESSOR, steps), [*({} for _ in self.before), self._tensors(stats)]
+        steps = [*self.before, normalizer, *self.after]
+        tensors = [*({} for _ in self.before), self._tensors(stats), *({} for _ in self.after)]
+        return _pipeline(layout.PREPROCESSOR, steps), tensors
 
     def postprocessor(self, stats: dict[str, dict[str, torch.Tensor]]) -> ProcessorFiles:
         """(policy_postprocessor.json, one tensor dict per step): unnormalize the action, then the CPU."""
         outputs = {ACTION_KEY: self.features[ACTION_KEY]}
-        steps = [self._normalizer(UNNORMALIZER, layout.POSTPROCESSOR, 0, outputs), device()]
-        return _pipeline(layout.POSTPROCESSOR, steps), [self._tensors(stats, outputs), {}]
+        unnormalizer = self._normalizer(UNNORMALIZER, layout.POSTPROCESSOR, 0, outputs)
+        steps = [unnormalizer, *self.unnormalized, device()]
+        tensors = [self._tensors(stats, outputs), *({} for _ in self.unnormalized), {}]
+        return _pipeline(layout.POSTPROCESSOR, steps), tensors
 
     def _normalizer(
         self, registry_name: str, processor: str, index: int, features: dict[str, dict[str, Any]]

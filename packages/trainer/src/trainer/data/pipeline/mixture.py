@@ -10,8 +10,9 @@ Statistics are pooled exactly from the members' own, weighted by the frames each
 pooled mean is the frame-weighted mean of the means and the pooled variance adds each member's spread
 around the pooled mean, `sum(n_k (std_k^2 + (mean_k - mean)^2)) / sum(n_k)`, which is the population
 variance of the concatenated frames. `min` and `max` pool exactly too (elementwise min and max), and
-`count` sums; quantiles cannot be pooled from the members' quantiles, so a key the members do not all
-have, or a statistic other than these, is left out (the processors read mean and std only).
+`count` sums. Quantiles cannot be pooled exactly from the members' quantiles: q01 and q99 (pi0.5's
+QUANTILES bounds) are their frame-weighted mean, as LeRobot aggregates them. A key the members do not
+all have, or a statistic other than these, is left out.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from trainer.config.dataset import Dataset, Frames, Stats
 from trainer.data.dataset import TASK_KEY, cat_task_bytes
 from trainer.data.pipeline.sampler import WeightedOrder
 
-POOLED = ("mean", "std", "min", "max", "count")
+POOLED = ("mean", "std", "min", "max", "q01", "q99", "count")
 
 
 class Mixture:
@@ -103,6 +104,11 @@ def pool_stats(stats: Sequence[Stats], frames: Sequence[int]) -> Stats:
                 stds = torch.stack([e["std"].double() for e in entries])
                 variance = (fraction * (stds**2 + (means - mean) ** 2)).sum(0)
                 pooled[key]["std"] = variance.sqrt().to(entries[0]["std"].dtype)
+        for name in ("q01", "q99"):  # LeRobot's aggregate: the frame-weighted mean of the members'
+            if name in names:
+                values = torch.stack([e[name].double() for e in entries])
+                fraction = share.reshape(-1, *([1] * (values.ndim - 1)))
+                pooled[key][name] = (fraction * values).sum(0).to(entries[0][name].dtype)
         for name, reduce in (("min", torch.amin), ("max", torch.amax), ("count", torch.sum)):
             if name in names:
                 pooled[key][name] = reduce(torch.stack([e[name] for e in entries]), 0)

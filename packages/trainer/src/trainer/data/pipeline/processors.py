@@ -338,7 +338,7 @@ def _from_lerobot(
     return {"steps": ours}, tensors
 
 
-NORMALIZATION_MODES = ("MEAN_STD", "MIN_MAX", "IDENTITY")  # what a policy's normalization_mapping may say
+NORMALIZATION_MODES = ("MEAN_STD", "MIN_MAX", "QUANTILES", "IDENTITY")  # a normalization_mapping's modes
 FEATURE_TYPES = {OBS_KEY: "STATE", ENV_KEY: "ENV", ACTION_KEY: "ACTION"}  # LeRobot's FeatureType names
 
 
@@ -349,19 +349,30 @@ def feature_type(name: str) -> str:
 
 def mapped_stats(name: str, stats: dict[str, Any], mode: str) -> dict[str, Any]:
     """A feature's statistics as the mean/std the processors apply under `mode`: MEAN_STD as they
-    are, IDENTITY mean 0 and std 1, MIN_MAX the dataset's min and max as the map onto [-1, 1]
-    (`min_max_as_mean_std`); a MIN_MAX feature the dataset gives no min/max for is one line."""
+    are, IDENTITY mean 0 and std 1, MIN_MAX the dataset's min and max (QUANTILES its q01 and q99) as
+    the map onto [-1, 1] (`min_max_as_mean_std`); a feature the dataset gives no such bounds for is one
+    line."""
     if mode == "MEAN_STD":
         return stats
     if mode == "IDENTITY":
         return {"mean": torch.zeros_like(stats["mean"]), "std": torch.ones_like(stats["std"])}
-    if "min" not in stats or "max" not in stats:
+    low, high = RANGES[mode]
+    if low not in stats or high not in stats:
         raise ConfigError(
-            f"--policy.normalization_mapping maps {name} to MIN_MAX, but the dataset gives no min/max for it: "
-            "map its type to MEAN_STD"
+            f"--policy.normalization_mapping maps {name} to {mode}, but the dataset gives no {low}/{high} "
+            "for it: map its type to MEAN_STD"
         )
-    mean, std = min_max_as_mean_std(stats["min"], stats["max"])
+    mean, std = min_max_as_mean_std(stats[low], stats[high])
     return {"mean": mean, "std": std}
+
+
+def stats_by_type(stats: dict[str, dict[str, Any]], mapping: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Every feature's statistics as the processors apply them, by its type's mode in a policy's
+    `normalization_mapping` (LeRobot's; a type it lacks is IDENTITY): `mapped_stats` of each."""
+    return {
+        name: mapped_stats(name, value, mapping.get(feature_type(name), "IDENTITY"))
+        for name, value in stats.items()
+    }
 
 
 def min_max_as_mean_std(

@@ -6,7 +6,7 @@ Face cache (downloaded once per node by its first rank, see `hub.download_once`)
 
 The policy's observation is every float vector `observation.*` feature (or `--policy.input_features`),
 concatenated in the order meta/info.json lists them; `action` is the target. The statistics for the
-normalization processors are meta/stats.json's mean, std, min and max of the same features.
+normalization processors are meta/stats.json's mean, std, min, max, q01 and q99 of the same features.
 
 Cameras (`observation.images.*`, image or video features) are decoded only for a policy that asks for
 them by naming them in `--policy.input_features` (`observation.images.*`: every camera; a camera
@@ -17,6 +17,7 @@ policy's config puts that in its default `input_features`). They reach the batch
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -315,13 +316,15 @@ def open_dataset(
 def _stats(
     saved: dict[str, dict[str, np.ndarray]], features: list[str], frames: dict[str, np.ndarray]
 ) -> Stats:
-    """meta/stats.json's mean/std/min/max per feature, concatenated like the observation (computed from
-    the loaded frames for a feature the file lacks)."""
+    """meta/stats.json's mean/std/min/max and 1st/99th percentiles per feature, concatenated like the
+    observation (computed from the loaded frames for a feature the file lacks)."""
     computed: dict[str, Callable[..., np.ndarray]] = {
         "mean": np.mean,
         "std": np.std,
         "min": np.min,
         "max": np.max,
+        "q01": functools.partial(np.quantile, q=0.01),
+        "q99": functools.partial(np.quantile, q=0.99),
     }
 
     def of(name: str, key: str) -> np.ndarray:

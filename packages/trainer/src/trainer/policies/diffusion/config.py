@@ -408,7 +408,7 @@ class DiffusionConfig(PolicyConfig):
         }
 
     @classmethod
-    def from_saved(cls, saved: dict[str, Any]) -> dict[str, Any]:
+    def from_saved(cls, saved: dict[str, Any], preprocessor: dict[str, Any] | None = None) -> dict[str, Any]:
         """A LeRobot config.json as this dataclass's fields: its typed features become the input names
         and sizes (their shapes: `DiffusionFeatures.from_lerobot`; the environment state read at the end
         of `observation.state`), its run fields are dropped."""

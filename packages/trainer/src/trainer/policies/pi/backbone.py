@@ -11,13 +11,15 @@ output reads, so no trainable parameter is left without a gradient.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
 from torch import nn
 
+from trainer.policies.checkpointing import checkpointed
 from trainer.policies.pi.config import GemmaSize, PI0Config, Sizes
-from trainer.policies.pi.layers import JointLayer, KeyValue, PiRMSNorm
+from trainer.policies.pi.layers import IdleRMSNorm, JointLayer, KeyValue, PiRMSNorm
 from trainer.policies.vla.hub import import_transformers
 
 # What LeRobot keeps in float32 when --policy.dtype=bfloat16 casts the rest.
@@ -28,6 +30,8 @@ FLOAT32_PARTS = (
     "post_attention_layernorm",
     "model.norm",
 )
+# What LeRobot's gradient_checkpointing recomputes in the backward pass (each layer of either model).
+CHECKPOINTED = ("SiglipEncoderLayer", "JointLayer")
 
 
 def gemma_config(size: GemmaSize, vocab_size: int) -> Any:
@@ -82,7 +86,7 @@ class PaliGemmaWithExpert(nn.Module):
                 "embed_tokens": GemmaTextScaledWordEmbedding(
                     sizes.vocab_size, sizes.vlm.width, 0, embed_scale=sizes.vlm.width**0.5
                 ),
-                "norm": PiRMSNorm(sizes.vlm.width, vlm.rms_norm_eps),
+                "norm": IdleRMSNorm(sizes.vlm.width, vlm.rms_norm_eps),
             }
         )
         self.paligemma = nn.ModuleDict(
@@ -107,9 +111,42 @@ class PaliGemmaWithExpert(nn.Module):
         self.rotary_emb = GemmaRotaryEmbedding(vlm)
         self.freeze_vision_encoder = config.freeze_vision_encoder
         self.train_expert_only = config.train_expert_only
+        self._initializers = self._transformers_initializers(transformers, vision_config, vlm, expert)
         if config.dtype == "bfloat16":
             self._to_bfloat16()
         self._set_requires_grad()
+        if config.gradient_checkpointing:  # LeRobot's: every SigLIP layer and decoder layer recomputed
+            for module in self.modules():
+                if type(module).__name__ in CHECKPOINTED:
+                    module.forward = checkpointed(module.forward)
+
+    def _transformers_initializers(
+        self, transformers: Any, vision_config: Any, vlm: Any, expert: Any
+    ) -> dict[int, Callable[[nn.Module], None]]:
+        """The modules transformers built (by id) -> the `_init_weights` of the model class LeRobot
+        builds them in: SigLIP's for the vision tower, Gemma's for the decoder layers' attention and MLP,
+        the token embedding (its sqrt(width) scale), the RoPE tables and the projector."""
+        siglip = transformers.SiglipPreTrainedModel(vision_config)._init_weights
+        gemma = {"paligemma": transformers.GemmaPreTrainedModel(vlm)._init_weights}
+        gemma["expert"] = transformers.GemmaPreTrainedModel(expert)._init_weights
+        owned: dict[int, Callable[[nn.Module], None]] = {id(m): siglip for m in self.vision_tower.modules()}
+        for layer in self.joint_layers:
+            for decoder, stream in ((layer.paligemma, "paligemma"), (layer.expert, "expert")):
+                for part in (decoder.self_attn, decoder.mlp):
+                    owned.update({id(m): gemma[stream] for m in part.modules()})
+        for name in ("language_model.embed_tokens", "multi_modal_projector"):
+            owned.update(
+                {id(m): gemma["paligemma"] for m in self.get_submodule(f"paligemma.model.{name}").modules()}
+            )
+        owned.update({id(m): gemma["paligemma"] for m in self.rotary_emb.modules()})
+        return owned
+
+    def initializer_of(self, module: nn.Module) -> Callable[[nn.Module], None] | None:
+        """How a fresh pi0 initializes `module`'s own tensors, as LeRobot's does: transformers'
+        initializer for the modules transformers built (normal(0, 0.02) for Gemma's, SigLIP's own
+        scheme, the computed buffers: RoPE tables, the embedding scale, SigLIP's position ids); None for
+        ours (the norms: zero weights; the action projections: torch's)."""
+        return self._initializers.get(id(module))
 
     @property
     def vision_tower(self) -> nn.Module:

@@ -1,26 +1,38 @@
-"""LeRobot 0.6.1's PI0Config and PI05Config as plain dataclasses, and the model sizes they resolve to.
+"""`--policy.type=pi0` and `--policy.type=pi05`: LeRobot 0.6.1's PI0Config and PI05Config (fields, names,
+defaults, training preset), and the model sizes they resolve to.
 
-LeRobot hard-codes the sizes of its two Gemma variants and of PaliGemma's SigLIP; `size_overrides` names a
-JSON file that replaces them (the format of LeRobot-side test fixtures: `{"vocab_size": 483,
-"gemma_variants": {"gemma_2b": {"width": ...}, ...}, "vision": {"hidden_size": ...}}`), so a tiny model
-keeps LeRobot's variant names in its config.json. Every bad value is refused in `__post_init__` with one
-line naming the flag.
+A LeRobot user's `lerobot-train --policy.type=pi05 ...` flags parse here unchanged. LeRobot hard-codes the
+sizes of its two Gemma variants and of PaliGemma's SigLIP; `size_overrides` names a JSON file that
+replaces them (the format of LeRobot-side test fixtures: `{"vocab_size": 483, "gemma_variants":
+{"gemma_2b": {"width": ...}, ...}, "vision": {"hidden_size": ...}}`), so a tiny model keeps LeRobot's
+variant names. `tokenizer_name` names the PaliGemma tokenizer LeRobot hard-codes (its checkpoints record
+it in policy_preprocessor.json only). Our config.json keeps both beside LeRobot's fields; `trainer
+export` writes LeRobot's schema (`lerobot_config`) and `from_saved` reads it back. Every bad value is
+refused in `__post_init__` with one line naming the flag.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
+from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
+from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, TASK_KEY
+from trainer.data.pipeline import lerobot_schema
+from trainer.data.pipeline.processors import stats_by_type
 from trainer.errors import ConfigError
+from trainer.policies.vla import features as vla_features
+from trainer.policies.vla import presets
 
 PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
 VOCAB_SIZE = 257_152  # PaliGemma's vocabulary (LeRobot sets it on both Gemmas)
 DTYPES = ("bfloat16", "float32")
-NORMALIZATION_MODES = ("IDENTITY", "MEAN_STD", "QUANTILES")
+NORMALIZATION_MODES = ("IDENTITY", "MEAN_STD", "QUANTILES")  # LeRobot's pi processors know no MIN_MAX
 # Keys of a size-overrides file that describe it rather than size anything.
 _OVERRIDE_NOTES = ("what", "preset", "tokenizer", "projection_dim")
 
@@ -74,65 +86,123 @@ class Features:
     action_dim: int
 
 
-@dataclass
-class PI0Config:
-    """LeRobot's PI0Config (fields, names and defaults), plus `tokenizer_name` and `size_overrides`."""
+# Our fields LeRobot's PI0Config lacks: kept in our config.json, left out of an export's.
+_OURS_ONLY = (
+    "dropout", "obs_dim", "action_dim", "input_features", "path", "push_to_hub", "repo_id", "private",
+    "device", "tokenizer_name", "size_overrides", "image_shapes",
+)  # fmt: skip
+TOKENIZER_STEP = "tokenizer_processor"
 
-    paligemma_variant: str = "gemma_2b"
-    action_expert_variant: str = "gemma_300m"
+
+@PolicyConfig.register_subclass("pi0")
+@dataclass
+class PI0Config(PolicyConfig):
+    """LeRobot's pi0: PaliGemma (SigLIP + Gemma 2B) reading the cameras and the task, a Gemma 300M action
+    expert attending to it layer by layer, trained by flow matching."""
+
+    dropout: float = 0.0
+    """pi0 has no dropout (LeRobot's neither): must stay 0."""
     dtype: str = "float32"
+    """float32, or bfloat16 as LeRobot casts it: the Gemma layers and embeddings in bfloat16, the vision
+    tower, the projector, every norm and the action projections in float32."""
+    paligemma_variant: str = "gemma_2b"
+    """PaliGemma's language model: gemma_2b or gemma_300m (sized by --policy.size_overrides)."""
+    action_expert_variant: str = "gemma_300m"
+    """The action expert: gemma_300m or gemma_2b (the same depth, heads and head_dim as PaliGemma's)."""
     n_obs_steps: int = 1
-    chunk_size: int = 50
+    """Observation steps per prediction (pi0 reads the current one)."""
+    chunk_size: int = 50  # a field here, a property on the base
+    """Actions predicted per observation (openpi's action_horizon)."""
     n_action_steps: int = 50
+    """Actions of each chunk executed before the model runs again (<= chunk_size)."""
     max_state_dim: int = 32
+    """The state vector is zero-padded to this width."""
     max_action_dim: int = 32
+    """Actions are zero-padded to this width for the flow-matching model."""
     num_inference_steps: int = 10
+    """Euler steps of the flow-matching sampler."""
     time_sampling_beta_alpha: float = 1.5
+    """The training time is Beta(alpha, beta) * scale + offset: alpha."""
     time_sampling_beta_beta: float = 1.0
+    """The Beta distribution's beta."""
     time_sampling_scale: float = 0.999
+    """The scale of the sampled time."""
     time_sampling_offset: float = 0.001
+    """The offset of the sampled time."""
     min_period: float = 4e-3
+    """Shortest period of the flow-matching time's sine-cosine embedding."""
     max_period: float = 4.0
+    """Longest period of that embedding."""
     use_relative_actions: bool = False
+    """LeRobot's actions relative to the state (not supported here: must stay false)."""
     relative_exclude_joints: list[str] = field(default_factory=lambda: ["gripper"])
+    """Joints kept absolute under use_relative_actions (kept for LeRobot's processor files)."""
     action_feature_names: list[str] | None = None
+    """The action's joint names (LeRobot fills them from the dataset; kept for its processor files)."""
     rtc_config: dict[str, Any] | None = None
+    """LeRobot's real-time chunking (not supported here: must stay unset)."""
     image_resolution: tuple[int, int] = (224, 224)
+    """(height, width) every camera is resized to with centred padding: square, a multiple of SigLIP's patch."""
     empty_cameras: int = 0
+    """Blank camera slots added after the real cameras."""
     normalization_mapping: dict[str, str] = field(
         default_factory=lambda: {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
     )
+    """How each feature type is normalized (IDENTITY, MEAN_STD or QUANTILES; cameras stay on [0, 1])."""
     gradient_checkpointing: bool = False
+    """Recompute each SigLIP layer and each joint decoder layer in the backward pass (less activation memory)."""
     compile_model: bool = False
+    """LeRobot's torch.compile switch (use --accelerator.compile here: must stay false)."""
     compile_mode: str = "max-autotune"
-    device: str | None = None
+    """LeRobot's torch.compile mode (kept for its config.json)."""
     freeze_vision_encoder: bool = False
+    """Keep the vision tower frozen (and in eval mode)."""
     train_expert_only: bool = False
+    """Freeze the whole PaliGemma: only the action expert and the projections train."""
     optimizer_lr: float = 2.5e-5
+    """Peak learning rate of pi0's training preset (--use_policy_training_preset=true): AdamW and the
+    cosine decay with warmup (openpi's)."""
     optimizer_betas: tuple[float, float] = (0.9, 0.95)
+    """The preset's AdamW betas."""
     optimizer_eps: float = 1e-8
+    """The preset's AdamW eps."""
     optimizer_weight_decay: float = 0.01
+    """The preset's AdamW weight decay."""
     optimizer_grad_clip_norm: float = 1.0
+    """The preset's gradient clipping norm."""
     scheduler_warmup_steps: int = 1_000
+    """The preset's warmup steps (scaled down with the decay when --steps is shorter than the decay)."""
     scheduler_decay_steps: int = 30_000
+    """The preset's cosine decay steps."""
     scheduler_decay_lr: float = 2.5e-6
+    """The preset's learning rate at the end of the decay."""
     tokenizer_max_length: int = 48
+    """Prompt tokens (right-padded to this length, a longer prompt truncated)."""
     tokenizer_name: str = PALIGEMMA_TOKENIZER
-    """The PaliGemma tokenizer: a local directory (relative to the working directory) or a Hub repo id."""
+    """The PaliGemma tokenizer: a local directory (relative to the working directory) or a Hub repo id
+    read through the Hugging Face cache (a LeRobot checkpoint's policy_preprocessor.json names its own)."""
     size_overrides: str | None = None
-    """A JSON file replacing the hard-coded variant and SigLIP sizes (None: LeRobot's sizes)."""
+    """A JSON file replacing LeRobot's hard-coded variant and SigLIP sizes (docs/pi.md; None: LeRobot's)."""
+    input_features: list[str] = field(default_factory=lambda: [OBS_KEY, ALL_CAMERAS, TASK_KEY])
+    """The state vector, the cameras (`observation.images.*`: every camera of the dataset, their tokens
+    in this order) and the task text."""
+    image_shapes: dict[str, list[int]] = field(default_factory=dict)
+    """Frame shape (C, H, W) of each camera, taken from the dataset (LeRobot's config.json records it)."""
 
     # pi0.5 differs in the expert (adaRMS on the time, no state token) and in the prompt.
     pi05: ClassVar[bool] = False
-    # The sizes, read once here (the overrides file's path may be relative to the working directory).
-    _sizes: Sizes | None = field(default=None, init=False, repr=False, compare=False)
+    # The class it builds: policy.py binds it on import (the package imports both), so this module,
+    # which the model's modules read, imports none of them.
+    built_by: ClassVar[Callable[..., Any] | None] = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.image_resolution = (int(self.image_resolution[0]), int(self.image_resolution[1]))
         self.optimizer_betas = (float(self.optimizer_betas[0]), float(self.optimizer_betas[1]))
         variants = ", ".join(GEMMA_VARIANTS)
         modes = set(self.normalization_mapping.values())
         checks = [
+            (self.dropout == 0.0, f"--policy.dropout={self.dropout}: pi0 has no dropout; leave it at 0"),
             (self.paligemma_variant in GEMMA_VARIANTS, f"--policy.paligemma_variant={self.paligemma_variant!r} is not a LeRobot variant: choose one of {variants}"),
             (self.action_expert_variant in GEMMA_VARIANTS, f"--policy.action_expert_variant={self.action_expert_variant!r} is not a LeRobot variant: choose one of {variants}"),
             (self.dtype in DTYPES, f"--policy.dtype={self.dtype!r}: choose one of {', '.join(DTYPES)}"),
@@ -144,72 +214,195 @@ class PI0Config:
             (self.empty_cameras >= 0, f"--policy.empty_cameras={self.empty_cameras} must be >= 0"),
             (self.image_resolution[0] == self.image_resolution[1], f"--policy.image_resolution={list(self.image_resolution)}: PaliGemma takes square images (give [N, N])"),
             (modes <= set(NORMALIZATION_MODES), f"--policy.normalization_mapping={self.normalization_mapping}: each mode must be one of {', '.join(NORMALIZATION_MODES)}"),
+            (self.optimizer_lr > 0, f"--policy.optimizer_lr must be > 0, got {self.optimizer_lr}"),
             (not self.use_relative_actions, "--policy.use_relative_actions=true is not supported yet: train on absolute actions"),
             (self.rtc_config is None, "--policy.rtc_config (real-time chunking) is not supported: leave it unset"),
             (not self.compile_model, "--policy.compile_model=true: compile with --accelerator.compile=true instead"),
+            (self.obs_dim <= self.max_state_dim, f"the state has {self.obs_dim} values, more than --policy.max_state_dim={self.max_state_dim}: raise --policy.max_state_dim or drop state features"),
+            (self.action_dim <= self.max_action_dim, f"the action has {self.action_dim} values, more than --policy.max_action_dim={self.max_action_dim}: raise --policy.max_action_dim"),
         ]  # fmt: skip
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
-        self._sizes = None
-        sizes = self._sizes = self.sizes()
-        patch = sizes.vision.patch_size
-        if self.image_resolution[0] % patch:
-            raise ConfigError(
-                f"--policy.image_resolution={list(self.image_resolution)} is not a multiple of SigLIP's patch "
-                f"size {patch}: give a multiple of {patch} (LeRobot's default is 224)"
-            )
-        vlm, expert = sizes.vlm, sizes.expert
-        if (vlm.num_heads, vlm.num_kv_heads, vlm.head_dim, vlm.depth) != (
-            expert.num_heads, expert.num_kv_heads, expert.head_dim, expert.depth
-        ):  # fmt: skip
-            raise ConfigError(
-                f"--policy.paligemma_variant={self.paligemma_variant} and --policy.action_expert_variant="
-                f"{self.action_expert_variant} attend jointly: they need the same depth, heads and head_dim"
-            )
+        self._sizes = _read_sizes(self)
 
     def sizes(self) -> Sizes:
         """The variants' sizes: LeRobot's, or those the `size_overrides` file gives (a variant or a
-        SigLIP size it does not name keeps LeRobot's)."""
-        if self._sizes is not None:
-            return self._sizes
-        if self.size_overrides is None:
-            variants, vision, vocab = GEMMA_VARIANTS, VisionSize(), VOCAB_SIZE
-        else:
-            variants, vision, vocab = _read_overrides(self.size_overrides)
-        return Sizes(variants[self.paligemma_variant], variants[self.action_expert_variant], vision, vocab)
+        SigLIP size it does not name keeps LeRobot's), read when the config was made."""
+        return self._sizes
+
+    @property
+    def cast_dtype(self) -> None:
+        """None: the policy places LeRobot's dtypes itself (bfloat16 keeps its float32 parts)."""
+        return None
+
+    def policy_class(self) -> Callable[..., Any]:
+        assert self.built_by is not None, "import trainer.policies.pi to build a pi0 / pi0.5"
+        return self.built_by
+
+    @property
+    def cameras(self) -> list[str]:
+        """The cameras the policy reads, in config order (the order of their tokens)."""
+        return vla_features.camera_names(self.input_features)
+
+    def features(self) -> Features:
+        """The data the model is built for: its cameras, state and action widths."""
+        return Features(tuple(self.cameras), self.obs_dim, self.action_dim)
+
+    def with_frame_shapes(self, shapes: dict[str, list[int]]) -> PI0Config:
+        """The cameras' frame shapes recorded (`vla.features.with_frame_shapes`)."""
+        return vla_features.with_frame_shapes(self, shapes)
+
+    def get_optimizer_preset(self) -> AdamWConfig:
+        """LeRobot's pi0 preset (--use_policy_training_preset=true): AdamW from the optimizer_* fields."""
+        return presets.adamw(self)
+
+    def get_scheduler_preset(self) -> CosineDecayWithWarmupConfig:
+        """LeRobot's pi0 schedule: warmup to optimizer_lr, cosine decay to scheduler_decay_lr."""
+        return presets.cosine_decay(self)
+
+    def normalization_stats(self, stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Each feature normalized as `normalization_mapping` says for its type: cameras (IDENTITY) on
+        [0, 1], pi0's state and action by MEAN_STD, pi0.5's by QUANTILES (the dataset's q01 and q99
+        mapped onto [-1, 1], unclipped, as LeRobot's normalizer does)."""
+        return stats_by_type(stats, self.normalization_mapping)
+
+    def _lerobot_features(self) -> dict[str, dict[str, Any]]:
+        blank = [3, *self.image_resolution]
+        return vla_features.typed_features(
+            self.obs_dim, self.cameras, self.image_shapes, self.action_dim, blank, self.empty_cameras
+        )
+
+    def lerobot_config(self) -> dict[str, Any]:
+        """LeRobot 0.6.1's PI0Config / PI05Config schema (`trainer export`): its fields, the typed
+        features (the blank camera slots included, as LeRobot lists them), its run fields at their
+        defaults; our tokenizer_name goes into the processor files, size_overrides nowhere."""
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _OURS_ONLY}
+        return {
+            "type": self.type,
+            "n_obs_steps": self.n_obs_steps,
+            **self._lerobot_features(),
+            "device": self.device,
+            **LEROBOT_RUN_FIELDS,
+            **{name: list(value) if isinstance(value, tuple) else value for name, value in own.items()},
+        }
+
+    def lerobot_pipeline(self) -> lerobot_schema.LeRobotPipeline:
+        """LeRobot's `make_pi0_pre_post_processors`: rename, batch axis, the task's newline, the
+        tokenizer, device, relative actions (off), then the normalizer; after the unnormalizer, absolute
+        actions (off)."""
+        typed = self._lerobot_features()
+        inputs = {**typed["input_features"], **typed["output_features"]}
+        before = (
+            lerobot_schema.rename(),
+            lerobot_schema.to_batch(),
+            lerobot_schema.step("pi0_new_line_processor"),
+            self._tokenizer_step(),
+            lerobot_schema.device(),
+            self._relative_actions_step(),
+        )
+        return lerobot_schema.LeRobotPipeline(
+            before, inputs, dict(self.normalization_mapping), unnormalized=(_absolute_actions_step(),)
+        )
+
+    def _tokenizer_step(self) -> dict[str, Any]:
+        return lerobot_schema.step(
+            TOKENIZER_STEP,
+            max_length=self.tokenizer_max_length,
+            task_key=TASK_KEY,
+            padding_side="right",
+            padding="max_length",
+            truncation=True,
+            tokenizer_name=self.tokenizer_name,
+        )
+
+    def _relative_actions_step(self) -> dict[str, Any]:
+        return lerobot_schema.step(
+            "relative_actions_processor",
+            enabled=self.use_relative_actions,
+            exclude_joints=list(self.relative_exclude_joints),
+            action_names=self.action_feature_names,
+        )
 
     @classmethod
-    def from_lerobot(cls, saved: dict[str, Any], **ours: Any) -> tuple[PI0Config, Features]:
-        """A LeRobot config.json (`type` pi0 or pi05) as this config and the features it names;
-        `ours` sets the fields LeRobot has not (tokenizer_name, size_overrides)."""
-        kind = saved.get("type")
-        config_class = {"pi0": PI0Config, "pi05": PI05Config}.get(str(kind))
-        if config_class is None:
-            raise ConfigError(f"the config.json has type {kind!r}: a pi0 or pi05 checkpoint is needed")
-        names = {f.name for f in dataclasses.fields(config_class) if f.init}
-        fields = {k: v for k, v in saved.items() if k in names}
-        config = config_class(**{**fields, **ours})
-        inputs = saved.get("input_features") or {}
-        cameras = tuple(
-            name
-            for name, feature in inputs.items()
-            if feature.get("type") == "VISUAL" and ".empty_camera_" not in name
-        )
-        state = next((f["shape"][0] for f in inputs.values() if f.get("type") == "STATE"), 0)
-        action = (saved.get("output_features") or {}).get("action", {}).get("shape", [0])[0]
-        return config, Features(cameras, int(state), int(action))
+    def from_saved(cls, saved: dict[str, Any], preprocessor: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A LeRobot config.json (its typed features) as this dataclass's fields, with the tokenizer its
+        policy_preprocessor.json names; ours (already these fields) as it is."""
+        if not isinstance(saved.get("input_features"), dict):
+            return saved
+        out = vla_features.fields_from_lerobot(saved)
+        steps = (preprocessor or {}).get("steps")
+        names = [
+            step["config"]["tokenizer_name"]
+            for step in (steps if isinstance(steps, list) else [])
+            if isinstance(step, dict)
+            and step.get("registry_name") == TOKENIZER_STEP
+            and isinstance(step.get("config"), dict)
+            and isinstance(step["config"].get("tokenizer_name"), str)
+        ]
+        return {**out, "tokenizer_name": names[0]} if names else out
 
 
+@PolicyConfig.register_subclass("pi05")
 @dataclass
 class PI05Config(PI0Config):
-    """LeRobot's PI05Config: PI0Config's fields with pi0.5's defaults (longer prompt, quantiles)."""
+    """LeRobot's pi0.5: pi0 with the state discretized into the prompt, the time conditioning the
+    expert's norms (adaRMS), QUANTILES normalization and a longer prompt."""
 
     normalization_mapping: dict[str, str] = field(
         default_factory=lambda: {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "QUANTILES"}
     )
+    """How each feature type is normalized (pi0.5: the state and action by QUANTILES, onto [-1, 1])."""
     tokenizer_max_length: int = 200
+    """Prompt tokens (the task and the 256-bin state, right-padded to this length)."""
     pi05: ClassVar[bool] = True
+
+    def lerobot_pipeline(self) -> lerobot_schema.LeRobotPipeline:
+        """LeRobot's `make_pi05_pre_post_processors`: rename, batch axis, relative actions (off), the
+        normalizer, then the state written into the prompt, the tokenizer and the device."""
+        typed = self._lerobot_features()
+        before = (lerobot_schema.rename(), lerobot_schema.to_batch(), self._relative_actions_step())
+        after = (
+            lerobot_schema.step("pi05_prepare_state_tokenizer_processor_step"),
+            self._tokenizer_step(),
+            lerobot_schema.device(),
+        )
+        return lerobot_schema.LeRobotPipeline(
+            before,
+            {**typed["input_features"], **typed["output_features"]},
+            dict(self.normalization_mapping),
+            after=after,
+            unnormalized=(_absolute_actions_step(),),
+        )
+
+
+def _absolute_actions_step() -> dict[str, Any]:
+    return lerobot_schema.step("absolute_actions_processor", enabled=False)
+
+
+def _read_sizes(config: PI0Config) -> Sizes:
+    """The sizes `config` resolves to (`PI0Config.sizes`), checked: an image size SigLIP's patches do
+    not tile and two variants that cannot attend jointly are one line each."""
+    if config.size_overrides is None:
+        variants, vision, vocab = GEMMA_VARIANTS, VisionSize(), VOCAB_SIZE
+    else:
+        variants, vision, vocab = _read_overrides(config.size_overrides)
+    sizes = Sizes(variants[config.paligemma_variant], variants[config.action_expert_variant], vision, vocab)
+    patch = sizes.vision.patch_size
+    if config.image_resolution[0] % patch:
+        raise ConfigError(
+            f"--policy.image_resolution={list(config.image_resolution)} is not a multiple of SigLIP's patch "
+            f"size {patch}: give a multiple of {patch} (LeRobot's default is 224)"
+        )
+    vlm, expert = sizes.vlm, sizes.expert
+    if (vlm.num_heads, vlm.num_kv_heads, vlm.head_dim, vlm.depth) != (
+        expert.num_heads, expert.num_kv_heads, expert.head_dim, expert.depth
+    ):  # fmt: skip
+        raise ConfigError(
+            f"--policy.paligemma_variant={config.paligemma_variant} and --policy.action_expert_variant="
+            f"{config.action_expert_variant} attend jointly: they need the same depth, heads and head_dim"
+        )
+    return sizes
 
 
 def _read_overrides(path: str) -> tuple[dict[str, GemmaSize], VisionSize, int]:

@@ -28,18 +28,30 @@ from trainer.policies.vla.attention import attend
 KeyValue = tuple[torch.Tensor, torch.Tensor]
 
 
+class AdaptiveDense(nn.Linear):
+    """The adaptive norm's condition -> (scale, shift, gate) map: a Linear whose weight starts at zero
+    (LeRobot's init; the bias keeps torch's), so the norm starts as the plain one."""
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        nn.init.zeros_(self.weight)
+
+
 class PiRMSNorm(nn.Module):
     """Gemma's RMSNorm, or with `cond_dim` the adaptive one whose scale, shift and gate come from a
-    condition vector (LeRobot zero-initialises the dense weight, so it starts as the identity norm)."""
+    condition vector."""
 
     def __init__(self, dim: int, eps: float, cond_dim: int | None = None) -> None:
         super().__init__()
         self.eps = eps
-        self.dense = None if cond_dim is None else nn.Linear(cond_dim, 3 * dim)
+        self.dense = None if cond_dim is None else AdaptiveDense(cond_dim, 3 * dim)
         if self.dense is None:
             self.weight = nn.Parameter(torch.zeros(dim))
-        else:
-            nn.init.zeros_(self.dense.weight)
+
+    def reset_parameters(self) -> None:
+        """The weight at zero (Gemma's `1 + w` starts as the identity scale); the dense has its own."""
+        if self.dense is None:
+            nn.init.zeros_(self.weight)
 
     def forward(
         self, x: torch.Tensor, cond: torch.Tensor | None = None
@@ -51,7 +63,22 @@ class PiRMSNorm(nn.Module):
         if cond is None:
             raise ValueError("an adaptive RMSNorm needs its condition (the flow-matching time's embedding)")
         scale, shift, gate = self.dense(cond)[:, None, :].chunk(3, dim=-1)
-        return (normed * (1 + scale.float()) + shift.float()).to(x.dtype), gate.to(x.dtype)
+        # the gate leaves the module (an FSDP unit) as a tensor of its own: a unit must not return a view
+        return (normed * (1 + scale.float()) + shift.float()).to(x.dtype), gate.to(x.dtype).contiguous()
+
+
+class IdleRMSNorm(nn.Module):
+    """A norm LeRobot's checkpoints hold but no output reads (PaliGemma's final norm, its last layer's
+    post-attention norm): its weight kept, frozen, never run, and no PiRMSNorm, so it is no FSDP unit
+    of its own (a unit whose forward never runs would never be gathered)."""
+
+    def __init__(self, dim: int, eps: float, cond_dim: int | None = None) -> None:
+        super().__init__()
+        assert cond_dim is None, "an idle norm is a plain one"
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.weight)
 
 
 def gated(residual: torch.Tensor, update: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
@@ -62,7 +89,7 @@ class DecoderLayer(nn.Module):
     """A Gemma decoder layer under LeRobot's names (`self_attn.{q,k,v,o}_proj`, `mlp`, two norms),
     built from transformers' GemmaAttention and GemmaMLP; its steps are called by `JointLayer`."""
 
-    def __init__(self, gemma_config: Any, index: int, cond_dim: int | None) -> None:
+    def __init__(self, gemma_config: Any, index: int, cond_dim: int | None, idle: bool = False) -> None:
         super().__init__()
         from transformers.models.gemma import modeling_gemma
 
@@ -70,7 +97,8 @@ class DecoderLayer(nn.Module):
         self.mlp = modeling_gemma.GemmaMLP(gemma_config)
         width, eps = gemma_config.hidden_size, gemma_config.rms_norm_eps
         self.input_layernorm = PiRMSNorm(width, eps, cond_dim)
-        self.post_attention_layernorm = PiRMSNorm(width, eps, cond_dim)
+        post = IdleRMSNorm if idle else PiRMSNorm  # `idle`: nothing reads this layer's output
+        self.post_attention_layernorm = post(width, eps, cond_dim)
 
     def project(
         self, hidden: torch.Tensor, cond: torch.Tensor | None, queries: bool
@@ -122,12 +150,16 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class JointLayer(nn.Module):
     """Layer i of PaliGemma's Gemma (`paligemma`) and of the action expert (`expert`): the FSDP unit.
 
-    The last layer's prefix output can reach nothing (pi0 reads the expert's output only), so there
-    the prefix gives its keys and values alone."""
+    Each stream attends to the keys before it and its own: the prefix to itself, the suffix to the
+    prefix and itself. LeRobot runs one attention over [prefix; suffix] in which the prefix's view of
+    the suffix is masked out; here the prefix's attention never reads the suffix, so its outputs depend
+    on no suffix token: a frozen PaliGemma (train_expert_only) then keeps no activations for the
+    backward pass and the backward never runs through it. The last layer's prefix output can reach
+    nothing (pi0 reads the expert's output only), so there the prefix gives its keys and values alone."""
 
     def __init__(self, vlm_config: Any, expert_config: Any, index: int, last: bool, adarms: bool) -> None:
         super().__init__()
-        self.paligemma = DecoderLayer(vlm_config, index, None)
+        self.paligemma = DecoderLayer(vlm_config, index, None, idle=last)
         self.expert = DecoderLayer(expert_config, index, expert_config.hidden_size if adarms else None)
         self.heads: int = vlm_config.num_attention_heads
         self.last = last
@@ -158,31 +190,24 @@ class JointLayer(nn.Module):
             streams.append(_Stream(layer, hidden, c, query, rotate(k, *rope), v, gate))
             start = end
         first = streams[0]
-        filled = None if first is None else (first.key, first.value)
-        present = [s for s in streams if s is not None]
-        queries = [s.query for s in present if s.query is not None]
-        if not queries:  # the prefill's last layer: its keys and values are all it gives
-            return None, None, filled
-        keys, values = [s.key for s in present], [s.value for s in present]
-        if cache is not None:
-            keys, values = [cache[0], *keys], [cache[1], *values]
-        asking = sum(q.shape[1] for q in queries)
-        attended = attend(
-            torch.cat(queries, dim=1),
-            torch.cat(keys, dim=1),
-            torch.cat(values, dim=1),
-            mask[:, -asking:],
-            self.heads,
-        )
+        # the prefix's values leave the unit as a tensor of their own (`view` of v_proj's output otherwise)
+        filled = None if first is None else (first.key, first.value.clone())
+        keys, values = ([cache[0]], [cache[1]]) if cache is not None else ([], [])
         outs: list[torch.Tensor | None] = []
-        offset = 0
+        row = 0
         for stream in streams:
-            if stream is None or stream.query is None:
+            if stream is None:
                 outs.append(None)
                 continue
+            keys.append(stream.key)
+            values.append(stream.value)
             n = stream.hidden.shape[1]
-            outs.append(
-                stream.layer.finish(attended[:, offset : offset + n], stream.hidden, stream.gate, stream.cond)
-            )
-            offset += n
+            if stream.query is None:  # the prefill's last layer: its keys and values are all it gives
+                outs.append(None)
+            else:  # this stream's queries against the keys so far (the cache's, the prefix's, its own)
+                seen = torch.cat(keys, dim=1)
+                rows = mask[:, row : row + n, : seen.shape[1]]
+                attended = attend(stream.query, seen, torch.cat(values, dim=1), rows, self.heads)
+                outs.append(stream.layer.finish(attended, stream.hidden, stream.gate, stream.cond))
+            row += n
         return outs[0], outs[1], filled

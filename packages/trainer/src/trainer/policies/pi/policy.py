@@ -1,4 +1,4 @@
-"""PiPolicy: LeRobot's pi0 / pi0.5 built from a config and the data's features, on LeRobot's batches.
+"""PI0Policy and PI05Policy: LeRobot's pi0 / pi0.5 behind this engine's `Policy` interface.
 
 A batch holds LeRobot's preprocessed keys: `observation.state` (normalized), each camera in [0, 1]
 (`observation.images.<name>`, (B, C, H, W) or with a time axis), the prompt as
@@ -7,77 +7,100 @@ LeRobot's preprocessor does: language.py), and in training `action`. Cameras are
 padding to `image_resolution` and mapped to [-1, 1]; cameras the batch lacks and `empty_cameras` become
 blank (-1) slots with a false mask after the ones present. `forward` returns LeRobot's loss: the
 squared velocity error on the real action dimensions averaged over every chunk step (`action_is_pad`
-is not used, as in LeRobot). `sample_actions` returns a normalized action chunk. `noise=` and `time=`
-fix the random draws.
+is not used, as in LeRobot). `predict_action_chunk` samples a normalized action chunk; `select_action`
+serves it from the action queue, `n_action_steps` at a time. `noise=` and `time=` fix the random draws.
+
+Parameter names are LeRobot's (`model.paligemma_with_expert...`) but for the paired decoder layers;
+LeRobot's checkpoints (and the Hub's openpi-converted ones) are renamed on read and an export writes
+LeRobot's names back (weights.py).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable, Collection
 from typing import ClassVar
 
 import torch
-from torch import nn
 
 from trainer.data.dataset import ACTION_KEY, OBS_KEY
 from trainer.errors import ConfigError
 from trainer.policies.pi import weights
-from trainer.policies.pi.config import Features, PI0Config
+from trainer.policies.pi.config import PI0Config, PI05Config
 from trainer.policies.pi.language import PiTokenizer
 from trainer.policies.pi.model import PiFlowModel, Tokens
 from trainer.policies.vla.flow import sample_noise, sample_time
 from trainer.policies.vla.images import pad_last, resize_with_pad
+from trainer.policies.vla.policy import VLAPolicy
+
+# LeRobot's default LoRA targets besides the expert's q/v projections (`_get_default_peft_targets`).
+LORA_PROJECTIONS = (
+    "state_proj",
+    "action_in_proj",
+    "action_out_proj",
+    "action_time_mlp_in",
+    "action_time_mlp_out",
+)
 
 
-class PiPolicy(nn.Module):
-    """Parameter names are LeRobot's (`model.paligemma_with_expert...`) but for the paired decoder
-    layers (weights.py maps them)."""
+class PiPolicy(VLAPolicy):
+    """pi0 (`PI0Policy`) or pi0.5 (`PI05Policy`), built from its config alone."""
 
-    # FSDP units: SigLIP's encoder layers and the joint decoder layers, the modules whose forward() runs.
-    fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("SiglipEncoderLayer", "JointLayer")
-    # Entry points besides forward() that must gather the root unit's parameters first.
-    fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("sample_actions",)
+    # FSDP units are the modules whose forward() runs: SigLIP's patch and position embeddings and its
+    # encoder layers, the token embedding, the joint decoder layer pairs (LeRobot reads its layers'
+    # weights without calling their forward(), which FSDP's hooks never see) and every RMSNorm (their
+    # own units, so that a bfloat16 policy's float32 norms never share a unit with bfloat16 weights).
+    _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = (
+        "SiglipVisionEmbeddings", "SiglipEncoderLayer", "GemmaTextScaledWordEmbedding", "JointLayer", "PiRMSNorm",
+    )  # fmt: skip
+    _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action", "predict_action_chunk")
+    pi05: ClassVar[bool] = False
 
-    def __init__(self, config: PI0Config, features: Features) -> None:
-        super().__init__()
+    def __init__(self, config: PI0Config) -> None:
+        super().__init__(config, config.n_action_steps)
+        self.config: PI0Config = config
+        features = config.features()
         if not features.cameras:
-            raise ConfigError("pi0 and pi05 read cameras: give at least one observation.images.* feature")
+            raise ConfigError(
+                f"--policy.type={config.type} reads cameras: give at least one observation.images.* feature"
+            )
         for what, width, flag in (("state", features.state_dim, "max_state_dim"), ("action", features.action_dim, "max_action_dim")):  # fmt: skip
             if width > getattr(config, flag):
                 raise ConfigError(
                     f"the {what} has {width} values, more than --policy.{flag}={getattr(config, flag)}: raise it"
                 )
-        self.config, self.features = config, features
+        self.features = features
         self.tokenizer = PiTokenizer(config)  # before the model: a missing tokenizer is one line
         self.model = PiFlowModel(config, config.sizes())
 
+    # ---------------------------------------------------------------- LeRobot's names and defaults
+
     @classmethod
-    def from_lerobot(cls, directory: str | Path, **ours: object) -> PiPolicy:
-        """A LeRobot `pretrained_model/` (config.json + model.safetensors), loaded strictly; `ours`
-        sets this config's own fields (size_overrides; tokenizer_name, else the one its
-        policy_preprocessor.json names, as LeRobot reads it)."""
-        import json
+    def adapt_state_dict(cls, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """LeRobot's (or openpi's) tensor names as ours, with LeRobot's key fixes; the two unused
+        `lm_head`s dropped. Ours pass as they are."""
+        return weights.from_lerobot(state, cls.pi05) if weights.is_lerobots(state) else state
 
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        preprocessor = directory / "policy_preprocessor.json"
-        if "tokenizer_name" not in ours and preprocessor.is_file():
-            steps = json.loads(preprocessor.read_text()).get("steps", [])
-            names = [
-                s["config"]["tokenizer_name"]
-                for s in steps
-                if s.get("registry_name") == "tokenizer_processor"
-            ]
-            ours = {**ours, **({"tokenizer_name": names[0]} if names else {})}
-        config, features = PI0Config.from_lerobot(json.loads((directory / "config.json").read_text()), **ours)
-        policy = cls(config, features)
-        weights.load_lerobot(policy, load_file(str(directory / "model.safetensors")), config, str(directory))
-        return policy.eval()
+    @classmethod
+    def saved_under_other_names(cls, names: Collection[str]) -> bool:
+        return weights.is_lerobots(names)
 
     def lerobot_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights under LeRobot's names, lm_heads included (what its strict load needs)."""
         return weights.to_lerobot(self.state_dict(), self.config.sizes())
+
+    def peft_target_modules(self) -> tuple[str, ...]:
+        """LeRobot's default LoRA targets for pi0 / pi0.5: the expert's q/v projections and the state,
+        action and time projections (PaliGemma stays as it is)."""
+        expert = [
+            f"model.paligemma_with_expert.layers.{i}.expert.self_attn.{proj}"
+            for i in range(len(self.model.paligemma_with_expert.joint_layers))
+            for proj in ("q_proj", "v_proj")
+        ]
+        heads = [f"model.{name}" for name in LORA_PROJECTIONS if hasattr(self.model, name)]
+        return (*expert, *heads)
+
+    def initializer_of(self, module: torch.nn.Module) -> Callable[[torch.nn.Module], None] | None:
+        return self.model.paligemma_with_expert.initializer_of(module)
 
     # ---------------------------------------------------------------- inputs
 
@@ -100,7 +123,7 @@ class PiPolicy(nn.Module):
 
     def _state(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         state = batch[OBS_KEY]
-        return state[:, -1] if state.ndim > 2 else state
+        return (state[:, -1] if state.ndim > 2 else state).float()
 
     def prefix(self, batch: dict[str, torch.Tensor]) -> Tokens:
         """The prefix tokens (embeddings, pad mask, blocks) of a batch."""
@@ -111,9 +134,9 @@ class PiPolicy(nn.Module):
 
     def padded_state(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """pi0's state token input, zero-padded to max_state_dim (pi0.5 reads it from the prompt)."""
-        return None if self.config.pi05 else pad_last(self._state(batch), self.config.max_state_dim)
+        return None if self.pi05 else pad_last(self._state(batch), self.config.max_state_dim)
 
-    # ---------------------------------------------------------------- training and sampling
+    # ---------------------------------------------------------------- training
 
     def forward(
         self,
@@ -124,7 +147,7 @@ class PiPolicy(nn.Module):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(LeRobot's loss, metrics): the mean (per sample with reduction="none") of the element-wise
         losses on the first action_dim columns, over every chunk step."""
-        actions = pad_last(batch[ACTION_KEY], self.config.max_action_dim)
+        actions = pad_last(batch[ACTION_KEY].float(), self.config.max_action_dim)
         if noise is None:
             noise = sample_noise(actions.shape, actions.device)
         if time is None:
@@ -143,13 +166,30 @@ class PiPolicy(nn.Module):
         """(B, chunk, max_action_dim) squared velocity errors for padded `actions` (LeRobot's PI0Pytorch.forward)."""
         return self.model.losses(self.prefix(batch), self.padded_state(batch), actions, noise, time)
 
+    # ---------------------------------------------------------------- acting
+
     @torch.no_grad()
-    def sample_actions(
+    def predict_action_chunk(
         self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None
     ) -> torch.Tensor:
         """A normalized action chunk (B, chunk_size, action_dim) from noise (B, chunk_size, max_action_dim)."""
+        self.eval()
         prefix = self.prefix(batch)
         if noise is None:
             shape = (prefix[0].shape[0], self.config.chunk_size, self.config.max_action_dim)
             noise = sample_noise(shape, prefix[0].device)
         return self.model.sample(prefix, self.padded_state(batch), noise)[:, :, : self.features.action_dim]
+
+
+class PI0Policy(PiPolicy):
+    """LeRobot's pi0: the state as a token of the expert, the time concatenated to the action tokens."""
+
+
+class PI05Policy(PiPolicy):
+    """LeRobot's pi0.5: the state in the prompt, the time in the expert's adaptive norms."""
+
+    pi05 = True
+
+
+PI0Config.built_by = PI0Policy
+PI05Config.built_by = PI05Policy

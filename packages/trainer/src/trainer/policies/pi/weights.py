@@ -14,11 +14,12 @@ strictly.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import torch
 
 from trainer.errors import ConfigError
-from trainer.policies.pi.config import PI0Config, Sizes
+from trainer.policies.pi.config import Sizes
 
 _PREFIX = "model.paligemma_with_expert."
 _VLM_LAYER = re.compile(r"^model\.paligemma_with_expert\.paligemma\.model\.language_model\.layers\.(\d+)\.")
@@ -32,12 +33,13 @@ _PLAIN_EXPERT_NORM = re.compile(
 )
 
 
-def from_lerobot(state: dict[str, torch.Tensor], config: PI0Config) -> dict[str, torch.Tensor]:
-    """A LeRobot (or openpi-converted) pi0 / pi0.5 state dict under this model's names."""
+def from_lerobot(state: dict[str, torch.Tensor], pi05: bool) -> dict[str, torch.Tensor]:
+    """A LeRobot (or openpi-converted) pi0 / pi0.5 state dict under this model's names (ours pass as
+    they are)."""
     fixed: dict[str, torch.Tensor] = {}
     for key, value in state.items():
         if not key.startswith("model."):
-            renamed = _openpi_key(key, config)
+            renamed = _openpi_key(key, pi05)
             if renamed is None:
                 continue
             key = "model." + renamed
@@ -49,9 +51,21 @@ def from_lerobot(state: dict[str, torch.Tensor], config: PI0Config) -> dict[str,
     return {_ours(key): value for key, value in fixed.items()}
 
 
-def _openpi_key(key: str, config: PI0Config) -> str | None:
+def is_lerobots(names: Iterable[str]) -> bool:
+    """Whether tensor names are LeRobot's or openpi's (its two decoder stacks, an `lm_head`, keys
+    without the `model.` prefix) rather than this model's."""
+    lerobot = (_VLM_LAYER, _EXPERT_LAYER)
+    return any(
+        not name.startswith("model.")
+        or name in (VLM_HEAD, EXPERT_HEAD)
+        or any(p.match(name) for p in lerobot)
+        for name in names
+    )
+
+
+def _openpi_key(key: str, pi05: bool) -> str | None:
     """LeRobot's renames of an unprefixed (openpi-converted) key; None for a key it skips."""
-    if config.pi05:
+    if pi05:
         if key.startswith("state_proj.") or _PLAIN_EXPERT_NORM.match(key):
             return None
         return re.sub(r"^action_time_mlp_(in|out)\.", r"time_mlp_\1.", key)
@@ -83,12 +97,10 @@ def to_lerobot(state: dict[str, torch.Tensor], sizes: Sizes) -> dict[str, torch.
     return out
 
 
-def load_lerobot(
-    module: torch.nn.Module, state: dict[str, torch.Tensor], config: PI0Config, where: str
-) -> None:
+def load_lerobot(module: torch.nn.Module, state: dict[str, torch.Tensor], pi05: bool, where: str) -> None:
     """`state` (LeRobot's names) into `module` (a policy: its `model.` is the flow model) strictly; a
     missing, unexpected or misshapen tensor is one line naming it."""
-    ours = from_lerobot(state, config)
+    ours = from_lerobot(state, pi05)
     own = module.state_dict()
     missing = [k for k in own if k not in ours]
     unexpected = [k for k in ours if k not in own]

@@ -16,16 +16,15 @@ from typing import Any, ClassVar
 from trainer.config.dataset import Embodiment
 from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
 from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
-from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, TASK_KEY, is_camera
+from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, TASK_KEY
 from trainer.data.pipeline import lerobot_schema
-from trainer.data.pipeline.processors import NORMALIZATION_MODES, feature_type, mapped_stats
+from trainer.data.pipeline.processors import NORMALIZATION_MODES, stats_by_type
 from trainer.errors import ConfigError
+from trainer.policies.vla import features, presets
 from trainer.policies.vla.hub import same_config
 
 ATTENTION_MODES = ("cross_attn", "self_attn")
 PAD_LANGUAGE = ("longest", "max_length")
-# The names LeRobot gives the `empty_cameras` blank slots in its saved input_features (no data has them).
-EMPTY_CAMERA = "observation.images.empty_camera_"
 
 
 @PolicyConfig.register_subclass("smolvla")
@@ -156,22 +155,11 @@ class SmolVLAConfig(PolicyConfig):
 
     def get_optimizer_preset(self) -> AdamWConfig:
         """LeRobot's SmolVLA preset (--use_policy_training_preset=true): AdamW from the optimizer_* fields."""
-        return AdamWConfig(
-            lr=self.optimizer_lr,
-            betas=self.optimizer_betas,
-            eps=self.optimizer_eps,
-            weight_decay=self.optimizer_weight_decay,
-            grad_clip_norm=self.optimizer_grad_clip_norm,
-        )
+        return presets.adamw(self)
 
     def get_scheduler_preset(self) -> CosineDecayWithWarmupConfig:
         """LeRobot's SmolVLA schedule: warmup to optimizer_lr, cosine decay to scheduler_decay_lr."""
-        return CosineDecayWithWarmupConfig(
-            num_warmup_steps=self.scheduler_warmup_steps,
-            num_decay_steps=self.scheduler_decay_steps,
-            peak_lr=self.optimizer_lr,
-            decay_lr=self.scheduler_decay_lr,
-        )
+        return presets.cosine_decay(self)
 
     def policy_class(self) -> Callable[..., Any]:
         assert self.built_by is not None, "import trainer.policies.smolvla to build a SmolVLA"
@@ -194,21 +182,11 @@ class SmolVLAConfig(PolicyConfig):
     @property
     def cameras(self) -> list[str]:
         """The cameras the policy reads, in config order (the order of their tokens)."""
-        return [name for name in self.input_features if is_camera(name) and name != ALL_CAMERAS]
+        return features.camera_names(self.input_features)
 
     def with_frame_shapes(self, shapes: dict[str, list[int]]) -> SmolVLAConfig:
-        """The cameras' frame shapes recorded; a checkpoint trained on fewer cameras than the data
-        gives is refused (its prefix would change length and meaning)."""
-        trained = [name for name in self.image_shapes]
-        if trained and self.path is not None:
-            extra = [name for name in shapes if name not in trained]
-            if extra:
-                raise ConfigError(
-                    f"the data gives camera {extra[0]!r}, which the policy at {self.path} was not trained with "
-                    f"(it reads {', '.join(trained)}): name its cameras in --policy.input_features or rename "
-                    "the camera with --rename_map"
-                )
-        return dataclasses.replace(self, image_shapes={**self.image_shapes, **shapes})
+        """The cameras' frame shapes recorded (`vla.features.with_frame_shapes`)."""
+        return features.with_frame_shapes(self, shapes)
 
     @classmethod
     def check_path_flags(cls, base: dict[str, Any], flags: dict[str, str], path: str) -> None:
@@ -228,26 +206,18 @@ class SmolVLAConfig(PolicyConfig):
         VISUAL = IDENTITY (LeRobot's default) keep their [0, 1] values (mean 0, std 1; the preprocessor
         still scales uint8 frames to [0, 1]), a MIN_MAX state or action is mapped onto [-1, 1] from the
         dataset's min and max (as config.json records it)."""
-        return {
-            name: mapped_stats(name, value, self.normalization_mapping.get(feature_type(name), "IDENTITY"))
-            for name, value in stats.items()
-        }
+        return stats_by_type(stats, self.normalization_mapping)
 
     def to_dict(self) -> dict[str, Any]:
         """config.json in LeRobot's SmolVLAConfig schema (LeRobot's `from_pretrained` refuses any field
         it does not know, so ours that have no LeRobot counterpart stay in train_config.json)."""
-        features: dict[str, Any] = {}
-        if self.obs_dim:
-            features[OBS_KEY] = {"type": "STATE", "shape": [self.obs_dim]}
-        for name in self.cameras:
-            features[name] = {"type": "VISUAL", "shape": list(self.image_shapes.get(name, []))}
+        typed = features.typed_features(self.obs_dim, self.cameras, self.image_shapes, self.action_dim)
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(SmolVLAConfig)}
         lerobot = {name: own[name] for name in _lerobot_field_names()}
         return {
             "type": self.type,
             "n_obs_steps": self.n_obs_steps,
-            "input_features": features,
-            "output_features": {ACTION_KEY: {"type": "ACTION", "shape": [self.action_dim]}},
+            **typed,
             "device": self.device,
             **LEROBOT_RUN_FIELDS,
             **{k: list(v) if isinstance(v, tuple) else v for k, v in lerobot.items()},
@@ -282,40 +252,15 @@ class SmolVLAConfig(PolicyConfig):
         return lerobot_schema.LeRobotPipeline(before, features, dict(self.normalization_mapping))
 
     @classmethod
-    def from_saved(cls, saved: dict[str, Any]) -> dict[str, Any]:
+    def from_saved(cls, saved: dict[str, Any], preprocessor: dict[str, Any] | None = None) -> dict[str, Any]:
         """A saved config.json (LeRobot's schema, ours being the same) as this dataclass's fields."""
-        features = saved.get("input_features")
-        if not isinstance(features, dict):
+        if not isinstance(saved.get("input_features"), dict):
             return saved  # already ours (train_config.json's policy section)
         if saved.get("rtc_config") is not None:
             raise ConfigError(
                 "the policy's config.json enables real-time chunking (rtc_config), which is not supported"
             )
-        out = {
-            k: v
-            for k, v in saved.items()
-            if k not in LEROBOT_RUN_FIELDS and k not in ("output_features", "rtc_config")
-        }
-        names: list[str] = []
-        shapes: dict[str, list[int]] = {}
-        obs_dim = 0
-        for name, feature in features.items():
-            kind = feature.get("type") if isinstance(feature, dict) else None
-            shape = list(feature.get("shape", [])) if isinstance(feature, dict) else []
-            if kind == "STATE":
-                names.insert(0, name)
-                obs_dim = int(shape[0]) if shape else 0
-            elif kind == "VISUAL" and not name.startswith(EMPTY_CAMERA):  # LeRobot's blank slots
-                names.append(name)
-                shapes[name] = [int(s) for s in shape]
-        action = (saved.get("output_features") or {}).get(ACTION_KEY, {})
-        out.update(
-            input_features=[*names, TASK_KEY],
-            image_shapes=shapes,
-            obs_dim=obs_dim,
-            action_dim=int(action.get("shape", [0])[0]) if isinstance(action, dict) else 0,
-        )
-        return out
+        return features.fields_from_lerobot(saved, dropped=("rtc_config",))
 
 
 def _lerobot_field_names() -> list[str]:

@@ -11,7 +11,7 @@ the action queue, `n_action_steps` at a time. `noise=` and `time=` fix the rando
 
 from __future__ import annotations
 
-import collections
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -25,15 +25,15 @@ from trainer.data.dataset import (
     STATE_DIM_PAD_KEY,
 )
 from trainer.errors import ConfigError
-from trainer.policies.base import Policy
 from trainer.policies.smolvla import backbone, language
 from trainer.policies.smolvla.config import SmolVLAConfig
 from trainer.policies.smolvla.flow import FlowMatching
 from trainer.policies.vla.flow import sample_noise, sample_time
 from trainer.policies.vla.images import pad_last, resize_with_pad
+from trainer.policies.vla.policy import VLAPolicy
 
 
-class SmolVLAPolicy(Policy):
+class SmolVLAPolicy(VLAPolicy):
     """Parameter names are LeRobot's (`model.vlm_with_expert.vlm...`, `model.state_proj`, ...)."""
 
     # FSDP units are modules whose forward() runs: a vision encoder layer, and in the text and expert
@@ -44,7 +44,7 @@ class SmolVLAPolicy(Policy):
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action", "predict_action_chunk")
 
     def __init__(self, config: SmolVLAConfig) -> None:
-        super().__init__(config)
+        super().__init__(config, config.n_action_steps)
         self.config: SmolVLAConfig = config
         self.cameras = config.cameras
         if not self.cameras:
@@ -52,7 +52,6 @@ class SmolVLAPolicy(Policy):
         vlm = backbone.vlm_config(config)
         self.tokenizer = language.Tokenizer(config)  # before the model: a missing tokenizer is one line
         self.model = FlowMatching(config, vlm, self.tokenizer.image_token_ids())
-        self._queue: collections.deque[torch.Tensor] = collections.deque(maxlen=config.n_action_steps)
 
     def peft_target_modules(self) -> tuple[str, ...]:
         """LeRobot's default LoRA targets for SmolVLA: the expert's q/v projections and the state,
@@ -167,18 +166,6 @@ class SmolVLAPolicy(Policy):
             noise = sample_noise(shape, prefix[0].device)
         return self.model.sample(prefix, noise.to(self._dtype))[:, :, : self.config.action_dim]
 
-    @torch.no_grad()
-    def select_action(
-        self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        if not self._queue:
-            chunk = self.predict_action_chunk(batch, noise)[:, : self.config.n_action_steps]
-            self._queue.extend(chunk.transpose(0, 1))
-        return self._queue.popleft()
-
-    def reset(self) -> None:
-        self._queue.clear()
-
     def load_pretrained_parts(self) -> None:
         if self.config.load_vlm_weights:
             self.model.vlm_with_expert.load_backbone_weights(self.config.vlm_model_name)
@@ -187,16 +174,8 @@ class SmolVLAPolicy(Policy):
         """Random backbone weights (LeRobot's default, and every `--policy.path` run) build on meta."""
         return self.config.load_vlm_weights
 
-    def initializes(self, module: torch.nn.Module) -> bool:
-        return self.model.vlm_with_expert.initializer_of(module) is not None or super().initializes(module)
-
-    def initialize_module(self, module: torch.nn.Module) -> None:
-        """transformers' initializer for the modules transformers built, torch's for the rest."""
-        initializer = self.model.vlm_with_expert.initializer_of(module)
-        if initializer is None:
-            super().initialize_module(module)
-        else:
-            initializer(module)
+    def initializer_of(self, module: torch.nn.Module) -> Callable[[torch.nn.Module], None] | None:
+        return self.model.vlm_with_expert.initializer_of(module)
 
 
 def _masked_loss(
