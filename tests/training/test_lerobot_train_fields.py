@@ -302,11 +302,12 @@ def test_a_malformed_stats_entry_is_refused_in_one_line(tmp_path) -> None:
     assert "\n" not in str(error.value)
 
 
-def test_smolvla_min_max_state_and_action_train_on_the_datasets_range(tmp_path) -> None:
-    """--policy.normalization_mapping's MIN_MAX (recorded in config.json) is what the processors
-    apply: the stats.json min/max as the map onto [-1, 1], not the mean/std."""
+@pytest.mark.parametrize(("mode", "low", "high"), [("MIN_MAX", "min", "max"), ("QUANTILES", "q01", "q99")])
+def test_smolvla_min_max_state_and_action_train_on_the_datasets_range(tmp_path, mode, low, high) -> None:
+    """--policy.normalization_mapping's MIN_MAX or QUANTILES (recorded in config.json) is what the
+    processors apply: stats.json's min/max (q01/q99) as the map onto [-1, 1], not the mean/std."""
     root = copy_fixture(tmp_path, "lerobot", "dataset_tiny")
-    mapping = {"VISUAL": "IDENTITY", "STATE": "MIN_MAX", "ACTION": "MIN_MAX"}
+    mapping = {"VISUAL": "IDENTITY", "STATE": mode, "ACTION": mode}
     config = parse_config(
         [
             f"--dataset.root={root}",
@@ -316,12 +317,12 @@ def test_smolvla_min_max_state_and_action_train_on_the_datasets_range(tmp_path) 
     )
     stats = config.dataset.load(["observation.state"]).stats()
     saved = json.loads((root / "meta" / "stats.json").read_text())["action"]
-    assert stats["action"]["min"].tolist() == pytest.approx(saved["min"])
+    assert stats["action"][low].tolist() == pytest.approx(saved[low])
     mapped = config.policy.normalization_stats(stats)
     for key in ("observation.state", "action"):
-        low, high = stats[key]["min"], stats[key]["max"]
-        assert torch.allclose(mapped[key]["mean"], (low + high) / 2)
-        assert torch.allclose(mapped[key]["std"], (high - low) / 2)
+        bottom, top = stats[key][low], stats[key][high]
+        assert torch.allclose(mapped[key]["mean"], (bottom + top) / 2)
+        assert torch.allclose(mapped[key]["std"], (top - bottom) / 2)
     default = parse_config([f"--dataset.root={root}", "--policy.type=smolvla"]).policy
     assert default.normalization_stats(stats)["action"]["std"].equal(stats["action"]["std"])
 
@@ -331,8 +332,8 @@ def test_smolvla_min_max_state_and_action_train_on_the_datasets_range(tmp_path) 
     [
         ("--policy.use_cache=false", "--policy.use_cache=false is not supported: the sampler always reuses"),
         (
-            '--policy.normalization_mapping={"STATE": "QUANTILES"}',
-            "each mode must be one of MEAN_STD, MIN_MAX",
+            '--policy.normalization_mapping={"STATE": "QUANTILE10"}',
+            "each mode must be one of MEAN_STD, MIN_MAX, QUANTILES, IDENTITY",
         ),
     ],
 )
