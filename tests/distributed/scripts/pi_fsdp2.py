@@ -33,22 +33,25 @@ import torch.distributed as dist
 from fresh_accelerator import reset_accelerate
 from safetensors.torch import load_file
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 import trainer
+from ckpt_tools.state import gathered_write
 from trainer.cli.parse import parse_config
 from trainer.engine import startup
 from trainer.engine.plan import train
+from trainer.policies import vocab_parallel
 from trainer.policies.pi import PiPolicy
 
 OUT, WORKDIR, *MODE = sys.argv[1:]
+gathered_write.PIECE_BYTES = 1024  # each rank's rows of the token embedding (31 KB) written in pieces
 OVERRIDES = "tiny_paligemma/tiny_pi_overrides.json"
 TINY = [
     f"--policy.size_overrides={OVERRIDES}", "--dataset.root=../dataset_video", "--batch_size=2",
     "--num_workers=0", "--log_freq=1", "--seed=3", "--steps=2", "--save_freq=2",
 ]  # fmt: skip
 RUNS = {
-    "fsdp2": ["--policy.path=pretrained_model", "--parallelism.dp_shard=2"],
+    "fsdp2": ["--policy.path=pretrained_model", "--parallelism.dp_shard=2", "--checkpoint_format=safetensors_dcp"],
     "ddp": ["--policy.path=pretrained_model", "--parallelism.dp_shard=1"],
     "lora": [f"--policy.path={OUT}/fsdp2/checkpoints/last", "--peft.method_type=LORA", "--peft.r=2", "--parallelism.dp_shard=2"],
 }  # fmt: skip
@@ -100,9 +103,83 @@ def _engine_runs(runs: dict[str, list[str]]) -> None:
     reset_accelerate()
 
 
+def _rank_tokens(rank: int, table: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank `rank`'s token ids (a count of its own, the padding id 0 and both ends of the vocabulary
+    among them) and the weights of its loss on their embeddings."""
+    (vocab, width), generator = table, torch.Generator().manual_seed(100 + rank)
+    tokens = torch.randint(0, vocab, (rank + 1, 9 + 4 * rank), generator=generator)
+    tokens[0, :3] = torch.tensor([0, vocab - 1, vocab // 2])
+    return tokens, torch.randn(*tokens.shape, width, generator=generator)
+
+
+def _plain_lookups(embed: torch.nn.Module, ranks: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each rank's embeddings by the unsharded table, and the gradient FSDP2 gives the table for the
+    ranks' losses together (their average)."""
+    outs, grads = [], []
+    for rank in range(ranks):
+        tokens, weights = _rank_tokens(rank, embed.weight.shape)
+        out = embed(tokens)
+        (out * weights).sum().backward()
+        outs.append(out.detach())
+        grads.append(embed.weight.grad)
+        embed.weight.grad = None
+    return outs, torch.stack(grads).mean(0)
+
+
+def _vocab_parallel(embed: torch.nn.Module, language: Any, plain: list[torch.Tensor],
+                    plain_grad: torch.Tensor) -> dict[str, Any]:  # fmt: skip
+    """The sharded table looked up on each rank's own tokens (counts differ between ranks) against the
+    unsharded lookups, and its gradient against FSDP2's average of the unsharded ones."""
+    rank = dist.get_rank()
+    tokens, weights = _rank_tokens(rank, embed.weight.shape)
+    out = language(tokens)
+    (out * weights).sum().backward()
+    grad = embed.weight.grad.full_tensor()
+    equal = torch.tensor([float(torch.equal(out, plain[rank]))])
+    dist.all_reduce(equal, op=dist.ReduceOp.MIN)
+    return {
+        "embeddings_equal": bool(equal.item()),
+        "table_shard_rows": embed.weight.to_local().shape[0],
+        "max_table_grad_diff": (grad - plain_grad).abs().max().item(),
+    }
+
+
+class _Table(torch.nn.Module):
+    """A root unit around a row-sharded table (FSDP2's backward callbacks belong to the root)."""
+
+    def __init__(self, embed: torch.nn.Embedding) -> None:
+        super().__init__()
+        self.embed = embed
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel.lookup(self.embed, tokens)
+
+
+def _accumulated_without_sync(mesh: object) -> dict[str, Any]:
+    """Two micro-batches, FSDP2's gradient sync off for the first (accelerate's no_sync), under a mixed
+    precision policy computing in bfloat16 and reducing in float32 (where FSDP2 would look for the
+    gathered gradient of a unit it never gathered): the table's gradient is the unsharded average."""
+    torch.manual_seed(0)
+    embed = torch.nn.Embedding(483, 32, padding_idx=0)
+    expected = sum(_plain_lookups(embed, dist.get_world_size())[1] for _ in range(2))
+    model = _Table(embed)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    fully_shard(embed, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    tokens, weights = _rank_tokens(dist.get_rank(), embed.weight.shape)
+    for sync in (False, True):
+        model.set_requires_gradient_sync(sync)
+        (model(tokens).float() * weights).sum().backward()
+    grad = embed.weight.grad.full_tensor()
+    return {"dtype": str(grad.dtype), "max_diff": (grad - expected).abs().max().item()}
+
+
 def _fully_shard(folder: Path, mesh: object) -> dict[str, float]:
     os.chdir(folder)
     policy = trainer.load_policy("pretrained_model", size_overrides=OVERRIDES).policy
+    backbone = policy.model.paligemma_with_expert
+    embed = backbone.get_submodule("paligemma.model.language_model.embed_tokens")
+    plain_embeddings, plain_table_grad = _plain_lookups(embed, dist.get_world_size())
     reference = load_file("reference_padded_task.safetensors")
     batch = {k.removeprefix("pre."): v for k, v in reference.items() if k.startswith("pre.")}
     observation = {k: v for k, v in batch.items() if k not in ("action", "action_is_pad")}
@@ -117,11 +194,17 @@ def _fully_shard(folder: Path, mesh: object) -> dict[str, float]:
     fully_shard(policy, mesh=mesh)
     for method in PiPolicy._fsdp_forward_methods:
         register_fsdp_forward_method(policy, method)
+    table_forwards = []  # FSDP2 gathers a unit only around its forward: the table's must never run
+    embed.register_forward_pre_hook(lambda *_: table_forwards.append(1))
     sharded, _ = policy(batch, noise=noise, time=time)
     sharded.backward()
     sharded_grads = {n: p.grad.full_tensor() for n, p in policy.named_parameters() if p.grad is not None}
     actions = policy.predict_action_chunk(observation, noise=reference["noise"])
+    policy.zero_grad(set_to_none=True)
+    table = _vocab_parallel(embed, backbone.embed_language, plain_embeddings, plain_table_grad)
     return {
+        **table,
+        "table_forwards": len(table_forwards),
         "plain_loss": plain.item(),
         "sharded_loss": sharded.item(),
         "reference_loss": reference["loss.mean"].item(),
@@ -142,6 +225,9 @@ def main() -> None:
         result = _fully_shard(Path(WORKDIR) / kind, mesh)
         if dist.get_rank() == 0:
             Path(OUT, f"{kind}.json").write_text(json.dumps(result))
+    accumulated = _accumulated_without_sync(mesh)
+    if dist.get_rank() == 0:
+        Path(OUT, "accumulated.json").write_text(json.dumps(accumulated))
     clean_exit.leave()
 
 
