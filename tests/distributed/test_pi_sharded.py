@@ -1,9 +1,12 @@
 """pi0 and pi0.5 sharded on 2 gloo ranks, one torchrun launch (scripts/pi_fsdp2.py).
 
 The trainer fine-tunes LeRobot's pi0.5 checkpoint under FSDP2 with the policy's units as DDP does (the
-same losses and gradient norms), every unit's forward runs (a unit FSDP2 would never gather is named),
-and LoRA on LeRobot's default targets trains under FSDP2. torch's `fully_shard` on the same units gives
-the unsharded loss bit for bit and LeRobot's, the gradients of one process, and LeRobot's sampled chunk.
+same losses and gradient norms), the checkpoint streamed under LeRobot's names into a meta build, every
+unit's forward runs but the token embedding's (a unit FSDP2 would never gather is named), LoRA on
+LeRobot's default targets trains under FSDP2, and the sharded save writes the bytes of the gathered
+tensors. torch's `fully_shard` on the same units gives the unsharded loss bit for bit and LeRobot's, the
+gradients of one process, LeRobot's sampled chunk, and each rank's own tokens looked up on the table's
+rows as the unsharded table gives them.
 HSDP 2x2 (`pi_fsdp2.py OUT WORKDIR hsdp`, 4 ranks) is measured by hand (docs/pi.md): it does not fit
 the suite's time."""
 
@@ -43,6 +46,14 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _train_records(run: Path) -> list[dict]:
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return [r for r in records if r.get("event") == "train"]
+
+
+@pytest.mark.parametrize("run", ["fsdp2", "ddp", "lora"])
+def test_lerobots_checkpoint_streams_into_a_meta_build(out: Path, run: str) -> None:
+    """LeRobot's names (two decoder stacks, the lm_heads) read under the policy's renaming into the
+    shards of a policy built on the meta device (LoRA's: into its frozen base, under its names inside
+    the wrapper), not whole on every rank: after the build it holds exactly the checkpoint's weights."""
+    assert json.loads((out / f"{run}_build.json").read_text()) == {"on_meta": True, "holds_lerobots": True}
 
 
 def test_lerobots_checkpoint_fine_tunes_on_fsdp2_as_on_ddp(out: Path) -> None:

@@ -8,8 +8,10 @@ dataset `dataset_video/`.
 
 The trainer's runs (2 ranks): `fsdp2` fine-tunes LeRobot's pi0.5 checkpoint (`--policy.path`, the
 fixture's sizes through --policy.size_overrides) for two steps under FSDP2 with the policy's units,
-`ddp` the same under DDP, `lora` fine-tunes the fsdp2 result with LoRA on LeRobot's default targets
-under FSDP2. During each sharded run a forward pre-hook counts the calls of every FSDP unit; rank 0
+`ddp` the same under DDP, `lora` fine-tunes it with LoRA on LeRobot's default targets under FSDP2.
+Right after each build (`engine.build.after_prepare`) rank 0 writes OUT/<run>_build.json: whether the
+policy was built on the meta device, and whether it (a PEFT run's base) then held exactly the
+checkpoint's weights. During each sharded run a forward pre-hook counts the calls of every FSDP unit; rank 0
 writes OUT/<run>_units.json: the units' classes and those whose forward never ran. With `hsdp` (4
 ranks): `hsdp` (2 replicas x 2 shards) and `ddp4` instead.
 
@@ -34,14 +36,18 @@ from fresh_accelerator import reset_accelerate
 from safetensors.torch import load_file
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor
 
 import trainer
 from ckpt_tools.state import gathered_write
 from trainer.cli.parse import parse_config
+from trainer.engine import build as model_build
 from trainer.engine import startup
+from trainer.engine.peft_policy import base_weight_names
 from trainer.engine.plan import train
 from trainer.policies import vocab_parallel
 from trainer.policies.pi import PiPolicy
+from trainer.policies.pi.weights import from_lerobot
 
 OUT, WORKDIR, *MODE = sys.argv[1:]
 gathered_write.PIECE_BYTES = 1024  # each rank's rows of the token embedding (31 KB) written in pieces
@@ -53,7 +59,7 @@ TINY = [
 RUNS = {
     "fsdp2": ["--policy.path=pretrained_model", "--parallelism.dp_shard=2", "--checkpoint_format=safetensors_dcp"],
     "ddp": ["--policy.path=pretrained_model", "--parallelism.dp_shard=1"],
-    "lora": [f"--policy.path={OUT}/fsdp2/checkpoints/last", "--peft.method_type=LORA", "--peft.r=2", "--parallelism.dp_shard=2"],
+    "lora": ["--policy.path=pretrained_model", "--peft.method_type=LORA", "--peft.r=2", "--parallelism.dp_shard=2"],
 }  # fmt: skip
 HSDP_RUNS = {
     "hsdp": ["--policy.path=pretrained_model", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"],
@@ -90,9 +96,36 @@ class UnitCalls:
         return {"units": len(units), "classes": classes, "never_ran": idle}
 
 
+class BuildWatch:
+    """How each run built its policy (caught from `engine.build.after_prepare`): on the meta device or
+    eagerly, and whether it then held exactly the LeRobot checkpoint's weights (renamed as ours)."""
+
+    def __init__(self) -> None:
+        self.record: dict[str, Any] = {}
+        after_prepare = model_build.after_prepare
+
+        def watching(built: model_build.BuiltPolicy, *args: Any) -> None:
+            after_prepare(built, *args)
+            held = {name: _full(value) for name, value in built.policy.state_dict().items()}  # collective
+            if built.policy is not built.base:  # a PEFT wrapper: its base's tensors under the base's names
+                held = {base: held[name] for name, base in base_weight_names(built.policy).items()}
+            lerobots = from_lerobot(load_file("pretrained_model/model.safetensors"), pi05=True)
+            self.record = {
+                "on_meta": built.on_meta,
+                "holds_lerobots": held.keys() == lerobots.keys()
+                and all(torch.equal(held[k], lerobots[k]) for k in held),
+            }
+
+        model_build.after_prepare = watching
+
+
+def _full(value: torch.Tensor) -> torch.Tensor:
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
 def _engine_runs(runs: dict[str, list[str]]) -> None:
     os.chdir(Path(WORKDIR) / "lerobot_pi05_tiny")
-    watch = UnitCalls()
+    watch, builds = UnitCalls(), BuildWatch()
     for run, flags in runs.items():
         reset_accelerate()
         watch.model, watch.calls = None, {}
@@ -100,6 +133,8 @@ def _engine_runs(runs: dict[str, list[str]]) -> None:
         train(parse_config([*TINY, *flags, f"--output_dir={OUT}/{run}"]))
         if dist.get_rank() == 0 and run not in ("ddp", "ddp4"):
             Path(OUT, f"{run}_units.json").write_text(json.dumps(watch.report()))
+        if dist.get_rank() == 0:
+            Path(OUT, f"{run}_build.json").write_text(json.dumps(builds.record))
     reset_accelerate()
 
 
