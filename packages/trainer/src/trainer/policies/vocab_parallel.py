@@ -79,7 +79,7 @@ class _Lookup(torch.autograd.Function):
     count every rank pads its own to for the collectives."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, local: torch.Tensor, tokens: torch.Tensor, shards: RowShards, padding_idx: int | None
     ) -> torch.Tensor:
         group, count, width = shards.shard_group, tokens.numel(), local.shape[1]

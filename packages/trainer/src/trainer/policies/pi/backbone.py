@@ -198,10 +198,10 @@ class PaliGemmaWithExpert(nn.Module):
     def embed_language(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token embeddings times sqrt(width) (GemmaTextScaledWordEmbedding, in the weight dtype). Sharded
         by FSDP2 (its own unit), the table is read on each rank's rows, never gathered (vocab_parallel.py)."""
-        embed = self.get_submodule("paligemma.model.language_model.embed_tokens")
+        embed = cast(nn.Embedding, self.get_submodule("paligemma.model.language_model.embed_tokens"))
         if not vocab_parallel.is_row_sharded(embed):
-            return embed(tokens)
-        return vocab_parallel.lookup(embed, tokens, scale=embed.embed_scale)
+            return cast(torch.Tensor, embed(tokens))
+        return vocab_parallel.lookup(embed, tokens, scale=embed.get_buffer("embed_scale"))
 
     def run(
         self,
