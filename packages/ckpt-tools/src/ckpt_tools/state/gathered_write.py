@@ -68,7 +68,8 @@ def _write_file(
     group: Group,
     recorder: Recorder | None,
 ) -> None:
-    """One file, its tensors in `specs` order: each gathered, written by the main rank, freed."""
+    """One file, its tensors in `specs` order, written by the main rank: a row-sharded one block by
+    block (`_write_rows`), another DTensor gathered and freed before the next, a plain one as it is."""
     writers: list[SafetensorsStreamWriter] = []
     group.on_main(lambda: writers.append(SafetensorsStreamWriter(path, specs, METADATA, recorder)))
     for spec in specs:

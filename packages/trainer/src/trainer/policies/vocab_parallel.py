@@ -131,7 +131,7 @@ def _shard_dim(weight: DTensor) -> int | None:
 
 def _row_shards(unit: FSDPModule, weight: DTensor) -> RowShards:
     """This rank's rows of `weight` (DTensor's `Shard(0)`: torch.chunk's split), its groups, and
-    its unit's mixed precision (FSDP2 keeps the policy in the unit's state)."""
+    its unit's mixed precision policy (FSDP2 keeps it in the unit's state, which has no public getter)."""
     shard_dim = _shard_dim(weight)
     assert shard_dim is not None
     mesh = weight.device_mesh
