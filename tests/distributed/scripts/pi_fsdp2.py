@@ -9,16 +9,21 @@ dataset `dataset_video/`.
 The trainer's runs (2 ranks): `fsdp2` fine-tunes LeRobot's pi0.5 checkpoint (`--policy.path`, the
 fixture's sizes through --policy.size_overrides) for two steps under FSDP2 with the policy's units,
 `ddp` the same under DDP, `lora` fine-tunes it with LoRA on LeRobot's default targets under FSDP2.
-Right after each build (`engine.build.after_prepare`) rank 0 writes OUT/<run>_build.json: whether the
-policy was built on the meta device, and whether it (a PEFT run's base) then held exactly the
-checkpoint's weights. During each sharded run a forward pre-hook counts the calls of every FSDP unit; rank 0
-writes OUT/<run>_units.json: the units' classes and those whose forward never ran. With `hsdp` (4
-ranks): `hsdp` (2 replicas x 2 shards) and `ddp4` instead.
+`fsdp2` saves safetensors and DCP, its sharded tensors sent to the main rank in 1 KiB pieces. Right
+after each build (`engine.build.after_prepare`) rank 0 writes OUT/<run>_build.json: whether the policy
+was built on the meta device, and whether it (a PEFT run's base) then held exactly the checkpoint's
+weights. During each sharded run a forward pre-hook counts the calls of every FSDP unit; rank 0 writes
+OUT/<run>_units.json: the units' classes and those whose forward never ran. With `hsdp` (4 ranks):
+`hsdp` (2 replicas x 2 shards) and `ddp4` instead.
 
 Then (2 ranks), for each fixture, torch's `fully_shard` on the policy's own units directly: the loss and
-its gradients unsharded, then sharded on the same batch, noise and time, and a chunk sampled sharded;
-rank 0 writes OUT/<fixture>.json: both losses, the largest gradient difference, the sharded actions'
-largest difference from LeRobot's, and how many parameters got a gradient.
+its gradients unsharded, then sharded on the same batch, noise and time, and a chunk sampled sharded,
+then the token embedding looked up on each rank's own tokens; rank 0 writes OUT/<fixture>.json: both
+losses, the largest gradient difference, the sharded actions' largest difference from LeRobot's, how
+many parameters got a gradient, how often the embedding's forward ran, its rows on rank 0, whether every
+rank's embeddings equal the unsharded table's and its gradient's largest difference from FSDP2's
+average of the unsharded ones. Last, OUT/accumulated.json: that gradient after two micro-batches, the
+sync off for the first, under a bfloat16 / float32 mixed precision policy.
 """
 
 from __future__ import annotations
