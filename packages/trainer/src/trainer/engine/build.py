@@ -195,58 +195,47 @@ def _build_on_meta(
 def _policy_on_meta(
     section: PolicySection, obs_dim: int, action_dim: int
 ) -> tuple[Policy | None, dict[str, str] | None, str]:
-    """The policy built on meta and `BuiltPolicy.saved_names`, or (None, None, why not) as
-    `_build_on_meta` says it."""
+    """The policy built on meta and `BuiltPolicy.saved_names`, or `_eager(why not)` as `_build_on_meta`
+    says it."""
     path = section.policy.path
     if path is not None and pretrained.is_adapter(path):
-        return None, None, ""  # an adapter merged whole into its base (pretrained.read_weights)
+        return _eager()  # an adapter merged whole into its base (pretrained.read_weights)
     if section.peft.full_training_modules:
-        return (
-            None,
-            None,
-            "",
-        )  # their copies start as the loaded base, which the meta build streams by name only
+        return _eager()  # their copies start as the loaded base, which the meta build streams by name only
     try:
         policy = build_policy_on_meta(section, obs_dim, action_dim)
     except Exception as exc:  # a plug-in's __init__ that reads or computes real values
         built = section.policy.policy_class()
-        return (
-            None,
-            None,
-            (
-                f"{getattr(built, '__qualname__', type(built).__name__)}: the policy could not be built on the meta device "
-                f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]}), so every rank builds it whole; "
-                "keep __init__ free of reads and computations on tensors (do them in reset_parameters())"
-            ),
+        return _eager(
+            f"{getattr(built, '__qualname__', type(built).__name__)}: the policy could not be built on the meta device "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]}), so every rank builds it whole; "
+            "keep __init__ free of reads and computations on tensors (do them in reset_parameters())"
         )
     if path is None and policy.loads_pretrained_parts():
-        return None, None, ""
+        return _eager()
     missing = uninitializable_modules(policy, policy)
     if missing:
         name, module = missing[0]
-        return (
-            None,
-            None,
-            (
-                f"{type(module).__name__} at {name or '<root>'} owns tensors but defines no reset_parameters(), "
-                "so the policy is built whole on every rank; define reset_parameters() initializing its own "
-                "parameters and buffers to build it sharded (docs/large-models.md)"
-            ),
+        return _eager(
+            f"{type(module).__name__} at {name or '<root>'} owns tensors but defines no reset_parameters(), "
+            "so the policy is built whole on every rank; define reset_parameters() initializing its own "
+            "parameters and buffers to build it sharded (docs/large-models.md)"
         )
     if _has_tied_parameters(policy):
-        return None, None, ""
+        return _eager()
     saved_names = None
     if path is not None and pretrained.saved_under_other_names(policy, path):
         saved_names = pretrained.renamed_on_read(policy, path)
         if saved_names is None:
-            return (
-                None,
-                None,
-                "",
-            )  # renamed beyond names (LeRobot's ACT): read whole as the eager build reads it
+            return _eager()  # renamed beyond names (LeRobot's ACT): read whole as the eager build reads it
     if path is not None:
         pretrained.check_fits(policy, path, saved_names)  # from the headers, before anything is allocated
     return policy, saved_names, ""
+
+
+def _eager(why: str = "") -> tuple[None, None, str]:
+    """`_policy_on_meta`'s answer for an eager build: "" when the run's own flags ask for one."""
+    return None, None, why
 
 
 def uninitializable_modules(model: nn.Module, initializer: Initializer) -> list[tuple[str, nn.Module]]:
