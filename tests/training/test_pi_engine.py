@@ -22,6 +22,7 @@ import trainer
 from helpers.engine_run import rewound_copy, train_in
 from helpers.fixtures import copy_fixture
 from trainer.cli.parse import parse_config
+from trainer.config.sections import PolicySection
 from trainer.data.dataset import task_bytes
 from trainer.data.pipeline.processors import observation_batch
 from trainer.engine import build as model_build
@@ -165,6 +166,44 @@ def test_a_fresh_policy_builds_on_the_meta_device_as_lerobot_initializes_it(
     assert zeros and all(not p.any() for p in zeros)
     embed = params["model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"]
     assert 0.015 < embed.std().item() < 0.025 and not embed[0].any()  # the padding row
+
+
+def _built_from_lerobots(overrides: str) -> tuple[model_build.BuiltPolicy, PolicySection]:
+    """One process's build for a fine-tune of LeRobot's checkpoint (the working directory its folder)."""
+    flags = ["--policy.path=pretrained_model", *COMMON, f"--policy.size_overrides={overrides}"]
+    section = resolve_plan(parse_config([*flags, "--output_dir=from_lerobot"]), 1).policy
+    return model_build.build(section, False, 4, 2, []), section
+
+
+def test_lerobots_checkpoint_streams_by_its_names_into_a_meta_build(workdir: Path, monkeypatch) -> None:
+    """LeRobot's names read under the policy's renaming (PI05Policy.renamed_on_read) into a policy built
+    on the meta device: it then holds exactly the file's tensors (renamed as `adapt_state_dict` names
+    them, the lm_heads dropped)."""
+    monkeypatch.chdir(workdir)
+    built, section = _built_from_lerobots(OVERRIDES)
+    assert built.on_meta and built.saved_names is not None
+    model_build.before_prepare(built, section, torch.device("cpu"))
+    held = built.policy.state_dict()
+    lerobots = PI05Policy.adapt_state_dict(load_file("pretrained_model/model.safetensors"))
+    assert held.keys() == lerobots.keys() and all(torch.equal(held[k], lerobots[k]) for k in held)
+
+
+def test_lerobots_checkpoint_that_does_not_fit_is_refused_from_its_headers(
+    workdir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """Three layer pairs for the checkpoint's two: the first missing tensor named in one line, under our
+    names, before anything is allocated."""
+    monkeypatch.chdir(workdir)
+    sizes = json.loads(Path(OVERRIDES).read_text())
+    for variant in sizes["gemma_variants"].values():
+        variant["depth"] = 3
+    deeper = tmp_path / "deeper.json"
+    deeper.write_text(json.dumps(sizes))
+    with pytest.raises(ConfigError, match=(
+        r"^--policy.path=pretrained_model: its weights do not fit the PI05Policy built from the flags "
+        r"\(\d+ missing, 0 unexpected; missing model.paligemma_with_expert.layers.2.")) as raised:  # fmt: skip
+        _built_from_lerobots(str(deeper))
+    assert "\n" not in str(raised.value)
 
 
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients(workdir: Path, monkeypatch) -> None:

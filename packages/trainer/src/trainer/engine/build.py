@@ -24,7 +24,8 @@ tensors, as torch's layers do.
 
 `--policy.path` weights go into the materialized tensors, each rank reading only the blocks its shards
 hold (`ckpt_tools.load_model_weights`), after their names and shapes are checked against the meta
-policy from the files' headers, before anything is allocated.
+policy from the files' headers, before anything is allocated. Another tool's names (LeRobot's pi0) are
+read under the policy's renaming (`Policy.renamed_on_read`).
 
 A PEFT run (`--peft.*`) builds on meta too: the policy and its twin are wrapped with LoRA on meta
 (engine/peft_policy.py), the adapters are initialized per module like the rest, as peft draws them
@@ -34,9 +35,10 @@ inside the wrapper.
 The eager build (the policy constructed whole on every rank, as before this module) remains for what
 meta cannot build yet: an adapter given as `--policy.path` (merged into its base), PEFT runs with
 `--peft.full_training_modules` (their copies start as the loaded base) or with adapters peft keeps in
-tensors of its own (LoRA on an embedding), a policy's pretrained parts (ACT's camera trunk), tied
-weights, and a plug-in policy whose `__init__` fails on meta or which owns a tensor without a
-`reset_parameters()` (a one-line note names the module and the fix). Eager builds are
+tensors of its own (LoRA on an embedding), a policy's pretrained parts (ACT's camera trunk), another
+tool's checkpoint renamed beyond names (LeRobot's ACT: fused projections split), tied weights, and a
+plug-in policy whose `__init__` fails on meta or which owns a tensor without a `reset_parameters()`
+(a one-line note names the module and the fix). Eager builds are
 topology-independent too (every rank builds the same full policy from the same seed); they only cost a
 full copy per rank.
 """
@@ -85,13 +87,15 @@ class Shadow:
 class BuiltPolicy:
     """What `build` made. `policy` is the module the run trains (the policy, or its PEFT wrapper),
     `base` the policy inside it; `shadow` is the full-shape meta twin that initializes a meta build
-    (None for an eager build, whose tensors are already real)."""
+    (None for an eager build, whose tensors are already real); `saved_names`, the base's tensors by
+    their names in `--policy.path` when those are another tool's (`Policy.renamed_on_read`)."""
 
     policy: nn.Module
     base: Policy
     wrap_plan: WrapPlan | None
     shadow: Shadow | None
     sharded: bool
+    saved_names: dict[str, str] | None = None
 
     @property
     def on_meta(self) -> bool:
@@ -106,8 +110,9 @@ def build(
     on_meta, reason = _build_on_meta(section, sharded, obs_dim, action_dim)
     if reason:
         notes.append(reason)
+    saved_names = None
     if on_meta is not None:
-        policy, base, shadow = on_meta
+        policy, base, shadow, saved_names = on_meta
     else:
         base = build_policy(section.policy, obs_dim, action_dim)
         policy, shadow = peft.start_policy(base, section, sharded), None
@@ -115,7 +120,7 @@ def build(
     wrap_plan = resolve_wrap_plan(policy, acc.fsdp) if sharded else None
     unit_plan = wrap_plan or (resolve_wrap_plan(policy, acc.fsdp) if acc.transforms_units else None)
     notes.extend(apply_unit_transforms(policy, unit_plan, acc, sharded))  # before sharding
-    return BuiltPolicy(policy=policy, base=base, wrap_plan=wrap_plan, shadow=shadow, sharded=sharded)
+    return BuiltPolicy(policy, base, wrap_plan, shadow, sharded, saved_names)
 
 
 def before_prepare(built: BuiltPolicy, section: PolicySection, device: torch.device) -> None:
@@ -150,6 +155,9 @@ def _stream_pretrained(built: BuiltPolicy, section: PolicySection) -> None:
     if section.policy.path is None:
         return
     names = peft.base_weight_names(built.policy) if section.peft.enabled else None
+    if built.saved_names is not None:  # another tool's names: each base tensor under its saved name
+        base = names or {name: name for name in built.saved_names}
+        names = {name: built.saved_names[base_name] for name, base_name in base.items()}
     pretrained.stream_weights(built.policy, section.policy.path, names)
 
 
@@ -161,16 +169,16 @@ def build_policy_on_meta(section: PolicySection, obs_dim: int, action_dim: int) 
 
 def _build_on_meta(
     section: PolicySection, sharded: bool, obs_dim: int, action_dim: int
-) -> tuple[tuple[nn.Module, Policy, Shadow] | None, str]:
-    """(the module the run trains, its policy, their shadow), all on meta (a PEFT run's wrapped with
-    `--peft.*`), or (None, why not): "" when the run's own flags ask for an eager build, a note line
-    naming the module and the fix when the policy cannot be built on meta."""
-    policy, reason = _policy_on_meta(section, obs_dim, action_dim)
+) -> tuple[tuple[nn.Module, Policy, Shadow, dict[str, str] | None] | None, str]:
+    """(the module the run trains, its policy, their shadow, `BuiltPolicy.saved_names`), all on meta (a
+    PEFT run's wrapped with `--peft.*`), or (None, why not): "" when the run's own flags ask for an
+    eager build, a note line naming the module and the fix when the policy cannot be built on meta."""
+    policy, saved_names, reason = _policy_on_meta(section, obs_dim, action_dim)
     if policy is None:
         return None, reason
     twin = build_policy_on_meta(section, obs_dim, action_dim)
     if not section.peft.enabled:
-        return (policy, policy, Shadow(twin, twin)), ""
+        return (policy, policy, Shadow(twin, twin), saved_names), ""
     model, wrapped_twin = peft.wrap_policy(policy, section, sharded), peft.wrap_policy(twin, section, sharded)
     shadow = Shadow(wrapped_twin, peft.AdapterInitializer(wrapped_twin, twin))
     missing = uninitializable_modules(wrapped_twin, shadow.initializer)
@@ -181,42 +189,53 @@ def _build_on_meta(
             "so the policy and its adapters are built whole on every rank; target linear layers only "
             "(--peft.target_modules) to build it sharded"
         )
-    return (model, policy, shadow), ""
+    return (model, policy, shadow, saved_names), ""
 
 
-def _policy_on_meta(section: PolicySection, obs_dim: int, action_dim: int) -> tuple[Policy | None, str]:
-    """The policy built on meta, or (None, why not) as `_build_on_meta` says it."""
+def _policy_on_meta(
+    section: PolicySection, obs_dim: int, action_dim: int
+) -> tuple[Policy | None, dict[str, str] | None, str]:
+    """The policy built on meta and `BuiltPolicy.saved_names`, or `_eager(why not)` as `_build_on_meta`
+    says it."""
     path = section.policy.path
     if path is not None and pretrained.is_adapter(path):
-        return None, ""  # an adapter merged whole into its base (pretrained.read_weights)
+        return _eager()  # an adapter merged whole into its base (pretrained.read_weights)
     if section.peft.full_training_modules:
-        return None, ""  # their copies start as the loaded base, which the meta build streams by name only
+        return _eager()  # their copies start as the loaded base, which the meta build streams by name only
     try:
         policy = build_policy_on_meta(section, obs_dim, action_dim)
     except Exception as exc:  # a plug-in's __init__ that reads or computes real values
         built = section.policy.policy_class()
-        return None, (
+        return _eager(
             f"{getattr(built, '__qualname__', type(built).__name__)}: the policy could not be built on the meta device "
             f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]}), so every rank builds it whole; "
             "keep __init__ free of reads and computations on tensors (do them in reset_parameters())"
         )
     if path is None and policy.loads_pretrained_parts():
-        return None, ""
+        return _eager()
     missing = uninitializable_modules(policy, policy)
     if missing:
         name, module = missing[0]
-        return None, (
+        return _eager(
             f"{type(module).__name__} at {name or '<root>'} owns tensors but defines no reset_parameters(), "
             "so the policy is built whole on every rank; define reset_parameters() initializing its own "
             "parameters and buffers to build it sharded (docs/large-models.md)"
         )
     if _has_tied_parameters(policy):
-        return None, ""
+        return _eager()
+    saved_names = None
     if path is not None and pretrained.saved_under_other_names(policy, path):
-        return None, ""  # another tool's names (LeRobot's ACT): renamed as the eager build reads them
+        saved_names = pretrained.renamed_on_read(policy, path)
+        if saved_names is None:
+            return _eager()  # renamed beyond names (LeRobot's ACT): read whole as the eager build reads it
     if path is not None:
-        pretrained.check_fits(policy, path)  # from the headers, before anything is allocated
-    return policy, ""
+        pretrained.check_fits(policy, path, saved_names)  # from the headers, before anything is allocated
+    return policy, saved_names, ""
+
+
+def _eager(why: str = "") -> tuple[None, None, str]:
+    """`_policy_on_meta`'s answer for an eager build: "" when the run's own flags ask for one."""
+    return None, None, why
 
 
 def uninitializable_modules(model: nn.Module, initializer: Initializer) -> list[tuple[str, nn.Module]]:

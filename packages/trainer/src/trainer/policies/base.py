@@ -9,7 +9,7 @@ Every hook the engine reads of a policy is declared on `Policy` with its default
 (`_fsdp_wrap_modules`, `_fsdp_forward_methods`), its LoRA targets (`peft_target_modules`), how its
 modules are initialized on the meta device (`initializes`, `initialize_module`), the weights of its
 pretrained parts, its parameter groups, and its LeRobot names (`adapt_state_dict`,
-`lerobot_state_dict`). What a policy decides from its config alone (the frames it reads:
+`renamed_on_read`, `lerobot_state_dict`). What a policy decides from its config alone (the frames it reads:
 `observation_delta_indices` / `action_delta_indices`, its training preset, its normalization, its
 LeRobot config schema) is declared on `PolicyConfig` (config/policy.py). The engine reaches a policy's
 hooks through `policy_of`, also inside a PEFT wrapper, never by `getattr`.
@@ -74,9 +74,17 @@ class Policy(nn.Module):
     @classmethod
     def saved_under_other_names(cls, names: Collection[str]) -> bool:
         """Whether tensor `names` read from a checkpoint's headers are another tool's, which
-        `adapt_state_dict` renames (a fused tensor split, say): such weights are read whole, by the
-        eager build, since they cannot stream into a meta-built policy's shards name by name."""
+        `adapt_state_dict` renames: such weights stream into a meta-built policy's shards under the
+        names `renamed_on_read` gives, or are read whole by the eager build when it gives none."""
         return False
+
+    @classmethod
+    def renamed_on_read(cls, names: Collection[str]) -> dict[str, str] | None:
+        """For another tool's tensor `names` (`saved_under_other_names`): each tensor `adapt_state_dict`
+        makes of them, by its name here -> the saved name it is read from, when `adapt_state_dict` only
+        renames and drops tensors (pi's paired decoder layers); the weights then stream into the shards
+        name by name. None (this base) when it does more (LeRobot's ACT: fused projections split)."""
+        return None
 
     def load_pretrained_parts(self) -> None:
         """Load the pretrained weights the config names for parts of a freshly built policy (ACT's

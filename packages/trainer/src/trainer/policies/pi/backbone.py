@@ -17,6 +17,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from trainer.policies import vocab_parallel
 from trainer.policies.checkpointing import checkpointed
 from trainer.policies.pi.config import GemmaSize, PI0Config, Sizes
 from trainer.policies.pi.layers import IdleRMSNorm, JointLayer, KeyValue, PiRMSNorm
@@ -195,8 +196,12 @@ class PaliGemmaWithExpert(nn.Module):
         return self.get_submodule("paligemma.model.multi_modal_projector")(hidden)
 
     def embed_language(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Token embeddings times sqrt(width) (GemmaTextScaledWordEmbedding, in the weight dtype)."""
-        return self.get_submodule("paligemma.model.language_model.embed_tokens")(tokens)
+        """Token embeddings times sqrt(width) (GemmaTextScaledWordEmbedding, in the weight dtype). Sharded
+        by FSDP2 (its own unit), the table is read on each rank's rows, never gathered (vocab_parallel.py)."""
+        embed = cast(nn.Embedding, self.get_submodule("paligemma.model.language_model.embed_tokens"))
+        if not vocab_parallel.is_row_sharded(embed):
+            return cast(torch.Tensor, embed(tokens))
+        return vocab_parallel.lookup(embed, tokens, scale=embed.get_buffer("embed_scale"))
 
     def run(
         self,

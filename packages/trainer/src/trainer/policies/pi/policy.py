@@ -84,6 +84,12 @@ class PiPolicy(VLAPolicy):
     def saved_under_other_names(cls, names: Collection[str]) -> bool:
         return weights.is_lerobots(names)
 
+    @classmethod
+    def renamed_on_read(cls, names: Collection[str]) -> dict[str, str]:
+        """LeRobot's (or openpi's) names are renamed and the `lm_head`s dropped, nothing more: such a
+        checkpoint streams into the shards under these names."""
+        return weights.names_from_lerobot(names, cls.pi05)
+
     def lerobot_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights under LeRobot's names, lm_heads included (what its strict load needs)."""
         return weights.to_lerobot(self.state_dict(), self.config.sizes())

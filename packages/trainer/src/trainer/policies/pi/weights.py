@@ -36,19 +36,27 @@ _PLAIN_EXPERT_NORM = re.compile(
 def from_lerobot(state: dict[str, torch.Tensor], pi05: bool) -> dict[str, torch.Tensor]:
     """A LeRobot (or openpi-converted) pi0 / pi0.5 state dict under this model's names (ours pass as
     they are)."""
-    fixed: dict[str, torch.Tensor] = {}
-    for key, value in state.items():
+    return {ours: state[saved] for ours, saved in names_from_lerobot(state, pi05).items()}
+
+
+def names_from_lerobot(names: Iterable[str], pi05: bool) -> dict[str, str]:
+    """This model's name -> the LeRobot (or openpi-converted) name it is read from, for each tensor a
+    load keeps of `names` (LeRobot's key fixes, the token embedding from `lm_head` when the file has no
+    `embed_tokens`, both `lm_head`s dropped); ours map to themselves."""
+    fixed: dict[str, str] = {}  # LeRobot's name after its key fixes -> the saved name
+    for name in names:
+        key = name
         if not key.startswith("model."):
             renamed = _openpi_key(key, pi05)
             if renamed is None:
                 continue
             key = "model." + renamed
-        fixed[key] = value
+        fixed[key] = name
     if EMBED not in fixed and VLM_HEAD in fixed:
         fixed[EMBED] = fixed[VLM_HEAD]
     fixed.pop(VLM_HEAD, None)
     fixed.pop(EXPERT_HEAD, None)
-    return {_ours(key): value for key, value in fixed.items()}
+    return {_ours(key): saved for key, saved in fixed.items()}
 
 
 def is_lerobots(names: Iterable[str]) -> bool:
