@@ -26,11 +26,17 @@ def install(session: nox.Session, *extra: str) -> None:
     session.install(*CONSTRAINTS, *PACKAGES, *extra)
 
 
+# Two pytest-xdist workers, grouped by test file with every process-launching file in one group
+# (tests/conftest.py): an in-process test beside one launch at a time. `-- -n 0` runs in one process.
+XDIST = ("-n", "2", "--dist", "loadgroup")
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Unit, CLI and multi-process (gloo) tests."""
+    """Unit, CLI and multi-process (gloo) tests, on 2 pytest-xdist workers. Options after `--` go to
+    pytest, e.g. `nox -s tests -- tests/ckpt -n 0`."""
     install(session)
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *XDIST, *session.posargs)
 
 
 # Other CPU instruction sets for `tests_isa`: MKL (matmul), oneDNN (convolutions) and ATen (elementwise

@@ -26,6 +26,22 @@ for _name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
     os.environ.pop(_name, None)
 
 
+LAUNCH_GROUP = "launch"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for `pytest -n 2 --dist loadgroup` (pytest-xdist; what `nox -s tests` runs): the two
+    workers split the suite by test file, so a module fixture (a training run) is built once, and every
+    file that launches processes (`tests/distributed/`, or any test marked `distributed`) is in one
+    group, run one launch at a time. On 2 cores one torchrun launch and one in-process test then share
+    the machine, never two launches of 2-4 ranks each, whose time bounds (a stalled rank, a worker that
+    stops delivering) were written for a machine that is at most that busy."""
+    launching = {item.path for item in items if item.get_closest_marker("distributed") is not None}
+    for item in items:
+        launches = item.path in launching or "distributed" in item.path.parts
+        item.add_marker(pytest.mark.xdist_group(LAUNCH_GROUP if launches else str(item.path)))
+
+
 PYTEST_TIMEOUT = re.compile(r"Timeout \(>(?P<limit>[0-9.]+)s\) from pytest-timeout")
 
 
