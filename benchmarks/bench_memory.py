@@ -22,7 +22,9 @@ is a tiny SmolVLA's run (transformers is part of the runtime).
 at 224 x 224; random weights, the tiny fixture's tokenizer) on the embedded camera task, on 4 ranks, one
 `--mode`: `expert-bf16` (--policy.train_expert_only=true, --policy.dtype=bfloat16 as LeRobot keeps it),
 `expert-fp32`, `lora` (LeRobot's targets over a bfloat16 base) or `full` (everything trains; `--depth N`
-cuts both Gemmas to N layer pairs). Each tensor counts in its own dtype: the ideal is the weights'
+cuts both Gemmas to N layer pairs, `--vision-depth N` SigLIP to N layers, the widths and the vocabulary
+LeRobot's: a full fine-tune at 1 pair and 1 SigLIP layer holds 684 M float32 parameters, 10.9 GB of
+state on one rank). Each tensor counts in its own dtype: the ideal is the weights'
 bytes plus 3x each trained parameter's (its gradient and Adam's two moments), over the shard degree,
 plus the same command's peak at the fixtures' tiny sizes. At the default size the expert-only float32
 run needs about 5.3 GB per rank on 4 ranks (21 GB in all): run it where that fits (`BENCH_THREADS=4`
@@ -30,7 +32,7 @@ gives each rank 4 torch threads on a machine with cores to spare).
 
 Usage: python benchmarks/bench_memory.py [--policy act_state|smolvla|pi0|pi05] [--layouts 1,2,4,2x2]
        [--blocks 16] [--dim 1024] [--ffn 4096] [--mode expert-bf16|expert-fp32|lora|full] [--depth N]
-       [--workdir DIR]
+       [--vision-depth N] [--workdir DIR]
 Each large configuration runs once, one at a time (at 470 M parameters a rank of the 1-process run
 peaks near 8 GB; check `free -g` first).
 """
@@ -173,9 +175,10 @@ PI_MODES = {
 }
 
 
-def pi(work: Path, kind: str, mode: str, depth: int | None) -> Subject:
+def pi(work: Path, kind: str, mode: str, depth: int | None, vision_depth: int | None) -> Subject:
     """LeRobot's pi0 / pi0.5 at its default size (gemma_2b + gemma_300m, SigLIP at 224 x 224; random
-    weights), or both Gemmas cut to `depth` layer pairs, on the embedded camera task with its
+    weights), or both Gemmas cut to `depth` layer pairs and SigLIP to `vision_depth` layers (LeRobot's
+    widths and vocabulary kept), on the embedded camera task with its
     instruction. The tokenizer is LeRobot's tiny fixture's (no download; its ids fit PaliGemma's
     vocabulary); the baseline is the same run at the fixture's tiny sizes."""
     from trainer.policies.pi import PI0Config, PI05Config
@@ -188,10 +191,14 @@ def pi(work: Path, kind: str, mode: str, depth: int | None) -> Subject:
         "--policy.image_resolution=[32,32]",
     ]
     large, sizes = list(base), {}
+    cuts: dict[str, object] = {}
     if depth is not None:
-        variants = {name: {"depth": depth} for name in ("gemma_2b", "gemma_300m")}
-        overrides = work / f"depth{depth}.json"
-        overrides.write_text(json.dumps({"gemma_variants": _with_sizes(variants)}))
+        cuts["gemma_variants"] = _with_sizes({name: {"depth": depth} for name in ("gemma_2b", "gemma_300m")})
+    if vision_depth is not None:
+        cuts["vision"] = {"num_hidden_layers": vision_depth}  # SigLIP's other sizes stay LeRobot's
+    if cuts:
+        overrides = work / f"depth{depth}_vision{vision_depth}.json"
+        overrides.write_text(json.dumps(cuts))
         large.append(f"--policy.size_overrides={overrides}")
         sizes = {"size_overrides": str(overrides)}
     config_class = PI05Config if kind == "pi05" else PI0Config
@@ -208,6 +215,7 @@ def pi(work: Path, kind: str, mode: str, depth: int | None) -> Subject:
         trainable, frozen, trained = _lora(config, frozen + trainable)
         weights += trained // 3
     depth_note = f", {depth} layer pairs" if depth is not None else ""
+    depth_note += f", {vision_depth} SigLIP layers" if vision_depth is not None else ""
     title = f"{kind}, LeRobot's default size{depth_note}, {mode}"
     run = ["--dataset.camera=true", "--batch_size=2"]
     return Subject(title, run, large, tiny, trainable, frozen, weights, trained, reload=False)
@@ -263,6 +271,9 @@ def main() -> None:
     parser.add_argument(
         "--depth", type=int, default=None, help="pi0 / pi05: layer pairs (default: LeRobot's 18)"
     )
+    parser.add_argument(
+        "--vision-depth", type=int, default=None, help="pi0 / pi05: SigLIP layers (default: LeRobot's 27)"
+    )
     parser.add_argument("--blocks", type=int, default=16)
     parser.add_argument("--dim", type=int, default=1024)
     parser.add_argument("--ffn", type=int, default=4096)
@@ -272,7 +283,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     cache = work / "cache"
     if args.policy in ("pi0", "pi05"):
-        subject = pi(work, args.policy, args.mode, args.depth)
+        subject = pi(work, args.policy, args.mode, args.depth, args.vision_depth)
     else:
         subject = smolvla(work) if args.policy == "smolvla" else act_state(args.blocks, args.dim, args.ffn)
     frozen = f" + {subject.frozen / 1e6:.0f} M frozen" if subject.frozen else ""

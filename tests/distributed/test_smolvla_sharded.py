@@ -1,8 +1,8 @@
 """SmolVLA sharded on 2 gloo ranks, one torchrun launch (scripts/smolvla_run.py): a unit per decoder
 layer (the naive choice) fails, since SmolVLA never calls a decoder layer's forward(); the policy's own
-units (the parts whose forward() runs) train exactly as DDP does, the sharded run saves LeRobot's
-tensor names, and LoRA on LeRobot's default targets trains under FSDP2; HSDP 2x2 trains as DDP does
-on 4 ranks (a second launch). The first launch also fine-tunes LeRobot's ACT checkpoint under FSDP2."""
+units (the parts whose forward() runs) train exactly as DDP does, the token table read on each rank's
+rows and never gathered, the sharded run saves LeRobot's tensor names, and LoRA on LeRobot's default
+targets trains under FSDP2; HSDP 2x2 trains as DDP does on 4 ranks (a second launch). The first launch also fine-tunes LeRobot's ACT checkpoint under FSDP2."""
 
 from __future__ import annotations
 
@@ -68,11 +68,22 @@ def test_a_unit_per_decoder_layer_is_never_gathered(runs) -> None:
 
 def test_fsdp2_with_the_policys_units_trains_as_ddp_does(runs) -> None:
     work, stdout = runs
-    assert "FSDP units by class: SmolVLMEncoderLayer, LlamaMLP, Linear" in stdout
+    assert "FSDP units by class: SmolVLMEncoderLayer, LlamaMLP, Linear, Embedding" in stdout
     assert "returned a view tensor" not in stdout  # FSDP2's per-forward warning on Linear units, silenced
     fsdp2, ddp = _losses(work / "out" / "fsdp2"), _losses(work / "out" / "ddp")
     assert len(fsdp2) == 3
     np.testing.assert_allclose(fsdp2, ddp, rtol=1e-5)
+
+
+def test_the_token_table_is_read_on_each_ranks_rows_never_gathered(runs) -> None:
+    """Under FSDP2 the VLM's token table (384 rows here; SmolVLM2-500M's 49,280 x 960) is a unit of its
+    own, read on each rank's rows (policies/vocab_parallel.py) and never run by its forward, which would
+    gather it whole; the vision tower's position embedding (64 rows) is a unit whose forward runs. The
+    losses equal DDP's (the test above), which looks the table up by its forward."""
+    _, stdout = runs
+    # fsdp2: 3 steps x one lookup per prefix (on both ranks); DDP: the forward, no lookup
+    assert "token table of fsdp2: 3 row-sharded lookups, embedding units run: [64]" in stdout
+    assert "token table of ddp: 0 row-sharded lookups, embedding units run: []" in stdout
 
 
 def test_the_fsdp2_run_resumed_on_ddp_trains_the_step_ddp_trains(runs) -> None:

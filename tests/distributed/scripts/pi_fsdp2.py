@@ -8,7 +8,8 @@ dataset `dataset_video/`.
 
 The trainer's runs (2 ranks): `fsdp2` fine-tunes LeRobot's pi0.5 checkpoint (`--policy.path`, the
 fixture's sizes through --policy.size_overrides) for two steps under FSDP2 with the policy's units,
-`ddp` the same under DDP, `lora` fine-tunes it with LoRA on LeRobot's default targets under FSDP2.
+`ddp` the same under DDP, `lora` fine-tunes it with LoRA on LeRobot's default targets under FSDP2,
+`fsdp2_bf16` as `fsdp2` with every unit computing in bfloat16 (an FSDP2 mixed precision policy).
 `fsdp2` saves safetensors and DCP, its sharded tensors sent to the main rank in 1 KiB pieces. Right
 after each build (`engine.build.after_prepare`) rank 0 writes OUT/<run>_build.json: whether the policy
 was built on the meta device, and whether it (a PEFT run's base) then held exactly the checkpoint's
@@ -65,6 +66,8 @@ RUNS = {
     "fsdp2": ["--policy.path=pretrained_model", "--parallelism.dp_shard=2", "--checkpoint_format=safetensors_dcp"],
     "ddp": ["--policy.path=pretrained_model", "--parallelism.dp_shard=1"],
     "lora": ["--policy.path=pretrained_model", "--peft.method_type=LORA", "--peft.r=2", "--parallelism.dp_shard=2"],
+    "fsdp2_bf16": ["--policy.path=pretrained_model", "--parallelism.dp_shard=2",
+                   "--accelerator.fsdp.mixed_precision_policy.param_dtype=bfloat16"],
 }  # fmt: skip
 HSDP_RUNS = {
     "hsdp": ["--policy.path=pretrained_model", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"],

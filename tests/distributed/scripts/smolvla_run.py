@@ -12,18 +12,25 @@ unit's parameters are never gathered; its one-line error is printed as `naive fa
 (4 ranks): `hsdp` (2 replicas x 2 shards) and `ddp4` (DDP) train the same way instead.
 `act_lerobot` (in this launch to spare one of its own) fine-tunes LeRobot's ACT checkpoint, WORKDIR's
 `lerobot_act/` step, on its dataset `dataset_tiny/` under FSDP2 for two steps.
+After each run, `token table of <run>: ...` says how often the VLM's token table was read on each
+rank's rows (`vocab_parallel.lookup`) and the row counts of the embedding units whose forward ran (a
+forward of the table's unit would gather it whole).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import clean_exit
+import torch
 from fresh_accelerator import reset_accelerate
+from torch.distributed.fsdp import FSDPModule
 
 from trainer.cli.parse import parse_config
 from trainer.engine.plan import train
+from trainer.policies import vocab_parallel
 
 OUT, WORKDIR, *MODE = sys.argv[1:]
 TINY = [
@@ -52,17 +59,44 @@ HSDP_RUNS = {
 }  # fmt: skip
 
 
+class TableReads:
+    """The token table's reads during a run: row-sharded lookups, and the rows of every embedding unit
+    whose forward ran."""
+
+    def __init__(self) -> None:
+        self.lookups = 0
+        self.forwards: set[int] = set()
+        lookup = vocab_parallel.lookup
+
+        def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+            self.lookups += 1
+            return lookup(*args, **kwargs)
+
+        vocab_parallel.lookup = counted
+        torch.nn.modules.module.register_module_forward_pre_hook(self._seen)
+
+    def _seen(self, module: torch.nn.Module, _: Any) -> None:
+        if isinstance(module, FSDPModule) and isinstance(module, torch.nn.Embedding):
+            self.forwards.add(module.num_embeddings)
+
+    def report(self, run: str) -> str:
+        return f"token table of {run}: {self.lookups} row-sharded lookups, embedding units run: {sorted(self.forwards)}"
+
+
 if __name__ == "__main__":
     os.chdir(WORKDIR)
+    reads = TableReads()
     for run, flags in (HSDP_RUNS if MODE == ["hsdp"] else RUNS).items():
         reset_accelerate()
         print(f"=== run {run}", flush=True)
+        reads.lookups, reads.forwards = 0, set()
         try:
             train(parse_config([*TINY, *flags, f"--output_dir={OUT}/{run}"]))
         except Exception as exc:  # the naive units: reported, not raised (the launch goes on)
             if run != "naive":
                 raise
             print(f"naive failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", flush=True)
+        print(reads.report(run), flush=True)
     if MODE != ["hsdp"]:
         reset_accelerate()
         train(parse_config([*FSDP2_TO_DDP, f"--output_dir={OUT}/fsdp2_to_ddp"]))

@@ -16,13 +16,14 @@ its own without running its forward, so FSDP never gathers it:
 
 The unit's forward never runs, so no FSDP hook of it fires; the gradient reaches the sharded parameter
 through `DTensor.to_local()`. A module that is not sharded on its own (one process, DDP, or an
-embedding inside another unit, which FSDP gathered already) is looked up by its own forward.
+embedding inside another unit, which FSDP gathered already) is looked up by its own forward: `embed`
+chooses.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -56,6 +57,14 @@ def is_row_sharded(embedding: nn.Embedding) -> bool:
     return (
         isinstance(embedding, FSDPModule) and isinstance(weight, DTensor) and _shard_dim(weight) is not None
     )
+
+
+def embed(embedding: nn.Embedding, tokens: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """`embedding(tokens)`: its forward, or when it is row-sharded (`is_row_sharded`) the lookup on each
+    rank's rows, times `scale` (what a subclass's forward multiplies by: Gemma's sqrt(width))."""
+    if is_row_sharded(embedding):
+        return lookup(embedding, tokens, scale)
+    return cast(torch.Tensor, embedding(tokens))
 
 
 def lookup(embedding: nn.Embedding, tokens: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:

@@ -199,9 +199,7 @@ class PaliGemmaWithExpert(nn.Module):
         """Token embeddings times sqrt(width) (GemmaTextScaledWordEmbedding, in the weight dtype). Sharded
         by FSDP2 (its own unit), the table is read on each rank's rows, never gathered (vocab_parallel.py)."""
         embed = cast(nn.Embedding, self.get_submodule("paligemma.model.language_model.embed_tokens"))
-        if not vocab_parallel.is_row_sharded(embed):
-            return cast(torch.Tensor, embed(tokens))
-        return vocab_parallel.lookup(embed, tokens, scale=embed.get_buffer("embed_scale"))
+        return vocab_parallel.embed(embed, tokens, scale=embed.get_buffer("embed_scale"))
 
     def run(
         self,

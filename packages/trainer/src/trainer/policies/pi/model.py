@@ -13,6 +13,8 @@ not advance them.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -63,29 +65,29 @@ class PiFlowModel(nn.Module):
     ) -> tuple[Tokens, torch.Tensor | None]:
         """The suffix tokens and pi0.5's adaRMS condition (None for pi0)."""
         config = self.config
-        action = self.action_in_proj(x_t)
+        action = projected(self.action_in_proj, x_t)
         t = time_embedding(time, action.shape[-1], config.min_period, config.max_period).to(time.dtype)
         b, n = action.shape[:2]
         if config.pi05:
-            cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(t))))
+            cond = F.silu(self.time_mlp_out(F.silu(projected(self.time_mlp_in, t))))
             blocks = [1] + [0] * (n - 1)
             emb = action
         else:
             assert state is not None, "pi0 reads the state"
             t = t[:, None, :].expand_as(action)
-            action = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(torch.cat([action, t], dim=2))))
-            emb = torch.cat(
-                [self.state_proj(state.to(self.state_proj.weight.dtype))[:, None, :], action], dim=1
+            action = self.action_time_mlp_out(
+                F.silu(projected(self.action_time_mlp_in, torch.cat([action, t], dim=2)))
             )
+            emb = torch.cat([projected(self.state_proj, state)[:, None, :], action], dim=1)
             blocks, cond = [1, 1] + [0] * (n - 1), None
         pad = torch.ones(b, emb.shape[1], dtype=torch.bool, device=emb.device)
         block = torch.tensor(blocks, dtype=torch.bool, device=emb.device)[None].expand(b, -1)
         return (emb, pad, block), cond
 
     def velocity(self, expert_out: torch.Tensor) -> torch.Tensor:
-        """action_out_proj of the action tokens, in float32 as LeRobot computes it."""
-        out = expert_out[:, -self.config.chunk_size :].float()
-        return self.action_out_proj(out.to(self.action_out_proj.weight.dtype))
+        """action_out_proj of the action tokens, in float32 as LeRobot computes it (in the weight's
+        dtype under an FSDP2 mixed precision policy, the velocity then brought back to float32)."""
+        return projected(self.action_out_proj, expert_out[:, -self.config.chunk_size :]).float()
 
     def losses(self, prefix: Tokens, state: torch.Tensor | None, actions: torch.Tensor, noise: torch.Tensor,
                time: torch.Tensor) -> torch.Tensor:  # fmt: skip
@@ -126,6 +128,14 @@ class PiFlowModel(nn.Module):
             return self.velocity(self.denoise(prefix, cache, state, x_t, time))
 
         return euler(velocity, noise, self.config.num_inference_steps)
+
+
+def projected(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """`linear(x)`, x cast to the weight's dtype: float32, as LeRobot keeps the action and time
+    projections and feeds them, or the compute dtype of an FSDP2 mixed precision policy
+    (`--accelerator.fsdp.mixed_precision_policy.param_dtype`: inside the root unit's forward the weight
+    is its gathered copy in that dtype, and the float32 noised actions and time embedding must follow)."""
+    return cast(torch.Tensor, linear(x.to(linear.weight.dtype)))
 
 
 def joint_layout(

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from trainer.errors import ConfigError
+from trainer.policies import vocab_parallel
 from trainer.policies.vla.hub import TOKENIZER_FILES, import_transformers, load_pretrained, resolve_pretrained
 
 if TYPE_CHECKING:
@@ -159,7 +160,9 @@ class VLMWithExpert(nn.Module):
         return model.connector(hidden)
 
     def embed_language(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.vlm.model.text_model.embed_tokens(tokens)
+        """The tokens' rows of the VLM's table. Sharded by FSDP2 (a unit of its own), the table is read on
+        each rank's rows, never gathered (vocab_parallel.py)."""
+        return vocab_parallel.embed(self.vlm.model.text_model.embed_tokens, tokens)
 
     def load_backbone_weights(self, name: str) -> None:
         """Copy the backbone's pretrained weights (safetensors in its directory) into `vlm`."""

@@ -38,9 +38,12 @@ class SmolVLAPolicy(VLAPolicy):
 
     # FSDP units are modules whose forward() runs: a vision encoder layer, and in the text and expert
     # decoder layers, whose own forward() is never called (joint.py), their MLPs and every projection
-    # (Linear); the norms and embeddings stay in the root unit. A unit per decoder layer would never be
-    # gathered by its own hooks (tests/distributed/test_smolvla_sharded.py shows it failing).
-    _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("SmolVLMEncoderLayer", "LlamaMLP", "Linear")
+    # (Linear); the norms stay in the root unit. A unit per decoder layer would never be gathered by its
+    # own hooks (tests/distributed/test_smolvla_sharded.py shows it failing). The embeddings (the
+    # vision tower's positions, the token table) are units too: FSDP2 shards the token table by rows
+    # apart from the root and the policy reads it on each rank's rows, never gathering it
+    # (policies/vocab_parallel.py); the positions' unit runs its forward.
+    _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("SmolVLMEncoderLayer", "LlamaMLP", "Linear", "Embedding")
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action", "predict_action_chunk")
 
     def __init__(self, config: SmolVLAConfig) -> None:

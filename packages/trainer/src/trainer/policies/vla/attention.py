@@ -20,13 +20,18 @@ def attend(
     """Eager grouped-query attention: query (B, Lq, H, D), key/value (B, Lk, KV, D), mask (B, Lq, Lk)
     True = attend; scores in float32 scaled by D**-0.5, masked with float32's minimum. For a query
     that sees something this equals LeRobot's additive -2.38e38 mask; a query that sees nothing
-    (padding) gets a uniform softmax either way, never NaN."""
+    (padding) gets a uniform softmax either way, never NaN.
+
+    The scores stay in float32 under autocast too (`--accelerator.mixed_precision=bf16`): autocast
+    would compute them in bfloat16, where float32's minimum rounds to -inf, and a padding query's row
+    of -inf is NaN after the softmax, which its values then carry into every later layer's keys."""
     b, _, _, d = query.shape
     groups = heads // key.shape[2]
     key = key.repeat_interleave(groups, dim=2).float().transpose(1, 2)
     value = value.repeat_interleave(groups, dim=2)
-    scores = torch.matmul(query.float().transpose(1, 2), key.transpose(2, 3)) * d**-0.5
-    scores = torch.where(mask[:, None], scores, torch.finfo(torch.float32).min)
-    probs = F.softmax(scores, dim=-1).to(value.dtype)
-    out = torch.matmul(probs, value.transpose(1, 2))
+    with torch.autocast(query.device.type, enabled=False):
+        scores = torch.matmul(query.float().transpose(1, 2), key.transpose(2, 3)) * d**-0.5
+        scores = torch.where(mask[:, None], scores, torch.finfo(torch.float32).min)
+        probs = F.softmax(scores, dim=-1)
+    out = torch.matmul(probs.to(value.dtype), value.transpose(1, 2))
     return out.transpose(1, 2).reshape(b, -1, heads * d)
