@@ -79,18 +79,23 @@ def test_a_sharded_run_is_scored_at_every_checkpoint_while_it_trains(tmp_path) -
     assert tracked == {s: pytest.approx(r["avg_sum_reward"]) for s, (_, r) in scores.items()}
 
 
-def _evaluator_alive() -> bool:
-    """Whether a `trainer eval --watch` child of this process still runs (a zombie is dead: the run
-    has not reaped it yet)."""
+def _evaluator_pid() -> int:
+    """The pid of this process's `trainer eval --watch` child (the run's evaluator, while it runs)."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
             cmdline = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"--watch" in cmdline:
-            return True
-    return False
+        if int(fields[1]) == os.getpid() and b"--watch" in cmdline:
+            return int(stat.parent.name)
+    raise AssertionError("the run has no evaluator process")
+
+
+def _exited(pid: int) -> bool:
+    """Whether the child `pid` has exited, left for its parent to reap (WNOWAIT). An exiting process's
+    command line reads empty before it is a zombie: only the zombie is what the run's poll can see."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
 def _wait_for(condition, what: str, timeout: float = 90) -> None:
@@ -105,12 +110,12 @@ def test_an_evaluator_that_dies_costs_the_run_one_line(tmp_path, capsys, monkeyp
     third step until the process is gone, then goes on to the end: one warning line, no score."""
     monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
     train_step = loop._train_step
-    calls = []
+    calls: list[int] = []
 
     def held(*args, **kwargs):
-        calls.append(1)
+        calls.append(_evaluator_pid() if not calls else calls[0])
         if len(calls) == 3:
-            _wait_for(lambda: not _evaluator_alive(), "end of the evaluator")
+            _wait_for(lambda: _exited(calls[0]), "end of the evaluator")
         return train_step(*args, **kwargs)
 
     monkeypatch.setattr(loop, "_train_step", held)
