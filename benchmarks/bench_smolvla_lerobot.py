@@ -27,12 +27,16 @@ This project's half runs in this venv (`trainer` importable); LeRobot's in a Pyt
 The two venvs may hold different torch builds (this project pins torch 2.13 CPU; LeRobot 0.6.1 needs
 torch < 2.12): `--ours-python` runs our side in LeRobot's venv too, with this project's sources on
 PYTHONPATH, for a comparison on one torch.
+With `--policy pi05 --size mid` both sides run a mid-sized pi0.5 instead of the fixture's tiny one:
+LeRobot's own code builds it at the sizes in MID_PI05 (PaliGemma's language model 512 wide and 4 deep,
+an expert 256 wide, a 4-layer SigLIP at 224 x 224, a 16,384-token vocabulary, chunks of 50: about 46 M
+parameters) with its random initialization and saves it; both sides then load that file.
 Never part of the tests or `nox -s bench`.
 
 Usage:
   python benchmarks/bench_smolvla_lerobot.py --lerobot-python /path/to/lerobot-venv/bin/python \
     [--ours-python PYTHON] [--policy smolvla|act|diffusion|pi05] [--batch 8] [--steps 20] [--warmup 3] \
-    [--repeat 3] [--threads 1]
+    [--repeat 3] [--threads 1] [--size fixture|mid]
 """
 
 from __future__ import annotations
@@ -70,10 +74,44 @@ NOISE, TIME = "bench.noise", "bench.time"  # SmolVLA's flow-matching draws, pass
 TOKENS, TOKEN_MASK = "observation.language.tokens", "observation.language.attention_mask"
 ENV = "observation.environment_state"
 TASK = "pick up the red block"
+# `--size mid`: the sizes LeRobot's pi0.5 is built at (the fixture's override format, applied to
+# LeRobot's code by the fixture's tiny_pi.py and to ours by size_overrides), and its config.json edits
+MID_PI05 = {
+    "preset": "mid",
+    "tokenizer": "tiny_paligemma",
+    "vocab_size": 16384,
+    "gemma_variants": {
+        "gemma_2b": {
+            "width": 512,
+            "depth": 4,
+            "mlp_dim": 2048,
+            "num_heads": 8,
+            "num_kv_heads": 1,
+            "head_dim": 64,
+        },
+        "gemma_300m": {
+            "width": 256,
+            "depth": 4,
+            "mlp_dim": 1024,
+            "num_heads": 8,
+            "num_kv_heads": 1,
+            "head_dim": 64,
+        },
+    },
+    "vision": {
+        "hidden_size": 384,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 6,
+        "patch_size": 14,
+    },
+}
+MID_PI05_CONFIG = {"image_resolution": [224, 224], "chunk_size": 50, "n_action_steps": 50}
 
 
-def prepare(policy: str, workdir: Path, batch_size: int) -> None:
-    """The model directory and the batch both sides read (this project's venv)."""
+def prepare(policy: str, workdir: Path, batch_size: int, mid_size_by: str | None = None) -> None:
+    """The model directory and the batch both sides read (this project's venv); with `mid_size_by` (a
+    LeRobot venv's Python), pi0.5 at MID_PI05's sizes, built and saved by LeRobot's code."""
     import trainer
 
     shutil.copytree(MODELS[policy], workdir / MODEL_DIR)
@@ -82,6 +120,8 @@ def prepare(policy: str, workdir: Path, batch_size: int) -> None:
     if policy == "pi05":
         shutil.copytree(PI_FILES[0], workdir / PI_FILES[0].name)
         shutil.copy(PI_FILES[1], workdir / PI_FILES[1].name)
+    if mid_size_by is not None:
+        _lerobot_builds_mid_pi05(mid_size_by, workdir)
     config = json.loads((workdir / MODEL_DIR / "config.json").read_text())
     g = torch.Generator().manual_seed(0)
     batch = seeded_inputs(config, batch_size, g)
@@ -100,6 +140,35 @@ def prepare(policy: str, workdir: Path, batch_size: int) -> None:
         batch[NOISE] = torch.randn(batch_size, chunk, config["max_action_dim"], generator=g)
         batch[TIME] = torch.rand(batch_size, generator=g) * 0.999 + 0.001
     save_file(batch, str(workdir / BATCH), metadata={"type": policy})
+
+
+def _lerobot_builds_mid_pi05(python: str, workdir: Path) -> None:
+    """The fixture's pi0.5 at MID_PI05's sizes: its overrides and config.json edited, then LeRobot's
+    `PI05Policy(config)` (its own random initialization, seed 0) saved over the fixture's weights."""
+    (workdir / OVERRIDES).write_text(json.dumps(MID_PI05, indent=2))
+    config_path = workdir / MODEL_DIR / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), **MID_PI05_CONFIG}, indent=2))
+    command = [python, str(Path(__file__).resolve()), "build-mid", str(workdir)]
+    done = subprocess.run(
+        command, cwd=workdir, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True
+    )
+    if done.returncode:
+        sys.exit(f"LeRobot could not build the mid-sized pi0.5:\n{done.stderr[-3000:]}")
+
+
+def build_mid(workdir: Path) -> None:
+    """LeRobot's venv: build pi0.5 from the edited config.json at the overridden sizes and save its
+    weights (the work directory's model.safetensors)."""
+    sys.path.insert(0, str(workdir))
+    import tiny_pi  # noqa: F401  (MID_PI05's sizes, before LeRobot builds the policy)
+    from lerobot.policies.pi05 import PI05Config, PI05Policy
+
+    torch.manual_seed(0)
+    policy = PI05Policy(PI05Config.from_pretrained(str(workdir / MODEL_DIR)))
+    with tempfile.TemporaryDirectory() as saved:
+        policy.save_pretrained(saved)
+        shutil.copy(Path(saved) / "model.safetensors", workdir / MODEL_DIR / "model.safetensors")
+    print(f"built pi0.5 with {sum(p.numel() for p in policy.parameters()):,} parameters")
 
 
 def load_ours(policy: str, workdir: Path, batch: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -198,14 +267,14 @@ def drive(args: argparse.Namespace) -> int:
     }
     with tempfile.TemporaryDirectory(prefix="bench_lerobot_") as tmp:
         workdir = Path(tmp)
-        prepare(args.policy, workdir, args.batch)
+        prepare(args.policy, workdir, args.batch, pythons["lerobot"] if args.size == "mid" else None)
         results: dict[str, list[dict[str, Any]]] = {"ours": [], "lerobot": []}
         for _ in range(args.repeat):
             for side, python in pythons.items():
                 results[side].append(run_worker(python, side, workdir, args))
     step = {side: min(r["step_s"] for r in runs) for side, runs in results.items()}
     print(
-        f"{args.policy}, batch {args.batch}, {args.threads} threads, {args.steps} steps after {args.warmup} "
+        f"{args.policy} ({args.size} size), batch {args.batch}, {args.threads} threads, {args.steps} steps after {args.warmup} "
         f"warm-up, best of {args.repeat} alternated runs (forward + backward + clip + AdamW):"
     )
     for side, runs in results.items():
@@ -228,6 +297,9 @@ def main() -> int:
     work = sub.add_parser("worker", help="one side's timed steps (internal)")
     work.add_argument("side", choices=("ours", "lerobot"))
     work.add_argument("workdir", type=Path)
+    sub.add_parser("build-mid", help="LeRobot builds the mid-sized pi0.5 (internal)").add_argument(
+        "workdir", type=Path
+    )
     for p in (parser, work):
         p.add_argument("--steps", type=int, default=20)
         p.add_argument("--warmup", type=int, default=3)
@@ -241,13 +313,21 @@ def main() -> int:
     parser.add_argument("--policy", choices=tuple(MODELS), default="smolvla")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--size", choices=("fixture", "mid"), default="fixture", help="mid: pi0.5 at MID_PI05's sizes"
+    )
     args = parser.parse_args()
+    if args.mode == "build-mid":
+        build_mid(args.workdir)
+        return 0
     if args.mode == "worker":
         torch.set_num_threads(args.threads)
         print("RESULT " + json.dumps(worker(args.side, args.workdir, args.steps, args.warmup)))
         return 0
     if not args.lerobot_python:
         parser.error("--lerobot-python is required: the Python of a venv with lerobot==0.6.1")
+    if args.size == "mid" and args.policy != "pi05":
+        parser.error(f"--size mid is pi0.5's (--policy pi05), not {args.policy}'s")
     return drive(args)
 
 
