@@ -11,8 +11,9 @@ what one episode of PushT and ALOHA takes.
    process: the environment's cost, which a small policy does not change.
 
 Run: `python benchmarks/bench_eval.py [--steps 3000] [--ratio-runs 3] [--aloha-episodes 1]` (in `nox -s
-bench`). On a shared machine repeat the ratio (`--ratio-runs`): each run prints the load average it
-started under. `--pusht-episodes 0` / `--aloha-episodes 0` skip an environment.
+bench`). Repeat the ratio (`--ratio-runs 8`): a virtual machine's host moves single runs by +-10 %
+either way, so the alternated runs' mean ratio and its standard error is the figure; each run prints
+the load average it started under. `--pusht-episodes 0` / `--aloha-episodes 0` skip an environment.
 """
 
 from __future__ import annotations
@@ -88,15 +89,26 @@ def main() -> None:
     parser.add_argument("--pusht-episodes", type=int, default=4)
     parser.add_argument("--aloha-episodes", type=int, default=1)
     args = parser.parse_args()
+    rates: dict[str, list[float]] = {"off": [], "on": []}
     for run in range(1, args.ratio_runs + 1):
         load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
         with tempfile.TemporaryDirectory(prefix="bench-eval-") as tmp:
             off = train_steps_per_s(Path(tmp) / "off", args.steps, evaluate=False)
             on = train_steps_per_s(Path(tmp) / "on", args.steps, evaluate=True)
+        rates["off"].append(off)
+        rates["on"].append(on)
         print(
             f"run {run}: training steps/s, evaluation off: {off:.2f}, on (evaluator on its own core): {on:.2f}; "
             f"ratio {on / off:.3f} (goal >= 0.98); load average at start {load}",
             flush=True,
+        )
+    if args.ratio_runs > 1:  # the host moves single runs by +-10 %: the paired ratios' mean and its error
+        ratios = np.array(rates["on"]) / np.array(rates["off"])
+        error = ratios.std(ddof=1) / np.sqrt(len(ratios))
+        off, on = (float(np.median(rates[side])) for side in ("off", "on"))
+        print(
+            f"over {args.ratio_runs} alternated runs: on / off {ratios.mean():.3f} +- {error:.3f} (mean of the "
+            f"runs' ratios +- its standard error); medians: off {off:.2f}, on {on:.2f} steps/s, {on / off:.3f}"
         )
     for env_type, episodes in (("pusht", args.pusht_episodes), ("aloha", args.aloha_episodes)):
         if not episodes:
