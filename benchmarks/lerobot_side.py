@@ -35,7 +35,7 @@ with two cameras, a SmolVLA on the tiny backbone and a small Diffusion Policy he
 `observation.environment_state` (no camera), and fine-tunes LeRobot's own Diffusion checkpoint
 (`tests/fixtures/lerobot_diffusion_tiny`) for 3 steps on FSDP2 x2 with an EMA in one torchrun launch
 (2 gloo ranks; its export holds the EMA's weights), and fine-tunes LeRobot's own tiny pi0.5 checkpoint
-(`tests/fixtures/lerobot_pi05_tiny`) for 3 steps, then runs `ours` in this venv and `lerobot` in
+(`tests/fixtures/lerobot_pi05_tiny`) for 3 steps on FSDP2 x2, then runs `ours` in this venv and `lerobot` in
 --lerobot-python's on each. It also trains the SmolVLA on two robots that differ (`dataset_video` beside
 `dataset_arm6`: state 4/6, action 2/3, two video cameras vs one image camera, 10/15 fps) and checks each
 robot's export (`ours --embodiment=NAME`), against our `load_policy(checkpoint, embodiment=NAME)` on that
@@ -46,7 +46,7 @@ observation, 1.34e-7 for the ACT's actions and 0 for the SmolVLA's (docs/vla.md)
 Policy's chunk 0, its actions through LeRobot's processors 4.17e-7; with the environment state, chunk 0
 and 8.64e-7; the FSDP2 + EMA fine-tune of LeRobot's checkpoint: chunk 0, actions through LeRobot's
 processors 1.49e-7; the two-robot SmolVLA's exports, each loaded strictly, chunk 0 and actions through
-LeRobot's processors 0 for both robots; the pi0.5's chunk 0, its actions through LeRobot's processors
+LeRobot's processors 0 for both robots; the pi0.5's (fine-tuned on FSDP2 x2 since 2026-12-04) chunk 0, its actions through LeRobot's processors
 (QUANTILES normalizer, the state written into the prompt, the tokenizer) 2.98e-8 and 1.49e-8 on two runs.
 
 Usage:
@@ -109,9 +109,12 @@ TRAIN = {
         "--policy.down_dims=[16,32,64]", "--policy.num_inference_steps=10", "--dataset.root=dataset_tiny",
         "--policy.input_features=[observation.state,observation.environment_state]", "--policy.env_state_dim=3",
     ],
-    # LeRobot's own tiny pi0.5 checkpoint (tests/fixtures/lerobot_pi05_tiny) fine-tuned at its sizes
-    "pi05": ["--policy.path=pi05_base", "--policy.size_overrides=tiny_paligemma/tiny_pi_overrides.json"],
 }  # fmt: skip
+# LeRobot's own tiny pi0.5 checkpoint (tests/fixtures/lerobot_pi05_tiny) fine-tuned at its sizes on FSDP2 x2
+PI05_SHARDED_TUNE = [
+    "--policy.path=pi05_base", "--policy.size_overrides=tiny_paligemma/tiny_pi_overrides.json",
+    "--parallelism.dp_shard=2",
+]  # fmt: skip
 # LeRobot's own Diffusion checkpoint (tests/fixtures/lerobot_diffusion_tiny) fine-tuned here on 2 gloo
 # ranks, FSDP2 with an EMA, in one torchrun launch: its export holds the EMA's weights.
 SHARDED_TUNE = [
@@ -328,9 +331,9 @@ def _processors_round(policy, workdir: Path, raw, tasks, kind: str, selected, at
 
 
 def check(lerobot_python: str, atol: float) -> int:
-    """Train each policy of TRAIN here (LeRobot's tiny pi0.5 fine-tuned among them), a SmolVLA on two
-    robots that differ (MIXED), and fine-tune LeRobot's Diffusion checkpoint on FSDP2 x2 with an EMA
-    (SHARDED_TUNE), then run both halves on each
+    """Train each policy of TRAIN here, a SmolVLA on two robots that differ (MIXED), and fine-tune
+    LeRobot's Diffusion checkpoint on FSDP2 x2 with an EMA (SHARDED_TUNE) and LeRobot's tiny pi0.5 on
+    FSDP2 x2 (PI05_SHARDED_TUNE), then run both halves on each
     (on each robot's export for the mixed one); 0 when LeRobot agrees on all."""
     failed = 0
     with tempfile.TemporaryDirectory(prefix="lerobot_side_") as tmp:
@@ -352,6 +355,7 @@ def check(lerobot_python: str, atol: float) -> int:
         runs.append(("smolvla_mixed", trainer_cli, [*TRAIN["smolvla"], *MIXED], list(MIXED_ROBOTS)))
         sharded = [*torchrun, "--rdzv-endpoint=localhost:0", *trainer_cli[1:]]
         runs.append(("diffusion_fsdp2_ema", sharded, [*COMMON, *SHARDED_TUNE], [None]))
+        runs.append(("pi05_fsdp2", sharded, [*COMMON, *PI05_SHARDED_TUNE], [None]))
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         script = str(Path(__file__).resolve())
         for kind, command, flags, robots in runs:
