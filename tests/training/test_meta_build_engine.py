@@ -186,7 +186,7 @@ def test_policy_path_weights_of_another_shape_are_refused_from_the_headers(tmp_p
     state["context"] = torch.zeros(3, 16)  # the policy's is (2, 16)
     save_file(state, str(tmp_path / "model.safetensors"))
     with pytest.raises(ConfigError) as refused:
-        pretrained.check_fits(meta, str(tmp_path))
+        pretrained.check_fits(meta, str(tmp_path), pretrained.saved_shapes(str(tmp_path)))
     assert str(refused.value) == (
         f"--policy.path={tmp_path}: its weights do not fit the ACTStatePolicy built from the flags "
         "(0 missing, 0 unexpected, 1 resized; context is [3, 16] there but [2, 16] here): drop the "

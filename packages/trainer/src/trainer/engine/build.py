@@ -223,13 +223,15 @@ def _policy_on_meta(
         )
     if _has_tied_parameters(policy):
         return _eager()
+    if path is None:
+        return policy, None, ""
+    shapes = pretrained.saved_shapes(path)  # the headers: nothing is allocated before they fit
     saved_names = None
-    if path is not None and pretrained.saved_under_other_names(policy, path):
-        saved_names = pretrained.renamed_on_read(policy, path)
+    if type(policy).saved_under_other_names(list(shapes)):
+        saved_names = type(policy).renamed_on_read(list(shapes))
         if saved_names is None:
             return _eager()  # renamed beyond names (LeRobot's ACT): read whole as the eager build reads it
-    if path is not None:
-        pretrained.check_fits(policy, path, saved_names)  # from the headers, before anything is allocated
+    pretrained.check_fits(policy, path, shapes, saved_names)
     return policy, saved_names, ""
 
 

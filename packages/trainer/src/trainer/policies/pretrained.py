@@ -25,7 +25,6 @@ from trainer.policies.act_state import upgrade_policy_config
 if TYPE_CHECKING:
     import torch
 
-    from trainer.policies.base import Policy
 
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _PATH_FLAG = "--policy.path="
@@ -163,23 +162,12 @@ def is_adapter(path: str) -> bool:
         return ckpt_tools.open_checkpoint(resolve(path)).is_adapter
 
 
-def saved_under_other_names(policy: Policy, path: str) -> bool:
-    """Whether the weights at `path` carry another tool's tensor names that `policy`'s class renames on
-    read (LeRobot's ACT and pi0), from the headers alone."""
-    return type(policy).saved_under_other_names(list(_saved_shapes(path)))
-
-
-def renamed_on_read(policy: Policy, path: str) -> dict[str, str] | None:
-    """The tensors `policy`'s class makes of another tool's weights at `path` (`Policy.renamed_on_read`,
-    from the headers alone): its name -> the saved name, or None when the weights cannot stream by name."""
-    return type(policy).renamed_on_read(list(_saved_shapes(path)))
-
-
-def check_fits(policy: Any, path: str, saved_names: dict[str, str] | None = None) -> None:
-    """Refuse, in one line, weights at `path` whose names or shapes (read from the headers alone)
+def check_fits(
+    policy: Any, path: str, shapes: Mapping[str, tuple[int, ...]], saved_names: dict[str, str] | None = None
+) -> None:
+    """Refuse, in one line, weights at `path` whose names or `shapes` (`saved_shapes`: its headers)
     differ from `policy`'s, which may still be on the meta device: nothing is allocated or read yet.
-    `saved_names` (`renamed_on_read`) reads another tool's names as the tensors they become."""
-    shapes = _saved_shapes(path)
+    `saved_names` (`Policy.renamed_on_read`) reads another tool's names as the tensors they become."""
     names = saved_names if saved_names is not None else {name: name for name in shapes}
     saved = {name: shapes[saved] for name, saved in names.items()}
     wanted = {name: tuple(t.shape) for name, t in policy.state_dict().items()}
@@ -197,13 +185,14 @@ def stream_weights(policy: Any, path: str, saved_names: dict[str, str] | None = 
     """Collective on a sharded policy: the weights at `path` into `policy`'s tensors, each rank reading
     only the blocks it holds (`ckpt_tools.load_model_weights`); `check_fits` has passed. `saved_names`
     maps the tensors to fill to their saved names when `policy` wraps the saved one (PEFT) or the saved
-    names are another tool's (`renamed_on_read`)."""
+    names are another tool's (`Policy.renamed_on_read`)."""
     with _checkpoint_errors(path):
         ckpt_tools.load_model_weights(resolve(path), policy, saved_names=saved_names)
 
 
-def _saved_shapes(path: str) -> dict[str, tuple[int, ...]]:
-    """The tensors' names and shapes in the weights at `path`, from the headers alone."""
+def saved_shapes(path: str) -> dict[str, tuple[int, ...]]:
+    """The tensors' names and shapes in the weights at `path`, from the headers alone (a meta build
+    reads them once: which names they are, whether they fit)."""
     with _checkpoint_errors(path):
         weights = ckpt_tools.describe_checkpoint(resolve(path)).weights
     return {t.name: tuple(t.shape) for t in weights.tensors} if weights is not None else {}
