@@ -74,8 +74,7 @@ def _write_file(
     group.on_main(lambda: writers.append(SafetensorsStreamWriter(path, specs, METADATA, recorder)))
     for spec in specs:
         value = state[spec.name]
-        blocks = _row_blocks(value, group) if isinstance(value, DTensor) else None
-        if isinstance(value, DTensor) and blocks is not None:
+        if isinstance(value, DTensor) and (blocks := _row_blocks(value, group)) is not None:
             _write_rows(writers, value, blocks, group)
             continue
         full = value.full_tensor() if isinstance(value, DTensor) else value
