@@ -25,13 +25,16 @@ def attend(
     The scores stay in float32 under autocast too (`--accelerator.mixed_precision=bf16`): autocast
     would compute them in bfloat16, where float32's minimum rounds to -inf, and a padding query's row
     of -inf is NaN after the softmax, which its values then carry into every later layer's keys."""
-    b, _, _, d = query.shape
-    groups = heads // key.shape[2]
-    key = key.repeat_interleave(groups, dim=2).float().transpose(1, 2)
-    value = value.repeat_interleave(groups, dim=2)
+    b, n, _, d = query.shape
+    kv = key.shape[2]
+    # each key/value head's query heads as one longer sequence: the keys and values are never repeated
+    # per query head (autograd keeps what the matmuls read: repeated, they took `heads / kv` times the memory)
+    query = query.reshape(b, n, kv, heads // kv, d).permute(0, 2, 3, 1, 4).reshape(b, kv, -1, d)
+    key, value = key.transpose(1, 2), value.transpose(1, 2)
     with torch.autocast(query.device.type, enabled=False):
-        scores = torch.matmul(query.float().transpose(1, 2), key.transpose(2, 3)) * d**-0.5
-        scores = torch.where(mask[:, None], scores, torch.finfo(torch.float32).min)
+        scores = torch.matmul(query.float(), key.float().transpose(2, 3)) * d**-0.5
+        scores = scores.view(b, kv, heads // kv, n, -1)
+        scores = torch.where(mask[:, None, None], scores, torch.finfo(torch.float32).min)
         probs = F.softmax(scores, dim=-1)
-    out = torch.matmul(probs.to(value.dtype), value.transpose(1, 2))
-    return out.transpose(1, 2).reshape(b, -1, heads * d)
+    out = torch.matmul(probs.to(value.dtype).view(b, kv, -1, probs.shape[-1]), value)
+    return out.view(b, heads, n, d).transpose(1, 2).reshape(b, n, heads * d)
