@@ -2,7 +2,8 @@
 
 The trainer fine-tunes LeRobot's pi0.5 checkpoint under FSDP2 with the policy's units as DDP does (the
 same losses and gradient norms), the checkpoint streamed under LeRobot's names into a meta build, every
-unit's forward runs but the token embedding's (a unit FSDP2 would never gather is named), LoRA on
+unit's forward runs but the token embedding's and the idle last PaliGemma MLP's (a unit FSDP2 would
+never gather is named), a frozen PaliGemma is never gathered in the backward pass, LoRA on
 LeRobot's default targets trains under FSDP2, so does FSDP2 computing in bfloat16 (a mixed precision
 policy), and the sharded save writes the bytes of the gathered tensors. torch's `fully_shard` on the
 same units gives the unsharded loss bit for bit and LeRobot's, the gradients of one process, LeRobot's
@@ -14,6 +15,7 @@ the suite's time."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -80,13 +82,33 @@ def test_fsdp2_computing_in_bfloat16_trains_to_the_float32_runs_loss(out: Path) 
 
 @pytest.mark.parametrize("run", ["fsdp2", "lora"])
 def test_every_fsdp_unit_runs_its_forward(out: Path, run: str) -> None:
-    """The units are the modules whose forward() runs (the joint layer pairs, SigLIP's layers and
-    embeddings, the norms): none is left that FSDP2 would never gather, but the token embedding, a unit
-    so that it is sharded on its own and read on each rank's rows without a gather."""
+    """The units are the modules whose forward() runs (each decoder layer and its MLP's projections,
+    SigLIP's layers and embeddings, the norms): none is left that FSDP2 would never gather but the token
+    embedding, a unit so that it is sharded on its own and read on each rank's rows without a gather,
+    and the MLP projections of PaliGemma's last layer, which nothing reads (frozen, never run)."""
     units = json.loads((out / f"{run}_units.json").read_text())
-    assert units["never_ran"] == ["FSDPGemmaTextScaledWordEmbedding"]
-    assert {"JointLayer", "SiglipEncoderLayer", "SiglipVisionEmbeddings", "GemmaTextScaledWordEmbedding",
-            "PiRMSNorm"} <= set(units["classes"])  # fmt: skip
+    idle_mlp = [f"layers.1.paligemma.mlp.{p}_proj" for p in ("down", "gate", "up")]
+    assert units["never_ran"] == [*idle_mlp, "paligemma.model.language_model.embed_tokens"]
+    assert {"DecoderLayer", "MLPProjection", "SiglipEncoderLayer", "SiglipVisionEmbeddings",
+            "GemmaTextScaledWordEmbedding", "PiRMSNorm"} <= set(units["classes"])  # fmt: skip
+
+
+def test_a_frozen_paligemma_is_never_gathered_in_the_backward_pass(out: Path) -> None:
+    """Each decoder layer is a unit of its own and the prefix runs before the suffix, so under LoRA
+    (PaliGemma frozen, as under train_expert_only) no output of PaliGemma's layers needs a gradient and
+    FSDP2 gathers only the expert's layers in the backward pass (a unit pairing the two layers, as
+    before, brought the 2 B model's layer back with each expert layer). A full fine-tune gathers both."""
+    lora, full = (
+        json.loads((out / f"{run}_units.json").read_text())["backward"] for run in ("lora", "fsdp2")
+    )
+    decoder = re.compile(r"layers\.N\.(paligemma|expert)\.")
+    streams = {
+        run: {m.group(1) for n in names if (m := decoder.search(n))}
+        for run, names in (("lora", lora), ("fsdp2", full))
+    }
+    assert streams == {"lora": {"expert"}, "fsdp2": {"paligemma", "expert"}}
+    # nor SigLIP's layers or the token table (the root unit's own few, the projector's say, always are)
+    assert not [n for n in lora if "encoder.layers" in n or "embed_tokens" in n]
 
 
 def test_lora_under_fsdp2_trains_lerobots_default_targets(out: Path) -> None:

@@ -20,9 +20,10 @@ import trainer
 from helpers.fixtures import copy_fixture
 from trainer.errors import ConfigError
 from trainer.policies import pretrained
-from trainer.policies.pi import JointLayer, PI0Config, PI0Policy, PI05Config, PiPolicy
+from trainer.policies.pi import PI0Config, PI0Policy, PI05Config, PiPolicy
 from trainer.policies.pi import weights as pi_weights
-from trainer.policies.pi.model import joint_layout, step_layout
+from trainer.policies.pi.layers import DecoderLayer, MLPProjection
+from trainer.policies.pi.model import prefix_layout, suffix_layout
 
 TOL = 1e-5  # LeRobot's reruns are bit-identical; its typical mistakes move the actions by 3e-3 or more
 KINDS = ("pi0", "pi05")
@@ -130,19 +131,23 @@ def test_prompt_tokens_masks_and_positions_are_lerobots(policies, fixtures, kind
     _, pad, block = policy.prefix(_observation(reference))
     assert torch.equal(pad, reference["inference.prefix_pad_masks"])
     assert torch.equal(block, reference["inference.prefix_att_masks"])
-    prefill_mask, prefill_positions = joint_layout(pad, block)
+    prefill_mask, prefill_positions = prefix_layout(pad, block)
     assert torch.equal(prefill_mask, reference["inference.prefix_att_2d_masks"])
     assert torch.equal(prefill_positions, reference["inference.prefix_position_ids"])
     state = policy.padded_state(pre)
     (_, suffix_pad, suffix_block), _ = policy.model.embed_suffix(
         state, reference["noise"], reference["loss.time"]
     )
-    step_mask, step_positions = step_layout(pad, suffix_pad, suffix_block)
+    step_mask, step_positions = suffix_layout(pad, suffix_pad, suffix_block)
     assert torch.equal(step_mask, reference["inference.suffix_att_2d_masks"])
     assert torch.equal(step_positions, reference["inference.suffix_position_ids"])
-    joint_mask, joint_positions = joint_layout(pad, block, suffix_pad, suffix_block)
-    assert torch.equal(joint_mask, reference["loss.att_2d_masks"])
-    assert torch.equal(joint_positions, reference["loss.position_ids"])
+    # the loss: LeRobot's one pass over [prefix; suffix] is ours in two, the prefix's (its rows see no
+    # suffix key) and the suffix's against the prefix's keys and values
+    n = pad.shape[1]
+    joint_mask, joint_positions = reference["loss.att_2d_masks"], reference["loss.position_ids"]
+    assert torch.equal(joint_mask[:, :n, :n], prefill_mask) and not joint_mask[:, :n, n:].any()
+    assert torch.equal(joint_mask[:, n:], step_mask)
+    assert torch.equal(joint_positions, torch.cat([prefill_positions, step_positions], dim=1))
 
 
 @pytest.mark.parametrize(("kind", "name"), CASES)
@@ -231,9 +236,10 @@ def test_the_task_gathered_as_bytes_gives_lerobots_loss(policies, fixtures, kind
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_fsdp_unit_runs_its_forward(policies, fixtures, kind: str) -> None:
-    """The FSDP units' forward() is what runs: each JointLayer, each SigLIP encoder layer, the
-    embeddings and every norm are called in the loss and at every Euler step, and every decoder weight
-    belongs to exactly one JointLayer."""
+    """The FSDP units' forward() is what runs: each decoder layer (PaliGemma's in the loss and the
+    prefill, the expert's in the loss and at every Euler step) and its MLP's projections, each SigLIP
+    encoder layer, the embeddings and every norm, and every decoder weight belongs to exactly one
+    decoder layer."""
     policy = policies[kind]
     reference, _ = _reference(fixtures[kind], "reference")
     units = [m for m in policy.modules() if type(m).__name__ in PiPolicy._fsdp_wrap_modules]
@@ -251,15 +257,23 @@ def test_every_fsdp_unit_runs_its_forward(policies, fixtures, kind: str) -> None
     for m in units:
         by_class.setdefault(type(m).__name__, set()).add(calls[id(m)])
     steps, cameras = policy.config.num_inference_steps, len(policy.features.cameras)
-    # the loss, the prefill and each Euler step; SigLIP once per camera in the loss and the prefill
-    assert by_class.pop("JointLayer") == {2 + steps}
+    # PaliGemma's layers in the loss and the prefill, the expert's also at each Euler step; SigLIP once
+    # per camera in the loss and the prefill
+    layers = {name: m for name, m in policy.named_modules() if isinstance(m, DecoderLayer)}
+    for stream, runs in (("paligemma", 2), ("expert", 1 + steps)):
+        assert {calls[id(m)] for name, m in layers.items() if name.endswith(stream)} == {runs}
+    assert by_class.pop("DecoderLayer") == {2, 1 + steps}
+    # each MLP projection with its layer, but the idle last PaliGemma layer's, which nothing reads
+    projections = {name: calls[id(m)] for name, m in policy.named_modules() if isinstance(m, MLPProjection)}
+    last = f"layers.{len(layers) // 2 - 1}.paligemma.mlp."
+    assert {runs for name, runs in projections.items() if last in name} == {0}
+    assert by_class.pop("MLPProjection") == {0, 2, 1 + steps}
     assert by_class.pop("SiglipEncoderLayer") == by_class.pop("SiglipVisionEmbeddings") == {2 * cameras}
     assert by_class.pop("GemmaTextScaledWordEmbedding") == {2}
     # the norms of the layers' streams and the expert's final norm: each at least once per pass
     assert set(by_class) == {"PiRMSNorm"} and min(by_class["PiRMSNorm"]) >= 2
-    joint = [m for m in units if isinstance(m, JointLayer)]
     in_units = [n for n, _ in policy.named_parameters() if ".layers." in n and "vision_tower" not in n]
-    owned = {id(p) for m in joint for p in m.parameters()}
+    owned = {id(p) for m in layers.values() for p in m.parameters()}
     assert in_units and all(id(p) in owned for n, p in policy.named_parameters() if n in in_units)
 
 

@@ -13,8 +13,10 @@ fixture's sizes through --policy.size_overrides) for two steps under FSDP2 with 
 `fsdp2` saves safetensors and DCP, its sharded tensors sent to the main rank in 1 KiB pieces. Right
 after each build (`engine.build.after_prepare`) rank 0 writes OUT/<run>_build.json: whether the policy
 was built on the meta device, and whether it (a PEFT run's base) then held exactly the checkpoint's
-weights. During each sharded run a forward pre-hook counts the calls of every FSDP unit; rank 0 writes
-OUT/<run>_units.json: the units' classes and those whose forward never ran. With `hsdp` (4 ranks):
+weights. During each sharded run a forward pre-hook counts the calls of every FSDP unit and a forward hook
+notes the units whose outputs need a gradient (FSDP2 gathers those again in the backward pass); rank 0
+writes OUT/<run>_units.json: the units' classes, the names of those whose forward never ran, and the parameters
+(digits as N) that the units gathered in the backward pass hold as their own. With `hsdp` (4 ranks):
 `hsdp` (2 replicas x 2 shards) and `ddp4` instead.
 
 Then (2 ranks), for each fixture, torch's `fully_shard` on the policy's own units directly: the loss and
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -76,12 +79,14 @@ HSDP_RUNS = {
 
 
 class UnitCalls:
-    """The prepared model of a run (caught from `startup.prepare`) and how often each FSDP unit's
-    forward ran (a global forward pre-hook)."""
+    """The prepared model of a run (caught from `startup.prepare`), how often each FSDP unit's forward
+    ran (a global forward pre-hook) and which units gave an output that needs a gradient (a global
+    forward hook): FSDP2 registers its pre-backward gather on exactly those outputs."""
 
     def __init__(self) -> None:
         self.model: torch.nn.Module | None = None
         self.calls: dict[int, int] = {}
+        self.in_backward: set[int] = set()
         prepare = startup.prepare
 
         def catching(*args: Any, **kwargs: Any) -> Any:
@@ -91,17 +96,48 @@ class UnitCalls:
 
         startup.prepare = catching
         torch.nn.modules.module.register_module_forward_pre_hook(self._count)
+        torch.nn.modules.module.register_module_forward_hook(self._needs_gradient)
 
     def _count(self, module: torch.nn.Module, _: Any) -> None:
         if isinstance(module, FSDPModule):
             self.calls[id(module)] = self.calls.get(id(module), 0) + 1
 
+    def _needs_gradient(self, module: torch.nn.Module, _: Any, output: Any) -> None:
+        if isinstance(module, FSDPModule) and any(t.requires_grad for t in _tensors(output)):
+            self.in_backward.add(id(module))
+
+    def _gathered_in_backward(self) -> list[str]:
+        """The parameters each unit gathered in the backward pass manages (not its nested units'), digits as N."""
+        assert self.model is not None
+        names: set[str] = set()
+        for prefix, unit in self.model.named_modules():
+            if id(unit) not in self.in_backward:
+                continue
+            nested = {
+                id(p)
+                for m in unit.modules()
+                if m is not unit and isinstance(m, FSDPModule)
+                for p in m.parameters()
+            }
+            own = [f"{prefix}.{name}" for name, p in unit.named_parameters() if id(p) not in nested]
+            names.update(re.sub(r"\.\d+\.", ".N.", name) for name in own)
+        return sorted(names)
+
     def report(self) -> dict[str, Any]:
         assert self.model is not None
         units = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
         classes = sorted({type(m).__name__.removeprefix("FSDP") for m in units})
-        idle = sorted({type(m).__name__ for m in units if not self.calls.get(id(m))})
-        return {"units": len(units), "classes": classes, "never_ran": idle}
+        idle = sorted(
+            name.split("paligemma_with_expert.")[-1]
+            for name, m in self.model.named_modules()
+            if isinstance(m, FSDPModule) and not self.calls.get(id(m))
+        )
+        return {
+            "units": len(units),
+            "classes": classes,
+            "never_ran": idle,
+            "backward": self._gathered_in_backward(),
+        }
 
 
 class BuildWatch:
@@ -127,6 +163,13 @@ class BuildWatch:
         model_build.after_prepare = watching
 
 
+def _tensors(output: Any) -> list[torch.Tensor]:
+    """The tensors in a forward's output (a tensor, or tuples of them and None)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    return [t for part in output for t in _tensors(part)] if isinstance(output, tuple) else []
+
+
 def _full(value: torch.Tensor) -> torch.Tensor:
     return value.full_tensor() if isinstance(value, DTensor) else value
 
@@ -136,7 +179,7 @@ def _engine_runs(runs: dict[str, list[str]]) -> None:
     watch, builds = UnitCalls(), BuildWatch()
     for run, flags in runs.items():
         reset_accelerate()
-        watch.model, watch.calls = None, {}
+        watch.model, watch.calls, watch.in_backward = None, {}, set()
         print(f"=== run {run}", flush=True)
         train(parse_config([*TINY, *flags, f"--output_dir={OUT}/{run}"]))
         if dist.get_rank() == 0 and run not in ("ddp", "ddp4"):

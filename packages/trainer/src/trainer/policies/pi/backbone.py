@@ -32,7 +32,7 @@ FLOAT32_PARTS = (
     "model.norm",
 )
 # What LeRobot's gradient_checkpointing recomputes in the backward pass (each layer of either model).
-CHECKPOINTED = ("SiglipEncoderLayer", "JointLayer")
+CHECKPOINTED = ("SiglipEncoderLayer", "DecoderLayer")
 
 
 def gemma_config(size: GemmaSize, vocab_size: int) -> Any:
@@ -201,29 +201,45 @@ class PaliGemmaWithExpert(nn.Module):
         embed = cast(nn.Embedding, self.get_submodule("paligemma.model.language_model.embed_tokens"))
         return vocab_parallel.embed(embed, tokens, scale=embed.get_buffer("embed_scale"))
 
-    def run(
+    def prefill(self, prefix: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> list[KeyValue]:
+        """The prefix's keys (after RoPE) and values at every layer: the prefix through PaliGemma's
+        layers. `mask` (B, L, L) and `positions` (B, L) cover its L tokens."""
+        hidden: torch.Tensor | None = prefix.to(self._dtype)
+        cos, sin = self._rope(positions)
+        cache = []
+        for layer in self.joint_layers:
+            assert hidden is not None, "only the last PaliGemma layer is idle"
+            hidden, kv = layer.paligemma(hidden, mask, cos, sin)
+            cache.append(kv)
+        return cache
+
+    def expert(
         self,
-        prefix: torch.Tensor | None,
-        suffix: torch.Tensor | None,
+        suffix: torch.Tensor,
+        cache: list[KeyValue],
         mask: torch.Tensor,
         positions: torch.Tensor,
         cond: torch.Tensor | None = None,
-        cache: list[KeyValue] | None = None,
-    ) -> tuple[torch.Tensor | None, list[KeyValue]]:
-        """The expert's normed output for the suffix (None without one) and the prefix's keys and
-        values per layer (empty without a prefix). `positions` (B, L) cover the tokens present."""
-        dtype = self.joint_layers[0].paligemma.self_attn.q_proj.weight.dtype
-        prefix = None if prefix is None else prefix.to(dtype)
-        suffix = None if suffix is None else suffix.to(dtype)
-        cos, sin = self.rotary_emb(torch.empty(0, dtype=dtype, device=positions.device), positions)
-        filled: list[KeyValue] = []
-        for i, layer in enumerate(self.joint_layers):
-            prefix, suffix, kv = layer(
-                prefix, suffix, mask, cos, sin, cond, None if cache is None else cache[i]
-            )
-            if kv is not None:
-                filled.append(kv)
-        if suffix is None:
-            return None, filled
-        out, _ = self.get_submodule("gemma_expert.model.norm")(suffix, cond)
-        return out, filled
+    ) -> torch.Tensor:
+        """The expert's normed output for the suffix: through the expert's layers, each attending to
+        its layer's prefix keys and values in `cache` and to its own. `mask` (B, L, prefix + L) and
+        `positions` (B, L) cover the suffix's L tokens."""
+        hidden = suffix.to(self._dtype)
+        cos, sin = self._rope(positions)
+        for layer, past in zip(self.joint_layers, cache, strict=True):
+            out, _ = layer.expert(hidden, mask, cos, sin, cond, past)
+            assert out is not None, "the expert's layers are never idle"
+            hidden = out
+        normed, _ = self.get_submodule("gemma_expert.model.norm")(hidden, cond)
+        return cast(torch.Tensor, normed)
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        """The decoder layers' dtype (bfloat16 under LeRobot's `dtype=bfloat16`), which their inputs take."""
+        return self.joint_layers[0].paligemma.self_attn.q_proj.weight.dtype
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's (cos, sin) (B, L, head_dim) at `positions` (B, L), in the layers' dtype."""
+        empty = torch.empty(0, dtype=self._dtype, device=positions.device)
+        cos, sin = self.rotary_emb(empty, positions)
+        return cos, sin

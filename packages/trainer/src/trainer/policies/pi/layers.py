@@ -1,12 +1,16 @@
-"""One layer of PaliGemma's Gemma and one of the action expert, run together (LeRobot's `pi_gemma` module
-and `compute_layer_complete`).
+"""A decoder layer of PaliGemma's Gemma or of the action expert (LeRobot's `pi_gemma` module and
+`compute_layer_complete`), each an FSDP unit whose forward() runs it.
 
-A `JointLayer` owns layer i of both stacks and its forward() runs them: each stream (the prefix:
-cameras and task; the suffix: state and action tokens) through its own norm and q/k/v projections, one
-attention over the streams present (the prefix's keys and values cached from the prefill when the
-prefix is absent), then each stream's o_proj, gated residual, norm, MLP and gated residual. LeRobot
-reads the layers' weights without calling their forward(), which FSDP's hooks never see; here the
-joint layer is the unit FSDP wraps, and its forward() is what runs.
+The prefix (cameras and task) attends to itself only, the suffix (state and action tokens) to the prefix
+and itself: LeRobot runs one attention over [prefix; suffix] with the prefix's view of the suffix masked
+out, reading the layers' weights without calling their forward(), which FSDP's hooks never see. Here
+the prefix runs through all of PaliGemma's layers first (each gives its keys and values), then the
+suffix through the expert's layers, each attending to its layer's prefix keys and values and its own.
+The numbers are the same; what changes is what FSDP2 gathers: a layer is gathered when its forward
+runs and, in the backward pass, only when something it computed needs a gradient. With PaliGemma frozen
+(`train_expert_only`, LoRA on LeRobot's targets) no prefix output does, so the backward gathers the
+expert's small layers alone, never PaliGemma's (gathered as a pair, each layer of the 2 B model came
+back with its expert layer).
 
 The norms are LeRobot's `PiGemmaRMSNorm`: `x * rsqrt(mean(x^2) + eps) * (1 + w)` with the variance in
 float32, or with a condition (pi0.5's action expert, adaRMS) `* (1 + scale) + shift` and a `gate` on
@@ -16,7 +20,6 @@ cos/sin from `GemmaRotaryEmbedding`), attention eager in float32 (policies/vla/a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -85,9 +88,20 @@ def gated(residual: torch.Tensor, update: torch.Tensor, gate: torch.Tensor | Non
     return residual + update if gate is None else residual + update * gate
 
 
+class MLPProjection(nn.Linear):
+    """One of a Gemma MLP's three projections (gate, up, down), an FSDP unit of its own. FSDP2 holds a
+    unit's gathered weights twice while it gathers them (the all-gather's buffer, then the weights
+    copied out of it), so the largest unit sets what a step adds to the peak when little else is held,
+    as with a frozen PaliGemma (LoRA, train_expert_only): gathered alone, a projection of gemma_2b's MLP
+    (2048 x 16384, 67 MB in bfloat16) adds a third of what its whole MLP did. The idle last PaliGemma
+    layer's MLP never runs, so its projections are never gathered (saved in pieces, as any unit)."""
+
+
 class DecoderLayer(nn.Module):
     """A Gemma decoder layer under LeRobot's names (`self_attn.{q,k,v,o}_proj`, `mlp`, two norms),
-    built from transformers' GemmaAttention and GemmaMLP; its steps are called by `JointLayer`."""
+    built from transformers' GemmaAttention and GemmaMLP. `idle`: nothing reads this layer's output
+    (PaliGemma's last layer: pi0 reads the expert's output only), so it gives its keys and values alone
+    and its queries, o_proj, second norm and MLP are kept but never run."""
 
     def __init__(self, gemma_config: Any, index: int, cond_dim: int | None, idle: bool = False) -> None:
         super().__init__()
@@ -95,23 +109,50 @@ class DecoderLayer(nn.Module):
 
         self.self_attn = modeling_gemma.GemmaAttention(gemma_config, index)
         self.mlp = modeling_gemma.GemmaMLP(gemma_config)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            linear = self.mlp.get_submodule(name)
+            setattr(self.mlp, name, MLPProjection(linear.in_features, linear.out_features, bias=False))
         width, eps = gemma_config.hidden_size, gemma_config.rms_norm_eps
         self.input_layernorm = PiRMSNorm(width, eps, cond_dim)
-        post = IdleRMSNorm if idle else PiRMSNorm  # `idle`: nothing reads this layer's output
-        self.post_attention_layernorm = post(width, eps, cond_dim)
+        self.post_attention_layernorm = (IdleRMSNorm if idle else PiRMSNorm)(width, eps, cond_dim)
+        self.heads: int = gemma_config.num_attention_heads
+        self.idle = idle
 
-    def project(
-        self, hidden: torch.Tensor, cond: torch.Tensor | None, queries: bool
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        mask: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cond: torch.Tensor | None = None,
+        past: KeyValue | None = None,
+    ) -> tuple[torch.Tensor | None, KeyValue]:
+        """(this stream's output, None for an idle layer; its own keys and values). Its queries attend
+        to `past` (the expert's: the prefix's keys and values at this layer) and to its own keys;
+        `mask` (B, L, past + L) and `cos`/`sin` (B, L, head_dim) cover this stream's L tokens."""
+        query, key, value, gate = self._project(hidden, cond)
+        key = rotate(key, cos, sin)
+        # the values leave the unit as a tensor of their own (a `view` of v_proj's output otherwise)
+        own = (key, value.clone())
+        if query is None:
+            return None, own
+        if past is not None:
+            key, value = torch.cat([past[0], key], dim=1), torch.cat([past[1], value], dim=1)
+        attended = attend(rotate(query, cos, sin), key, value, mask, self.heads)
+        return self._finish(attended, hidden, gate, cond), own
+
+    def _project(
+        self, hidden: torch.Tensor, cond: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(queries or None, keys, values), each (B, L, heads, head_dim) before RoPE, and the gate."""
+        """(queries or None when idle, keys, values), each (B, L, heads, head_dim) before RoPE, and the gate."""
         attn = self.self_attn
         h, gate = self.input_layernorm(hidden, cond)
         h = h.to(attn.q_proj.weight.dtype)
         shape = (*h.shape[:-1], -1, attn.head_dim)
-        q = attn.q_proj(h).view(shape) if queries else None
+        q = None if self.idle else attn.q_proj(h).view(shape)
         return q, attn.k_proj(h).view(shape), attn.v_proj(h).view(shape), gate
 
-    def finish(
+    def _finish(
         self,
         attended: torch.Tensor,
         hidden: torch.Tensor,
@@ -125,20 +166,6 @@ class DecoderLayer(nn.Module):
         return gated(out, self.mlp(h.to(self.mlp.up_proj.weight.dtype)), gate)
 
 
-@dataclass
-class _Stream:
-    """One stream's part of a joint layer: its layer, input, condition, and its queries (None where
-    nothing reads its output), keys and values after RoPE, and residual gate."""
-
-    layer: DecoderLayer
-    hidden: torch.Tensor
-    cond: torch.Tensor | None
-    query: torch.Tensor | None
-    key: torch.Tensor
-    value: torch.Tensor
-    gate: torch.Tensor | None
-
-
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE of x (B, L, H, D) with cos/sin (B, L, D) as transformers' Gemma applies it."""
     from transformers.models.gemma.modeling_gemma import rotate_half
@@ -148,66 +175,11 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class JointLayer(nn.Module):
-    """Layer i of PaliGemma's Gemma (`paligemma`) and of the action expert (`expert`): the FSDP unit.
-
-    Each stream attends to the keys before it and its own: the prefix to itself, the suffix to the
-    prefix and itself. LeRobot runs one attention over [prefix; suffix] in which the prefix's view of
-    the suffix is masked out; here the prefix's attention never reads the suffix, so its outputs depend
-    on no suffix token: a frozen PaliGemma (train_expert_only) then keeps no activations for the
-    backward pass and the backward never runs through it. The last layer's prefix output can reach
-    nothing (pi0 reads the expert's output only), so there the prefix gives its keys and values alone."""
+    """Layer i of PaliGemma's Gemma (`paligemma`) and of the action expert (`expert`), the pair whose
+    streams attend together: a container that names them `layers.{i}.paligemma` / `.expert` (weights.py
+    maps LeRobot's two stacks to it); each layer is its own FSDP unit and runs its own forward()."""
 
     def __init__(self, vlm_config: Any, expert_config: Any, index: int, last: bool, adarms: bool) -> None:
         super().__init__()
         self.paligemma = DecoderLayer(vlm_config, index, None, idle=last)
         self.expert = DecoderLayer(expert_config, index, expert_config.hidden_size if adarms else None)
-        self.heads: int = vlm_config.num_attention_heads
-        self.last = last
-
-    def forward(
-        self,
-        prefix: torch.Tensor | None,
-        suffix: torch.Tensor | None,
-        mask: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        cond: torch.Tensor | None = None,
-        cache: KeyValue | None = None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, KeyValue | None]:
-        """(prefix out, suffix out, the prefix's keys and values). `mask` (B, queries, keys) and
-        `cos`/`sin` (B, L, head_dim) cover the tokens present, prefix first; with `cache` (sampling)
-        the prefix is absent and its keys and values come from the prefill."""
-        streams: list[_Stream | None] = []
-        start = 0
-        for layer, hidden, c in ((self.paligemma, prefix, None), (self.expert, suffix, cond)):
-            if hidden is None:
-                streams.append(None)
-                continue
-            end = start + hidden.shape[1]
-            rope = cos[:, start:end], sin[:, start:end]
-            q, k, v, gate = layer.project(hidden, c, queries=not (self.last and layer is self.paligemma))
-            query = None if q is None else rotate(q, *rope)
-            streams.append(_Stream(layer, hidden, c, query, rotate(k, *rope), v, gate))
-            start = end
-        first = streams[0]
-        # the prefix's values leave the unit as a tensor of their own (`view` of v_proj's output otherwise)
-        filled = None if first is None else (first.key, first.value.clone())
-        keys, values = ([cache[0]], [cache[1]]) if cache is not None else ([], [])
-        outs: list[torch.Tensor | None] = []
-        row = 0
-        for stream in streams:
-            if stream is None:
-                outs.append(None)
-                continue
-            keys.append(stream.key)
-            values.append(stream.value)
-            n = stream.hidden.shape[1]
-            if stream.query is None:  # the prefill's last layer: its keys and values are all it gives
-                outs.append(None)
-            else:  # this stream's queries against the keys so far (the cache's, the prefix's, its own)
-                seen = torch.cat(keys, dim=1)
-                rows = mask[:, row : row + n, : seen.shape[1]]
-                attended = attend(stream.query, seen, torch.cat(values, dim=1), rows, self.heads)
-                outs.append(stream.layer.finish(attended, stream.hidden, stream.gate, stream.cond))
-            row += n
-        return outs[0], outs[1], filled

@@ -91,19 +91,17 @@ class PiFlowModel(nn.Module):
 
     def losses(self, prefix: Tokens, state: torch.Tensor | None, actions: torch.Tensor, noise: torch.Tensor,
                time: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        """Element-wise squared velocity error (B, chunk, max_action_dim) at noise `noise`, time `time`."""
+        """Element-wise squared velocity error (B, chunk, max_action_dim) at noise `noise`, time `time`:
+        the prefix's keys and values, then the suffix against them (LeRobot's one pass over [prefix;
+        suffix], whose prefix rows never see the suffix, in two: layers.py says why)."""
         x_t, u_t = noisy_actions(actions, noise, time)
-        (suffix, suffix_pad, suffix_block), cond = self.embed_suffix(state, x_t, time)
-        mask, positions = joint_layout(prefix[1], prefix[2], suffix_pad, suffix_block)
-        out, _ = self.paligemma_with_expert.run(prefix[0], suffix, mask, positions, cond)
-        assert out is not None
+        out = self.denoise(prefix, self.prefill(prefix), state, x_t, time)
         return F.mse_loss(u_t, self.velocity(out), reduction="none")
 
     def prefill(self, prefix: Tokens) -> list[KeyValue]:
-        """The prefix's keys (after RoPE) and values at every layer, computed once per chunk."""
+        """The prefix's keys (after RoPE) and values at every layer: once per chunk when sampling."""
         emb, pad, block = prefix
-        _, cache = self.paligemma_with_expert.run(emb, None, *joint_layout(pad, block))
-        return cache
+        return self.paligemma_with_expert.prefill(emb, *prefix_layout(pad, block))
 
     def denoise(
         self,
@@ -115,10 +113,8 @@ class PiFlowModel(nn.Module):
     ) -> torch.Tensor:
         """The expert's normed output (B, suffix, width) for x_t at `time` against the cached prefix."""
         (suffix, suffix_pad, suffix_block), cond = self.embed_suffix(state, x_t, time)
-        mask, positions = step_layout(prefix[1], suffix_pad, suffix_block)
-        out, _ = self.paligemma_with_expert.run(None, suffix, mask, positions, cond, cache=cache)
-        assert out is not None
-        return out
+        mask, positions = suffix_layout(prefix[1], suffix_pad, suffix_block)
+        return self.paligemma_with_expert.expert(suffix, cache, mask, positions, cond)
 
     def sample(self, prefix: Tokens, state: torch.Tensor | None, noise: torch.Tensor) -> torch.Tensor:
         """x_0 (B, chunk, max_action_dim) integrated from x_1 = `noise` in num_inference_steps steps."""
@@ -138,22 +134,18 @@ def projected(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return cast(torch.Tensor, linear(x.to(linear.weight.dtype)))
 
 
-def joint_layout(
-    pad: torch.Tensor, block: torch.Tensor, suffix_pad: torch.Tensor | None = None,
-    suffix_block: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(mask (B, L, L), positions (B, L)) of one pass over [prefix; suffix] (the suffix optional):
-    LeRobot's make_att_2d_masks and `cumsum(pad) - 1`."""
-    if suffix_pad is not None and suffix_block is not None:
-        pad, block = torch.cat([pad, suffix_pad], dim=1), torch.cat([block, suffix_block], dim=1)
+def prefix_layout(pad: torch.Tensor, block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask (B, L, L), positions (B, L)) of the prefix's pass: LeRobot's make_att_2d_masks and
+    `cumsum(pad) - 1`."""
     return block_mask(pad, block), torch.cumsum(pad, dim=1) - 1
 
 
-def step_layout(
+def suffix_layout(
     prefix_pad: torch.Tensor, suffix_pad: torch.Tensor, suffix_block: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mask (B, suffix, prefix + suffix), positions (B, suffix)) of a denoising step: the suffix sees
-    the valid prefix and its own blocks; its positions continue after the valid prefix tokens."""
+    """(mask (B, suffix, prefix + suffix), positions (B, suffix)) of the suffix's pass (training and
+    each denoising step): the suffix sees the valid prefix and its own blocks; its positions continue
+    after the valid prefix tokens."""
     n = suffix_pad.shape[1]
     mask = torch.cat([prefix_pad[:, None, :].expand(-1, n, -1), block_mask(suffix_pad, suffix_block)], dim=2)
     return mask, prefix_pad.sum(dim=-1)[:, None] + torch.cumsum(suffix_pad, dim=1) - 1

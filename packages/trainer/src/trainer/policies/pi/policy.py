@@ -46,11 +46,14 @@ class PiPolicy(VLAPolicy):
     """pi0 (`PI0Policy`) or pi0.5 (`PI05Policy`), built from its config alone."""
 
     # FSDP units are the modules whose forward() runs: SigLIP's patch and position embeddings and its
-    # encoder layers, the token embedding, the joint decoder layer pairs (LeRobot reads its layers'
-    # weights without calling their forward(), which FSDP's hooks never see) and every RMSNorm (their
-    # own units, so that a bfloat16 policy's float32 norms never share a unit with bfloat16 weights).
+    # encoder layers, the token embedding, each decoder layer of either Gemma (LeRobot reads its layers'
+    # weights without calling their forward(), which FSDP's hooks never see; a frozen PaliGemma's layers
+    # are then never gathered in the backward pass: layers.py), each of its MLP's three projections (the
+    # largest gather a third of the MLP's) and every RMSNorm (their own units, so that a bfloat16
+    # policy's float32 norms never share a unit with bfloat16 weights).
     _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = (
-        "SiglipVisionEmbeddings", "SiglipEncoderLayer", "GemmaTextScaledWordEmbedding", "JointLayer", "PiRMSNorm",
+        "SiglipVisionEmbeddings", "SiglipEncoderLayer", "GemmaTextScaledWordEmbedding", "DecoderLayer",
+        "MLPProjection", "PiRMSNorm",
     )  # fmt: skip
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action", "predict_action_chunk")
     pi05: ClassVar[bool] = False
