@@ -26,7 +26,9 @@ cuts both Gemmas to N layer pairs, `--vision-depth N` SigLIP to N layers, the wi
 LeRobot's: a full fine-tune at 1 pair and 1 SigLIP layer holds 684 M float32 parameters, 10.9 GB of
 state on one rank). Each tensor counts in its own dtype: the ideal is the weights'
 bytes plus 3x each trained parameter's (its gradient and Adam's two moments), over the shard degree,
-plus the same command's peak at the fixtures' tiny sizes. At the default size the expert-only float32
+plus the same command's peak at the fixtures' tiny sizes. Each mode but LoRA (whose checkpoint is an
+adapter) then runs again from its own checkpoint (`--policy.path`), the fine-tune a user starts from
+`lerobot/pi05_base`. At the default size the expert-only float32
 run needs about 5.3 GB per rank on 4 ranks (21 GB in all): run it where that fits (`BENCH_THREADS=4`
 gives each rank 4 torch threads on a machine with cores to spare).
 
@@ -218,7 +220,7 @@ def pi(work: Path, kind: str, mode: str, depth: int | None, vision_depth: int | 
     depth_note += f", {vision_depth} SigLIP layers" if vision_depth is not None else ""
     title = f"{kind}, LeRobot's default size{depth_note}, {mode}"
     run = ["--dataset.camera=true", "--batch_size=2"]
-    return Subject(title, run, large, tiny, trainable, frozen, weights, trained, reload=False)
+    return Subject(title, run, large, tiny, trainable, frozen, weights, trained, reload=mode != "lora")
 
 
 def _with_sizes(variants: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:

@@ -121,6 +121,32 @@ def test_a_lora_run_streams_the_base_weights_under_their_names_in_the_wrapper(tm
     assert all(torch.equal(state[k], fresh[k]) for k in state if ".lora_" in k)
 
 
+def test_policy_path_tensors_are_never_drawn(tmp_path, monkeypatch) -> None:
+    """With `--policy.path` the meta build allocates and draws none of the tensors the checkpoint fills
+    (at pi0.5's size: 3.35 B draws, and per rank the token table's full initial values); the policy
+    then holds the checkpoint's weights. Without it every Linear is drawn, on the CPU."""
+    from safetensors.torch import save_file
+
+    saved = build_policy(POLICIES["act_state"], 3, 2).state_dict()
+    save_file(saved, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text('{"type": "act_state"}')
+    drawn: list[str] = []
+    reset = nn.Linear.reset_parameters
+
+    def watched(linear: nn.Linear) -> None:
+        if not linear.weight.is_meta:  # the build's own calls, on meta, draw nothing
+            drawn.append(linear.weight.device.type)
+        reset(linear)
+
+    monkeypatch.setattr(nn.Linear, "reset_parameters", watched)
+    built = _meta_built(POLICIES["act_state"], seed=3, path=str(tmp_path))
+    assert built.on_meta and drawn == []
+    state = built.policy.state_dict()
+    assert state.keys() == saved.keys() and all(torch.equal(state[k], saved[k]) for k in saved)
+    _meta_built(POLICIES["act_state"], seed=3)
+    assert drawn and set(drawn) == {"cpu"}
+
+
 @dataclass
 class NoResetConfig(PolicyConfig):  # not registered: no other test sees it
     def policy_class(self):  # type: ignore[no-untyped-def]

@@ -24,7 +24,8 @@ tensors, as torch's layers do.
 
 `--policy.path` weights go into the materialized tensors, each rank reading only the blocks its shards
 hold (`ckpt_tools.load_model_weights`), after their names and shapes are checked against the meta
-policy from the files' headers, before anything is allocated. Another tool's names (LeRobot's pi0) are
+policy from the files' headers, before anything is allocated. The tensors they fill are never
+initialized: only the rest (computed buffers, a PEFT run's adapters) is drawn. Another tool's names (LeRobot's pi0) are
 read under the policy's renaming (`Policy.renamed_on_read`).
 
 A PEFT run (`--peft.*`) builds on meta too: the policy and its twin are wrapped with LoRA on meta
@@ -130,8 +131,7 @@ def before_prepare(built: BuiltPolicy, section: PolicySection, device: torch.dev
     if not built.on_meta:
         return
     if not built.sharded:
-        _materialize(built, device, lambda name: True, section.seed)
-        _stream_pretrained(built, section)
+        _materialize_and_load(built, section, device)
         return
     pattern = section.accelerator.fsdp.ignored_modules
     if pattern is not None:
@@ -145,20 +145,33 @@ def after_prepare(built: BuiltPolicy, section: PolicySection, device: torch.devi
     ignored modules again, with the same values), then read `--policy.path` weights into them."""
     if built.on_meta and built.sharded:
         offload = section.accelerator.fsdp.cpu_offload
-        _materialize(built, torch.device("cpu") if offload else device, lambda name: True, section.seed)
-        _stream_pretrained(built, section)  # each rank its own blocks
+        _materialize_and_load(
+            built, section, torch.device("cpu") if offload else device
+        )  # each rank its blocks
 
 
-def _stream_pretrained(built: BuiltPolicy, section: PolicySection) -> None:
-    """`--policy.path` weights into the materialized policy: a PEFT run's into its frozen base, under
-    the names they have inside the wrapper (the adapters keep their initialization)."""
-    if section.policy.path is None:
-        return
+def _materialize_and_load(built: BuiltPolicy, section: PolicySection, device: torch.device) -> None:
+    """Allocate the whole policy on `device`, initialize what `--policy.path` does not fill (without
+    it, everything), then stream its weights in. The tensors it fills are never drawn: at pi0.5's size
+    that skips 3.35 B random draws and, per rank, the token table's full initial values (2.1 GB in
+    float32) that initializing it would hold for a moment."""
+    path = section.policy.path
+    names = _pretrained_names(built, section) if path is not None else None
+    filled = frozenset(() if path is None else names or built.policy.state_dict())
+    _materialize(built, device, lambda name: True, section.seed, filled)
+    if path is not None:
+        pretrained.stream_weights(built.policy, path, names)
+
+
+def _pretrained_names(built: BuiltPolicy, section: PolicySection) -> dict[str, str] | None:
+    """The tensors `--policy.path` fills -> the names they are saved under, or None when it fills every
+    tensor under its own name: a PEFT run's frozen base under the names inside the wrapper (the
+    adapters keep their initialization), another tool's checkpoint under its names."""
     names = peft.base_weight_names(built.policy) if section.peft.enabled else None
     if built.saved_names is not None:  # another tool's names: each base tensor under its saved name
         base = names or {name: name for name in built.saved_names}
         names = {name: built.saved_names[base_name] for name, base_name in base.items()}
-    pretrained.stream_weights(built.policy, section.policy.path, names)
+    return names
 
 
 def build_policy_on_meta(section: PolicySection, obs_dim: int, action_dim: int) -> Policy:
@@ -266,16 +279,24 @@ def _within(name: str, root: str) -> bool:
     return name == root or name.startswith(root + ".")
 
 
-def _materialize(built: BuiltPolicy, device: torch.device, selected: object, seed: int) -> None:
-    """Allocate the selected modules' tensors on `device` and initialize them from the shadow twin."""
+def _materialize(
+    built: BuiltPolicy,
+    device: torch.device,
+    selected: object,
+    seed: int,
+    filled: frozenset[str] = frozenset(),
+) -> None:
+    """Allocate the selected modules' tensors on `device` and initialize them from the shadow twin, but
+    for the tensors named in `filled` (a checkpoint's, read in next)."""
     assert built.shadow is not None and callable(selected)
     modules = dict(built.policy.named_modules())
     for name, module in modules.items():
         if selected(name):
             module.to_empty(device=device, recurse=False)
     for name, twin in built.shadow.module.named_modules():
-        if _own_tensors(twin) and selected(name):
-            _initialize_module(built.shadow.initializer, twin, modules[name], module_seed(seed, name))
+        drawn = [t for t in _own_tensors(twin) if (f"{name}.{t}" if name else t) not in filled]
+        if drawn and selected(name):
+            _initialize_module(built.shadow.initializer, twin, modules[name], module_seed(seed, name), drawn)
 
 
 def module_seed(seed: int, name: str) -> int:
@@ -285,16 +306,30 @@ def module_seed(seed: int, name: str) -> int:
 
 
 @torch.no_grad()
-def _initialize_module(initializer: Initializer, twin: nn.Module, target: nn.Module, seed: int) -> None:
-    """Initialize `twin` (a module of the shadow)'s own tensors at full shape on the CPU, copy them into
-    `target`'s (its local shard of each), then free the twin's storage again."""
-    twin.to_empty(device="cpu", recurse=False)
+def _initialize_module(
+    initializer: Initializer, twin: nn.Module, target: nn.Module, seed: int, drawn: list[str]
+) -> None:
+    """Initialize `twin` (a module of the shadow)'s own tensors named in `drawn` at full shape on the
+    CPU, copy them into `target`'s (its local shard of each), then free the twin's storage again. The
+    twin's other tensors stay on meta, where the initializer's writes to them cost nothing."""
+    for name in drawn:
+        _allocate_on_cpu(twin, name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         initializer.initialize_module(twin)
-    for name in _own_tensors(twin):
+    for name in drawn:
         _copy_into(getattr(target, name), getattr(twin, name))
     twin.to_empty(device=META, recurse=False)
+
+
+def _allocate_on_cpu(module: nn.Module, name: str) -> None:
+    """Give one of `module`'s own parameters or buffers uninitialized CPU storage (`to_empty`, for one)."""
+    if name in module._parameters:
+        param = module._parameters[name]
+        assert param is not None
+        module._parameters[name] = nn.Parameter(torch.empty_like(param, device="cpu"), param.requires_grad)
+    else:
+        module._buffers[name] = torch.empty_like(module.get_buffer(name), device="cpu")
 
 
 def _copy_into(target: torch.Tensor, full: torch.Tensor) -> None:
