@@ -20,7 +20,7 @@ cos/sin from `GemmaRotaryEmbedding`), attention eager in float32 (policies/vla/a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -110,7 +110,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = modeling_gemma.GemmaAttention(gemma_config, index)
         self.mlp = modeling_gemma.GemmaMLP(gemma_config)
         for name in ("gate_proj", "up_proj", "down_proj"):
-            linear = self.mlp.get_submodule(name)
+            linear = cast(nn.Linear, self.mlp.get_submodule(name))
             setattr(self.mlp, name, MLPProjection(linear.in_features, linear.out_features, bias=False))
         width, eps = gemma_config.hidden_size, gemma_config.rms_norm_eps
         self.input_layernorm = PiRMSNorm(width, eps, cond_dim)
