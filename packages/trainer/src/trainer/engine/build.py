@@ -144,10 +144,8 @@ def after_prepare(built: BuiltPolicy, section: PolicySection, device: torch.devi
     """Collective (with --policy.path). Allocate a sharded run's local shards, initialize them (its
     ignored modules again, with the same values), then read `--policy.path` weights into them."""
     if built.on_meta and built.sharded:
-        offload = section.accelerator.fsdp.cpu_offload
-        _materialize_and_load(
-            built, section, torch.device("cpu") if offload else device
-        )  # each rank its blocks
+        on = torch.device("cpu") if section.accelerator.fsdp.cpu_offload else device
+        _materialize_and_load(built, section, on)  # each rank reads its own blocks
 
 
 def _materialize_and_load(built: BuiltPolicy, section: PolicySection, device: torch.device) -> None:
@@ -156,11 +154,13 @@ def _materialize_and_load(built: BuiltPolicy, section: PolicySection, device: to
     that skips 3.35 B random draws and, per rank, the token table's full initial values (2.1 GB in
     float32) that initializing it would hold for a moment."""
     path = section.policy.path
-    names = _pretrained_names(built, section) if path is not None else None
-    filled = frozenset(() if path is None else names or built.policy.state_dict())
+    if path is None:
+        _materialize(built, device, lambda name: True, section.seed)
+        return
+    names = _pretrained_names(built, section)  # None: every tensor, under its own name
+    filled = frozenset(names if names is not None else built.policy.state_dict())
     _materialize(built, device, lambda name: True, section.seed, filled)
-    if path is not None:
-        pretrained.stream_weights(built.policy, path, names)
+    pretrained.stream_weights(built.policy, path, names)
 
 
 def _pretrained_names(built: BuiltPolicy, section: PolicySection) -> dict[str, str] | None:

@@ -25,7 +25,6 @@ from trainer.policies.act_state import upgrade_policy_config
 if TYPE_CHECKING:
     import torch
 
-
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _PATH_FLAG = "--policy.path="
 
