@@ -151,9 +151,10 @@ def bench(session: nox.Session) -> None:
 def gpu(session: nox.Session) -> None:
     """GPU smoke lane, on a CUDA machine (not CI): bf16 training on one GPU, synchronous and background
     DCP saves, a bit-exact resume, conversion and load_policy on CUDA, with step time, samples/s and the
-    save stall against a raw dcp.save (benchmarks/gpu_smoke.py; says so and exits 0 without CUDA).
+    save stall against a raw dcp.save, and the device memory of a large act_state and of LeRobot's pi0.5
+    (the `pi` extra) built on meta (benchmarks/gpu_smoke.py; says so and exits 0 without CUDA).
     Installed without constraints.txt, whose torch pin is the CPU build: pip picks the CUDA wheel."""
-    session.install("-e", "packages/ckpt-tools", "-e", "packages/trainer")
+    session.install("-e", "packages/ckpt-tools", "-e", "packages/trainer[pi]")
     session.run("python", "benchmarks/gpu_smoke.py", *session.posargs)
 
 

@@ -5,7 +5,10 @@ step and `trainer.load_policy` on CUDA. It prints the step time, samples/s and t
 save against a raw `dcp.save` of the same state dicts, and the device memory of a large policy built on
 the meta device (act_state, 16+16 blocks of width 1024: ~470 M parameters, bf16 autocast, fp32 AdamW, one
 step and a safetensors save): `max_memory_allocated` against the ideal of 16 bytes per parameter, and how
-much host memory the build took (none of the model should pass through the host).
+much host memory the build took (none of the model should pass through the host); the same for LeRobot's
+pi0.5 at its default size (3.35 B parameters, an expert-only fine-tune in LeRobot's bfloat16, batch 2 of
+the embedded camera task: benchmarks/bench_memory.py's run on one device), whose ideal counts each
+tensor in its own dtype (the weights, then the trained parameters' gradients and Adam moments).
 
 Without CUDA it says so in one line and exits 0 (it is no part of CPU CI). `--device cpu` runs the same
 checks at toy sizes on the CPU (gloo), so the lane itself is tested where no GPU is
@@ -70,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     step_s, samples_s = check_training(workdir, args.device, sizes)
     stalls = check_dcp(workdir, args.device, sizes)
     memory = check_large_model(workdir, args.device)
+    pi05 = check_pi05(workdir, args.device)
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (dry run: figures mean nothing)"
     print(f"gpu_smoke on {name}: all checks passed in {time.perf_counter() - started:.0f} s")
     print(
@@ -82,6 +86,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"| large policy built on meta ({memory['parameters'] / 1e6:.0f} M parameters, bf16, fp32 AdamW) "
         f"| {memory['peak'] / GB:.2f} GB max_memory_allocated | {memory['peak'] / memory['ideal']:.2f} x ideal "
         f"(16 B/param = {memory['ideal'] / GB:.2f} GB) | host memory grew {memory['host_growth'] / GB:.2f} GB |"
+    )
+    against = (
+        f"{pi05['peak'] / pi05['ideal']:.2f} x ideal ({pi05['ideal'] / GB:.2f} GB)"
+        if pi05["ideal"]
+        else "no ideal"
+    )
+    print(
+        f"| pi0.5 built on meta ({pi05['size']}, expert-only, bfloat16) | {pi05['peak'] / GB:.2f} GB "
+        f"max_memory_allocated | {against} | host memory grew {pi05['host_growth'] / GB:.2f} GB |"
     )
     return 0
 
@@ -288,6 +301,39 @@ def check_large_model(workdir: Path, device: str) -> dict[str, float]:
         "parameters": count,
         "peak": peak,
         "ideal": 16 * count,
+        "host_growth": max(0, vmhwm() - host_before),
+    }
+
+
+def check_pi05(workdir: Path, device: str) -> dict[str, Any]:
+    """LeRobot's pi0.5 built on the meta device and materialized on the device, an expert-only
+    fine-tune in bfloat16: one step and one safetensors save, at LeRobot's default size on CUDA (the
+    fixture's tiny sizes on the CPU, where there is nothing to measure). Returns the size it ran, the
+    device's peak allocation, the ideal at LeRobot's size (bench_memory's: the weights' bytes plus each
+    trained parameter's gradient and Adam moments, in their dtypes; 0 on the CPU) and the growth of the
+    host's peak resident memory."""
+    from accelerate.state import AcceleratorState
+    from bench_memory import pi, train_flags
+    from memory_worker import vmhwm
+
+    from trainer.cli.parse import parse_config
+    from trainer.engine.plan import train
+
+    subject = pi(workdir, "pi05", "expert-bf16", depth=None, vision_depth=None)
+    sizes = subject.large if device == "cuda" else subject.tiny
+    flags = train_flags(workdir / "pi05", workdir / "cache", "1", [*subject.run, *sizes])
+    host_before = vmhwm()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    train(parse_config([*flags, f"--policy.device={device}"]))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    on_cuda = device == "cuda"
+    parameters = f"LeRobot's default size, {(subject.trainable + subject.frozen) / 1e6:.0f} M parameters"
+    return {
+        "size": parameters if on_cuda else "the fixture's tiny sizes",
+        "peak": torch.cuda.max_memory_allocated() if on_cuda else 0,
+        "ideal": subject.weight_bytes + subject.trained_bytes if on_cuda else 0,
         "host_growth": max(0, vmhwm() - host_before),
     }
 

@@ -1,6 +1,7 @@
 """The GPU smoke lane (benchmarks/gpu_smoke.py) where there is no GPU: it says so in one line and exits
 0, and its `--device cpu` dry run passes every check of the lane (bf16 training, the bit-exact resume,
-synchronous and background DCP saves, conversion, load_policy) at toy sizes."""
+synchronous and background DCP saves, conversion, load_policy, the large act_state and pi0.5 built on
+meta) at toy sizes."""
 
 from __future__ import annotations
 
@@ -40,9 +41,11 @@ def test_the_cpu_dry_run_passes_every_check(tmp_path, clean_accelerate, capsys, 
         "| save stall: raw dcp.save |",
         "| save stall: ckpt_tools background save",
         "| large policy built on meta (",
+        "| pi0.5 built on meta (the fixture's tiny sizes, expert-only, bfloat16) |",
     ):
         assert line in out
     assert (tmp_path / "dcp" / "checkpoints" / "000002" / "pretrained_model" / "model.safetensors").is_file()
-    assert (
-        tmp_path / "large" / "checkpoints" / "000001" / "pretrained_model" / "model.safetensors"
-    ).is_file()
+    for run in ("large", "pi05"):
+        assert (
+            tmp_path / run / "checkpoints" / "000001" / "pretrained_model" / "model.safetensors"
+        ).is_file()
