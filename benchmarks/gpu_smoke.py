@@ -319,16 +319,16 @@ def check_pi05(workdir: Path, device: str) -> dict[str, Any]:
     from trainer.cli.parse import parse_config
     from trainer.engine.plan import train
 
+    on_cuda = device == "cuda"
     subject = pi(workdir, "pi05", "expert-bf16", depth=None, vision_depth=None)
-    sizes = subject.large if device == "cuda" else subject.tiny
+    sizes = subject.large if on_cuda else subject.tiny
     flags = train_flags(workdir / "pi05", workdir / "cache", "1", [*subject.run, *sizes])
     host_before = vmhwm()
-    if device == "cuda":
+    if on_cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     train(parse_config([*flags, f"--policy.device={device}"]))
     AcceleratorState._reset_state(reset_partial_state=True)
-    on_cuda = device == "cuda"
     parameters = f"LeRobot's default size, {(subject.trainable + subject.frozen) / 1e6:.0f} M parameters"
     return {
         "size": parameters if on_cuda else "the fixture's tiny sizes",

@@ -25,8 +25,8 @@ tensors, as torch's layers do.
 `--policy.path` weights go into the materialized tensors, each rank reading only the blocks its shards
 hold (`ckpt_tools.load_model_weights`), after their names and shapes are checked against the meta
 policy from the files' headers, before anything is allocated. The tensors they fill are never
-initialized: only the rest (computed buffers, a PEFT run's adapters) is drawn. Another tool's names (LeRobot's pi0) are
-read under the policy's renaming (`Policy.renamed_on_read`).
+initialized: only the rest (computed buffers, a PEFT run's adapters) is drawn. Another tool's names
+(LeRobot's pi0) are read under the policy's renaming (`Policy.renamed_on_read`).
 
 A PEFT run (`--peft.*`) builds on meta too: the policy and its twin are wrapped with LoRA on meta
 (engine/peft_policy.py), the adapters are initialized per module like the rest, as peft draws them

@@ -3,8 +3,8 @@ transformers' classes at the sizes the config resolves (LeRobot's `PaliGemmaWith
 
 Weights are initialised from the configs (random); every weight a run uses comes from a checkpoint.
 The module names are LeRobot's except the decoder layers, which pair up in `layers.{i}` (`.paligemma`
-and `.expert`, each an FSDP unit: layers.py); weights.py maps the names both ways. What LeRobot holds but nothing reads is not built:
-both `lm_head`s, the expert's token embedding. PaliGemma's final norm is kept (it is in every
+and `.expert`, each an FSDP unit: layers.py); weights.py maps the names both ways. What LeRobot holds
+but nothing reads is not built: both `lm_head`s, the expert's token embedding. PaliGemma's final norm is kept (it is in every
 checkpoint) but frozen, as are the parts of the last PaliGemma layer that only the discarded prefix
 output reads, so no trainable parameter is left without a gradient.
 """

@@ -140,8 +140,7 @@ class DecoderLayer(nn.Module):
             key, value = torch.cat([past[0], key], dim=1), torch.cat([past[1], value], dim=1)
         # the expert's few queries over the whole prefix: its float32 scores recomputed in the backward
         # pass rather than kept (4.6 of the 11 MB an expert layer keeps at pi0.5's size, batch 2)
-        query = rotate(query, cos, sin)
-        attended = attend(query, key, value, mask, self.heads, recompute=past is not None)
+        attended = attend(rotate(query, cos, sin), key, value, mask, self.heads, recompute=past is not None)
         return self._finish(attended, hidden, gate, cond), own
 
     def _project(
