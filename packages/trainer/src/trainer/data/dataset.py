@@ -39,6 +39,7 @@ from trainer.errors import ConfigError
 
 OBS_KEY = "observation.state"
 ACTION_KEY = "action"
+ENV_KEY = "observation.environment_state"  # LeRobot's environment state, a separate vector there
 PAD_KEY = "action_is_pad"
 # A mixture of members that differ (data/pipeline/embodiments.py): which of an item's state and action
 # values are padding, (B, width) True past the member's own size, and a camera slot's presence

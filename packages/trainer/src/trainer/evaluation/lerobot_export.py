@@ -34,7 +34,8 @@ from safetensors.torch import save_file
 import ckpt_tools
 from ckpt_tools import layout, storage
 from trainer.config.dataset import Embodiment
-from trainer.data.pipeline.processors import Processor, embodiment_tensors
+from trainer.data.pipeline.processors import Processor
+from trainer.data.pipeline.robots import embodiment_tensors
 from trainer.errors import ConfigError
 from trainer.evaluation.inference import LoadedPolicy, load_policy
 from trainer.policies import pretrained

@@ -21,8 +21,7 @@ from typing import Any
 import torch
 
 from trainer.config.policy import LEROBOT_RUN_FIELDS
-from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, is_camera
-from trainer.data.pipeline.processors import ENV_KEY
+from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, ENV_KEY, OBS_KEY, is_camera
 from trainer.errors import ConfigError
 
 # The normalization our ACT's processors apply; a LeRobot config.json asking for another is refused.

@@ -8,7 +8,7 @@ batch axis, the task's newline and tokenizer, device), the typed features and th
 The statistics are ours: our `(x - mean) / std` per feature written under the state-file names LeRobot's
 normalizer reads for the feature's mode (`<key>.mean`/`.std`; a range mode's bounds `mean -/+ std`, the
 same affine map). The other steps are done by the policy and the input pipeline here, so reading a file
-back (`processors._from_lerobot`) keeps only the normalizer and the unnormalizer.
+back (`from_lerobot`, below) keeps only the normalizer and the unnormalizer.
 """
 
 from __future__ import annotations
@@ -20,14 +20,13 @@ import torch
 
 from ckpt_tools import layout
 from trainer.config.policy import ProcessorFiles
-from trainer.data.dataset import ACTION_KEY, OBS_KEY
+from trainer.data.dataset import ACTION_KEY, ENV_KEY, OBS_KEY, is_camera
+from trainer.data.pipeline.normalization import RANGES, min_max_as_mean_std
 from trainer.errors import ConfigError
 
 SCHEMA = "lerobot-0.6.1"  # what docs/format.md calls the processor files' schema version
 NORMALIZER, UNNORMALIZER = "normalizer_processor", "unnormalizer_processor"
 EPS = 1e-8  # LeRobot's NormalizerProcessorStep default, written as lerobot-train writes it
-# The state-file statistics bounding each range mode (LeRobot's MIN_MAX and QUANTILES normalization).
-RANGES = {"MIN_MAX": ("min", "max"), "QUANTILES": ("q01", "q99")}
 # The vector features of LeRobot's batch that are slices of our one `observation.state`, in its order.
 _VECTOR_TYPES = ("STATE", "ENV")
 
@@ -133,3 +132,82 @@ class LeRobotPipeline:
 
 def _pipeline(name: str, steps: list[dict[str, Any]]) -> dict[str, Any]:
     return {"name": name, "steps": steps}
+
+
+# LeRobot's processor steps that hold normalization statistics; its other steps (rename, batch axis,
+# the task's newline and tokenizer, device) are what the policy and the input pipeline do here.
+_LEROBOT_NORMALIZERS = {"normalizer_processor": False, "unnormalizer_processor": True}
+
+
+def from_lerobot(
+    steps: list[Any], step_tensors: list[dict[str, torch.Tensor]]
+) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
+    """LeRobot's processor (its `policy_preprocessor.json` steps and their state files) as our
+    normalize steps: MEAN_STD features divided by `std + eps` (LeRobot's normalizer; its unnormalizer
+    multiplies by `std` alone), MIN_MAX ones and QUANTILES (pi0.5's) onto [-1, 1] as the same affine
+    map (`min_max_as_mean_std`, over min/max or q01/q99), IDENTITY cameras kept on [0, 1] (mean 0, std 1)."""
+    ours: list[dict[str, Any]] = []
+    tensors: list[dict[str, torch.Tensor]] = []
+    for index, (step, state) in enumerate(zip(steps, step_tensors, strict=False)):
+        inverse = _LEROBOT_NORMALIZERS.get(str(step.get("registry_name"))) if isinstance(step, dict) else None
+        if inverse is None:
+            continue
+        config = step.get("config") if isinstance(step.get("config"), dict) else {}
+        features, norm_map = config.get("features") or {}, config.get("norm_map") or {}
+        range_eps = float(config.get("eps", 1e-8))
+        eps = 0.0 if inverse else range_eps
+        names, stats = [], {}
+        for name, feature in features.items():
+            mode = norm_map.get(feature.get("type") if isinstance(feature, dict) else None, "IDENTITY")
+            if mode == "MEAN_STD":
+                if f"{name}.mean" not in state or f"{name}.std" not in state:
+                    raise ConfigError(
+                        f"its processor step {index} has no {name}.mean/std tensor in its state file"
+                    )
+                stats[f"{name}.mean"], stats[f"{name}.std"] = (
+                    state[f"{name}.mean"],
+                    state[f"{name}.std"] + eps,
+                )
+            elif mode in RANGES:
+                low, high = (f"{name}.{stat}" for stat in RANGES[mode])
+                if low not in state or high not in state:
+                    bounds = "/".join(RANGES[mode])
+                    raise ConfigError(
+                        f"its processor step {index} has no {name}.{bounds} tensor in its state file"
+                    )
+                stats[f"{name}.mean"], stats[f"{name}.std"] = min_max_as_mean_std(
+                    state[low], state[high], range_eps
+                )
+            elif mode == "IDENTITY" and is_camera(name):
+                channels = int(feature.get("shape", [3])[0])
+                stats[f"{name}.mean"], stats[f"{name}.std"] = (
+                    torch.zeros(channels, 1, 1),
+                    torch.ones(channels, 1, 1),
+                )
+            elif mode != "IDENTITY":
+                raise ConfigError(
+                    f"its processor normalizes {name} with {mode}, which is not supported (MEAN_STD, MIN_MAX, QUANTILES or IDENTITY)"
+                )
+            else:
+                continue
+            names.append(name)
+        if ENV_KEY in features:
+            names = _merge_environment_state(names, stats, features)
+        ours.append({"type": "unnormalize" if inverse else "normalize", "features": names})
+        tensors.append(stats)
+    return {"steps": ours}, tensors
+
+
+def _merge_environment_state(
+    names: list[str], stats: dict[str, torch.Tensor], features: dict[str, Any]
+) -> list[str]:
+    """LeRobot's separate `observation.environment_state` statistics appended to `observation.state`'s
+    (our batch carries both in one vector, the robot's first, as act_lerobot.py reads LeRobot's ACT);
+    a feature left unnormalized (IDENTITY: LeRobot's ACT does not normalize ENV) gets mean 0, std 1."""
+    parts: dict[str, list[torch.Tensor]] = {"mean": [], "std": []}
+    for name in (OBS_KEY, ENV_KEY):
+        width = int((features.get(name) or {"shape": [0]})["shape"][0])
+        for stat, fill in (("mean", torch.zeros), ("std", torch.ones)):
+            parts[stat].append(stats.pop(f"{name}.{stat}", fill(width)))
+    stats[f"{OBS_KEY}.mean"], stats[f"{OBS_KEY}.std"] = torch.cat(parts["mean"]), torch.cat(parts["std"])
+    return [OBS_KEY, *(n for n in names if n not in (OBS_KEY, ENV_KEY))]

@@ -4,7 +4,10 @@ The preprocessor maps raw observations (and, in training, target actions) to zer
 variance; the postprocessor maps the policy's actions back to torques. A camera
 (`observation.images.*`, uint8 in the batch) is first scaled to [0, 1] floats, then normalized with its
 per-channel (C, 1, 1) statistics. Their statistics are saved with
-every checkpoint, so a policy loaded for evaluation sees inputs on the scale it was trained on."""
+every checkpoint, so a policy loaded for evaluation sees inputs on the scale it was trained on.
+
+Beside it: the normalization modes' maths (normalization.py), LeRobot's processor files both ways
+(lerobot_schema.py) and each robot's share of the statistics (robots.py)."""
 
 from __future__ import annotations
 
@@ -25,11 +28,11 @@ from trainer.data.dataset import (
     is_camera,
     task_bytes,
 )
-from trainer.data.pipeline.lerobot_schema import RANGES
+from trainer.data.pipeline.lerobot_schema import from_lerobot
+from trainer.data.pipeline.robots import EMBODIMENT_PREFIX, EMBODIMENTS, cut, kept, saved_embodiments, split
 from trainer.errors import ConfigError
 
 PREPROCESSOR_KEYS = (OBS_KEY, ACTION_KEY)
-ENV_KEY = "observation.environment_state"  # LeRobot's environment state, a separate vector there
 POSTPROCESSOR_KEYS = (ACTION_KEY,)
 
 
@@ -141,9 +144,9 @@ class Processor:
         steps = []
         for step in self.steps:
             stats = {
-                key: {name: _cut(key, t, embodiment) for name, t in s.items()}
+                key: {name: cut(key, t, embodiment) for name, t in s.items()}
                 for key, s in step.sets[k].items()
-                if _kept(key, embodiment)
+                if kept(key, embodiment)
             }
             steps.append(Normalize(stats, list(stats), step.inverse))
         return Processor(steps, self.lerobot)
@@ -156,8 +159,8 @@ class Processor:
         config's steps against the step files, each feature's `mean` and `std` present, 1-D, of the
         size `sizes` gives for it, the embodiments' list against their statistics). Raises
         `ConfigError` naming the first problem."""
-        embodiments = _embodiments(config)
-        sets = [_read_steps(config, tensors, sizes) for tensors in _split(step_tensors, len(embodiments))]
+        embodiments = saved_embodiments(config)
+        sets = [_read_steps(config, tensors, sizes) for tensors in split(step_tensors, len(embodiments))]
         steps = [
             Normalize(stats, features, inverse, [read[index][2] for read in sets[1:]])
             for index, (features, inverse, stats) in enumerate(sets[0])
@@ -165,97 +168,16 @@ class Processor:
         return cls(steps, embodiments=embodiments)
 
 
-EMBODIMENTS = "embodiments"  # the processor config's list of embodiments
-EMBODIMENT_PREFIX = "embodiment."  # `embodiment.<k>.`: embodiment k's statistics in a step file
-
-
-def _embodiments(config: Any) -> list[Embodiment]:
-    """The embodiments a saved processor config lists ([] when it has none), each entry checked."""
-    listed = config.get(EMBODIMENTS) if isinstance(config, dict) else None
-    if listed is None:
-        return []
-    if not isinstance(listed, list) or not listed:
-        raise ConfigError(f"its processor config's {EMBODIMENTS} is not a list of embodiments")
-    found = []
-    for index, entry in enumerate(listed):
-        features = entry.get("input_features") if isinstance(entry, dict) else None
-        sizes = [entry.get(n) for n in ("obs_dim", "action_dim")] if isinstance(entry, dict) else []
-        if not (
-            isinstance(entry, dict)
-            and isinstance(entry.get("name"), str)
-            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes)
-            and isinstance(features, list)
-            and all(isinstance(f, str) for f in features)
-        ):
-            raise ConfigError(
-                f"its processor config's embodiment {index} is not {{name, obs_dim, action_dim, input_features}}"
-            )
-        found.append(
-            Embodiment(entry["name"], int(entry["obs_dim"]), int(entry["action_dim"]), tuple(features))
-        )
-    names = [e.name for e in found]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"its processor config names an embodiment twice: {', '.join(names)}")
-    return found
-
-
-def embodiment_tensors(
-    config: Any, step_tensors: list[dict[str, torch.Tensor]], embodiment: Embodiment
-) -> list[dict[str, torch.Tensor]]:
-    """One embodiment's step tensors of a saved processor, under their own names and as saved (what
-    LeRobot's normalizer reads, unchanged), cut to its sizes and features: an export's state files."""
-    embodiments = _embodiments(config)
-    own = _split(step_tensors, len(embodiments))[embodiments.index(embodiment)]
-    return [
-        {
-            name: _cut(name.rpartition(".")[0], t, embodiment)
-            for name, t in tensors.items()
-            if _kept(name.rpartition(".")[0], embodiment)
-        }
-        for tensors in own
-    ]
-
-
-def _kept(key: str, embodiment: Embodiment) -> bool:
-    """Whether an embodiment has the feature `key` normalizes (the state and action always)."""
-    return key in (OBS_KEY, ACTION_KEY) or key in embodiment.input_features
-
-
-def _cut(key: str, tensor: torch.Tensor, embodiment: Embodiment) -> torch.Tensor:
-    """A statistic of `key` cut to an embodiment's own size along its last axis (the state's and the
-    action's; the others as they are)."""
-    sizes = {OBS_KEY: embodiment.obs_dim, ACTION_KEY: embodiment.action_dim}
-    return tensor[..., : sizes[key]] if key in sizes else tensor
-
-
-def _split(step_tensors: list[dict[str, torch.Tensor]], count: int) -> list[list[dict[str, torch.Tensor]]]:
-    """Each embodiment's step tensors (the default's under their own names, embodiment k's under
-    `embodiment.<k>.`; all of them for one set without embodiments)."""
-    sets: list[list[dict[str, torch.Tensor]]] = [[{} for _ in step_tensors] for _ in range(max(count, 1))]
-    for index, tensors in enumerate(step_tensors):
-        for name, tensor in tensors.items():
-            k, own = 0, name
-            if count and name.startswith(EMBODIMENT_PREFIX):
-                number, _, own = name.removeprefix(EMBODIMENT_PREFIX).partition(".")
-                k = int(number) if number.isdigit() else -1
-                if not 0 < k < count:
-                    raise ConfigError(
-                        f"its processor step {index} holds {name}, but the config lists {count} embodiments"
-                    )
-            sets[k][index][own] = tensor
-    return sets
-
-
 def _read_steps(
     config: Any, step_tensors: list[dict[str, torch.Tensor]], sizes: dict[str, int] | None
 ) -> list[tuple[tuple[str, ...], bool, dict[str, dict[str, torch.Tensor]]]]:
     """(features, inverse, statistics) of each saved normalize step: ours, or LeRobot's normalizer
-    and unnormalizer (`_from_lerobot`), checked as `Processor.from_state` says."""
+    and unnormalizer (`lerobot_schema.from_lerobot`), checked as `Processor.from_state` says."""
     steps_config = config.get("steps") if isinstance(config, dict) else None
     if isinstance(steps_config, list) and any(
         isinstance(s, dict) and "registry_name" in s for s in steps_config
     ):
-        config, step_tensors = _from_lerobot(steps_config, step_tensors)
+        config, step_tensors = from_lerobot(steps_config, step_tensors)
         steps_config = config["steps"]
     if not isinstance(steps_config, list) or len(steps_config) != len(step_tensors):
         raise ConfigError(
@@ -272,133 +194,6 @@ def _read_steps(
             _check_stats(stats.get(feature, {}), feature, index, (sizes or {}).get(feature))
         steps.append((features, inverse, stats))
     return steps
-
-
-# LeRobot's processor steps that hold normalization statistics; its other steps (rename, batch axis,
-# the task's newline and tokenizer, device) are what the policy and the input pipeline do here.
-_LEROBOT_NORMALIZERS = {"normalizer_processor": False, "unnormalizer_processor": True}
-
-
-def _from_lerobot(
-    steps: list[Any], step_tensors: list[dict[str, torch.Tensor]]
-) -> tuple[dict[str, Any], list[dict[str, torch.Tensor]]]:
-    """LeRobot's processor (its `policy_preprocessor.json` steps and their state files) as our
-    normalize steps: MEAN_STD features divided by `std + eps` (LeRobot's normalizer; its unnormalizer
-    multiplies by `std` alone), MIN_MAX ones and QUANTILES (pi0.5's) onto [-1, 1] as the same affine
-    map (`min_max_as_mean_std`, over min/max or q01/q99), IDENTITY cameras kept on [0, 1] (mean 0, std 1)."""
-    ours: list[dict[str, Any]] = []
-    tensors: list[dict[str, torch.Tensor]] = []
-    for index, (step, state) in enumerate(zip(steps, step_tensors, strict=False)):
-        inverse = _LEROBOT_NORMALIZERS.get(str(step.get("registry_name"))) if isinstance(step, dict) else None
-        if inverse is None:
-            continue
-        config = step.get("config") if isinstance(step.get("config"), dict) else {}
-        features, norm_map = config.get("features") or {}, config.get("norm_map") or {}
-        range_eps = float(config.get("eps", 1e-8))
-        eps = 0.0 if inverse else range_eps
-        names, stats = [], {}
-        for name, feature in features.items():
-            mode = norm_map.get(feature.get("type") if isinstance(feature, dict) else None, "IDENTITY")
-            if mode == "MEAN_STD":
-                if f"{name}.mean" not in state or f"{name}.std" not in state:
-                    raise ConfigError(
-                        f"its processor step {index} has no {name}.mean/std tensor in its state file"
-                    )
-                stats[f"{name}.mean"], stats[f"{name}.std"] = (
-                    state[f"{name}.mean"],
-                    state[f"{name}.std"] + eps,
-                )
-            elif mode in RANGES:
-                low, high = (f"{name}.{stat}" for stat in RANGES[mode])
-                if low not in state or high not in state:
-                    bounds = "/".join(RANGES[mode])
-                    raise ConfigError(
-                        f"its processor step {index} has no {name}.{bounds} tensor in its state file"
-                    )
-                stats[f"{name}.mean"], stats[f"{name}.std"] = min_max_as_mean_std(
-                    state[low], state[high], range_eps
-                )
-            elif mode == "IDENTITY" and is_camera(name):
-                channels = int(feature.get("shape", [3])[0])
-                stats[f"{name}.mean"], stats[f"{name}.std"] = (
-                    torch.zeros(channels, 1, 1),
-                    torch.ones(channels, 1, 1),
-                )
-            elif mode != "IDENTITY":
-                raise ConfigError(
-                    f"its processor normalizes {name} with {mode}, which is not supported (MEAN_STD, MIN_MAX, QUANTILES or IDENTITY)"
-                )
-            else:
-                continue
-            names.append(name)
-        if ENV_KEY in features:
-            names = _merge_environment_state(names, stats, features)
-        ours.append({"type": "unnormalize" if inverse else "normalize", "features": names})
-        tensors.append(stats)
-    return {"steps": ours}, tensors
-
-
-NORMALIZATION_MODES = ("MEAN_STD", "MIN_MAX", "QUANTILES", "IDENTITY")  # a normalization_mapping's modes
-FEATURE_TYPES = {OBS_KEY: "STATE", ENV_KEY: "ENV", ACTION_KEY: "ACTION"}  # LeRobot's FeatureType names
-
-
-def feature_type(name: str) -> str:
-    """A feature's LeRobot type (VISUAL, STATE, ENV, ACTION): the key of `normalization_mapping`."""
-    return "VISUAL" if is_camera(name) else FEATURE_TYPES.get(name, "STATE")
-
-
-def mapped_stats(name: str, stats: dict[str, Any], mode: str) -> dict[str, Any]:
-    """A feature's statistics as the mean/std the processors apply under `mode`: MEAN_STD as they
-    are, IDENTITY mean 0 and std 1, MIN_MAX the dataset's min and max (QUANTILES its q01 and q99) as
-    the map onto [-1, 1] (`min_max_as_mean_std`); a feature the dataset gives no such bounds for is one
-    line."""
-    if mode == "MEAN_STD":
-        return stats
-    if mode == "IDENTITY":
-        return {"mean": torch.zeros_like(stats["mean"]), "std": torch.ones_like(stats["std"])}
-    low, high = RANGES[mode]
-    if low not in stats or high not in stats:
-        raise ConfigError(
-            f"--policy.normalization_mapping maps {name} to {mode}, but the dataset gives no {low}/{high} "
-            "for it: map its type to MEAN_STD"
-        )
-    mean, std = min_max_as_mean_std(stats[low], stats[high])
-    return {"mean": mean, "std": std}
-
-
-def stats_by_type(stats: dict[str, dict[str, Any]], mapping: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Every feature's statistics as the processors apply them, by its type's mode in a policy's
-    `normalization_mapping` (LeRobot's; a type it lacks is IDENTITY): `mapped_stats` of each."""
-    return {
-        name: mapped_stats(name, value, mapping.get(feature_type(name), "IDENTITY"))
-        for name, value in stats.items()
-    }
-
-
-def min_max_as_mean_std(
-    low: torch.Tensor, high: torch.Tensor, eps: float = 1e-8
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """LeRobot's MIN_MAX normalization, `2 (x - min) / (max - min) - 1` (inverse `(x + 1) / 2 (max - min)
-    + min`), as the (mean, std) of our `(x - mean) / std`: the centre and the half-range, a zero range
-    replaced by `eps` as LeRobot does. The same map, up to float rounding (about 1e-7 on [-1, 1])."""
-    span = high - low
-    span = torch.where(span == 0, torch.full_like(span, eps), span)
-    return low + span / 2, span / 2
-
-
-def _merge_environment_state(
-    names: list[str], stats: dict[str, torch.Tensor], features: dict[str, Any]
-) -> list[str]:
-    """LeRobot's separate `observation.environment_state` statistics appended to `observation.state`'s
-    (our batch carries both in one vector, the robot's first, as act_lerobot.py reads LeRobot's ACT);
-    a feature left unnormalized (IDENTITY: LeRobot's ACT does not normalize ENV) gets mean 0, std 1."""
-    parts: dict[str, list[torch.Tensor]] = {"mean": [], "std": []}
-    for name in (OBS_KEY, ENV_KEY):
-        width = int((features.get(name) or {"shape": [0]})["shape"][0])
-        for stat, fill in (("mean", torch.zeros), ("std", torch.ones)):
-            parts[stat].append(stats.pop(f"{name}.{stat}", fill(width)))
-    stats[f"{OBS_KEY}.mean"], stats[f"{OBS_KEY}.std"] = torch.cat(parts["mean"]), torch.cat(parts["std"])
-    return [OBS_KEY, *(n for n in names if n not in (OBS_KEY, ENV_KEY))]
 
 
 def _count(value: Any) -> str:

@@ -17,9 +17,9 @@ import torch
 
 from trainer.config.optim import AdamConfig, CosineConfig
 from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
-from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, is_camera
+from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, ENV_KEY, OBS_KEY, is_camera
 from trainer.data.pipeline import lerobot_schema
-from trainer.data.pipeline.processors import ENV_KEY, NORMALIZATION_MODES, feature_type, mapped_stats
+from trainer.data.pipeline.normalization import NORMALIZATION_MODES, feature_type, mapped_stats
 from trainer.errors import ConfigError
 from trainer.policies import resnet
 

@@ -19,8 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.data.dataset import ACTION_KEY, OBS_KEY, PAD_KEY
-from trainer.data.pipeline.processors import ENV_KEY
+from trainer.data.dataset import ACTION_KEY, ENV_KEY, OBS_KEY, PAD_KEY
 from trainer.errors import ConfigError
 from trainer.policies.diffusion.config import DiffusionConfig, DiffusionFeatures
 from trainer.policies.diffusion.unet import ConditionalUnet1d

@@ -17,8 +17,7 @@ from typing import ClassVar
 
 import torch
 
-from trainer.data.dataset import OBS_KEY
-from trainer.data.pipeline.processors import ENV_KEY
+from trainer.data.dataset import ENV_KEY, OBS_KEY
 from trainer.policies.base import Policy
 from trainer.policies.diffusion.config import DiffusionConfig
 from trainer.policies.diffusion.model import DiffusionModel

@@ -24,7 +24,7 @@ from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
 from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
 from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, TASK_KEY
 from trainer.data.pipeline import lerobot_schema
-from trainer.data.pipeline.processors import stats_by_type
+from trainer.data.pipeline.normalization import stats_by_type
 from trainer.errors import ConfigError
 from trainer.policies.vla import features as vla_features
 from trainer.policies.vla import presets

@@ -18,7 +18,7 @@ from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
 from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
 from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, TASK_KEY
 from trainer.data.pipeline import lerobot_schema
-from trainer.data.pipeline.processors import NORMALIZATION_MODES, stats_by_type
+from trainer.data.pipeline.normalization import NORMALIZATION_MODES, stats_by_type
 from trainer.errors import ConfigError
 from trainer.policies.vla import features, presets
 from trainer.policies.vla.hub import same_config
