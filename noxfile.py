@@ -70,9 +70,9 @@ def lint(session: nox.Session) -> None:
 
 # Both packages' public modules: each package and every module its lazy table takes a public name from
 PUBLIC_MODULES = (
-    "import ckpt_tools, trainer; "
+    "import ckpt_tools, ckpt_tools.training, trainer; "
     "print(*sorted({'ckpt_tools', *ckpt_tools._EXPORTS.values(), *ckpt_tools._MODULES.values(), "
-    "'trainer', *trainer._EXPORTS.values()}))"
+    "*ckpt_tools.training._EXPORTS.values(), 'trainer', *trainer._EXPORTS.values()}))"
 )
 
 
@@ -94,8 +94,8 @@ API_DOCS = "build/api"
 @nox.session
 def docs(session: nox.Session) -> None:
     """ckpt_tools' API reference for evaluation pipelines and other library users (pdoc, into
-    build/api/index.html): the public names of `import ckpt_tools` and its `layout` and `storage`
-    modules. Any warning fails the build (a public name that does not resolve, a bad annotation)."""
+    build/api/index.html), in its two tiers: the public names of `import ckpt_tools` with its `layout`
+    and `storage` modules, and the trainer's tier `ckpt_tools.training`. Any warning fails the build (a public name that does not resolve, a bad annotation)."""
     install(session, "pdoc>=15")
     session.run("python", "-W", "error", "docs/build_api.py", API_DOCS)
     session.log(f"API reference: {API_DOCS}/index.html")

@@ -43,7 +43,8 @@ def worker(size_mb: int, repeat: int, workdir: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
     import ckpt_tools
-    from ckpt_tools import SamplerPosition, Topology, TrainingStep
+    from ckpt_tools import TrainingStep
+    from ckpt_tools.training import SamplerPosition, Topology
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -85,13 +86,15 @@ def worker(size_mb: int, repeat: int, workdir: str) -> None:
     for i in range(repeat):
         dist.barrier()
         start = time.perf_counter()
-        ckpt_tools.save_checkpoint(root, step_state(2 * i + 1), **objects)
+        ckpt_tools.training.save_checkpoint(root, step_state(2 * i + 1), **objects)
         sync.append(time.perf_counter() - start)
         train_step()
 
         dist.barrier()
         start = time.perf_counter()
-        pending = ckpt_tools.start_checkpoint(root, step_state(2 * i + 2), background=True, **objects)
+        pending = ckpt_tools.training.start_checkpoint(
+            root, step_state(2 * i + 2), background=True, **objects
+        )
         stall = time.perf_counter() - start
         began = time.perf_counter()
         steps = 0

@@ -7,7 +7,7 @@ in the same run (2 gloo ranks, CPU), so a loaded machine slows both sides alike.
    loop with the same policy classes, FSDP2 wrap units, AdamW settings, gradient clipping and per-rank
    batch, timed the same way (windows of --log_freq steps, the first dropped, the median window) and
    drawing its batches from memory as the trainer does. Goal: within 3 %.
-2. Training stall of a synchronous save: `ckpt_tools.save_checkpoint` (DCP model and optimizer, RNG,
+2. Training stall of a synchronous save: `ckpt_tools.training.save_checkpoint` (DCP model and optimizer, RNG,
    side files, commit), against a raw `dcp.save` of the same model and optimizer state dicts (taken
    at the call), after a warm-up round, at two sizes of state: the step-time model's and one of
    ~100 MB; the same save without its manifest is the like-for-like figure (a raw save hashes

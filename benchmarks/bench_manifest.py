@@ -39,11 +39,11 @@ def child(manifest: bool, size_mb: int, out: str) -> None:
         grad_accum_steps=1,
         mixed_precision="no",
         checkpoint_format="safetensors",
-        topology=ckpt_tools.Topology(),
-        sampler=ckpt_tools.SamplerPosition(epoch=0, offset=0),
+        topology=ckpt_tools.training.Topology(),
+        sampler=ckpt_tools.training.SamplerPosition(epoch=0, offset=0),
     )
     start = time.perf_counter()
-    ckpt_tools.save_checkpoint(
+    ckpt_tools.training.save_checkpoint(
         out, step, model=model, optimizer=optimizer, policy_config={}, train_config={}, manifest=manifest
     )
     seconds = time.perf_counter() - start

@@ -8,7 +8,7 @@ Modes (first argument), each printing one `RESULT {json}` line on rank 0:
                            draws its batch from in-memory tensors of the pendulum dataset's size (the
                            trainer's data path costs well under 1 % of a step: it is in both, not
                            left out of one).
-  saves OUT H K ROUNDS     after a few steps, the stall of a synchronous `ckpt_tools.save_checkpoint`
+  saves OUT H K ROUNDS     after a few steps, the stall of a synchronous `ckpt_tools.training.save_checkpoint`
                            (DCP), the same without its manifest (no hashing), and a raw `dcp.save` of
                            the same model and optimizer state dicts (taken at the call, as torch's DCP
                            recipe does): ROUNDS rounds, the order rotated each round, a warm-up round
@@ -45,7 +45,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import ckpt_tools
-from ckpt_tools import SamplerPosition, Topology, TrainingStep
+from ckpt_tools import TrainingStep
+from ckpt_tools.training import SamplerPosition, Topology
 from trainer.data.dataset import ACTION_KEY, OBS_KEY
 from trainer.policies.mlp import MLPBlock, MLPConfig, MLPPolicy
 
@@ -99,7 +100,7 @@ def save(
     manifest: bool = True,
     sharded: bool = True,
 ) -> None:
-    ckpt_tools.save_checkpoint(
+    ckpt_tools.training.save_checkpoint(
         out,
         training_step(fmt, number, sharded),
         model=model,
@@ -183,11 +184,11 @@ def resume(mode: str, out: str, hidden: int, blocks: int) -> dict[str, Any]:
     batch = {OBS_KEY: torch.randn(4, OBS_DIM), ACTION_KEY: torch.randn(4, 1, ACTION_DIM)}
     step(model, optimizer, batch)  # a fresh start also has its optimizer state after one step
     if mode == "safetensors":
-        ckpt_tools.load_training_state(f"{out}/safetensors/000001", model=model, optimizer=optimizer)
+        ckpt_tools.training.load_training_state(f"{out}/safetensors/000001", model=model, optimizer=optimizer)
     elif mode == "dcp":
-        ckpt_tools.load_training_state(f"{out}/dcp/000001", model=model, optimizer=optimizer)
+        ckpt_tools.training.load_training_state(f"{out}/dcp/000001", model=model, optimizer=optimizer)
     elif mode == "ddp":
-        ckpt_tools.load_training_state(f"{out}/ddp/000001", model=model, optimizer=optimizer)
+        ckpt_tools.training.load_training_state(f"{out}/ddp/000001", model=model, optimizer=optimizer)
     elif mode == "safetensors-full":  # how a resume read gathered weights before: the whole file per rank
         full = ckpt_tools.load_model_state_dict(f"{out}/safetensors/000001")
         set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))

@@ -175,7 +175,7 @@ def check_dcp(workdir: Path, device: str, sizes: dict[str, int]) -> dict[str, fl
         "nccl" if device == "cuda" else "gloo", init_method=f"file://{workdir / 'pg'}", rank=0, world_size=1
     )
     try:
-        ckpt_tools.prepare_save_groups()
+        ckpt_tools.training.prepare_save_groups()
         torch.manual_seed(0)
         config = MLPConfig(
             hidden_dim=sizes["hidden"], blocks=sizes["blocks"], dropout=0.0, obs_dim=3, action_dim=1
@@ -229,10 +229,10 @@ def check_dcp(workdir: Path, device: str, sizes: dict[str, int]) -> dict[str, fl
         stalls = {}
         stalls["raw dcp.save"], _ = timed(raw)
         stalls["ckpt_tools save_checkpoint"], _ = timed(
-            lambda: ckpt_tools.save_checkpoint(root, step_state(1), **objects)
+            lambda: ckpt_tools.training.save_checkpoint(root, step_state(1), **objects)
         )
         stall, pending = timed(
-            lambda: ckpt_tools.start_checkpoint(root, step_state(2), background=True, **objects)
+            lambda: ckpt_tools.training.start_checkpoint(root, step_state(2), background=True, **objects)
         )
         while not pending.written():  # training would go on here
             time.sleep(0.01)
@@ -339,7 +339,8 @@ def check_pi05(workdir: Path, device: str) -> dict[str, Any]:
 
 
 def step_state(step: int) -> Any:
-    from ckpt_tools import SamplerPosition, Topology, TrainingStep
+    from ckpt_tools import TrainingStep
+    from ckpt_tools.training import SamplerPosition, Topology
 
     return TrainingStep(
         step=step,

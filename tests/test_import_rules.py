@@ -7,8 +7,10 @@
   imports under `if TYPE_CHECKING:` count too (an annotation is a dependency of the reader);
 - the metadata path of ckpt_tools (format, files, dcp, catalog) never imports torch;
 - ckpt_tools never imports accelerate, peft or trainer;
-- the trainer uses only the names `ckpt_tools/__init__.py` exports (`import ckpt_tools` then
-  `ckpt_tools.<name>`, or `from ckpt_tools import <name>`), never a ckpt_tools submodule directly.
+- the trainer uses only the names ckpt_tools exports, in its two tiers: the top level
+  (`ckpt_tools/__init__.py`: `import ckpt_tools` then `ckpt_tools.<name>`, or `from ckpt_tools import
+  <name>`) and the trainer's tier (`ckpt_tools/training.py`: `ckpt_tools.training.<name>`, or
+  `from ckpt_tools.training import <name>`), never another ckpt_tools submodule directly.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import ckpt_tools
+import ckpt_tools.training
 
 PACKAGES = Path(__file__).resolve().parents[1] / "packages"
 SOURCES = {
@@ -77,7 +80,7 @@ def _edges(package: str) -> dict[str, set[str]]:
 # The layers of each package, lowest first: the first name below the package (a folder, or a module at
 # its root). The package's `__init__` (the export table) is not a layer.
 LAYERS = {
-    "ckpt_tools": ("_version", "errors", "format", "files", "dcp", "catalog", "tensors", "reports", "state", "tools", "cli"),
+    "ckpt_tools": ("_version", "_lazy", "errors", "format", "files", "dcp", "catalog", "tensors", "reports", "state", "tools", "cli", "training"),
     "trainer": ("errors", "config", "data", "policies", "reporting", "distributed", "evaluation", "engine", "cli"),
 }  # fmt: skip
 
@@ -275,37 +278,93 @@ def test_ckpt_tools_never_imports_the_trainer_side() -> None:
     assert not offenders
 
 
+TIERS = ("ckpt_tools", "ckpt_tools.training")  # the export tables the trainer may take names from
+
+
 def _trainer_uses_of_ckpt_tools() -> Iterator[tuple[str, str]]:
-    """(trainer module, what it takes from ckpt_tools): a name, or a dotted submodule path."""
+    """(trainer module, what it takes from ckpt_tools): a top-level name, `training.<name>` for the
+    trainer's tier, or the dotted path of any other submodule it reaches into."""
     for module, path in _modules("trainer").items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        bound = set()  # names the module binds to the ckpt_tools package itself
+        bound: dict[str, str] = {}  # local name -> the export table it stands for
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name == "ckpt_tools":
-                        bound.add(alias.asname or "ckpt_tools")
+                        bound[alias.asname or "ckpt_tools"] = "ckpt_tools"
                     elif alias.name.startswith("ckpt_tools."):
                         yield module, alias.name
             elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "ckpt_tools":
-                if node.module != "ckpt_tools":
+                if node.module not in TIERS:
                     yield module, node.module or ""
-                else:
-                    for alias in node.names:
-                        yield module, alias.name
-        for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.value, ast.Name)
-                and node.value.id in bound
-            ):
-                yield module, node.attr
+                    continue
+                prefix = "" if node.module == "ckpt_tools" else "training."
+                for alias in node.names:
+                    yield module, prefix + alias.name
+                    if node.module == "ckpt_tools" and alias.name == "training":
+                        bound[alias.asname or alias.name] = "ckpt_tools.training"
+        yield from _attribute_uses(module, tree, bound)
+
+
+def _attribute_uses(module: str, tree: ast.AST, bound: dict[str, str]) -> Iterator[tuple[str, str]]:
+    """`ckpt_tools.<name>`, `ckpt_tools.training.<name>` and `<bound tier>.<name>` in `tree`."""
+    inner = set()  # `ckpt_tools.training` nodes read as part of a longer `ckpt_tools.training.<name>`
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        value = node.value
+        if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name):
+            if bound.get(value.value.id) == "ckpt_tools" and value.attr == "training":
+                inner.add(id(value))
+                yield module, f"training.{node.attr}"
+        elif isinstance(value, ast.Name) and value.id in bound and id(node) not in inner:
+            tier = bound[value.id]
+            yield module, node.attr if tier == "ckpt_tools" else f"training.{node.attr}"
+
+
+def _exported() -> set[str]:
+    """Every name the two tiers export, the trainer's as `training.<name>`."""
+    return {*ckpt_tools.__all__, *(f"training.{name}" for name in ckpt_tools.training.__all__)}
 
 
 def test_trainer_uses_only_names_ckpt_tools_exports() -> None:
     uses = list(_trainer_uses_of_ckpt_tools())
     assert len(uses) > 10  # the walk does see the trainer's uses
-    outside = sorted({f"{module}: {name}" for module, name in uses if name not in ckpt_tools.__all__})
-    assert not outside, "the trainer uses ckpt_tools names that __init__ does not export: " + ", ".join(
-        outside
+    assert any(name.startswith("training.") for _, name in uses)  # ... of both tiers
+    outside = sorted({f"{module}: {name}" for module, name in uses if name not in _exported()})
+    assert not outside, "the trainer uses ckpt_tools names that neither tier exports: " + ", ".join(outside)
+
+
+def test_the_uses_walk_sees_every_spelling_of_both_tiers(tmp_path: Path) -> None:
+    """The rule can fail: each way of naming a ckpt_tools member is seen, a name moved to the trainer's
+    tier but used at the top level included."""
+    package = tmp_path / "trainer"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text(
+        "import ckpt_tools\n"
+        "from ckpt_tools import layout, training\n"
+        "from ckpt_tools import training as ckpt_training\n"
+        "from ckpt_tools.training import RunShape\n"
+        "from ckpt_tools.state import save\n"
+        "ckpt_tools.open_checkpoint, ckpt_tools.save_checkpoint, ckpt_tools.training.plan_resume\n"
+        "training.load_training_state, ckpt_training.main_decides\n"
     )
+    saved = SOURCES["trainer"]
+    SOURCES["trainer"] = tmp_path
+    try:
+        uses = {name for _, name in _trainer_uses_of_ckpt_tools()}
+    finally:
+        SOURCES["trainer"] = saved
+    assert uses == {
+        "layout",
+        "training",
+        "training.RunShape",
+        "ckpt_tools.state",
+        "open_checkpoint",
+        "save_checkpoint",
+        "training.plan_resume",
+        "training.load_training_state",
+        "training.main_decides",
+    }
+    assert uses - _exported() == {"ckpt_tools.state", "save_checkpoint"}

@@ -32,7 +32,7 @@ def _saved_run(root: Path) -> dict[str, torch.Tensor]:
         nn.Linear(CONFIG["hidden"], CONFIG["action_dim"]),
     )
     ema = {name: param.detach() * 0.5 + 0.25 for name, param in model.named_parameters()}
-    ckpt_tools.save_checkpoint(
+    ckpt_tools.training.save_checkpoint(
         root / "outputs" / "run" / "checkpoints",
         training_step(3),
         model=model,

@@ -50,7 +50,7 @@ def test_resume_fills_the_shadow_in_place(saved) -> None:
     model, optimizer, _ = make_run(seed=1)
     shadow = {name: torch.zeros_like(value) for name, value in ema.items()}
     before = {name: value.data_ptr() for name, value in shadow.items()}
-    assert ckpt_tools.load_training_state(
+    assert ckpt_tools.training.load_training_state(
         step, model=model, optimizer=optimizer, extra_weights={"ema": shadow}
     ) == {"ema"}
     assert_same_tensors(shadow, ema)
@@ -63,7 +63,7 @@ def test_a_step_without_ema_still_reads(tmp_path) -> None:
     assert not ckpt_tools.open_checkpoint(step).has_ema
     shadow = shadow_of(model)
     kept = {name: value.clone() for name, value in shadow.items()}
-    assert not ckpt_tools.load_training_state(
+    assert not ckpt_tools.training.load_training_state(
         step, model=model, optimizer=optimizer, extra_weights={"ema": shadow}
     )
     assert_same_tensors(shadow, kept)  # left as it was
@@ -83,7 +83,7 @@ def test_verify_refuses_an_ema_that_does_not_fit_the_weights(saved) -> None:
     )
     with pytest.raises(ckpt_tools.CorruptCheckpointError, match=r"has shape \[2, 2\] for 0\.weight"):
         model, _, _ = make_run()
-        ckpt_tools.load_training_state(step, model=model, extra_weights={"ema": shadow_of(model)})
+        ckpt_tools.training.load_training_state(step, model=model, extra_weights={"ema": shadow_of(model)})
 
 
 def test_publishing_takes_the_ema_when_present(saved, tmp_path) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ckpt_tools import CorruptCheckpointError, main_decides, one_line
+from ckpt_tools import CorruptCheckpointError, one_line
+from ckpt_tools.training import main_decides
 
 
 def test_one_line_folds_whitespace_and_names_the_type_of_unexpected_errors() -> None:

@@ -4,6 +4,7 @@ never imports torch (which alone takes ~2 s here)."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from pathlib import Path
 
@@ -11,54 +12,40 @@ import pytest
 from report_fixtures import write_step_dir
 
 import ckpt_tools
+import ckpt_tools.training
 from helpers.lazy_exports import modules_after, type_checking_imports
 
-# Adding a name here is a decision about the stable API the trainer and evaluation pipelines use.
+# Adding a name here is a decision about the stable API evaluation pipelines use (the top level).
 PUBLIC = {
     # errors
     "CheckpointError",
     "CorruptCheckpointError",
     "LegacyCheckpointError",
     "UnsupportedVersionError",
-    "ResumeRefusedError",
-    "SaveFailedError",
     "PublishError",
-    # training_step.json schema
+    # one line for an error; a malformed request
+    "UsageError",
+    "one_line",
+    # a step's training_step.json and config.json; a run's newest step
     "TrainingStep",
-    "Topology",
-    "SamplerPosition",
-    # saving and resuming
-    "ProcessorState",
-    "save_checkpoint",
-    "start_checkpoint",
-    "PendingCheckpoint",
-    "prepare_save_groups",
-    "load_training_state",
-    "load_model_weights",
-    "save_rng_state",
-    "load_rng_state",
+    "CheckpointFormat",
     "read_training_step",
-    "latest_step_dir",
     "read_config_json",
-    "RunShape",
-    "ResumePlan",
-    "plan_resume",
+    "latest_step_dir",
     # evaluation pipelines: open, describe, check, load
     "Checkpoint",
     "open_checkpoint",
     "load_model_state_dict",
+    "ProcessorState",
     "load_processors",
     "CheckpointDescription",
     "describe_checkpoint",
     "VerifyReport",
     "verify_checkpoint",
-    # a step's evaluation scores (eval.json), the steps ranked by one figure, the `best` pointer
+    # a run's steps ranked by their evaluation scores (eval.json)
     "Ranking",
     "read_scores",
-    "write_scores",
     "best_steps",
-    "point_best",
-    "prune_steps",
     "default_mode",
     # adapters, conversion, publishing
     "merge_lora",
@@ -72,49 +59,95 @@ PUBLIC = {
     "publish_model",
     "select_publish_files",
     "is_fsspec_target",
-    # one line for an error; the main rank decides, every rank gets the value or the same error
-    "UsageError",
-    "CheckpointFormat",
-    "one_line",
-    "main_decides",
-    # every directory and file name of the format; file access on local disk or any fsspec store
+    # every directory and file name of the format; file access on local disk or any fsspec store; the
+    # trainer's tier
     "layout",
     "storage",
+    "training",
 }
 
+# ... and about the stable API between a training loop and its checkpoints (`ckpt_tools.training`):
+# the collective save and the two-phase resume (docs/api.md).
+TRAINING = {
+    # saving, on every rank; the main rank decides, every rank gets the value or the same error
+    "prepare_save_groups",
+    "save_checkpoint",
+    "start_checkpoint",
+    "PendingCheckpoint",
+    "save_rng_state",
+    "SaveFailedError",
+    "main_decides",
+    # a run's evaluated steps: scores written, the `best` pointer, retention
+    "write_scores",
+    "point_best",
+    "prune_steps",
+    # resuming: the plan before prepare, the state after
+    "Topology",
+    "SamplerPosition",
+    "RunShape",
+    "ResumePlan",
+    "plan_resume",
+    "ResumeRefusedError",
+    "load_rng_state",
+    "load_training_state",
+    "load_model_weights",
+}
 
-def test_all_is_exactly_the_public_list() -> None:
-    assert set(ckpt_tools.__all__) == PUBLIC
-    assert ckpt_tools.__all__ == sorted(ckpt_tools.__all__)
-    assert dir(ckpt_tools) == ckpt_tools.__all__
+TIERS = {"ckpt_tools": (ckpt_tools, PUBLIC), "ckpt_tools.training": (ckpt_tools.training, TRAINING)}
+NAMES = [
+    (tier, name)
+    for tier, (_, names) in TIERS.items()
+    for name in sorted(names - {"layout", "storage", "training"})
+]
 
 
-@pytest.mark.parametrize("name", sorted(PUBLIC))
-def test_every_public_name_resolves(name: str) -> None:
-    member = getattr(ckpt_tools, name)
+@pytest.mark.parametrize("tier", sorted(TIERS))
+def test_all_is_exactly_the_public_list(tier: str) -> None:
+    module, names = TIERS[tier]
+    assert set(module.__all__) == names
+    assert module.__all__ == sorted(module.__all__)
+    assert dir(module) == module.__all__
+
+
+def test_a_name_is_in_one_tier() -> None:
+    assert not PUBLIC & TRAINING
+
+
+@pytest.mark.parametrize(("tier", "name"), [*NAMES, ("ckpt_tools", "layout"), ("ckpt_tools", "storage")])
+def test_every_public_name_resolves(tier: str, name: str) -> None:
+    member = getattr(TIERS[tier][0], name)
     assert getattr(member, "__name__", name).rsplit(".", 1)[-1] == name
 
 
-def test_type_checkers_see_the_lazy_table() -> None:
+@pytest.mark.parametrize("tier", sorted(TIERS))
+def test_type_checkers_see_the_lazy_table(tier: str) -> None:
     """The `TYPE_CHECKING` imports (what mypy and editors read), the lazy table (what runs) and
     `__all__` (what pdoc documents) name the same objects from the same modules."""
-    lazy = {**ckpt_tools._EXPORTS, **ckpt_tools._MODULES}
-    assert type_checking_imports(ckpt_tools, ckpt_tools._MODULES.values()) == lazy
-    assert set(lazy) == set(ckpt_tools.__all__)
+    module = TIERS[tier][0]
+    lazy = {**module._EXPORTS, **module._MODULES}
+    assert type_checking_imports(module, module._MODULES.values()) == lazy
+    assert set(lazy) == set(module.__all__)
 
 
-@pytest.mark.parametrize("name", sorted(set(PUBLIC) - {"layout", "storage"}))
-def test_the_table_names_where_each_name_is_defined(name: str) -> None:
+@pytest.mark.parametrize(("tier", "name"), NAMES)
+def test_the_table_names_where_each_name_is_defined(tier: str, name: str) -> None:
     """So `nox -s typecheck`'s strict run over the table's modules checks each definition itself."""
-    assert getattr(ckpt_tools, name).__module__ == ckpt_tools._EXPORTS[name]
+    module = TIERS[tier][0]
+    assert getattr(module, name).__module__ == module._EXPORTS[name]
+
+
+def test_the_trainers_tier_is_not_at_the_top_level() -> None:
+    with pytest.raises(AttributeError, match="module 'ckpt_tools' has no attribute 'start_checkpoint'"):
+        _ = ckpt_tools.start_checkpoint
+    assert ckpt_tools.training is importlib.import_module("ckpt_tools.training")
 
 
 def test_save_checkpoint_takes_exactly_start_checkpoints_parameters() -> None:
     """`save_checkpoint` spells out `start_checkpoint`'s parameters so that callers are type-checked;
     a parameter added to one is added to the other."""
     save, start = (
-        inspect.signature(ckpt_tools.save_checkpoint),
-        inspect.signature(ckpt_tools.start_checkpoint),
+        inspect.signature(ckpt_tools.training.save_checkpoint),
+        inspect.signature(ckpt_tools.training.start_checkpoint),
     )
     assert save.parameters == start.parameters
 
@@ -125,7 +158,9 @@ def test_unknown_name_is_an_attribute_error() -> None:
 
 
 def test_import_does_not_import_torch() -> None:
-    modules = modules_after("import ckpt_tools; ckpt_tools.TrainingStep; ckpt_tools.describe_checkpoint")
+    modules = modules_after(
+        "import ckpt_tools; ckpt_tools.TrainingStep; ckpt_tools.describe_checkpoint; ckpt_tools.training.__all__"
+    )
     assert "torch" not in modules and "safetensors" not in modules
 
 

@@ -52,7 +52,7 @@ def _model_file(step: Path) -> Path:
 def test_one_file_loads_into_shards_bit_for_bit(one_rank, saved) -> None:
     step, want = saved
     model = _sharded_model()
-    ckpt_tools.load_training_state(step, model=model)
+    ckpt_tools.training.load_training_state(step, model=model)
     got = _weights(model)
     assert got.keys() == want.keys()
     for name, tensor in want.items():
@@ -71,7 +71,7 @@ def test_a_sharded_index_loads_into_shards_bit_for_bit(one_rank, saved) -> None:
     weight_map = {k: file_name for file_name, keys in shards.items() for k in keys}
     (model_dir / layout.MODEL_INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     model = _sharded_model()
-    ckpt_tools.load_training_state(step, model=model)
+    ckpt_tools.training.load_training_state(step, model=model)
     got = _weights(model)
     for name, tensor in want.items():
         assert torch.equal(got[name], tensor), name
@@ -82,7 +82,7 @@ def test_a_dcp_checkpoint_loads_into_shards_bit_for_bit(one_rank, tmp_path) -> N
     train(model, optimizer, scheduler, 2)
     step = Path(save(tmp_path / "dcp", 2, model, optimizer, scheduler, ts=training_step(2, "dcp")))
     sharded = _sharded_model()
-    ckpt_tools.load_training_state(step, model=sharded)
+    ckpt_tools.training.load_training_state(step, model=sharded)
     got = _weights(sharded)
     for name, tensor in model.state_dict().items():
         assert torch.equal(got[name], tensor), name
@@ -112,7 +112,7 @@ def test_a_tensor_missing_or_of_another_shape_is_refused(one_rank, saved, change
     model = _sharded_model()
     before = _weights(model)
     with pytest.raises(ckpt_tools.CorruptCheckpointError) as refused:
-        ckpt_tools.load_training_state(step, model=model)
+        ckpt_tools.training.load_training_state(step, model=model)
     assert str(refused.value) == message.format(file=_model_file(step))
     for name, tensor in _weights(model).items():
         assert torch.equal(tensor, before[name]), name
@@ -129,7 +129,7 @@ def test_a_non_sharded_optimizer_state_loads_into_shards_bit_for_bit(one_rank, t
     train(model, optimizer, scheduler, 2)
     step = Path(save(tmp_path / "checkpoints", 2, model, optimizer, scheduler))
     sharded, sharded_optimizer = _sharded_run()
-    ckpt_tools.load_training_state(step, model=sharded, optimizer=sharded_optimizer)
+    ckpt_tools.training.load_training_state(step, model=sharded, optimizer=sharded_optimizer)
     want = optimizer.state_dict()
     got = sharded_optimizer.state_dict()
     assert got["param_groups"] == want["param_groups"]  # betas stay a tuple
@@ -159,7 +159,7 @@ def test_an_optimizer_moment_missing_or_of_another_shape_is_refused(one_rank, sa
     save_file(tensors, path)
     model, optimizer = _sharded_run()
     with pytest.raises(ckpt_tools.CorruptCheckpointError) as refused:
-        ckpt_tools.load_training_state(step, model=model, optimizer=optimizer)
+        ckpt_tools.training.load_training_state(step, model=model, optimizer=optimizer)
     assert str(refused.value) == message.format(file=path) + (
         "; resume with the model and optimizer settings the checkpoint was trained with"
     )

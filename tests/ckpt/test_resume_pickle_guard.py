@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_tools import layout, load_training_state
+from ckpt_tools import layout
 from ckpt_tools.errors import UnsafePickleError
+from ckpt_tools.training import load_training_state
 from helpers.pickle_payload import malicious_dcp_metadata
 from helpers.tiny_run import make_run, save, train
 

@@ -49,7 +49,7 @@ def test_a_save_before_the_first_update_changes_no_update(one_rank, tmp_path: Pa
 
     never_saved = _run(sharded)
     resumed_model, resumed_optimizer, resumed_scheduler = _run(sharded)
-    ckpt_tools.load_training_state(
+    ckpt_tools.training.load_training_state(
         step, model=resumed_model, optimizer=resumed_optimizer, scheduler=resumed_scheduler
     )
     assert not resumed_optimizer.state
@@ -72,5 +72,5 @@ def test_a_plain_save_before_the_first_update_resumes_into_shards(one_rank, tmp_
     model, optimizer, scheduler = _run(sharded=False)
     step = save(tmp_path / "checkpoints", 0, model, optimizer, scheduler, ts=training_step(0))
     sharded_model, sharded_optimizer, _ = _run(sharded=True)
-    ckpt_tools.load_training_state(step, model=sharded_model, optimizer=sharded_optimizer)
+    ckpt_tools.training.load_training_state(step, model=sharded_model, optimizer=sharded_optimizer)
     assert not sharded_optimizer.state

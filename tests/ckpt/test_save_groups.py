@@ -39,13 +39,13 @@ def _timeout(group: dist.ProcessGroup) -> timedelta:
 
 
 def test_the_write_groups_wait_no_longer_than_the_timeout_given(one_rank: Path) -> None:
-    ckpt_tools.prepare_save_groups(timedelta(seconds=7))
+    ckpt_tools.training.prepare_save_groups(timedelta(seconds=7))
     groups = [save.background_group(index) for index in range(save.MAX_DCP_PARTS)]
     assert [_timeout(group) for group in groups] == [timedelta(seconds=7)] * save.MAX_DCP_PARTS
 
 
 def test_a_new_process_group_gets_new_write_groups(one_rank: Path) -> None:
-    ckpt_tools.prepare_save_groups(timedelta(seconds=7))
+    ckpt_tools.training.prepare_save_groups(timedelta(seconds=7))
     first = save.background_group(0)
     dist.destroy_process_group()
     _start(one_rank / "rendezvous-2")

@@ -108,7 +108,7 @@ def test_a_set_huggingface_hub_wrote_loads_and_verifies(one_rank, trained, tmp_p
     loaded = ckpt_tools.load_model_state_dict(tmp_path)
     assert all(torch.equal(loaded[k], v) for k, v in want.items()) and loaded.keys() == want.keys()
     sharded = _sharded_model()
-    ckpt_tools.load_model_weights(tmp_path, sharded)
+    ckpt_tools.training.load_model_weights(tmp_path, sharded)
     for name, value in sharded.state_dict().items():
         full = value.full_tensor() if isinstance(value, DTensor) else value
         assert torch.equal(full, want[name]), name
@@ -142,7 +142,7 @@ def test_each_bad_set_is_one_line(one_rank, trained, tmp_path: Path, damage) -> 
     start = damage(tmp_path)
     for load in (
         ckpt_tools.load_model_state_dict,
-        lambda p: ckpt_tools.load_model_weights(p, _sharded_model()),
+        lambda p: ckpt_tools.training.load_model_weights(p, _sharded_model()),
     ):
         with pytest.raises(ckpt_tools.CheckpointError) as refused:
             load(tmp_path)

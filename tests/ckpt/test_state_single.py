@@ -74,7 +74,9 @@ def test_resume_restores_model_optimizer_and_scheduler_exactly(tmp_path, trained
     save(tmp_path / "checkpoints", 2, model, optimizer, scheduler)
     resumed = make_run(seed=1)  # different initial weights: everything must come from the files
 
-    ckpt_tools.load_training_state(tmp_path, model=resumed[0], optimizer=resumed[1], scheduler=resumed[2])
+    ckpt_tools.training.load_training_state(
+        tmp_path, model=resumed[0], optimizer=resumed[1], scheduler=resumed[2]
+    )
 
     assert_same_tensors(model.state_dict(), resumed[0].state_dict())
     assert_same_optimizer_state(optimizer.state_dict(), resumed[1].state_dict())
@@ -109,7 +111,7 @@ def test_scaler_state_round_trips(tmp_path, trained):
         == 512.0
     )
     restored = torch.amp.GradScaler("cpu")
-    ckpt_tools.load_training_state(tmp_path / "000003", model=tiny_model(), scaler=restored)
+    ckpt_tools.training.load_training_state(tmp_path / "000003", model=tiny_model(), scaler=restored)
     assert restored.state_dict() == scaler.state_dict()
 
 
@@ -121,7 +123,7 @@ def test_dcp_formats_from_one_process(tmp_path, trained, checkpoint_format):
     assert (model_dir / "pytorch_model_fsdp_0" / ".metadata").is_file()
     assert (model_dir / "model.safetensors").exists() == (checkpoint_format == "safetensors_dcp")
     resumed = make_run(seed=3)
-    ckpt_tools.load_training_state(tmp_path / "last", model=resumed[0], optimizer=resumed[1])
+    ckpt_tools.training.load_training_state(tmp_path / "last", model=resumed[0], optimizer=resumed[1])
     assert_same_tensors(model.state_dict(), resumed[0].state_dict())
 
 
@@ -161,7 +163,7 @@ def test_crash_mid_save_leaves_last_on_the_previous_step(tmp_path, trained, monk
         raise OSError("disk full")
 
     monkeypatch.setattr(save_module, "_write_side_files", crash)
-    with pytest.raises(ckpt_tools.SaveFailedError) as failed:
+    with pytest.raises(ckpt_tools.training.SaveFailedError) as failed:
         save(tmp_path, 2, model, optimizer, scheduler)
     assert str(failed.value) == "saving checkpoint step 2 failed on the main rank: OSError: disk full"
     assert os.readlink(tmp_path / "last") == "000001"
@@ -198,7 +200,7 @@ def test_memory_store_gets_a_text_last_pointer(checkpoint_format):
     loaded = ckpt_tools.load_model_state_dict("memory://state-single/run")
     assert all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
     resumed = make_run(seed=5)
-    ckpt_tools.load_training_state(f"{root}/last", model=resumed[0], optimizer=resumed[1])
+    ckpt_tools.training.load_training_state(f"{root}/last", model=resumed[0], optimizer=resumed[1])
     assert_same_optimizer_state(optimizer.state_dict(), resumed[1].state_dict())
     storage.remove_tree("memory://state-single")
 
@@ -213,7 +215,7 @@ def test_sharded_run_without_dcp_optimizer_is_refused_as_legacy(tmp_path, traine
     with open(step_file, "w") as handle:
         json.dump(data, handle)
     with pytest.raises(LegacyCheckpointError, match="optimizer_0"):
-        ckpt_tools.load_training_state(final, model=tiny_model(), optimizer=make_run()[1])
+        ckpt_tools.training.load_training_state(final, model=tiny_model(), optimizer=make_run()[1])
 
 
 def test_unknown_processor_name_is_refused_before_writing(tmp_path, trained):
@@ -234,7 +236,7 @@ def test_a_failed_shard_write_is_one_line_naming_the_rank_and_the_cause(tmp_path
         raise OSError(cause)
 
     monkeypatch.setattr(torch.distributed.checkpoint.FileSystemWriter, "write_data", full)
-    with pytest.raises(ckpt_tools.SaveFailedError) as failed:
+    with pytest.raises(ckpt_tools.training.SaveFailedError) as failed:
         save(tmp_path, 2, model, optimizer, scheduler, ts=training_step(2, "dcp"))
     detail = " ".join(cause.split())[:200]
     assert len(detail) == 200
@@ -263,5 +265,5 @@ def test_background_saves_on_a_one_rank_group_commit_what_they_staged(
         save(tmp_path, step, model, optimizer, scheduler, ts=training_step(step, "dcp"), background=True)
         assert os.readlink(tmp_path / "last") == f"{step:06d}"
     resumed = make_run(seed=3)
-    ckpt_tools.load_training_state(tmp_path / "last", model=resumed[0], optimizer=resumed[1])
+    ckpt_tools.training.load_training_state(tmp_path / "last", model=resumed[0], optimizer=resumed[1])
     assert_same_tensors(model.state_dict(), resumed[0].state_dict())

@@ -94,7 +94,7 @@ def test_a_set_added_to_the_table_is_saved_and_resumed_through_the_same_mapping(
     model_dir = Path(step) / layout.PRETRAINED_MODEL_DIR
     assert (model_dir / "student.safetensors").is_file() and (model_dir / "student_dcp").is_dir()
     filled = {name: torch.zeros_like(value) for name, value in student.items()}
-    loaded = ckpt_tools.load_training_state(step, model=model, extra_weights={"student": filled})
+    loaded = ckpt_tools.training.load_training_state(step, model=model, extra_weights={"student": filled})
     assert loaded == {"student"}
     assert all(torch.equal(filled[name], student[name]) for name in student)
 

@@ -60,7 +60,7 @@ def assert_same_optimizer_state(a: dict, b: dict) -> None:
 
 
 def save(root, step: int, model, optimizer, scheduler, **kwargs) -> str:
-    return ckpt_tools.save_checkpoint(
+    return ckpt_tools.training.save_checkpoint(
         root,
         kwargs.pop("ts", training_step(step)),
         model=model,

@@ -362,7 +362,7 @@ def test_one_argv_pre_pass_accepts_both_spellings(tmp_path, monkeypatch):
 
 
 def test_async_save_needs_a_sharded_run():
-    from ckpt_tools import Topology
+    from ckpt_tools.training import Topology
     from trainer.engine.checkpoint.saving import check_async_save
 
     config = parse_config(["--async_save=true"])

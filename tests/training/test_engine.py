@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import ckpt_tools
-from ckpt_tools import Topology, layout
+from ckpt_tools import layout
+from ckpt_tools.training import Topology
 from helpers.numerics import EPS, U
 from helpers.train_flags import tiny_args
 from trainer.cli.parse import parse_config

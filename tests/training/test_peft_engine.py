@@ -43,7 +43,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A freshly initialised tiny ACT saved through ckpt_tools: the base policy of these tests."""
     policy = tiny_act(seed=1)
     root = tmp_path_factory.mktemp("base") / "checkpoints"
-    step = ckpt_tools.save_checkpoint(
+    step = ckpt_tools.training.save_checkpoint(
         root,
         training_step(0, peft=False),
         model=policy,
@@ -189,7 +189,7 @@ def test_adapter_checkpoint_round_trip(tmp_path, checkpoint_format):
     config = peft_config(["--peft.full_training_modules=[head.1]"])
     model = lora_policy(config)
     optimizer = _train_a_little(model)
-    step = ckpt_tools.save_checkpoint(
+    step = ckpt_tools.training.save_checkpoint(
         tmp_path / "checkpoints",
         training_step(2, checkpoint_format),
         model=model,
@@ -216,7 +216,7 @@ def test_adapter_checkpoint_round_trip(tmp_path, checkpoint_format):
         for n, t in fresh.state_dict().items()
         if ".lora_" not in n and "modules_to_save" not in n
     }
-    ckpt_tools.load_training_state(step, model=fresh, optimizer=fresh_opt)
+    ckpt_tools.training.load_training_state(step, model=fresh, optimizer=fresh_opt)
     got, want = fresh.state_dict(), model.state_dict()
     for name, tensor in want.items():
         expected = frozen_before.get(name, tensor)  # the base is whatever the run built, never the file's
@@ -225,14 +225,14 @@ def test_adapter_checkpoint_round_trip(tmp_path, checkpoint_format):
 
     other = lora_policy(peft_config(["--peft.target_modules=[q]"]))
     with pytest.raises(ckpt_tools.CheckpointError) as refused:
-        ckpt_tools.load_training_state(step, model=other)
+        ckpt_tools.training.load_training_state(step, model=other)
     assert str(refused.value) == (  # names the first of the sorted differences
         f"{model_dir}: the adapter holds 26 tensors, this model trains 8 "
         "(base_model.model.decoder.0.cross_attn.kv.lora_A.weight is in only one of them); "
         "build the model with the --peft settings the adapter was trained with"
     )
     # An adapter holding fewer tensors than the model trains is refused too (none left as built).
-    fewer = ckpt_tools.save_checkpoint(
+    fewer = ckpt_tools.training.save_checkpoint(
         tmp_path / "fewer",
         training_step(2, checkpoint_format),
         model=other,
@@ -244,7 +244,7 @@ def test_adapter_checkpoint_round_trip(tmp_path, checkpoint_format):
     with pytest.raises(
         ckpt_tools.CheckpointError, match="the adapter holds 8 tensors, this model trains 26 "
     ):
-        ckpt_tools.load_training_state(fewer, model=fresh)
+        ckpt_tools.training.load_training_state(fewer, model=fresh)
 
 
 # ------------------------------------------------------------------------------------- the loop

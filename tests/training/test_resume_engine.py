@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from ckpt_tools import Topology
 from ckpt_tools.tensors.tensor_io import read_safetensors
+from ckpt_tools.training import Topology
 from helpers.pickle_payload import malicious_dcp_metadata
 from trainer.cli.parse import parse_config
 from trainer.config.train import encode_config

@@ -42,7 +42,7 @@ def main(output_dir: str) -> None:
         topology=Topology(dp_shard=world),
         checkpoint_format="safetensors_dcp",
     )
-    ckpt_tools.save_checkpoint(
+    ckpt_tools.training.save_checkpoint(
         output_dir, step, model=model, optimizer=optimizer, policy_config={"type": "mlp"}, train_config={}
     )
     clean_exit.leave(barrier=False)

@@ -1,5 +1,5 @@
 """One rank of the bounded-memory load: a meta-built FSDP2 model (2 ranks) materialized, then a sharded
-safetensors set loaded into its shards by `ckpt_tools.load_model_weights`. Writes this rank's peak
+safetensors set loaded into its shards by `ckpt_tools.training.load_model_weights`. Writes this rank's peak
 growth during the load (VmHWM reset just before it) and whether each local shard holds the saved rows.
 
 argv: the sharded set's directory, the output JSON path prefix."""
@@ -44,7 +44,7 @@ def main() -> None:
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")  # VmHWM := VmRSS: the peak below is the load's own
     before = _status_kib("VmRSS")
-    ckpt_tools.load_model_weights(source, model)
+    ckpt_tools.training.load_model_weights(source, model)
     grew_kib = _status_kib("VmHWM") - before
     with open(f"{source}/{layout.MODEL_INDEX}") as file:
         index = json.load(file)["weight_map"]

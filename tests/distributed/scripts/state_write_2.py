@@ -19,7 +19,7 @@ from ckpt_tools.state import training_load as load
 
 def save(out: str, case: str, kind: str, fmt: str, model, optimizer, step: int = 2) -> None:
     seed_rng_for_save()
-    ckpt_tools.save_checkpoint(
+    ckpt_tools.training.save_checkpoint(
         f"{out}/{case}/checkpoints",
         training_step(step, kind, fmt),
         model=model,
@@ -33,7 +33,7 @@ def save(out: str, case: str, kind: str, fmt: str, model, optimizer, step: int =
 def resume(out: str, source: str, kind: str, name: str):
     model, optimizer = build(kind, seed=3)
     with counted_weight_reads() as reads:
-        ckpt_tools.load_training_state(f"{out}/{source}", model=model, optimizer=optimizer)
+        ckpt_tools.training.load_training_state(f"{out}/{source}", model=model, optimizer=optimizer)
     reads["shard_bytes"] = sum(
         p.to_local().nbytes if hasattr(p, "to_local") else p.nbytes for p in model.parameters()
     )
@@ -129,7 +129,7 @@ def main(out: str) -> None:
     train(again, again_optimizer, 1, first_step=2)
     dump_full_state(again, again_optimizer, f"{out}/resumed/fsdp2_continued.pt")
 
-    ckpt_tools.load_rng_state(f"{out}/fsdp4", dist.get_rank(), dist.get_world_size())
+    ckpt_tools.training.load_rng_state(f"{out}/fsdp4", dist.get_rank(), dist.get_world_size())
     states = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(torch.get_rng_state(), states, dst=0)
     if dist.get_rank() == 0:

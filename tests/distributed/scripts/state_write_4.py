@@ -16,7 +16,7 @@ def main(out: str) -> None:
     model, optimizer = build("fsdp")
     train(model, optimizer, 2)
     seed_rng_for_save()
-    ckpt_tools.save_checkpoint(
+    ckpt_tools.training.save_checkpoint(
         f"{out}/fsdp4/checkpoints",
         training_step(2, "fsdp", "safetensors_dcp"),
         model=model,
@@ -27,10 +27,10 @@ def main(out: str) -> None:
     dump_full_state(model, optimizer, f"{out}/fsdp4/reference.pt")
 
     hsdp, hsdp_optimizer = build("hsdp", seed=1)
-    ckpt_tools.load_training_state(f"{out}/fsdp4", model=hsdp, optimizer=hsdp_optimizer)
+    ckpt_tools.training.load_training_state(f"{out}/fsdp4", model=hsdp, optimizer=hsdp_optimizer)
     dump_full_state(hsdp, hsdp_optimizer, f"{out}/resumed/fsdp4_to_hsdp.pt")
     train(hsdp, hsdp_optimizer, 1, first_step=2)
-    ckpt_tools.save_checkpoint(
+    ckpt_tools.training.save_checkpoint(
         f"{out}/hsdp2x2/checkpoints",
         training_step(3, "hsdp", "dcp"),
         model=hsdp,

@@ -27,6 +27,11 @@ print(f"step {checkpoint.training_step().step} ({weights} weights): {action.toli
 `describe_checkpoint` and `verify_checkpoint` report on a checkpoint without loading its tensors.
 `tests/ckpt/test_api_example.py` runs this example.
 
+Two tiers. This one is what an evaluation pipeline imports: open, load, inspect, verify, convert,
+a run's steps ranked by their scores, publishing, the format's names (`layout`) and file access
+(`storage`). The trainer's plumbing, the collective save and the two-phase resume (`save_checkpoint`,
+`plan_resume`, `load_training_state`, ...), is `ckpt_tools.training`, documented there.
+
 `import ckpt_tools` stays cheap (no torch import): public names load lazily on first use, so metadata
 commands answer in well under a second. Type checkers and editors read the `TYPE_CHECKING` imports
 below instead, so every public name has its real type; `tests/ckpt/test_exported_members.py` keeps
@@ -35,54 +40,45 @@ those imports, the lazy table and `__all__` the same list.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from ckpt_tools import _lazy
 from ckpt_tools._version import __version__ as __version__
 
 # What mypy and editors read: the real types, never imported at run time. Each name is re-exported
 # explicitly (`name as name`), one `from` line per module (so isort is off: it would split them).
 # isort: off
 if TYPE_CHECKING:
+    from ckpt_tools import training as training
     from ckpt_tools.errors import (
         CheckpointError as CheckpointError,
         CorruptCheckpointError as CorruptCheckpointError,
         LegacyCheckpointError as LegacyCheckpointError,
         PublishError as PublishError,
-        ResumeRefusedError as ResumeRefusedError,
-        SaveFailedError as SaveFailedError,
         UnsupportedVersionError as UnsupportedVersionError,
         UsageError as UsageError,
         one_line as one_line,
     )
     from ckpt_tools.files import storage as storage
-    from ckpt_tools.files.commit import latest_step_dir as latest_step_dir, prune_steps as prune_steps
+    from ckpt_tools.files.commit import latest_step_dir as latest_step_dir
     from ckpt_tools.files.locate import read_training_step as read_training_step
     from ckpt_tools.files.scores import (
         Ranking as Ranking,
         best_steps as best_steps,
         default_mode as default_mode,
-        point_best as point_best,
         read_scores as read_scores,
-        write_scores as write_scores,
     )
     from ckpt_tools.files.sharded_safetensors import parse_size as parse_size
     from ckpt_tools.files.storage import read_config_json as read_config_json
     from ckpt_tools.format import layout as layout
     from ckpt_tools.format.dtypes import dtype_name as dtype_name
-    from ckpt_tools.format.meta import (
-        CheckpointFormat as CheckpointFormat,
-        SamplerPosition as SamplerPosition,
-        Topology as Topology,
-        TrainingStep as TrainingStep,
-    )
+    from ckpt_tools.format.meta import CheckpointFormat as CheckpointFormat, TrainingStep as TrainingStep
     from ckpt_tools.reports.describe import (
         CheckpointDescription as CheckpointDescription,
         describe_checkpoint as describe_checkpoint,
     )
     from ckpt_tools.reports.verify import VerifyReport as VerifyReport, verify_checkpoint as verify_checkpoint
     from ckpt_tools.state.adapters import merge_adapter_dir as merge_adapter_dir, merge_lora as merge_lora
-    from ckpt_tools.state.collective import main_decides as main_decides
     from ckpt_tools.state.evaluation_load import (
         Checkpoint as Checkpoint,
         load_model_state_dict as load_model_state_dict,
@@ -92,20 +88,6 @@ if TYPE_CHECKING:
         ProcessorState as ProcessorState,
         load_processors as load_processors,
     )
-    from ckpt_tools.state.resume_plan import (
-        ResumePlan as ResumePlan,
-        RunShape as RunShape,
-        plan_resume as plan_resume,
-    )
-    from ckpt_tools.state.rng import load_rng_state as load_rng_state, save_rng_state as save_rng_state
-    from ckpt_tools.state.save import (
-        PendingCheckpoint as PendingCheckpoint,
-        prepare_save_groups as prepare_save_groups,
-        save_checkpoint as save_checkpoint,
-        start_checkpoint as start_checkpoint,
-    )
-    from ckpt_tools.state.training_load import load_training_state as load_training_state
-    from ckpt_tools.state.training_load import load_model_weights as load_model_weights
     from ckpt_tools.tools.convert.result import ConversionResult as ConversionResult
     from ckpt_tools.tools.convert.to_dcp import convert_safetensors_to_dcp as convert_safetensors_to_dcp
     from ckpt_tools.tools.convert.to_safetensors import (
@@ -129,39 +111,20 @@ _EXPORTS: dict[str, str] = {
     "read_config_json": "ckpt_tools.files.storage",
     "parse_size": "ckpt_tools.files.sharded_safetensors",
     "TrainingStep": "ckpt_tools.format.meta",
-    "Topology": "ckpt_tools.format.meta",
-    "SamplerPosition": "ckpt_tools.format.meta",
     "CheckpointFormat": "ckpt_tools.format.meta",
     "ProcessorState": "ckpt_tools.state.processor_state",
-    "save_checkpoint": "ckpt_tools.state.save",
-    "start_checkpoint": "ckpt_tools.state.save",
-    "PendingCheckpoint": "ckpt_tools.state.save",
-    "prepare_save_groups": "ckpt_tools.state.save",
-    "load_training_state": "ckpt_tools.state.training_load",
-    "load_model_weights": "ckpt_tools.state.training_load",
-    "save_rng_state": "ckpt_tools.state.rng",
-    "load_rng_state": "ckpt_tools.state.rng",
     "read_training_step": "ckpt_tools.files.locate",
     "latest_step_dir": "ckpt_tools.files.commit",
-    "prune_steps": "ckpt_tools.files.commit",
     "Ranking": "ckpt_tools.files.scores",
     "best_steps": "ckpt_tools.files.scores",
     "default_mode": "ckpt_tools.files.scores",
-    "point_best": "ckpt_tools.files.scores",
     "read_scores": "ckpt_tools.files.scores",
-    "write_scores": "ckpt_tools.files.scores",
     "Checkpoint": "ckpt_tools.state.evaluation_load",
     "open_checkpoint": "ckpt_tools.state.evaluation_load",
     "load_model_state_dict": "ckpt_tools.state.evaluation_load",
     "load_processors": "ckpt_tools.state.processor_state",
-    "RunShape": "ckpt_tools.state.resume_plan",
-    "ResumePlan": "ckpt_tools.state.resume_plan",
-    "plan_resume": "ckpt_tools.state.resume_plan",
-    "ResumeRefusedError": "ckpt_tools.errors",
-    "SaveFailedError": "ckpt_tools.errors",
     "UsageError": "ckpt_tools.errors",
     "one_line": "ckpt_tools.errors",
-    "main_decides": "ckpt_tools.state.collective",
     "merge_lora": "ckpt_tools.state.adapters",
     "merge_adapter_dir": "ckpt_tools.state.adapters",
     "PublishError": "ckpt_tools.errors",
@@ -179,22 +142,19 @@ _EXPORTS: dict[str, str] = {
 }
 
 # public modules: `layout` holds every directory and file name of the format (torch-free constants);
-# `storage` reads and writes files on local disk or any fsspec store, as the checkpoints do
-_MODULES: dict[str, str] = {"layout": "ckpt_tools.format.layout", "storage": "ckpt_tools.files.storage"}
+# `storage` reads and writes files on local disk or any fsspec store, as the checkpoints do; `training`
+# is the trainer's tier (the collective save and the two-phase resume), lazy in the same way
+_MODULES: dict[str, str] = {
+    "layout": "ckpt_tools.format.layout",
+    "storage": "ckpt_tools.files.storage",
+    "training": "ckpt_tools.training",
+}
 
 __all__ = sorted([*_EXPORTS, *_MODULES])
 
 
 if not TYPE_CHECKING:  # to a type checker, a module __getattr__ would make every misspelt name `Any`
-
-    def __getattr__(name: str) -> object:
-        module = _MODULES.get(name) or _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module 'ckpt_tools' has no attribute {name!r}")
-        imported = importlib.import_module(module)
-        value = imported if name in _MODULES else getattr(imported, name)
-        globals()[name] = value  # found directly from now on (pdoc reads the module's __dict__)
-        return value
+    __getattr__ = _lazy.loader(__name__, _EXPORTS, _MODULES)
 
 
 def __dir__() -> list[str]:

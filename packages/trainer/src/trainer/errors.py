@@ -35,7 +35,7 @@ class RunFailedError(TrainerError):
 
 USER_ERRORS: tuple[type[BaseException], ...] = (TrainerError, ckpt_tools.CheckpointError)
 """Errors whose message is written for the user (ours and ckpt_tools'): `ckpt_tools.one_line` prints
-them without their type, and `ckpt_tools.main_decides` shares them with every rank as they are."""
+them without their type, and `ckpt_tools.training.main_decides` shares them with every rank as they are."""
 
 
 class WrapPlanError(ConfigError):

@@ -2,7 +2,7 @@
 
 The plan says what carries over exactly, what changed (one warning listing every change) and what
 cannot be made correct (refused, with the reason and the fix). Phase 2, loading model and optimizer
-state onto the current topology, is `ckpt_tools.load_training_state`.
+state onto the current topology, is `ckpt_tools.training.load_training_state`.
 
 Sample order is global: every loop step consumes the next `batch_size x dp_world_size` samples of one
 per-epoch permutation. So a resume is sample-exact whenever that global batch is unchanged, whatever the

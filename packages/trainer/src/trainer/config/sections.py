@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt_tools import Ranking, Topology
+from ckpt_tools import Ranking
+from ckpt_tools.training import Topology
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import Dataset, DatasetConfig
 from trainer.config.ema import EmaConfig

@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ckpt_tools import Topology
+from ckpt_tools.training import Topology
 from trainer.config.sections import ParallelismSection
 from trainer.distributed.wrap import WrapPlan, check_tied_weights, register_forward_methods
 from trainer.errors import ConfigError, backend_detail

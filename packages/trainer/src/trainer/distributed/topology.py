@@ -1,4 +1,4 @@
-"""Resolve the declared parallelism against the launch: a frozen `ckpt_tools.Topology`.
+"""Resolve the declared parallelism against the launch: a frozen `ckpt_tools.training.Topology`.
 
 The resolved topology is the one object the engine asks about the layout (dp_world_size, is_sharded
 are defined once, on `Topology`), and it is what training_step.json records.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from ckpt_tools import Topology
+from ckpt_tools.training import Topology
 from trainer.config.parallelism import ParallelismConfig
 from trainer.errors import ConfigError
 

@@ -23,7 +23,7 @@ recomputed the same way: every module owning a tensor must define `reset_paramet
 tensors, as torch's layers do.
 
 `--policy.path` weights go into the materialized tensors, each rank reading only the blocks its shards
-hold (`ckpt_tools.load_model_weights`), after their names and shapes are checked against the meta
+hold (`ckpt_tools.training.load_model_weights`), after their names and shapes are checked against the meta
 policy from the files' headers, before anything is allocated. The tensors they fill are never
 initialized: only the rest (computed buffers, a PEFT run's adapters) is drawn. Another tool's names
 (LeRobot's pi0) are read under the policy's renaming (`Policy.renamed_on_read`).

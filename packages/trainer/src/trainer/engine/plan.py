@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ckpt_tools import Ranking, Topology, default_mode
+from ckpt_tools import Ranking, default_mode
+from ckpt_tools.training import Topology
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import Dataset
 from trainer.config.environment import check_installed

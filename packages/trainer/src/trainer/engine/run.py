@@ -24,7 +24,7 @@ class Run:
     """Everything a run builds before its first step: prepared objects, the data feed (whose sampler
     a checkpoint records) and where to start."""
 
-    topology: ckpt_tools.Topology
+    topology: ckpt_tools.training.Topology
     accelerator: Accelerator
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer

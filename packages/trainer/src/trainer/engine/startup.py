@@ -48,8 +48,8 @@ def start_run(plan: RunPlan, lock: RunLock, notes: list[str]) -> Started:
     accelerator = build_accelerator(plan.parallelism, wrap_plan)
     model_build.before_prepare(built, section, accelerator.device)  # the unsharded policy is real now
     # while the launcher's store is up (ranks it leaves behind still save), bounded like every collective
-    ckpt_tools.prepare_save_groups(timedelta(seconds=plan.parallelism.collective_timeout_s))
-    lock_note = ckpt_tools.main_decides(
+    ckpt_tools.training.prepare_save_groups(timedelta(seconds=plan.parallelism.collective_timeout_s))
+    lock_note = ckpt_tools.training.main_decides(
         lock.acquire, error=ConfigError, expected=USER_ERRORS
     )  # before anything is written to output_dir
     if lock_note:

@@ -112,4 +112,4 @@ def score_step(step_dir: str, scoring: EnvScoring, device: str, allowed: Sequenc
         }
     except (EnvironmentFailure, ConfigError, ckpt_tools.CheckpointError) as exc:  # a damaged step too
         record = {"env": scoring.env.type, "task": scoring.env.task, "error": " ".join(str(exc).split())}
-    return ckpt_tools.write_scores(step_dir, {"step": step, **record})
+    return ckpt_tools.training.write_scores(step_dir, {"step": step, **record})

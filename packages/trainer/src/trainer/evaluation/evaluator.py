@@ -267,7 +267,7 @@ def _score_one(
 def _move_best(root: str, ranking: ckpt_tools.Ranking | None, say: Callable[[str], None]) -> None:
     """Point `best` at the best step when the run ranks by an environment's figure."""
     if ranking is not None and ranking.metric in FIGURES:
-        best = ckpt_tools.point_best(root, ranking)
+        best = ckpt_tools.training.point_best(root, ranking)
         if best is not None:
             say(f"best -> {best} ({ranking.metric}, {ranking.mode})")
 

@@ -182,11 +182,11 @@ def check_fits(
 
 def stream_weights(policy: Any, path: str, saved_names: dict[str, str] | None = None) -> None:
     """Collective on a sharded policy: the weights at `path` into `policy`'s tensors, each rank reading
-    only the blocks it holds (`ckpt_tools.load_model_weights`); `check_fits` has passed. `saved_names`
+    only the blocks it holds (`ckpt_tools.training.load_model_weights`); `check_fits` has passed. `saved_names`
     maps the tensors to fill to their saved names when `policy` wraps the saved one (PEFT) or the saved
     names are another tool's (`Policy.renamed_on_read`)."""
     with _checkpoint_errors(path):
-        ckpt_tools.load_model_weights(resolve(path), policy, saved_names=saved_names)
+        ckpt_tools.training.load_model_weights(resolve(path), policy, saved_names=saved_names)
 
 
 def saved_shapes(path: str) -> dict[str, tuple[int, ...]]:

@@ -69,11 +69,11 @@ class Evaluations:
         when the evaluator is to score it."""
         step = int(layout.name(step_dir))
         if step in self.val_scores:
-            ckpt_tools.write_scores(
+            ckpt_tools.training.write_scores(
                 step_dir, {"step": step, "overall": {"val_loss": self.val_scores.pop(step)}}
             )
             if self.ranking is not None and self.ranking.metric == "val_loss":
-                ckpt_tools.point_best(self.root, self.ranking)
+                ckpt_tools.training.point_best(self.root, self.ranking)
         env = self.environment
         if env is not None and self.process is not None and is_due(step, env.every, env.last_step):
             self.pending.add(layout.name(step_dir))
@@ -113,7 +113,7 @@ class Evaluations:
                 self._lost(f"the evaluator took longer than {bound_s:.0f} s to score the last steps: stopped")
         self.poll(force=True)
         if wait:  # the steps kept for their scores are scored now: --keep_last applies to them too
-            ckpt_tools.prune_steps(self.root, self.keep_last, self.keep())
+            ckpt_tools.training.prune_steps(self.root, self.keep_last, self.keep())
         if self.pending:
             self.logger.note(
                 f"steps {', '.join(sorted(self.pending))} are being scored after the run ended: the evaluator "

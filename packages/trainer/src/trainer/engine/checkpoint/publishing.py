@@ -80,7 +80,7 @@ def publish_final(
     if not section.hub.publishes:
         return
     with waiting_group(UPLOAD_TIMEOUT) as group:  # made before the upload, while every rank is here
-        ckpt_tools.main_decides(
+        ckpt_tools.training.main_decides(
             lambda: _finish_on_main(section, summary, logger, pushes),
             error=PublishFailedError,
             expected=USER_ERRORS,

@@ -1,7 +1,7 @@
 """Two-phase resume (docs/resume.md): the trainer's side, over ckpt_tools' plan and loaders.
 
 Phase 1 (`before_prepare`) runs on the plain, freshly built policy: it finds the checkpoint, reads its
-`training_step.json`, judges the current run against it (`ckpt_tools.plan_resume`: refused, warned,
+`training_step.json`, judges the current run against it (`ckpt_tools.training.plan_resume`: refused, warned,
 sample-exact), checks that the saved weights fit the model, and restores the RNG and the sampler's
 position. No weights are loaded then: whatever the format, they go in after `prepare()`, where DCP
 shards are resharded straight onto the current topology (`after_prepare`, phase 2).
@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 import torch
 
 import ckpt_tools
-from ckpt_tools import ResumePlan, RunShape, Topology, layout
+from ckpt_tools import layout
+from ckpt_tools.training import ResumePlan, RunShape, Topology
 from trainer.config.sections import SavingSection
 from trainer.data.pipeline.sampler import GlobalOrderSampler
 from trainer.engine.peft_policy import saved_weight_shapes
@@ -60,7 +61,9 @@ def saved_config_path(output_dir: str) -> str | None:
         return None
     try:
         ckpt_tools.read_training_step(step_dir)
-    except ckpt_tools.ResumeRefusedError as exc:  # another tool's run (LeRobot's): its config is not ours
+    except (
+        ckpt_tools.training.ResumeRefusedError
+    ) as exc:  # another tool's run (LeRobot's): its config is not ours
         raise CannotResumeError(step_dir, str(exc)) from None
     except ckpt_tools.CheckpointError:
         pass  # a damaged step is explained where the resume reads it
@@ -109,7 +112,7 @@ def before_prepare(
     and computes the same plan."""
     if not section.resume:
         return FRESH
-    step_dir = ckpt_tools.main_decides(
+    step_dir = ckpt_tools.training.main_decides(
         lambda: find_checkpoint(section.config_path, section.output_dir),
         error=ConfigError,
         expected=USER_ERRORS,
@@ -122,9 +125,9 @@ def before_prepare(
         )
     with _refusals(step_dir):
         saved = ckpt_tools.read_training_step(step_dir)
-        plan = ckpt_tools.plan_resume(saved, _run_shape(section, topology))
+        plan = ckpt_tools.training.plan_resume(saved, _run_shape(section, topology))
         _check_weights_fit(step_dir, model)
-        ckpt_tools.load_rng_state(step_dir, rank, world_size)
+        ckpt_tools.training.load_rng_state(step_dir, rank, world_size)
     if plan.sampler.offset > sampler.num_samples:  # fewer --dataset.episodes than the run saved with
         raise ConfigError(
             f"cannot resume from {step_dir}: its sampler offset {plan.sampler.offset} lies beyond this "
@@ -162,7 +165,7 @@ def after_prepare(
     if point.step_dir is None:
         return frozenset()
     with _refusals(point.step_dir):
-        return ckpt_tools.load_training_state(
+        return ckpt_tools.training.load_training_state(
             point.step_dir,
             model=model,
             optimizer=getattr(optimizer, "optimizer", optimizer),  # accelerate's wrapper holds the real one

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, TypedDict
 import torch
 
 import ckpt_tools
-from ckpt_tools import SamplerPosition, Topology, TrainingStep, layout
+from ckpt_tools import TrainingStep, layout
+from ckpt_tools.training import SamplerPosition, Topology
 from trainer.config.sections import SavingSection
 from trainer.data.pipeline.processors import Processor
 from trainer.engine.peft_policy import adapter_config
@@ -94,7 +95,7 @@ def start(
     section: SavingSection,
     state: TrainingStep,
     **objects: Unpack[SavedObjects],
-) -> ckpt_tools.PendingCheckpoint:
+) -> ckpt_tools.training.PendingCheckpoint:
     """Collective: call on all ranks. Writes the step (its DCP shards in the background with
     --async_save) and returns the pending checkpoint that `finish` commits."""
     processors = {
@@ -102,7 +103,7 @@ def start(
         layout.POSTPROCESSOR: ckpt_tools.ProcessorState(*objects["postprocessor"].state()),
     }
     with _one_line(section):
-        return ckpt_tools.start_checkpoint(
+        return ckpt_tools.training.start_checkpoint(
             checkpoints_dir(section.output_dir),
             state,
             model=objects["model"],
@@ -121,7 +122,9 @@ def start(
         )
 
 
-def finish(section: SavingSection, pending: ckpt_tools.PendingCheckpoint, keep: Collection[str] = ()) -> str:
+def finish(
+    section: SavingSection, pending: ckpt_tools.training.PendingCheckpoint, keep: Collection[str] = ()
+) -> str:
     """Collective: wait for the pending checkpoint's writes on every rank, commit it, move `last`, apply
     --keep_last, which spares the step names in `keep` (those a push reads). Returns the step directory."""
     with _one_line(section):
@@ -132,7 +135,7 @@ def finish(section: SavingSection, pending: ckpt_tools.PendingCheckpoint, keep: 
 def _one_line(section: SavingSection) -> Iterator[None]:
     try:
         yield
-    except ckpt_tools.SaveFailedError as exc:
+    except ckpt_tools.training.SaveFailedError as exc:
         raise CheckpointSaveError(
             f"{exc}; `last` still names the newest complete checkpoint: fix the cause and resume with "
             f"--resume=true --output_dir={os.path.abspath(section.output_dir)}"

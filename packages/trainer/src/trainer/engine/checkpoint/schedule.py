@@ -41,7 +41,7 @@ class SaveSchedule:
         self.pushes = pushes  # the main rank's, if any
         self.evaluations = evaluations  # the main rank's, if any
         self.last_checkpoint: str | None = None
-        self._pending: ckpt_tools.PendingCheckpoint | None = None  # a background write not committed
+        self._pending: ckpt_tools.training.PendingCheckpoint | None = None  # a background write not committed
         self._started_now = False  # the pending write was started by this step's save
         self._saved_step = -1
 
@@ -128,7 +128,7 @@ class SaveSchedule:
     def _owns_output_dir(self) -> None:
         """Collective. A run whose output_dir another run took over (its lock's heartbeat found the
         other owner) commits nothing more: every rank raises the lock's one line."""
-        ckpt_tools.main_decides(self.run.check_lock, error=RunFailedError, expected=USER_ERRORS)
+        ckpt_tools.training.main_decides(self.run.check_lock, error=RunFailedError, expected=USER_ERRORS)
 
     def _state(self, step: int) -> ckpt_tools.TrainingStep:
         run = self.run
@@ -139,7 +139,7 @@ def check_writes(logger: Logger, output_dir: str, checkpoint: str | None) -> Non
     """Collective. Every rank raises the logger's one line when a metrics write failed (a full disk):
     called after a save, so the steps trained since the failure are kept."""
     check = partial(logger.check_writes, checkpoint, resume_hint(output_dir))
-    ckpt_tools.main_decides(check, error=RunFailedError, expected=USER_ERRORS)
+    ckpt_tools.training.main_decides(check, error=RunFailedError, expected=USER_ERRORS)
 
 
 def resume_hint(output_dir: str) -> str:

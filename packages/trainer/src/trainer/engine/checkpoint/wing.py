@@ -86,7 +86,7 @@ class Checkpoints:
             return last
         bound = environment.step_bound_s * (environment.last_step // environment.every + 2)
         with publishing.waiting_group(bound) as group:  # the other ranks wait for the main rank's evaluator
-            ckpt_tools.main_decides(
+            ckpt_tools.training.main_decides(
                 lambda: self.evaluations.finish(wait=True, bound_s=bound) if self.evaluations else None,
                 error=RunFailedError,
                 expected=USER_ERRORS,
