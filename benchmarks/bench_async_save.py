@@ -2,7 +2,7 @@
 
 Two gloo ranks shard a model with FSDP2 (weights `--size-mb` in fp32, AdamW state twice that) and save
 it in the DCP format through `ckpt_tools`: `save_checkpoint` (the whole save stalls training) against
-`start_checkpoint(background=True)` (training waits only for staging, the gathered/side files and, at
+`start_checkpoint(SaveRequest(background=True))` (training waits only for staging, the gathered/side files and, at
 the next boundary, the commit). Between the async start and the commit the ranks keep computing, as
 training would. Prints the mean per-save stall of each and their ratio. Run through `nox -s bench`.
 
@@ -86,14 +86,20 @@ def worker(size_mb: int, repeat: int, workdir: str) -> None:
     for i in range(repeat):
         dist.barrier()
         start = time.perf_counter()
-        ckpt_tools.training.save_checkpoint(root, step_state(2 * i + 1), **objects)
+        ckpt_tools.training.save_checkpoint(
+            ckpt_tools.training.SaveRequest(
+                checkpoints_dir=root, training_step=step_state(2 * i + 1), **objects
+            )
+        )
         sync.append(time.perf_counter() - start)
         train_step()
 
         dist.barrier()
         start = time.perf_counter()
         pending = ckpt_tools.training.start_checkpoint(
-            root, step_state(2 * i + 2), background=True, **objects
+            ckpt_tools.training.SaveRequest(
+                checkpoints_dir=root, training_step=step_state(2 * i + 2), background=True, **objects
+            )
         )
         stall = time.perf_counter() - start
         began = time.perf_counter()

@@ -44,7 +44,15 @@ def child(manifest: bool, size_mb: int, out: str) -> None:
     )
     start = time.perf_counter()
     ckpt_tools.training.save_checkpoint(
-        out, step, model=model, optimizer=optimizer, policy_config={}, train_config={}, manifest=manifest
+        ckpt_tools.training.SaveRequest(
+            checkpoints_dir=out,
+            training_step=step,
+            model=model,
+            optimizer=optimizer,
+            policy_config={},
+            train_config={},
+            manifest=manifest,
+        )
     )
     seconds = time.perf_counter() - start
     print(seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)

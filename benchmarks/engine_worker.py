@@ -101,13 +101,15 @@ def save(
     sharded: bool = True,
 ) -> None:
     ckpt_tools.training.save_checkpoint(
-        out,
-        training_step(fmt, number, sharded),
-        model=model,
-        optimizer=optimizer,
-        policy_config={},
-        train_config={},
-        manifest=manifest,
+        ckpt_tools.training.SaveRequest(
+            checkpoints_dir=out,
+            training_step=training_step(fmt, number, sharded),
+            model=model,
+            optimizer=optimizer,
+            policy_config={},
+            train_config={},
+            manifest=manifest,
+        )
     )
 
 

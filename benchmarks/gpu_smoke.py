@@ -229,10 +229,16 @@ def check_dcp(workdir: Path, device: str, sizes: dict[str, int]) -> dict[str, fl
         stalls = {}
         stalls["raw dcp.save"], _ = timed(raw)
         stalls["ckpt_tools save_checkpoint"], _ = timed(
-            lambda: ckpt_tools.training.save_checkpoint(root, step_state(1), **objects)
+            lambda: ckpt_tools.training.save_checkpoint(
+                ckpt_tools.training.SaveRequest(checkpoints_dir=root, training_step=step_state(1), **objects)
+            )
         )
         stall, pending = timed(
-            lambda: ckpt_tools.training.start_checkpoint(root, step_state(2), background=True, **objects)
+            lambda: ckpt_tools.training.start_checkpoint(
+                ckpt_tools.training.SaveRequest(
+                    checkpoints_dir=root, training_step=step_state(2), background=True, **objects
+                )
+            )
         )
         while not pending.written():  # training would go on here
             time.sleep(0.01)

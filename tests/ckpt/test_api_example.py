@@ -33,13 +33,15 @@ def _saved_run(root: Path) -> dict[str, torch.Tensor]:
     )
     ema = {name: param.detach() * 0.5 + 0.25 for name, param in model.named_parameters()}
     ckpt_tools.training.save_checkpoint(
-        root / "outputs" / "run" / "checkpoints",
-        training_step(3),
-        model=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        policy_config=CONFIG,
-        train_config={"steps": 3},
-        extra_weights={"ema": ema},
+        ckpt_tools.training.SaveRequest(
+            checkpoints_dir=root / "outputs" / "run" / "checkpoints",
+            training_step=training_step(3),
+            model=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            policy_config=CONFIG,
+            train_config={"steps": 3},
+            extra_weights={"ema": ema},
+        )
     )
     return ema
 

@@ -4,16 +4,19 @@ never imports torch (which alone takes ~2 s here)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 from pathlib import Path
 
 import pytest
+import torch
 from report_fixtures import write_step_dir
 
 import ckpt_tools
 import ckpt_tools.training
 from helpers.lazy_exports import modules_after, type_checking_imports
+from helpers.tiny_run import training_step
 
 # Adding a name here is a decision about the stable API evaluation pipelines use (the top level).
 PUBLIC = {
@@ -71,6 +74,7 @@ PUBLIC = {
 TRAINING = {
     # saving, on every rank; the main rank decides, every rank gets the value or the same error
     "prepare_save_groups",
+    "SaveRequest",
     "save_checkpoint",
     "start_checkpoint",
     "PendingCheckpoint",
@@ -142,14 +146,29 @@ def test_the_trainers_tier_is_not_at_the_top_level() -> None:
     assert ckpt_tools.training is importlib.import_module("ckpt_tools.training")
 
 
-def test_save_checkpoint_takes_exactly_start_checkpoints_parameters() -> None:
-    """`save_checkpoint` spells out `start_checkpoint`'s parameters so that callers are type-checked;
-    a parameter added to one is added to the other."""
-    save, start = (
-        inspect.signature(ckpt_tools.training.save_checkpoint),
-        inspect.signature(ckpt_tools.training.start_checkpoint),
+@pytest.mark.parametrize("name", ["save_checkpoint", "start_checkpoint"])
+def test_a_save_takes_one_typed_request(name: str) -> None:
+    """Both entries of a save take one `SaveRequest` (positional), so a field added is added to both and
+    a caller's options are type-checked where the request is built."""
+    (parameter,) = inspect.signature(getattr(ckpt_tools.training, name)).parameters.values()
+    assert parameter.kind is inspect.Parameter.POSITIONAL_ONLY
+    assert parameter.annotation in ("SaveRequest", ckpt_tools.training.SaveRequest)
+
+
+def test_a_save_request_is_keyword_only_and_frozen() -> None:
+    request = ckpt_tools.training.SaveRequest(
+        checkpoints_dir="run/checkpoints",
+        training_step=training_step(1),
+        model=torch.nn.Linear(1, 1),
+        optimizer=torch.optim.SGD(torch.nn.Linear(1, 1).parameters()),
+        policy_config={},
+        train_config={},
     )
-    assert save.parameters == start.parameters
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.keep_last = 3  # type: ignore[misc]
+    assert dataclasses.replace(request, keep_last=3).keep_last == 3
+    with pytest.raises(TypeError, match="positional"):
+        ckpt_tools.training.SaveRequest("run/checkpoints")  # type: ignore[misc,call-arg]
 
 
 def test_unknown_name_is_an_attribute_error() -> None:

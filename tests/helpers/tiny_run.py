@@ -61,14 +61,16 @@ def assert_same_optimizer_state(a: dict, b: dict) -> None:
 
 def save(root, step: int, model, optimizer, scheduler, **kwargs) -> str:
     return ckpt_tools.training.save_checkpoint(
-        root,
-        kwargs.pop("ts", training_step(step)),
-        model=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        policy_config={"type": "mlp", "hidden": 7},
-        train_config={"steps": 10, "seed": 0},
-        **kwargs,
+        ckpt_tools.training.SaveRequest(
+            checkpoints_dir=root,
+            training_step=kwargs.pop("ts", training_step(step)),
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            policy_config={"type": "mlp", "hidden": 7},
+            train_config={"steps": 10, "seed": 0},
+            **kwargs,
+        )
     )
 
 

@@ -44,12 +44,14 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     policy = tiny_act(seed=1)
     root = tmp_path_factory.mktemp("base") / "checkpoints"
     step = ckpt_tools.training.save_checkpoint(
-        root,
-        training_step(0, peft=False),
-        model=policy,
-        optimizer=torch.optim.AdamW(policy.parameters()),
-        policy_config=policy.config.to_dict(),
-        train_config={},
+        ckpt_tools.training.SaveRequest(
+            checkpoints_dir=root,
+            training_step=training_step(0, peft=False),
+            model=policy,
+            optimizer=torch.optim.AdamW(policy.parameters()),
+            policy_config=policy.config.to_dict(),
+            train_config={},
+        )
     )
     return Path(step)
 
@@ -190,13 +192,15 @@ def test_adapter_checkpoint_round_trip(tmp_path, checkpoint_format):
     model = lora_policy(config)
     optimizer = _train_a_little(model)
     step = ckpt_tools.training.save_checkpoint(
-        tmp_path / "checkpoints",
-        training_step(2, checkpoint_format),
-        model=model,
-        optimizer=optimizer,
-        policy_config=config.policy.to_dict(),
-        train_config={},
-        adapter_config=adapter_config(model, config.policy.path),
+        ckpt_tools.training.SaveRequest(
+            checkpoints_dir=tmp_path / "checkpoints",
+            training_step=training_step(2, checkpoint_format),
+            model=model,
+            optimizer=optimizer,
+            policy_config=config.policy.to_dict(),
+            train_config={},
+            adapter_config=adapter_config(model, config.policy.path),
+        )
     )
     model_dir = Path(step) / "pretrained_model"
     assert not (model_dir / "model.safetensors").exists()
@@ -233,13 +237,15 @@ def test_adapter_checkpoint_round_trip(tmp_path, checkpoint_format):
     )
     # An adapter holding fewer tensors than the model trains is refused too (none left as built).
     fewer = ckpt_tools.training.save_checkpoint(
-        tmp_path / "fewer",
-        training_step(2, checkpoint_format),
-        model=other,
-        optimizer=torch.optim.AdamW([p for p in other.parameters() if p.requires_grad]),
-        policy_config=config.policy.to_dict(),
-        train_config={},
-        adapter_config=adapter_config(other, config.policy.path),
+        ckpt_tools.training.SaveRequest(
+            checkpoints_dir=tmp_path / "fewer",
+            training_step=training_step(2, checkpoint_format),
+            model=other,
+            optimizer=torch.optim.AdamW([p for p in other.parameters() if p.requires_grad]),
+            policy_config=config.policy.to_dict(),
+            train_config={},
+            adapter_config=adapter_config(other, config.policy.path),
+        )
     )
     with pytest.raises(
         ckpt_tools.CheckpointError, match="the adapter holds 8 tensors, this model trains 26 "

@@ -43,7 +43,14 @@ def main(output_dir: str) -> None:
         checkpoint_format="safetensors_dcp",
     )
     ckpt_tools.training.save_checkpoint(
-        output_dir, step, model=model, optimizer=optimizer, policy_config={"type": "mlp"}, train_config={}
+        ckpt_tools.training.SaveRequest(
+            checkpoints_dir=output_dir,
+            training_step=step,
+            model=model,
+            optimizer=optimizer,
+            policy_config={"type": "mlp"},
+            train_config={},
+        )
     )
     clean_exit.leave(barrier=False)
 

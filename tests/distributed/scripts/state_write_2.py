@@ -20,12 +20,14 @@ from ckpt_tools.state import training_load as load
 def save(out: str, case: str, kind: str, fmt: str, model, optimizer, step: int = 2) -> None:
     seed_rng_for_save()
     ckpt_tools.training.save_checkpoint(
-        f"{out}/{case}/checkpoints",
-        training_step(step, kind, fmt),
-        model=model,
-        optimizer=optimizer,
-        policy_config={"type": "tiny"},
-        train_config={"case": case},
+        ckpt_tools.training.SaveRequest(
+            checkpoints_dir=f"{out}/{case}/checkpoints",
+            training_step=training_step(step, kind, fmt),
+            model=model,
+            optimizer=optimizer,
+            policy_config={"type": "tiny"},
+            train_config={"case": case},
+        )
     )
     dump_full_state(model, optimizer, f"{out}/{case}/reference.pt")
 

@@ -17,12 +17,14 @@ def main(out: str) -> None:
     train(model, optimizer, 2)
     seed_rng_for_save()
     ckpt_tools.training.save_checkpoint(
-        f"{out}/fsdp4/checkpoints",
-        training_step(2, "fsdp", "safetensors_dcp"),
-        model=model,
-        optimizer=optimizer,
-        policy_config={"type": "tiny"},
-        train_config={"case": "fsdp4"},
+        ckpt_tools.training.SaveRequest(
+            checkpoints_dir=f"{out}/fsdp4/checkpoints",
+            training_step=training_step(2, "fsdp", "safetensors_dcp"),
+            model=model,
+            optimizer=optimizer,
+            policy_config={"type": "tiny"},
+            train_config={"case": "fsdp4"},
+        )
     )
     dump_full_state(model, optimizer, f"{out}/fsdp4/reference.pt")
 
@@ -31,12 +33,14 @@ def main(out: str) -> None:
     dump_full_state(hsdp, hsdp_optimizer, f"{out}/resumed/fsdp4_to_hsdp.pt")
     train(hsdp, hsdp_optimizer, 1, first_step=2)
     ckpt_tools.training.save_checkpoint(
-        f"{out}/hsdp2x2/checkpoints",
-        training_step(3, "hsdp", "dcp"),
-        model=hsdp,
-        optimizer=hsdp_optimizer,
-        policy_config={"type": "tiny"},
-        train_config={"case": "hsdp2x2"},
+        ckpt_tools.training.SaveRequest(
+            checkpoints_dir=f"{out}/hsdp2x2/checkpoints",
+            training_step=training_step(3, "hsdp", "dcp"),
+            model=hsdp,
+            optimizer=hsdp_optimizer,
+            policy_config={"type": "tiny"},
+            train_config={"case": "hsdp2x2"},
+        )
     )
     dump_full_state(hsdp, hsdp_optimizer, f"{out}/hsdp2x2/reference.pt")
     finish()

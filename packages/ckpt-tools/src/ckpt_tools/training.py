@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ckpt_tools.state.rng import load_rng_state as load_rng_state, save_rng_state as save_rng_state
     from ckpt_tools.state.save import (
         PendingCheckpoint as PendingCheckpoint,
+        SaveRequest as SaveRequest,
         prepare_save_groups as prepare_save_groups,
         save_checkpoint as save_checkpoint,
         start_checkpoint as start_checkpoint,
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     # saving
     "prepare_save_groups": "ckpt_tools.state.save",
+    "SaveRequest": "ckpt_tools.state.save",
     "save_checkpoint": "ckpt_tools.state.save",
     "start_checkpoint": "ckpt_tools.state.save",
     "PendingCheckpoint": "ckpt_tools.state.save",

@@ -10,7 +10,7 @@ it, so a reader asking for it gets the model's state dict with those tensors rep
 The catalog lists a path's sets from this table, the loaders, `convert --weights`, `push --weights`
 and the trainer choose one through `choose` (one message for a name that is no weight set) and report
 a missing one with `missing` (one message). A save writes, and a resume fills, the sets that overlay the
-model from one mapping by name (`start_checkpoint(extra_weights={"ema": shadow})`,
+model from one mapping by name (`SaveRequest(extra_weights={"ema": shadow})`,
 `load_training_state(extra_weights=...)`, each set checked with `extra`): adding a weight set is one
 entry in `WEIGHT_SETS` plus the code that produces it (the trainer's EMA for `ema`). Torch-free.
 """

@@ -17,6 +17,7 @@ import contextlib
 import os
 from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -49,148 +50,112 @@ from ckpt_tools.tensors.tensor_io import dcp_async_save, dcp_save, dcp_stage, wr
 WriteDcp = Callable[[dict[str, Any], str], None]  # writes a state dict as a DCP directory
 
 
-def start_checkpoint(
-    checkpoints_dir: str | os.PathLike[str],
-    training_step: TrainingStep,
-    *,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    policy_config: dict[str, Any],
-    train_config: dict[str, Any],
-    processors: Mapping[str, ProcessorState] | None = None,
-    scheduler: Stateful | None = None,
-    scaler: Stateful | None = None,
-    process_group: dist.ProcessGroup | None = None,
-    adapter_config: Mapping[str, Any] | None = None,
-    keep_last: int = 0,
-    manifest: bool = True,
-    background: bool = False,
-    extra_weights: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
-    shard_size: int | str | None = None,
-) -> PendingCheckpoint:
-    """Collective: call on all ranks. Write `<checkpoints_dir>/<step:06d>/`; `finish()` on the result
-        (collective) moves `last` to it and, with `keep_last=K` > 0, deletes all but the K newest steps
-        (`commit.prune_steps`). `save_checkpoint` is both at once.
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SaveRequest:
+    """One step's save: what it writes and how, the one argument of `start_checkpoint` and
+    `save_checkpoint`. Frozen (`dataclasses.replace` derives another step's request) and compared by
+    identity, as the live model and optimizer it holds are."""
 
-        With `background=True` the DCP parts (a sharded run's optimizer, DCP weights) are staged (copied)
-        now and written by DCP's async save in background threads, so training can go on; `written()`
-        says whether this rank's writes are done, and `finish()` waits for them. The other parts (gathered
-        files, side files) are written before this returns.
+    checkpoints_dir: str | os.PathLike[str]
+    """The run's `checkpoints/` directory (a local path or an fsspec URL): the step is written under it
+    as `<step:06d>/`."""
+    training_step: TrainingStep
+    """The step's `training_step.json`; its `checkpoint_format` says how the weights go out: `safetensors`
+    gathers the full (fp32 master) weights into `model.safetensors`, `dcp` writes `pytorch_model_fsdp_0/`
+    from every rank, `safetensors_dcp` both."""
+    model: nn.Module
+    """The prepared model (plain, DDP-wrapped, or FSDP2/HSDP-sharded)."""
+    optimizer: torch.optim.Optimizer
+    """Saved as DCP (`optimizer_0/`) on a sharded model, else `optimizer_state.safetensors` +
+    `optimizer_param_groups.json`."""
+    policy_config: dict[str, Any]
+    """`pretrained_model/config.json`."""
+    train_config: dict[str, Any]
+    """`pretrained_model/train_config.json`."""
+    processors: Mapping[str, ProcessorState] | None = None
+    """The policy's processors, keyed `layout.PREPROCESSOR` / `layout.POSTPROCESSOR`."""
+    scheduler: Stateful | None = None
+    scaler: Stateful | None = None
+    process_group: dist.ProcessGroup | None = None
+    """The group that saves (the default group when None)."""
+    adapter_config: Mapping[str, Any] | None = None
+    """A PEFT run's (peft's config as JSON, `base_model_name_or_path` included): the weights saved are
+    then only the trainable ones, under peft's key names (`peft_key`), as `adapter_model.safetensors`
+    and/or `adapter_model_fsdp_0/` by the same format rule, beside `adapter_config.json`; the frozen base
+    is not written."""
+    keep_last: int = 0
+    """K > 0: at `finish()`, delete all but the K newest steps (`commit.prune_steps`)."""
+    manifest: bool = True
+    """Write `manifest.json`: every file's size and sha256, hashed from the bytes as they are written (each
+    rank its own shards, gathered to the main rank), which `ckpt verify --deep` checks. Gathered files
+    are written tensor by tensor, hashed as they pass (`gathered_write.py`): no process holds a second
+    copy of the model."""
+    background: bool = False
+    """Stage (copy) the DCP parts (a sharded run's optimizer, DCP weights) now and write them with DCP's
+    async save in background threads, so training can go on; `PendingCheckpoint.written()` says whether
+    this rank's writes are done, and `finish()` waits for them. The other parts (gathered files, side
+    files) are written before `start_checkpoint` returns."""
+    extra_weights: Mapping[str, Mapping[str, torch.Tensor]] | None = None
+    """The weight sets saved beside the model, by name (format/weight_sets.py; today `ema`, a run's EMA
+    shadow): each maps parameter names (the model's state-dict names) to tensors sharded like the
+    parameters (DTensors on a sharded model, the same on every rank otherwise), and is written by the
+    model's format rule into its own files (`ema.safetensors` gathered and/or `ema_dcp/` from every
+    rank), so a resume reshards it like the weights and a reader loads it like them. A PEFT run's set (of
+    its trainable parameters) is saved under the adapter's key names (`peft_key`), so it stands in for
+    the adapter file as a full model's stands in for the model file."""
+    shard_size: int | str | None = None
+    """`5GB`, `500MiB` or bytes: the gathered model weights as Hugging Face style shards of at most that
+    size (`model-0000k-of-0000n.safetensors` and `model.safetensors.index.json`, split as huggingface_hub
+    splits) instead of one `model.safetensors`; the adapter and the EMA stay one file."""
 
-        `model` is the prepared model (plain, DDP-wrapped, or FSDP2/HSDP-sharded). The weights go out in
-        `training_step.checkpoint_format`: `safetensors` gathers the full (fp32 master) weights into
-        `model.safetensors`, `dcp` writes `pytorch_model_fsdp_0/` from every rank, `safetensors_dcp` both.
-        The optimizer is DCP (`optimizer_0/`) on a sharded model, else `optimizer_state.safetensors` +
-        `optimizer_param_groups.json`. `processors` keys are `layout.PREPROCESSOR` / `layout.POSTPROCESSOR`.
-        Every rank's RNG state, as it is now, is gathered into `rng_state.safetensors` at `finish()`.
-        A failure of the main rank's own writing (gathered files, side files, commit, retention) or of any
-        rank's DCP shard write raises the same one-line `SaveFailedError` on every rank, at once.
 
-        A PEFT run passes `adapter_config` (peft's config as JSON, `base_model_name_or_path` included): the
-        weights saved are then only the trainable ones, under peft's key names (`peft_key`), as
-        `adapter_model.safetensors` and/or `adapter_model_fsdp_0/` by the same format rule, beside
-        `adapter_config.json`; the frozen base is not written.
+def start_checkpoint(request: SaveRequest, /) -> PendingCheckpoint:
+    """Collective: call on all ranks. Write `<checkpoints_dir>/<step:06d>/` as `request` says;
+    `finish()` on the result (collective) moves `last` to it and applies `keep_last`.
+    `save_checkpoint` is both at once.
 
-        `manifest` (default on) writes `manifest.json`: every file's size and sha256, hashed from the bytes
-        as they are written (each rank its own shards, gathered to the main rank), which
-        `ckpt verify --deep` checks. Gathered files are written tensor by tensor, hashed as they pass
-    (`gathered_write.py`): no process holds a second copy of the model.
-
-        `extra_weights` are the weight sets saved beside the model, by name (format/weight_sets.py; today
-        `ema`, a run's EMA shadow): each maps parameter names (the model's state-dict names) to tensors
-        sharded like the parameters (DTensors on a sharded model, the same on every rank otherwise), and
-        is written by the model's format rule into its own files (`ema.safetensors` gathered and/or
-        `ema_dcp/` from every rank), so a resume reshards it like the weights and a reader loads it like
-        them. A PEFT run's set (of its trainable parameters) is saved under the adapter's key names
-        (`peft_key`), so it stands in for the adapter file as a full model's stands in for the model file.
-
-        `shard_size` (`5GB`, `500MiB` or bytes): the gathered model weights as Hugging Face style shards of
-        at most that size (`model-0000k-of-0000n.safetensors` and `model.safetensors.index.json`, split as
-        huggingface_hub splits) instead of one `model.safetensors`; the adapter and the EMA stay one file.
+    Every rank's RNG state, as it is now, is gathered into `rng_state.safetensors` at `finish()`. A
+    failure of the main rank's own writing (gathered files, side files, commit, retention) or of any
+    rank's DCP shard write raises the same one-line `SaveFailedError` on every rank, at once.
     """
-    max_size = parse_size(shard_size, "shard_size") if shard_size is not None else None
-    group = Group(process_group)
-    recorder = Recorder() if manifest else None
-    check_processors(processors)
-    extras = [(weight_sets.extra(name), state) for name, state in (extra_weights or {}).items()]
-    root = os.fspath(checkpoints_dir).rstrip("/")
-    step = training_step.step
-    pending = PendingCheckpoint(group, root, step, keep_last, recorder, rng_snapshot(group.rank))
+    max_size = parse_size(request.shard_size, "shard_size") if request.shard_size is not None else None
+    group = Group(request.process_group)
+    recorder = Recorder() if request.manifest else None
+    check_processors(request.processors)
+    extras = [(weight_sets.extra(name), state) for name, state in (request.extra_weights or {}).items()]
+    root = os.fspath(request.checkpoints_dir).rstrip("/")
+    step, checkpoint_format = request.training_step.step, request.training_step.checkpoint_format
+    pending = PendingCheckpoint(group, root, step, request.keep_last, recorder, rng_snapshot(group.rank))
     tmp = commit.tmp_step_dir(root, step)
     group.on_main(_begin, root, step)
     group.agree(pending.what)  # nobody writes before the directory exists
-    write_dcp = pending.background_writer() if background else pending.writer()
+    write_dcp = pending.background_writer() if request.background else pending.writer()
     model_dir = layout.join(tmp, layout.PRETRAINED_MODEL_DIR)
     with _shard_failures(pending.what):
-        if adapter_config is None:
-            _save_model(
-                model_dir, model, training_step.checkpoint_format, group, recorder, write_dcp, max_size
-            )
+        if request.adapter_config is None:
+            _save_model(model_dir, request.model, checkpoint_format, group, recorder, write_dcp, max_size)
         else:
-            _save_adapter(model_dir, model, training_step.checkpoint_format, group, recorder, write_dcp)
+            _save_adapter(model_dir, request.model, checkpoint_format, group, recorder, write_dcp)
         for kind, state in extras:
-            saved = _peft_names(state, model) if adapter_config is not None else state
-            _save_extra(model_dir, kind, saved, training_step.checkpoint_format, group, recorder, write_dcp)
+            saved = _peft_names(state, request.model) if request.adapter_config is not None else state
+            _save_extra(model_dir, kind, saved, checkpoint_format, group, recorder, write_dcp)
         _save_optimizer(
-            layout.join(tmp, layout.TRAINING_STATE_DIR), model, optimizer, group, recorder, write_dcp
+            layout.join(tmp, layout.TRAINING_STATE_DIR),
+            request.model,
+            request.optimizer,
+            group,
+            recorder,
+            write_dcp,
         )
         pending.launch()
-    group.on_main(
-        _write_side_files,
-        tmp,
-        training_step,
-        policy_config,
-        train_config,
-        processors,
-        scheduler,
-        scaler,
-        adapter_config,
-        recorder,
-    )
+    group.on_main(_write_side_files, tmp, request, recorder)
     return pending
 
 
-def save_checkpoint(
-    checkpoints_dir: str | os.PathLike[str],
-    training_step: TrainingStep,
-    *,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    policy_config: dict[str, Any],
-    train_config: dict[str, Any],
-    processors: Mapping[str, ProcessorState] | None = None,
-    scheduler: Stateful | None = None,
-    scaler: Stateful | None = None,
-    process_group: dist.ProcessGroup | None = None,
-    adapter_config: Mapping[str, Any] | None = None,
-    keep_last: int = 0,
-    manifest: bool = True,
-    background: bool = False,
-    extra_weights: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
-    shard_size: int | str | None = None,
-) -> str:
-    """Collective: call on all ranks. `start_checkpoint(...).finish()` with the same arguments: write
-    `<checkpoints_dir>/<step:06d>/`, move `last` to it, apply `keep_last`; returns the step directory.
-    The parameters are spelt out (not `**kwargs`) so that a caller's arguments are type-checked;
-    `tests/ckpt/test_exported_members.py` keeps them `start_checkpoint`'s."""
-    return start_checkpoint(
-        checkpoints_dir,
-        training_step,
-        model=model,
-        optimizer=optimizer,
-        policy_config=policy_config,
-        train_config=train_config,
-        processors=processors,
-        scheduler=scheduler,
-        scaler=scaler,
-        process_group=process_group,
-        adapter_config=adapter_config,
-        keep_last=keep_last,
-        manifest=manifest,
-        background=background,
-        extra_weights=extra_weights,
-        shard_size=shard_size,
-    ).finish()
+def save_checkpoint(request: SaveRequest, /) -> str:
+    """Collective: call on all ranks. `start_checkpoint(request).finish()`: write
+    `<checkpoints_dir>/<step:06d>/`, move `last` to it, apply `keep_last`; returns the step directory."""
+    return start_checkpoint(request).finish()
 
 
 class PendingCheckpoint:
@@ -459,27 +424,19 @@ def _optimizer_state(
     return osd
 
 
-def _write_side_files(
-    step_dir: str,
-    training_step: TrainingStep,
-    policy_config: dict[str, Any],
-    train_config: dict[str, Any],
-    processors: Mapping[str, ProcessorState] | None,
-    scheduler: Stateful | None,
-    scaler: Stateful | None,
-    adapter_config: Mapping[str, Any] | None = None,
-    recorder: Recorder | None = None,
-) -> None:
+def _write_side_files(step_dir: str, request: SaveRequest, recorder: Recorder | None) -> None:
+    """The main rank's files beside the weights: the configs, the processors, `training_step.json`, the
+    scheduler's and the scaler's state."""
     model_dir = layout.join(step_dir, layout.PRETRAINED_MODEL_DIR)
     state_dir = layout.join(step_dir, layout.TRAINING_STATE_DIR)
-    write_json(layout.join(model_dir, layout.POLICY_CONFIG), policy_config, recorder)
-    if adapter_config is not None:
-        write_json(layout.join(model_dir, layout.ADAPTER_CONFIG), dict(adapter_config), recorder)
-    write_json(layout.join(model_dir, layout.TRAIN_CONFIG), train_config, recorder)
-    write_processors(model_dir, processors, recorder)
+    write_json(layout.join(model_dir, layout.POLICY_CONFIG), request.policy_config, recorder)
+    if request.adapter_config is not None:
+        write_json(layout.join(model_dir, layout.ADAPTER_CONFIG), dict(request.adapter_config), recorder)
+    write_json(layout.join(model_dir, layout.TRAIN_CONFIG), request.train_config, recorder)
+    write_processors(model_dir, request.processors, recorder)
     path = layout.join(state_dir, layout.TRAINING_STEP)
-    write_bytes(path, training_step.to_json().encode("utf-8"), recorder)
-    if scheduler is not None:
-        write_json(layout.join(state_dir, layout.SCHEDULER_STATE), scheduler.state_dict(), recorder)
-    if scaler is not None and scaler.state_dict():  # a disabled GradScaler has no state
-        write_json(layout.join(state_dir, layout.SCALER_STATE), scaler.state_dict(), recorder)
+    write_bytes(path, request.training_step.to_json().encode("utf-8"), recorder)
+    if request.scheduler is not None:
+        write_json(layout.join(state_dir, layout.SCHEDULER_STATE), request.scheduler.state_dict(), recorder)
+    if request.scaler is not None and request.scaler.state_dict():  # a disabled GradScaler has no state
+        write_json(layout.join(state_dir, layout.SCALER_STATE), request.scaler.state_dict(), recorder)

@@ -74,7 +74,7 @@ def load_training_state(
     A sharded run's checkpoint without `optimizer_0/` (an older release's gathered optimizer) is
     refused with `LegacyCheckpointError`. `step_dir` may also be `last` or an output_dir.
 
-    `extra_weights` (the run's weight sets beside the model by name, as `start_checkpoint` takes them:
+    `extra_weights` (the run's weight sets beside the model by name, as `SaveRequest` takes them:
     the EMA shadow) are filled in place from the step's sets by the model's rules (DCP resharded by
     torch, a gathered file block by block). Returns the names of those it filled: a set the step was
     saved without is left as it is.

@@ -6,7 +6,7 @@ the same mesh and placements under FSDP2/HSDP (its local shard, never a full cop
 under DDP or one process, and only the trainable parameters of a PEFT model. The update is one
 `torch._foreach_lerp_` over the local tensors after each optimizer update: elementwise, so it needs no
 collective and a shard's result is bit for bit the full tensor's slice. ckpt_tools saves and loads the
-shadow as a weight set of its own, `ema` (`start_checkpoint(extra_weights={"ema": shadow})`, and
+shadow as a weight set of its own, `ema` (`SaveRequest(extra_weights={"ema": shadow})`, and
 `load_training_state(extra_weights=...)` on resume).
 """
 

@@ -104,21 +104,23 @@ def start(
     }
     with _one_line(section):
         return ckpt_tools.training.start_checkpoint(
-            checkpoints_dir(section.output_dir),
-            state,
-            model=objects["model"],
-            optimizer=objects["optimizer"],
-            policy_config=dict(section.policy_config),
-            train_config=dict(section.train_config),
-            processors=processors,
-            scheduler=objects["scheduler"],
-            scaler=objects["scaler"],
-            adapter_config=adapter_config(objects["model"], section.base_model),
-            keep_last=section.keep_last,
-            manifest=section.manifest,
-            background=section.async_save,
-            extra_weights=objects.get("extra_weights"),
-            shard_size=section.shard_size,
+            ckpt_tools.training.SaveRequest(
+                checkpoints_dir=checkpoints_dir(section.output_dir),
+                training_step=state,
+                model=objects["model"],
+                optimizer=objects["optimizer"],
+                policy_config=dict(section.policy_config),
+                train_config=dict(section.train_config),
+                processors=processors,
+                scheduler=objects["scheduler"],
+                scaler=objects["scaler"],
+                adapter_config=adapter_config(objects["model"], section.base_model),
+                keep_last=section.keep_last,
+                manifest=section.manifest,
+                background=section.async_save,
+                extra_weights=objects.get("extra_weights"),
+                shard_size=section.shard_size,
+            )
         )
 
 
