@@ -39,6 +39,12 @@ PUBLIC = {
     "load_rng_state",
     "read_training_step",
     "latest_step_dir",
+    # continuing a LeRobot run (docs/resume.md)
+    "is_lerobot_checkpoint",
+    "check_lerobot_resumable",
+    "read_lerobot_training_step",
+    "load_lerobot_rng_state",
+    "load_lerobot_training_state",
     "read_config_json",
     "RunShape",
     "ResumePlan",

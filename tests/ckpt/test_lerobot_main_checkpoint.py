@@ -132,3 +132,18 @@ def test_diff_compares_the_two_formats(fixture: Path) -> None:
     result = run_ckpt("diff", a, b)
     assert result.exit_code == 0, result.stderr
     assert result.stdout.count(LINE) == 2 and "IDENTICAL: 62 of 62" in result.stdout
+
+
+def test_a_lerobot_step_plans_a_resume_like_ours(fixture: Path) -> None:
+    """`training_step.json` with `train_config.json` as the `TrainingStep` a resume plans from."""
+    step = fixture / "a_fsdp2x2_dcp" / STEP
+    assert ckpt_tools.is_lerobot_checkpoint(step)
+    saved = ckpt_tools.read_lerobot_training_step(step)
+    assert (saved.step, saved.dp_world_size, saved.batch_size, saved.grad_accum_steps) == (2, 2, 2, 1)
+    assert (saved.topology.describe(), saved.checkpoint_format, saved.seed) == ("FSDP2 2", "dcp", 1)
+    assert (saved.sampler.epoch, saved.sampler.offset, saved.mixed_precision) == (0, 8, "no")
+    shape = ckpt_tools.RunShape(
+        topology=ckpt_tools.Topology(), batch_size=4, grad_accum_steps=1, mixed_precision="no"
+    )
+    plan = ckpt_tools.plan_resume(saved, shape)
+    assert plan.step == 2 and plan.sample_exact and plan.changes[0] == "topology FSDP2 2 -> single process"

@@ -14,6 +14,7 @@ import trainer
 from helpers.fixtures import copy_fixture
 from trainer.cli.parse import parse_config
 from trainer.engine.plan import train
+from trainer.errors import ConfigError
 from trainer.evaluation.lerobot_export import export_lerobot
 from trainer.policies import act_lerobot
 
@@ -66,3 +67,18 @@ def test_policy_path_fine_tunes_from_the_dcp_step(
     assert all(torch.equal(tuned["dcp"][k], tuned["safetensors"][k]) for k in base)
     moved = max((tuned["dcp"][k] - base[k]).abs().max().item() for k in base)
     assert 0 < moved <= 1.5e-5  # one AdamW update at LeRobot's lr 1e-5 from LeRobot's weights
+
+
+def test_lerobots_train_config_asks_for_resume_in_one_line(fixture: Path, monkeypatch) -> None:
+    """LeRobot's train_config.json is no config of ours: without --resume=true it is one line naming
+    both ways to use it (it used to be a draccus dump of the whole dataset section)."""
+    monkeypatch.chdir(fixture)
+    config = STEP / "pretrained_model" / "train_config.json"
+    with pytest.raises(ConfigError) as caught:
+        parse_config([f"--config_path={Path('a_fsdp2x2_dcp') / config}"])
+    message = str(caught.value)
+    assert "\n" not in message and "--resume=true" in message and "--policy.path=" in message
+    parsed = parse_config([f"--config_path={Path('a_fsdp2x2_dcp') / config}", "--resume=true"])
+    assert parsed.resume and parsed.policy.path.endswith("000002/pretrained_model")
+    assert (parsed.batch_size, parsed.steps, parsed.seed, parsed.parallelism.dp_shard) == (2, 4, 1, 2)
+    assert parsed.scheduler.describe() == "constant"  # LeRobot's "scheduler": null

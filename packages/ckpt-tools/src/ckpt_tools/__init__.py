@@ -104,6 +104,13 @@ if TYPE_CHECKING:
         save_checkpoint as save_checkpoint,
         start_checkpoint as start_checkpoint,
     )
+    from ckpt_tools.state.lerobot_load import (
+        check_lerobot_resumable as check_lerobot_resumable,
+        is_lerobot_checkpoint as is_lerobot_checkpoint,
+        load_lerobot_rng_state as load_lerobot_rng_state,
+        load_lerobot_training_state as load_lerobot_training_state,
+        read_lerobot_training_step as read_lerobot_training_step,
+    )
     from ckpt_tools.state.training_load import load_training_state as load_training_state
     from ckpt_tools.state.training_load import load_model_weights as load_model_weights
     from ckpt_tools.tools.convert.result import ConversionResult as ConversionResult
@@ -138,6 +145,11 @@ _EXPORTS: dict[str, str] = {
     "PendingCheckpoint": "ckpt_tools.state.save",
     "prepare_save_groups": "ckpt_tools.state.save",
     "load_training_state": "ckpt_tools.state.training_load",
+    "is_lerobot_checkpoint": "ckpt_tools.state.lerobot_load",
+    "check_lerobot_resumable": "ckpt_tools.state.lerobot_load",
+    "read_lerobot_training_step": "ckpt_tools.state.lerobot_load",
+    "load_lerobot_rng_state": "ckpt_tools.state.lerobot_load",
+    "load_lerobot_training_state": "ckpt_tools.state.lerobot_load",
     "load_model_weights": "ckpt_tools.state.training_load",
     "save_rng_state": "ckpt_tools.state.rng",
     "load_rng_state": "ckpt_tools.state.rng",
