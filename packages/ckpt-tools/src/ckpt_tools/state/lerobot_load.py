@@ -166,8 +166,8 @@ def _renamed_optimizer_state(state_dir: str, rename: Rename) -> dict[str, dict[s
     shards = layout.join(state_dir, layout.OPTIMIZER_DCP_DIR)
     by_key: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in read_dcp_full(shards).items():
-        fqn, _, key = name.removeprefix(_STATE_PREFIX).rpartition(".")
-        if name.startswith(_STATE_PREFIX):
+        if name.startswith(_STATE_PREFIX):  # the param groups are this run's
+            fqn, _, key = name.removeprefix(_STATE_PREFIX).rpartition(".")
             by_key.setdefault(key, {})[fqn] = tensor
     moments = {key: rename(values) for key, values in by_key.items() if key != "step"}
     steps = by_key.get("step", {})
