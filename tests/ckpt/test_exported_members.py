@@ -95,6 +95,12 @@ TRAINING = {
     "load_rng_state",
     "load_training_state",
     "load_model_weights",
+    # continuing a LeRobot run (docs/resume.md)
+    "is_lerobot_checkpoint",
+    "check_lerobot_resumable",
+    "read_lerobot_training_step",
+    "load_lerobot_rng_state",
+    "load_lerobot_training_state",
 }
 
 TIERS = {"ckpt_tools": (ckpt_tools, PUBLIC), "ckpt_tools.training": (ckpt_tools.training, TRAINING)}

@@ -1,5 +1,5 @@
 """A checkpoint written by `lerobot-train` itself (lerobot 0.6.1, the shared fixture as shipped) is
-first-class: every command reads it as "LeRobot layout" with its step, num_processes and batch_size,
+first-class: every command reads it as "LeRobot layout" with its step, num_processes (as dp_world_size) and batch_size,
 its processor state files are found by the JSON step's `state_file`, verified and loaded, and only a
 resume is refused, with one line. "Older release" stays for our own pre-v1 files."""
 
@@ -21,7 +21,7 @@ from ckpt_tools.errors import ForeignCheckpointError, LegacyCheckpointError
 from helpers.fixtures import copy_fixture
 
 PREPROCESSOR_STATE = "policy_preprocessor_step_3_normalizer_processor.safetensors"
-LINE = "LeRobot layout (step 2, num_processes 1, batch_size 2)"
+LINE = "LeRobot layout (step 2, dp_world_size 1, batch_size 2)"  # 0.6.1's num_processes, read as LeRobot reads it
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,13 @@ def test_catalog_and_inspect_show_the_lerobot_layout(run_dir: Path) -> None:
         assert result.exit_code == 0, result.stderr
         described = json.loads(result.stdout)
         assert described["layout"] == LEROBOT and described["training_step"] is None
-    assert described["lerobot"] == {"step": 2, "num_processes": 1, "batch_size": 2}
+    assert described["lerobot"] == {
+        "step": 2,
+        "dp_world_size": 1,
+        "batch_size": 2,
+        "grad_accum_steps": 1,
+        "parallelism": None,
+    }
     human = run_ckpt("inspect", run_dir / "checkpoints" / "000002")
     assert LINE in human.stdout and "older release" not in human.stdout + human.stderr
 

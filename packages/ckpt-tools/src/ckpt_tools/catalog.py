@@ -90,7 +90,7 @@ class Catalog:
         return layout.join(self.step_dir, layout.TRAINING_STATE_DIR) if self.step_dir else None
 
     def layout_line(self) -> str:
-        """`LeRobot layout (step 4, num_processes 1, batch_size 2)`, `torchtitan DCP layout`, ..."""
+        """`LeRobot layout (step 4, dp_world_size 1, batch_size 2)`, `torchtitan DCP layout`, ..."""
         extra = f" ({self.lerobot_step.describe()})" if self.lerobot_step else ""
         return f"{self.layout} layout{extra}"
 

@@ -36,6 +36,13 @@ if TYPE_CHECKING:
     from ckpt_tools.files.scores import point_best as point_best, write_scores as write_scores
     from ckpt_tools.format.meta import SamplerPosition as SamplerPosition, Topology as Topology
     from ckpt_tools.state.collective import main_decides as main_decides
+    from ckpt_tools.state.lerobot_load import (
+        check_lerobot_resumable as check_lerobot_resumable,
+        is_lerobot_checkpoint as is_lerobot_checkpoint,
+        load_lerobot_rng_state as load_lerobot_rng_state,
+        load_lerobot_training_state as load_lerobot_training_state,
+        read_lerobot_training_step as read_lerobot_training_step,
+    )
     from ckpt_tools.state.resume_plan import (
         ResumePlan as ResumePlan,
         RunShape as RunShape,
@@ -80,6 +87,12 @@ _EXPORTS: dict[str, str] = {
     "load_rng_state": "ckpt_tools.state.rng",
     "load_training_state": "ckpt_tools.state.training_load",
     "load_model_weights": "ckpt_tools.state.training_load",
+    # continuing a LeRobot run (docs/resume.md): its step, RNG and state under LeRobot's names
+    "is_lerobot_checkpoint": "ckpt_tools.state.lerobot_load",
+    "check_lerobot_resumable": "ckpt_tools.state.lerobot_load",
+    "read_lerobot_training_step": "ckpt_tools.state.lerobot_load",
+    "load_lerobot_rng_state": "ckpt_tools.state.lerobot_load",
+    "load_lerobot_training_state": "ckpt_tools.state.lerobot_load",
 }
 _MODULES: dict[str, str] = {}
 

@@ -49,7 +49,9 @@ def print_description(out: Output, description: CheckpointDescription, tensors: 
     if description.lerobot_step is not None:
         lerobot = description.lerobot_step
         summary.add_row("step", str(lerobot.step))
-        summary.add_row("batch", f"batch_size {lerobot.batch_size}, num_processes {lerobot.num_processes}")
+        if lerobot.parallelism is not None:
+            summary.add_row("parallelism", lerobot.parallelism.describe())
+        summary.add_row("batch", f"{batch_factorization(lerobot)}  (batch_size x dp_world_size x grad_accum)")
     elif step is None:
         summary.add_row("training state", "none")
     else:

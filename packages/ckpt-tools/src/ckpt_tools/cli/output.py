@@ -59,7 +59,7 @@ class Output:
 
 
 def layout_line(path: str) -> str:
-    """`LeRobot layout (step 4, num_processes 1, batch_size 2)`, `torchtitan DCP layout`, ...: whose
+    """`LeRobot layout (step 4, dp_world_size 1, batch_size 2)`, `torchtitan DCP layout`, ...: whose
     checkpoint a command read, for its report; empty when the path is no checkpoint (a Hub id)."""
     from ckpt_tools.catalog import catalog
     from ckpt_tools.errors import CheckpointError

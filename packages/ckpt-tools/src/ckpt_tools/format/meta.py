@@ -238,31 +238,98 @@ def _check_type(value: Any, name: str, kind: type, source: str) -> Any:
     return value
 
 
+LEROBOT_ONLY = ("num_processes", "parallelism")
+"""Fields every LeRobot release writes (0.6.x the first, main the second) and no file of ours holds."""
+OURS_ONLY = ("topology", "sampler", "mixed_precision", "checkpoint_format")
+"""Fields of our `training_step.json` (every version, the pre-v1 ones too) that no LeRobot release writes."""
+
+
 def is_lerobot_step(data: Any) -> bool:
-    """`training_step.json` as current LeRobot releases write it: `{step, num_processes, batch_size}`
-    and no `format_version` (our own pre-v1 files have `dp_world_size`, never `num_processes`)."""
-    return isinstance(data, dict) and "format_version" not in data and "num_processes" in data
+    """`training_step.json` as a LeRobot release writes it: 0.6.x `{step, num_processes, batch_size}`,
+    main `{step, dp_world_size, batch_size, grad_accum_steps, parallelism}`. Neither has
+    `format_version`, and neither have our own pre-v1 files: a field only LeRobot writes
+    (`LEROBOT_ONLY`) and none only ours hold (`OURS_ONLY`) tells them apart."""
+    return (
+        isinstance(data, dict)
+        and "format_version" not in data
+        and any(name in data for name in LEROBOT_ONLY)
+        and not any(name in data for name in OURS_ONLY)
+    )
 
 
 @dataclass(frozen=True)
 class LeRobotStep:
-    """What a LeRobot checkpoint's `training_step.json` says: shown by readers, never resumed."""
+    """What a LeRobot checkpoint's `training_step.json` says, whichever release wrote it.
+
+    `step` counts LeRobot's loop steps (micro-batches per data-parallel rank), so its sampler stands
+    at `step x batch_size x dp_world_size` samples. `parallelism` is LeRobot main's (None before it):
+    `dp_replicate`, `dp_shard` and its context-parallel degrees (`ring_degree x ulysses_degree` as
+    `cp_size`)."""
 
     step: int
-    num_processes: int
+    dp_world_size: int
     batch_size: int
+    grad_accum_steps: int = 1
+    parallelism: Topology | None = None
+
+    def __post_init__(self) -> None:
+        for name, value, low, high in (
+            ("step", self.step, 0, MAX_INT),
+            ("dp_world_size", self.dp_world_size, 1, MAX_RANKS),
+            ("batch_size", self.batch_size, 1, MAX_COUNT),
+            ("grad_accum_steps", self.grad_accum_steps, 1, MAX_COUNT),
+        ):
+            _check_range(name, value, low, high)
+        if self.parallelism is not None and self.parallelism.dp_world_size != self.dp_world_size:
+            raise CorruptCheckpointError(
+                f"training_step.json: dp_world_size={self.dp_world_size} but parallelism "
+                f"dp_replicate={self.parallelism.dp_replicate} x dp_shard={self.parallelism.dp_shard} "
+                f"= {self.parallelism.dp_world_size}; the file is damaged or hand-edited"
+            )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "training_step.json") -> LeRobotStep:
+        """LeRobot's own reading: `dp_world_size`, or 0.6.x's `num_processes` for it."""
+        world = "dp_world_size" if "dp_world_size" in data else "num_processes"
+        parallelism = _optional_field(data, "parallelism", dict, source)
         return cls(
             step=_field(data, "step", int, source),
-            num_processes=_field(data, "num_processes", int, source),
+            dp_world_size=_field(data, world, int, source),
             batch_size=_field(data, "batch_size", int, source),
+            grad_accum_steps=_optional_field(data, "grad_accum_steps", int, source) or 1,
+            parallelism=None if parallelism is None else _lerobot_parallelism(parallelism, source),
         )
 
+    @property
+    def sampler(self) -> SamplerPosition:
+        """Where LeRobot's data order stands: it resumes its sampler at this many samples of epoch 0
+        (no accumulation factor: `step` already counts micro-batches)."""
+        return SamplerPosition(0, self.step * self.batch_size * self.dp_world_size)
+
     def describe(self) -> str:
-        """`step 4, num_processes 1, batch_size 2`."""
-        return f"step {self.step}, num_processes {self.num_processes}, batch_size {self.batch_size}"
+        """`step 2, dp_world_size 2, parallelism FSDP2 2, batch_size 2` (main), `step 4,
+        dp_world_size 1, batch_size 2` (0.6.x); `grad_accum_steps` when above 1."""
+        parts = [f"step {self.step}", f"dp_world_size {self.dp_world_size}"]
+        if self.parallelism is not None:
+            parts.append(f"parallelism {self.parallelism.describe()}")
+        parts.append(f"batch_size {self.batch_size}")
+        if self.grad_accum_steps > 1:
+            parts.append(f"grad_accum_steps {self.grad_accum_steps}")
+        return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _lerobot_parallelism(data: dict[str, Any], source: str) -> Topology:
+    where = f"{source}: parallelism"
+    ring = _optional_field(data, "ring_degree", int, where) or 1
+    ulysses = _optional_field(data, "ulysses_degree", int, where) or 1
+    topology = Topology(
+        dp_replicate=_field(data, "dp_replicate", int, where),
+        dp_shard=_field(data, "dp_shard", int, where),
+        cp_size=ring * ulysses,
+    )
+    for name, value in dataclasses.asdict(topology).items():
+        _check_range(f"parallelism.{name}", value, 1, MAX_RANKS)
+    return topology

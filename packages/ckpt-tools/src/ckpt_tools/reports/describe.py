@@ -135,9 +135,10 @@ class CheckpointDescription:
         }
 
 
-def batch_factorization(step: TrainingStep) -> str:
+def batch_factorization(step: TrainingStep | LeRobotStep) -> str:
     """`8 x 4 x 2 = 64`: batch_size x dp_world_size x grad_accum_steps = samples per update."""
-    return f"{step.batch_size} x {step.dp_world_size} x {step.grad_accum_steps} = {step.effective_batch_size}"
+    total = step.batch_size * step.dp_world_size * step.grad_accum_steps
+    return f"{step.batch_size} x {step.dp_world_size} x {step.grad_accum_steps} = {total}"
 
 
 def describe_checkpoint(path: str | os.PathLike[str]) -> CheckpointDescription:

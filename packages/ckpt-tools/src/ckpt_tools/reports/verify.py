@@ -36,6 +36,7 @@ from ckpt_tools.files.safetensors_io import read_safetensors_header
 from ckpt_tools.format import layout
 from ckpt_tools.format.adapter_config import adapter_config_problems
 from ckpt_tools.format.meta import CheckpointFormat, LeRobotStep, TrainingStep
+from ckpt_tools.reports.describe import TensorGroup
 from ckpt_tools.reports.findings import Findings
 from ckpt_tools.reports.verify_groups import compare_formats, verify_groups
 
@@ -102,12 +103,16 @@ def _verify_target(text: str, target: str, findings: Findings, deep: bool) -> Ve
     step = None
     if has_state and step_dir and state_dir:
         if cat.layout == LEROBOT:
-            _verify_lerobot_state(findings, state_dir)
+            _verify_lerobot_state(findings, state_dir, locations)
         else:
             step = _verify_training_state(findings, step_dir, state_dir)
     # --deep: the bytes of DCP records no manifest hashes (a bare DCP directory) are checked by CRC-32
     unhashed = deep and (step_dir is None or not storage.exists(layout.join(step_dir, layout.MANIFEST)))
     groups = verify_groups(findings, locations, records=unhashed)
+    if cat.layout == LEROBOT:
+        findings.extend_about(
+            "optimizer state names the model's tensors", state_dir, _optimizer_fqn_problems(groups)
+        )
     _check_required(findings, step, locations, model_dir, state_dir)
     _verify_side_files(findings, model_dir, locations)
     compare_formats(findings, groups)
@@ -155,17 +160,53 @@ def _verify_manifest(findings: Findings, step_dir: str, deep: bool, only: str | 
         findings.extend("sha256 of every listed file" if deep else "size of every listed file", fresh)
 
 
-def _verify_lerobot_state(findings: Findings, state_dir: str) -> None:
-    """LeRobot's `training_state/`: its step file, RNG state and optimizer files, all present and
-    readable (it is not ours to resume, but a damaged one should not pass)."""
+def _verify_lerobot_state(findings: Findings, state_dir: str, locations: list[WeightSet]) -> None:
+    """LeRobot's `training_state/`: its step file, RNG state and optimizer, all present and readable.
+    A sharded run of LeRobot main keeps its optimizer as the DCP directory `optimizer_0/` (checked
+    with the other DCP directories); every other run as `optimizer_state.safetensors` +
+    `optimizer_param_groups.json`."""
     source = layout.join(state_dir, layout.TRAINING_STEP)
     findings.run(layout.TRAINING_STEP, _read_lerobot_step, source, about=source)
-    for name in (layout.RNG_STATE, layout.OPTIMIZER_SAFETENSORS):
+    names = [layout.RNG_STATE]
+    if not any((loc.role, loc.format) == (OPTIMIZER, DCP) for loc in locations):
+        names.append(layout.OPTIMIZER_SAFETENSORS)
+        if _require(findings, layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS), "LeRobot writes it too"):
+            _check_json_if_present(findings, layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS), list)
+    for name in names:
         path = layout.join(state_dir, name)
         if _require(findings, path, "LeRobot writes it with every checkpoint"):
             findings.run(name, read_safetensors_header, path, about=path)
-    if _require(findings, layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS), "LeRobot writes it too"):
-        _check_json_if_present(findings, layout.join(state_dir, layout.OPTIMIZER_PARAM_GROUPS), list)
+
+
+def _optimizer_fqn_problems(groups: list[TensorGroup]) -> list[str]:
+    """LeRobot's sharded optimizer keys its state by the model's FQNs
+    (`optimizer.state.model.action_head.weight.exp_avg`): each one must name a model tensor, and a
+    moment must have that tensor's shape, or a resume would put it on the wrong parameter."""
+    model = next((g for g in groups if g.role == MODEL), None)
+    optimizer = next((g for g in groups if (g.role, g.format) == (OPTIMIZER, DCP)), None)
+    if model is None or optimizer is None:
+        return []
+    shapes = {t.name: t.shape for t in model.tensors}
+    problems = []
+    for tensor in optimizer.tensors:
+        _, _, key = tensor.name.partition("state.")
+        fqn, _, state = key.rpartition(".")
+        if fqn not in shapes:
+            problems.append(
+                f"{optimizer.path}: {tensor.name} is state of {fqn!r}, which the model does not hold"
+            )
+        elif state != "step" and tensor.shape != shapes[fqn]:
+            problems.append(
+                f"{optimizer.path}: {tensor.name} has shape {list(tensor.shape)}, but {fqn} has "
+                f"{list(shapes[fqn])}"
+            )
+    return problems[:_MAX_NAMED] + (
+        [f"... and {len(problems) - _MAX_NAMED} more"] if len(problems) > _MAX_NAMED else []
+    )
+
+
+_MAX_NAMED = 5
+"""Findings named one by one before the rest are counted: a wholly mismatched optimizer is one problem."""
 
 
 def _read_lerobot_step(source: str) -> LeRobotStep:

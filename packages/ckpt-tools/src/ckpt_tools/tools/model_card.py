@@ -173,12 +173,12 @@ def _read_json(path: str) -> dict[str, Any]:
 
 
 def _lerobot_batch(step: LeRobotStep) -> str:
-    total = step.batch_size * step.num_processes
-    return f"{total} (batch_size {step.batch_size} x {step.num_processes} processes)"
+    total = step.batch_size * step.dp_world_size
+    return f"{total} (batch_size {step.batch_size} x {step.dp_world_size} processes)"
 
 
 def _read_training_step(step_dir: str | None) -> tuple[TrainingStep | None, LeRobotStep | None]:
-    """Ours, or LeRobot's (`{step, num_processes, batch_size}`), or neither."""
+    """Ours, or LeRobot's (any release's, `format.meta.is_lerobot_step`), or neither."""
     if step_dir is None:
         return None, None
     path = layout.join(step_dir, layout.TRAINING_STATE_DIR, layout.TRAINING_STEP)

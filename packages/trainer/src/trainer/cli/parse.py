@@ -14,6 +14,7 @@ import draccus
 import ckpt_tools
 from ckpt_tools import layout
 from trainer.cli.lerobot_flags import settle_lerobot_flags
+from trainer.cli.lerobot_resume import lerobot_config, lerobot_run_flags
 from trainer.config.dataset import DatasetConfig
 from trainer.config.environment import EnvConfig
 from trainer.config.registry import known_types, register_import_path, split_allow_types
@@ -38,7 +39,13 @@ def parse_config(args: Sequence[str]) -> TrainConfig:
     if config_path is None:
         config_path = _auto_resume_config_path(rest)
     flags_given = frozenset(arg[2:].partition("=")[0] for arg in rest if arg.startswith("--"))
-    with _local_copy(config_path) as local, policy_defaults(rest, local) as defaults_path:
+    saved_by_lerobot = lerobot_config(config_path)
+    if config_path is not None and saved_by_lerobot is not None:  # a LeRobot run: its flags, then ours
+        rest = [*lerobot_run_flags(config_path, saved_by_lerobot, _resumes(rest)), *rest]
+    with (
+        _local_copy(None if saved_by_lerobot else config_path) as local,
+        policy_defaults(rest, local) as defaults_path,
+    ):
         config = _parse(rest, defaults_path, allowed)  # defaults_path: + `--policy.path`'s config.json
         if _written_before_presets(local) and "use_policy_training_preset" not in flags_given:
             config.use_policy_training_preset = False
@@ -101,15 +108,21 @@ def normalize_argv(args: Sequence[str]) -> list[str]:
     return out
 
 
+def _resumes(args: list[str]) -> bool:
+    """Whether the flags ask for `--resume=true`."""
+    values = [arg.partition("=")[2] for arg in args if arg.startswith("--resume=")]
+    return bool(values) and values[-1].lower() in ("true", "1", "yes")
+
+
 def _auto_resume_config_path(args: list[str]) -> str | None:
     """`--resume=true --output_dir=DIR` alone continues that run from its own saved config: the
     train_config.json of its last checkpoint (None before the first save: a fresh start)."""
     values = {}
     for arg in args:
         name, _, value = arg.partition("=")
-        if name in ("--resume", "--output_dir"):
+        if name == "--output_dir":
             values[name] = value
-    if values.get("--resume", "").lower() not in ("true", "1", "yes"):
+    if not _resumes(args):
         return None
     from trainer.engine.checkpoint.resume import saved_config_path
 

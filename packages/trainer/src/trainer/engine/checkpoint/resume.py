@@ -27,9 +27,16 @@ from trainer.config.sections import SavingSection
 from trainer.data.pipeline.sampler import GlobalOrderSampler
 from trainer.engine.peft_policy import saved_weight_shapes
 from trainer.errors import USER_ERRORS, CannotResumeError, ConfigError
+from trainer.policies.base import Policy
 
 if TYPE_CHECKING:
     from accelerate.scheduler import AcceleratedScheduler
+
+
+LEROBOT_NOT_CARRIED = (
+    "LeRobot's sampler order does not carry over: the data continues at the same sample offset of "
+    "this trainer's own order (LeRobot's EpisodeAwareSampler permutes differently)",
+)
 
 
 @dataclass(frozen=True)
@@ -39,10 +46,17 @@ class ResumePoint:
     step_dir: str | None
     plan: ResumePlan | None
     message: str
+    lerobot: bool = False
+    """The step is a LeRobot run's (LeRobot's layout and tensor names)."""
 
     @property
     def start_step(self) -> int:
         return self.plan.step if self.plan is not None else 0
+
+    @property
+    def not_carried(self) -> tuple[str, ...]:
+        """What the saved run had that this one cannot restore (a LeRobot run's sampler order)."""
+        return LEROBOT_NOT_CARRIED if self.lerobot else ()
 
     @property
     def changes(self) -> list[str]:
@@ -59,7 +73,11 @@ def saved_config_path(output_dir: str) -> str | None:
     step_dir = resume_pointer(output_dir)
     if step_dir is None:
         return None
+    config_path = layout.join(step_dir, layout.PRETRAINED_MODEL_DIR, layout.TRAIN_CONFIG)
     try:
+        if ckpt_tools.training.is_lerobot_checkpoint(step_dir):
+            ckpt_tools.training.check_lerobot_resumable(step_dir)
+            return config_path  # LeRobot's run: cli/lerobot_resume.py reads its config
         ckpt_tools.read_training_step(step_dir)
     except (
         ckpt_tools.training.ResumeRefusedError
@@ -67,7 +85,7 @@ def saved_config_path(output_dir: str) -> str | None:
         raise CannotResumeError(step_dir, str(exc)) from None
     except ckpt_tools.CheckpointError:
         pass  # a damaged step is explained where the resume reads it
-    return layout.join(step_dir, layout.PRETRAINED_MODEL_DIR, layout.TRAIN_CONFIG)
+    return config_path
 
 
 def resume_pointer(path: str) -> str | None:
@@ -123,11 +141,19 @@ def before_prepare(
             None,
             f"--resume=true: no checkpoint under {section.output_dir}: starting a fresh run",
         )
+    lerobot = _is_lerobot(step_dir)
     with _refusals(step_dir):
-        saved = ckpt_tools.read_training_step(step_dir)
-        plan = ckpt_tools.training.plan_resume(saved, _run_shape(section, topology))
-        _check_weights_fit(step_dir, model)
-        ckpt_tools.training.load_rng_state(step_dir, rank, world_size)
+        if lerobot:
+            saved = ckpt_tools.training.read_lerobot_training_step(step_dir)
+            plan = ckpt_tools.training.plan_resume(saved, _run_shape(section, topology))
+            ckpt_tools.training.load_lerobot_rng_state(
+                step_dir
+            )  # its names are checked when phase 2 renames them
+        else:
+            saved = ckpt_tools.read_training_step(step_dir)
+            plan = ckpt_tools.training.plan_resume(saved, _run_shape(section, topology))
+            _check_weights_fit(step_dir, model)
+            ckpt_tools.training.load_rng_state(step_dir, rank, world_size)
     if plan.sampler.offset > sampler.num_samples:  # fewer --dataset.episodes than the run saved with
         raise ConfigError(
             f"cannot resume from {step_dir}: its sampler offset {plan.sampler.offset} lies beyond this "
@@ -141,12 +167,14 @@ def before_prepare(
     ]
     if plan.warning is not None:
         lines.append(f"warning: {plan.warning}")
+    point = ResumePoint(step_dir, plan, "", lerobot)
+    lines += [f"warning: {line}" for line in point.not_carried]
     if plan.step >= section.steps:
         lines.append(
             f"nothing left to train: the checkpoint is at step {plan.step} of --steps={section.steps}; "
             "raise --steps to continue training"
         )
-    return ResumePoint(step_dir, plan, "\n".join(lines))
+    return ResumePoint(step_dir, plan, "\n".join(lines), lerobot)
 
 
 def after_prepare(
@@ -164,6 +192,9 @@ def after_prepare(
     sets the step held."""
     if point.step_dir is None:
         return frozenset()
+    if point.lerobot:
+        _load_lerobot_state(point.step_dir, model, optimizer, scheduler)
+        return frozenset()
     with _refusals(point.step_dir):
         return ckpt_tools.training.load_training_state(
             point.step_dir,
@@ -173,6 +204,38 @@ def after_prepare(
             scaler=scaler,
             extra_weights=extra_weights,
         )
+
+
+def _is_lerobot(step_dir: str) -> bool:
+    with _refusals(step_dir):
+        return ckpt_tools.training.is_lerobot_checkpoint(step_dir)
+
+
+def _load_lerobot_state(
+    step_dir: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: AcceleratedScheduler
+) -> None:
+    """Phase 2 of a LeRobot run's resume: its weights and optimizer state renamed by the policy's own
+    mapping of LeRobot's tensor names (`Policy.adapt_state_dict`), sharded onto this run."""
+    if not isinstance(model, Policy):
+        raise CannotResumeError(step_dir, "it is LeRobot's, and only a policy of this trainer reads it")
+    with _refusals(step_dir):
+        try:
+            ckpt_tools.training.load_lerobot_training_state(
+                step_dir,
+                model=model,
+                rename=type(model).adapt_state_dict,
+                optimizer=getattr(
+                    optimizer, "optimizer", optimizer
+                ),  # accelerate's wrapper holds the real one
+                scheduler=getattr(scheduler, "scheduler", scheduler),
+            )
+        except (RuntimeError, KeyError, ConfigError) as exc:  # a misfit, as torch's strict load words it
+            first = " ".join(str(exc).split())[:300]
+            raise CannotResumeError(
+                step_dir,
+                f"its tensors do not fit this policy ({first}); resume with the policy settings it was "
+                "saved with (its pretrained_model/config.json)",
+            ) from None
 
 
 def _run_shape(section: SavingSection, topology: Topology) -> RunShape:
