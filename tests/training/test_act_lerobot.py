@@ -19,7 +19,9 @@ from helpers.train_flags import TINY_LEROBOT_ACT
 from trainer.cli.parse import parse_config
 from trainer.engine.plan import train
 from trainer.errors import ConfigError
-from trainer.policies import act, act_lerobot, pretrained
+from trainer.policies import act
+from trainer.policies.act import lerobot as act_lerobot
+from trainer.policies.common import pretrained
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "lerobot" / "checkpoint_act" / "checkpoints" / "000002"
 MODEL = FIXTURE / "pretrained_model"

@@ -22,7 +22,8 @@ from trainer.cli.parse import parse_config
 from trainer.engine.plan import train
 from trainer.errors import ConfigError
 from trainer.evaluation.lerobot_export import export_lerobot
-from trainer.policies import act, act_lerobot
+from trainer.policies import act
+from trainer.policies.act import lerobot as act_lerobot
 from trainer.policies.mlp import MLPConfig
 
 MODEL = Path(__file__).parents[1] / "fixtures" / "lerobot" / "checkpoint_act" / "checkpoints" / "000002"

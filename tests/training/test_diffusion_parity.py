@@ -23,9 +23,9 @@ import ckpt_tools
 from trainer.data.dataset import IMAGENET_STATS
 from trainer.data.pipeline.processors import Processor, build_processors
 from trainer.errors import ConfigError
+from trainer.policies.common.resnet import ResNetTrunk
 from trainer.policies.diffusion import ActionQueue, DiffusionConfig, DiffusionFeatures, DiffusionModel
 from trainer.policies.diffusion.vision import center_crop_offsets, random_crop_offsets
-from trainer.policies.resnet import ResNetTrunk
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "lerobot_diffusion_tiny"
 MODEL = FIXTURE / "pretrained_model"

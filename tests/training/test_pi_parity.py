@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 import trainer
 from helpers.fixtures import copy_fixture
 from trainer.errors import ConfigError
-from trainer.policies import pretrained
+from trainer.policies.common import pretrained
 from trainer.policies.pi import PI0Config, PI0Policy, PI05Config, PiPolicy
 from trainer.policies.pi import weights as pi_weights
 from trainer.policies.pi.layers import DecoderLayer, MLPProjection

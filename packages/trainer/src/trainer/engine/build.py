@@ -59,8 +59,9 @@ from trainer.config.sections import PolicySection
 from trainer.distributed.units import apply_unit_transforms
 from trainer.distributed.wrap import WrapPlan, resolve_wrap_plan
 from trainer.engine import peft_policy as peft
-from trainer.policies import build_policy, pretrained
-from trainer.policies.base import Policy
+from trainer.policies import build_policy
+from trainer.policies.common import pretrained
+from trainer.policies.common.base import Policy
 
 META = torch.device("meta")
 

@@ -23,7 +23,7 @@ from trainer.engine.ema import Ema
 from trainer.engine.host_memory import hold_mmap_threshold
 from trainer.engine.run import Run, extra_weights
 from trainer.errors import USER_ERRORS, ConfigError
-from trainer.policies.base import optimizer_params
+from trainer.policies.common.base import optimizer_params
 
 
 @dataclass(frozen=True)

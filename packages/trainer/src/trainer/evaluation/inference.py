@@ -23,7 +23,8 @@ from trainer.config.registry import register_import_path
 from trainer.data.dataset import ACTION_KEY, OBS_KEY
 from trainer.data.pipeline.processors import Processor, observation_batch
 from trainer.errors import ConfigError
-from trainer.policies import Policy, PolicyConfig, build_policy, pretrained, upgrade_policy_config
+from trainer.policies import Policy, PolicyConfig, build_policy, upgrade_policy_config
+from trainer.policies.common import pretrained
 
 
 @dataclass

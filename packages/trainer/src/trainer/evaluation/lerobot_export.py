@@ -37,7 +37,7 @@ from trainer.config.dataset import Embodiment
 from trainer.data.pipeline.processors import Processor, embodiment_tensors
 from trainer.errors import ConfigError
 from trainer.evaluation.inference import LoadedPolicy, load_policy
-from trainer.policies import pretrained
+from trainer.policies.common import pretrained
 
 
 def export_lerobot(

@@ -11,7 +11,7 @@ from torch import nn
 
 from trainer.data.dataset import ACTION_KEY, OBS_KEY
 from trainer.errors import ConfigError
-from trainer.policies.base import Policy, PolicyConfig
+from trainer.policies.common.base import Policy, PolicyConfig
 
 
 @PolicyConfig.register_subclass("mlp")

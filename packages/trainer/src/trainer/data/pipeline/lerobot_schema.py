@@ -114,7 +114,7 @@ class LeRobotPipeline:
         self, stats: dict[str, dict[str, torch.Tensor]], features: dict[str, dict[str, Any]]
     ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """(mean, std) of each of `features` from ours: LeRobot's STATE and ENV vectors are consecutive
-        slices of our `observation.state` (the robot's first, as act_lerobot.py reads them); a camera's
+        slices of our `observation.state` (the robot's first, as policies/act/lerobot.py reads them); a camera's
         are its (C, 1, 1) statistics."""
         out, offset = {}, 0
         for name, feature in self.features.items():

@@ -390,7 +390,7 @@ def _merge_environment_state(
     names: list[str], stats: dict[str, torch.Tensor], features: dict[str, Any]
 ) -> list[str]:
     """LeRobot's separate `observation.environment_state` statistics appended to `observation.state`'s
-    (our batch carries both in one vector, the robot's first, as act_lerobot.py reads LeRobot's ACT);
+    (our batch carries both in one vector, the robot's first, as policies/act/lerobot.py reads LeRobot's ACT);
     a feature left unnormalized (IDENTITY: LeRobot's ACT does not normalize ENV) gets mean 0, std 1."""
     parts: dict[str, list[torch.Tensor]] = {"mean": [], "std": []}
     for name in (OBS_KEY, ENV_KEY):

@@ -21,7 +21,7 @@ from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, is_camera
 from trainer.data.pipeline import lerobot_schema
 from trainer.data.pipeline.processors import ENV_KEY, NORMALIZATION_MODES, feature_type, mapped_stats
 from trainer.errors import ConfigError
-from trainer.policies import resnet
+from trainer.policies.common import resnet
 
 NOISE_SCHEDULERS = ("DDPM", "DDIM")
 PREDICTION_TYPES = ("epsilon", "sample")

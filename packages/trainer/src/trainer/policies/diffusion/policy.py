@@ -19,7 +19,7 @@ import torch
 
 from trainer.data.dataset import OBS_KEY
 from trainer.data.pipeline.processors import ENV_KEY
-from trainer.policies.base import Policy
+from trainer.policies.common.base import Policy
 from trainer.policies.diffusion.config import DiffusionConfig
 from trainer.policies.diffusion.model import DiffusionModel
 from trainer.policies.diffusion.queues import ActionQueue

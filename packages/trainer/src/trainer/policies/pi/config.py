@@ -26,8 +26,8 @@ from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, TASK_KEY
 from trainer.data.pipeline import lerobot_schema
 from trainer.data.pipeline.processors import stats_by_type
 from trainer.errors import ConfigError
-from trainer.policies.vla import features as vla_features
-from trainer.policies.vla import presets
+from trainer.policies.common.vla import features as vla_features
+from trainer.policies.common.vla import presets
 
 PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
 VOCAB_SIZE = 257_152  # PaliGemma's vocabulary (LeRobot sets it on both Gemmas)

@@ -24,13 +24,13 @@ import torch
 
 from trainer.data.dataset import ACTION_KEY, OBS_KEY
 from trainer.errors import ConfigError
+from trainer.policies.common.vla.flow import sample_noise, sample_time
+from trainer.policies.common.vla.images import pad_last, resize_with_pad
+from trainer.policies.common.vla.policy import VLAPolicy
 from trainer.policies.pi import weights
 from trainer.policies.pi.config import PI0Config, PI05Config
 from trainer.policies.pi.language import PiTokenizer
 from trainer.policies.pi.model import PiFlowModel, Tokens
-from trainer.policies.vla.flow import sample_noise, sample_time
-from trainer.policies.vla.images import pad_last, resize_with_pad
-from trainer.policies.vla.policy import VLAPolicy
 
 # LeRobot's default LoRA targets besides the expert's q/v projections (`_get_default_peft_targets`).
 LORA_PROJECTIONS = (

@@ -20,8 +20,8 @@ from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, TASK_KEY
 from trainer.data.pipeline import lerobot_schema
 from trainer.data.pipeline.processors import NORMALIZATION_MODES, stats_by_type
 from trainer.errors import ConfigError
-from trainer.policies.vla import features, presets
-from trainer.policies.vla.hub import same_config
+from trainer.policies.common.vla import features, presets
+from trainer.policies.common.vla.hub import same_config
 
 ATTENTION_MODES = ("cross_attn", "self_attn")
 PAD_LANGUAGE = ("longest", "max_length")

@@ -3,7 +3,7 @@ its tensor names, both ways.
 
 Why a name map rather than LeRobot's names on our modules: LeRobot's attention is
 `nn.MultiheadAttention`, whose query/key/value projections are one fused `in_proj_weight` (3*d, d);
-ours keeps them as separate `q_proj`/`k_proj`/`v_proj` so that LoRA can target each (act.py). A module
+ours keeps them as separate `q_proj`/`k_proj`/`v_proj` so that LoRA can target each (policies/act/modules.py). A module
 rename cannot split a tensor, so the weights are mapped on read instead: LeRobot's `model.` prefix
 dropped, each `in_proj_*` split in three, a layer's `linear1`/`linear2` put under our `ffn.`, and the
 persistent `vae_encoder_pos_enc` buffer (a fixed sinusoid ours recomputes) dropped once its shape is

@@ -20,7 +20,6 @@ import ckpt_tools
 from ckpt_tools import layout
 from trainer.config.policy import RUN_FIELDS, PolicyConfig
 from trainer.errors import ConfigError
-from trainer.policies.act_state import upgrade_policy_config
 
 if TYPE_CHECKING:
     import torch
@@ -238,3 +237,25 @@ def _checkpoint_errors(path: str) -> Iterator[None]:
         yield
     except ckpt_tools.CheckpointError as exc:
         raise ConfigError(f"--policy.path={path}: {exc}") from None
+
+
+# Fields only the state-only ACT has: a saved `type: act` config holding one of them predates LeRobot's ACT.
+_LEGACY_ACT_FIELDS = frozenset(
+    {"dim", "heads", "ffn_dim", "encoder_layers", "decoder_layers", "context_tokens", "chunk"}
+)
+
+
+def upgrade_policy_config(
+    saved: dict[str, Any], preprocessor: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A saved policy config (config.json, or train_config.json's `policy` section) in today's terms:
+    an `act` config with the fields of the earlier state-only ACT becomes `act_state`; any other config
+    is returned unchanged, but for a type whose config.json follows another tool's schema
+    (`PolicyConfig.from_saved`: LeRobot's SmolVLA; `preprocessor`, the checkpoint's
+    policy_preprocessor.json, for what LeRobot records there only)."""
+    if saved.get("type") == "act" and _LEGACY_ACT_FIELDS & saved.keys():
+        return {**saved, "type": "act_state"}
+    kind = saved.get("type")
+    if isinstance(kind, str) and kind in PolicyConfig.get_known_choices():
+        return PolicyConfig.get_choice_class(kind).from_saved(saved, preprocessor)
+    return saved
