@@ -289,6 +289,28 @@ def test_room_rule_sees_an_import_between_peers(tmp_path: Path) -> None:
         del SOURCES["pkg"], ROOMS["pkg.policies"]
 
 
+def _patched_attributes(path: Path) -> list[str]:
+    """`Name.attr = ...` statements at a module's top level: a class changed after its module ran."""
+    return [
+        f"{path.name}:{node.lineno}"
+        for node in ast.parse(path.read_text(encoding="utf-8")).body
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Attribute)
+    ]
+
+
+def test_no_policy_module_binds_an_attribute_after_import(tmp_path: Path) -> None:
+    """A config reaches its class one way, `policy_class()`'s import: no module binds it (or anything
+    else) onto a class from outside, as `DiffusionConfig.built_by = DiffusionPolicy` once did."""
+    patched = tmp_path / "patched.py"
+    patched.write_text("class A:\n    built_by = None\n\n\nA.built_by = int\n")
+    assert _patched_attributes(patched) == ["patched.py:5"]  # the rule can fail
+    policies = SOURCES["trainer"] / "trainer" / "policies"
+    found = [hit for path in sorted(policies.rglob("*.py")) for hit in _patched_attributes(path)]
+    assert not found, f"attributes bound after import: {found}"
+
+
 def test_the_metadata_path_never_imports_torch() -> None:
     torch_free = ("errors", "format", "files", "dcp", "catalog")
     offenders = [

@@ -185,7 +185,8 @@ class PolicyConfig(draccus.ChoiceRegistry):
 
     def policy_class(self) -> Callable[[PolicyConfig], nn.Module]:
         """The class this config builds, called with the config (`trainer.policies.Policy` subclasses;
-        `build_policy` refuses anything else)."""
+        `build_policy` refuses anything else). A built-in policy imports it here, when a policy is
+        built: its policy module imports the config, so the config module cannot import it on top."""
         raise NotImplementedError
 
     def normalization_stats(self, stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

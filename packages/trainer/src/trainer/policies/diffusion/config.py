@@ -9,9 +9,8 @@ config refuses up front, one line naming the flag.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,6 +21,9 @@ from trainer.data.pipeline import lerobot_schema
 from trainer.data.pipeline.processors import ENV_KEY, NORMALIZATION_MODES, feature_type, mapped_stats
 from trainer.errors import ConfigError
 from trainer.policies.common import resnet
+
+if TYPE_CHECKING:
+    from trainer.policies.common.base import Policy
 
 NOISE_SCHEDULERS = ("DDPM", "DDIM")
 PREDICTION_TYPES = ("epsilon", "sample")
@@ -200,13 +202,10 @@ class DiffusionConfig(PolicyConfig):
             (not self.env_state_dim or self.vectors[-1:] == [ENV_KEY], f"--policy.env_state_dim={self.env_state_dim} reads the end of {OBS_KEY} as {ENV_KEY}: list it last among the float vectors of --policy.input_features (got {self.vectors})"),
         ])  # fmt: skip
 
-    # The class it builds: policy.py binds it on import (the package imports both), so this module,
-    # which the model's modules read, imports none of them.
-    built_by: ClassVar[Callable[..., Any] | None] = None
+    def policy_class(self) -> type[Policy]:
+        from trainer.policies.diffusion.policy import DiffusionPolicy
 
-    def policy_class(self) -> Callable[..., Any]:
-        assert self.built_by is not None, "import trainer.policies.diffusion to build a Diffusion Policy"
-        return self.built_by
+        return DiffusionPolicy
 
     @property
     def vectors(self) -> list[str]:

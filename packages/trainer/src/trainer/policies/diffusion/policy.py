@@ -85,6 +85,3 @@ class DiffusionPolicy(Policy):
         if env and OBS_KEY in out:
             out[OBS_KEY], out[ENV_KEY] = out[OBS_KEY][..., :-env], out[OBS_KEY][..., -env:]
         return out
-
-
-DiffusionConfig.built_by = DiffusionPolicy

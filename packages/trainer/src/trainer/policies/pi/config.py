@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
 from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
@@ -28,6 +27,9 @@ from trainer.data.pipeline.processors import stats_by_type
 from trainer.errors import ConfigError
 from trainer.policies.common.vla import features as vla_features
 from trainer.policies.common.vla import presets
+
+if TYPE_CHECKING:
+    from trainer.policies.common.base import Policy
 
 PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
 VOCAB_SIZE = 257_152  # PaliGemma's vocabulary (LeRobot sets it on both Gemmas)
@@ -191,9 +193,6 @@ class PI0Config(PolicyConfig):
 
     # pi0.5 differs in the expert (adaRMS on the time, no state token) and in the prompt.
     pi05: ClassVar[bool] = False
-    # The class it builds: policy.py binds it on import (the package imports both), so this module,
-    # which the model's modules read, imports none of them.
-    built_by: ClassVar[Callable[..., Any] | None] = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -236,9 +235,10 @@ class PI0Config(PolicyConfig):
         """None: the policy places LeRobot's dtypes itself (bfloat16 keeps its float32 parts)."""
         return None
 
-    def policy_class(self) -> Callable[..., Any]:
-        assert self.built_by is not None, "import trainer.policies.pi to build a pi0 / pi0.5"
-        return self.built_by
+    def policy_class(self) -> type[Policy]:
+        from trainer.policies.pi.policy import PI0Policy
+
+        return PI0Policy
 
     @property
     def cameras(self) -> list[str]:
@@ -356,6 +356,11 @@ class PI05Config(PI0Config):
     tokenizer_max_length: int = 200
     """Prompt tokens (the task and the 256-bin state, right-padded to this length)."""
     pi05: ClassVar[bool] = True
+
+    def policy_class(self) -> type[Policy]:
+        from trainer.policies.pi.policy import PI05Policy
+
+        return PI05Policy
 
     def lerobot_pipeline(self) -> lerobot_schema.LeRobotPipeline:
         """LeRobot's `make_pi05_pre_post_processors`: rename, batch axis, relative actions (off), the

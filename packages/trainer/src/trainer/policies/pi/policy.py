@@ -28,7 +28,7 @@ from trainer.policies.common.vla.flow import sample_noise, sample_time
 from trainer.policies.common.vla.images import pad_last, resize_with_pad
 from trainer.policies.common.vla.policy import VLAPolicy
 from trainer.policies.pi import weights
-from trainer.policies.pi.config import PI0Config, PI05Config
+from trainer.policies.pi.config import PI0Config
 from trainer.policies.pi.language import PiTokenizer
 from trainer.policies.pi.model import PiFlowModel, Tokens
 
@@ -198,7 +198,3 @@ class PI05Policy(PiPolicy):
     """LeRobot's pi0.5: the state in the prompt, the time in the expert's adaptive norms."""
 
     pi05 = True
-
-
-PI0Config.built_by = PI0Policy
-PI05Config.built_by = PI05Policy

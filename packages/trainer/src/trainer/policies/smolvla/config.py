@@ -9,9 +9,8 @@ dicts, LeRobot's own fields), so LeRobot's `SmolVLAPolicy.from_pretrained` reads
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from trainer.config.dataset import Embodiment
 from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
@@ -22,6 +21,9 @@ from trainer.data.pipeline.processors import NORMALIZATION_MODES, stats_by_type
 from trainer.errors import ConfigError
 from trainer.policies.common.vla import features, presets
 from trainer.policies.common.vla.hub import same_config
+
+if TYPE_CHECKING:
+    from trainer.policies.common.base import Policy
 
 ATTENTION_MODES = ("cross_attn", "self_attn")
 PAD_LANGUAGE = ("longest", "max_length")
@@ -149,10 +151,6 @@ class SmolVLAConfig(PolicyConfig):
             )
         self.optimizer_betas = (float(self.optimizer_betas[0]), float(self.optimizer_betas[1]))
 
-    # The class it builds: policy.py binds it on import (the package imports both), so this module,
-    # which the model's modules read, imports none of them.
-    built_by: ClassVar[Callable[..., Any] | None] = None
-
     def get_optimizer_preset(self) -> AdamWConfig:
         """LeRobot's SmolVLA preset (--use_policy_training_preset=true): AdamW from the optimizer_* fields."""
         return presets.adamw(self)
@@ -161,9 +159,10 @@ class SmolVLAConfig(PolicyConfig):
         """LeRobot's SmolVLA schedule: warmup to optimizer_lr, cosine decay to scheduler_decay_lr."""
         return presets.cosine_decay(self)
 
-    def policy_class(self) -> Callable[..., Any]:
-        assert self.built_by is not None, "import trainer.policies.smolvla to build a SmolVLA"
-        return self.built_by
+    def policy_class(self) -> type[Policy]:
+        from trainer.policies.smolvla.policy import SmolVLAPolicy
+
+        return SmolVLAPolicy
 
     @property
     def takes_mixed_members(self) -> bool:

@@ -195,6 +195,3 @@ def _masked_loss(
     if reduction == "none":
         return losses.sum(dim=(1, 2)) / valid.sum(dim=(1, 2)).clamp_min(1)
     return losses.sum() / valid.sum().clamp_min(1)
-
-
-SmolVLAConfig.built_by = SmolVLAPolicy
