@@ -1,9 +1,9 @@
 """The layering rules of the two packages, read from their source with `ast` (nothing is imported):
 
 - inside each package, imports flow one way: no module reaches itself again through its imports,
-  counting every import statement, those inside functions included, but one: the import inside a policy
-  config's `policy_class()`, the one way from a config to the class it builds (that class imports its
-  config; the import runs only when a policy is built);
+  counting every import statement, those inside functions included, but a policy config's two ways to
+  the code it names: the imports inside `policy_class()` (its class) and `lerobot_adapter()` (its
+  LeRobot form), which import the config in turn; they run only when a policy is built or converted;
 - each package's folders are its layers (`LAYERS`, lowest first): a module imports only from its own
   layer or the layers below it;
   imports under `if TYPE_CHECKING:` count too (an annotation is a dependency of the reader);
@@ -42,11 +42,11 @@ def _modules(package: str) -> dict[str, Path]:
 
 
 def _lazy_policy_imports(tree: ast.AST) -> set[ast.stmt]:
-    """The import statements inside a `policy_class()` method (a config's one way to its class)."""
+    """The import statements inside a config's `policy_class()` and `lerobot_adapter()` methods."""
     return {
         node
         for function in ast.walk(tree)
-        if isinstance(function, ast.FunctionDef) and function.name == "policy_class"
+        if isinstance(function, ast.FunctionDef) and function.name in ("policy_class", "lerobot_adapter")
         for node in ast.walk(function)
         if isinstance(node, ast.Import | ast.ImportFrom)
     }
@@ -55,7 +55,7 @@ def _lazy_policy_imports(tree: ast.AST) -> set[ast.stmt]:
 def _imports(module: str, path: Path, *, lazy: bool = True) -> Iterator[tuple[ast.stmt, list[str]]]:
     """Every import statement of a module (at any depth) and the dotted names it imports: for
     `from a.b import c` both `a.b.c` and `a.b`, since `c` may be a module or a name in `a.b`.
-    `lazy=False` leaves out the imports inside `policy_class()`."""
+    `lazy=False` leaves out the imports inside `policy_class()` and `lerobot_adapter()`."""
     is_package = path.name == "__init__.py"
     tree = ast.parse(path.read_text(encoding="utf-8"))
     skipped = set() if lazy else _lazy_policy_imports(tree)

@@ -56,7 +56,7 @@ def saved() -> dict:
 @pytest.fixture(scope="module")
 def model(saved) -> DiffusionModel:
     """LeRobot's checkpoint in our model, held as `diffusion` the way LeRobot's policy holds it."""
-    fields = DiffusionConfig.from_saved(saved)
+    fields = DiffusionConfig.lerobot_adapter().config_from_lerobot(saved)
     assert fields.pop("type") == "diffusion"  # kept for the registry (trainer.load_policy decodes by it)
     config = DiffusionConfig(**fields)
     built = DiffusionModel(config, DiffusionFeatures.from_lerobot(saved))

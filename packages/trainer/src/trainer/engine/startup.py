@@ -112,7 +112,8 @@ def start_run(plan: RunPlan, lock: RunLock, notes: list[str]) -> Started:
 def _processors(policy: PolicyConfig, dataset: Dataset) -> tuple[Processor, Processor]:
     """The run's pre/post-processors from the data's statistics as the policy maps them; for a mixture
     of robots that differ, one set per robot (embodiment), each item normalized by its own."""
-    pipeline = policy.lerobot_pipeline()
+    adapter = policy.lerobot_adapter()
+    pipeline = None if adapter is None else adapter.pipeline(policy)
     if isinstance(dataset, EmbodiedDataset) and dataset.embodiments:
         stats = [policy.normalization_stats(s) for s in dataset.embodiment_stats()]
         return embodied_processors(stats, pipeline, dataset.embodiments)

@@ -175,7 +175,7 @@ def _check_config_fits(config: PolicyConfig, state: Mapping[str, Any], path: str
     with torch.device("meta"):
         shell = build_policy(config, config.obs_dim, config.action_dim)
     wanted = {name: tuple(t.shape) for name, t in shell.state_dict().items()}
-    saved = {name: tuple(t.shape) for name, t in type(shell).adapt_state_dict(dict(state)).items()}
+    saved = {name: tuple(t.shape) for name, t in pretrained.under_own_names(config, dict(state)).items()}
     resized = sorted(name for name in wanted.keys() & saved.keys() if wanted[name] != saved[name])
     missing = sorted(wanted.keys() - saved.keys())
     if resized or missing:

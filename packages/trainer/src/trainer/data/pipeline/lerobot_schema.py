@@ -3,7 +3,7 @@
 pretrained_path=DIR)` loads what we save and normalizes as we do.
 
 A policy with a LeRobot counterpart (ACT, SmolVLA) describes its pipeline as LeRobot's factory builds it
-from the policy config (`PolicyConfig.lerobot_pipeline`): the steps ahead of the normalizer (rename,
+from the policy's LeRobot adapter (`LeRobotAdapter.pipeline`): the steps ahead of the normalizer (rename,
 batch axis, the task's newline and tokenizer, device), the typed features and the normalization modes.
 The statistics are ours: our `(x - mean) / std` per feature written under the state-file names LeRobot's
 normalizer reads for the feature's mode (`<key>.mean`/`.std`; a range mode's bounds `mean -/+ std`, the

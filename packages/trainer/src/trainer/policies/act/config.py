@@ -12,11 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from trainer.config.optim import AdamWConfig, ConstantConfig
-from trainer.config.policy import PolicyConfig
-from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY
-from trainer.data.pipeline import lerobot_schema
+from trainer.config.policy import LeRobotAdapter, PolicyConfig
+from trainer.data.dataset import ALL_CAMERAS, OBS_KEY
 from trainer.errors import ConfigError
-from trainer.policies.act import lerobot as act_lerobot
 from trainer.policies.common import resnet
 
 if TYPE_CHECKING:
@@ -119,21 +117,11 @@ class ACTConfig(PolicyConfig):
         return ACTPolicy
 
     @classmethod
-    def from_saved(cls, saved: dict[str, Any], preprocessor: dict[str, Any] | None = None) -> dict[str, Any]:
-        """A LeRobot ACT config.json as our fields (policies/act/lerobot.py); ours as it is."""
-        return act_lerobot.config_from_lerobot(saved)
+    def lerobot_adapter(cls) -> LeRobotAdapter[Any]:
+        """LeRobot's ACT schema, tensor names and processors (policies/act/lerobot.py)."""
+        from trainer.policies.act.lerobot import ACTAdapter
 
-    def lerobot_config(self) -> dict[str, Any]:
-        """LeRobot's ACTConfig schema (policies/act/lerobot.py); config.json itself stays ours, see docs/vla.md."""
-        return act_lerobot.config_to_lerobot(dataclasses.asdict(self))
-
-    def lerobot_pipeline(self) -> lerobot_schema.LeRobotPipeline:
-        """LeRobot's `make_act_pre_post_processors`: rename, batch axis, device, then the normalizer over
-        the inputs and the action, every type MEAN_STD but the environment state (no ENV entry)."""
-        features = act_lerobot.input_features(dataclasses.asdict(self))
-        features[ACTION_KEY] = {"type": "ACTION", "shape": [self.action_dim]}
-        before = (lerobot_schema.rename(), lerobot_schema.to_batch(), lerobot_schema.device())
-        return lerobot_schema.LeRobotPipeline(before, features, dict(act_lerobot.MEAN_STD))
+        return ACTAdapter()
 
     def normalization_stats(self, stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """The environment state at the end of `observation.state` left as it is (mean 0, std 1), as

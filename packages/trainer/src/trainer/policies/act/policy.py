@@ -5,7 +5,6 @@ the trunk's pretrained weights and learning rate, LeRobot's tensor names)."""
 from __future__ import annotations
 
 import collections
-from collections.abc import Collection
 from typing import ClassVar
 
 import torch
@@ -13,7 +12,6 @@ from torch import nn
 
 from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, OBS_KEY, PAD_KEY, is_camera
 from trainer.errors import ConfigError
-from trainer.policies.act import lerobot as act_lerobot
 from trainer.policies.act.config import ACTConfig
 from trainer.policies.act.modules import (
     ACTDecoder,
@@ -31,7 +29,7 @@ class ACTPolicy(Policy):
     `vae_encoder_*`, ...) without its `model.` prefix; the trunk exists only when a camera is among the
     input features, the state projections only when there is a state vector, the environment state's
     (`encoder_env_state_input_proj`) only with `env_state_dim`. LeRobot's own checkpoints load through
-    `adapt_state_dict` (policies/act/lerobot.py: its fused attention projections split)."""
+    its LeRobot adapter (policies/act/lerobot.py: its fused attention projections split)."""
 
     _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("ACTEncoderLayer", "ACTDecoderLayer", "ResNetStage")
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action",)
@@ -168,20 +166,6 @@ class ACTPolicy(Policy):
         self._queue.clear()
         if self._ensembler is not None:
             self._ensembler.reset()
-
-    @classmethod
-    def adapt_state_dict(cls, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """LeRobot's ACT weights under our names; ours (or a legacy checkpoint's) as they are."""
-        return act_lerobot.state_from_lerobot(state) if act_lerobot.is_lerobot_state(state) else state
-
-    @classmethod
-    def saved_under_other_names(cls, names: Collection[str]) -> bool:
-        return act_lerobot.is_lerobot_state(names)
-
-    def lerobot_state_dict(self) -> dict[str, torch.Tensor]:
-        """Our weights under LeRobot's names, its fused projections and its persistent CVAE table."""
-        pos_enc = self.vae_encoder_pos_enc if self.config.use_vae else None
-        return act_lerobot.state_to_lerobot(self.state_dict(), pos_enc)
 
     def load_pretrained_parts(self) -> None:
         weights = self.config.pretrained_backbone_weights

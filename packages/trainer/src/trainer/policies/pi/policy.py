@@ -17,7 +17,7 @@ LeRobot's names back (weights.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -27,7 +27,6 @@ from trainer.errors import ConfigError
 from trainer.policies.common.vla.flow import sample_noise, sample_time
 from trainer.policies.common.vla.images import pad_last, resize_with_pad
 from trainer.policies.common.vla.policy import VLAPolicy
-from trainer.policies.pi import weights
 from trainer.policies.pi.config import PI0Config
 from trainer.policies.pi.language import PiTokenizer
 from trainer.policies.pi.model import PiFlowModel, Tokens
@@ -74,28 +73,6 @@ class PiPolicy(VLAPolicy):
         self.features = features
         self.tokenizer = PiTokenizer(config)  # before the model: a missing tokenizer is one line
         self.model = PiFlowModel(config, config.sizes())
-
-    # ---------------------------------------------------------------- LeRobot's names and defaults
-
-    @classmethod
-    def adapt_state_dict(cls, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """LeRobot's (or openpi's) tensor names as ours, with LeRobot's key fixes; the two unused
-        `lm_head`s dropped. Ours pass as they are."""
-        return weights.from_lerobot(state, cls.pi05) if weights.is_lerobots(state) else state
-
-    @classmethod
-    def saved_under_other_names(cls, names: Collection[str]) -> bool:
-        return weights.is_lerobots(names)
-
-    @classmethod
-    def renamed_on_read(cls, names: Collection[str]) -> dict[str, str]:
-        """LeRobot's (or openpi's) names are renamed and the `lm_head`s dropped, nothing more: such a
-        checkpoint streams into the shards under these names."""
-        return weights.names_from_lerobot(names, cls.pi05)
-
-    def lerobot_state_dict(self) -> dict[str, torch.Tensor]:
-        """The weights under LeRobot's names, lm_heads included (what its strict load needs)."""
-        return weights.to_lerobot(self.state_dict(), self.config.sizes())
 
     def peft_target_modules(self) -> tuple[str, ...]:
         """LeRobot's default LoRA targets for pi0 / pi0.5: the expert's q/v projections and the state,
