@@ -63,9 +63,10 @@ def bare(mode: str, batch_size: int, steps: int, window: int) -> dict[str, objec
 
     from trainer.data.pipeline.processors import build_processors
     from trainer.policies import build_policy
-    from trainer.policies.act import ACTConfig, ACTDecoderLayer, ACTEncoderLayer
-    from trainer.policies.base import optimizer_params
-    from trainer.policies.resnet import ResNetStage
+    from trainer.policies.act import ACTConfig
+    from trainer.policies.act.modules import ACTDecoderLayer, ACTEncoderLayer
+    from trainer.policies.common.base import optimizer_params
+    from trainer.policies.common.resnet import ResNetStage
 
     dist.init_process_group("gloo")
     dataset = TwoCamerasConfig().load()

@@ -142,7 +142,7 @@ def measured(policy: PolicyConfig) -> tuple[int, int, int, int]:
 
 
 def act_state(blocks: int, dim: int, ffn: int) -> Subject:
-    from trainer.policies.act_state import ACTStateConfig
+    from trainer.policies.act.state import ACTStateConfig
 
     base = ["--policy.type=act_state", "--policy.dropout=0"]
     large = [f"--policy.dim={dim}", "--policy.heads=16", f"--policy.ffn_dim={ffn}"]

@@ -1,7 +1,9 @@
 """The layering rules of the two packages, read from their source with `ast` (nothing is imported):
 
 - inside each package, imports flow one way: no module reaches itself again through its imports,
-  counting every import statement, those inside functions included;
+  counting every import statement, those inside functions included, but a policy config's two ways to
+  the code it names: the imports inside `policy_class()` (its class) and `lerobot_adapter()` (its
+  LeRobot form), which import the config in turn; they run only when a policy is built or converted;
 - each package's folders are its layers (`LAYERS`, lowest first): a module imports only from its own
   layer or the layers below it;
   imports under `if TYPE_CHECKING:` count too (an annotation is a dependency of the reader);
@@ -42,11 +44,27 @@ def _modules(package: str) -> dict[str, Path]:
     return found
 
 
-def _imports(module: str, path: Path) -> Iterator[tuple[ast.stmt, list[str]]]:
+def _lazy_policy_imports(tree: ast.AST) -> set[ast.stmt]:
+    """The import statements inside a config's `policy_class()` and `lerobot_adapter()` methods."""
+    return {
+        node
+        for function in ast.walk(tree)
+        if isinstance(function, ast.FunctionDef) and function.name in ("policy_class", "lerobot_adapter")
+        for node in ast.walk(function)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+    }
+
+
+def _imports(module: str, path: Path, *, lazy: bool = True) -> Iterator[tuple[ast.stmt, list[str]]]:
     """Every import statement of a module (at any depth) and the dotted names it imports: for
-    `from a.b import c` both `a.b.c` and `a.b`, since `c` may be a module or a name in `a.b`."""
+    `from a.b import c` both `a.b.c` and `a.b`, since `c` may be a module or a name in `a.b`.
+    `lazy=False` leaves out the imports inside `policy_class()` and `lerobot_adapter()`."""
     is_package = path.name == "__init__.py"
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = set() if lazy else _lazy_policy_imports(tree)
+    for node in ast.walk(tree):
+        if node in skipped:
+            continue
         if isinstance(node, ast.Import):
             yield node, [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -58,14 +76,14 @@ def _imports(module: str, path: Path) -> Iterator[tuple[ast.stmt, list[str]]]:
             yield node, [f"{base}.{alias.name}" for alias in node.names] + [base]
 
 
-def _edges(package: str) -> dict[str, set[str]]:
+def _edges(package: str, *, lazy: bool = True) -> dict[str, set[str]]:
     """Module -> the modules of the same package it imports. `from pkg import name` counts as an edge
     to `pkg.name` when that is a module, else to `pkg`; a package's `__init__` is left out as a target
     when the name is a module of it (the lazy export table is not layering)."""
     modules = _modules(package)
     edges: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        for node, targets in _imports(name, path):
+        for node, targets in _imports(name, path, lazy=lazy):
             if isinstance(node, ast.ImportFrom):
                 names = targets[:-1]
                 dotted = [t for t in names if t in modules]
@@ -86,8 +104,10 @@ LAYERS = {
 
 
 # Rooms inside a layer, lowest first, under the same rule: a module of a room imports only from its own
-# room or the rooms below it (the layer's root modules are rooms of their own).
-ROOMS = {
+# room or the rooms below it (the layer's root modules are rooms of their own). A tuple is a level of
+# peer rooms that never import each other (one folder per policy above their shared blocks).
+ROOMS: dict[str, tuple[str | tuple[str, ...], ...]] = {
+    "trainer.policies": ("common", ("act", "diffusion", "mlp", "pi", "smolvla")),
     "trainer.data": ("dataset", "format", "pipeline", "embedded", "sources"),
     "trainer.engine": (
         "host_memory",
@@ -105,23 +125,30 @@ ROOMS = {
 }
 
 
-def _room(layer: str, module: str) -> int:
-    rooms = ROOMS[layer]
+def _room(layer: str, module: str) -> tuple[int, str]:
+    """The level of `module`'s room in `layer` and the room's name."""
     top = module[len(layer) + 1 :].split(".")[0]
-    assert top in rooms, f"{module} is in no room of {layer}: add it to ROOMS (and docs/architecture.md)"
-    return rooms.index(top)
+    for level, rooms in enumerate(ROOMS[layer]):
+        if top in ((rooms,) if isinstance(rooms, str) else rooms):
+            return level, top
+    raise AssertionError(f"{module} is in no room of {layer}: add it to ROOMS (and docs/architecture.md)")
 
 
 def _upward_room_imports(layer: str) -> list[str]:
-    """`module -> target` for every import inside `layer` that goes up a room."""
+    """`module -> target` for every import inside `layer` that goes up a room or across to a peer."""
     package = layer.split(".")[0]
     inside = layer + "."
+
+    def goes_up(module: str, target: str) -> bool:
+        (here, room), (there, other) = _room(layer, module), _room(layer, target)
+        return there > here or (there == here and other != room)
+
     return sorted(
         f"{module} -> {target}"
         for module, targets in _edges(package).items()
         if module.startswith(inside)
         for target in targets
-        if target.startswith(inside) and _room(layer, target) > _room(layer, module)
+        if target.startswith(inside) and goes_up(module, target)
     )
 
 
@@ -247,6 +274,46 @@ def test_room_rule_sees_an_upward_import(tmp_path: Path) -> None:
         del SOURCES["pkg"], ROOMS["pkg.data"]
 
 
+def test_room_rule_sees_an_import_between_peers(tmp_path: Path) -> None:
+    """The rule can fail: a room that imports a peer of its level (one policy's folder another's)."""
+    layer = tmp_path / "pkg" / "policies"
+    for room in ("common", "one", "two"):
+        (layer / room).mkdir(parents=True)
+        (layer / room / "__init__.py").write_text("")
+    (layer.parent / "__init__.py").write_text("")
+    (layer / "__init__.py").write_text("")
+    (layer / "one" / "a.py").write_text("from pkg.policies.common import c\nfrom pkg.policies.two import b\n")
+    (layer / "two" / "b.py").write_text("")
+    (layer / "common" / "c.py").write_text("")
+    SOURCES["pkg"], ROOMS["pkg.policies"] = tmp_path, ("common", ("one", "two"))
+    try:
+        assert _upward_room_imports("pkg.policies") == ["pkg.policies.one.a -> pkg.policies.two.b"]
+    finally:
+        del SOURCES["pkg"], ROOMS["pkg.policies"]
+
+
+def _patched_attributes(path: Path) -> list[str]:
+    """`Name.attr = ...` statements at a module's top level: a class changed after its module ran."""
+    return [
+        f"{path.name}:{node.lineno}"
+        for node in ast.parse(path.read_text(encoding="utf-8")).body
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Attribute)
+    ]
+
+
+def test_no_policy_module_binds_an_attribute_after_import(tmp_path: Path) -> None:
+    """A config reaches its class one way, `policy_class()`'s import: no module binds it (or anything
+    else) onto a class from outside, as `DiffusionConfig.built_by = DiffusionPolicy` once did."""
+    patched = tmp_path / "patched.py"
+    patched.write_text("class A:\n    built_by = None\n\n\nA.built_by = int\n")
+    assert _patched_attributes(patched) == ["patched.py:5"]  # the rule can fail
+    policies = SOURCES["trainer"] / "trainer" / "policies"
+    found = [hit for path in sorted(policies.rglob("*.py")) for hit in _patched_attributes(path)]
+    assert not found, f"attributes bound after import: {found}"
+
+
 def test_the_metadata_path_never_imports_torch() -> None:
     torch_free = ("errors", "format", "files", "dcp", "catalog")
     offenders = [
@@ -262,7 +329,7 @@ def test_the_metadata_path_never_imports_torch() -> None:
 
 @pytest.mark.parametrize("package", ["ckpt_tools", "trainer"])
 def test_imports_flow_one_way(package: str) -> None:
-    cycles = _cycles(_edges(package))
+    cycles = _cycles(_edges(package, lazy=False))
     assert not cycles, f"import cycles in {package}: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from ckpt_tools.tensors.tensor_io import read_dcp_full
 from helpers.fixtures import copy_fixture
 from helpers.launch import run_torchrun
-from trainer.policies import act_lerobot
+from trainer.policies.act import lerobot as act_lerobot
 
 pytestmark = pytest.mark.distributed
 

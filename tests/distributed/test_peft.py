@@ -149,7 +149,7 @@ def test_changed_topology_resume_continues_the_loss_curve(runs, case):
 
 
 def _policy(config_dir: Path) -> torch.nn.Module:
-    from trainer.policies.base import PolicyConfig, build_policy
+    from trainer.policies.common.base import PolicyConfig, build_policy
 
     saved = json.loads((config_dir / "config.json").read_text())
     cls = PolicyConfig.get_choice_class(saved.pop("type"))
@@ -203,7 +203,7 @@ def _policy_on_base(runs: Path, config_dir: Path) -> torch.nn.Module:
 
 def test_adapter_checkpoint_is_usable_as_policy_path(runs):
     """`--policy.path` on a PEFT checkpoint (any format) starts from base + merged adapter."""
-    from trainer.policies.pretrained import load_weights
+    from trainer.policies.common.pretrained import load_weights
 
     adapter = step_dir(runs, "hsdp2x2", "x", 4)
     policy = _policy(adapter / "pretrained_model")

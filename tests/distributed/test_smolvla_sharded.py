@@ -22,7 +22,7 @@ from helpers.fixtures import fixture_dir
 from helpers.launch import run_torchrun
 from trainer.data.dataset import task_bytes
 from trainer.evaluation.lerobot_export import export_lerobot
-from trainer.policies import act_lerobot
+from trainer.policies.act import lerobot as act_lerobot
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
@@ -77,7 +77,7 @@ def test_fsdp2_with_the_policys_units_trains_as_ddp_does(runs) -> None:
 
 def test_the_token_table_is_read_on_each_ranks_rows_never_gathered(runs) -> None:
     """Under FSDP2 the VLM's token table (384 rows here; SmolVLM2-500M's 49,280 x 960) is a unit of its
-    own, read on each rank's rows (policies/vocab_parallel.py) and never run by its forward, which would
+    own, read on each rank's rows (policies/common/vocab_parallel.py) and never run by its forward, which would
     gather it whole; the vision tower's position embedding (64 rows) is a unit whose forward runs. The
     losses equal DDP's (the test above), which looks the table up by its forward."""
     _, stdout = runs

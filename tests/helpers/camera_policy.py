@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.config.policy import PolicyConfig
-from trainer.policies.base import Policy
+from trainer.policies.common.base import Policy
 
 CAMERAS = 2  # the LeRobot fixtures' top and wrist
 

@@ -16,8 +16,8 @@ from helpers.fixtures import fixture_dir
 from trainer.errors import ConfigError
 from trainer.policies import build_policy
 from trainer.policies.act import ACTConfig, ACTPolicy, TemporalEnsembler, sinusoidal_2d
-from trainer.policies.base import optimizer_params
-from trainer.policies.resnet import ResNetTrunk, load_pretrained
+from trainer.policies.common.base import optimizer_params
+from trainer.policies.common.resnet import ResNetTrunk, load_pretrained
 
 CAM = "observation.images.top"
 TINY = {

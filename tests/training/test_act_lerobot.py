@@ -19,7 +19,9 @@ from helpers.train_flags import TINY_LEROBOT_ACT
 from trainer.cli.parse import parse_config
 from trainer.engine.plan import train
 from trainer.errors import ConfigError
-from trainer.policies import act, act_lerobot, pretrained
+from trainer.policies import act
+from trainer.policies.act import lerobot as act_lerobot
+from trainer.policies.common import pretrained
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "lerobot" / "checkpoint_act" / "checkpoints" / "000002"
 MODEL = FIXTURE / "pretrained_model"
@@ -47,7 +49,7 @@ def test_every_lerobot_tensor_arrives_once(loaded) -> None:
     """Names one-to-one (the fused projections three to one), every value arrives once."""
     theirs = load_file(str(MODEL / "model.safetensors"))
     ours = loaded.policy.state_dict()
-    assert set(act.ACTPolicy.adapt_state_dict(theirs)) == set(ours)
+    assert set(act_lerobot.state_from_lerobot(theirs)) == set(ours)
     fused = sum(1 for name in theirs if "in_proj_" in name)
     assert len(ours) == len(theirs) - 1 + 2 * fused  # the dropped vae_encoder_pos_enc, 3 for 1
 
@@ -154,5 +156,6 @@ def test_lerobots_act_trains_on_a_channel_first_dataset(tmp_path: Path, clean_ac
     trained = trainer.load_policy(str(tmp_path / "run" / "checkpoints" / "last"))
     visual = {name: f["shape"] for name, f in features.items() if f["type"] == "VISUAL"}
     assert trained.policy.config.image_shapes == visual and len(visual) == 2
-    saved = trained.policy.config.lerobot_config()["input_features"]
+    config = trained.policy.config
+    saved = config.lerobot_adapter().config_to_lerobot(config)["input_features"]
     assert {name: saved[name]["shape"] for name in visual} == visual

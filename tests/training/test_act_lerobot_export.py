@@ -21,8 +21,10 @@ from trainer.cli.app import main
 from trainer.cli.parse import parse_config
 from trainer.engine.plan import train
 from trainer.errors import ConfigError
-from trainer.evaluation.lerobot_export import export_lerobot
-from trainer.policies import act, act_lerobot
+from trainer.evaluation.lerobot_export import export_lerobot, lerobot_adapter
+from trainer.policies import act
+from trainer.policies.act import lerobot as act_lerobot
+from trainer.policies.act.state import ACTStateConfig
 from trainer.policies.mlp import MLPConfig
 
 MODEL = Path(__file__).parents[1] / "fixtures" / "lerobot" / "checkpoint_act" / "checkpoints" / "000002"
@@ -144,6 +146,15 @@ def test_the_command_writes_the_directory_and_refuses_a_used_one(trained, tmp_pa
 def test_what_lerobot_cannot_read_is_one_line() -> None:
     state_only = act.ACTConfig(obs_dim=4, action_dim=2, input_features=["observation.state"])
     with pytest.raises(ConfigError, match=r"LeRobot's ACT needs a camera or observation\.environment_state"):
-        state_only.lerobot_config()
-    with pytest.raises(ConfigError, match="a mlp policy has no LeRobot counterpart"):
-        MLPConfig().lerobot_config()
+        state_only.lerobot_adapter().config_to_lerobot(state_only)
+
+
+@pytest.mark.parametrize("config", [MLPConfig(), ACTStateConfig()], ids=["mlp", "act_state"])
+def test_an_export_of_a_policy_without_an_adapter_is_one_line(config) -> None:
+    """No LeRobot adapter, no LeRobot form: one line, and the types it names as exportable are read from
+    the registry (every type whose config has an adapter; no list of types is kept beside it)."""
+    with pytest.raises(ConfigError, match=f"a {config.type} policy has no LeRobot form") as caught:
+        lerobot_adapter(config)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.endswith("the policies that export to LeRobot: act, diffusion, pi0, pi05, smolvla")

@@ -16,7 +16,7 @@ from trainer.cli.parse import parse_config
 from trainer.engine.plan import train
 from trainer.errors import ConfigError
 from trainer.evaluation.lerobot_export import export_lerobot
-from trainer.policies import act_lerobot
+from trainer.policies.act import lerobot as act_lerobot
 
 STEP = Path("checkpoints") / "000002"
 

@@ -19,7 +19,7 @@ from trainer.data.embedded import sim
 from trainer.data.embedded.pendulum import PendulumConfig
 from trainer.engine.plan import train
 from trainer.errors import ConfigError
-from trainer.policies.base import fit_to_data
+from trainer.policies.common.base import fit_to_data
 
 CAM = sim.CAMERA
 TINY_ACT = [

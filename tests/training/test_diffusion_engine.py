@@ -195,12 +195,13 @@ def test_lerobots_config_with_an_environment_state_conditions_on_it_after_the_ca
     pretrained = workdir / "lerobot_diffusion_tiny" / "pretrained_model"
     saved = json.loads((pretrained / "config.json").read_text())
     saved["input_features"] = {ENV: {"type": "ENV", "shape": [3]}, **saved["input_features"]}
-    fields = DiffusionConfig.from_saved(saved)
+    adapter = DiffusionConfig.lerobot_adapter()
+    fields = adapter.config_from_lerobot(saved)
     assert fields.pop("type") == "diffusion"
     config = DiffusionConfig(**fields)
     assert (config.obs_dim, config.env_state_dim) == (7, 3)
     assert config.input_features == ["observation.state", ENV, *CAMERAS]
-    assert config.lerobot_config() == saved
+    assert adapter.config_to_lerobot(config) == saved
     policy = DiffusionPolicy(config).eval()
     film = "diffusion.unet.down_modules.0.0.cond_encoder.1.weight"
     widths = [
@@ -292,5 +293,5 @@ def test_an_export_reading_no_single_state_vector_is_one_line() -> None:
 
     config = DiffusionConfig(obs_dim=5, action_dim=2, input_features=["observation.state", "other", *CAMERAS])
     with pytest.raises(ConfigError, match=r"reads the robot state as one observation\.state") as caught:
-        config.lerobot_config()
+        DiffusionConfig.lerobot_adapter().config_to_lerobot(config)
     assert "\n" not in str(caught.value)

@@ -23,9 +23,9 @@ import ckpt_tools
 from trainer.data.dataset import IMAGENET_STATS
 from trainer.data.pipeline.processors import Processor, build_processors
 from trainer.errors import ConfigError
+from trainer.policies.common.resnet import ResNetTrunk
 from trainer.policies.diffusion import ActionQueue, DiffusionConfig, DiffusionFeatures, DiffusionModel
 from trainer.policies.diffusion.vision import center_crop_offsets, random_crop_offsets
-from trainer.policies.resnet import ResNetTrunk
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "lerobot_diffusion_tiny"
 MODEL = FIXTURE / "pretrained_model"
@@ -56,7 +56,7 @@ def saved() -> dict:
 @pytest.fixture(scope="module")
 def model(saved) -> DiffusionModel:
     """LeRobot's checkpoint in our model, held as `diffusion` the way LeRobot's policy holds it."""
-    fields = DiffusionConfig.from_saved(saved)
+    fields = DiffusionConfig.lerobot_adapter().config_from_lerobot(saved)
     assert fields.pop("type") == "diffusion"  # kept for the registry (trainer.load_policy decodes by it)
     config = DiffusionConfig(**fields)
     built = DiffusionModel(config, DiffusionFeatures.from_lerobot(saved))

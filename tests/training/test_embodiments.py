@@ -43,7 +43,7 @@ from trainer.data.pipeline.processors import Processor, embodied_processors
 from trainer.data.sources.mixture import MixtureConfig
 from trainer.errors import ConfigError
 from trainer.policies import build_policy
-from trainer.policies.base import fit_to_data
+from trainer.policies.common.base import fit_to_data
 
 TOP, WRIST, FRONT = (f"observation.images.{name}" for name in ("top", "wrist", "front"))
 SMOLVLA = TINY_SMOLVLA

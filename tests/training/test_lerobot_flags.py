@@ -22,7 +22,7 @@ from trainer.data.sources import hub
 from trainer.data.sources.lerobot import LeRobotConfig
 from trainer.engine.plan import check_policy_device, train
 from trainer.errors import ConfigError
-from trainer.policies.pretrained import policy_defaults
+from trainer.policies.common.pretrained import policy_defaults
 
 LENGTHS = [12, 15, 10, 14, 11, 13]  # episodes 0..5; tasks alternate "pick" (0, 2, 4) and "place"
 

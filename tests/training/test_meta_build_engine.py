@@ -19,8 +19,8 @@ from trainer.engine import peft_policy
 from trainer.engine.plan import policy_section
 from trainer.policies import build_policy
 from trainer.policies.act import ACTConfig
-from trainer.policies.act_state import ACTStateConfig
-from trainer.policies.base import Policy
+from trainer.policies.act.state import ACTStateConfig
+from trainer.policies.common.base import Policy
 from trainer.policies.mlp import MLPConfig
 
 CAM = "observation.images.top"
@@ -205,7 +205,7 @@ def test_policy_path_weights_of_another_shape_are_refused_from_the_headers(tmp_p
     from safetensors.torch import save_file
 
     from trainer.errors import ConfigError
-    from trainer.policies import pretrained
+    from trainer.policies.common import pretrained
 
     meta = model_build.build_policy_on_meta(policy_section(TrainConfig(policy=POLICIES["act_state"])), 3, 2)
     state = {name: torch.zeros(t.shape) for name, t in meta.state_dict().items()}

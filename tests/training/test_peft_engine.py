@@ -22,8 +22,8 @@ from trainer.config.peft import PeftConfig
 from trainer.engine.peft_policy import adapter_config, start_policy
 from trainer.engine.plan import policy_section, resolve_accelerator, train
 from trainer.errors import ConfigError
-from trainer.policies.act_state import ACTStateConfig
-from trainer.policies.base import build_policy
+from trainer.policies.act.state import ACTStateConfig
+from trainer.policies.common.base import build_policy
 
 TINY_ACT = {"dim": 16, "heads": 2, "ffn_dim": 32, "encoder_layers": 1, "decoder_layers": 1, "chunk": 4}
 

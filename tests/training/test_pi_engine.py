@@ -29,7 +29,7 @@ from trainer.engine import build as model_build
 from trainer.engine.plan import resolve_plan
 from trainer.errors import ConfigError
 from trainer.evaluation.lerobot_export import export_lerobot
-from trainer.policies.pi import PI05Policy
+from trainer.policies.pi import PI05Config
 
 OVERRIDES = "tiny_paligemma/tiny_pi_overrides.json"
 COMMON = [
@@ -93,10 +93,10 @@ def test_lerobots_checkpoint_fine_tunes_and_exports_in_its_schema(
         assert {key.rpartition(".")[2] for key in written} == {"q01", "q99"}
         assert all(torch.allclose(written[key], lerobots[key], rtol=0, atol=1e-6) for key in written)
     tuned_state = trainer.load_policy(str(tuned)).policy.state_dict()
-    back = PI05Policy.adapt_state_dict(load_file(str(exported / "model.safetensors")))
+    back = PI05Config.lerobot_adapter().state_from_lerobot(load_file(str(exported / "model.safetensors")))
     assert back.keys() == tuned_state.keys()
     assert all(torch.equal(back[name], tensor) for name, tensor in tuned_state.items())
-    base = PI05Policy.adapt_state_dict(load_file(str(lerobot / "model.safetensors")))
+    base = PI05Config.lerobot_adapter().state_from_lerobot(load_file(str(lerobot / "model.safetensors")))
     assert not torch.equal(base["model.action_out_proj.weight"], tuned_state["model.action_out_proj.weight"])
 
 
@@ -195,15 +195,17 @@ def _built_from_lerobots(overrides: str) -> tuple[model_build.BuiltPolicy, Polic
 
 
 def test_lerobots_checkpoint_streams_by_its_names_into_a_meta_build(workdir: Path, monkeypatch) -> None:
-    """LeRobot's names read under the policy's renaming (PI05Policy.renamed_on_read) into a policy built
-    on the meta device: it then holds exactly the file's tensors (renamed as `adapt_state_dict` names
+    """LeRobot's names read under its adapter's renaming (`names_from_lerobot`) into a policy built on
+    the meta device: it then holds exactly the file's tensors (renamed as `state_from_lerobot` names
     them, the lm_heads dropped)."""
     monkeypatch.chdir(workdir)
     built, section = _built_from_lerobots(OVERRIDES)
     assert built.on_meta and built.saved_names is not None
     model_build.before_prepare(built, section, torch.device("cpu"))
     held = built.policy.state_dict()
-    lerobots = PI05Policy.adapt_state_dict(load_file("pretrained_model/model.safetensors"))
+    lerobots = PI05Config.lerobot_adapter().state_from_lerobot(
+        load_file("pretrained_model/model.safetensors")
+    )
     assert held.keys() == lerobots.keys() and all(torch.equal(held[k], lerobots[k]) for k in held)
 
 

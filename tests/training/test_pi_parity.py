@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 import trainer
 from helpers.fixtures import copy_fixture
 from trainer.errors import ConfigError
-from trainer.policies import pretrained
+from trainer.policies.common import pretrained
 from trainer.policies.pi import PI0Config, PI0Policy, PI05Config, PiPolicy
 from trainer.policies.pi import weights as pi_weights
 from trainer.policies.pi.layers import DecoderLayer, MLPProjection
@@ -82,7 +82,7 @@ def test_lerobots_checkpoint_loads_strictly_and_exports_back(policies, fixtures,
     assert len(saved) == {"pi0": 90, "pi05": 93}[kind]
     policy = policies[kind]
     assert len(policy.state_dict()) == len(saved) - 2
-    exported = policy.lerobot_state_dict()
+    exported = policy.config.lerobot_adapter().state_to_lerobot(policy.config, policy)
     assert exported.keys() == saved.keys()
     heads = (pi_weights.VLM_HEAD, pi_weights.EXPERT_HEAD)
     assert all(torch.equal(exported[k], saved[k]) for k in saved if k not in heads)
@@ -110,7 +110,7 @@ def test_openpi_layout_keys_are_fixed_as_lerobot_fixes_them(policies, fixtures, 
         openpi[key] = value
     if kind == "pi05":
         openpi["state_proj.weight"] = torch.zeros(16, 32)
-    fixed = type(policy).adapt_state_dict(openpi)
+    fixed = policy.config.lerobot_adapter().state_from_lerobot(openpi)
     ours = policy.state_dict()
     assert fixed.keys() == ours.keys()
     assert all(torch.equal(fixed[k], ours[k]) for k in ours)

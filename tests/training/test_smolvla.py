@@ -189,7 +189,7 @@ def test_a_task_longer_than_tokenizer_max_length_is_truncated_as_lerobot_does(lo
 def test_the_default_size_has_lerobots_parameter_count(tmp_path: Path) -> None:
     """LeRobot's defaults on SmolVLM2-500M, built on the meta device: 450,046,176 parameters
     (402,737,376 without the unused lm_head), as LeRobot's own SmolVLAPolicy counts them."""
-    from trainer.policies.base import build_policy
+    from trainer.policies.common.base import build_policy
 
     backbone = write_smolvlm2_500m(tmp_path / "smolvlm2_500m")
     features = ["observation.state", "observation.images.top", "task"]
@@ -242,7 +242,7 @@ def test_a_hub_id_backbone_is_read_through_the_hf_cache_offline(
     """`--policy.vlm_model_name=<repo id>` as LeRobot reads it: the snapshot in the Hugging Face cache
     (here offline); a repo id the cache lacks is one line."""
     from helpers.hf_cache import put_in_hub_cache
-    from trainer.policies.vla.hub import resolve_pretrained
+    from trainer.policies.common.vla.hub import resolve_pretrained
 
     cache = tmp_path / "hub"
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
@@ -264,7 +264,7 @@ def test_load_vlm_weights_copies_the_backbones_weights_into_the_vlm(fixture: Pat
     from safetensors.torch import save_file
     from transformers import AutoConfig, SmolVLMForConditionalGeneration
 
-    from trainer.policies.base import build_policy
+    from trainer.policies.common.base import build_policy
 
     backbone = tmp_path / "pretrained_smolvlm"
     shutil.copytree(fixture / "tiny_smolvlm", backbone)

@@ -1,4 +1,4 @@
-"""The VLA policies' eager attention (policies/vla/attention.py): with `recompute` it keeps only its
+"""The VLA policies' eager attention (policies/common/vla/attention.py): with `recompute` it keeps only its
 inputs for the backward pass and recomputes its float32 scores there, with the plain computation's
 gradients bit for bit; pi's action expert attends to the prefix that way."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
+from trainer.policies.common.vla.attention import attend
 from trainer.policies.pi.backbone import gemma_config
 from trainer.policies.pi.config import GemmaSize
 from trainer.policies.pi.layers import DecoderLayer
-from trainer.policies.vla.attention import attend
 
 # pi0.5's action expert attending to a 456-token prefix: 50 queries, 8 query heads on 1 key/value head
 B, LQ, LK, HEADS, KV, D = 2, 50, 506, 8, 1, 256

@@ -54,7 +54,7 @@ from trainer.engine import build as model_build
 from trainer.engine import startup
 from trainer.engine.peft_policy import base_weight_names
 from trainer.engine.plan import train
-from trainer.policies import vocab_parallel
+from trainer.policies.common import vocab_parallel
 from trainer.policies.pi import PiPolicy
 from trainer.policies.pi.weights import from_lerobot
 

@@ -30,7 +30,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from trainer.cli.parse import parse_config
 from trainer.engine.plan import train
-from trainer.policies import vocab_parallel
+from trainer.policies.common import vocab_parallel
 
 OUT, WORKDIR, *MODE = sys.argv[1:]
 TINY = [

@@ -1,4 +1,4 @@
-"""The toy policy's module: every hook `trainer.policies.base.Policy` declares, each doing something."""
+"""The toy policy's module: every hook `trainer.policies.common.base.Policy` declares, each doing something."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers.toy_policy.config import ToyConfig
-from trainer.policies.base import Policy
+from trainer.policies.common.base import Policy
 
 STATE, ACTION = "observation.state", "action"
 SEEN: list[dict[str, tuple[int, ...]]] = []

@@ -46,7 +46,7 @@ from ckpt_tools.state.evaluation_load import load_model_state_dict
 from ckpt_tools.tensors.tensor_io import read_dcp_full, read_safetensors
 
 Rename = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
-"""LeRobot's state dict (its FQNs) -> the model's (a policy's `adapt_state_dict`)."""
+"""LeRobot's state dict (its FQNs) -> the model's (a policy's LeRobot adapter: `state_from_lerobot`)."""
 
 _STATE_PREFIX = "optimizer.state."
 

@@ -79,7 +79,7 @@ def _print_help(args: list[str]) -> None:
     """The generated flag table on stdout, for the `--policy.type` given (all built-in types if none)."""
     from trainer.cli.flags import help_text
     from trainer.cli.parse import normalize_argv
-    from trainer.policies.base import known_types, register_import_path
+    from trainer.policies.common.base import known_types, register_import_path
 
     types = [arg.partition("=")[2] for arg in normalize_argv(args) if arg.startswith("--policy.type=")]
     policy_type = types[-1] if types else None

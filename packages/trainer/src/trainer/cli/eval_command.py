@@ -34,7 +34,7 @@ from trainer.data.sources.mixture import MixtureConfig
 from trainer.errors import ConfigError
 from trainer.evaluation import rollouts as evaluation
 from trainer.evaluation.inference import LoadedPolicy, load_policy
-from trainer.policies import pretrained
+from trainer.policies.common import pretrained
 
 USAGE = "usage: trainer eval --policy.path=PATH [--dataset.root=DIR --dataset.episodes=[...]] [--json]"
 HELP = f"""{USAGE}

@@ -21,7 +21,7 @@ from trainer.config.environment import EnvConfig
 from trainer.config.optim import OptimizerConfig, SchedulerConfig
 from trainer.config.registry import known_types
 from trainer.config.train import TrainConfig
-from trainer.policies.base import PolicyConfig
+from trainer.policies.common.base import PolicyConfig
 
 # choice registry -> (what it chooses, the meaning of its --X.type flag, whether an import path may name one)
 CHOICES: dict[type[draccus.ChoiceRegistry], tuple[str, str, bool]] = {

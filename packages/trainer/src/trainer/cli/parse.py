@@ -20,8 +20,8 @@ from trainer.config.environment import EnvConfig
 from trainer.config.registry import known_types, register_import_path, split_allow_types
 from trainer.config.train import TrainConfig
 from trainer.errors import ConfigError
-from trainer.policies.base import PolicyConfig
-from trainer.policies.pretrained import policy_defaults
+from trainer.policies.common.base import PolicyConfig
+from trainer.policies.common.pretrained import policy_defaults
 
 _CONFIG_FLAG = "--config_path"
 DEFAULT_TYPES = {"policy": "act_state", "dataset": "pendulum"}

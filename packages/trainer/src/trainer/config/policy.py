@@ -1,15 +1,17 @@
 """The base of every policy config (`--policy.type` picks the subclass) and its common fields.
 
 A config module holds plain values: the policy classes live in `trainer/policies/`, where each built-in
-type registers its config subclass; `policy_class()` names the class a config builds.
+type registers its config subclass; `policy_class()` names the class a config builds and
+`lerobot_adapter()` its LeRobot form (`LeRobotAdapter`, declared at the end of this module).
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import draccus
 
@@ -30,7 +32,7 @@ ProcessorFiles = tuple[
 class ProcessorSchema(Protocol):
     """A policy's normalizer and unnormalizer written as another tool builds them (LeRobot's pipeline:
     `data/pipeline/lerobot_schema.LeRobotPipeline`), from our per-key mean/std. Declared here, with the
-    hook that returns it, so the config layer names no data-layer class."""
+    adapter that returns it (`LeRobotAdapter.pipeline`), so the config layer names no data-layer class."""
 
     def preprocessor(self, stats: dict[str, dict[str, torch.Tensor]]) -> ProcessorFiles: ...
 
@@ -185,7 +187,8 @@ class PolicyConfig(draccus.ChoiceRegistry):
 
     def policy_class(self) -> Callable[[PolicyConfig], nn.Module]:
         """The class this config builds, called with the config (`trainer.policies.Policy` subclasses;
-        `build_policy` refuses anything else)."""
+        `build_policy` refuses anything else). A built-in policy imports it here, when a policy is
+        built: its policy module imports the config, so the config module cannot import it on top."""
         raise NotImplementedError
 
     def normalization_stats(self, stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -193,33 +196,12 @@ class PolicyConfig(draccus.ChoiceRegistry):
         stay on [0, 1], SmolVLA's, replaces theirs with mean 0 and std 1)."""
         return stats
 
-    def lerobot_pipeline(self) -> ProcessorSchema | None:
-        """The processors in LeRobot 0.6.1's pipeline schema, as its factory would build them for the
-        same policy (ACT, SmolVLA, Diffusion Policy, pi0, pi0.5); None for a type LeRobot lacks, whose
-        processor files keep our own schema (docs/format.md)."""
+    @classmethod
+    def lerobot_adapter(cls) -> LeRobotAdapter[Any] | None:
+        """This policy's LeRobot form (`LeRobotAdapter`, in the policy's folder: `<policy>/lerobot.py`,
+        imported here when asked for); None, this base, for a policy LeRobot lacks: its checkpoints keep
+        our schema alone and `trainer export` refuses it in one line."""
         return None
-
-    @classmethod
-    def check_path_flags(cls, base: dict[str, Any], flags: dict[str, str], path: str) -> None:
-        """Refuse `--policy.<field>` flags (`flags`: field -> value) that a `--policy.path` base's
-        weights cannot follow (SmolVLA: another backbone); raises ConfigError."""
-
-    @classmethod
-    def from_saved(cls, saved: dict[str, Any], preprocessor: dict[str, Any] | None = None) -> dict[str, Any]:
-        """A saved config.json of this type as this class's fields (a type whose config.json follows
-        another tool's schema, LeRobot's SmolVLA, maps it here; the others are saved as they are).
-        `preprocessor` is the checkpoint's `policy_preprocessor.json` when it has one: LeRobot records
-        some of a policy's settings there only (pi0's tokenizer)."""
-        return saved
-
-    def lerobot_config(self) -> dict[str, Any]:
-        """This config as LeRobot 0.6.1's config.json of the same policy (`trainer export`: ACT,
-        Diffusion Policy and pi0/pi0.5 map their fields, SmolVLA's `to_dict` is LeRobot's already); a
-        type LeRobot lacks is one line."""
-        raise ConfigError(
-            f"a {self.type} policy has no LeRobot counterpart: only act, diffusion, smolvla, pi0 and pi05 "
-            "export to LeRobot"
-        )
 
     def to_dict(self) -> dict[str, Any]:
         """The policy's `config.json`: its type and every field but the run's settings (publishing,
@@ -229,3 +211,57 @@ class PolicyConfig(draccus.ChoiceRegistry):
         for name in RUN_FIELDS:
             fields.pop(name)
         return {"type": self.type, **fields}
+
+
+Config = TypeVar("Config", bound=PolicyConfig)
+
+
+class LeRobotAdapter(abc.ABC, Generic[Config]):
+    """One policy's LeRobot form, both ways (torchtitan's `StateDictAdapter` for LeRobot 0.6.1): its
+    config.json schema, its tensor names, its processor pipeline, and the flags a `--policy.path` base
+    cannot follow. A policy config returns one from `PolicyConfig.lerobot_adapter()`; declared here so
+    the config layer names no policy class. The tensor hooks default to LeRobot's names being ours (SmolVLA,
+    Diffusion Policy); the rest of the engine never asks which policy it holds."""
+
+    def config_from_lerobot(
+        self, saved: dict[str, Any], preprocessor: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """A saved config.json of this type as the config's fields: LeRobot's schema mapped, ours as it
+        is. `preprocessor` is the checkpoint's `policy_preprocessor.json` when it has one: LeRobot
+        records some of a policy's settings there only (pi0's tokenizer)."""
+        return saved
+
+    @abc.abstractmethod
+    def config_to_lerobot(self, config: Config) -> dict[str, Any]:
+        """`config` as LeRobot's config.json of the same policy (`trainer export`); a config LeRobot's
+        policy cannot express is one line (ConfigError)."""
+
+    @abc.abstractmethod
+    def pipeline(self, config: Config) -> ProcessorSchema:
+        """The processors in LeRobot's pipeline schema, as its factory builds them for the same policy
+        (every checkpoint of such a policy saves them so; docs/format.md)."""
+
+    def check_path_flags(self, base: dict[str, Any], flags: dict[str, str], path: str) -> None:
+        """Refuse `--policy.<field>` flags (`flags`: field -> value) that a `--policy.path` base's
+        weights cannot follow (SmolVLA: another backbone); raises ConfigError."""
+
+    def is_lerobot_state(self, names: Collection[str]) -> bool:
+        """Whether tensor `names` (a checkpoint's, read from its headers alone) are LeRobot's rather
+        than ours, so that `state_from_lerobot` must rename them."""
+        return False
+
+    def state_from_lerobot(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """LeRobot's weights (`is_lerobot_state`) under our tensor names."""
+        return state
+
+    def names_from_lerobot(self, names: Collection[str]) -> dict[str, str] | None:
+        """For LeRobot's tensor `names`: each tensor `state_from_lerobot` makes, by our name -> the saved
+        name it is read from, when it only renames and drops tensors (pi's paired decoder layers): the
+        weights then stream into a meta-built policy's shards name by name. None when it does more
+        (ACT: fused projections split): the policy is then built whole and reads them whole."""
+        return None
+
+    def state_to_lerobot(self, config: Config, policy: nn.Module) -> dict[str, torch.Tensor]:
+        """`policy`'s weights under LeRobot's tensor names and shapes, as its
+        `from_pretrained(strict=True)` reads them (`trainer export`)."""
+        return policy.state_dict()

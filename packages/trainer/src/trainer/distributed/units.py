@@ -17,7 +17,7 @@ from torch import nn
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.distributed.wrap import WrapPlan, unit_roots
 from trainer.errors import ConfigError
-from trainer.policies.checkpointing import checkpointed
+from trainer.policies.common.checkpointing import checkpointed
 
 
 def apply_unit_transforms(

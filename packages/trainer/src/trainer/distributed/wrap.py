@@ -15,7 +15,7 @@ from torch.distributed.tensor import DTensor
 
 from trainer.config.accelerator import FsdpConfig
 from trainer.errors import WrapPlanError
-from trainer.policies.base import policy_of
+from trainer.policies.common.base import policy_of
 
 
 @dataclass(frozen=True)

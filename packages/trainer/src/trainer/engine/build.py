@@ -26,7 +26,7 @@ tensors, as torch's layers do.
 hold (`ckpt_tools.training.load_model_weights`), after their names and shapes are checked against the meta
 policy from the files' headers, before anything is allocated. The tensors they fill are never
 initialized: only the rest (computed buffers, a PEFT run's adapters) is drawn. Another tool's names
-(LeRobot's pi0) are read under the policy's renaming (`Policy.renamed_on_read`).
+(LeRobot's pi0) are read under the renaming its adapter gives (`LeRobotAdapter.names_from_lerobot`).
 
 A PEFT run (`--peft.*`) builds on meta too: the policy and its twin are wrapped with LoRA on meta
 (engine/peft_policy.py), the adapters are initialized per module like the rest, as peft draws them
@@ -59,8 +59,9 @@ from trainer.config.sections import PolicySection
 from trainer.distributed.units import apply_unit_transforms
 from trainer.distributed.wrap import WrapPlan, resolve_wrap_plan
 from trainer.engine import peft_policy as peft
-from trainer.policies import build_policy, pretrained
-from trainer.policies.base import Policy
+from trainer.policies import build_policy
+from trainer.policies.common import pretrained
+from trainer.policies.common.base import Policy
 
 META = torch.device("meta")
 
@@ -89,7 +90,7 @@ class BuiltPolicy:
     """What `build` made. `policy` is the module the run trains (the policy, or its PEFT wrapper),
     `base` the policy inside it; `shadow` is the full-shape meta twin that initializes a meta build
     (None for an eager build, whose tensors are already real); `saved_names`, the base's tensors by
-    their names in `--policy.path` when those are another tool's (`Policy.renamed_on_read`)."""
+    their names in `--policy.path` when those are LeRobot's (`LeRobotAdapter.names_from_lerobot`)."""
 
     policy: nn.Module
     base: Policy
@@ -240,8 +241,9 @@ def _policy_on_meta(
         return policy, None, ""
     shapes = pretrained.saved_shapes(path)  # the headers: nothing is allocated before they fit
     saved_names = None
-    if type(policy).saved_under_other_names(list(shapes)):
-        saved_names = type(policy).renamed_on_read(list(shapes))
+    adapter = policy.config.lerobot_adapter()
+    if adapter is not None and adapter.is_lerobot_state(list(shapes)):
+        saved_names = adapter.names_from_lerobot(list(shapes))
         if saved_names is None:
             return _eager()  # renamed beyond names (LeRobot's ACT): read whole as the eager build reads it
     pretrained.check_fits(policy, path, shapes, saved_names)

@@ -28,8 +28,8 @@ from torch import nn
 from ckpt_tools import layout
 from trainer.config.sections import PolicySection
 from trainer.errors import ConfigError
-from trainer.policies import pretrained
-from trainer.policies.base import Policy, policy_of
+from trainer.policies.common import pretrained
+from trainer.policies.common.base import Policy, policy_of
 
 if TYPE_CHECKING:
     from peft import PeftModel

@@ -56,7 +56,7 @@ from trainer.engine.peft_policy import ignored_modules_pattern
 from trainer.engine.run import RunSummary
 from trainer.errors import ConfigError
 from trainer.policies import PolicyConfig
-from trainer.policies.base import fit_to_data
+from trainer.policies.common.base import fit_to_data
 from trainer.reporting.trackers import check_trackers, resolve_run_ids, wandb_mode
 
 

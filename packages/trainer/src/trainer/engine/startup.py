@@ -23,7 +23,7 @@ from trainer.engine.ema import Ema
 from trainer.engine.host_memory import hold_mmap_threshold
 from trainer.engine.run import Run, extra_weights
 from trainer.errors import USER_ERRORS, ConfigError
-from trainer.policies.base import optimizer_params
+from trainer.policies.common.base import optimizer_params
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,8 @@ def start_run(plan: RunPlan, lock: RunLock, notes: list[str]) -> Started:
 def _processors(policy: PolicyConfig, dataset: Dataset) -> tuple[Processor, Processor]:
     """The run's pre/post-processors from the data's statistics as the policy maps them; for a mixture
     of robots that differ, one set per robot (embodiment), each item normalized by its own."""
-    pipeline = policy.lerobot_pipeline()
+    adapter = policy.lerobot_adapter()
+    pipeline = None if adapter is None else adapter.pipeline(policy)
     if isinstance(dataset, EmbodiedDataset) and dataset.embodiments:
         stats = [policy.normalization_stats(s) for s in dataset.embodiment_stats()]
         return embodied_processors(stats, pipeline, dataset.embodiments)

@@ -23,7 +23,8 @@ from trainer.config.registry import register_import_path
 from trainer.data.dataset import ACTION_KEY, OBS_KEY
 from trainer.data.pipeline.processors import Processor, observation_batch
 from trainer.errors import ConfigError
-from trainer.policies import Policy, PolicyConfig, build_policy, pretrained, upgrade_policy_config
+from trainer.policies import Policy, PolicyConfig, build_policy, upgrade_policy_config
+from trainer.policies.common import pretrained
 
 
 @dataclass
@@ -174,7 +175,7 @@ def _check_config_fits(config: PolicyConfig, state: Mapping[str, Any], path: str
     with torch.device("meta"):
         shell = build_policy(config, config.obs_dim, config.action_dim)
     wanted = {name: tuple(t.shape) for name, t in shell.state_dict().items()}
-    saved = {name: tuple(t.shape) for name, t in type(shell).adapt_state_dict(dict(state)).items()}
+    saved = {name: tuple(t.shape) for name, t in pretrained.under_own_names(config, dict(state)).items()}
     resized = sorted(name for name in wanted.keys() & saved.keys() if wanted[name] != saved[name])
     missing = sorted(wanted.keys() - saved.keys())
     if resized or missing:

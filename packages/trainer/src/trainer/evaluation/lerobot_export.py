@@ -10,9 +10,11 @@ up into the FSDP units that run them, where LeRobot keeps two stacks (and two un
 back here). SmolVLA's and Diffusion Policy's names are LeRobot's already, so exporting them writes the
 weights their `pretrained_model/` holds.
 
-The directory holds `config.json` in LeRobot's schema (`PolicyConfig.lerobot_config`),
-`model.safetensors` under LeRobot's names and shapes (`Policy.lerobot_state_dict`), and the processor
-files in LeRobot's pipeline schema, so LeRobot's `make_pre_post_processors(config, pretrained_path=DIR)`
+Everything LeRobot-specific comes from the policy's adapter (`PolicyConfig.lerobot_adapter`, in its
+folder's `lerobot.py`); a policy without one has no LeRobot form and is refused in one line. The
+directory holds `config.json` in LeRobot's schema (`config_to_lerobot`), `model.safetensors` under
+LeRobot's names and shapes (`state_to_lerobot`), and the processor files in LeRobot's pipeline schema
+(`pipeline`), so LeRobot's `make_pre_post_processors(config, pretrained_path=DIR)`
 loads them and `trainer.load_policy` and `--policy.path` read the directory too: a checkpoint's files
 in that schema already (every ACT, SmolVLA, Diffusion Policy and pi saved since it) are copied byte for byte, older ones
 (docs/format.md, `steps-v1`) rewritten in it from the statistics they hold.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -34,11 +37,12 @@ from safetensors.torch import save_file
 import ckpt_tools
 from ckpt_tools import layout, storage
 from trainer.config.dataset import Embodiment
+from trainer.config.policy import LeRobotAdapter, PolicyConfig
 from trainer.data.pipeline.processors import Processor
 from trainer.data.pipeline.robots import embodiment_tensors
 from trainer.errors import ConfigError
 from trainer.evaluation.inference import LoadedPolicy, load_policy
-from trainer.policies import pretrained
+from trainer.policies.common import pretrained
 
 
 def export_lerobot(
@@ -51,8 +55,10 @@ def export_lerobot(
     if os.path.exists(output_dir) and (not os.path.isdir(output_dir) or os.listdir(output_dir)):
         raise ConfigError(f"--output_dir={output_dir} exists and is not empty: choose a new directory")
     loaded = load_policy(path, "cpu", weights, embodiment=embodiment)
-    config = loaded.config.lerobot_config()  # first: a type LeRobot lacks is refused before writing
-    state = {name: tensor.contiguous() for name, tensor in loaded.policy.lerobot_state_dict().items()}
+    adapter = lerobot_adapter(loaded.config)
+    config = adapter.config_to_lerobot(loaded.config)  # first: a config LeRobot cannot read is refused
+    lerobots = adapter.state_to_lerobot(loaded.config, loaded.policy)
+    state = {name: tensor.contiguous() for name, tensor in lerobots.items()}
     os.makedirs(output_dir, exist_ok=True)
     with open(os.path.join(output_dir, layout.POLICY_CONFIG), "w", encoding="utf-8") as handle:
         json.dump(config, handle, indent=4)
@@ -60,6 +66,23 @@ def export_lerobot(
     if loaded.embodiment is None and _in_lerobots_schema(path):
         return [layout.POLICY_CONFIG, layout.MODEL_SAFETENSORS, *_copy_processors(path, output_dir)]
     return [layout.POLICY_CONFIG, layout.MODEL_SAFETENSORS, *_write_processors(loaded, output_dir, path)]
+
+
+def lerobot_adapter(config: PolicyConfig) -> LeRobotAdapter[Any]:
+    """The policy's LeRobot adapter; a policy without one is one line naming the types that have one
+    (read from the registry: no list of types is kept here)."""
+    adapter = config.lerobot_adapter()
+    if adapter is None:
+        exportable = [
+            name
+            for name in sorted(PolicyConfig.get_known_choices())
+            if PolicyConfig.get_choice_class(name).lerobot_adapter() is not None
+        ]
+        raise ConfigError(
+            f"a {config.type} policy has no LeRobot form (its config has no lerobot_adapter), so trainer "
+            f"export cannot write it; the policies that export to LeRobot: {', '.join(exportable)}"
+        )
+    return adapter
 
 
 def _in_lerobots_schema(path: str) -> bool:
@@ -76,7 +99,7 @@ def _write_processors(loaded: LoadedPolicy, output_dir: str, path: str) -> list[
     """The processors in LeRobot's schema, as the policy's config describes its pipeline: an older
     checkpoint's statistics (read exactly: `steps-v1` holds our mean/std), or one embodiment's as the
     checkpoint saved them (`embodiment_tensors`: read back, LeRobot's mean/std would gain its eps twice)."""
-    pipeline = loaded.config.lerobot_pipeline()
+    pipeline = lerobot_adapter(loaded.config).pipeline(loaded.config)
     names = []
     for name, processor in (
         (layout.PREPROCESSOR, loaded.preprocessor),

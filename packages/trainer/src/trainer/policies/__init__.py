@@ -1,7 +1,7 @@
 """Built-in policies; importing this package registers their `--policy.type` names."""
 
-from trainer.policies import act, act_state, diffusion, mlp, pi, smolvla  # noqa: F401  (registration)
-from trainer.policies.act_state import upgrade_policy_config
-from trainer.policies.base import Policy, PolicyConfig, build_policy, register_import_path
+from trainer.policies import act, diffusion, mlp, pi, smolvla  # noqa: F401  (registration)
+from trainer.policies.common.base import Policy, PolicyConfig, build_policy, register_import_path
+from trainer.policies.common.pretrained import upgrade_policy_config
 
 __all__ = ["Policy", "PolicyConfig", "build_policy", "register_import_path", "upgrade_policy_config"]

@@ -3,7 +3,7 @@
 pretrained_path=DIR)` loads what we save and normalizes as we do.
 
 A policy with a LeRobot counterpart (ACT, SmolVLA) describes its pipeline as LeRobot's factory builds it
-from the policy config (`PolicyConfig.lerobot_pipeline`): the steps ahead of the normalizer (rename,
+from the policy's LeRobot adapter (`LeRobotAdapter.pipeline`): the steps ahead of the normalizer (rename,
 batch axis, the task's newline and tokenizer, device), the typed features and the normalization modes.
 The statistics are ours: our `(x - mean) / std` per feature written under the state-file names LeRobot's
 normalizer reads for the feature's mode (`<key>.mean`/`.std`; a range mode's bounds `mean -/+ std`, the
@@ -113,7 +113,7 @@ class LeRobotPipeline:
         self, stats: dict[str, dict[str, torch.Tensor]], features: dict[str, dict[str, Any]]
     ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """(mean, std) of each of `features` from ours: LeRobot's STATE and ENV vectors are consecutive
-        slices of our `observation.state` (the robot's first, as act_lerobot.py reads them); a camera's
+        slices of our `observation.state` (the robot's first, as policies/act/lerobot.py reads them); a camera's
         are its (C, 1, 1) statistics."""
         out, offset = {}, 0
         for name, feature in self.features.items():
@@ -202,7 +202,7 @@ def _merge_environment_state(
     names: list[str], stats: dict[str, torch.Tensor], features: dict[str, Any]
 ) -> list[str]:
     """LeRobot's separate `observation.environment_state` statistics appended to `observation.state`'s
-    (our batch carries both in one vector, the robot's first, as act_lerobot.py reads LeRobot's ACT);
+    (our batch carries both in one vector, the robot's first, as policies/act/lerobot.py reads LeRobot's ACT);
     a feature left unnormalized (IDENTITY: LeRobot's ACT does not normalize ENV) gets mean 0, std 1."""
     parts: dict[str, list[torch.Tensor]] = {"mean": [], "std": []}
     for name in (OBS_KEY, ENV_KEY):

@@ -27,7 +27,7 @@ from trainer.config.sections import SavingSection
 from trainer.data.pipeline.sampler import GlobalOrderSampler
 from trainer.engine.peft_policy import saved_weight_shapes
 from trainer.errors import USER_ERRORS, CannotResumeError, ConfigError
-from trainer.policies.base import Policy
+from trainer.policies.common.base import Policy
 
 if TYPE_CHECKING:
     from accelerate.scheduler import AcceleratedScheduler
@@ -215,15 +215,18 @@ def _load_lerobot_state(
     step_dir: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: AcceleratedScheduler
 ) -> None:
     """Phase 2 of a LeRobot run's resume: its weights and optimizer state renamed by the policy's own
-    mapping of LeRobot's tensor names (`Policy.adapt_state_dict`), sharded onto this run."""
-    if not isinstance(model, Policy):
-        raise CannotResumeError(step_dir, "it is LeRobot's, and only a policy of this trainer reads it")
+    mapping of LeRobot's tensor names (its adapter's `state_from_lerobot`), sharded onto this run."""
+    adapter = model.config.lerobot_adapter() if isinstance(model, Policy) else None
+    if adapter is None:
+        raise CannotResumeError(
+            step_dir, "it is LeRobot's, and only a policy of this trainer with a LeRobot form reads it"
+        )
     with _refusals(step_dir):
         try:
             ckpt_tools.training.load_lerobot_training_state(
                 step_dir,
                 model=model,
-                rename=type(model).adapt_state_dict,
+                rename=adapter.state_from_lerobot,
                 optimizer=getattr(
                     optimizer, "optimizer", optimizer
                 ),  # accelerate's wrapper holds the real one

@@ -1,7 +1,7 @@
 """LeRobot 0.6.1's Diffusion Policy configuration: its flag names, defaults and checks.
 
 A LeRobot user's `lerobot-train --policy.type=diffusion ...` flags mean the same here, and a LeRobot
-config.json reads back through `from_saved` (its feature shapes through `DiffusionFeatures.from_lerobot`).
+config.json reads back through its adapter (`lerobot.py`) (its feature shapes through `DiffusionFeatures.from_lerobot`).
 Where LeRobot would fail late (a shape error inside the U-Net) or silently (an ignored crop), the
 config refuses up front, one line naming the flag.
 """
@@ -9,30 +9,26 @@ config refuses up front, one line naming the flag.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.config.optim import AdamConfig, CosineConfig
-from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
+from trainer.config.policy import LeRobotAdapter, PolicyConfig
 from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, ENV_KEY, OBS_KEY, is_camera
-from trainer.data.pipeline import lerobot_schema
 from trainer.data.pipeline.normalization import NORMALIZATION_MODES, feature_type, mapped_stats
 from trainer.errors import ConfigError
-from trainer.policies import resnet
+from trainer.policies.common import resnet
+
+if TYPE_CHECKING:
+    from trainer.policies.common.base import Policy
 
 NOISE_SCHEDULERS = ("DDPM", "DDIM")
 PREDICTION_TYPES = ("epsilon", "sample")
 # diffusers' DDPMScheduler/DDIMScheduler beta schedules (any other raises deep inside diffusers).
 BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2", "sigmoid")
 FINAL_CONV_GROUPS = 8  # LeRobot's final_conv GroupNorm: 8 groups whatever --policy.n_groups says
-# Our fields LeRobot's DiffusionConfig lacks: the shapes are its typed features, the rest stay in
-# train_config.json (its from_pretrained refuses a field it does not know).
-_OURS_ONLY = (
-    "dropout", "dtype", "obs_dim", "action_dim", "path", "input_features", "image_shapes", "env_state_dim",
-)  # fmt: skip
 
 
 @dataclass
@@ -200,13 +196,17 @@ class DiffusionConfig(PolicyConfig):
             (not self.env_state_dim or self.vectors[-1:] == [ENV_KEY], f"--policy.env_state_dim={self.env_state_dim} reads the end of {OBS_KEY} as {ENV_KEY}: list it last among the float vectors of --policy.input_features (got {self.vectors})"),
         ])  # fmt: skip
 
-    # The class it builds: policy.py binds it on import (the package imports both), so this module,
-    # which the model's modules read, imports none of them.
-    built_by: ClassVar[Callable[..., Any] | None] = None
+    def policy_class(self) -> type[Policy]:
+        from trainer.policies.diffusion.policy import DiffusionPolicy
 
-    def policy_class(self) -> Callable[..., Any]:
-        assert self.built_by is not None, "import trainer.policies.diffusion to build a Diffusion Policy"
-        return self.built_by
+        return DiffusionPolicy
+
+    @classmethod
+    def lerobot_adapter(cls) -> LeRobotAdapter[Any]:
+        """LeRobot's DiffusionConfig schema and processors (policies/diffusion/lerobot.py)."""
+        from trainer.policies.diffusion.lerobot import DiffusionAdapter
+
+        return DiffusionAdapter()
 
     @property
     def vectors(self) -> list[str]:
@@ -364,69 +364,6 @@ class DiffusionConfig(PolicyConfig):
 
     def _mapped(self, name: str, kind: str, stats: dict[str, Any]) -> dict[str, Any]:
         return mapped_stats(name, stats, self.normalization_mapping.get(kind, "IDENTITY"))
-
-    def lerobot_config(self) -> dict[str, Any]:
-        """LeRobot 0.6.1's DiffusionConfig schema (`trainer export`), the reverse of `from_saved`: the
-        state, the environment state and the cameras as typed features, LeRobot's run fields at its
-        defaults. LeRobot's policy reads one `observation.state` (and one `observation.environment_state`),
-        so a policy concatenating other vectors, or none, is refused."""
-        readable = [OBS_KEY, ENV_KEY] if self.env_state_dim else [OBS_KEY]
-        if self.vectors != readable:
-            raise ConfigError(
-                f"LeRobot's Diffusion Policy reads the robot state as one {OBS_KEY} (and {ENV_KEY} with "
-                f"--policy.env_state_dim), and this one reads {self.vectors or 'no vector'}: train it with "
-                f"--policy.input_features listing {' and '.join(readable)} and cameras"
-            )
-        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _OURS_ONLY}
-        return {
-            "type": self.type,
-            **{name: list(value) if isinstance(value, tuple) else value for name, value in own.items()},
-            **self._lerobot_features(),
-            **LEROBOT_RUN_FIELDS,
-        }
-
-    def lerobot_pipeline(self) -> lerobot_schema.LeRobotPipeline:
-        """LeRobot's `make_diffusion_pre_post_processors`: rename, batch axis, device, then the normalizer
-        over the state, the cameras and the action as normalization_mapping says."""
-        features = self._lerobot_features()
-        before = (lerobot_schema.rename(), lerobot_schema.to_batch(), lerobot_schema.device())
-        typed = {**features["input_features"], **features["output_features"]}
-        return lerobot_schema.LeRobotPipeline(before, typed, dict(self.normalization_mapping))
-
-    def _lerobot_features(self) -> dict[str, dict[str, Any]]:
-        """config.json's `input_features` (the state vector, the environment state, then each camera) and
-        `output_features`."""
-        state = self.obs_dim - self.env_state_dim
-        inputs: dict[str, Any] = {OBS_KEY: {"type": "STATE", "shape": [state]}} if state else {}
-        if self.env_state_dim:
-            inputs[ENV_KEY] = {"type": "ENV", "shape": [self.env_state_dim]}
-        for name in self.cameras:
-            inputs[name] = {"type": "VISUAL", "shape": list(self.image_shapes.get(name, []))}
-        return {
-            "input_features": inputs,
-            "output_features": {ACTION_KEY: {"type": "ACTION", "shape": [self.action_dim]}},
-        }
-
-    @classmethod
-    def from_saved(cls, saved: dict[str, Any], preprocessor: dict[str, Any] | None = None) -> dict[str, Any]:
-        """A LeRobot config.json as this dataclass's fields: its typed features become the input names
-        and sizes (their shapes: `DiffusionFeatures.from_lerobot`; the environment state read at the end
-        of `observation.state`), its run fields are dropped."""
-        inputs = saved.get("input_features")
-        if not isinstance(inputs, dict):
-            return saved  # already ours
-        own = {f.name for f in dataclasses.fields(cls)}
-        out = {k: v for k, v in saved.items() if k in {*own, "type"} and k not in LEROBOT_RUN_FIELDS}
-        features = DiffusionFeatures.from_lerobot(saved)
-        vectors = [name for name in (OBS_KEY, ENV_KEY) if name in inputs]
-        out.update(
-            input_features=[*vectors, *(name for name in inputs if name not in vectors)],
-            image_shapes={name: list(shape) for name, shape in features.cameras.items()},
-            obs_dim=features.state_dim + features.env_state_dim,
-            env_state_dim=features.env_state_dim,
-            action_dim=features.action_dim,
-        )
-        return out
 
 
 def _refuse(checks: list[tuple[bool, str]]) -> None:

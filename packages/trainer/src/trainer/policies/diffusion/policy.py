@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 
 from trainer.data.dataset import ENV_KEY, OBS_KEY
-from trainer.policies.base import Policy
+from trainer.policies.common.base import Policy
 from trainer.policies.diffusion.config import DiffusionConfig
 from trainer.policies.diffusion.model import DiffusionModel
 from trainer.policies.diffusion.queues import ActionQueue
@@ -84,6 +84,3 @@ class DiffusionPolicy(Policy):
         if env and OBS_KEY in out:
             out[OBS_KEY], out[ENV_KEY] = out[OBS_KEY][..., :-env], out[OBS_KEY][..., -env:]
         return out
-
-
-DiffusionConfig.built_by = DiffusionPolicy

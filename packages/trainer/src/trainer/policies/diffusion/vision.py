@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.policies import resnet
+from trainer.policies.common import resnet
 from trainer.policies.diffusion.config import DiffusionConfig
 
 TRUNK_HALVINGS = 5  # conv1, the max-pool and layer2..layer4 each map a side n to ceil(n / 2)

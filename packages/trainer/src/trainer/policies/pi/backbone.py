@@ -17,11 +17,11 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from trainer.policies import vocab_parallel
-from trainer.policies.checkpointing import checkpointed
+from trainer.policies.common import vocab_parallel
+from trainer.policies.common.checkpointing import checkpointed
+from trainer.policies.common.vla.hub import import_transformers
 from trainer.policies.pi.config import GemmaSize, PI0Config, Sizes
 from trainer.policies.pi.layers import IdleRMSNorm, JointLayer, KeyValue, PiRMSNorm
-from trainer.policies.vla.hub import import_transformers
 
 # What LeRobot keeps in float32 when --policy.dtype=bfloat16 casts the rest.
 FLOAT32_PARTS = (

@@ -7,27 +7,27 @@ replaces them (the format of LeRobot-side test fixtures: `{"vocab_size": 483, "g
 {"gemma_2b": {"width": ...}, ...}, "vision": {"hidden_size": ...}}`), so a tiny model keeps LeRobot's
 variant names. `tokenizer_name` names the PaliGemma tokenizer LeRobot hard-codes (its checkpoints record
 it in policy_preprocessor.json only). Our config.json keeps both beside LeRobot's fields; `trainer
-export` writes LeRobot's schema (`lerobot_config`) and `from_saved` reads it back. Every bad value is
+export` writes LeRobot's schema and reads it back through the adapter (`lerobot.py`). Every bad value is
 refused in `__post_init__` with one line naming the flag.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
-from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
+from trainer.config.policy import LeRobotAdapter, PolicyConfig
 from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, TASK_KEY
-from trainer.data.pipeline import lerobot_schema
 from trainer.data.pipeline.normalization import stats_by_type
 from trainer.errors import ConfigError
-from trainer.policies.vla import features as vla_features
-from trainer.policies.vla import presets
+from trainer.policies.common.vla import features as vla_features
+from trainer.policies.common.vla import presets
+
+if TYPE_CHECKING:
+    from trainer.policies.common.base import Policy
 
 PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
 VOCAB_SIZE = 257_152  # PaliGemma's vocabulary (LeRobot sets it on both Gemmas)
@@ -84,14 +84,6 @@ class Features:
     cameras: tuple[str, ...]
     state_dim: int
     action_dim: int
-
-
-# Our fields LeRobot's PI0Config lacks: kept in our config.json, left out of an export's.
-_OURS_ONLY = (
-    "dropout", "obs_dim", "action_dim", "input_features", "path", "push_to_hub", "repo_id", "private",
-    "device", "tokenizer_name", "size_overrides", "image_shapes",
-)  # fmt: skip
-TOKENIZER_STEP = "tokenizer_processor"
 
 
 @PolicyConfig.register_subclass("pi0")
@@ -191,9 +183,6 @@ class PI0Config(PolicyConfig):
 
     # pi0.5 differs in the expert (adaRMS on the time, no state token) and in the prompt.
     pi05: ClassVar[bool] = False
-    # The class it builds: policy.py binds it on import (the package imports both), so this module,
-    # which the model's modules read, imports none of them.
-    built_by: ClassVar[Callable[..., Any] | None] = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -236,9 +225,17 @@ class PI0Config(PolicyConfig):
         """None: the policy places LeRobot's dtypes itself (bfloat16 keeps its float32 parts)."""
         return None
 
-    def policy_class(self) -> Callable[..., Any]:
-        assert self.built_by is not None, "import trainer.policies.pi to build a pi0 / pi0.5"
-        return self.built_by
+    def policy_class(self) -> type[Policy]:
+        from trainer.policies.pi.policy import PI0Policy
+
+        return PI0Policy
+
+    @classmethod
+    def lerobot_adapter(cls) -> LeRobotAdapter[Any]:
+        """LeRobot's PI0Config / PI05Config schema, tensor names and processors (policies/pi/lerobot.py)."""
+        from trainer.policies.pi.lerobot import PiAdapter
+
+        return PiAdapter(cls.pi05)
 
     @property
     def cameras(self) -> list[str]:
@@ -267,81 +264,6 @@ class PI0Config(PolicyConfig):
         mapped onto [-1, 1], unclipped, as LeRobot's normalizer does)."""
         return stats_by_type(stats, self.normalization_mapping)
 
-    def _lerobot_features(self) -> dict[str, dict[str, Any]]:
-        blank = [3, *self.image_resolution]
-        return vla_features.typed_features(
-            self.obs_dim, self.cameras, self.image_shapes, self.action_dim, blank, self.empty_cameras
-        )
-
-    def lerobot_config(self) -> dict[str, Any]:
-        """LeRobot 0.6.1's PI0Config / PI05Config schema (`trainer export`): its fields, the typed
-        features (the blank camera slots included, as LeRobot lists them), its run fields at their
-        defaults; our tokenizer_name goes into the processor files, size_overrides nowhere."""
-        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _OURS_ONLY}
-        return {
-            "type": self.type,
-            "n_obs_steps": self.n_obs_steps,
-            **self._lerobot_features(),
-            "device": self.device,
-            **LEROBOT_RUN_FIELDS,
-            **{name: list(value) if isinstance(value, tuple) else value for name, value in own.items()},
-        }
-
-    def lerobot_pipeline(self) -> lerobot_schema.LeRobotPipeline:
-        """LeRobot's `make_pi0_pre_post_processors`: rename, batch axis, the task's newline, the
-        tokenizer, device, relative actions (off), then the normalizer; after the unnormalizer, absolute
-        actions (off)."""
-        typed = self._lerobot_features()
-        inputs = {**typed["input_features"], **typed["output_features"]}
-        before = (
-            lerobot_schema.rename(),
-            lerobot_schema.to_batch(),
-            lerobot_schema.step("pi0_new_line_processor"),
-            self._tokenizer_step(),
-            lerobot_schema.device(),
-            self._relative_actions_step(),
-        )
-        return lerobot_schema.LeRobotPipeline(
-            before, inputs, dict(self.normalization_mapping), unnormalized=(_absolute_actions_step(),)
-        )
-
-    def _tokenizer_step(self) -> dict[str, Any]:
-        return lerobot_schema.step(
-            TOKENIZER_STEP,
-            max_length=self.tokenizer_max_length,
-            task_key=TASK_KEY,
-            padding_side="right",
-            padding="max_length",
-            truncation=True,
-            tokenizer_name=self.tokenizer_name,
-        )
-
-    def _relative_actions_step(self) -> dict[str, Any]:
-        return lerobot_schema.step(
-            "relative_actions_processor",
-            enabled=self.use_relative_actions,
-            exclude_joints=list(self.relative_exclude_joints),
-            action_names=self.action_feature_names,
-        )
-
-    @classmethod
-    def from_saved(cls, saved: dict[str, Any], preprocessor: dict[str, Any] | None = None) -> dict[str, Any]:
-        """A LeRobot config.json (its typed features) as this dataclass's fields, with the tokenizer its
-        policy_preprocessor.json names; ours (already these fields) as it is."""
-        if not isinstance(saved.get("input_features"), dict):
-            return saved
-        out = vla_features.fields_from_lerobot(saved)
-        steps = (preprocessor or {}).get("steps")
-        names = [
-            step["config"]["tokenizer_name"]
-            for step in (steps if isinstance(steps, list) else [])
-            if isinstance(step, dict)
-            and step.get("registry_name") == TOKENIZER_STEP
-            and isinstance(step.get("config"), dict)
-            and isinstance(step["config"].get("tokenizer_name"), str)
-        ]
-        return {**out, "tokenizer_name": names[0]} if names else out
-
 
 @PolicyConfig.register_subclass("pi05")
 @dataclass
@@ -357,27 +279,10 @@ class PI05Config(PI0Config):
     """Prompt tokens (the task and the 256-bin state, right-padded to this length)."""
     pi05: ClassVar[bool] = True
 
-    def lerobot_pipeline(self) -> lerobot_schema.LeRobotPipeline:
-        """LeRobot's `make_pi05_pre_post_processors`: rename, batch axis, relative actions (off), the
-        normalizer, then the state written into the prompt, the tokenizer and the device."""
-        typed = self._lerobot_features()
-        before = (lerobot_schema.rename(), lerobot_schema.to_batch(), self._relative_actions_step())
-        after = (
-            lerobot_schema.step("pi05_prepare_state_tokenizer_processor_step"),
-            self._tokenizer_step(),
-            lerobot_schema.device(),
-        )
-        return lerobot_schema.LeRobotPipeline(
-            before,
-            {**typed["input_features"], **typed["output_features"]},
-            dict(self.normalization_mapping),
-            after=after,
-            unnormalized=(_absolute_actions_step(),),
-        )
+    def policy_class(self) -> type[Policy]:
+        from trainer.policies.pi.policy import PI05Policy
 
-
-def _absolute_actions_step() -> dict[str, Any]:
-    return lerobot_schema.step("absolute_actions_processor", enabled=False)
+        return PI05Policy
 
 
 def _read_sizes(config: PI0Config) -> Sizes:

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.policies.common.vla.hub import TOKENIZER_FILES, import_transformers, load_pretrained
+from trainer.policies.common.vla.language import TOKEN_MASK_KEY, TOKENS_KEY, batch_tasks, tokenize
 from trainer.policies.pi.config import PI0Config
-from trainer.policies.vla.hub import TOKENIZER_FILES, import_transformers, load_pretrained
-from trainer.policies.vla.language import TOKEN_MASK_KEY, TOKENS_KEY, batch_tasks, tokenize
 
 FLAG = "--policy.tokenizer_name"
 

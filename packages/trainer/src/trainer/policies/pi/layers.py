@@ -15,7 +15,7 @@ back with its expert layer).
 The norms are LeRobot's `PiGemmaRMSNorm`: `x * rsqrt(mean(x^2) + eps) * (1 + w)` with the variance in
 float32, or with a condition (pi0.5's action expert, adaRMS) `* (1 + scale) + shift` and a `gate` on
 the residual, all three from `dense(cond)`. RoPE is transformers' Gemma rotary embedding (rotate-half,
-cos/sin from `GemmaRotaryEmbedding`), attention eager in float32 (policies/vla/attention.py).
+cos/sin from `GemmaRotaryEmbedding`), attention eager in float32 (policies/common/vla/attention.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from trainer.policies.vla.attention import attend
+from trainer.policies.common.vla.attention import attend
 
 # (keys, values) of the prefix at one layer, (B, L, KV heads, head_dim), keys after RoPE.
 KeyValue = tuple[torch.Tensor, torch.Tensor]

@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.policies.common.vla.attention import block_mask
+from trainer.policies.common.vla.flow import euler, noisy_actions, time_embedding
 from trainer.policies.pi.backbone import PaliGemmaWithExpert
 from trainer.policies.pi.config import PI0Config, Sizes
 from trainer.policies.pi.layers import KeyValue
-from trainer.policies.vla.attention import block_mask
-from trainer.policies.vla.flow import euler, noisy_actions, time_embedding
 
 # (embeddings, pad mask, block starts) of a token sequence.
 Tokens = tuple[torch.Tensor, torch.Tensor, torch.Tensor]

@@ -17,20 +17,19 @@ LeRobot's names back (weights.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
 
 from trainer.data.dataset import ACTION_KEY, OBS_KEY
 from trainer.errors import ConfigError
-from trainer.policies.pi import weights
-from trainer.policies.pi.config import PI0Config, PI05Config
+from trainer.policies.common.vla.flow import sample_noise, sample_time
+from trainer.policies.common.vla.images import pad_last, resize_with_pad
+from trainer.policies.common.vla.policy import VLAPolicy
+from trainer.policies.pi.config import PI0Config
 from trainer.policies.pi.language import PiTokenizer
 from trainer.policies.pi.model import PiFlowModel, Tokens
-from trainer.policies.vla.flow import sample_noise, sample_time
-from trainer.policies.vla.images import pad_last, resize_with_pad
-from trainer.policies.vla.policy import VLAPolicy
 
 # LeRobot's default LoRA targets besides the expert's q/v projections (`_get_default_peft_targets`).
 LORA_PROJECTIONS = (
@@ -74,28 +73,6 @@ class PiPolicy(VLAPolicy):
         self.features = features
         self.tokenizer = PiTokenizer(config)  # before the model: a missing tokenizer is one line
         self.model = PiFlowModel(config, config.sizes())
-
-    # ---------------------------------------------------------------- LeRobot's names and defaults
-
-    @classmethod
-    def adapt_state_dict(cls, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """LeRobot's (or openpi's) tensor names as ours, with LeRobot's key fixes; the two unused
-        `lm_head`s dropped. Ours pass as they are."""
-        return weights.from_lerobot(state, cls.pi05) if weights.is_lerobots(state) else state
-
-    @classmethod
-    def saved_under_other_names(cls, names: Collection[str]) -> bool:
-        return weights.is_lerobots(names)
-
-    @classmethod
-    def renamed_on_read(cls, names: Collection[str]) -> dict[str, str]:
-        """LeRobot's (or openpi's) names are renamed and the `lm_head`s dropped, nothing more: such a
-        checkpoint streams into the shards under these names."""
-        return weights.names_from_lerobot(names, cls.pi05)
-
-    def lerobot_state_dict(self) -> dict[str, torch.Tensor]:
-        """The weights under LeRobot's names, lm_heads included (what its strict load needs)."""
-        return weights.to_lerobot(self.state_dict(), self.config.sizes())
 
     def peft_target_modules(self) -> tuple[str, ...]:
         """LeRobot's default LoRA targets for pi0 / pi0.5: the expert's q/v projections and the state,
@@ -198,7 +175,3 @@ class PI05Policy(PiPolicy):
     """LeRobot's pi0.5: the state in the prompt, the time in the expert's adaptive norms."""
 
     pi05 = True
-
-
-PI0Config.built_by = PI0Policy
-PI05Config.built_by = PI05Policy

@@ -1,6 +1,6 @@
 """The SmolVLM backbone and the action expert as `transformers` builds them, and the task tokenizer.
 
-`--policy.vlm_model_name` is resolved as LeRobot resolves it (policies/vla/hub.py). The VLM is built from its
+`--policy.vlm_model_name` is resolved as LeRobot resolves it (policies/common/vla/hub.py). The VLM is built from its
 config (random init); `load_vlm_weights` copies the backbone's pretrained weights in later
 (`load_pretrained_parts`), so loading a checkpoint never reads them. The expert is a Llama model of the
 VLM's text config made `expert_width_multiplier` times narrower, with LeRobot's intermediate size; in
@@ -18,8 +18,13 @@ import torch
 from torch import nn
 
 from trainer.errors import ConfigError
-from trainer.policies import vocab_parallel
-from trainer.policies.vla.hub import TOKENIZER_FILES, import_transformers, load_pretrained, resolve_pretrained
+from trainer.policies.common import vocab_parallel
+from trainer.policies.common.vla.hub import (
+    TOKENIZER_FILES,
+    import_transformers,
+    load_pretrained,
+    resolve_pretrained,
+)
 
 if TYPE_CHECKING:
     from trainer.policies.smolvla.config import SmolVLAConfig

@@ -3,25 +3,25 @@
 A LeRobot user's `lerobot-train --policy.type=smolvla ...` flags parse here unchanged. The saved
 `config.json` is written in LeRobot's schema (`input_features`/`output_features` as typed feature
 dicts, LeRobot's own fields), so LeRobot's `SmolVLAPolicy.from_pretrained` reads a checkpoint of ours;
-`from_saved` maps that schema back onto this dataclass when a LeRobot (or our) checkpoint is loaded.
+its adapter (`lerobot.py`) maps that schema back onto this dataclass when a LeRobot (or our) checkpoint is loaded.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from trainer.config.dataset import Embodiment
 from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
-from trainer.config.policy import LEROBOT_RUN_FIELDS, PolicyConfig
+from trainer.config.policy import LEROBOT_RUN_FIELDS, LeRobotAdapter, PolicyConfig
 from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, TASK_KEY
-from trainer.data.pipeline import lerobot_schema
 from trainer.data.pipeline.normalization import NORMALIZATION_MODES, stats_by_type
 from trainer.errors import ConfigError
-from trainer.policies.vla import features, presets
-from trainer.policies.vla.hub import same_config
+from trainer.policies.common.vla import features, presets
+
+if TYPE_CHECKING:
+    from trainer.policies.common.base import Policy
 
 ATTENTION_MODES = ("cross_attn", "self_attn")
 PAD_LANGUAGE = ("longest", "max_length")
@@ -149,10 +149,6 @@ class SmolVLAConfig(PolicyConfig):
             )
         self.optimizer_betas = (float(self.optimizer_betas[0]), float(self.optimizer_betas[1]))
 
-    # The class it builds: policy.py binds it on import (the package imports both), so this module,
-    # which the model's modules read, imports none of them.
-    built_by: ClassVar[Callable[..., Any] | None] = None
-
     def get_optimizer_preset(self) -> AdamWConfig:
         """LeRobot's SmolVLA preset (--use_policy_training_preset=true): AdamW from the optimizer_* fields."""
         return presets.adamw(self)
@@ -161,9 +157,17 @@ class SmolVLAConfig(PolicyConfig):
         """LeRobot's SmolVLA schedule: warmup to optimizer_lr, cosine decay to scheduler_decay_lr."""
         return presets.cosine_decay(self)
 
-    def policy_class(self) -> Callable[..., Any]:
-        assert self.built_by is not None, "import trainer.policies.smolvla to build a SmolVLA"
-        return self.built_by
+    def policy_class(self) -> type[Policy]:
+        from trainer.policies.smolvla.policy import SmolVLAPolicy
+
+        return SmolVLAPolicy
+
+    @classmethod
+    def lerobot_adapter(cls) -> LeRobotAdapter[Any]:
+        """LeRobot's SmolVLA: config.json read back, processors, the backbone flag (policies/smolvla/lerobot.py)."""
+        from trainer.policies.smolvla.lerobot import SmolVLAAdapter
+
+        return SmolVLAAdapter()
 
     @property
     def takes_mixed_members(self) -> bool:
@@ -188,19 +192,6 @@ class SmolVLAConfig(PolicyConfig):
         """The cameras' frame shapes recorded (`vla.features.with_frame_shapes`)."""
         return features.with_frame_shapes(self, shapes)
 
-    @classmethod
-    def check_path_flags(cls, base: dict[str, Any], flags: dict[str, str], path: str) -> None:
-        """A `--policy.vlm_model_name` other than the base's is refused unless it names the same
-        backbone (the same config.json): the base's weights belong to its own backbone."""
-        name, saved = flags.get("vlm_model_name"), base.get("vlm_model_name")
-        if name is None or not isinstance(saved, str) or name == saved:
-            return
-        if not same_config(name, saved, "--policy.vlm_model_name"):
-            raise ConfigError(
-                f"--policy.vlm_model_name={name} but --policy.path={path} was trained on {saved} (another "
-                "backbone config): drop --policy.vlm_model_name, or give a copy of that backbone"
-            )
-
     def normalization_stats(self, stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Each feature normalized as `normalization_mapping` says for its type: cameras under
         VISUAL = IDENTITY (LeRobot's default) keep their [0, 1] values (mean 0, std 1; the preprocessor
@@ -223,44 +214,6 @@ class SmolVLAConfig(PolicyConfig):
             **{k: list(v) if isinstance(v, tuple) else v for k, v in lerobot.items()},
             "rtc_config": None,
         }
-
-    def lerobot_config(self) -> dict[str, Any]:
-        """config.json itself: it is LeRobot's schema already."""
-        return self.to_dict()
-
-    def lerobot_pipeline(self) -> lerobot_schema.LeRobotPipeline:
-        """LeRobot's `make_smolvla_pre_post_processors`: rename, batch axis, the task's newline, its
-        tokenizer (this backbone's, at this length and padding), device, then the normalizer."""
-        saved = self.to_dict()
-        tokenizer = lerobot_schema.step(
-            "tokenizer_processor",
-            max_length=self.tokenizer_max_length,
-            task_key=TASK_KEY,
-            padding_side="right",
-            padding=self.pad_language_to,
-            truncation=True,
-            tokenizer_name=self.vlm_model_name,
-        )
-        before = (
-            lerobot_schema.rename(),
-            lerobot_schema.to_batch(),
-            lerobot_schema.step("smolvla_new_line_processor"),
-            tokenizer,
-            lerobot_schema.device(),
-        )
-        features = {**saved["input_features"], **saved["output_features"]}
-        return lerobot_schema.LeRobotPipeline(before, features, dict(self.normalization_mapping))
-
-    @classmethod
-    def from_saved(cls, saved: dict[str, Any], preprocessor: dict[str, Any] | None = None) -> dict[str, Any]:
-        """A saved config.json (LeRobot's schema, ours being the same) as this dataclass's fields."""
-        if not isinstance(saved.get("input_features"), dict):
-            return saved  # already ours (train_config.json's policy section)
-        if saved.get("rtc_config") is not None:
-            raise ConfigError(
-                "the policy's config.json enables real-time chunking (rtc_config), which is not supported"
-            )
-        return features.fields_from_lerobot(saved, dropped=("rtc_config",))
 
 
 def _lerobot_field_names() -> list[str]:

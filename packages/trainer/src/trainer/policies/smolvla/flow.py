@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.policies.common.vla.attention import block_mask
+from trainer.policies.common.vla.flow import euler, noisy_actions, time_embedding
 from trainer.policies.smolvla.backbone import VLMWithExpert
 from trainer.policies.smolvla.config import SmolVLAConfig
 from trainer.policies.smolvla.joint import JointStack
-from trainer.policies.vla.attention import block_mask
-from trainer.policies.vla.flow import euler, noisy_actions, time_embedding
 
 
 class FlowMatching(nn.Module):

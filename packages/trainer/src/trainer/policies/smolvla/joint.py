@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from trainer.policies.common.vla.attention import attend
 from trainer.policies.smolvla.backbone import VLMWithExpert
-from trainer.policies.vla.attention import attend
 
 ROPE_BASE = 10_000.0
 

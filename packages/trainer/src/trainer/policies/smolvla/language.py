@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from trainer.policies.common.vla.language import TOKEN_MASK_KEY, TOKENS_KEY, batch_tasks, tokenize
 from trainer.policies.smolvla import backbone
 from trainer.policies.smolvla.config import SmolVLAConfig
-from trainer.policies.vla.language import TOKEN_MASK_KEY, TOKENS_KEY, batch_tasks, tokenize
 
 
 class Tokenizer:

@@ -25,12 +25,12 @@ from trainer.data.dataset import (
     STATE_DIM_PAD_KEY,
 )
 from trainer.errors import ConfigError
+from trainer.policies.common.vla.flow import sample_noise, sample_time
+from trainer.policies.common.vla.images import pad_last, resize_with_pad
+from trainer.policies.common.vla.policy import VLAPolicy
 from trainer.policies.smolvla import backbone, language
 from trainer.policies.smolvla.config import SmolVLAConfig
 from trainer.policies.smolvla.flow import FlowMatching
-from trainer.policies.vla.flow import sample_noise, sample_time
-from trainer.policies.vla.images import pad_last, resize_with_pad
-from trainer.policies.vla.policy import VLAPolicy
 
 
 class SmolVLAPolicy(VLAPolicy):
@@ -42,7 +42,7 @@ class SmolVLAPolicy(VLAPolicy):
     # own hooks (tests/distributed/test_smolvla_sharded.py shows it failing). The embeddings (the
     # vision tower's positions, the token table) are units too: FSDP2 shards the token table by rows
     # apart from the root and the policy reads it on each rank's rows, never gathering it
-    # (policies/vocab_parallel.py); the positions' unit runs its forward.
+    # (policies/common/vocab_parallel.py); the positions' unit runs its forward.
     _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = ("SmolVLMEncoderLayer", "LlamaMLP", "Linear", "Embedding")
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action", "predict_action_chunk")
 
@@ -195,6 +195,3 @@ def _masked_loss(
     if reduction == "none":
         return losses.sum(dim=(1, 2)) / valid.sum(dim=(1, 2)).clamp_min(1)
     return losses.sum() / valid.sum().clamp_min(1)
-
-
-SmolVLAConfig.built_by = SmolVLAPolicy

@@ -20,7 +20,6 @@ import ckpt_tools
 from ckpt_tools import layout
 from trainer.config.policy import RUN_FIELDS, PolicyConfig
 from trainer.errors import ConfigError
-from trainer.policies.act_state import upgrade_policy_config
 
 if TYPE_CHECKING:
     import torch
@@ -99,7 +98,9 @@ def policy_defaults(args: list[str], config_path: str | None) -> Iterator[str | 
             for a in args
             if a.startswith("--policy.") and "=" in a
         }
-        PolicyConfig.get_choice_class(base["type"]).check_path_flags(base, typed, path)
+        adapter = PolicyConfig.get_choice_class(base["type"]).lerobot_adapter()
+        if adapter is not None:
+            adapter.check_path_flags(base, typed, path)
     with _written(data) as merged:
         yield merged
 
@@ -115,7 +116,7 @@ def _written(data: dict[str, Any]) -> Iterator[str]:
 
 def saved_preprocessor(processors: Mapping[str, ckpt_tools.ProcessorState]) -> dict[str, Any] | None:
     """The checkpoint's `policy_preprocessor.json` (None when it has none), which LeRobot's checkpoints
-    record some settings in only (`PolicyConfig.from_saved`)."""
+    record some settings in only (`LeRobotAdapter.config_from_lerobot`)."""
     state = processors.get(layout.PREPROCESSOR)
     return None if state is None else state.config
 
@@ -138,9 +139,9 @@ def read_weights(path: str, weights: str = "model") -> dict[str, torch.Tensor]:
 
 
 def fit_weights(policy: Any, state: dict[str, Any], path: str) -> None:
-    """Copy `state` (another tool's names adapted by the policy's class) into `policy`, refusing
+    """Copy `state` (LeRobot's names renamed by the policy's adapter) into `policy`, refusing
     weights that do not fit it in one line."""
-    state = type(policy).adapt_state_dict(state)
+    state = under_own_names(policy.config, state)
     own = policy.state_dict()
     resized = next((n for n, t in state.items() if n in own and own[n].shape != t.shape), None)
     if resized is not None:
@@ -155,6 +156,15 @@ def fit_weights(policy: Any, state: dict[str, Any], path: str) -> None:
     policy.load_state_dict(state)
 
 
+def under_own_names(config: PolicyConfig, state: dict[str, Any]) -> dict[str, Any]:
+    """`state` under the policy's own tensor names: LeRobot's renamed by the config's adapter
+    (`LeRobotAdapter.state_from_lerobot`), ours as they are."""
+    adapter = config.lerobot_adapter()
+    if adapter is None or not adapter.is_lerobot_state(list(state)):
+        return state
+    return adapter.state_from_lerobot(state)
+
+
 def is_adapter(path: str) -> bool:
     """Whether the weights at `path` are a PEFT adapter (merged into its base by `read_weights`)."""
     with _checkpoint_errors(path):
@@ -166,7 +176,7 @@ def check_fits(
 ) -> None:
     """Refuse, in one line, weights at `path` whose names or `shapes` (`saved_shapes`: its headers)
     differ from `policy`'s, which may still be on the meta device: nothing is allocated or read yet.
-    `saved_names` (`Policy.renamed_on_read`) reads another tool's names as the tensors they become."""
+    `saved_names` (`LeRobotAdapter.names_from_lerobot`) reads LeRobot's names as the tensors they become."""
     names = saved_names if saved_names is not None else {name: name for name in shapes}
     saved = {name: shapes[saved] for name, saved in names.items()}
     wanted = {name: tuple(t.shape) for name, t in policy.state_dict().items()}
@@ -184,7 +194,7 @@ def stream_weights(policy: Any, path: str, saved_names: dict[str, str] | None = 
     """Collective on a sharded policy: the weights at `path` into `policy`'s tensors, each rank reading
     only the blocks it holds (`ckpt_tools.training.load_model_weights`); `check_fits` has passed. `saved_names`
     maps the tensors to fill to their saved names when `policy` wraps the saved one (PEFT) or the saved
-    names are another tool's (`Policy.renamed_on_read`)."""
+    names are LeRobot's (`LeRobotAdapter.names_from_lerobot`)."""
     with _checkpoint_errors(path):
         ckpt_tools.training.load_model_weights(resolve(path), policy, saved_names=saved_names)
 
@@ -238,3 +248,26 @@ def _checkpoint_errors(path: str) -> Iterator[None]:
         yield
     except ckpt_tools.CheckpointError as exc:
         raise ConfigError(f"--policy.path={path}: {exc}") from None
+
+
+# Fields only the state-only ACT has: a saved `type: act` config holding one of them predates LeRobot's ACT.
+_LEGACY_ACT_FIELDS = frozenset(
+    {"dim", "heads", "ffn_dim", "encoder_layers", "decoder_layers", "context_tokens", "chunk"}
+)
+
+
+def upgrade_policy_config(
+    saved: dict[str, Any], preprocessor: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A saved policy config (config.json, or train_config.json's `policy` section) in today's terms:
+    an `act` config with the fields of the earlier state-only ACT becomes `act_state`; any other config
+    is returned unchanged, but for a type whose config.json follows another tool's schema
+    (its adapter's `config_from_lerobot`: LeRobot's SmolVLA; `preprocessor`, the checkpoint's
+    policy_preprocessor.json, for what LeRobot records there only)."""
+    if saved.get("type") == "act" and _LEGACY_ACT_FIELDS & saved.keys():
+        return {**saved, "type": "act_state"}
+    kind = saved.get("type")
+    if isinstance(kind, str) and kind in PolicyConfig.get_known_choices():
+        adapter = PolicyConfig.get_choice_class(kind).lerobot_adapter()
+        return saved if adapter is None else adapter.config_from_lerobot(saved, preprocessor)
+    return saved

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from trainer.config.policy import PolicyConfig
-from trainer.policies.base import Policy
+from trainer.policies.common.base import Policy
 
 
 class VLAPolicy(Policy):

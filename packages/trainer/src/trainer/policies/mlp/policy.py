@@ -1,8 +1,7 @@
-"""MLP: a plain behaviour-cloning baseline that maps an observation to one action."""
+"""`MLPPolicy`: residual GELU blocks from the observation to one action (L1 loss)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -10,27 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.data.dataset import ACTION_KEY, OBS_KEY
-from trainer.errors import ConfigError
-from trainer.policies.base import Policy, PolicyConfig
-
-
-@PolicyConfig.register_subclass("mlp")
-@dataclass
-class MLPConfig(PolicyConfig):
-    """Multi-layer perceptron."""
-
-    hidden_dim: int = 128
-    """Width of each hidden block."""
-    blocks: int = 2
-    """Hidden blocks (each one an FSDP wrap unit)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.blocks < 1 or self.hidden_dim < 1:
-            raise ConfigError("--policy.blocks and --policy.hidden_dim must be >= 1")
-
-    def policy_class(self) -> type[Policy]:
-        return MLPPolicy
+from trainer.policies.common.base import Policy
+from trainer.policies.mlp.config import MLPConfig
 
 
 class MLPBlock(nn.Module):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trainer.policies.checkpointing import checkpointed
+from trainer.policies.common.checkpointing import checkpointed
 
 
 def block_mask(pad: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:

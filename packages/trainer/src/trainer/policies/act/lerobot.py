@@ -3,7 +3,7 @@ its tensor names, both ways.
 
 Why a name map rather than LeRobot's names on our modules: LeRobot's attention is
 `nn.MultiheadAttention`, whose query/key/value projections are one fused `in_proj_weight` (3*d, d);
-ours keeps them as separate `q_proj`/`k_proj`/`v_proj` so that LoRA can target each (act.py). A module
+ours keeps them as separate `q_proj`/`k_proj`/`v_proj` so that LoRA can target each (policies/act/modules.py). A module
 rename cannot split a tensor, so the weights are mapped on read instead: LeRobot's `model.` prefix
 dropped, each `in_proj_*` split in three, a layer's `linear1`/`linear2` put under our `ffn.`, and the
 persistent `vae_encoder_pos_enc` buffer (a fixed sinusoid ours recomputes) dropped once its shape is
@@ -14,15 +14,19 @@ back in LeRobot's q, k, v order, the buffer written as LeRobot computes it, LeRo
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Collection
 from typing import Any
 
 import torch
+from torch import nn
 
-from trainer.config.policy import LEROBOT_RUN_FIELDS
+from trainer.config.policy import LEROBOT_RUN_FIELDS, LeRobotAdapter
 from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, ENV_KEY, OBS_KEY, is_camera
+from trainer.data.pipeline import lerobot_schema
 from trainer.errors import ConfigError
+from trainer.policies.act.config import ACTConfig
 
 # The normalization our ACT's processors apply; a LeRobot config.json asking for another is refused.
 MEAN_STD = {"VISUAL": "MEAN_STD", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
@@ -171,3 +175,36 @@ def config_to_lerobot(ours: dict[str, Any]) -> dict[str, Any]:
             for name in _LEROBOT_FIELDS
         },
     }
+
+
+class ACTAdapter(LeRobotAdapter[ACTConfig]):
+    """LeRobot's ACT, both ways, through the functions above. Its names are not streamed into shards
+    (`names_from_lerobot` is None): a fused projection is split on read, so the policy reads them whole."""
+
+    def config_from_lerobot(
+        self, saved: dict[str, Any], preprocessor: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return config_from_lerobot(saved)
+
+    def config_to_lerobot(self, config: ACTConfig) -> dict[str, Any]:
+        return config_to_lerobot(dataclasses.asdict(config))
+
+    def pipeline(self, config: ACTConfig) -> lerobot_schema.LeRobotPipeline:
+        """LeRobot's `make_act_pre_post_processors`: rename, batch axis, device, then the normalizer over
+        the inputs and the action, every type MEAN_STD but the environment state (no ENV entry)."""
+        features = input_features(dataclasses.asdict(config))
+        features[ACTION_KEY] = {"type": "ACTION", "shape": [config.action_dim]}
+        before = (lerobot_schema.rename(), lerobot_schema.to_batch(), lerobot_schema.device())
+        return lerobot_schema.LeRobotPipeline(before, features, dict(MEAN_STD))
+
+    def is_lerobot_state(self, names: Collection[str]) -> bool:
+        return is_lerobot_state(names)
+
+    def state_from_lerobot(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return state_from_lerobot(state)
+
+    def state_to_lerobot(self, config: ACTConfig, policy: nn.Module) -> dict[str, torch.Tensor]:
+        """Our weights under LeRobot's names, its fused projections and its persistent CVAE table (a
+        buffer ours does not save)."""
+        pos_enc = dict(policy.named_buffers())["vae_encoder_pos_enc"] if config.use_vae else None
+        return state_to_lerobot(policy.state_dict(), pos_enc)

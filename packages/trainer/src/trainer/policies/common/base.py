@@ -8,17 +8,15 @@ as `observation.images.<name>` (B, C, H, W). `reset()` starts a new episode (ACT
 Every hook the engine reads of a policy is declared on `Policy` with its default: how it shards
 (`_fsdp_wrap_modules`, `_fsdp_forward_methods`), its LoRA targets (`peft_target_modules`), how its
 modules are initialized on the meta device (`initializes`, `initialize_module`), the weights of its
-pretrained parts, its parameter groups, and its LeRobot names (`adapt_state_dict`,
-`renamed_on_read`, `lerobot_state_dict`). What a policy decides from its config alone (the frames it reads:
-`observation_delta_indices` / `action_delta_indices`, its training preset, its normalization, its
-LeRobot config schema) is declared on `PolicyConfig` (config/policy.py). The engine reaches a policy's
+pretrained parts and its parameter groups. What a policy decides from its config alone (the frames it
+reads: `observation_delta_indices` / `action_delta_indices`, its training preset, its normalization, its
+LeRobot form: `lerobot_adapter`) is declared on `PolicyConfig` (config/policy.py). The engine reaches a policy's
 hooks through `policy_of`, also inside a PEFT wrapper, never by `getattr`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
 from typing import Any, ClassVar
 
 import torch
@@ -58,33 +56,6 @@ class Policy(nn.Module):
         """The modules (names or suffixes) `--peft` adds adapters to when --peft.target_modules is
         unset; none by default (such a policy needs the flag)."""
         return ()
-
-    @classmethod
-    def adapt_state_dict(cls, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Saved weights under this class's tensor names: another tool's checkpoint (LeRobot's ACT)
-        is renamed on read; this base takes the names as they are."""
-        return state
-
-    def lerobot_state_dict(self) -> dict[str, torch.Tensor]:
-        """The weights under LeRobot's tensor names and shapes, as its `from_pretrained(strict=True)`
-        reads them (`trainer export`), the reverse of `adapt_state_dict`; `config.lerobot_config()`
-        has refused a type LeRobot lacks. This base takes the names as they are (SmolVLA's are LeRobot's)."""
-        return self.state_dict()
-
-    @classmethod
-    def saved_under_other_names(cls, names: Collection[str]) -> bool:
-        """Whether tensor `names` read from a checkpoint's headers are another tool's, which
-        `adapt_state_dict` renames: such weights stream into a meta-built policy's shards under the
-        names `renamed_on_read` gives, or are read whole by the eager build when it gives none."""
-        return False
-
-    @classmethod
-    def renamed_on_read(cls, names: Collection[str]) -> dict[str, str] | None:
-        """For another tool's tensor `names` (`saved_under_other_names`): each tensor `adapt_state_dict`
-        makes of them, by its name here -> the saved name it is read from, when `adapt_state_dict` only
-        renames and drops tensors (pi's paired decoder layers); the weights then stream into the shards
-        name by name. None (this base) when it does more (LeRobot's ACT: fused projections split)."""
-        return None
 
     def load_pretrained_parts(self) -> None:
         """Load the pretrained weights the config names for parts of a freshly built policy (ACT's

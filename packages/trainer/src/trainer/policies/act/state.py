@@ -1,9 +1,9 @@
 """`act_state`: the state-only action-chunking transformer that `--policy.type=act` was before ACT became
-LeRobot's ACT (policies/act.py).
+LeRobot's ACT (policies/act/).
 
 Kept so that checkpoints written before that change still load, evaluate, resume and fine-tune: their
 config.json says `type: act` with this architecture's fields (`dim`, `heads`, `chunk`, ...), and
-`upgrade_policy_config` maps such a config to this type wherever a saved policy config is read. Its
+`upgrade_policy_config` (policies/common/pretrained.py) maps such a config to this type wherever a saved policy config is read. Its
 weight names are unchanged; its layer classes are renamed so that `StateEncoderLayer`/`StateDecoderLayer`
 name LeRobot's layers.
 
@@ -16,7 +16,7 @@ and decoder layers are the FSDP wrap units.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,7 @@ from torch import nn
 
 from trainer.data.dataset import ACTION_KEY, OBS_KEY, PAD_KEY
 from trainer.errors import ConfigError
-from trainer.policies.base import Policy, PolicyConfig
+from trainer.policies.common.base import Policy, PolicyConfig
 
 
 @PolicyConfig.register_subclass("act_state")
@@ -169,25 +169,3 @@ class ACTStatePolicy(Policy):
     @torch.no_grad()
     def select_action(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._predict(batch[OBS_KEY])[:, 0]
-
-
-# Fields only the state-only ACT has: a saved `type: act` config holding one of them predates LeRobot's ACT.
-_LEGACY_ACT_FIELDS = frozenset(
-    {"dim", "heads", "ffn_dim", "encoder_layers", "decoder_layers", "context_tokens", "chunk"}
-)
-
-
-def upgrade_policy_config(
-    saved: dict[str, Any], preprocessor: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """A saved policy config (config.json, or train_config.json's `policy` section) in today's terms:
-    an `act` config with the fields of the earlier state-only ACT becomes `act_state`; any other config
-    is returned unchanged, but for a type whose config.json follows another tool's schema
-    (`PolicyConfig.from_saved`: LeRobot's SmolVLA; `preprocessor`, the checkpoint's
-    policy_preprocessor.json, for what LeRobot records there only)."""
-    if saved.get("type") == "act" and _LEGACY_ACT_FIELDS & saved.keys():
-        return {**saved, "type": "act_state"}
-    kind = saved.get("type")
-    if isinstance(kind, str) and kind in PolicyConfig.get_known_choices():
-        return PolicyConfig.get_choice_class(kind).from_saved(saved, preprocessor)
-    return saved
