@@ -37,8 +37,8 @@ class ProcessorSchema(Protocol):
     def postprocessor(self, stats: dict[str, dict[str, torch.Tensor]]) -> ProcessorFiles: ...
 
 
-# PolicyConfig fields that say where a run publishes, not what the policy is.
-PUBLISH_FIELDS = ("push_to_hub", "repo_id", "private")
+# PolicyConfig fields that say where (and under which license and tags) a run publishes, not what the policy is.
+PUBLISH_FIELDS = ("push_to_hub", "repo_id", "private", "license", "tags")
 # Fields of the run, not of the policy: kept out of config.json like the publish settings.
 RUN_FIELDS = (*PUBLISH_FIELDS, "device")
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -84,6 +84,11 @@ class PolicyConfig(draccus.ChoiceRegistry):
     """Hub repo (`namespace/name`) or fsspec target (`s3://bucket/prefix`, a local path) to publish to."""
     private: bool = False
     """Create the Hub repo private (an existing repo keeps its visibility)."""
+    license: str | None = None
+    """The license the published model card declares (LeRobot's field; a Hub license id such as
+    apache-2.0 or mit); unset leaves it out."""
+    tags: list[str] | None = None
+    """Tags the published model card adds to its own (LeRobot's field)."""
     device: str | None = None
     """LeRobot's device flag (auto, cpu, cuda, mps): the launch decides the device (every rank its GPU,
     else the CPU), so a value that disagrees with it is refused rather than ignored."""
