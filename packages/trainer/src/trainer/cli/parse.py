@@ -45,10 +45,16 @@ def parse_config(args: Sequence[str]) -> TrainConfig:
     config.config_path = config_path
     config.flags_given = flags_given
     if config.output_dir is None:  # LeRobot's `--output_dir=null`: a new dated directory for the run
-        config.output_dir = f"outputs/train/{datetime.datetime.now():%Y-%m-%d/%H-%M-%S}_{config.run_name}"
+        config.output_dir = dated_output_dir("train", config.run_name)
     if not layout.is_url(config.output_dir):  # resolved once: a resume from elsewhere writes the same run
         config.output_dir = os.path.abspath(os.path.expanduser(config.output_dir))
     return config
+
+
+def dated_output_dir(command: str, job_name: str) -> str:
+    """LeRobot's default output directory of lerobot-train (`command` "train") and lerobot-eval ("eval"):
+    `outputs/<command>/<date>/<time>_<job_name>`, relative to the working directory."""
+    return f"outputs/{command}/{datetime.datetime.now():%Y-%m-%d/%H-%M-%S}_{job_name}"
 
 
 def _written_before_presets(config_path: str | None) -> bool:
