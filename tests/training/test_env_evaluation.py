@@ -204,3 +204,22 @@ def test_any_pretrained_model_scores_where_lerobot_eval_writes(tmp_path, monkeyp
         records[name] = {k: v for k, v in printed["overall"].items() if not k.startswith("eval_")}
     assert records["gym_act"] == records["hub"] == records["lerobot_run"]
     assert _files(run) == before  # a LeRobot run's step is read, never written into
+
+
+def test_scores_landing_after_the_run_prune_as_the_run_would_have(tmp_path, capsys) -> None:
+    """Steps scored after their run ended (its evaluator, or `trainer eval --watch`, here standalone on a
+    finished run) leave exactly what the run's retention keeps: the --keep_last newest and --keep_best's
+    best by the scores the evaluator logged, not every step it scored."""
+    out = tmp_path / "run"
+    train_in(tmp_path, tiny_args(str(out), str(tmp_path / "cache"), "--policy.type=mlp", "--steps=6"))
+    assert sorted(p.name for p in out.glob("checkpoints/[0-9]*")) == ["000002", "000004", "000006"]
+    episodes = ["--env.episode_length=5", "--eval.n_episodes=1", "--eval.max_episodes_rendered=0"]
+    retention = ["--keep_last=1", "--keep_best=1", "--best_metric=avg_sum_reward"]
+    with pytest.raises(SystemExit) as exit_code:
+        main(["eval", f"--watch={out}", *SLOW, *episodes, "--env_eval_freq=2", *retention, "--json"])
+    assert exit_code.value.code == 0 and json.loads(capsys.readouterr().out)["scored"] == 3
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    scores = {r["step"]: r["avg_sum_reward"] for r in records if r.get("event") == "eval"}
+    best = max(scores, key=lambda step: scores[step])
+    assert sorted(scores) == [2, 4, 6]
+    assert sorted(int(p.name) for p in out.glob("checkpoints/[0-9]*")) == sorted({6, best})

@@ -9,8 +9,10 @@ of a run of this trainer and no `--output_dir` is given. Any other PATH without 
 
 `--watch`: the evaluator (evaluation/evaluator.py) following the run in OUTPUT_DIR (a local directory or
 an `s3://` URL), scoring each committed step the run asked for, with the run's own `--env.*`,
-`--eval.*`, `--seed`, `--rename_map` and `--keep_best` ranking as its train_config.json records them;
-flags given here override them. A run with `--env_eval_freq` launches this same command itself.
+`--eval.*`, `--seed`, `--rename_map`, `--keep_best` ranking and `--keep_last` as its train_config.json
+records them; flags given here override them. A run with `--env_eval_freq` launches this same command
+itself. The scores no run logged are logged here, and once the run's last step is scored its retention
+is applied as the run would have (`--keep_last` + `--keep_best` steps stay).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ RUN_FIELDS = (
     "keep_best",
     "best_metric",
     "best_mode",
+    "keep_last",
 )
 
 
@@ -94,6 +97,7 @@ class WatchArgs:
     keep_best: int = 0
     best_metric: str | None = None
     best_mode: str | None = None
+    keep_last: int = 0
 
 
 def is_env_eval(args: Sequence[str]) -> bool:
@@ -178,19 +182,18 @@ def run_watch(args: list[str]) -> dict[str, Any]:
     """The evaluator following a run until its last step is scored (or it is stopped)."""
     allowed, rest = _split_args(args)
     output_dir, launched, idle, flags = _watch_flags(rest)
-    watcher = _Watcher(flags, allowed)
-    report = functools.partial(_report, output_dir, launched, allowed)
+    watcher = _Watcher(output_dir, launched, flags, allowed)
     control = evaluator.Control(launched)
-    scored = evaluator.follow(output_dir, watcher.plan_of, watcher.score, report, _say, control, idle)
+    scored = evaluator.follow(output_dir, watcher.plan_of, watcher.score, watcher.report, _say, control, idle)
     return {"output_dir": output_dir, "scored": scored}
 
 
 class _Watcher:
-    """What `evaluator.follow` calls back: each step's plan (read once), and its scoring (the process
-    set up for it at the first)."""
+    """What `evaluator.follow` calls back: each step's plan (read once), its scoring (the process set
+    up for it at the first), and the report of what landed after the run."""
 
-    def __init__(self, flags: list[str], allowed: tuple[str, ...]) -> None:
-        self.flags, self.allowed = flags, allowed
+    def __init__(self, output_dir: str, launched: bool, flags: list[str], allowed: tuple[str, ...]) -> None:
+        self.output_dir, self.launched, self.flags, self.allowed = output_dir, launched, flags, allowed
         self.plans: dict[str, evaluator.StepPlan] = {}
         self.set_up = False
 
@@ -206,23 +209,35 @@ class _Watcher:
             self.set_up = True
         return score_step(step_dir, plan.scoring, plan.scoring.eval.device, self.allowed)
 
+    def report(self, scored: list[str], final: bool) -> None:
+        """The scores no run logged, into metrics.jsonl and the run's trackers (evaluation/score_log.py),
+        and at the end the run's retention over them. A launched evaluator's run has just let go of its
+        files: its lock is waited for a little."""
+        wait_s = HANDOVER_LOCK_S if self.launched else 0.0
+        tracking = functools.partial(_run_tracking, self.output_dir, self.allowed)
+        with contextlib.redirect_stdout(sys.stderr):  # what trackers print stays off `--json`'s output
+            logged = score_log.log_landed(self.output_dir, scored, tracking, wait_s)
+        if logged:
+            _say(
+                f"steps {', '.join(logged)} logged into {self.output_dir}/metrics.jsonl and the run's trackers"
+            )
+        elif logged is None and final:
+            _say(
+                f"a run holds {self.output_dir} (or it cannot be locked): the scores it did not log reach "
+                "metrics.jsonl when a run there reads them (a resume does)"
+            )
+        if final and self.plans:
+            self._prune(self.plans[max(self.plans)], wait_s)
 
-def _report(
-    output_dir: str, launched: bool, allowed: tuple[str, ...], scored: list[str], final: bool
-) -> None:
-    """The scores no run logged, into metrics.jsonl and the run's trackers (evaluation/score_log.py).
-    A launched evaluator's run has just let go of its files: its lock is waited for a little."""
-    wait_s = HANDOVER_LOCK_S if launched else 0.0
-    tracking = functools.partial(_run_tracking, output_dir, allowed)
-    with contextlib.redirect_stdout(sys.stderr):  # what trackers print stays off `--json`'s output
-        logged = score_log.log_landed(output_dir, scored, tracking, wait_s)
-    if logged:
-        _say(f"steps {', '.join(logged)} logged into {output_dir}/metrics.jsonl and the run's trackers")
-    elif logged is None and final:
-        _say(
-            f"a run holds {output_dir} (or it cannot be locked): the scores it did not log reach metrics.jsonl "
-            "when a run there reads them (a resume does)"
-        )
+    def _prune(self, plan: evaluator.StepPlan, wait_s: float) -> None:
+        """The retention the run (its latest step's plan) would have applied had it waited for these
+        scores: --keep_last steps and --keep_best's K best stay."""
+        pruned = score_log.prune_landed(self.output_dir, plan.keep_last, plan.ranking, wait_s)
+        if pruned:
+            kept = f" and --keep_best={plan.ranking.keep}" if plan.ranking is not None else ""
+            _say(
+                f"steps {', '.join(pruned)} removed now that they are scored (--keep_last={plan.keep_last}{kept})"
+            )
 
 
 def _run_tracking(output_dir: str, allowed: tuple[str, ...]) -> TrackingSection | None:
@@ -278,7 +293,7 @@ def _step_plan(step_dir: str, flags: list[str], allowed: tuple[str, ...]) -> eva
         if parsed.env is not None
         else None
     )
-    return evaluator.StepPlan(scoring, every, parsed.steps, _ranking(parsed))
+    return evaluator.StepPlan(scoring, every, parsed.steps, _ranking(parsed), parsed.keep_last)
 
 
 def _ranking(parsed: WatchArgs) -> ckpt_tools.Ranking | None:

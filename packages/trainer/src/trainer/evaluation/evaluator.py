@@ -44,6 +44,8 @@ class StepPlan:
     """Score the steps that are multiples of this (0: every committed step)."""
     last_step: int
     ranking: ckpt_tools.Ranking | None
+    keep_last: int
+    """The run's --keep_last (0 keeps every step), applied once the scores it did not wait for land."""
 
 
 HANDOVER_S = 1800.0  # how long a launched evaluator waits for its ended run to let go of the run's files
