@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import draccus
 
@@ -60,6 +60,10 @@ LEROBOT_RUN_FIELDS: dict[str, Any] = {
 @dataclass
 class PolicyConfig(draccus.ChoiceRegistry):
     """Base of every policy config; `--policy.type` picks the subclass."""
+
+    # Fields naming a local file or directory (or a Hub repo id): an existing local path is recorded
+    # absolute when a run's config is parsed, so the checkpoint loads from any working directory.
+    path_fields: ClassVar[tuple[str, ...]] = ()
 
     dropout: float = 0.1
     """Dropout probability inside the policy (0 makes a run deterministic across topologies)."""
