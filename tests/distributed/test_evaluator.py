@@ -141,12 +141,14 @@ def test_an_evaluator_that_dies_costs_the_run_one_line(tmp_path, capsys, monkeyp
 def test_late_scores_are_logged_by_the_evaluator_which_resumes_after_being_killed(tmp_path, capsys) -> None:
     """A run that does not wait for its scores: its evaluator scores every checkpoint after the run
     ended (the environment is held until then) and logs each into metrics.jsonl and trackio at its
-    step; killed after the first, `trainer eval --watch` goes on with the rest and scores nothing twice."""
+    step; killed after the first, `trainer eval --watch` goes on with the rest and scores nothing twice,
+    then prunes as the run would have (--keep_last=1 --keep_best=1: the last step and the best stay)."""
     out, gate = tmp_path / "run", tmp_path / "the-run-ended"
     flags = tiny_args(str(out), str(tmp_path / "cache"), "--steps=6", "--env_eval_freq=2")
     flags += [*SLOW, *ONE_EPISODE, f'--env.kwargs={{"gate": "{gate}", "gate_s": 90, "delay_s": 0.05}}']
     flags += ["--eval.n_episodes=1", "--eval.max_episodes_rendered=0", "--eval.cpus=[0]"]
     flags += ["--trackio.enable=true", "--trackio.project=evaluator-late"]
+    flags += ["--keep_last=1", "--keep_best=1", "--best_metric=avg_sum_reward"]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
         train_in(tmp_path, flags)
@@ -178,14 +180,16 @@ def test_late_scores_are_logged_by_the_evaluator_which_resumes_after_being_kille
     assert json.loads(second.stdout.strip().splitlines()[-1])["scored"] == 3 - len(before)
     assert "the run's last step 6 is scored: the evaluator stops" in second.stderr
     after = {p.parent.name: p.read_bytes() for p in out.glob("checkpoints/[0-9]*/eval.json")}
-    assert sorted(after) == ["000002", "000004", "000006"]
-    assert all(after[name] == data for name, data in before.items())  # nothing scored twice
+    assert all(after[name] == data for name, data in before.items() if name in after)  # none scored twice
 
     scores = {r["step"]: r for r in _records(out) if r.get("event") == "eval"}
     assert [r["step"] for r in _records(out) if r.get("event") == "eval"] == [2, 4, 6]  # each logged once
+    best = max(scores, key=lambda step: scores[step]["avg_sum_reward"])
+    assert sorted(after) == sorted({"000006", f"{best:06d}"})  # the run's retention, once scored
+    assert sorted(p.name for p in out.glob("checkpoints/[0-9]*")) == sorted(after)
     assert all(
-        scores[s]["avg_sum_reward"] == json.loads(after[f"{s:06d}"])["overall"]["avg_sum_reward"]
-        for s in scores
+        scores[int(name)]["avg_sum_reward"] == json.loads(data)["overall"]["avg_sum_reward"]
+        for name, data in after.items()
     )
     config = json.loads((out / "checkpoints" / "last" / "pretrained_model" / "train_config.json").read_text())
     logged = trackio_logs("evaluator-late", config["trackio"]["run_name"])

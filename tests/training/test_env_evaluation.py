@@ -5,6 +5,8 @@ hangs or returns NaN costing one line and that score only."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import av
@@ -13,8 +15,9 @@ import pytest
 
 import ckpt_tools
 from helpers.engine_run import train_in
-from helpers.fixtures import fixture_dir
+from helpers.fixtures import copy_fixture, fixture_dir
 from helpers.lerobot_data import write_dataset
+from helpers.point_env import FEATURES_MAP as POINT_FEATURES
 from helpers.slow_env import FEATURES_MAP
 from helpers.train_flags import tiny_args
 from trainer.cli import main
@@ -27,6 +30,17 @@ from trainer.evaluation.evaluator import score_line
 
 LEROBOT = json.loads((fixture_dir("lerobot_env_configs") / "env_configs.json").read_text())
 SLOW = ["--env.type=gym", "--env.task=helpers.slow_env:SlowPendulum-v0", f"--env.features_map={FEATURES_MAP}"]
+# The point-mass task the ACT LeRobot wrote (tests/fixtures/lerobot/checkpoint_act) reads, two short episodes
+POINT = [
+    "--env.type=gym",
+    "--env.task=helpers.point_env:PointPush-v0",
+    f"--env.features_map={POINT_FEATURES}",
+    "--env.episode_length=4",
+    "--eval.n_episodes=2",
+    "--eval.batch_size=1",
+    "--eval.use_async_envs=false",
+    "--eval.max_episodes_rendered=0",
+]
 
 
 def test_env_configs_are_lerobots_field_for_field() -> None:
@@ -156,3 +170,56 @@ def test_watch_refuses_what_it_cannot_act_on_in_one_line(pendulum_step, capsys, 
         main(["eval", f"--watch={pendulum_step.parents[1]}", *flags])
     err = capsys.readouterr().err.strip()
     assert exit_code.value.code == 1 and "\n" not in err and why in err, err
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_any_pretrained_model_scores_where_lerobot_eval_writes(tmp_path, monkeypatch, capsys) -> None:
+    """lerobot-eval's `--policy.path` without a step around it: a LeRobot run's `pretrained_model/` copied
+    alone, the same files under another name (a Hub download), and the LeRobot run's own step, which is
+    left untouched. Each scores without --output_dir into lerobot-eval's default,
+    outputs/eval/<date>/<time>_<job_name>/eval_info.json under the working directory: the same policy on
+    the same seeds, the same figures."""
+    run = copy_fixture(tmp_path, "lerobot", "checkpoint_act")
+    model = run / "checkpoints" / "000004" / "pretrained_model"
+    alone = Path(shutil.copytree(model, tmp_path / "alone" / "pretrained_model"))
+    download = Path(shutil.copytree(model, tmp_path / "act_download"))
+    before = _files(run)
+    monkeypatch.chdir(tmp_path / "alone")  # the run's directory is nowhere near
+    records = {}
+    for path, job in ((alone, []), (download, ["--job_name=hub"]), (model, ["--job_name=lerobot_run"])):
+        with pytest.raises(SystemExit) as exit_code:
+            main(["eval", f"--policy.path={path}", *POINT, *job, "--json"])
+        assert exit_code.value.code == 0
+        captured = capsys.readouterr()
+        printed = json.loads(captured.out.strip().splitlines()[-1])
+        name = job[0].split("=")[1] if job else "gym_act"  # lerobot-eval's job: <env type>_<policy type>
+        [written] = (tmp_path / "alone" / "outputs" / "eval").glob(f"*/*_{name}/eval_info.json")
+        relative = written.parent.relative_to(tmp_path / "alone" / "outputs" / "eval")
+        assert re.fullmatch(rf"\d{{4}}-\d\d-\d\d/\d\d-\d\d-\d\d_{name}", str(relative))
+        assert json.loads(written.read_text()) == printed and str(relative) in captured.err
+        assert (printed["weights"], [e["seed"] for e in printed["per_episode"]]) == ("model", [1000, 1001])
+        records[name] = {k: v for k, v in printed["overall"].items() if not k.startswith("eval_")}
+    assert records["gym_act"] == records["hub"] == records["lerobot_run"]
+    assert _files(run) == before  # a LeRobot run's step is read, never written into
+
+
+def test_scores_landing_after_the_run_prune_as_the_run_would_have(tmp_path, capsys) -> None:
+    """Steps scored after their run ended (its evaluator, or `trainer eval --watch`, here standalone on a
+    finished run) leave exactly what the run's retention keeps: the --keep_last newest and --keep_best's
+    best by the scores the evaluator logged, not every step it scored."""
+    out = tmp_path / "run"
+    train_in(tmp_path, tiny_args(str(out), str(tmp_path / "cache"), "--policy.type=mlp", "--steps=6"))
+    assert sorted(p.name for p in out.glob("checkpoints/[0-9]*")) == ["000002", "000004", "000006"]
+    episodes = ["--env.episode_length=5", "--eval.n_episodes=1", "--eval.max_episodes_rendered=0"]
+    retention = ["--keep_last=1", "--keep_best=1", "--best_metric=avg_sum_reward"]
+    with pytest.raises(SystemExit) as exit_code:
+        main(["eval", f"--watch={out}", *SLOW, *episodes, "--env_eval_freq=2", *retention, "--json"])
+    assert exit_code.value.code == 0 and json.loads(capsys.readouterr().out)["scored"] == 3
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    scores = {r["step"]: r["avg_sum_reward"] for r in records if r.get("event") == "eval"}
+    best = max(scores, key=lambda step: scores[step])
+    assert sorted(scores) == [2, 4, 6]
+    assert sorted(int(p.name) for p in out.glob("checkpoints/[0-9]*")) == sorted({6, best})

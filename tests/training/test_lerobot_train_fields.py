@@ -16,8 +16,9 @@ import torch
 
 from helpers.fixtures import copy_fixture, fixture_dir
 from trainer.cli import main
-from trainer.cli.lerobot_flags import NULL_IS_DEFAULT, RENAMED
+from trainer.cli.lerobot_flags import EMPTY_MAP_IS_DEFAULT, NULL_IS_DEFAULT, RENAMED
 from trainer.cli.parse import parse_config
+from trainer.config.policy import PolicyConfig
 from trainer.data.format.cameras import Cameras
 from trainer.data.pipeline import loader
 from trainer.data.pipeline.feed import DataFeed
@@ -26,6 +27,10 @@ from trainer.errors import ConfigError
 
 FIELDS = json.loads((fixture_dir("lerobot_train_fields") / "train_fields.json").read_text())["fields"]
 BASE = ["--dataset.repo_id=local/x"]
+# LeRobot's policy types built here: each takes every field of LeRobot's PreTrainedConfig
+POLICY_TYPES = sorted(
+    set(next(r for r in FIELDS if r["flag"] == "--policy")["choices"]) & set(PolicyConfig.get_known_choices())
+)
 
 
 def _cli(value: Any) -> str:
@@ -44,6 +49,9 @@ def _cases() -> list[tuple[str, list[str], Any]]:
             continue  # a group takes its fields; `--checkpoint_path` is no flag in LeRobot either
         if row["kind"] == "choice_type":
             cases += [(row["flag"], [f"{row['flag']}={c}"], c) for c in row["choices"]]
+        elif row["owner"] == "PreTrainedConfig":  # a policy base field: typed after each policy type
+            typed = f"{row['flag']}={_cli(row['default'])}"
+            cases += [(row["flag"], [f"--policy.type={t}", typed], row["default"]) for t in POLICY_TYPES]
         elif row["default_kind"] == "value":
             cases.append((row["flag"], [f"{row['flag']}={_cli(row['default'])}"], row["default"]))
         for choice, fields in row.get("choice_fields", {}).items():
@@ -80,13 +88,17 @@ def test_every_lerobot_train_flag_is_accepted_with_its_default_or_refused_in_one
         return
     has_field, value = _parsed_value(config, flag)
     resolved = ("--output_dir", "--job_name", *NULL_IS_DEFAULT)  # their null: this trainer's default
-    if has_field and not (flag in resolved and default is None):
+    if flag in EMPTY_MAP_IS_DEFAULT:  # LeRobot's empty map: this trainer's default (the dataset's)
+        assert default == {} and config == parse_config([*BASE, *typed[:-1]]), flag
+    elif has_field and not (flag in resolved and default is None):
         assert draccus.encode(value) == default, (flag, value)
 
 
 def test_the_walk_covers_the_flags_refused_as_unknown_before() -> None:
     walked = {flag for flag, _, _ in _cases()}
-    assert len(FIELDS) == 95 and {"--env_eval_freq", "--eval.n_episodes", "--tolerance_s"} <= walked
+    assert len(FIELDS) == 108 and {"--env_eval_freq", "--eval.n_episodes", "--tolerance_s"} <= walked
+    assert {"--policy.use_amp", "--policy.use_peft", "--policy.license"} <= walked
+    assert POLICY_TYPES == ["act", "diffusion", "pi0", "pi05", "smolvla"]
 
 
 def test_lerobots_smolvla_command_line_parses(tmp_path) -> None:
@@ -129,6 +141,27 @@ def test_lerobots_smolvla_command_line_parses(tmp_path) -> None:
         ),
         (["--dataloader_multiprocessing_context=thread"], "--dataloader_multiprocessing_context='thread'"),
         (["--tolerance_s=-1"], "--tolerance_s must be > 0 seconds, got -1.0"),
+        (
+            ["--policy.use_amp=true"],
+            "--policy.use_amp=true is refused: autocast is --accelerator.mixed_precision",
+        ),
+        (
+            ["--policy.use_peft=true"],
+            "--policy.use_peft=true is refused: LeRobot sets it on a checkpoint saved",
+        ),
+        (["--policy.pretrained_path=x"], "--policy.pretrained_path=x is refused: lerobot-train sets it from"),
+        (
+            ["--policy.pretrained_revision=v1"],
+            "--policy.pretrained_revision=v1 is refused: --policy.path downloads",
+        ),
+        (
+            ['--policy.input_features={"observation.state": {"type": "STATE", "shape": [2]}}'],
+            "is refused: name the features the policy reads as a list here",
+        ),
+        (
+            ['--policy.output_features={"action": {}}'],
+            "is refused: the action is the dataset's `action` feature",
+        ),
     ],
 )
 def test_what_cannot_be_honoured_is_refused_in_one_line(flags: list[str], message: str) -> None:
@@ -255,6 +288,11 @@ def test_a_preset_field_is_refused_without_the_preset() -> None:
         "--policy.optimizer_lr_backbone=1e-3",
     ]
     assert resolve_optimization(parse_config(backbone))[0].lr == parse_config(backbone).optimizer.lr
+
+
+def test_policy_input_features_as_a_list_still_parses() -> None:
+    config = parse_config(["--policy.type=act", '--policy.input_features=["observation.state"]'])
+    assert config.policy.input_features == ["observation.state"]
 
 
 def test_lerobot_names_renamed_here() -> None:

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 import trainer
 from helpers.engine_run import rewound_copy, train_in
 from helpers.fixtures import copy_fixture
+from trainer.cli import main
 from trainer.cli.parse import parse_config
 from trainer.config.sections import PolicySection
 from trainer.data.dataset import task_bytes
@@ -60,7 +61,7 @@ def tuned(workdir: Path) -> Path:
 @pytest.fixture(scope="module")
 def exported(workdir: Path, tuned: Path) -> Path:
     with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(workdir)  # the saved config names its sizes and tokenizer by relative paths
+        patch.chdir(workdir)  # where the run started: the relative names its flags and base gave resolve here
         export_lerobot(str(tuned), str(workdir / "exported"))
     return workdir / "exported"
 
@@ -83,8 +84,14 @@ def test_lerobots_checkpoint_fine_tunes_and_exports_in_its_schema(
     assert ours.keys() == theirs.keys()
     differ = {k for k in theirs if ours[k] != theirs[k]}
     assert differ == {"device"}  # LeRobot's run wrote "cpu"; ours leaves it to LeRobot's auto-detection
+    tokenizer = {"tokenizer_name": "tiny_paligemma"}  # LeRobot's relative name; the export's is resolved
     for name in ("policy_preprocessor.json", "policy_postprocessor.json"):
-        assert json.loads((exported / name).read_text()) == json.loads((lerobot / name).read_text())
+        written = json.loads((exported / name).read_text())
+        named = [step["config"] for step in written["steps"] if "tokenizer_name" in step.get("config", {})]
+        assert [c["tokenizer_name"] for c in named] == [str(workdir / "tiny_paligemma")] * len(named)
+        for config in named:
+            config.update(tokenizer)
+        assert written == json.loads((lerobot / name).read_text())
     for name in (  # the statistics LeRobot's (un)normalizer reads for QUANTILES: the dataset's q01/q99
         "policy_preprocessor_step_3_normalizer_processor.safetensors",
         "policy_postprocessor_step_0_unnormalizer_processor.safetensors",
@@ -98,6 +105,27 @@ def test_lerobots_checkpoint_fine_tunes_and_exports_in_its_schema(
     assert all(torch.equal(back[name], tensor) for name, tensor in tuned_state.items())
     base = PI05Config.lerobot_adapter().state_from_lerobot(load_file(str(lerobot / "model.safetensors")))
     assert not torch.equal(base["model.action_out_proj.weight"], tuned_state["model.action_out_proj.weight"])
+
+
+def test_a_relative_size_overrides_is_recorded_so_export_works_from_any_directory(
+    workdir: Path, tuned: Path, exported: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """The run was given `--policy.size_overrides=tiny_paligemma/...` relative to its directory, and its
+    base names its tokenizer `tiny_paligemma`, relative too: its checkpoint names both absolute, so
+    `trainer export` from elsewhere writes the same export."""
+    saved = json.loads((tuned / "pretrained_model" / "train_config.json").read_text())["policy"]
+    assert saved["size_overrides"] == str(workdir / OVERRIDES)
+    assert saved["tokenizer_name"] == str(workdir / "tiny_paligemma")
+    assert json.loads((tuned / "pretrained_model" / "config.json").read_text())["size_overrides"] == str(
+        workdir / OVERRIDES
+    )
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_code:
+        main(["export", f"--policy.path={tuned}", "--output_dir=elsewhere"])
+    assert exit_code.value.code == 0, capsys.readouterr().err
+    here = tmp_path / "elsewhere"
+    assert sorted(p.name for p in here.iterdir()) == sorted(p.name for p in exported.iterdir())
+    assert all((here / p.name).read_bytes() == p.read_bytes() for p in exported.iterdir())
 
 
 def test_a_resumed_run_is_bit_exact(workdir: Path, tuned: Path) -> None:

@@ -39,7 +39,8 @@ def _files(root: Path) -> dict[str, bytes]:
 
 def test_the_final_checkpoint_is_published_in_one_commit(tmp_path, dataset_cache, hub, capsys) -> None:
     out = tmp_path / "run"
-    summary = train(parse_config(tiny_args(str(out), dataset_cache, *PUSH)))
+    card_flags = ["--policy.license=mit", '--policy.tags=["pendulum"]']  # LeRobot's model card fields
+    summary = train(parse_config(tiny_args(str(out), dataset_cache, *PUSH, *card_flags)))
 
     model_dir = Path(summary.last_checkpoint) / "pretrained_model"
     arrived = hub.files(REPO)
@@ -58,7 +59,8 @@ def test_the_final_checkpoint_is_published_in_one_commit(tmp_path, dataset_cache
     assert not any(n.startswith("training_state") or n.endswith(".distcp") for n in arrived)
 
     card = ModelCard(arrived["README.md"].decode())
-    assert card.data.library_name == "ckpt-tools" and "mlp" in card.data.tags
+    assert card.data.library_name == "ckpt-tools" and {"mlp", "pendulum"} <= set(card.data.tags)
+    assert card.data.license == "mit"
     assert f"| Final loss | {summary.final_loss:.6g} |" in card.text
     assert "| Steps | 2 |" in card.text and "1 ranks" in card.text
 

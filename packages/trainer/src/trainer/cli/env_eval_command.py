@@ -3,12 +3,16 @@ in their environments (docs/evaluation.md).
 
 One checkpoint: the figures lerobot-eval reports, written as `eval_info.json` with the videos under
 `--output_dir` (lerobot-eval's layout), or into the step itself (`<step>/eval.json`) when PATH is a step
-of a run and no `--output_dir` is given.
+of a run of this trainer and no `--output_dir` is given. Any other PATH without `--output_dir` (a
+`pretrained_model/` alone, a Hub download, a LeRobot run's step) goes where lerobot-eval puts it:
+`outputs/eval/<date>/<time>_<job_name>`, the job named `<env>_<policy type>` unless `--job_name` says.
 
 `--watch`: the evaluator (evaluation/evaluator.py) following the run in OUTPUT_DIR (a local directory or
 an `s3://` URL), scoring each committed step the run asked for, with the run's own `--env.*`,
-`--eval.*`, `--seed`, `--rename_map` and `--keep_best` ranking as its train_config.json records them;
-flags given here override them. A run with `--env_eval_freq` launches this same command itself.
+`--eval.*`, `--seed`, `--rename_map`, `--keep_best` ranking and `--keep_last` as its train_config.json
+records them; flags given here override them. A run with `--env_eval_freq` launches this same command
+itself. The scores no run logged are logged here, and once the run's last step is scored its retention
+is applied as the run would have (`--keep_last` + `--keep_best` steps stay).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 import ckpt_tools
 from ckpt_tools import layout
 from trainer.cli.eval_command import EvalPolicy
-from trainer.cli.parse import parse_config, parse_flags
+from trainer.cli.parse import dated_output_dir, parse_config, parse_flags
 from trainer.config.environment import EnvConfig, EnvEvalConfig
 from trainer.config.registry import split_allow_types
 from trainer.config.sections import TrackingSection
@@ -44,6 +48,7 @@ IDLE_TIMEOUT_S = 3600.0
 # --eval.* flags a training run acts on and `trainer eval` would ignore
 RUN_ONLY_FLAGS = {"--eval.wait_at_end": "is the training run's (its end waits for the last score)"}
 HANDOVER_LOCK_S = 60.0  # a launched evaluator's run releases its lock this soon after closing its input
+OUR_LAYOUT = ckpt_tools.Checkpoint.layout  # the layout a run of this trainer writes ("ckpt-tools")
 # the run's sections the evaluator reads from a step's train_config.json
 RUN_FIELDS = (
     "env",
@@ -55,6 +60,7 @@ RUN_FIELDS = (
     "keep_best",
     "best_metric",
     "best_mode",
+    "keep_last",
 )
 
 
@@ -70,7 +76,10 @@ class EnvEvalArgs:
     rename_map: dict[str, str] = field(default_factory=dict)
     """Environment feature name -> the policy's name for it."""
     output_dir: str | None = None
-    """Where eval_info.json and videos/ go; unset: into the step PATH names (eval.json, eval_videos/)."""
+    """Where eval_info.json and videos/ go; unset: into the step of a run PATH names (eval.json,
+    eval_videos/), else lerobot-eval's outputs/eval/<date>/<time>_<job_name>."""
+    job_name: str | None = None
+    """The default output directory's suffix (lerobot-eval's field); unset: `<env type>_<policy type>`."""
     weights: str | None = None
     """model or ema; unset: the EMA when the checkpoint holds one."""
 
@@ -88,6 +97,7 @@ class WatchArgs:
     keep_best: int = 0
     best_metric: str | None = None
     best_mode: str | None = None
+    keep_last: int = 0
 
 
 def is_env_eval(args: Sequence[str]) -> bool:
@@ -109,17 +119,22 @@ def run_env_eval(args: list[str]) -> dict[str, Any]:
         )
     scoring = EnvScoring(parsed.env, parsed.eval, parsed.seed, parsed.rename_map)
     _set_up_process(parsed.eval)
-    if parsed.output_dir is None:
-        return _into_step(parsed, scoring, allowed)
+    step_dir = _run_step(parsed.policy.path) if parsed.output_dir is None else None
+    if step_dir is not None:
+        return _into_step(step_dir, parsed, scoring, allowed)
     loaded = load_policy(parsed.policy.path, parsed.eval.device, parsed.weights, allow_types=allowed)
+    output_dir = parsed.output_dir or dated_output_dir(
+        "eval", parsed.job_name or f"{parsed.env.type}_{loaded.config.type}"
+    )
     try:
-        record = score_policy(loaded, scoring, parsed.output_dir, "videos")
+        record = score_policy(loaded, scoring, output_dir, "videos")
     except EnvironmentFailure as exc:
         raise ConfigError(
             f"{parsed.policy.path}: evaluation in --env.type={parsed.env.type} failed: {exc}"
         ) from None
     record = {"policy": parsed.policy.path, "weights": loaded.weights, **record}
-    ckpt_tools.storage.write_json(layout.join(parsed.output_dir, "eval_info.json"), record)
+    ckpt_tools.storage.write_json(layout.join(output_dir, "eval_info.json"), record)
+    _say(f"wrote {layout.join(output_dir, 'eval_info.json')}")
     return record
 
 
@@ -132,16 +147,27 @@ def _split_args(args: list[str]) -> tuple[tuple[str, ...], list[str]]:
     return split_allow_types([a for a in args if a != "--json"])
 
 
-def _into_step(parsed: EnvEvalArgs, scoring: EnvScoring, allowed: tuple[str, ...]) -> dict[str, Any]:
-    """No --output_dir: the record goes into the step PATH names, as the evaluator writes it."""
+def _run_step(path: str) -> str | None:
+    """The step of a run of this trainer that PATH names, which its record goes into as the evaluator
+    writes it; None for anything else: a Hub repo id, a model directory, a `pretrained_model/` without
+    a step around it, a LeRobot run's step (lerobot-eval writes beside a run, never into it)."""
+    if not layout.is_url(path) and not os.path.exists(path):
+        return None  # a Hub repo id: load_policy downloads it (or says why it cannot)
     try:
-        step_dir = ckpt_tools.open_checkpoint(parsed.policy.path).step_dir
+        checkpoint = ckpt_tools.open_checkpoint(path)
     except ckpt_tools.CheckpointError as exc:
-        raise ConfigError(f"--policy.path={parsed.policy.path}: {exc}") from None
-    if step_dir is None:
-        raise ConfigError(
-            f"--policy.path={parsed.policy.path} is no step of a run: give --output_dir=DIR for eval_info.json and the videos"
-        )
+        raise ConfigError(f"--policy.path={path}: {exc}") from None
+    step_dir = checkpoint.step_dir
+    if step_dir is None or checkpoint.layout != OUR_LAYOUT:
+        return None
+    record = layout.join(step_dir, layout.TRAINING_STATE_DIR, layout.TRAINING_STEP)
+    return step_dir if ckpt_tools.storage.exists(record) else None
+
+
+def _into_step(
+    step_dir: str, parsed: EnvEvalArgs, scoring: EnvScoring, allowed: tuple[str, ...]
+) -> dict[str, Any]:
+    """No --output_dir: the record goes into the step PATH names, as the evaluator writes it."""
     if parsed.weights is not None:
         raise ConfigError(
             "--weights applies with --output_dir: a step's eval.json scores the weights it would load"
@@ -156,19 +182,18 @@ def run_watch(args: list[str]) -> dict[str, Any]:
     """The evaluator following a run until its last step is scored (or it is stopped)."""
     allowed, rest = _split_args(args)
     output_dir, launched, idle, flags = _watch_flags(rest)
-    watcher = _Watcher(flags, allowed)
-    report = functools.partial(_report, output_dir, launched, allowed)
+    watcher = _Watcher(output_dir, launched, flags, allowed)
     control = evaluator.Control(launched)
-    scored = evaluator.follow(output_dir, watcher.plan_of, watcher.score, report, _say, control, idle)
+    scored = evaluator.follow(output_dir, watcher.plan_of, watcher.score, watcher.report, _say, control, idle)
     return {"output_dir": output_dir, "scored": scored}
 
 
 class _Watcher:
-    """What `evaluator.follow` calls back: each step's plan (read once), and its scoring (the process
-    set up for it at the first)."""
+    """What `evaluator.follow` calls back: each step's plan (read once), its scoring (the process set
+    up for it at the first), and the report of what landed after the run."""
 
-    def __init__(self, flags: list[str], allowed: tuple[str, ...]) -> None:
-        self.flags, self.allowed = flags, allowed
+    def __init__(self, output_dir: str, launched: bool, flags: list[str], allowed: tuple[str, ...]) -> None:
+        self.output_dir, self.launched, self.flags, self.allowed = output_dir, launched, flags, allowed
         self.plans: dict[str, evaluator.StepPlan] = {}
         self.set_up = False
 
@@ -184,23 +209,35 @@ class _Watcher:
             self.set_up = True
         return score_step(step_dir, plan.scoring, plan.scoring.eval.device, self.allowed)
 
+    def report(self, scored: list[str], final: bool) -> None:
+        """The scores no run logged, into metrics.jsonl and the run's trackers (evaluation/score_log.py),
+        and at the end the run's retention over them. A launched evaluator's run has just let go of its
+        files: its lock is waited for a little."""
+        wait_s = HANDOVER_LOCK_S if self.launched else 0.0
+        tracking = functools.partial(_run_tracking, self.output_dir, self.allowed)
+        with contextlib.redirect_stdout(sys.stderr):  # what trackers print stays off `--json`'s output
+            logged = score_log.log_landed(self.output_dir, scored, tracking, wait_s)
+        if logged:
+            _say(
+                f"steps {', '.join(logged)} logged into {self.output_dir}/metrics.jsonl and the run's trackers"
+            )
+        elif logged is None and final:
+            _say(
+                f"a run holds {self.output_dir} (or it cannot be locked): the scores it did not log reach "
+                "metrics.jsonl when a run there reads them (a resume does)"
+            )
+        if final and self.plans:
+            self._prune(self.plans[max(self.plans)], wait_s)
 
-def _report(
-    output_dir: str, launched: bool, allowed: tuple[str, ...], scored: list[str], final: bool
-) -> None:
-    """The scores no run logged, into metrics.jsonl and the run's trackers (evaluation/score_log.py).
-    A launched evaluator's run has just let go of its files: its lock is waited for a little."""
-    wait_s = HANDOVER_LOCK_S if launched else 0.0
-    tracking = functools.partial(_run_tracking, output_dir, allowed)
-    with contextlib.redirect_stdout(sys.stderr):  # what trackers print stays off `--json`'s output
-        logged = score_log.log_landed(output_dir, scored, tracking, wait_s)
-    if logged:
-        _say(f"steps {', '.join(logged)} logged into {output_dir}/metrics.jsonl and the run's trackers")
-    elif logged is None and final:
-        _say(
-            f"a run holds {output_dir} (or it cannot be locked): the scores it did not log reach metrics.jsonl "
-            "when a run there reads them (a resume does)"
-        )
+    def _prune(self, plan: evaluator.StepPlan, wait_s: float) -> None:
+        """The retention the run (its latest step's plan) would have applied had it waited for these
+        scores: --keep_last steps and --keep_best's K best stay."""
+        pruned = score_log.prune_landed(self.output_dir, plan.keep_last, plan.ranking, wait_s)
+        if pruned:
+            kept = f" and --keep_best={plan.ranking.keep}" if plan.ranking is not None else ""
+            _say(
+                f"steps {', '.join(pruned)} removed now that they are scored (--keep_last={plan.keep_last}{kept})"
+            )
 
 
 def _run_tracking(output_dir: str, allowed: tuple[str, ...]) -> TrackingSection | None:
@@ -256,7 +293,7 @@ def _step_plan(step_dir: str, flags: list[str], allowed: tuple[str, ...]) -> eva
         if parsed.env is not None
         else None
     )
-    return evaluator.StepPlan(scoring, every, parsed.steps, _ranking(parsed))
+    return evaluator.StepPlan(scoring, every, parsed.steps, _ranking(parsed), parsed.keep_last)
 
 
 def _ranking(parsed: WatchArgs) -> ckpt_tools.Ranking | None:

@@ -21,6 +21,18 @@ RENAMED = {"--tolerance_s": "--dataset.tolerance_s", "--peft.lora_alpha": "--pef
 # LeRobot's flags whose `null` is this trainer's default: dropped when null
 NULL_IS_DEFAULT = ("--wandb.mode", "--peft.lora_alpha", "--peft.init_type")
 
+# LeRobot's `{feature: {"type", "shape"}}` maps, whose empty default is this trainer's (the dataset's
+# features): dropped when `{}`; a filled one is refused with the reason (a list of names still parses)
+EMPTY_MAP_IS_DEFAULT = {
+    "--policy.input_features": (
+        "name the features the policy reads as a list here, "
+        "--policy.input_features='[\"observation.state\", ...]' (their shapes come from the dataset)"
+    ),
+    "--policy.output_features": (
+        "the action is the dataset's `action` feature here, its size from the dataset (--policy.action_dim)"
+    ),
+}
+
 # flag -> (the values that ask for what this trainer does, why another is refused)
 SAME_AS_HERE: dict[str, tuple[tuple[object, ...], str]] = {
     "--dataset.repo_type": (("dataset",), "a LeRobotDataset is read from a Hub dataset repo only"),
@@ -41,6 +53,25 @@ SAME_AS_HERE: dict[str, tuple[tuple[object, ...], str]] = {
     ),
     "--wandb.add_tags": ((False,), "this trainer's W&B runs carry no tags (the config is logged whole)"),
     "--peft.init_type": ((None,), "LoRA's adapters start as peft's default initialization"),
+    "--policy.use_amp": (
+        (False,),
+        "autocast is --accelerator.mixed_precision=bf16|fp16 here (fp16 is what lerobot-train's use_amp "
+        "picks on CUDA): pass that flag instead",
+    ),
+    "--policy.use_peft": (
+        (False,),
+        "LeRobot sets it on a checkpoint saved with PEFT adapters; train LoRA adapters with "
+        "--peft.method_type=LORA",
+    ),
+    "--policy.pretrained_path": (
+        (None,),
+        "lerobot-train sets it from --policy.path: pass --policy.path=DIR_OR_REPO (its config and weights)",
+    ),
+    "--policy.pretrained_revision": (
+        (None,),
+        "--policy.path downloads a Hub policy's main revision: download another with "
+        "`hf download REPO --revision REV` and pass its directory to --policy.path",
+    ),
 }
 
 # a flag or group (with its sub-flags) -> why it is refused whatever its value
@@ -71,6 +102,10 @@ def settle_lerobot_flags(args: list[str]) -> list[str]:
             raise ConfigError(f"{arg}: {REFUSED[refused]}")
         value = _value(text) if has_value else None
         if name in NULL_IS_DEFAULT and has_value and value is None:
+            continue
+        if name in EMPTY_MAP_IS_DEFAULT and isinstance(value, dict):
+            if value:
+                raise ConfigError(f"{arg} is refused: {EMPTY_MAP_IS_DEFAULT[name]}")
             continue
         if name in SAME_AS_HERE:
             accepted, why = SAME_AS_HERE[name]

@@ -51,11 +51,29 @@ def parse_config(args: Sequence[str]) -> TrainConfig:
             config.use_policy_training_preset = False
     config.config_path = config_path
     config.flags_given = flags_given
+    _record_local_paths(config.policy)
     if config.output_dir is None:  # LeRobot's `--output_dir=null`: a new dated directory for the run
-        config.output_dir = f"outputs/train/{datetime.datetime.now():%Y-%m-%d/%H-%M-%S}_{config.run_name}"
+        config.output_dir = dated_output_dir("train", config.run_name)
     if not layout.is_url(config.output_dir):  # resolved once: a resume from elsewhere writes the same run
         config.output_dir = os.path.abspath(os.path.expanduser(config.output_dir))
     return config
+
+
+def _record_local_paths(policy: PolicyConfig) -> None:
+    """The policy's path settings (`path_fields`: pi's --policy.size_overrides and --policy.tokenizer_name,
+    flags or names --policy.path's checkpoint gives) that name an existing local path, made absolute
+    as the run reads them: train_config.json, config.json and an export then name them so from any
+    working directory (`trainer export`, `load_policy`, a resume). A Hub repo id is kept as written."""
+    for name in policy.path_fields:
+        value = getattr(policy, name)
+        if isinstance(value, str) and os.path.exists(value):
+            setattr(policy, name, os.path.abspath(value))
+
+
+def dated_output_dir(command: str, job_name: str) -> str:
+    """LeRobot's default output directory of lerobot-train (`command` "train") and lerobot-eval ("eval"):
+    `outputs/<command>/<date>/<time>_<job_name>`, relative to the working directory."""
+    return f"outputs/{command}/{datetime.datetime.now():%Y-%m-%d/%H-%M-%S}_{job_name}"
 
 
 def _written_before_presets(config_path: str | None) -> bool:

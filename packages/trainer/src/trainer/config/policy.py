@@ -11,7 +11,7 @@ import abc
 import dataclasses
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import draccus
 
@@ -39,8 +39,8 @@ class ProcessorSchema(Protocol):
     def postprocessor(self, stats: dict[str, dict[str, torch.Tensor]]) -> ProcessorFiles: ...
 
 
-# PolicyConfig fields that say where a run publishes, not what the policy is.
-PUBLISH_FIELDS = ("push_to_hub", "repo_id", "private")
+# PolicyConfig fields that say where (and under which license and tags) a run publishes, not what the policy is.
+PUBLISH_FIELDS = ("push_to_hub", "repo_id", "private", "license", "tags")
 # Fields of the run, not of the policy: kept out of config.json like the publish settings.
 RUN_FIELDS = (*PUBLISH_FIELDS, "device")
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -62,6 +62,10 @@ LEROBOT_RUN_FIELDS: dict[str, Any] = {
 @dataclass
 class PolicyConfig(draccus.ChoiceRegistry):
     """Base of every policy config; `--policy.type` picks the subclass."""
+
+    # Fields naming a local file or directory (or a Hub repo id): an existing local path is recorded
+    # absolute when a run's config is parsed, so the checkpoint loads from any working directory.
+    path_fields: ClassVar[tuple[str, ...]] = ()
 
     dropout: float = 0.1
     """Dropout probability inside the policy (0 makes a run deterministic across topologies)."""
@@ -86,6 +90,11 @@ class PolicyConfig(draccus.ChoiceRegistry):
     """Hub repo (`namespace/name`) or fsspec target (`s3://bucket/prefix`, a local path) to publish to."""
     private: bool = False
     """Create the Hub repo private (an existing repo keeps its visibility)."""
+    license: str | None = None
+    """The license the published model card declares (LeRobot's field; a Hub license id such as
+    apache-2.0 or mit); unset leaves it out."""
+    tags: list[str] | None = None
+    """Tags the published model card adds to its own (LeRobot's field)."""
     device: str | None = None
     """LeRobot's device flag (auto, cpu, cuda, mps): the launch decides the device (every rank its GPU,
     else the CPU), so a value that disagrees with it is refused rather than ignored."""

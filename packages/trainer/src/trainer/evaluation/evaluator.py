@@ -44,6 +44,8 @@ class StepPlan:
     """Score the steps that are multiples of this (0: every committed step)."""
     last_step: int
     ranking: ckpt_tools.Ranking | None
+    keep_last: int
+    """The run's --keep_last (0 keeps every step), applied once the scores it did not wait for land."""
 
 
 HANDOVER_S = 1800.0  # how long a launched evaluator waits for its ended run to let go of the run's files
@@ -273,13 +275,14 @@ def _move_best(root: str, ranking: ckpt_tools.Ranking | None, say: Callable[[str
 
 
 def score_line(scores: dict[str, Any]) -> str:
-    """One line for a step's eval.json: its figures, or why it has none."""
+    """One line for a step's eval.json (or a policy's eval_info.json): its figures, or why it has none."""
     step = scores.get("step")
+    scored = f"step {step}" if step is not None else scores.get("policy")
     if "error" in scores:
-        return f"step {step}: evaluation in {scores.get('env')} failed, score lost: {scores['error']}"
+        return f"{scored}: evaluation in {scores.get('env')} failed, score lost: {scores['error']}"
     overall = scores.get("overall", {})
     return (
-        f"step {step}: {scores.get('env')} avg_sum_reward={overall.get('avg_sum_reward', float('nan')):.4g} "
+        f"{scored}: {scores.get('env')} avg_sum_reward={overall.get('avg_sum_reward', float('nan')):.4g} "
         f"avg_max_reward={overall.get('avg_max_reward', float('nan')):.4g} "
         f"pc_success={overall.get('pc_success', float('nan')):.1f}% over {overall.get('n_episodes')} episodes "
         f"({overall.get('eval_s', 0.0):.1f} s)"

@@ -8,6 +8,10 @@ the steps a standalone `trainer eval --watch` scores after the run ended. It tak
 (distributed/runlock.py) while it writes, so no run writes metrics.jsonl meanwhile (a run starting in
 that moment is refused in one line and can be started again a few seconds later); a run that holds
 the lock is left to log them. metrics.jsonl records which steps are logged, so none is logged twice.
+
+Once every step the run asked for is scored, the evaluator also applies the retention the run would have
+applied had it waited for those scores (`prune_landed`): `--keep_last` steps and `--keep_best`'s K best,
+under the same lock.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import ckpt_tools
 from ckpt_tools import layout, storage
 from trainer.config.sections import TrackingSection
 from trainer.distributed.runlock import RunLock
@@ -90,6 +95,23 @@ def log_landed(
         finally:
             logger.close(plot=False)
         return [name for name, _ in landed]
+
+
+def prune_landed(
+    output_dir: str, keep_last: int, ranking: ckpt_tools.Ranking | None, wait_s: float
+) -> list[str] | None:
+    """The run's retention over its steps once their scores have landed after it ended: the
+    `keep_last` newest and the K best by `ranking` stay, as the run keeps them when it waits for its
+    scores (engine/checkpoint/evaluations.py). Returns the steps deleted; None when a run holds
+    `output_dir` (it prunes at its next commit) or the store cannot be locked."""
+    if keep_last < 1:
+        return []
+    with _holding_run_lock(output_dir, wait_s) as held:
+        if not held:
+            return None
+        root = layout.join(output_dir, layout.CHECKPOINTS_DIR)
+        best = ckpt_tools.best_steps(root, ranking) if ranking is not None else []
+        return ckpt_tools.training.prune_steps(root, keep_last, best)
 
 
 @contextlib.contextmanager

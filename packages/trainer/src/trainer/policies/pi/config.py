@@ -171,16 +171,19 @@ class PI0Config(PolicyConfig):
     tokenizer_max_length: int = 48
     """Prompt tokens (right-padded to this length, a longer prompt truncated)."""
     tokenizer_name: str = PALIGEMMA_TOKENIZER
-    """The PaliGemma tokenizer: a local directory (relative to the working directory) or a Hub repo id
-    read through the Hugging Face cache (a LeRobot checkpoint's policy_preprocessor.json names its own)."""
+    """The PaliGemma tokenizer: a local directory (relative to the working directory; recorded absolute)
+    or a Hub repo id read through the Hugging Face cache (a LeRobot checkpoint's policy_preprocessor.json
+    names its own)."""
     size_overrides: str | None = None
-    """A JSON file replacing LeRobot's hard-coded variant and SigLIP sizes (docs/pi.md; None: LeRobot's)."""
+    """A JSON file replacing LeRobot's hard-coded variant and SigLIP sizes (docs/pi.md; None: LeRobot's);
+    recorded absolute."""
     input_features: list[str] = field(default_factory=lambda: [OBS_KEY, ALL_CAMERAS, TASK_KEY])
     """The state vector, the cameras (`observation.images.*`: every camera of the dataset, their tokens
     in this order) and the task text."""
     image_shapes: dict[str, list[int]] = field(default_factory=dict)
     """Frame shape (C, H, W) of each camera, taken from the dataset (LeRobot's config.json records it)."""
 
+    path_fields: ClassVar[tuple[str, ...]] = ("size_overrides", "tokenizer_name")
     # pi0.5 differs in the expert (adaRMS on the time, no state token) and in the prompt.
     pi05: ClassVar[bool] = False
 
