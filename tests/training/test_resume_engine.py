@@ -223,7 +223,35 @@ def test_changed_global_batch_warns_once_about_sample_exactness(saved, keep_rng)
     ]
     assert point.message.count("warning:") == 1
     assert "global batch changed" in point.message
+    assert "--global_batch_size" not in point.message  # the user chose it: no hint
     assert new.sampler.position == (0, 24)  # same sample offset, grouped into smaller steps
+    assert point.record()["batch"] == {
+        "saved": {"batch_size": 8, "dp_world_size": 1, "global_batch_size": 8, "grad_accum_steps": 1},
+        "now": {"batch_size": 4, "dp_world_size": 1, "global_batch_size": 4, "grad_accum_steps": 1},
+    }
+
+
+def test_global_batch_changed_by_the_ranks_alone_names_the_flag_that_keeps_it(saved, tmp_path, keep_rng):
+    """A run saved on 2 DDP ranks resumed on one process with the same --batch_size: the global batch
+    halves, and the warning names --global_batch_size (docs/resume.md, elastic restarts)."""
+
+    def two_ranks(data):
+        data.update(dp_world_size=2)
+        data["topology"].update(dp_replicate=2)
+
+    out = copy_run(saved[1], tmp_path)
+    rewrite_training_step(out, two_ranks)
+    new = Parts(["--resume=true", f"--output_dir={out}"])
+    point = resume.before_prepare(saving_section(new.config), SINGLE, new.policy, new.sampler, 0, 1)
+    assert (
+        "the global batch follows the number of ranks (2 -> 1); --global_batch_size=16 keeps" in point.message
+    )
+    record = point.record()
+    assert record["event"] == "resume" and record["step"] == 3 and record["sample_exact"] is False
+    assert (
+        record["batch"]["saved"]["global_batch_size"] == 16
+        and record["batch"]["now"]["global_batch_size"] == 8
+    )
 
 
 # -------------------------------------------------------------------------------------- phase 2
