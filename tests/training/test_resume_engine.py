@@ -30,6 +30,7 @@ from trainer.engine.checkpoint import resume, saving
 from trainer.engine.plan import (
     resolve_policy_features,
     saving_section,
+    settle_batch_size,
     settle_checkpoint_format,
     settle_parallelism,
 )
@@ -222,7 +223,35 @@ def test_changed_global_batch_warns_once_about_sample_exactness(saved, keep_rng)
     ]
     assert point.message.count("warning:") == 1
     assert "global batch changed" in point.message
+    assert "--global_batch_size" not in point.message  # the user chose it: no hint
     assert new.sampler.position == (0, 24)  # same sample offset, grouped into smaller steps
+    assert point.record()["batch"] == {
+        "saved": {"batch_size": 8, "dp_world_size": 1, "global_batch_size": 8, "grad_accum_steps": 1},
+        "now": {"batch_size": 4, "dp_world_size": 1, "global_batch_size": 4, "grad_accum_steps": 1},
+    }
+
+
+def test_global_batch_changed_by_the_ranks_alone_names_the_flag_that_keeps_it(saved, tmp_path, keep_rng):
+    """A run saved on 2 DDP ranks resumed on one process with the same --batch_size: the global batch
+    halves, and the warning names --global_batch_size (docs/resume.md, elastic restarts)."""
+
+    def two_ranks(data):
+        data.update(dp_world_size=2)
+        data["topology"].update(dp_replicate=2)
+
+    out = copy_run(saved[1], tmp_path)
+    rewrite_training_step(out, two_ranks)
+    new = Parts(["--resume=true", f"--output_dir={out}"])
+    point = resume.before_prepare(saving_section(new.config), SINGLE, new.policy, new.sampler, 0, 1)
+    assert (
+        "the global batch follows the number of ranks (2 -> 1); --global_batch_size=16 keeps" in point.message
+    )
+    record = point.record()
+    assert record["event"] == "resume" and record["step"] == 3 and record["sample_exact"] is False
+    assert (
+        record["batch"]["saved"]["global_batch_size"] == 16
+        and record["batch"]["now"]["global_batch_size"] == 8
+    )
 
 
 # -------------------------------------------------------------------------------------- phase 2
@@ -373,6 +402,27 @@ def test_saved_layout_is_kept_when_it_fits_or_when_typed(tmp_path):
     assert typed.parallelism.dp_shard == 3  # resolve_topology then refuses it with every degree named
     fresh = parse_config([f"--config_path={saved}"])
     assert settle_parallelism(fresh, world_size=4) == (fresh.parallelism, "")
+
+
+def test_global_batch_size_sets_the_per_rank_batch_of_each_launch(tmp_path):
+    """--global_batch_size is divided over each launch's data-parallel ranks (an elastic relaunch on
+    fewer nodes repeats the same command); one that does not divide says what the run trains."""
+    config = parse_config([f"--output_dir={tmp_path}", "--global_batch_size=16"])
+    assert settle_batch_size(config, 2) == (8, "")
+    assert settle_batch_size(config, 1) == (16, "")
+    batch, note = settle_batch_size(config, 3)
+    assert batch == 5 and note.startswith("--global_batch_size=16 does not divide over 3 data-parallel ranks")
+    assert "5 x 3 = 15 samples per step" in note
+    plain = parse_config([f"--output_dir={tmp_path}", "--batch_size=4"])
+    assert settle_batch_size(plain, 3) == (4, "")  # without it, --batch_size is per rank as always
+
+
+def test_global_batch_size_with_a_typed_batch_size_is_refused(tmp_path):
+    config = parse_config([f"--output_dir={tmp_path}", "--global_batch_size=16", "--batch_size=4"])
+    with pytest.raises(ConfigError, match=r"--batch_size=4 and --global_batch_size=16 both set the batch"):
+        settle_batch_size(config, 2)
+    with pytest.raises(ConfigError, match="--global_batch_size must be >= 0"):
+        parse_config([f"--output_dir={tmp_path}", "--global_batch_size=-1"])
 
 
 def test_a_lerobot_run_is_refused_in_one_line(tmp_path, clean_accelerate, capsys):

@@ -5,6 +5,10 @@ Hook flags come first and are removed before the trainer parses the rest:
   --hook-step-sleep=SECONDS      every rank sleeps this long in each training step (a run slow enough
                                  to be signalled, locked or orphaned while it trains).
   --hook-hold=PATH               every rank waits at its second training step until PATH exists.
+  --hook-hold-step=STEP:DIR      in torchrun's first attempt (TORCHELASTIC_RESTART_COUNT=0), every rank
+                                 writes DIR/rank<R> ("pid parent-pid world-size") before loop step STEP
+                                 and waits (at most 120 s) until DIR/release exists: a test can kill a
+                                 node while every rank is at a known step.
   --hook-signal=RANK:CALL:SIGNUM[:TIMES[:GAP]]  RANK sends itself SIGNUM (TIMES times, default 1,
                                  GAP seconds apart, default 0.2) at the start of its CALL-th training step.
   --hook-signal-launcher=RANK:CALL:SIGNUM  RANK sends SIGNUM to its parent, the launcher (torchrun), and
@@ -68,6 +72,36 @@ def hold(path: str) -> None:
     def wait(call: int) -> None:
         while call == 2 and not os.path.exists(path):
             time.sleep(0.1)
+
+    before_step(wait)
+
+
+def hold_step(step: int, directory: str) -> None:
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    start = [0]
+    before_prepare = resume.before_prepare
+
+    def resumed(*args, **kwargs):
+        point = before_prepare(*args, **kwargs)
+        start[0] = point.start_step
+        return point
+
+    resume.before_prepare = resumed
+
+    def wait(call: int) -> None:
+        if start[0] + call != step:
+            return
+        world = os.environ.get("WORLD_SIZE", "1")
+        marker = os.path.join(directory, f"rank{RANK}")
+        with open(marker + ".tmp", "w") as f:
+            f.write(f"{os.getpid()} {os.getppid()} {world}")
+        os.replace(marker + ".tmp", marker)
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(directory, "release")):
+            if time.monotonic() > deadline:
+                sys.exit(f"hook: rank {RANK} was never released")
+            time.sleep(0.05)
 
     before_step(wait)
 
@@ -183,6 +217,7 @@ def report_resume() -> None:
 HOOKS = {
     "--hook-step-sleep": step_sleep,
     "--hook-hold": hold,
+    "--hook-hold-step": hold_step,
     "--hook-signal": send_signal,
     "--hook-signal-launcher": signal_launcher,
     "--hook-delay-start": delay_start,

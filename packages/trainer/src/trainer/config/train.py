@@ -67,6 +67,10 @@ class TrainConfig:
     with model.safetensors.index.json, split as huggingface_hub splits; unset: one model.safetensors."""
     batch_size: int = 32
     """Samples per rank per loop step."""
+    global_batch_size: int = 0
+    """Samples per loop step over all data-parallel ranks; 0 (the default): --batch_size per rank. Set,
+    each launch takes it over its own ranks (--batch_size = this / data-parallel ranks), so an elastic
+    relaunch on fewer nodes, repeating the same command, keeps the global batch (docs/resume.md)."""
     num_workers: int = 4
     """DataLoader worker processes per rank that decode camera frames ahead of the loop (0 decodes in
     the training process; data without cameras is always gathered in the training process)."""
@@ -159,7 +163,14 @@ class TrainConfig:
             raise ConfigError(
                 f"--num_workers must be >= 0 (0 decodes in the training process), got {self.num_workers}"
             )
-        for name in ("eval_freq", "eval_steps", "max_eval_samples", "env_eval_freq", "keep_best"):
+        for name in (
+            "eval_freq",
+            "eval_steps",
+            "max_eval_samples",
+            "env_eval_freq",
+            "keep_best",
+            "global_batch_size",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
         self._check_lerobot_eval_steps()

@@ -60,13 +60,7 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
     )
     logger.banner(run_banner(plan, started.wrap_plan, run.accelerator, run.model))
     if resume_point.message:
-        logger.note(
-            resume_point.message,
-            event="resume",
-            step=run.start_step,
-            changes=resume_point.changes,
-            not_carried=list(resume_point.not_carried),
-        )
+        logger.note(resume_point.message, **resume_point.record())
     for note in notes:
         logger.note(note)
     checkpoints = Checkpoints(run, plan.saving, plan.evaluation, logger, resume_point.step_dir)

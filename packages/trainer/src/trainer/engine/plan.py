@@ -91,9 +91,11 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
     parallelism, layout_note = settle_parallelism(config, world_size)
     topology = resolve_topology(parallelism, world_size)
     checkpoint_format, format_note = settle_checkpoint_format(config, topology)
+    batch_size, batch_note = settle_batch_size(config, topology.dp_world_size)
     wandb, trackio = resolve_run_ids(config.wandb, config.trackio, config.resume, config.run_name)
     optimizer, scheduler, source = resolve_optimization(config)
     config = config.derive(
+        batch_size=batch_size,
         optimizer=optimizer,
         scheduler=scheduler,
         parallelism=parallelism,
@@ -112,7 +114,7 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
         padded=config.policy.pads_mixed_members,
     )
     config = config.derive(policy=resolve_policy_features(config.policy, dataset))
-    notes = tuple(note for note in (layout_note, format_note, publish_note, rename_note) if note)
+    notes = tuple(note for note in (layout_note, format_note, batch_note, publish_note, rename_note) if note)
     described = f"{source}: {optimizer.describe()}, {scheduler.describe()}"
     return RunPlan(
         data=data_section(config),
@@ -365,6 +367,31 @@ def settle_parallelism(config: TrainConfig, world_size: int) -> tuple[Parallelis
         f"the saved --parallelism.dp_replicate={saved.dp_replicate} --parallelism.dp_shard={saved.dp_shard} "
         f"does not fit {world_size} processes: this run is {topology.describe()} "
         "(pass --parallelism.* to choose another layout)"
+    )
+
+
+def settle_batch_size(config: TrainConfig, dp_world_size: int) -> tuple[int, str]:
+    """The per-rank batch of this launch: --batch_size, or with --global_batch_size=G, G over the
+    data-parallel ranks, so a relaunch on another number of ranks (torchrun --nnodes=MIN:MAX repeats
+    the same command) keeps the global batch, and a resume stays sample-exact. Returns the batch and the
+    line that says what changed ("" when G divides). A G that does not divide trains the nearest global
+    batch below it (at least one sample per rank) and says so: an elastic launch cannot choose its
+    ranks, so refusing would end the run."""
+    wanted = config.global_batch_size
+    if not wanted:
+        return config.batch_size, ""
+    if "batch_size" in config.flags_given:
+        raise ConfigError(
+            f"--batch_size={config.batch_size} and --global_batch_size={wanted} both set the batch: keep "
+            "--global_batch_size (each launch divides it over its data-parallel ranks) and drop --batch_size"
+        )
+    per_rank = max(1, wanted // dp_world_size)
+    if per_rank * dp_world_size == wanted:
+        return per_rank, ""
+    return per_rank, (
+        f"--global_batch_size={wanted} does not divide over {dp_world_size} data-parallel ranks: this run "
+        f"trains {per_rank} x {dp_world_size} = {per_rank * dp_world_size} samples per step (a resume from a "
+        f"step saved with {wanted} groups samples into other steps from there on)"
     )
 
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import ckpt_tools
-from ckpt_tools import layout
+from ckpt_tools import TrainingStep, layout
 from ckpt_tools.training import ResumePlan, RunShape, Topology
 from trainer.config.sections import SavingSection
 from trainer.data.pipeline.sampler import GlobalOrderSampler
@@ -48,6 +48,8 @@ class ResumePoint:
     message: str
     lerobot: bool = False
     """The step is a LeRobot run's (LeRobot's layout and tensor names)."""
+    batch: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """The batch factors of the saved run and of this one (`saved`, `now`): `batch_shape`."""
 
     @property
     def start_step(self) -> int:
@@ -62,6 +64,16 @@ class ResumePoint:
     def changes(self) -> list[str]:
         """The settings that differ from the saved run (empty when it continues exactly)."""
         return list(self.plan.changes) if self.plan is not None else []
+
+    def record(self) -> dict[str, Any]:
+        """metrics.jsonl's resume record: where the continuation starts, what changed, and the batch
+        before and after, so a run that came back on fewer ranks says what its batch became."""
+        record: dict[str, Any] = {"event": "resume", "step": self.start_step, "changes": self.changes}
+        if self.not_carried:
+            record["not_carried"] = list(self.not_carried)
+        if self.plan is not None:  # not a fresh start for want of a checkpoint
+            record.update(sample_exact=self.plan.sample_exact, batch=self.batch)
+        return record
 
 
 FRESH = ResumePoint(step_dir=None, plan=None, message="")
@@ -167,14 +179,30 @@ def before_prepare(
     ]
     if plan.warning is not None:
         lines.append(f"warning: {plan.warning}")
-    point = ResumePoint(step_dir, plan, "", lerobot)
-    lines += [f"warning: {line}" for line in point.not_carried]
+    shape = _run_shape(section, topology)
+    if not plan.sample_exact and saved.batch_size == shape.batch_size:  # the ranks alone changed it
+        lines.append(
+            f"the global batch follows the number of ranks ({saved.dp_world_size} -> {shape.dp_world_size}); "
+            f"--global_batch_size={saved.global_batch_size} keeps the checkpoint's on any number of ranks"
+        )
+    lines += [f"warning: {line}" for line in LEROBOT_NOT_CARRIED if lerobot]
     if plan.step >= section.steps:
         lines.append(
             f"nothing left to train: the checkpoint is at step {plan.step} of --steps={section.steps}; "
             "raise --steps to continue training"
         )
-    return ResumePoint(step_dir, plan, "\n".join(lines), lerobot)
+    batch = {"saved": batch_shape(saved), "now": batch_shape(shape)}
+    return ResumePoint(step_dir, plan, "\n".join(lines), lerobot=lerobot, batch=batch)
+
+
+def batch_shape(run: TrainingStep | RunShape) -> dict[str, int]:
+    """A run's batch factors: per-rank batch x data-parallel ranks = global batch, x accumulation."""
+    return {
+        "batch_size": run.batch_size,
+        "dp_world_size": run.dp_world_size,
+        "global_batch_size": run.batch_size * run.dp_world_size,
+        "grad_accum_steps": run.grad_accum_steps,
+    }
 
 
 def after_prepare(
