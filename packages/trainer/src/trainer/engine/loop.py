@@ -140,13 +140,15 @@ def _run_steps(
         boundary = step % accum == 0 or step == total
         agreement: list[Agreement] = []
         check = partial(_start_agreement, agreement, interrupts, accelerator.device, checkpoints)
-        loss, norm = _train_step(run, run.preprocessor(next(batches)), clip, check if boundary else None)
+        loss, metrics, norm = _train_step(
+            run, run.preprocessor(next(batches)), clip, check if boundary else None
+        )
         if norm is not None:  # an optimizer update: the schedule catches up with the loop steps
             grad_norm = norm
             _advance_schedule(run.scheduler, step)
             if run.ema is not None:  # after the update, once per update (not per micro-batch)
                 run.ema.update(step // accum)
-        window.add(loss)
+        window.add(loss, metrics)
         logger.advance()
         if step % log_freq == 0 or step == total:
             losses.append(_log_window(run, logger, step, window, grad_norm))
@@ -169,26 +171,38 @@ def _start_agreement(
 def _log_window(
     run: Run, logger: Logger, step: int, window: LossWindow, grad_norm: torch.Tensor | None
 ) -> float:
-    """Collective. Log the window's reduced loss, the last update's gradient norm and the data feed's
-    metrics (a mixture's samples per member, retried GETs of a streamed dataset, the wait for data);
-    returns the loss."""
+    """Collective. Log the window's reduced loss, the policy's own metrics (averaged like the loss,
+    under its names), the last update's gradient norm and the data feed's metrics (a mixture's samples
+    per member, retried GETs of a streamed dataset, the wait for data); returns the loss."""
     feed = run.feed
-    loss, step_losses, samples_per_s = window.close(run.accelerator, feed.sampler.global_batch)
-    logger.record({"event": "step_losses", "step": step, "losses": step_losses})  # for loss_curve.png
+    means = window.close(run.accelerator, feed.sampler.global_batch)
+    logger.record({"event": "step_losses", "step": step, "losses": means.step_losses})  # for loss_curve.png
     norm = {"grad_norm": _read_norm(grad_norm)} if grad_norm is not None else {}
     lr = run.scheduler.get_last_lr()[0]
-    record = {"step": step, "loss": loss, **norm, "lr": lr, "samples_per_s": samples_per_s}
-    logger.log({**record, "epoch": feed.sampler.position[0], **feed.metrics()})
-    return loss
+    record = {"step": step, "loss": means.loss, **norm, "lr": lr, "samples_per_s": means.samples_per_s}
+    record = {**record, "epoch": feed.sampler.position[0], **feed.metrics()}
+    clash = sorted(means.metrics.keys() & record.keys())
+    if clash:
+        raise ValueError(f"the policy's forward reports {clash[0]!r}, a name the loop logs itself: rename it")
+    logger.log({**record, **means.metrics})
+    return means.loss
 
 
 def _log_val_loss(run: Run, batch_size: int, logger: Logger, step: int) -> float:
     """Collective. The held-out loss, on the console and in metrics.jsonl (`"event": "val"`); for a
-    mixture each member's too (`val_loss/<member>`). Returns it."""
-    loss, per_member = val_losses(run.accelerator, run.model, run.feed, run.preprocessor, batch_size)
-    text = "".join(f" {name}={value:.4g}" for name, value in per_member.items())
-    logger.note(f"step {step} val_loss={loss:.4g}{text}", event="val", step=step, val_loss=loss, **per_member)
-    return loss
+    mixture each member's too (`val_loss/<member>`), and the policy's own metrics (`val_<name>`).
+    Returns the loss."""
+    held_out = val_losses(run.accelerator, run.model, run.feed, run.preprocessor, batch_size)
+    values = {**held_out.per_member, **{f"val_{name}": value for name, value in held_out.metrics.items()}}
+    text = "".join(f" {name}={value:.4g}" for name, value in values.items())
+    logger.note(
+        f"step {step} val_loss={held_out.loss:.4g}{text}",
+        event="val",
+        step=step,
+        val_loss=held_out.loss,
+        **values,
+    )
+    return held_out.loss
 
 
 def _train_step(
@@ -196,16 +210,17 @@ def _train_step(
     batch: dict[str, torch.Tensor],
     clip: float,
     before_update: Callable[[], None] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
     """One micro-batch; the optimizer updates when accelerate says the accumulation is complete.
-    Returns the loss and, on a step that updated, the global gradient norm before clipping at `clip`
-    (<= 0: no clipping), both as tensors: reading a value back waits for the device, so the loop does
-    it only when it logs. `before_update()` (the boundary's signal check) is called after the backward,
-    so its all-reduce completes while the optimizer steps instead of adding a synchronization point."""
+    Returns the loss, what the policy reported beside it and, on a step that updated, the global
+    gradient norm before clipping at `clip` (<= 0: no clipping), all as tensors: reading a value back
+    waits for the device, so the loop does it only when it logs. `before_update()` (the boundary's
+    signal check) is called after the backward, so its all-reduce completes while the optimizer steps
+    instead of adding a synchronization point."""
     accelerator, model = run.accelerator, run.model
     grad_norm = None
     with accelerator.accumulate(model):
-        loss, _ = model(batch)
+        loss, metrics = model(batch)
         accelerator.backward(loss)
         if accelerator.sync_gradients:  # an infinite threshold measures the norm without clipping
             norm = accelerator.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))
@@ -214,7 +229,7 @@ def _train_step(
             before_update()
         run.optimizer.step()
         run.optimizer.zero_grad()
-    return loss.detach().float(), grad_norm
+    return loss.detach().float(), metrics, grad_norm
 
 
 def _read_norm(norm: torch.Tensor) -> float:
