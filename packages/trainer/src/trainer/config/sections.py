@@ -17,7 +17,7 @@ from typing import Any
 
 from ckpt_tools import Ranking, Topology
 from trainer.config.accelerator import AcceleratorConfig
-from trainer.config.dataset import Dataset, DatasetConfig
+from trainer.config.dataset import DatasetConfig
 from trainer.config.ema import EmaConfig
 from trainer.config.optim import OptimizerConfig, SchedulerConfig
 from trainer.config.peft import PeftConfig
@@ -179,8 +179,8 @@ class EvaluationSection:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What a run is, decided once: one section per part of the engine, the lines to print after the
-    banner, and the data read to decide the policy's features (loaded once, used for training)."""
+    """What a run is, decided once: one section per part of the engine and the lines to print after the
+    banner (the data it read to decide them travels beside it, engine/run.py's `RunData`)."""
 
     data: DataSection
     policy: PolicySection
@@ -190,5 +190,3 @@ class RunPlan:
     tracking: TrackingSection
     evaluation: EvaluationSection
     notes: tuple[str, ...]
-    dataset: Dataset
-    val_dataset: Dataset | None

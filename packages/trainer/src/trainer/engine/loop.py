@@ -2,7 +2,8 @@
 
 Nothing here branches on the rank or the topology. Collectives (prepare, metric reductions, checkpoint
 saves, the evaluation rollouts of a sharded policy) run on every rank; main-rank output goes through
-the logger that `make_logger` hands out. `train(plan)` runs a resolved plan (engine/plan.py): the run is
+the logger that `make_logger` hands out. `train(plan, data)` runs a resolved plan (engine/plan.py) on the
+data it read: the run is
 built by startup.py (the resume phases included), the data comes from the feed, the saves go through
 the checkpoint wing.
 """
@@ -25,7 +26,7 @@ from trainer.distributed.runlock import RunLock, watch_launcher
 from trainer.engine.banner import run_banner
 from trainer.engine.checkpoint.wing import Checkpoints
 from trainer.engine.loss_window import LossWindow
-from trainer.engine.run import Run, RunSummary
+from trainer.engine.run import Run, RunData, RunSummary
 from trainer.engine.startup import start_run
 from trainer.evaluation.rollouts import score_at_end
 from trainer.evaluation.validation import val_losses
@@ -35,8 +36,8 @@ if TYPE_CHECKING:
     from accelerate.scheduler import AcceleratedScheduler
 
 
-def train(plan: RunPlan) -> RunSummary:
-    """Collective: call on all ranks. Runs the plan's `steps` loop steps; returns the summary.
+def train(plan: RunPlan, data: RunData) -> RunSummary:
+    """Collective: call on all ranks. Runs the plan's `steps` loop steps on `data`; returns the summary.
 
     Raises `Interrupted` after a SIGTERM/SIGINT (the checkpoint of the step every rank stopped at is
     saved first), and `ConfigError` on every rank when the run directory is held by another run."""
@@ -44,21 +45,21 @@ def train(plan: RunPlan) -> RunSummary:
     interrupts.install()
     watch_launcher(_stop_orphan)
     try:
-        return _train(plan, interrupts, lock)
+        return _train(plan, data, interrupts, lock)
     finally:
         lock.release()
         interrupts.restore()
 
 
-def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
+def _train(plan: RunPlan, data: RunData, interrupts: Interrupts, lock: RunLock) -> RunSummary:
     notes = list(plan.notes)
-    started = start_run(plan, lock, notes)
+    started = start_run(plan, data, lock, notes)
     run, resume_point = started.run, started.resume_point
     steps = plan.optimization.steps
     logger = make_logger(
         run.accelerator.is_main_process, plan.saving.output_dir, steps, run.start_step, plan.tracking
     )
-    logger.banner(run_banner(plan, started.wrap_plan, run.accelerator, run.model))
+    logger.banner(run_banner(plan, data, started.wrap_plan, run.accelerator, run.model))
     if resume_point.message:
         logger.note(resume_point.message, event="resume", step=run.start_step, changes=resume_point.changes)
     for note in notes:

@@ -8,7 +8,8 @@ tracker run ids, the optimizer and schedule (the policy's training preset or the
 dataset's observation features and feature sizes. Each decision is a function that returns a value; the
 caller's config is deep-copied first and never edited.
 
-The result is a `RunPlan` of typed sections (config/sections.py), and the `TrainConfig` stops here:
+The result is a `RunPlan` of typed sections (config/sections.py), with the data it read beside it
+(`RunData`: live datasets are no plan value), and the `TrainConfig` stops here:
 each part of the engine takes only its own section. `train_config.json` is the encoded resolved config,
 computed here once (`SavingSection.train_config`), so it records exactly what the run did.
 
@@ -52,7 +53,7 @@ from trainer.distributed.topology import check_checkpoint_format, launch_world_s
 from trainer.engine import loop
 from trainer.engine.checkpoint import publishing, saving
 from trainer.engine.peft_policy import ignored_modules_pattern
-from trainer.engine.run import RunSummary
+from trainer.engine.run import RunData, RunSummary
 from trainer.errors import ConfigError
 from trainer.policies import PolicyConfig
 from trainer.policies.base import fit_to_data
@@ -64,7 +65,7 @@ def train(config: TrainConfig) -> RunSummary:
     is never edited) and runs it (engine/loop.py); returns the summary."""
     seed_everything(config.seed)  # before the plan reads the data, so a dataset plug-in's draws repeat
     set_cudnn(config.cudnn_deterministic)
-    return loop.train(resolve_plan(config, launch_world_size()))
+    return loop.train(*resolve_plan(config, launch_world_size()))
 
 
 def seed_everything(seed: int) -> None:
@@ -82,10 +83,11 @@ def set_cudnn(deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
-    """Every rank resolves the same plan from the same config. Refuses, before any data is read, what
-    cannot run (a layout or format that does not fit, trackers or a Hub publish that would fail, an
-    output_dir holding another run)."""
+def resolve_plan(config: TrainConfig, world_size: int) -> tuple[RunPlan, RunData]:
+    """Every rank resolves the same plan from the same config, and reads the data it decides the
+    policy's features from (returned beside the plan, to train on). Refuses, before any data is read,
+    what cannot run (a layout or format that does not fit, trackers or a Hub publish that would fail,
+    an output_dir holding another run)."""
     config = copy.deepcopy(config)  # nothing the plan holds is reachable from the caller's object
     parallelism, layout_note = settle_parallelism(config, world_size)
     topology = resolve_topology(parallelism, world_size)
@@ -113,7 +115,7 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
     config = config.derive(policy=resolve_policy_features(config.policy, dataset))
     notes = tuple(note for note in (layout_note, format_note, publish_note, rename_note) if note)
     described = f"{source}: {optimizer.describe()}, {scheduler.describe()}"
-    return RunPlan(
+    plan = RunPlan(
         data=data_section(config),
         policy=policy_section(config),
         parallelism=ParallelismSection(topology, config.accelerator, config.collective_timeout_s),
@@ -134,9 +136,8 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
             env_evaluation(config),
         ),
         notes=notes,
-        dataset=dataset,
-        val_dataset=val_dataset,
     )
+    return plan, RunData(dataset, val_dataset)
 
 
 def data_section(config: TrainConfig) -> DataSection:

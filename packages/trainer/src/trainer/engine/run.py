@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import ckpt_tools
+from trainer.config.dataset import Dataset
 from trainer.data.pipeline.feed import DataFeed
 from trainer.data.pipeline.processors import Processor
 from trainer.engine.ema import Ema
@@ -17,6 +18,16 @@ from trainer.engine.ema import Ema
 if TYPE_CHECKING:
     from accelerate import Accelerator
     from accelerate.scheduler import AcceleratedScheduler
+
+
+@dataclass(frozen=True)
+class RunData:
+    """The data the plan read to decide the policy's features, loaded once and trained on. Live objects
+    (frames, decoders, open files), so they travel beside the plan rather than among its plain values."""
+
+    dataset: Dataset
+    val_dataset: Dataset | None
+    """The held-out episodes val_loss scores (None: the run holds none out)."""
 
 
 @dataclass
