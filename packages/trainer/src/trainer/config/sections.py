@@ -40,12 +40,27 @@ class DataSection:
     """Seeds the sample order (and the augmentation's draws)."""
     timeout_s: int
     """How long a batch may take before its worker is reported stalled (--collective_timeout_s)."""
-    val_freq: int
-    """Held-out val_loss every this many loop steps (--eval_freq or LeRobot's --eval_steps; 0: only at
-    the end)."""
     max_val_samples: int
     """Most held-out samples val_loss scores, split evenly across the held-out spans (LeRobot's
     --max_eval_samples; 0: all of them)."""
+
+
+@dataclass(frozen=True)
+class LoopSection:
+    """What the training loop reads: how many steps, how they make an update, and when it logs and
+    scores the held-out data."""
+
+    steps: int
+    grad_accum_steps: int
+    """Loop steps (micro-batches) per optimizer update."""
+    grad_clip_norm: float
+    """The global gradient norm clipped to (<= 0: measured, not clipped)."""
+    log_freq: int
+    val_freq: int
+    """Held-out val_loss every this many loop steps (--eval_freq or LeRobot's --eval_steps; 0: only at
+    the end)."""
+    val_batch_size: int
+    """The held-out evaluation's batch per rank (--batch_size)."""
 
 
 @dataclass(frozen=True)
@@ -70,13 +85,12 @@ class ParallelismSection:
 
 @dataclass(frozen=True)
 class OptimizationSection:
-    """The optimizer, the schedule and the loop's length, with the banner's line on where they came
-    from (the policy's preset or the flags)."""
+    """The optimizer, the schedule over the loop's `steps`, the EMA, with the banner's line on where they
+    came from (the policy's preset or the flags)."""
 
     optimizer: OptimizerConfig
     scheduler: SchedulerConfig
     steps: int
-    grad_accum_steps: int
     ema: EmaConfig
     described: str
 
@@ -136,7 +150,6 @@ class TrackingSection:
 
     job_name: str
     output_dir: str
-    log_freq: int
     wandb: WandbConfig
     trackio: TrackioConfig
     wandb_mode: str
@@ -182,6 +195,7 @@ class RunPlan:
     """What a run is, decided once: one section per part of the engine and the lines to print after the
     banner (the data it read to decide them travels beside it, engine/run.py's `RunData`)."""
 
+    loop: LoopSection
     data: DataSection
     policy: PolicySection
     parallelism: ParallelismSection

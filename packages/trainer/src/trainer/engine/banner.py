@@ -58,7 +58,7 @@ def _run_lines(
     """The topology and processes, the effective batch, the schedule of saves, the EMA, the FSDP units."""
     topology, saving, optimization = plan.parallelism.topology, plan.saving, plan.optimization
     accum, batch_size, mixed_precision = (
-        optimization.grad_accum_steps,
+        plan.loop.grad_accum_steps,
         saving.batch_size,
         saving.mixed_precision,
     )
@@ -68,7 +68,7 @@ def _run_lines(
         f"({_processes(accelerator)}, device {accelerator.device})",
         f"effective batch size {effective} = batch_size {batch_size} x dp_world_size "
         f"{topology.dp_world_size} x grad_accum {accum}",
-        f"{optimization.steps} loop steps, {optimization.steps // accum} optimizer updates, dataset "
+        f"{plan.loop.steps} loop steps, {plan.loop.steps // accum} optimizer updates, dataset "
         f"{len(dataset)} samples, mixed precision {mixed_precision}, checkpoints "
         f"{saving.checkpoint_format} every {saving.save_freq} steps in {saving.output_dir}",
     ]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainer.config.sections import RunPlan
+from trainer.config.sections import LoopSection, RunPlan
 from trainer.distributed.interrupt import Agreement, Interrupted, Interrupts
 from trainer.distributed.runlock import RunLock, watch_launcher
 from trainer.engine.banner import run_banner
@@ -55,7 +55,7 @@ def _train(plan: RunPlan, data: RunData, interrupts: Interrupts, lock: RunLock) 
     notes = list(plan.notes)
     started = start_run(plan, data, lock, notes)
     run, resume_point = started.run, started.resume_point
-    steps = plan.optimization.steps
+    steps = plan.loop.steps
     logger = make_logger(
         run.accelerator.is_main_process, plan.saving.output_dir, steps, run.start_step, plan.tracking
     )
@@ -66,7 +66,7 @@ def _train(plan: RunPlan, data: RunData, interrupts: Interrupts, lock: RunLock) 
         logger.note(note)
     checkpoints = Checkpoints(run, plan.saving, plan.evaluation, logger, resume_point.step_dir)
     try:
-        losses = _run_steps(run, plan, logger, interrupts, checkpoints)
+        losses = _run_steps(run, plan.loop, logger, interrupts, checkpoints)
     except Interrupted as stop:
         logger.note(stop.line(), event="interrupted", step=stop.step, checkpoint=stop.checkpoint)
         checkpoints.interrupted()
@@ -123,14 +123,13 @@ def _stop_orphan(launcher_pid: int) -> None:
 
 
 def _run_steps(
-    run: Run, plan: RunPlan, logger: Logger, interrupts: Interrupts, checkpoints: Checkpoints
+    run: Run, section: LoopSection, logger: Logger, interrupts: Interrupts, checkpoints: Checkpoints
 ) -> list[float]:
-    """Collective. The loop steps from `run.start_step`: the step, the log, the saves. Returns the
-    logged losses. Every rank checks for a signal at each optimizer-update
+    """Collective. The loop steps from `run.start_step`, as the loop's own section sets them: the step,
+    the log, the saves. Returns the logged losses. Every rank checks for a signal at each optimizer-update
     boundary (the check's all-reduce starts inside the step) and stops at the same step."""
-    accelerator, total = run.accelerator, plan.optimization.steps
-    accum, log_freq, val_freq = plan.optimization.grad_accum_steps, plan.tracking.log_freq, plan.data.val_freq
-    clip = plan.optimization.optimizer.grad_clip_norm
+    accelerator, total, accum = run.accelerator, section.steps, section.grad_accum_steps
+    clip, log_freq, val_freq = section.grad_clip_norm, section.log_freq, section.val_freq
     losses: list[float] = []
     grad_norm: torch.Tensor | None = None  # of the last optimizer update, read back when logged
     window = LossWindow(accelerator.device)
@@ -154,7 +153,7 @@ def _run_steps(
         if step % log_freq == 0 or step == total:
             losses.append(_log_window(run, logger, step, window, grad_norm))
         if run.feed.val_dataset is not None and (step == total or (val_freq and step % val_freq == 0)):
-            checkpoints.scored(step, _log_val_loss(run, plan.data.batch_size, logger, step))
+            checkpoints.scored(step, _log_val_loss(run, section.val_batch_size, logger, step))
         checkpoints.after_step(step)
         if boundary:
             checkpoints.at_boundary(step, agreement[0])

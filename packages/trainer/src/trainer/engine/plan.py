@@ -39,6 +39,7 @@ from trainer.config.sections import (
     EnvEvaluation,
     EvaluationSection,
     HubSection,
+    LoopSection,
     OptimizationSection,
     ParallelismSection,
     PolicySection,
@@ -116,17 +117,11 @@ def resolve_plan(config: TrainConfig, world_size: int) -> tuple[RunPlan, RunData
     notes = tuple(note for note in (layout_note, format_note, publish_note, rename_note) if note)
     described = f"{source}: {optimizer.describe()}, {scheduler.describe()}"
     plan = RunPlan(
+        loop=loop_section(config),
         data=data_section(config),
         policy=policy_section(config),
         parallelism=ParallelismSection(topology, config.accelerator, config.collective_timeout_s),
-        optimization=OptimizationSection(
-            optimizer,
-            scheduler,
-            config.steps,
-            config.accelerator.gradient_accumulation.steps,
-            config.ema,
-            described,
-        ),
+        optimization=OptimizationSection(optimizer, scheduler, config.steps, config.ema, described),
         saving=saving_section(config),
         tracking=tracking_section(config),
         evaluation=EvaluationSection(
@@ -140,6 +135,18 @@ def resolve_plan(config: TrainConfig, world_size: int) -> tuple[RunPlan, RunData
     return plan, RunData(dataset, val_dataset)
 
 
+def loop_section(config: TrainConfig) -> LoopSection:
+    """The training loop's section of a resolved config (its optimizer's clipping included)."""
+    return LoopSection(
+        steps=config.steps,
+        grad_accum_steps=config.accelerator.gradient_accumulation.steps,
+        grad_clip_norm=config.optimizer.grad_clip_norm,
+        log_freq=config.log_freq,
+        val_freq=config.val_freq,
+        val_batch_size=config.batch_size,
+    )
+
+
 def data_section(config: TrainConfig) -> DataSection:
     """The data feed's section of a resolved config."""
     return DataSection(
@@ -151,7 +158,6 @@ def data_section(config: TrainConfig) -> DataSection:
         multiprocessing_context=config.dataloader_multiprocessing_context,
         seed=config.seed,
         timeout_s=config.collective_timeout_s,
-        val_freq=config.val_freq,
         max_val_samples=config.max_eval_samples,
     )
 
@@ -242,7 +248,6 @@ def tracking_section(config: TrainConfig) -> TrackingSection:
     return TrackingSection(
         job_name=config.run_name,
         output_dir=config.output_dir,
-        log_freq=config.log_freq,
         wandb=config.wandb,
         trackio=config.trackio,
         wandb_mode=run_wandb_mode(config),
