@@ -135,6 +135,8 @@ class SavingSection:
     """The weights the run started from (--policy.path), recorded in a PEFT run's adapter_config.json."""
     policy_config: Mapping[str, Any]
     train_config: Mapping[str, Any]
+    """The resolved config, encoded once: every step's train_config.json (saving.py stores `resume`
+    false) and the run config the trackers record."""
     hub: HubSection
     rollout_episodes: int
     """Episodes of the end-of-run evaluation (the model card reports its returns when > 0)."""
@@ -154,8 +156,6 @@ class TrackingSection:
     trackio: TrackioConfig
     wandb_mode: str
     """The W&B mode decided once by the plan (a typed flag, then W&B's environment, then the config)."""
-    train_config: Mapping[str, Any]
-    """The run's config as the trackers record it."""
 
 
 @dataclass(frozen=True)

@@ -56,9 +56,8 @@ def _train(plan: RunPlan, data: RunData, interrupts: Interrupts, lock: RunLock) 
     started = start_run(plan, data, lock, notes)
     run, resume_point = started.run, started.resume_point
     steps = plan.loop.steps
-    logger = make_logger(
-        run.accelerator.is_main_process, plan.saving.output_dir, steps, run.start_step, plan.tracking
-    )
+    main, saving = run.accelerator.is_main_process, plan.saving
+    logger = make_logger(main, saving.output_dir, steps, run.start_step, plan.tracking, saving.train_config)
     logger.banner(run_banner(plan, data, started.wrap_plan, run.accelerator, run.model))
     if resume_point.message:
         logger.note(resume_point.message, event="resume", step=run.start_step, changes=resume_point.changes)

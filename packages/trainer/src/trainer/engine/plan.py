@@ -10,8 +10,9 @@ caller's config is deep-copied first and never edited.
 
 The result is a `RunPlan` of typed sections (config/sections.py), with the data it read beside it
 (`RunData`: live datasets are no plan value), and the `TrainConfig` stops here:
-each part of the engine takes only its own section. `train_config.json` is the encoded resolved config,
-computed here once (`SavingSection.train_config`), so it records exactly what the run did.
+each part of the engine takes only its own section. The resolved config is encoded here once
+(`SavingSection.train_config`): train_config.json records exactly what the run did, and the trackers
+record the same mapping as their run's config.
 
 The one decision taken later is the resume step: which checkpoint `last` names can only be agreed once
 the process group is up (the main rank decides and broadcasts, resume.before_prepare).
@@ -23,7 +24,6 @@ import copy
 import os
 import random
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 import torch
@@ -168,7 +168,8 @@ def policy_section(config: TrainConfig) -> PolicySection:
 
 
 def saving_section(config: TrainConfig) -> SavingSection:
-    """The checkpoint wing's section of a resolved config: train_config.json encoded once here."""
+    """The checkpoint wing's section of a resolved config: the config encoded once here, for
+    train_config.json and the trackers."""
     policy = config.policy
     return SavingSection(
         output_dir=config.output_dir,
@@ -188,7 +189,7 @@ def saving_section(config: TrainConfig) -> SavingSection:
         peft=config.peft.enabled,
         base_model=policy.path,
         policy_config=policy.to_dict(),
-        train_config=saved_config(config),
+        train_config=encode_config(config),
         hub=hub_section(config),
         rollout_episodes=config.dataset.rollout_episodes,
         eval_every=config.env_eval_freq if config.env_evaluates else 0,
@@ -251,20 +252,12 @@ def tracking_section(config: TrainConfig) -> TrackingSection:
         wandb=config.wandb,
         trackio=config.trackio,
         wandb_mode=run_wandb_mode(config),
-        train_config=encode_config(config),
     )
 
 
 def run_wandb_mode(config: TrainConfig) -> str:
     """The W&B mode this run uses (`reporting.trackers.wandb_mode`: a typed flag wins)."""
     return wandb_mode(config.wandb.mode, "wandb.mode" in config.flags_given)
-
-
-def saved_config(config: TrainConfig) -> dict[str, Any]:
-    """train_config.json: the run's config with its absolute output_dir (parse_config resolves it) and
-    `resume` stored false, so the file alone reproduces the run from its start; continuing the run is
-    what `--resume=true` asks for."""
-    return {**encode_config(config), "resume": False}
 
 
 # a policy's optimizer_* field read with either optimizer: ACT's camera trunk's own learning rate
