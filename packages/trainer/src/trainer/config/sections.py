@@ -138,8 +138,6 @@ class SavingSection:
     """The resolved config, encoded once: every step's train_config.json (saving.py stores `resume`
     false) and the run config the trackers record."""
     hub: HubSection
-    rollout_episodes: int
-    """Episodes of the end-of-run evaluation (the model card reports its returns when > 0)."""
     eval_every: int = 0
     """Also save every this many steps, for the evaluator to score (--env_eval_freq; 0: no evaluator)."""
     ranking: Ranking | None = None

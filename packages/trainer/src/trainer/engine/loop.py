@@ -75,6 +75,7 @@ def _train(plan: RunPlan, data: RunData, interrupts: Interrupts, lock: RunLock) 
     evaluation = plan.evaluation
     with _evaluated_weights(run, plan, logger):
         returns = score_at_end(run.accelerator, run.model, run.preprocessor, run.postprocessor, evaluation)
+    world = run.accelerator.num_processes
     summary = RunSummary(
         steps=steps,
         first_loss=logger.first_loss(losses[0] if losses else float("nan")),  # before any resume
@@ -82,13 +83,12 @@ def _train(plan: RunPlan, data: RunData, interrupts: Interrupts, lock: RunLock) 
         policy_return=returns[0],
         random_return=returns[1],
         last_checkpoint=last_checkpoint,
+        episodes=-(-evaluation.rollout_episodes // world) * world,  # each rank runs as many
     )
-    world = run.accelerator.num_processes
-    episodes = -(-evaluation.rollout_episodes // world) * world
     rollouts = (
-        f"evaluation over {episodes} episodes: policy return {returns[0]:.1f}, "
+        f"evaluation over {summary.episodes} episodes: policy return {returns[0]:.1f}, "
         f"random policy return {returns[1]:.1f}; "
-        if episodes
+        if summary.episodes
         else ""
     )
     logger.note(

@@ -191,7 +191,6 @@ def saving_section(config: TrainConfig) -> SavingSection:
         policy_config=policy.to_dict(),
         train_config=encode_config(config),
         hub=hub_section(config),
-        rollout_episodes=config.dataset.rollout_episodes,
         eval_every=config.env_eval_freq if config.env_evaluates else 0,
         ranking=ranking(config),
     )

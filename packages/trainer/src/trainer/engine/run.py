@@ -68,3 +68,6 @@ class RunSummary:
     policy_return: float
     random_return: float
     last_checkpoint: str | None
+    episodes: int
+    """Episodes the end-of-run evaluation rolled out, over every rank (0: none, and the returns mean
+    nothing)."""
