@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_tools import Ranking, Topology
-from trainer.config.accelerator import AcceleratorConfig
+from trainer.config.accelerator import AcceleratorConfig, UnitSettings
 from trainer.config.dataset import DatasetConfig
 from trainer.config.ema import EmaConfig
 from trainer.config.optim import OptimizerConfig, SchedulerConfig
@@ -65,12 +65,12 @@ class LoopSection:
 
 @dataclass(frozen=True)
 class PolicySection:
-    """What the policy build reads: the policy, its PEFT wrapping, the units FSDP and the unit
-    transforms (checkpointing, compile) apply to, the seed of its initial values."""
+    """What the policy build reads: the policy, its PEFT wrapping, the unit settings (the units FSDP
+    and the unit transforms apply to, and how), the seed of its initial values."""
 
     policy: PolicyConfig
     peft: PeftConfig
-    accelerator: AcceleratorConfig
+    units: UnitSettings
     seed: int
 
 

@@ -164,7 +164,7 @@ def data_section(config: TrainConfig) -> DataSection:
 
 def policy_section(config: TrainConfig) -> PolicySection:
     """The policy build's section of a resolved config."""
-    return PolicySection(config.policy, config.peft, config.accelerator, config.seed)
+    return PolicySection(config.policy, config.peft, config.accelerator.unit_settings(), config.seed)
 
 
 def saving_section(config: TrainConfig) -> SavingSection:
