@@ -26,11 +26,12 @@ from trainer.distributed.runlock import RunLock, watch_launcher
 from trainer.engine.banner import run_banner
 from trainer.engine.checkpoint.wing import Checkpoints
 from trainer.engine.loss_window import LossWindow
-from trainer.engine.run import Run, RunData, RunSummary
+from trainer.engine.run import Run, RunData
 from trainer.engine.startup import start_run
 from trainer.evaluation.rollouts import score_at_end
 from trainer.evaluation.validation import val_losses
 from trainer.reporting.metrics import Logger, make_logger
+from trainer.reporting.summary import RunSummary
 
 if TYPE_CHECKING:
     from accelerate.scheduler import AcceleratedScheduler
@@ -85,17 +86,7 @@ def _train(plan: RunPlan, data: RunData, interrupts: Interrupts, lock: RunLock) 
         last_checkpoint=last_checkpoint,
         episodes=-(-evaluation.rollout_episodes // world) * world,  # each rank runs as many
     )
-    rollouts = (
-        f"evaluation over {summary.episodes} episodes: policy return {returns[0]:.1f}, "
-        f"random policy return {returns[1]:.1f}; "
-        if summary.episodes
-        else ""
-    )
-    logger.note(
-        f"{rollouts}loss {summary.first_loss:.4f} -> {summary.final_loss:.4f}",
-        event="summary",
-        **summary.__dict__,
-    )
+    logger.note(summary.line(), event="summary", **summary.__dict__)
     logger.close()  # the loss curve first: a failed publish ends the process
     checkpoints.publish(summary)
     run.accelerator.wait_for_everyone()

@@ -54,10 +54,11 @@ from trainer.distributed.topology import check_checkpoint_format, launch_world_s
 from trainer.engine import loop
 from trainer.engine.checkpoint import publishing, saving
 from trainer.engine.peft_policy import ignored_modules_pattern
-from trainer.engine.run import RunData, RunSummary
+from trainer.engine.run import RunData
 from trainer.errors import ConfigError
 from trainer.policies import PolicyConfig
 from trainer.policies.base import fit_to_data
+from trainer.reporting.summary import RunSummary
 from trainer.reporting.trackers import check_trackers, resolve_run_ids, wandb_mode
 
 

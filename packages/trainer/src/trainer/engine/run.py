@@ -1,5 +1,6 @@
-"""What a run builds before its first step and what it reports at its end: the types the loop, the
-save schedule, evaluation and publishing share, in a module that imports none of them."""
+"""What a run builds before its first step: the types the loop, the save schedule, evaluation and
+publishing share, in a module that imports none of them (what it reports at its end is
+reporting/summary.py's `RunSummary`)."""
 
 from __future__ import annotations
 
@@ -54,20 +55,3 @@ def extra_weights(ema: Ema | None) -> dict[str, dict[str, torch.Tensor]]:
     every checkpoint writes and a resume fills (`ema`, the shadow, with --ema.enable). Adding a set is its
     producer here."""
     return {} if ema is None else {"ema": ema.shadow}
-
-
-@dataclass
-class RunSummary:
-    """What a finished run reports (every rank gets the same values, except `first_loss`: the run's
-    first logged loss, before any resume, which the main rank reads from metrics.jsonl; the other ranks
-    report their segment's first)."""
-
-    steps: int
-    first_loss: float
-    final_loss: float
-    policy_return: float
-    random_return: float
-    last_checkpoint: str | None
-    episodes: int
-    """Episodes the end-of-run evaluation rolled out, over every rank (0: none, and the returns mean
-    nothing)."""

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import ckpt_tools
 from trainer.config.sections import HubSection, SavingSection
 from trainer.engine.checkpoint.hub_pushes import CheckpointPusher
-from trainer.engine.run import RunSummary
 from trainer.errors import USER_ERRORS, ConfigError, PublishFailedError
 from trainer.reporting.metrics import Logger
+from trainer.reporting.summary import RunSummary
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
