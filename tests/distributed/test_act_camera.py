@@ -76,3 +76,20 @@ def test_lora_under_fsdp2_trains_the_attention_adapters_only(runs) -> None:
     assert loaded.select_action({"observation.state": np.zeros(3, np.float32), sim.CAMERA: frames}).shape == (
         1,
     )
+
+
+def test_acts_own_metrics_are_averaged_over_the_ranks_as_the_loss_is(runs) -> None:
+    """ACT's loss is `l1_loss + kl_weight * kld_loss` on each rank; the logged values (one step per log)
+    keep that sum only if both metrics are averaged over the ranks as the loss is, not one rank's."""
+    out, _ = runs
+    logged = {
+        name: [r for r in _records(out / name) if r.get("event") == "train"]
+        for name in ("fsdp2", "ddp", "lora")
+    }
+    for name, records in logged.items():
+        assert len(records) == 2, name
+        for record in records:
+            assert record["loss"] == pytest.approx(record["l1_loss"] + 10.0 * record["kld_loss"], rel=1e-5)
+    for metric in ("l1_loss", "kld_loss"):
+        fsdp2, ddp = ([r[metric] for r in logged[n]] for n in ("fsdp2", "ddp"))
+        np.testing.assert_allclose(fsdp2, ddp, rtol=1e-5)

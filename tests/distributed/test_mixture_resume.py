@@ -76,6 +76,8 @@ def test_val_loss_is_logged_per_member(runs) -> None:
     for record in val["straight"].values():  # 20 held-out frames each: the plain mean of the two
         members = record["val_loss/dataset_video"], record["val_loss/dataset_images"]
         assert record["val_loss"] == pytest.approx(sum(members) / 2, rel=1e-12) and members[0] != members[1]
+        # ACT's held-out loss is its L1 (no KL in eval mode): its own metric, weighted and reduced alike
+        assert record["val_l1_loss"] == pytest.approx(record["val_loss"], rel=1e-12)
     assert val["straight"][6] == val["cut"][6]  # the resumed run's weights are the straight run's
 
 

@@ -83,7 +83,7 @@ def test_checkpointing_keeps_only_unit_inputs_for_backward() -> None:
         torch.manual_seed(0)
         policy = build_policy(MLPConfig(hidden_dim=64, blocks=4), obs_dim=3, action_dim=1)
         config = AcceleratorConfig(activation_checkpointing=checkpointing)
-        apply_unit_transforms(policy, WrapPlan(("MLPBlock",)), config, sharded=False)
+        apply_unit_transforms(policy, WrapPlan(("MLPBlock",)), config.unit_settings(), sharded=False)
         total = 0
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -115,7 +115,9 @@ def test_bad_compile_values_are_one_line(field: str, value: str, message: str) -
 
 def test_whole_model_compile_compiles_the_policy_and_is_refused_on_a_sharded_run() -> None:
     policy = build_policy(MLPConfig(hidden_dim=8), obs_dim=3, action_dim=1)
-    config = AcceleratorConfig(compile=True, compile_scope="model", compile_backend="aot_eager")
+    config = AcceleratorConfig(
+        compile=True, compile_scope="model", compile_backend="aot_eager"
+    ).unit_settings()
     with pytest.raises(ConfigError, match=re.escape("use --accelerator.compile_scope=units")):
         apply_unit_transforms(policy, WrapPlan(("MLPBlock",)), config, sharded=True)
     lines = apply_unit_transforms(policy, None, config, sharded=False)  # no units needed
@@ -134,7 +136,9 @@ def test_inductor_compiles_checkpointed_units_to_the_eager_numbers() -> None:
     def loss_and_grads(**flags: object) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         torch.manual_seed(0)
         policy = build_policy(MLPConfig(hidden_dim=16, blocks=2, dropout=0.0), obs_dim=3, action_dim=1)
-        apply_unit_transforms(policy, WrapPlan(("MLPBlock",)), AcceleratorConfig(**flags), sharded=False)
+        apply_unit_transforms(
+            policy, WrapPlan(("MLPBlock",)), AcceleratorConfig(**flags).unit_settings(), sharded=False
+        )
         generator = torch.Generator().manual_seed(1)
         batch = {
             "observation.state": torch.randn(8, 3, generator=generator),

@@ -22,7 +22,7 @@ from trainer.config.policy import PolicyConfig
 from trainer.data.format.cameras import Cameras
 from trainer.data.pipeline import loader
 from trainer.data.pipeline.feed import DataFeed
-from trainer.engine.plan import data_section, resolve_optimization, set_cudnn
+from trainer.engine.plan import data_section, loop_section, resolve_optimization, set_cudnn
 from trainer.errors import ConfigError
 
 FIELDS = json.loads((fixture_dir("lerobot_train_fields") / "train_fields.json").read_text())["fields"]
@@ -198,7 +198,7 @@ def test_eval_steps_and_max_eval_samples_are_the_held_out_val_loss(tmp_path) -> 
         [*BASE, "--dataset.eval_split=0.2", "--eval_steps=3", "--max_eval_samples=7", "--num_workers=0"]
     )
     section = data_section(config)
-    assert (section.val_freq, section.max_val_samples) == (3, 7)
+    assert (loop_section(config).val_freq, section.max_val_samples) == (3, 7)
 
     class HeldOut:
         weighted_order = None

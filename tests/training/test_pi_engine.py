@@ -195,7 +195,7 @@ def test_a_fresh_policy_builds_on_the_meta_device_as_lerobot_initializes_it(
     embedding's sqrt(width), SigLIP's position ids) as an eager build computes them, the norms and
     adaRMS denses at zero, transformers' normal(0, 0.02) on Gemma's weights."""
     monkeypatch.chdir(workdir)
-    plan = resolve_plan(parse_config([*FRESH, "--output_dir=fresh"]), 1)
+    plan, _ = resolve_plan(parse_config([*FRESH, "--output_dir=fresh"]), 1)
     notes: list[str] = []
     built = model_build.build(plan.policy, False, 4, 2, notes)
     assert built.on_meta and not notes
@@ -218,7 +218,7 @@ def test_a_fresh_policy_builds_on_the_meta_device_as_lerobot_initializes_it(
 def _built_from_lerobots(overrides: str) -> tuple[model_build.BuiltPolicy, PolicySection]:
     """One process's build for a fine-tune of LeRobot's checkpoint (the working directory its folder)."""
     flags = ["--policy.path=pretrained_model", *COMMON, f"--policy.size_overrides={overrides}"]
-    section = resolve_plan(parse_config([*flags, "--output_dir=from_lerobot"]), 1).policy
+    section = resolve_plan(parse_config([*flags, "--output_dir=from_lerobot"]), 1)[0].policy
     return model_build.build(section, False, 4, 2, []), section
 
 
@@ -283,7 +283,7 @@ def test_the_fine_tuning_switches_freeze_what_lerobot_freezes(
     workdir: Path, monkeypatch, flag: str, trained: tuple
 ) -> None:
     monkeypatch.chdir(workdir)
-    plan = resolve_plan(parse_config([*FRESH, flag, "--output_dir=switches"]), 1)
+    plan, _ = resolve_plan(parse_config([*FRESH, flag, "--output_dir=switches"]), 1)
     policy = model_build.build_policy_on_meta(plan.policy, 4, 2)
     names = [n for n, p in policy.named_parameters() if p.requires_grad]
     assert all(any(part in n for n in names) for part in trained)

@@ -63,6 +63,7 @@ def test_the_final_checkpoint_is_published_in_one_commit(tmp_path, dataset_cache
     assert card.data.license == "mit"
     assert f"| Final loss | {summary.final_loss:.6g} |" in card.text
     assert "| Steps | 2 |" in card.text and "1 ranks" in card.text
+    assert summary.episodes == 0 and "Evaluation return" not in card.text  # no rollouts, no returns
 
     # the publish settings round-trip in train_config.json (a resume publishes too), not in config.json
     train_config = json.loads(arrived["train_config.json"])
@@ -130,12 +131,15 @@ def test_a_resumed_run_publishes_when_it_finishes(tmp_path, dataset_cache, clean
     AcceleratorState._reset_state(reset_partial_state=True)
     saved = out / "checkpoints" / "000002" / "pretrained_model" / "train_config.json"
 
-    resumed = train(parse_config([f"--config_path={saved}", "--resume=true", "--steps=4"]))  # no push flag
+    resume = [f"--config_path={saved}", "--resume=true", "--steps=4", "--dataset.eval_episodes=2"]
+    resumed = train(parse_config(resume))  # no push flag
 
     assert resumed.last_checkpoint.endswith("000004")
     model_dir = Path(resumed.last_checkpoint) / "pretrained_model"
     assert (target / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
-    assert "| Steps | 4 |" in (target / "README.md").read_text()
+    card = (target / "README.md").read_text()
+    assert "| Steps | 4 |" in card and resumed.episodes == 2  # the card reports the end-of-run rollouts
+    assert f"| Evaluation return (policy / random torques) | {resumed.policy_return:.1f} / " in card
 
 
 @pytest.mark.parametrize(

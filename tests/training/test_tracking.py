@@ -3,17 +3,21 @@ config, every metric and the summary from one run, and a resumed run continues t
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from helpers.lerobot_data import write_dataset
 from helpers.tracker_stores import trackio_config, trackio_logs, wandb_offline_runs
-from helpers.train_flags import tiny_args
+from helpers.train_flags import TINY_LEROBOT_ACT, tiny_args
 from trainer.cli.parse import parse_config
 from trainer.engine.plan import run_wandb_mode, train
 from trainer.errors import ConfigError
+from trainer.policies import PolicyConfig
 from trainer.reporting import trackers
 from trainer.reporting.loss_curve import read_history
 
@@ -82,6 +86,68 @@ def test_both_trackers_log_everything_and_a_resumed_run_continues_them(
     assert all(row.keys() >= METRICS for row in train_rows)
     assert any("summary/final_loss" in row for row in logs)
     assert trackio_config(project, names[0])["steps"] in (4, 6)
+
+
+def test_what_acts_forward_reports_is_logged_as_the_policy_computed_it(
+    tmp_path, clean_accelerate, offline, monkeypatch
+) -> None:
+    """ACT's `l1_loss` and `kld_loss` (LeRobot's names) reach metrics.jsonl's train records, each the
+    mean of what the policy's forward returned over the log window, the held-out records (`val_l1_loss`:
+    ACT's CVAE is off in eval mode, so no KL there), W&B and trackio."""
+    policy_class = PolicyConfig.get_choice_class("act")().policy_class()
+    reported: list[tuple[bool, int, dict[str, float]]] = []  # (training, frames, metrics) per forward
+    forward = policy_class.forward
+
+    def recording(self, batch):  # type: ignore[no-untyped-def]
+        loss, metrics = forward(self, batch)
+        frames = len(next(iter(batch.values())))
+        reported.append((self.training, frames, {name: value.item() for name, value in metrics.items()}))
+        return loss, metrics
+
+    monkeypatch.setattr(policy_class, "forward", recording)
+    write_dataset(tmp_path / "ds", [20, 20, 20], rows_per_file=30)
+    project = f"policy-metrics-{tmp_path.name}"
+    flags = [f"--dataset.root={tmp_path / 'ds'}", "--dataset.val_episodes=[2]", "--policy.type=act"]
+    flags += [*TINY_LEROBOT_ACT, "--policy.input_features=[observation.state]", "--num_workers=0"]
+    flags += ["--batch_size=4", "--steps=4", "--log_freq=2", "--save_freq=4", "--eval_freq=2"]
+    flags += ["--wandb.enable=true", "--wandb.mode=offline", "--wandb.project=demo"]
+    flags += ["--trackio.enable=true", f"--trackio.project={project}", f"--output_dir={tmp_path / 'run'}"]
+    train(parse_config(flags))
+
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    trained = [metrics for training, _, metrics in reported if training]
+    assert len(trained) == 4 and all(metrics.keys() == {"l1_loss", "kld_loss"} for metrics in trained)
+    logged = [record for record in records if record.get("event") == "train"]
+    assert [record["step"] for record in logged] == [2, 4]
+    for record, window in zip(logged, (trained[:2], trained[2:]), strict=True):
+        for name in ("l1_loss", "kld_loss"):  # the float32 running sum over the window, then its mean
+            expected = (torch.tensor(window[0][name]) + torch.tensor(window[1][name])) / 2
+            assert record[name] == expected.item(), name
+
+    held_out = [(frames, metrics) for training, frames, metrics in reported if not training]
+    per_eval = len(held_out) // 2  # two evaluations (steps 2 and 4), the same batches each time
+    assert len(held_out) == 2 * per_eval and all(metrics.keys() == {"l1_loss"} for _, metrics in held_out)
+    val = [record for record in records if record.get("event") == "val"]
+    assert [record["step"] for record in val] == [2, 4]
+    for record, batches in zip(val, (held_out[:per_eval], held_out[per_eval:]), strict=True):
+        mean = sum(m["l1_loss"] * n for n, m in batches) / sum(n for n, _ in batches)
+        assert record["val_l1_loss"] == pytest.approx(mean, rel=1e-12) and "val_kld_loss" not in record
+
+    import wandb
+
+    wandb.teardown()  # every record flushed to the offline files before they are read
+    (run,) = wandb_offline_runs(tmp_path / "run")
+    rows = {(row["_step"], name): row[name] for row in run.history for name in row}
+    from trackio.sqlite_storage import SQLiteStorage
+
+    (name,) = SQLiteStorage.get_runs(project)
+    trackio_rows = {(row["step"], key): row[key] for row in trackio_logs(project, name) for key in row}
+    for record in logged:
+        for key in ("l1_loss", "kld_loss"):
+            assert rows[record["step"], key] == trackio_rows[record["step"], key] == record[key]
+    for record in val:
+        assert rows[record["step"], "val_l1_loss"] == trackio_rows[record["step"], "val_l1_loss"]
+        assert rows[record["step"], "val_l1_loss"] == record["val_l1_loss"]
 
 
 def _check_trackers(config) -> None:

@@ -34,6 +34,7 @@ from trainer.cli.parse import dated_output_dir, parse_config, parse_flags
 from trainer.config.environment import EnvConfig, EnvEvalConfig
 from trainer.config.registry import split_allow_types
 from trainer.config.sections import TrackingSection
+from trainer.config.train import encode_config
 from trainer.errors import ConfigError
 from trainer.evaluation import evaluator, score_log
 from trainer.evaluation.env_scores import EnvScoring, score_policy, score_step
@@ -240,14 +241,15 @@ class _Watcher:
             )
 
 
-def _run_tracking(output_dir: str, allowed: tuple[str, ...]) -> TrackingSection | None:
-    """The trackers of the run in `output_dir`, as its resume would continue them (its saved config);
-    None, said in one line, when that config cannot be read here."""
+def _run_tracking(output_dir: str, allowed: tuple[str, ...]) -> tuple[TrackingSection, dict[str, Any]] | None:
+    """The trackers of the run in `output_dir`, as its resume would continue them (its saved config),
+    and the config they record; None, said in one line, when that config cannot be read here."""
     from trainer.engine.plan import tracking_section  # the training engine, loaded only to log late scores
 
     flags = ["--resume=true", f"--output_dir={output_dir}", *(f"--allow_types={name}" for name in allowed)]
     try:
-        return tracking_section(parse_config(flags))
+        config = parse_config(flags)
+        return tracking_section(config), encode_config(config)
     except ConfigError as exc:
         _say(f"the run's trackers are not logged to: its config does not load here ({exc})")
         return None

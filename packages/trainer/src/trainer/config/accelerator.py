@@ -245,6 +245,35 @@ class AcceleratorConfig:
                 "set --accelerator.mixed_precision=fp16"
             )
 
+    def unit_settings(self) -> UnitSettings:
+        """What the policy build reads of these settings."""
+        return UnitSettings(
+            fsdp=self.fsdp,
+            mixed_precision=self.mixed_precision,
+            activation_checkpointing=self.activation_checkpointing,
+            compile=self.compile,
+            compile_mode=self.compile_mode,
+            compile_scope=self.compile_scope,
+            compile_backend=self.compile_backend,
+        )
+
+
+@dataclass(frozen=True)
+class UnitSettings:
+    """The accelerator settings the policy build applies to the policy's own modules: its FSDP units
+    and the modules left out of them, where a sharded policy's shards are materialized (CPU offload),
+    the mixed precision the PEFT checks depend on, and the per-unit transforms (checkpointing, compile).
+    The accelerate objects (accumulation, DDP, the plugins) are built from the whole `AcceleratorConfig`
+    by distributed/factory.py alone."""
+
+    fsdp: FsdpConfig
+    mixed_precision: str
+    activation_checkpointing: bool
+    compile: bool
+    compile_mode: str
+    compile_scope: str
+    compile_backend: str
+
     @property
     def transforms_units(self) -> bool:
         """Whether activation checkpointing or compile works per wrap unit, so the run needs a wrap

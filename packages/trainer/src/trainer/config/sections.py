@@ -17,8 +17,8 @@ from typing import Any
 
 from ckpt_tools import Ranking
 from ckpt_tools.training import Topology
-from trainer.config.accelerator import AcceleratorConfig
-from trainer.config.dataset import Dataset, DatasetConfig
+from trainer.config.accelerator import AcceleratorConfig, UnitSettings
+from trainer.config.dataset import DatasetConfig
 from trainer.config.ema import EmaConfig
 from trainer.config.optim import OptimizerConfig, SchedulerConfig
 from trainer.config.peft import PeftConfig
@@ -41,22 +41,37 @@ class DataSection:
     """Seeds the sample order (and the augmentation's draws)."""
     timeout_s: int
     """How long a batch may take before its worker is reported stalled (--collective_timeout_s)."""
-    val_freq: int
-    """Held-out val_loss every this many loop steps (--eval_freq or LeRobot's --eval_steps; 0: only at
-    the end)."""
     max_val_samples: int
     """Most held-out samples val_loss scores, split evenly across the held-out spans (LeRobot's
     --max_eval_samples; 0: all of them)."""
 
 
 @dataclass(frozen=True)
+class LoopSection:
+    """What the training loop reads: how many steps, how they make an update, and when it logs and
+    scores the held-out data."""
+
+    steps: int
+    grad_accum_steps: int
+    """Loop steps (micro-batches) per optimizer update."""
+    grad_clip_norm: float
+    """The global gradient norm clipped to (<= 0: measured, not clipped)."""
+    log_freq: int
+    val_freq: int
+    """Held-out val_loss every this many loop steps (--eval_freq or LeRobot's --eval_steps; 0: only at
+    the end)."""
+    val_batch_size: int
+    """The held-out evaluation's batch per rank (--batch_size)."""
+
+
+@dataclass(frozen=True)
 class PolicySection:
-    """What the policy build reads: the policy, its PEFT wrapping, the units FSDP and the unit
-    transforms (checkpointing, compile) apply to, the seed of its initial values."""
+    """What the policy build reads: the policy, its PEFT wrapping, the unit settings (the units FSDP
+    and the unit transforms apply to, and how), the seed of its initial values."""
 
     policy: PolicyConfig
     peft: PeftConfig
-    accelerator: AcceleratorConfig
+    units: UnitSettings
     seed: int
 
 
@@ -71,13 +86,12 @@ class ParallelismSection:
 
 @dataclass(frozen=True)
 class OptimizationSection:
-    """The optimizer, the schedule and the loop's length, with the banner's line on where they came
-    from (the policy's preset or the flags)."""
+    """The optimizer, the schedule over the loop's `steps`, the EMA, with the banner's line on where they
+    came from (the policy's preset or the flags)."""
 
     optimizer: OptimizerConfig
     scheduler: SchedulerConfig
     steps: int
-    grad_accum_steps: int
     ema: EmaConfig
     described: str
 
@@ -122,9 +136,9 @@ class SavingSection:
     """The weights the run started from (--policy.path), recorded in a PEFT run's adapter_config.json."""
     policy_config: Mapping[str, Any]
     train_config: Mapping[str, Any]
+    """The resolved config, encoded once: every step's train_config.json (saving.py stores `resume`
+    false) and the run config the trackers record."""
     hub: HubSection
-    rollout_episodes: int
-    """Episodes of the end-of-run evaluation (the model card reports its returns when > 0)."""
     eval_every: int = 0
     """Also save every this many steps, for the evaluator to score (--env_eval_freq; 0: no evaluator)."""
     ranking: Ranking | None = None
@@ -137,13 +151,10 @@ class TrackingSection:
 
     job_name: str
     output_dir: str
-    log_freq: int
     wandb: WandbConfig
     trackio: TrackioConfig
     wandb_mode: str
     """The W&B mode decided once by the plan (a typed flag, then W&B's environment, then the config)."""
-    train_config: Mapping[str, Any]
-    """The run's config as the trackers record it."""
 
 
 @dataclass(frozen=True)
@@ -180,9 +191,10 @@ class EvaluationSection:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What a run is, decided once: one section per part of the engine, the lines to print after the
-    banner, and the data read to decide the policy's features (loaded once, used for training)."""
+    """What a run is, decided once: one section per part of the engine and the lines to print after the
+    banner (the data it read to decide them travels beside it, engine/run.py's `RunData`)."""
 
+    loop: LoopSection
     data: DataSection
     policy: PolicySection
     parallelism: ParallelismSection
@@ -191,5 +203,3 @@ class RunPlan:
     tracking: TrackingSection
     evaluation: EvaluationSection
     notes: tuple[str, ...]
-    dataset: Dataset
-    val_dataset: Dataset | None

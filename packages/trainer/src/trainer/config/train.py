@@ -303,5 +303,5 @@ def _nearest_multiples(name: str, value: int, accum: int) -> str:
 
 
 def encode_config(config: TrainConfig) -> dict[str, Any]:
-    """The JSON-ready dict of a config (train_config.json is `engine/plan.py: saved_config`)."""
+    """The JSON-ready dict of a config (train_config.json is `engine/checkpoint/saving.py: saved_config`)."""
     return draccus.encode(config)

@@ -14,18 +14,18 @@ from __future__ import annotations
 
 from torch import nn
 
-from trainer.config.accelerator import AcceleratorConfig
+from trainer.config.accelerator import UnitSettings
 from trainer.distributed.wrap import WrapPlan, unit_roots
 from trainer.errors import ConfigError
 from trainer.policies.common.checkpointing import checkpointed
 
 
 def apply_unit_transforms(
-    policy: nn.Module, plan: WrapPlan | None, accelerator: AcceleratorConfig, sharded: bool
+    policy: nn.Module, plan: WrapPlan | None, settings: UnitSettings, sharded: bool
 ) -> list[str]:
     """Checkpoint, then compile, the plan's units (or the whole policy for `compile_scope=model`);
     returns the banner lines that say what was applied ([] when neither flag is set)."""
-    if accelerator.compile and accelerator.compile_scope == "model" and sharded:
+    if settings.compile and settings.compile_scope == "model" and sharded:
         raise ConfigError(
             "--accelerator.compile_scope=model compiles around FSDP's root unit, which this trainer does "
             "not support on a sharded run: use --accelerator.compile_scope=units"
@@ -33,23 +33,23 @@ def apply_unit_transforms(
     lines: list[str] = []
     units: list[nn.Module] = []
     described = ""
-    if accelerator.transforms_units:
+    if settings.transforms_units:
         if plan is None:
             raise ValueError("per-unit transforms need the wrap plan (distributed.wrap.resolve_wrap_plan)")
         modules = dict(policy.named_modules())
         units = [modules[name] for name in unit_roots(policy, plan) if name]
         described = plan.describe()
-    if accelerator.activation_checkpointing:
+    if settings.activation_checkpointing:
         for unit in units:
             unit.forward = checkpointed(unit.forward)
         lines.append(f"activation checkpointing: {len(units)} units ({described})")
-    if accelerator.compile:
-        targets = units if accelerator.compile_scope == "units" else [policy]
-        mode = None if accelerator.compile_mode == "default" else accelerator.compile_mode
+    if settings.compile:
+        targets = units if settings.compile_scope == "units" else [policy]
+        mode = None if settings.compile_mode == "default" else settings.compile_mode
         for target in targets:
-            target.compile(backend=accelerator.compile_backend, mode=mode)
-        where = f"{len(targets)} units" if accelerator.compile_scope == "units" else "the whole policy"
+            target.compile(backend=settings.compile_backend, mode=mode)
+        where = f"{len(targets)} units" if settings.compile_scope == "units" else "the whole policy"
         lines.append(
-            f"torch.compile: {where}, backend {accelerator.compile_backend}, mode {accelerator.compile_mode}"
+            f"torch.compile: {where}, backend {settings.compile_backend}, mode {settings.compile_mode}"
         )
     return lines

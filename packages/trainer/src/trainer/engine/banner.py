@@ -10,6 +10,7 @@ from trainer.config.dataset import Dataset
 from trainer.config.sections import RunPlan
 from trainer.data.pipeline.sampler import sampled_frames
 from trainer.distributed.wrap import WrapPlan, describe_parameters
+from trainer.engine.run import RunData
 
 if TYPE_CHECKING:
     import torch
@@ -23,14 +24,14 @@ def _processes(accelerator: Accelerator) -> str:
     return processes if kind == "NO" else f"{processes}, {kind}"
 
 
-def data_banner(plan: RunPlan) -> list[str]:
+def data_banner(plan: RunPlan, run_data: RunData) -> list[str]:
     """What the policy reads: the frames, the observation features in their concatenation order."""
 
     def frames(dataset: Dataset) -> str:
         return f"{len(dataset)} frames in {len(dataset.episode_bounds())} episodes"
 
-    data, config = plan.dataset, plan.data.dataset
-    held_out = f"; held out for val_loss: {frames(plan.val_dataset)}" if plan.val_dataset is not None else ""
+    data, config, val = run_data.dataset, plan.data.dataset, run_data.val_dataset
+    held_out = f"; held out for val_loss: {frames(val)}" if val is not None else ""
     return [
         *config.banner(),
         *getattr(data, "notes", []),
@@ -40,22 +41,24 @@ def data_banner(plan: RunPlan) -> list[str]:
 
 
 def run_banner(
-    plan: RunPlan, wrap_plan: WrapPlan | None, accelerator: Accelerator, model: torch.nn.Module
+    plan: RunPlan, data: RunData, wrap_plan: WrapPlan | None, accelerator: Accelerator, model: torch.nn.Module
 ) -> list[str]:
     """The whole banner: the run's lines, the optimizer and schedule, the data, the parameters."""
     return [
-        *_run_lines(plan, wrap_plan, accelerator),
+        *_run_lines(plan, data.dataset, wrap_plan, accelerator),
         plan.optimization.described,
-        *data_banner(plan),
+        *data_banner(plan, data),
         describe_parameters(model),
     ]
 
 
-def _run_lines(plan: RunPlan, wrap_plan: WrapPlan | None, accelerator: Accelerator) -> list[str]:
+def _run_lines(
+    plan: RunPlan, dataset: Dataset, wrap_plan: WrapPlan | None, accelerator: Accelerator
+) -> list[str]:
     """The topology and processes, the effective batch, the schedule of saves, the EMA, the FSDP units."""
     topology, saving, optimization = plan.parallelism.topology, plan.saving, plan.optimization
     accum, batch_size, mixed_precision = (
-        optimization.grad_accum_steps,
+        plan.loop.grad_accum_steps,
         saving.batch_size,
         saving.mixed_precision,
     )
@@ -65,15 +68,15 @@ def _run_lines(plan: RunPlan, wrap_plan: WrapPlan | None, accelerator: Accelerat
         f"({_processes(accelerator)}, device {accelerator.device})",
         f"effective batch size {effective} = batch_size {batch_size} x dp_world_size "
         f"{topology.dp_world_size} x grad_accum {accum}",
-        f"{optimization.steps} loop steps, {optimization.steps // accum} optimizer updates, dataset "
-        f"{len(plan.dataset)} samples, mixed precision {mixed_precision}, checkpoints "
+        f"{plan.loop.steps} loop steps, {plan.loop.steps // accum} optimizer updates, dataset "
+        f"{len(dataset)} samples, mixed precision {mixed_precision}, checkpoints "
         f"{saving.checkpoint_format} every {saving.save_freq} steps in {saving.output_dir}",
     ]
     dropped = plan.policy.policy.drop_n_last_frames
     if dropped:
-        drawn = len(sampled_frames(plan.dataset.episode_bounds(), dropped))
+        drawn = len(sampled_frames(dataset.episode_bounds(), dropped))
         lines.append(
-            f"--policy.drop_n_last_frames={dropped}: {drawn} of the {len(plan.dataset)} frames are drawn as "
+            f"--policy.drop_n_last_frames={dropped}: {drawn} of the {len(dataset)} frames are drawn as "
             "samples (never an episode's last ones; they are still read around the others)"
         )
     ema = optimization.ema

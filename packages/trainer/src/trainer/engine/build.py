@@ -118,10 +118,10 @@ def build(
     else:
         base = build_policy(section.policy, obs_dim, action_dim)
         policy, shadow = peft.start_policy(base, section, sharded), None
-    acc = section.accelerator
-    wrap_plan = resolve_wrap_plan(policy, acc.fsdp) if sharded else None
-    unit_plan = wrap_plan or (resolve_wrap_plan(policy, acc.fsdp) if acc.transforms_units else None)
-    notes.extend(apply_unit_transforms(policy, unit_plan, acc, sharded))  # before sharding
+    units = section.units
+    wrap_plan = resolve_wrap_plan(policy, units.fsdp) if sharded else None
+    unit_plan = wrap_plan or (resolve_wrap_plan(policy, units.fsdp) if units.transforms_units else None)
+    notes.extend(apply_unit_transforms(policy, unit_plan, units, sharded))  # before sharding
     return BuiltPolicy(policy, base, wrap_plan, shadow, sharded, saved_names)
 
 
@@ -134,7 +134,7 @@ def before_prepare(built: BuiltPolicy, section: PolicySection, device: torch.dev
     if not built.sharded:
         _materialize_and_load(built, section, device)
         return
-    pattern = section.accelerator.fsdp.ignored_modules
+    pattern = section.units.fsdp.ignored_modules
     if pattern is not None:
         regex = re.compile(pattern)
         ignored = [name for name, _ in built.policy.named_modules() if name and regex.fullmatch(name)]
@@ -145,7 +145,7 @@ def after_prepare(built: BuiltPolicy, section: PolicySection, device: torch.devi
     """Collective (with --policy.path). Allocate a sharded run's local shards, initialize them (its
     ignored modules again, with the same values), then read `--policy.path` weights into them."""
     if built.on_meta and built.sharded:
-        on = torch.device("cpu") if section.accelerator.fsdp.cpu_offload else device
+        on = torch.device("cpu") if section.units.fsdp.cpu_offload else device
         _materialize_and_load(built, section, on)  # each rank reads its own blocks
 
 

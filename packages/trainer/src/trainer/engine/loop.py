@@ -2,7 +2,8 @@
 
 Nothing here branches on the rank or the topology. Collectives (prepare, metric reductions, checkpoint
 saves, the evaluation rollouts of a sharded policy) run on every rank; main-rank output goes through
-the logger that `make_logger` hands out. `train(plan)` runs a resolved plan (engine/plan.py): the run is
+the logger that `make_logger` hands out. `train(plan, data)` runs a resolved plan (engine/plan.py) on the
+data it read: the run is
 built by startup.py (the resume phases included), the data comes from the feed, the saves go through
 the checkpoint wing.
 """
@@ -19,24 +20,25 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainer.config.sections import RunPlan
+from trainer.config.sections import LoopSection, RunPlan
 from trainer.distributed.interrupt import Agreement, Interrupted, Interrupts
 from trainer.distributed.runlock import RunLock, watch_launcher
 from trainer.engine.banner import run_banner
 from trainer.engine.checkpoint.wing import Checkpoints
 from trainer.engine.loss_window import LossWindow
-from trainer.engine.run import Run, RunSummary
+from trainer.engine.run import Run, RunData
 from trainer.engine.startup import start_run
 from trainer.evaluation.rollouts import score_at_end
 from trainer.evaluation.validation import val_losses
 from trainer.reporting.metrics import Logger, make_logger
+from trainer.reporting.summary import RunSummary
 
 if TYPE_CHECKING:
     from accelerate.scheduler import AcceleratedScheduler
 
 
-def train(plan: RunPlan) -> RunSummary:
-    """Collective: call on all ranks. Runs the plan's `steps` loop steps; returns the summary.
+def train(plan: RunPlan, data: RunData) -> RunSummary:
+    """Collective: call on all ranks. Runs the plan's `steps` loop steps on `data`; returns the summary.
 
     Raises `Interrupted` after a SIGTERM/SIGINT (the checkpoint of the step every rank stopped at is
     saved first), and `ConfigError` on every rank when the run directory is held by another run."""
@@ -44,28 +46,27 @@ def train(plan: RunPlan) -> RunSummary:
     interrupts.install()
     watch_launcher(_stop_orphan)
     try:
-        return _train(plan, interrupts, lock)
+        return _train(plan, data, interrupts, lock)
     finally:
         lock.release()
         interrupts.restore()
 
 
-def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
+def _train(plan: RunPlan, data: RunData, interrupts: Interrupts, lock: RunLock) -> RunSummary:
     notes = list(plan.notes)
-    started = start_run(plan, lock, notes)
+    started = start_run(plan, data, lock, notes)
     run, resume_point = started.run, started.resume_point
-    steps = plan.optimization.steps
-    logger = make_logger(
-        run.accelerator.is_main_process, plan.saving.output_dir, steps, run.start_step, plan.tracking
-    )
-    logger.banner(run_banner(plan, started.wrap_plan, run.accelerator, run.model))
+    steps = plan.loop.steps
+    main, saving = run.accelerator.is_main_process, plan.saving
+    logger = make_logger(main, saving.output_dir, steps, run.start_step, plan.tracking, saving.train_config)
+    logger.banner(run_banner(plan, data, started.wrap_plan, run.accelerator, run.model))
     if resume_point.message:
         logger.note(resume_point.message, **resume_point.record())
     for note in notes:
         logger.note(note)
     checkpoints = Checkpoints(run, plan.saving, plan.evaluation, logger, resume_point.step_dir)
     try:
-        losses = _run_steps(run, plan, logger, interrupts, checkpoints)
+        losses = _run_steps(run, plan.loop, logger, interrupts, checkpoints)
     except Interrupted as stop:
         logger.note(stop.line(), event="interrupted", step=stop.step, checkpoint=stop.checkpoint)
         checkpoints.interrupted()
@@ -75,6 +76,7 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
     evaluation = plan.evaluation
     with _evaluated_weights(run, plan, logger):
         returns = score_at_end(run.accelerator, run.model, run.preprocessor, run.postprocessor, evaluation)
+    world = run.accelerator.num_processes
     summary = RunSummary(
         steps=steps,
         first_loss=logger.first_loss(losses[0] if losses else float("nan")),  # before any resume
@@ -82,20 +84,9 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
         policy_return=returns[0],
         random_return=returns[1],
         last_checkpoint=last_checkpoint,
+        episodes=-(-evaluation.rollout_episodes // world) * world,  # each rank runs as many
     )
-    world = run.accelerator.num_processes
-    episodes = -(-evaluation.rollout_episodes // world) * world
-    rollouts = (
-        f"evaluation over {episodes} episodes: policy return {returns[0]:.1f}, "
-        f"random policy return {returns[1]:.1f}; "
-        if episodes
-        else ""
-    )
-    logger.note(
-        f"{rollouts}loss {summary.first_loss:.4f} -> {summary.final_loss:.4f}",
-        event="summary",
-        **summary.__dict__,
-    )
+    logger.note(summary.line(), event="summary", **summary.__dict__)
     logger.close()  # the loss curve first: a failed publish ends the process
     checkpoints.publish(summary)
     run.accelerator.wait_for_everyone()
@@ -122,14 +113,13 @@ def _stop_orphan(launcher_pid: int) -> None:
 
 
 def _run_steps(
-    run: Run, plan: RunPlan, logger: Logger, interrupts: Interrupts, checkpoints: Checkpoints
+    run: Run, section: LoopSection, logger: Logger, interrupts: Interrupts, checkpoints: Checkpoints
 ) -> list[float]:
-    """Collective. The loop steps from `run.start_step`: the step, the log, the saves. Returns the
-    logged losses. Every rank checks for a signal at each optimizer-update
+    """Collective. The loop steps from `run.start_step`, as the loop's own section sets them: the step,
+    the log, the saves. Returns the logged losses. Every rank checks for a signal at each optimizer-update
     boundary (the check's all-reduce starts inside the step) and stops at the same step."""
-    accelerator, total = run.accelerator, plan.optimization.steps
-    accum, log_freq, val_freq = plan.optimization.grad_accum_steps, plan.tracking.log_freq, plan.data.val_freq
-    clip = plan.optimization.optimizer.grad_clip_norm
+    accelerator, total, accum = run.accelerator, section.steps, section.grad_accum_steps
+    clip, log_freq, val_freq = section.grad_clip_norm, section.log_freq, section.val_freq
     losses: list[float] = []
     grad_norm: torch.Tensor | None = None  # of the last optimizer update, read back when logged
     window = LossWindow(accelerator.device)
@@ -140,18 +130,20 @@ def _run_steps(
         boundary = step % accum == 0 or step == total
         agreement: list[Agreement] = []
         check = partial(_start_agreement, agreement, interrupts, accelerator.device, checkpoints)
-        loss, norm = _train_step(run, run.preprocessor(next(batches)), clip, check if boundary else None)
+        loss, metrics, norm = _train_step(
+            run, run.preprocessor(next(batches)), clip, check if boundary else None
+        )
         if norm is not None:  # an optimizer update: the schedule catches up with the loop steps
             grad_norm = norm
             _advance_schedule(run.scheduler, step)
             if run.ema is not None:  # after the update, once per update (not per micro-batch)
                 run.ema.update(step // accum)
-        window.add(loss)
+        window.add(loss, metrics)
         logger.advance()
         if step % log_freq == 0 or step == total:
             losses.append(_log_window(run, logger, step, window, grad_norm))
         if run.feed.val_dataset is not None and (step == total or (val_freq and step % val_freq == 0)):
-            checkpoints.scored(step, _log_val_loss(run, plan.data.batch_size, logger, step))
+            checkpoints.scored(step, _log_val_loss(run, section.val_batch_size, logger, step))
         checkpoints.after_step(step)
         if boundary:
             checkpoints.at_boundary(step, agreement[0])
@@ -169,26 +161,38 @@ def _start_agreement(
 def _log_window(
     run: Run, logger: Logger, step: int, window: LossWindow, grad_norm: torch.Tensor | None
 ) -> float:
-    """Collective. Log the window's reduced loss, the last update's gradient norm and the data feed's
-    metrics (a mixture's samples per member, retried GETs of a streamed dataset, the wait for data);
-    returns the loss."""
+    """Collective. Log the window's reduced loss, the policy's own metrics (averaged like the loss,
+    under its names), the last update's gradient norm and the data feed's metrics (a mixture's samples
+    per member, retried GETs of a streamed dataset, the wait for data); returns the loss."""
     feed = run.feed
-    loss, step_losses, samples_per_s = window.close(run.accelerator, feed.sampler.global_batch)
-    logger.record({"event": "step_losses", "step": step, "losses": step_losses})  # for loss_curve.png
+    means = window.close(run.accelerator, feed.sampler.global_batch)
+    logger.record({"event": "step_losses", "step": step, "losses": means.step_losses})  # for loss_curve.png
     norm = {"grad_norm": _read_norm(grad_norm)} if grad_norm is not None else {}
     lr = run.scheduler.get_last_lr()[0]
-    record = {"step": step, "loss": loss, **norm, "lr": lr, "samples_per_s": samples_per_s}
-    logger.log({**record, "epoch": feed.sampler.position[0], **feed.metrics()})
-    return loss
+    record = {"step": step, "loss": means.loss, **norm, "lr": lr, "samples_per_s": means.samples_per_s}
+    record = {**record, "epoch": feed.sampler.position[0], **feed.metrics()}
+    clash = sorted(means.metrics.keys() & record.keys())
+    if clash:
+        raise ValueError(f"the policy's forward reports {clash[0]!r}, a name the loop logs itself: rename it")
+    logger.log({**record, **means.metrics})
+    return means.loss
 
 
 def _log_val_loss(run: Run, batch_size: int, logger: Logger, step: int) -> float:
     """Collective. The held-out loss, on the console and in metrics.jsonl (`"event": "val"`); for a
-    mixture each member's too (`val_loss/<member>`). Returns it."""
-    loss, per_member = val_losses(run.accelerator, run.model, run.feed, run.preprocessor, batch_size)
-    text = "".join(f" {name}={value:.4g}" for name, value in per_member.items())
-    logger.note(f"step {step} val_loss={loss:.4g}{text}", event="val", step=step, val_loss=loss, **per_member)
-    return loss
+    mixture each member's too (`val_loss/<member>`), and the policy's own metrics (`val_<name>`).
+    Returns the loss."""
+    held_out = val_losses(run.accelerator, run.model, run.feed, run.preprocessor, batch_size)
+    values = {**held_out.per_member, **{f"val_{name}": value for name, value in held_out.metrics.items()}}
+    text = "".join(f" {name}={value:.4g}" for name, value in values.items())
+    logger.note(
+        f"step {step} val_loss={held_out.loss:.4g}{text}",
+        event="val",
+        step=step,
+        val_loss=held_out.loss,
+        **values,
+    )
+    return held_out.loss
 
 
 def _train_step(
@@ -196,16 +200,17 @@ def _train_step(
     batch: dict[str, torch.Tensor],
     clip: float,
     before_update: Callable[[], None] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
     """One micro-batch; the optimizer updates when accelerate says the accumulation is complete.
-    Returns the loss and, on a step that updated, the global gradient norm before clipping at `clip`
-    (<= 0: no clipping), both as tensors: reading a value back waits for the device, so the loop does
-    it only when it logs. `before_update()` (the boundary's signal check) is called after the backward,
-    so its all-reduce completes while the optimizer steps instead of adding a synchronization point."""
+    Returns the loss, what the policy reported beside it and, on a step that updated, the global
+    gradient norm before clipping at `clip` (<= 0: no clipping), all as tensors: reading a value back
+    waits for the device, so the loop does it only when it logs. `before_update()` (the boundary's
+    signal check) is called after the backward, so its all-reduce completes while the optimizer steps
+    instead of adding a synchronization point."""
     accelerator, model = run.accelerator, run.model
     grad_norm = None
     with accelerator.accumulate(model):
-        loss, _ = model(batch)
+        loss, metrics = model(batch)
         accelerator.backward(loss)
         if accelerator.sync_gradients:  # an infinite threshold measures the norm without clipping
             norm = accelerator.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))
@@ -214,7 +219,7 @@ def _train_step(
             before_update()
         run.optimizer.step()
         run.optimizer.zero_grad()
-    return loss.detach().float(), grad_norm
+    return loss.detach().float(), metrics, grad_norm
 
 
 def _read_norm(norm: torch.Tensor) -> float:

@@ -158,8 +158,8 @@ def _linear_names(policy: nn.Module) -> list[str]:
 
 
 def _mixed_precision(section: PolicySection) -> bool:
-    acc = section.accelerator
-    return acc.mixed_precision != "no" or acc.fsdp.mixed_precision_policy.is_set
+    units = section.units
+    return units.mixed_precision != "no" or units.fsdp.mixed_precision_policy.is_set
 
 
 def _check_dtypes(policy: nn.Module, section: PolicySection, is_sharded: bool) -> None:
@@ -188,7 +188,7 @@ def _check_ignored_modules(model: nn.Module, section: PolicySection) -> None:
     """Refuse an `--accelerator.fsdp.ignored_modules` pattern (in its PEFT form) that matches nothing,
     and one that would leave trainable parameters out of FSDP (their gradients would then never be
     averaged across ranks)."""
-    regex = ignored_modules_pattern(section.accelerator.fsdp.ignored_modules)
+    regex = ignored_modules_pattern(section.units.fsdp.ignored_modules)
     if regex is None:
         return
     pattern = re.compile(regex)

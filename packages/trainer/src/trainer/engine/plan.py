@@ -8,9 +8,11 @@ tracker run ids, the optimizer and schedule (the policy's training preset or the
 dataset's observation features and feature sizes. Each decision is a function that returns a value; the
 caller's config is deep-copied first and never edited.
 
-The result is a `RunPlan` of typed sections (config/sections.py), and the `TrainConfig` stops here:
-each part of the engine takes only its own section. `train_config.json` is the encoded resolved config,
-computed here once (`SavingSection.train_config`), so it records exactly what the run did.
+The result is a `RunPlan` of typed sections (config/sections.py), with the data it read beside it
+(`RunData`: live datasets are no plan value), and the `TrainConfig` stops here:
+each part of the engine takes only its own section. The resolved config is encoded here once
+(`SavingSection.train_config`): train_config.json records exactly what the run did, and the trackers
+record the same mapping as their run's config.
 
 The one decision taken later is the resume step: which checkpoint `last` names can only be agreed once
 the process group is up (the main rank decides and broadcasts, resume.before_prepare).
@@ -22,7 +24,6 @@ import copy
 import os
 import random
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 import torch
@@ -39,6 +40,7 @@ from trainer.config.sections import (
     EnvEvaluation,
     EvaluationSection,
     HubSection,
+    LoopSection,
     OptimizationSection,
     ParallelismSection,
     PolicySection,
@@ -53,10 +55,11 @@ from trainer.distributed.topology import check_checkpoint_format, launch_world_s
 from trainer.engine import loop
 from trainer.engine.checkpoint import publishing, saving
 from trainer.engine.peft_policy import ignored_modules_pattern
-from trainer.engine.run import RunSummary
+from trainer.engine.run import RunData
 from trainer.errors import ConfigError
 from trainer.policies import PolicyConfig
 from trainer.policies.common.base import fit_to_data
+from trainer.reporting.summary import RunSummary
 from trainer.reporting.trackers import check_trackers, resolve_run_ids, wandb_mode
 
 
@@ -65,7 +68,7 @@ def train(config: TrainConfig) -> RunSummary:
     is never edited) and runs it (engine/loop.py); returns the summary."""
     seed_everything(config.seed)  # before the plan reads the data, so a dataset plug-in's draws repeat
     set_cudnn(config.cudnn_deterministic)
-    return loop.train(resolve_plan(config, launch_world_size()))
+    return loop.train(*resolve_plan(config, launch_world_size()))
 
 
 def seed_everything(seed: int) -> None:
@@ -83,10 +86,11 @@ def set_cudnn(deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
-    """Every rank resolves the same plan from the same config. Refuses, before any data is read, what
-    cannot run (a layout or format that does not fit, trackers or a Hub publish that would fail, an
-    output_dir holding another run)."""
+def resolve_plan(config: TrainConfig, world_size: int) -> tuple[RunPlan, RunData]:
+    """Every rank resolves the same plan from the same config, and reads the data it decides the
+    policy's features from (returned beside the plan, to train on). Refuses, before any data is read,
+    what cannot run (a layout or format that does not fit, trackers or a Hub publish that would fail,
+    an output_dir holding another run)."""
     config = copy.deepcopy(config)  # nothing the plan holds is reachable from the caller's object
     parallelism, layout_note = settle_parallelism(config, world_size)
     topology = resolve_topology(parallelism, world_size)
@@ -116,18 +120,12 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
     config = config.derive(policy=resolve_policy_features(config.policy, dataset))
     notes = tuple(note for note in (layout_note, format_note, batch_note, publish_note, rename_note) if note)
     described = f"{source}: {optimizer.describe()}, {scheduler.describe()}"
-    return RunPlan(
+    plan = RunPlan(
+        loop=loop_section(config),
         data=data_section(config),
         policy=policy_section(config),
         parallelism=ParallelismSection(topology, config.accelerator, config.collective_timeout_s),
-        optimization=OptimizationSection(
-            optimizer,
-            scheduler,
-            config.steps,
-            config.accelerator.gradient_accumulation.steps,
-            config.ema,
-            described,
-        ),
+        optimization=OptimizationSection(optimizer, scheduler, config.steps, config.ema, described),
         saving=saving_section(config),
         tracking=tracking_section(config),
         evaluation=EvaluationSection(
@@ -137,8 +135,19 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
             env_evaluation(config),
         ),
         notes=notes,
-        dataset=dataset,
-        val_dataset=val_dataset,
+    )
+    return plan, RunData(dataset, val_dataset)
+
+
+def loop_section(config: TrainConfig) -> LoopSection:
+    """The training loop's section of a resolved config (its optimizer's clipping included)."""
+    return LoopSection(
+        steps=config.steps,
+        grad_accum_steps=config.accelerator.gradient_accumulation.steps,
+        grad_clip_norm=config.optimizer.grad_clip_norm,
+        log_freq=config.log_freq,
+        val_freq=config.val_freq,
+        val_batch_size=config.batch_size,
     )
 
 
@@ -153,18 +162,18 @@ def data_section(config: TrainConfig) -> DataSection:
         multiprocessing_context=config.dataloader_multiprocessing_context,
         seed=config.seed,
         timeout_s=config.collective_timeout_s,
-        val_freq=config.val_freq,
         max_val_samples=config.max_eval_samples,
     )
 
 
 def policy_section(config: TrainConfig) -> PolicySection:
     """The policy build's section of a resolved config."""
-    return PolicySection(config.policy, config.peft, config.accelerator, config.seed)
+    return PolicySection(config.policy, config.peft, config.accelerator.unit_settings(), config.seed)
 
 
 def saving_section(config: TrainConfig) -> SavingSection:
-    """The checkpoint wing's section of a resolved config: train_config.json encoded once here."""
+    """The checkpoint wing's section of a resolved config: the config encoded once here, for
+    train_config.json and the trackers."""
     policy = config.policy
     return SavingSection(
         output_dir=config.output_dir,
@@ -184,9 +193,8 @@ def saving_section(config: TrainConfig) -> SavingSection:
         peft=config.peft.enabled,
         base_model=policy.path,
         policy_config=policy.to_dict(),
-        train_config=saved_config(config),
+        train_config=encode_config(config),
         hub=hub_section(config),
-        rollout_episodes=config.dataset.rollout_episodes,
         eval_every=config.env_eval_freq if config.env_evaluates else 0,
         ranking=ranking(config),
     )
@@ -244,24 +252,15 @@ def tracking_section(config: TrainConfig) -> TrackingSection:
     return TrackingSection(
         job_name=config.run_name,
         output_dir=config.output_dir,
-        log_freq=config.log_freq,
         wandb=config.wandb,
         trackio=config.trackio,
         wandb_mode=run_wandb_mode(config),
-        train_config=encode_config(config),
     )
 
 
 def run_wandb_mode(config: TrainConfig) -> str:
     """The W&B mode this run uses (`reporting.trackers.wandb_mode`: a typed flag wins)."""
     return wandb_mode(config.wandb.mode, "wandb.mode" in config.flags_given)
-
-
-def saved_config(config: TrainConfig) -> dict[str, Any]:
-    """train_config.json: the run's config with its absolute output_dir (parse_config resolves it) and
-    `resume` stored false, so the file alone reproduces the run from its start; continuing the run is
-    what `--resume=true` asks for."""
-    return {**encode_config(config), "resume": False}
 
 
 # a policy's optimizer_* field read with either optimizer: ACT's camera trunk's own learning rate

@@ -1,5 +1,6 @@
-"""What a run builds before its first step and what it reports at its end: the types the loop, the
-save schedule, evaluation and publishing share, in a module that imports none of them."""
+"""What a run builds before its first step: the types the loop, the save schedule, evaluation and
+publishing share, in a module that imports none of them (what it reports at its end is
+reporting/summary.py's `RunSummary`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import ckpt_tools
+from trainer.config.dataset import Dataset
 from trainer.data.pipeline.feed import DataFeed
 from trainer.data.pipeline.processors import Processor
 from trainer.engine.ema import Ema
@@ -17,6 +19,16 @@ from trainer.engine.ema import Ema
 if TYPE_CHECKING:
     from accelerate import Accelerator
     from accelerate.scheduler import AcceleratedScheduler
+
+
+@dataclass(frozen=True)
+class RunData:
+    """The data the plan read to decide the policy's features, loaded once and trained on. Live objects
+    (frames, decoders, open files), so they travel beside the plan rather than among its plain values."""
+
+    dataset: Dataset
+    val_dataset: Dataset | None
+    """The held-out episodes val_loss scores (None: the run holds none out)."""
 
 
 @dataclass
@@ -43,17 +55,3 @@ def extra_weights(ema: Ema | None) -> dict[str, dict[str, torch.Tensor]]:
     every checkpoint writes and a resume fills (`ema`, the shadow, with --ema.enable). Adding a set is its
     producer here."""
     return {} if ema is None else {"ema": ema.shadow}
-
-
-@dataclass
-class RunSummary:
-    """What a finished run reports (every rank gets the same values, except `first_loss`: the run's
-    first logged loss, before any resume, which the main rank reads from metrics.jsonl; the other ranks
-    report their segment's first)."""
-
-    steps: int
-    first_loss: float
-    final_loss: float
-    policy_return: float
-    random_return: float
-    last_checkpoint: str | None

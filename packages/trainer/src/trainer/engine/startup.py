@@ -21,7 +21,7 @@ from trainer.engine import build as model_build
 from trainer.engine.checkpoint import resume
 from trainer.engine.ema import Ema
 from trainer.engine.host_memory import hold_mmap_threshold
-from trainer.engine.run import Run, extra_weights
+from trainer.engine.run import Run, RunData, extra_weights
 from trainer.errors import USER_ERRORS, ConfigError
 from trainer.policies.common.base import optimizer_params
 
@@ -35,11 +35,11 @@ class Started:
     resume_point: resume.ResumePoint
 
 
-def start_run(plan: RunPlan, lock: RunLock, notes: list[str]) -> Started:
+def start_run(plan: RunPlan, data: RunData, lock: RunLock, notes: list[str]) -> Started:
     """Collective. Policy, accelerator, the run lock, optimizer; the two resume phases around
     `prepare()`. A stale lock taken over adds its warning to `notes`."""
     hold_mmap_threshold()  # before the build allocates: freed tensors leave the process
-    dataset, section = plan.dataset, plan.policy
+    dataset, section = data.dataset, plan.policy
     topology = plan.parallelism.topology
     # on the meta device where it can be; --policy.path weights, --peft adapters, unit transforms
     built = model_build.build(section, topology.is_sharded, dataset.obs_dim, dataset.action_dim, notes)
@@ -57,7 +57,7 @@ def start_run(plan: RunPlan, lock: RunLock, notes: list[str]) -> Started:
     feed = DataFeed(
         plan.data,
         dataset,
-        plan.val_dataset,
+        data.val_dataset,
         section.policy.frames,
         dp_world_size=topology.dp_world_size,
         rank=accelerator.process_index,

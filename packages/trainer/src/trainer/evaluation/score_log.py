@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import ckpt_tools
@@ -72,7 +72,10 @@ def log_score(logger: Logger, step_dir: str, scores: dict[str, Any], line: str) 
 
 
 def log_landed(
-    output_dir: str, scored: Sequence[str], tracking: Callable[[], TrackingSection | None], wait_s: float
+    output_dir: str,
+    scored: Sequence[str],
+    tracking: Callable[[], tuple[TrackingSection, Mapping[str, Any]] | None],
+    wait_s: float,
 ) -> list[str] | None:
     """Log the scores of the steps `scored` (steps holding an environment score) that metrics.jsonl
     lacks, when no run holds `output_dir` (waiting up to `wait_s` for one that is ending to let go).
@@ -87,7 +90,8 @@ def log_landed(
         landed = not_logged(output_dir, [(n, read_scores_or_none(layout.join(root, n))) for n in scored])
         if not landed:  # logged meanwhile, by a run that has since let go
             return []
-        logger = MetricsLogger(output_dir, 0, 0, tracking(), progress=False)
+        section, run_config = tracking() or (None, None)  # the run's trackers and the config they record
+        logger = MetricsLogger(output_dir, 0, 0, section, run_config, progress=False)
         try:
             for name, scores in landed:
                 line = f"logged after the run ended: {score_line(scores)}"

@@ -12,7 +12,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from rich.console import Console
@@ -65,9 +65,12 @@ class MetricsLogger:
         total_steps: int,
         start_step: int,
         tracking: TrackingSection | None = None,
+        run_config: Mapping[str, Any] | None = None,
         progress: bool = True,
     ) -> None:
-        """`progress=False`: no progress bar (the evaluator logging a run's late scores trains nothing)."""
+        """`tracking`: the trackers to start, recording `run_config` (the run's encoded config, as its
+        train_config.json holds it); `progress=False`: no progress bar (the evaluator logging a run's
+        late scores trains nothing)."""
         storage.makedirs(output_dir)
         self.dir = output_dir.rstrip("/")
         self.path = f"{self.dir}/{METRICS_FILE}"
@@ -79,7 +82,9 @@ class MetricsLogger:
         # No markup: lines hold paths and values, and `[...]` in a path would vanish as a style tag.
         self.console = Console(file=sys.stderr, highlight=False, soft_wrap=True, markup=False)
         # Trackers start before the progress bar, so what they print stays above it.
-        trackers = start_trackers(tracking, self.console.print) if tracking is not None else []
+        trackers = (
+            start_trackers(tracking, run_config or {}, self.console.print) if tracking is not None else []
+        )
         self.trackers = GuardedTrackers(trackers, self.console.print)
         self.title = tracking.job_name if tracking is not None else layout.name(self.dir)
         self.progress: Progress | None = None
@@ -215,7 +220,15 @@ class NullLogger:
 
 
 def make_logger(
-    is_main: bool, output_dir: str, total_steps: int, start_step: int, tracking: TrackingSection | None = None
+    is_main: bool,
+    output_dir: str,
+    total_steps: int,
+    start_step: int,
+    tracking: TrackingSection | None = None,
+    run_config: Mapping[str, Any] | None = None,
 ) -> Logger:
-    """The one rank gate for run output, and for the experiment trackers `tracking` enables."""
-    return MetricsLogger(output_dir, total_steps, start_step, tracking) if is_main else NullLogger()
+    """The one rank gate for run output, and for the experiment trackers `tracking` enables (each
+    recording `run_config`)."""
+    return (
+        MetricsLogger(output_dir, total_steps, start_step, tracking, run_config) if is_main else NullLogger()
+    )

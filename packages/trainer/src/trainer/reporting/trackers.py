@@ -19,7 +19,7 @@ import netrc
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Literal, Protocol, cast
 from urllib.parse import urlparse
@@ -111,9 +111,12 @@ def _wandb_credentials() -> bool:
         return False
 
 
-def start_trackers(tracking: TrackingSection, warn: Callable[[str], None]) -> list[Tracker]:
-    """Main rank only. The enabled trackers, started; one that fails to start is a warning."""
-    factories: list[tuple[str, bool, Callable[[TrackingSection], Tracker]]] = [
+def start_trackers(
+    tracking: TrackingSection, run_config: Mapping[str, Any], warn: Callable[[str], None]
+) -> list[Tracker]:
+    """Main rank only. The enabled trackers, started, each recording `run_config` (the encoded config
+    train_config.json holds); one that fails to start is a warning."""
+    factories: list[tuple[str, bool, Callable[[TrackingSection, Mapping[str, Any]], Tracker]]] = [
         ("wandb", tracking.wandb.enable, WandbTracker),
         ("trackio", tracking.trackio.enable, TrackioTracker),
     ]
@@ -121,7 +124,7 @@ def start_trackers(tracking: TrackingSection, warn: Callable[[str], None]) -> li
     for name, enabled, factory in factories:
         if enabled:
             try:
-                trackers.append(factory(tracking))
+                trackers.append(factory(tracking, run_config))
             except Exception as exc:  # a tracker must never stop training
                 warn(
                     f"warning: {name} could not start ({ckpt_tools.one_line(exc, expected=())}): training continues without it"
@@ -166,7 +169,7 @@ class WandbTracker:
 
     name = "wandb"
 
-    def __init__(self, tracking: TrackingSection) -> None:
+    def __init__(self, tracking: TrackingSection, run_config: Mapping[str, Any]) -> None:
         import wandb
 
         settings = tracking.wandb  # its run_id decided by the run plan
@@ -179,7 +182,7 @@ class WandbTracker:
             id=settings.run_id,
             resume="allow",
             dir=tracking.output_dir,
-            config=dict(tracking.train_config),
+            config=dict(run_config),
         )
         self._eval_axis = False  # `eval/step` defined at the first score
 
@@ -214,7 +217,7 @@ class TrackioTracker:
 
     name = "trackio"
 
-    def __init__(self, tracking: TrackingSection) -> None:
+    def __init__(self, tracking: TrackingSection, run_config: Mapping[str, Any]) -> None:
         import trackio
 
         settings = tracking.trackio  # its run_name decided by the run plan
@@ -223,7 +226,7 @@ class TrackioTracker:
             project=settings.project,
             name=settings.run_name,
             resume="allow",
-            config=dict(tracking.train_config),
+            config=dict(run_config),
             embed=False,
             auto_log_gpu=False,
             auto_log_cpu=False,

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import ckpt_tools
 from trainer.config.sections import HubSection, SavingSection
 from trainer.engine.checkpoint.hub_pushes import CheckpointPusher
-from trainer.engine.run import RunSummary
 from trainer.errors import USER_ERRORS, ConfigError, PublishFailedError
 from trainer.reporting.metrics import Logger
+from trainer.reporting.summary import RunSummary
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -119,7 +119,7 @@ def _publish_on_main(section: SavingSection, summary: RunSummary, logger: Logger
             repo_id,
             private=section.hub.private,
             endpoint=os.environ.get("HF_ENDPOINT"),  # read now, not when huggingface_hub was imported
-            extra_card_info=_card_extras(section, summary),
+            extra_card_info=_card_extras(summary),
             weights=weights,
         )
     except Exception as exc:  # any failure must reach the other ranks, or they wait for ever
@@ -142,12 +142,12 @@ def _publish_on_main(section: SavingSection, summary: RunSummary, logger: Logger
     )
 
 
-def _card_extras(section: SavingSection, summary: RunSummary) -> dict[str, Any]:
+def _card_extras(summary: RunSummary) -> dict[str, Any]:
     """What the run knows beyond its files: the final loss, and the evaluation returns when it ran."""
     extras: dict[str, Any] = {}
     if not math.isnan(summary.final_loss):
         extras["final_loss"] = summary.final_loss
-    if section.rollout_episodes > 0:
+    if summary.episodes > 0:
         extras["Evaluation return (policy / random torques)"] = (
             f"{summary.policy_return:.1f} / {summary.random_return:.1f}"
         )

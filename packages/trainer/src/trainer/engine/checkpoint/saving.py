@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Collection, Iterator, Mapping
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
@@ -63,6 +63,13 @@ def check_async_save(async_save: bool, topology: Topology) -> None:
         )
 
 
+def saved_config(section: SavingSection) -> dict[str, Any]:
+    """train_config.json: the run's config with its absolute output_dir (parse_config resolves it) and
+    `resume` stored false, so the file alone reproduces the run from its start; continuing the run is
+    what `--resume=true` asks for."""
+    return {**section.train_config, "resume": False}
+
+
 def training_step(
     section: SavingSection, topology: Topology, step: int, position: tuple[int, int]
 ) -> TrainingStep:
@@ -110,7 +117,7 @@ def start(
                 model=objects["model"],
                 optimizer=objects["optimizer"],
                 policy_config=dict(section.policy_config),
-                train_config=dict(section.train_config),
+                train_config=saved_config(section),
                 processors=processors,
                 scheduler=objects["scheduler"],
                 scaler=objects["scaler"],

@@ -17,9 +17,10 @@ from trainer.engine.checkpoint import publishing
 from trainer.engine.checkpoint.evaluations import Evaluations
 from trainer.engine.checkpoint.hub_pushes import CheckpointPusher
 from trainer.engine.checkpoint.schedule import SaveSchedule, check_writes
-from trainer.engine.run import Run, RunSummary
+from trainer.engine.run import Run
 from trainer.errors import USER_ERRORS, RunFailedError
 from trainer.reporting.metrics import Logger
+from trainer.reporting.summary import RunSummary
 
 
 class Checkpoints:
