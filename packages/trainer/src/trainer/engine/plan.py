@@ -425,7 +425,7 @@ def resolve_accelerator(config: TrainConfig, topology: Topology) -> AcceleratorC
 
 
 def resolve_policy_features(policy: PolicyConfig, dataset: Dataset) -> PolicyConfig:
-    """The policy config as the data shapes it (`policies.base.fit_to_data`: the features the dataset
+    """The policy config as the data shapes it (`policies.common.base.fit_to_data`: the features the dataset
     resolved, the sizes left at 0, a camera policy's frame shapes), so the saved config.json rebuilds
     the same policy without the data."""
     return fit_to_data(policy, dataset)
