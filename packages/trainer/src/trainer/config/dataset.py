@@ -69,6 +69,10 @@ class Dataset(Protocol):
     """What the training loop, validation and evaluation read from a dataset."""
 
     input_features: list[str]
+    vector_widths: dict[str, int]
+    """The width of each float vector among `input_features`, in the order they are concatenated
+    into `observation.state` ({} when the dataset does not know them apart): how a policy that reads
+    one of them on its own (ACT's `observation.environment_state`) finds it."""
 
     @property
     def gather_in_workers(self) -> bool:

@@ -119,6 +119,17 @@ class PolicyConfig(draccus.ChoiceRegistry):
         records them, and refuses shapes other than those it was trained on)."""
         return self
 
+    def with_vector_widths(self, widths: dict[str, int]) -> PolicyConfig:
+        """This config for the data's float vectors of these widths (`Dataset.vector_widths`, in the
+        order they are concatenated), called before the sizes left at 0 are filled: a policy that
+        reads one of them on its own records where it lies in `observation.state`."""
+        return self
+
+    def data_note(self) -> str | None:
+        """A line for the run's start banner when the model built for this data is not the one
+        LeRobot builds from the same flags; None when it is."""
+        return None
+
     @property
     def chunk_size(self) -> int:
         """Actions predicted per observation."""

@@ -7,6 +7,7 @@ outside one). Its config is a `DatasetConfig` subclass whose `load()` returns an
 - `len(dataset)`: frames (samples) in the order the sampler indexes them;
 - `obs_dim`, `action_dim`, `input_features`: feature sizes, and the names of the observation
   features concatenated (in this order) into the policy's observation vector;
+- `vector_widths`: the width of each of those float vectors, in that order ({} when not known apart);
 - `gather(indices, frames)`: a batch `{observation.state, action, action_is_pad}` with the frames
   `config.dataset.Frames` names around each sample (the action chunk, the observation history), none
   taken across its episode's bounds (`<key>_is_pad` flags the padded ones), plus each camera among
@@ -86,6 +87,7 @@ class ArrayDataset:
         stats: Stats | None = None,
         images: dict[str, np.ndarray | torch.Tensor] | None = None,
         tasks: Sequence[str] | None = None,
+        vector_widths: Mapping[str, int] | None = None,
     ) -> None:
         with warnings.catch_warnings():  # arrays read from Arrow are read-only views; nothing writes them
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -106,6 +108,7 @@ class ArrayDataset:
         self.episode_first = torch.repeat_interleave(ends - lengths, lengths)
         self.episode_last = torch.repeat_interleave(ends - 1, lengths)
         self.input_features = list(input_features)
+        self.vector_widths = self._vector_widths(vector_widths)
         self._stats = stats
         self.notes: list[str] = []  # lines the run's banner prints about this data (frames skipped...)
         self.images = {
@@ -120,6 +123,19 @@ class ArrayDataset:
                     f"camera {name!r}: expected uint8 frames (frames, C, H, W) for {len(self.actions)} frames, "
                     f"got {frames.dtype} {tuple(frames.shape)}"
                 )
+
+    def _vector_widths(self, given: Mapping[str, int] | None) -> dict[str, int]:
+        """`given` (checked to add up to the observation's width), else the one float vector's width
+        when there is one ({} when several are concatenated and their widths were not given)."""
+        if given is None:
+            vectors = [n for n in self.input_features if not is_camera(n) and n != TASK_KEY]
+            return {vectors[0]: self.obs_dim} if len(vectors) == 1 else {}
+        if sum(given.values()) != self.obs_dim:
+            raise ConfigError(
+                f"a dataset's vector widths {dict(given)} add up to {sum(given.values())}, not its "
+                f"{self.obs_dim} observation values: give one width per float vector, in order"
+            )
+        return dict(given)
 
     def __len__(self) -> int:
         return len(self.observations)

@@ -118,7 +118,9 @@ def resolve_plan(config: TrainConfig, world_size: int) -> tuple[RunPlan, RunData
         padded=config.policy.pads_mixed_members,
     )
     config = config.derive(policy=resolve_policy_features(config.policy, dataset))
-    notes = tuple(note for note in (layout_note, format_note, batch_note, publish_note, rename_note) if note)
+    policy_note = config.policy.data_note()
+    remarks = (layout_note, format_note, batch_note, publish_note, rename_note, policy_note)
+    notes = tuple(note for note in remarks if note)
     described = f"{source}: {optimizer.describe()}, {scheduler.describe()}"
     plan = RunPlan(
         loop=loop_section(config),

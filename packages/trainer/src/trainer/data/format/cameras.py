@@ -17,7 +17,7 @@ same verdict, so no rank waits on another's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -183,8 +183,10 @@ class CameraDataset(ArrayDataset):
         cameras: Cameras,
         camera_stats: Stats,
         tasks: Sequence[str] | None = None,
+        vector_widths: Mapping[str, int] | None = None,
     ) -> None:
-        super().__init__(observations, actions, episode_lengths, input_features, stats, tasks=tasks)
+        arrays = (observations, actions, episode_lengths, input_features, stats)
+        super().__init__(*arrays, tasks=tasks, vector_widths=vector_widths)
         self.cameras = cameras
         self._camera_stats = camera_stats
 

@@ -36,6 +36,7 @@ class Mixture:
         self.members = list(members)
         self.labels = list(labels)
         self.input_features = list(self.members[0].input_features)
+        self.vector_widths = dict(self.members[0].vector_widths)  # members agree on their features
         self.gather_in_workers = any(m.gather_in_workers for m in self.members)
         self.weighted_order = WeightedOrder([len(m) for m in self.members], weights, labels)
         # each member's banner lines (episodes skipped, floored std), named by member

@@ -63,6 +63,7 @@ class RenamedDataset:
     def __init__(self, inner: Dataset, rename: Mapping[str, str]) -> None:
         self.inner, self.rename = inner, dict(rename)
         self.input_features = [self.rename.get(name, name) for name in inner.input_features]
+        self.vector_widths = {self.rename.get(n, n): w for n, w in inner.vector_widths.items()}
         # decoding datasets (cameras) gather in the loader's workers; the wrapper pickles with them
         self.gather_in_workers = inner.gather_in_workers
         # a mixture's draw order by weight (data/pipeline/mixture.py), which the sampler follows

@@ -240,13 +240,14 @@ def _load(
     stats = _stats(saved, features, frames)
     arrays = (observations, frames[ACTION_KEY], lengths, [*features, *cameras, *language], stats)
     tasks = _task_texts(root, frames["task_index"]) if language else None
+    widths = {name: int(frames[name].shape[1]) for name in features}
     if not cameras:
-        dataset = ArrayDataset(*arrays, tasks=tasks)
+        dataset = ArrayDataset(*arrays, tasks=tasks, vector_widths=widths)
     else:
         reader = Cameras(info, cameras, frames, config.video_backend, config.tolerance_s)
         reader.check()
         camera = camera_stats(info, cameras, saved, config.use_imagenet_stats)
-        dataset = CameraDataset(*arrays, reader, camera, tasks=tasks)
+        dataset = CameraDataset(*arrays, reader, camera, tasks=tasks, vector_widths=widths)
     dataset.notes = notes
     return dataset
 

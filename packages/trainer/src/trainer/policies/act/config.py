@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from trainer.config.optim import AdamWConfig, ConstantConfig
 from trainer.config.policy import LeRobotAdapter, PolicyConfig
-from trainer.data.dataset import ALL_CAMERAS, OBS_KEY
+from trainer.data.dataset import ALL_CAMERAS, ENV_KEY, OBS_KEY
 from trainer.errors import ConfigError
 from trainer.policies.common import resnet
 
@@ -82,8 +82,9 @@ class ACTConfig(PolicyConfig):
     another shape are refused)."""
     env_state_dim: int = 0
     """Width of LeRobot's `observation.environment_state` at the end of `observation.state` (the last
-    of the input features): read as a token of its own, as LeRobot's ACT does; 0 reads the whole state
-    as one token. Set from a LeRobot checkpoint's config.json."""
+    of the input features): read as a token of its own and left unnormalized, as LeRobot's ACT does;
+    0 reads the whole state as one token. Taken from the data when the environment state is among the
+    input features (from a LeRobot checkpoint's config.json when fine-tuning one)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -131,6 +132,38 @@ class ACTConfig(PolicyConfig):
         state = {name: tensor.clone() for name, tensor in stats[OBS_KEY].items()}
         state["mean"][-self.env_state_dim :], state["std"][-self.env_state_dim :] = 0.0, 1.0
         return {**stats, OBS_KEY: state}
+
+    def with_vector_widths(self, widths: dict[str, int]) -> ACTConfig:
+        """With `observation.environment_state` among the data's vectors, `env_state_dim` is its width:
+        LeRobot's ACT reads it as its own token, so a run from LeRobot's flags builds LeRobot's model.
+        It must come last (the model reads the end of `observation.state`); a flag or a checkpoint that
+        gives another nonzero width is refused. A config whose sizes are already fixed (a checkpoint's)
+        with env_state_dim 0 keeps the model it was trained as (`data_note` says so)."""
+        vectors = list(widths)  # in the order the data concatenates them
+        if ENV_KEY not in vectors or (self.obs_dim and not self.env_state_dim):
+            return self
+        if vectors[-1] != ENV_KEY:
+            raise ConfigError(
+                f"--policy.input_features lists {ENV_KEY} before {vectors[-1]}: ACT reads the environment "
+                "state as its own token from the end of the state vector; list it last among the float vectors"
+            )
+        if self.env_state_dim not in (0, widths[ENV_KEY]):
+            raise ConfigError(
+                f"--policy.env_state_dim={self.env_state_dim}, but the data's {ENV_KEY} holds "
+                f"{widths[ENV_KEY]} values: leave the flag out, it is taken from the data"
+            )
+        return dataclasses.replace(self, env_state_dim=widths[ENV_KEY])
+
+    def data_note(self) -> str | None:
+        """A checkpoint whose ACT reads `observation.environment_state` inside the robot state (trained
+        before the environment state was its own token) is not LeRobot's ACT: said at start."""
+        if ENV_KEY in self.input_features and not self.env_state_dim:
+            return (
+                f"this ACT reads {ENV_KEY} inside {OBS_KEY} (its checkpoint's env_state_dim is 0), not as "
+                "LeRobot's ACT does (its own token, unnormalized): `trainer export` refuses it; train from "
+                "scratch for LeRobot's model"
+            )
+        return None
 
     def with_frame_shapes(self, shapes: dict[str, list[int]]) -> ACTConfig:
         """The cameras' frame shapes recorded; a checkpoint's cameras at another size than the data's

@@ -157,7 +157,13 @@ def config_to_lerobot(ours: dict[str, Any]) -> dict[str, Any]:
     `observation.state` (STATE, concatenated in `input_features` order) but for the environment
     state's width (`observation.environment_state`, ENV), each camera a VISUAL feature, LeRobot's run
     fields at its defaults. LeRobot's ACT needs a camera or an environment state, so an ACT reading
-    only a state vector is refused."""
+    only a state vector is refused, and so is one that read the environment state inside its robot
+    state (LeRobot's would read it as its own token)."""
+    if ENV_KEY in ours["input_features"] and not ours["env_state_dim"]:
+        raise ConfigError(
+            f"this ACT reads {ENV_KEY} inside {OBS_KEY} (env_state_dim 0), and LeRobot's ACT reads it as "
+            "its own token: train it again (the environment state is then its own token) to export it"
+        )
     if not _cameras(ours) and not ours["env_state_dim"]:
         raise ConfigError(
             "LeRobot's ACT needs a camera or observation.environment_state among its inputs, and this "

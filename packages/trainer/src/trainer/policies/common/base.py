@@ -137,13 +137,13 @@ def build_policy(config: PolicyConfig, obs_dim: int, action_dim: int) -> Policy:
 
 def fit_to_data(config: PolicyConfig, dataset: Dataset) -> PolicyConfig:
     """`config` as the data shapes it (a new object): the features the dataset resolved, the sizes
-    left at 0, and the cameras' frame shapes (`PolicyConfig.with_frame_shapes`), so the saved
+    left at 0, where each float vector lies (`PolicyConfig.with_vector_widths`), and the cameras' frame shapes (`PolicyConfig.with_frame_shapes`), so the saved
     config.json rebuilds the same policy without the data. (A dataset gives cameras only to a policy
     that asks for them: ACT's default `observation.images.*`, or named ones.)"""
     check_history(config, dataset)
     features = list(dataset.input_features)
     fitted = dataclasses.replace(
-        config,
+        config.with_vector_widths(dataset.vector_widths),
         input_features=features,
         obs_dim=config.obs_dim or dataset.obs_dim,
         action_dim=config.action_dim or dataset.action_dim,
