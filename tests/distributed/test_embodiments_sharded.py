@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from helpers.engine_run import train_in
 from helpers.fixtures import copy_fixture, fixture_dir
 from helpers.launch import no_traceback_from_us, run_torchrun
+from helpers.run_outputs import metrics
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -37,8 +38,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 def _records(run: Path, event: str) -> dict[int, dict]:
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    return {r["step"]: r for r in map(json.loads, lines) if r.get("event") == event}
+    return {r["step"]: r for r in metrics(run, event)}
 
 
 def _samples(run: Path) -> dict[int, tuple[int, int]]:

@@ -20,11 +20,14 @@ def wait_for(
     process: subprocess.Popen[str] | subprocess.Popen[bytes] | None = None,
 ) -> None:
     """Poll `condition` until it is true. Fails the test naming `what` after `timeout` seconds, or as
-    soon as `process` (the run the state is awaited from) has exited without reaching it."""
+    soon as `process` (the run the state is awaited from) has exited without reaching it, with the end
+    of its output when it writes to a pipe."""
     deadline = time.monotonic() + timeout
     while not condition():
         if process is not None and process.poll() is not None:
-            pytest.fail(f"the process exited ({process.returncode}) before {what}")
+            output = process.communicate()[0] if process.stdout is not None else ""
+            tail = output[-3000:] if isinstance(output, str) else output[-3000:].decode(errors="replace")
+            pytest.fail(f"the process exited ({process.returncode}) before {what}\n{tail}".rstrip())
         if time.monotonic() > deadline:
             pytest.fail(f"no {what} within {timeout:.0f} s")
         time.sleep(0.05)

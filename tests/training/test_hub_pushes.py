@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load
 
 from helpers.hub_server import HubServer
-from helpers.run_outputs import committed_step, metrics, model_file, step_dir
+from helpers.run_outputs import committed_step, metrics, model_file, saved_step
 from helpers.train_flags import tiny_args
 from helpers.waiting import wait_for
 from trainer.cli.parse import parse_config
@@ -61,7 +61,7 @@ def test_each_checkpoint_is_one_tagged_commit_pushed_while_training(
     for step in ("000002", "000004"):
         _assert_step_pushed(hub, out, step)
         tagged = hub.tagged(REPO, f"step-{step}")
-        step_json = (step_dir(out, step) / "training_state" / "training_step.json").read_bytes()
+        step_json = (saved_step(out, step) / "training_state" / "training_step.json").read_bytes()
         assert tagged["training_state/training_step.json"] == step_json  # --push_training_state
     assert [r["tag"] for r in metrics(out, "hub_push")] == ["step-000002", "step-000004"]
     downloaded = tmp_path / "step-000002"  # what `hf download REPO --revision step-000002` gives
@@ -97,7 +97,7 @@ def test_a_slow_hub_skips_a_waiting_step_and_retention_keeps_the_one_in_flight(
     _assert_step_pushed(hub, out, "000006")
     err = capsys.readouterr().err
     assert "not pushing step 000004: step 000006 is newer and step 000002 is still uploading" in err
-    assert not step_dir(out, 4).exists()  # nothing pinned it: retention went on
+    assert not saved_step(out, 4).exists()  # nothing pinned it: retention went on
 
 
 def test_transient_failures_are_retried(tmp_path, dataset_cache, hub, capsys) -> None:
