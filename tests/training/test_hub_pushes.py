@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 from safetensors.torch import load
 
 from helpers.hub_server import HubServer
-from helpers.run_outputs import committed_step, metrics, model_file, saved_step
+from helpers.run_outputs import committed_step, metrics, metrics_so_far, model_file, saved_step
 from helpers.train_flags import tiny_args
 from helpers.waiting import wait_for
 from trainer.cli.parse import parse_config
@@ -86,11 +87,15 @@ def test_without_training_state_only_the_model_is_pushed(tmp_path, dataset_cache
 def test_a_slow_hub_skips_a_waiting_step_and_retention_keeps_the_one_in_flight(
     tmp_path, dataset_cache, hub, capsys
 ) -> None:
-    """Step 2 uploads for seconds while steps 4 and 6 are saved: 4 waits, 6 replaces it (one line says
-    so), and --keep_last=1 does not delete step 2 under its push."""
-    hub.slow("preupload", 2.0)
+    """Step 2's push is held until steps 4 and 6 are saved: 4 waits, 6 replaces it (one line says so),
+    and --keep_last=1 does not delete step 2 under its push. The hold ends at that line, not after a
+    time a busy machine could outlast."""
     out = tmp_path / "run"
+    hub.hold("preupload", after_commits=0)
+    release = threading.Thread(target=_release_when_skipped, args=(hub, out), daemon=True)
+    release.start()
     train(parse_config(tiny_args(str(out), dataset_cache, *PUSHES, "--steps=6", "--keep_last=1")))
+    release.join()
 
     assert set(hub.repo(REPO).tags) == {"step-000002", "step-000006"}
     _assert_step_pushed(hub, out, "000002")  # retention spared it while it was pushed
@@ -98,6 +103,15 @@ def test_a_slow_hub_skips_a_waiting_step_and_retention_keeps_the_one_in_flight(
     err = capsys.readouterr().err
     assert "not pushing step 000004: step 000006 is newer and step 000002 is still uploading" in err
     assert not saved_step(out, 4).exists()  # nothing pinned it: retention went on
+
+
+def _release_when_skipped(hub: HubServer, out: Path) -> None:
+    """End the hold of step 2's push once the run has said which waiting step it skipped (or, failing
+    that, at the deadline: the run then ends and the test fails on what it asserts)."""
+    try:
+        wait_for(lambda: metrics_so_far(out, "hub_push_skipped"), "skipped push")
+    finally:
+        hub.slow("preupload", 0.0)
 
 
 def test_transient_failures_are_retried(tmp_path, dataset_cache, hub, capsys) -> None:
