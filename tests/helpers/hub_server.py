@@ -3,7 +3,8 @@
 It implements the endpoints huggingface_hub uses to create a model repo and commit files to it (the
 requests of `HfApi.create_repo`, `create_commit`, `preupload_lfs_files`, `create_tag` and `delete_tag`),
 keeps repos, commits (each with the files it left), tags and LFS objects in memory, and can be told to
-fail a route with a given status (for ever, or the next N requests) or to answer it slowly. It also serves
+fail a route with a given status (for ever, or the next N requests), to answer it slowly, or to hold it
+after a number of commits until released (a push stalled for as long as a test needs). It also serves
 dataset repos seeded with `add_dataset` through the endpoints huggingface_hub's `HfFileSystem` reads
 (`repo_info`, `tree`, `paths-info`, and `resolve` with HTTP Range requests answered 206, as the Hub
 does), with the Hub's `X-Error-Code` on a missing repo, revision or file. It runs on 127.0.0.1 with
