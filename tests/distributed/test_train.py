@@ -13,7 +13,7 @@ import pytest
 
 import ckpt_tools
 from helpers.launch import run_torchrun
-from helpers.run_outputs import metrics
+from helpers.run_outputs import metrics, saved_model
 from helpers.train_flags import tiny_args
 from trainer.data.embedded import sim
 from trainer.evaluation.rollouts import EVAL_SEED_BASE
@@ -112,7 +112,7 @@ def test_ddp_writes_plain_safetensors(train_runs) -> None:
 
 
 def test_checkpoint_formats(train_runs) -> None:
-    model = {name: train_runs[name][0] / "checkpoints" / "000004" / "pretrained_model" for name in RUNS}
+    model = {name: saved_model(train_runs[name][0], 4) for name in RUNS}
     assert (model["fsdp2_bf16"] / "pytorch_model_fsdp_0" / ".metadata").is_file()
     assert not (model["fsdp2_bf16"] / "model.safetensors").exists()
     assert (model["fsdp4"] / "pytorch_model_fsdp_0" / ".metadata").is_file()
