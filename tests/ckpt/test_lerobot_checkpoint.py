@@ -19,6 +19,7 @@ from ckpt_tools import layout
 from ckpt_tools.catalog import LEROBOT, catalog
 from ckpt_tools.errors import ForeignCheckpointError, LegacyCheckpointError
 from helpers.fixtures import copy_fixture
+from helpers.run_outputs import saved_model
 
 PREPROCESSOR_STATE = "policy_preprocessor_step_3_normalizer_processor.safetensors"
 LINE = "LeRobot layout (step 2, dp_world_size 1, batch_size 2)"  # 0.6.1's num_processes, read as LeRobot reads it
@@ -37,13 +38,13 @@ def step2(run_dir: Path, tmp_path: Path) -> Path:
 
 
 def test_catalog_and_inspect_show_the_lerobot_layout(run_dir: Path) -> None:
-    cat = catalog(run_dir / "checkpoints" / "000002" / "pretrained_model")
+    cat = catalog(saved_model(run_dir, 2))
     assert cat.layout == LEROBOT and cat.layout_line() == LINE
     assert cat.labels == ("safetensors", "optimizer safetensors")
     for path in (
         run_dir,
         run_dir / "checkpoints" / "000002",
-        run_dir / "checkpoints" / "000002" / "pretrained_model",
+        saved_model(run_dir, 2),
     ):
         result = run_ckpt("inspect", path, "--json")
         assert result.exit_code == 0, result.stderr

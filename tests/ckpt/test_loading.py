@@ -15,6 +15,7 @@ from ckpt_tools import layout
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError, UnsafePickleError
 from ckpt_tools.state.processor_state import ProcessorState
 from helpers.pickle_payload import malicious_dcp_metadata
+from helpers.run_outputs import model_file, saved_model
 from helpers.tiny_run import make_run, save, train, training_step
 
 
@@ -64,7 +65,7 @@ def test_open_checkpoint_accepts_every_entry_point(run_dir, where):
 def test_full_state_dict_is_bit_identical(run_dir, tmp_path, source):
     root, expected, _ = run_dir
     model_dir = tmp_path / "pretrained_model"
-    shutil.copytree(root / "checkpoints" / "000003" / "pretrained_model", model_dir)
+    shutil.copytree(saved_model(root, 3), model_dir)
     if source == "dcp":
         os.remove(model_dir / "model.safetensors")
     loaded = ckpt_tools.load_model_state_dict(model_dir)
@@ -114,7 +115,7 @@ def test_processors_round_trip(run_dir):
 
 def test_bare_model_dir_has_no_training_step(run_dir, tmp_path):
     root, _, _ = run_dir
-    shutil.copy(root / "checkpoints" / "000003" / "pretrained_model" / "model.safetensors", tmp_path)
+    shutil.copy(model_file(root, 3), tmp_path)
     checkpoint = ckpt_tools.open_checkpoint(tmp_path)
     with pytest.raises(NotACheckpointError, match="training_state"):
         checkpoint.training_step()
@@ -129,7 +130,7 @@ def test_crafted_dcp_metadata_is_refused_before_torch_unpickles_it(run_dir, tmp_
     root, _, _ = run_dir
     model_dir = tmp_path / "pretrained_model"
     shutil.copytree(
-        root / "checkpoints" / "000003" / "pretrained_model" / "pytorch_model_fsdp_0",
+        model_file(root, 3, "pytorch_model_fsdp_0"),
         model_dir / "pytorch_model_fsdp_0",
     )
     target = tmp_path / "payload_ran"

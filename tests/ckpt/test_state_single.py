@@ -18,6 +18,7 @@ from ckpt_tools.files import storage
 from ckpt_tools.state import optim_codec, rng
 from ckpt_tools.state import save as save_module
 from ckpt_tools.state.processor_state import ProcessorState
+from helpers.run_outputs import saved_model
 from helpers.tiny_run import (
     assert_same_optimizer_state,
     assert_same_tensors,
@@ -46,7 +47,7 @@ def test_save_writes_the_files_of_the_format(tmp_path, trained):
     assert final == str(tmp_path / "checkpoints" / "000005")
     assert os.readlink(tmp_path / "checkpoints" / "last") == "000005"
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["000005", "last"]  # no .tmp- leftovers
-    model_dir = tmp_path / "checkpoints" / "000005" / "pretrained_model"
+    model_dir = saved_model(tmp_path, 5)
     assert sorted(os.listdir(model_dir)) == [
         "config.json",
         "model.safetensors",

@@ -5,7 +5,6 @@ FSDP2 with the base frozen."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ from safetensors.torch import load_file
 
 import trainer
 from helpers.launch import run_torchrun
+from helpers.run_outputs import metrics, saved_model
 from helpers.train_flags import TINY_LEROBOT_ACT
 from trainer.data.embedded import sim
 
@@ -30,7 +30,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 def _records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return metrics(run)
 
 
 def test_fsdp2_units_are_the_layers_and_trunk_stages(runs) -> None:
@@ -62,7 +62,7 @@ def test_both_roll_out_from_pixels_on_every_rank(runs) -> None:
 
 def test_lora_under_fsdp2_trains_the_attention_adapters_only(runs) -> None:
     out, _ = runs
-    model_dir = out / "lora" / "checkpoints" / "last" / "pretrained_model"
+    model_dir = saved_model(out / "lora")
     adapter = load_file(str(model_dir / "adapter_model.safetensors"))
     targets = {name.split(".lora_")[0].rsplit(".", 1)[-1] for name in adapter}
     assert targets == {"q_proj", "k_proj", "v_proj", "out_proj"}

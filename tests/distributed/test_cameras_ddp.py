@@ -6,7 +6,6 @@ each with one error line and no traceback."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -19,7 +18,9 @@ from safetensors.torch import load_file
 
 from helpers.fixtures import copy_fixture
 from helpers.launch import launch_env, no_traceback_from_us, run_torchrun, torchrun_command
+from helpers.run_outputs import metrics_so_far, model_file
 from helpers.train_flags import TINY_LEROBOT_ACT
+from helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -51,10 +52,7 @@ def test_two_rank_camera_run_resumes_on_the_uninterrupted_samples(tmp_path, monk
     resumed.append("--allow_types=helpers.camera_policy:CameraPolicyConfig")  # the saved config names it
     log = run_torchrun(TRAIN, 2, *resumed).stdout  # the straight run's steps 3 and 4, again
     assert "checkpoints/000002 at step 2" in log and no_traceback_from_us(log)
-    weights = [
-        load_file(tmp_path / run / "checkpoints/000004/pretrained_model/model.safetensors")
-        for run in ("straight", "cut")
-    ]
+    weights = [load_file(model_file(tmp_path / run, 4)) for run in ("straight", "cut")]
     assert torch.equal(weights[0]["head.weight"], weights[1]["head.weight"])
     first = load_file(step_2.parent / "model.safetensors")
     assert not torch.equal(first["head.weight"], weights[1]["head.weight"])  # the resumed steps trained
@@ -68,10 +66,7 @@ def test_a_killed_worker_ends_both_ranks_in_one_line_each(tmp_path, monkeypatch)
         command, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        deadline = time.monotonic() + 120
-        while not _trained(out / "metrics.jsonl"):
-            assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()[0]
-            time.sleep(0.2)
+        wait_for(lambda: metrics_so_far(out, "train"), "first training record", process=launcher)
         ranks = psutil.Process(launcher.pid).children()
         workers = [worker for rank in ranks for worker in rank.children()]
         assert len(ranks) == 2 and len(workers) == 2  # one data loader worker per rank
@@ -87,13 +82,6 @@ def test_a_killed_worker_ends_both_ranks_in_one_line_each(tmp_path, monkeypatch)
     errors = [line for line in log.splitlines() if "error: " in line]
     assert len(errors) == 2 and no_traceback_from_us(log), log
     assert any("a data loader worker stopped delivering batches within 10 s" in line for line in errors), log
-
-
-def _trained(metrics: Path) -> bool:
-    """The run has logged a training step (its workers are up and decoding)."""
-    if not metrics.exists():
-        return False
-    return any(json.loads(line).get("step") for line in metrics.read_text().splitlines() if line.strip())
 
 
 def test_fsdp2_act_with_two_workers_on_the_video_fixture_resumes_sample_exact(tmp_path) -> None:
@@ -121,10 +109,7 @@ def test_fsdp2_act_with_two_workers_on_the_video_fixture_resumes_sample_exact(tm
     ).stdout
     assert "checkpoints/000002 at step 2" in log and no_traceback_from_us(log)
     assert "observation.images.top" in log and "observation.images.wrist" in log  # both cameras read
-    straight, cut = (
-        load_file(tmp_path / run / "checkpoints/000004/pretrained_model/model.safetensors")
-        for run in ("straight", "cut")
-    )
+    straight, cut = (load_file(model_file(tmp_path / run, 4)) for run in ("straight", "cut"))
     assert straight.keys() == cut.keys() and all(torch.equal(straight[k], cut[k]) for k in straight)
     first = load_file(step_2.parent / "model.safetensors")
     assert any(not torch.equal(first[k], cut[k]) for k in first)  # the resumed steps trained

@@ -18,6 +18,7 @@ from safetensors import safe_open
 import ckpt_tools
 from ckpt_tools.tensors.tensor_io import read_dcp_full
 from helpers.launch import run_torchrun
+from helpers.run_outputs import saved_model
 from helpers.tiny_run import assert_same_tensors
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
@@ -47,7 +48,7 @@ def assert_same_full_state(got: dict, want: dict) -> None:
 
 
 def model_dir(written: Path, case: str) -> Path:
-    return written / case / "checkpoints" / STEP[case] / "pretrained_model"
+    return saved_model(written / case, STEP[case])
 
 
 @pytest.mark.parametrize("case", ["fsdp4", "hsdp2x2", "fsdp2"])

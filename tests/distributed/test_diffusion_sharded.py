@@ -20,6 +20,7 @@ import ckpt_tools
 import trainer
 from helpers.fixtures import fixture_dir
 from helpers.launch import run_torchrun
+from helpers.run_outputs import metrics, saved_model
 from trainer.config.ema import EmaConfig
 from trainer.evaluation.lerobot_export import export_lerobot
 
@@ -39,11 +40,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 def _weights(out: Path, run: str, step: int, name: str = "model.safetensors") -> dict[str, torch.Tensor]:
-    return load_file(str(out / run / "checkpoints" / f"{step:06d}" / "pretrained_model" / name))
+    return load_file(str(saved_model(out / run, step) / name))
 
 
 def _losses(run: Path) -> list[float]:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(run)
     return [r["loss"] for r in records if r.get("event") == "train"]
 
 

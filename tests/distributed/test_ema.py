@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 import ckpt_tools
 from ckpt_tools import layout
 from helpers.launch import CKPT_CLI, launch_env, run_torchrun
+from helpers.run_outputs import model_file
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -190,7 +191,7 @@ def test_convert_turns_the_ema_shards_into_ema_safetensors(runs: Path, tmp_path:
 def test_one_process_resumes_the_fsdp2_shadow(runs: Path) -> None:
     """FSDP2 on 2 ranks -> 1 process: the DCP shadow resharded into plain tensors. Had it been lost,
     the shadow would restart from the step-2 weights and end ~1e-4 away from the uninterrupted run's."""
-    config = runs / "fsdp2" / "checkpoints" / "000002" / "pretrained_model" / "train_config.json"
+    config = model_file(runs / "fsdp2", 2, "train_config.json")
     out = runs / "single"
     result = subprocess.run(
         [

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from helpers.engine_run import train_in
 from helpers.fixtures import copy_fixture, fixture_dir
 from helpers.launch import no_traceback_from_us, run_torchrun
+from helpers.run_outputs import metrics, model_file
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -37,8 +38,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 def _records(run: Path, event: str) -> dict[int, dict]:
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    return {r["step"]: r for r in map(json.loads, lines) if r.get("event") == event}
+    return {r["step"]: r for r in metrics(run, event)}
 
 
 def _samples(run: Path) -> dict[int, tuple[int, int]]:
@@ -46,7 +46,7 @@ def _samples(run: Path) -> dict[int, tuple[int, int]]:
 
 
 def _weights(run: Path, step: str) -> dict[str, torch.Tensor]:
-    return load_file(str(run / "checkpoints" / step / "pretrained_model" / "model.safetensors"))
+    return load_file(str(model_file(run, step)))
 
 
 def test_the_sharded_run_of_two_robots_resumes_bit_for_bit(runs) -> None:

@@ -10,16 +10,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from helpers.engine_run import train_in
 from helpers.launch import launch_env, torchrun_command
+from helpers.run_outputs import metrics, model_file
 from helpers.slow_env import FEATURES_MAP
 from helpers.tracker_stores import trackio_logs
 from helpers.train_flags import tiny_args
+from helpers.waiting import wait_for
 from trainer.engine import loop
 
 pytestmark = pytest.mark.distributed
@@ -33,10 +34,6 @@ ONE_EPISODE = ["--env.episode_length=20", "--eval.batch_size=1", "--eval.use_asy
 def _env() -> dict[str, str]:
     """The launch's environment with tests/ importable (the slow environment's module)."""
     return {**launch_env(), "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-
-
-def _records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_a_sharded_run_is_scored_at_every_checkpoint_while_it_trains(tmp_path) -> None:
@@ -55,7 +52,7 @@ def test_a_sharded_run_is_scored_at_every_checkpoint_while_it_trains(tmp_path) -
     log = run.stdout + run.stderr
     assert log.count("evaluator: pid") == 1 and "FSDP2 2 (" in log
 
-    records = _records(out)
+    records = metrics(out)
     trained = [i for i, r in enumerate(records) if r.get("event") == "train"]
     scores = {r["step"]: (i, r) for i, r in enumerate(records) if r.get("event") == "eval"}
     assert sorted(scores) == [2, 4, 6]  # every checkpoint the run asked for, once, at its own step
@@ -73,7 +70,7 @@ def test_a_sharded_run_is_scored_at_every_checkpoint_while_it_trains(tmp_path) -
         )
         assert (out / "checkpoints" / f"{step:06d}" / "eval_videos" / "eval_episode_0.mp4").stat().st_size > 0
 
-    config = json.loads((out / "checkpoints" / "last" / "pretrained_model" / "train_config.json").read_text())
+    config = json.loads(model_file(out, name="train_config.json").read_text())
     logged = trackio_logs("evaluator-fsdp2", config["trackio"]["run_name"])
     tracked = {row["step"]: row["eval/avg_sum_reward"] for row in logged if "eval/avg_sum_reward" in row}
     assert tracked == {s: pytest.approx(r["avg_sum_reward"]) for s, (_, r) in scores.items()}
@@ -98,13 +95,6 @@ def _exited(pid: int) -> bool:
     return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
-def _wait_for(condition, what: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
-        time.sleep(0.05)
-
-
 def test_an_evaluator_that_dies_costs_the_run_one_line(tmp_path, capsys, monkeypatch) -> None:
     """The environment ends the evaluator's process while it scores step 2; training is held at its
     third step until the process is gone, then goes on to the end: one warning line, no score."""
@@ -115,7 +105,7 @@ def test_an_evaluator_that_dies_costs_the_run_one_line(tmp_path, capsys, monkeyp
     def held(*args, **kwargs):
         calls.append(_evaluator_pid() if not calls else calls[0])
         if len(calls) == 3:
-            _wait_for(lambda: _exited(calls[0]), "end of the evaluator")
+            wait_for(lambda: _exited(calls[0]), "end of the evaluator")
         return train_step(*args, **kwargs)
 
     monkeypatch.setattr(loop, "_train_step", held)
@@ -129,7 +119,7 @@ def test_an_evaluator_that_dies_costs_the_run_one_line(tmp_path, capsys, monkeyp
     ]
     assert len(lines) == 1 and "warning: the evaluator stopped (exit 3)" in lines[0], err
     assert "000002" in lines[0] and "the run goes on" in lines[0]
-    records = _records(out)
+    records = metrics(out)
     assert [r["event"] for r in records].count("evaluator_lost") == 1
     assert [r["step"] for r in records if r.get("event") == "train"][-1] == 6 and records[-1][
         "event"
@@ -154,14 +144,14 @@ def test_late_scores_are_logged_by_the_evaluator_which_resumes_after_being_kille
         train_in(tmp_path, flags)
     err = capsys.readouterr().err.replace(str(tmp_path), "TMP")
     assert "steps 000002, 000004, 000006 are being scored after the run ended" in err
-    assert not [r for r in _records(out) if r.get("event") == "eval"]
+    assert not [r for r in metrics(out) if r.get("event") == "eval"]
     gate.touch()
 
     evaluator = int(err.split("evaluator: pid ")[1].split(",")[0])
     nice = int(Path(f"/proc/{evaluator}/stat").read_text().rsplit(")", 1)[1].split()[16])
     assert nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)  # below the run's ranks
     assert "Cpus_allowed_list:\t0\n" in Path(f"/proc/{evaluator}/status").read_text()  # --eval.cpus
-    _wait_for(lambda: "steps 000002 logged into" in (out / "evaluator.log").read_text(), "late score logged")
+    wait_for(lambda: "steps 000002 logged into" in (out / "evaluator.log").read_text(), "late score logged")
     os.kill(evaluator, signal.SIGKILL)
     os.waitpid(evaluator, 0)
     before = {p.parent.name: p.read_bytes() for p in out.glob("checkpoints/[0-9]*/eval.json")}
@@ -182,8 +172,8 @@ def test_late_scores_are_logged_by_the_evaluator_which_resumes_after_being_kille
     after = {p.parent.name: p.read_bytes() for p in out.glob("checkpoints/[0-9]*/eval.json")}
     assert all(after[name] == data for name, data in before.items() if name in after)  # none scored twice
 
-    scores = {r["step"]: r for r in _records(out) if r.get("event") == "eval"}
-    assert [r["step"] for r in _records(out) if r.get("event") == "eval"] == [2, 4, 6]  # each logged once
+    scores = {r["step"]: r for r in metrics(out) if r.get("event") == "eval"}
+    assert [r["step"] for r in metrics(out) if r.get("event") == "eval"] == [2, 4, 6]  # each logged once
     best = max(scores, key=lambda step: scores[step]["avg_sum_reward"])
     assert sorted(after) == sorted({"000006", f"{best:06d}"})  # the run's retention, once scored
     assert sorted(p.name for p in out.glob("checkpoints/[0-9]*")) == sorted(after)
@@ -191,7 +181,7 @@ def test_late_scores_are_logged_by_the_evaluator_which_resumes_after_being_kille
         scores[int(name)]["avg_sum_reward"] == json.loads(data)["overall"]["avg_sum_reward"]
         for name, data in after.items()
     )
-    config = json.loads((out / "checkpoints" / "last" / "pretrained_model" / "train_config.json").read_text())
+    config = json.loads(model_file(out, name="train_config.json").read_text())
     logged = trackio_logs("evaluator-late", config["trackio"]["run_name"])
     tracked = {row["step"]: row["eval/avg_sum_reward"] for row in logged if "eval/avg_sum_reward" in row}
     assert tracked == {s: pytest.approx(r["avg_sum_reward"]) for s, r in scores.items()}

@@ -17,6 +17,7 @@ import trainer
 from helpers.hf_cache import put_in_hub_cache
 from helpers.launch import CKPT_CLI, run_torchrun
 from helpers.lerobot_data import STATE, VELOCITY, write_dataset
+from helpers.run_outputs import metrics
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -52,7 +53,7 @@ def test_fsdp2_lerobot_run_to_a_policy_that_acts(tmp_path, monkeypatch) -> None:
         timeout=280,
     ).stdout
     assert "cameras: observation.images.front (image)" in train_log
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(out)
     val = [r["val_loss"] for r in records if r.get("event") == "val"]
     assert len(val) == 6 and val[-1] < 0.9 * val[0] and min(val[3:]) < min(val[:3]), val
 

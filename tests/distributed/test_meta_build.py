@@ -22,6 +22,7 @@ from safetensors.torch import load, save
 import ckpt_tools
 from ckpt_tools import layout
 from helpers.launch import run_torchrun
+from helpers.run_outputs import saved_model
 from helpers.train_flags import tiny_args
 
 # The module fixture launches 8 one-step runs (1 to 4 ranks each, every rank importing torch): 84 s on
@@ -136,7 +137,7 @@ def test_a_sharded_safetensors_save_writes_the_gathered_files_bytes(started: dic
     """FSDP2 x4 wrote its --save_shard_size shards tensor by tensor (state/gathered_write.py): each has the
     bytes the safetensors library writes for its tensors, the index names them all, and together they
     hold the DCP shards' values gathered."""
-    step = started["root"] / "fsdp4" / "checkpoints" / "000001" / "pretrained_model"
+    step = saved_model(started["root"] / "fsdp4", 1)
     weight_map = json.loads((step / layout.MODEL_INDEX).read_text())["weight_map"]
     shards = sorted(set(weight_map.values()))
     assert len(shards) > 1 and not (step / layout.MODEL_SAFETENSORS).exists()

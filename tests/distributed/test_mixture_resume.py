@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from helpers.fixtures import copy_fixture
 from helpers.launch import no_traceback_from_us, run_torchrun
+from helpers.run_outputs import metrics, model_file
 from helpers.train_flags import TINY_LEROBOT_ACT
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -36,7 +37,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 def _samples(run: Path) -> dict[int, tuple[int, int]]:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(run)
     return {
         r["step"]: (r["samples/dataset_video"], r["samples/dataset_images"])
         for r in records
@@ -47,10 +48,7 @@ def _samples(run: Path) -> dict[int, tuple[int, int]]:
 def test_a_resumed_mixture_run_ends_with_the_straight_runs_weights(runs) -> None:
     out, log = runs
     assert "checkpoints/000003 at step 3" in log and no_traceback_from_us(log)
-    straight, cut = (
-        load_file(out / run / "checkpoints/000006/pretrained_model/model.safetensors")
-        for run in ("straight", "cut")
-    )
+    straight, cut = (load_file(model_file(out / run, 6)) for run in ("straight", "cut"))
     assert straight.keys() == cut.keys() and all(straight[k].equal(cut[k]) for k in straight)
     third = load_file(out / "cut/checkpoints/000003/pretrained_model/model.safetensors")
     assert any(not third[k].equal(cut[k]) for k in third)  # the resumed steps trained
@@ -67,10 +65,7 @@ def test_every_step_draws_the_same_samples_of_each_member(runs) -> None:
 
 def test_val_loss_is_logged_per_member(runs) -> None:
     out, _ = runs
-    records = {
-        run: [json.loads(line) for line in (out / run / "metrics.jsonl").read_text().splitlines()]
-        for run in ("straight", "cut")
-    }
+    records = {run: metrics(out / run) for run in ("straight", "cut")}
     val = {run: {r["step"]: r for r in rs if r.get("event") == "val"} for run, rs in records.items()}
     assert sorted(val["straight"]) == [3, 6] and sorted(val["cut"]) == [3, 6]
     for record in val["straight"].values():  # 20 held-out frames each: the plain mean of the two
@@ -116,5 +111,5 @@ def test_resumed_on_one_process_it_trains_on_the_same_samples(runs, tmp_path) ->
 
 
 def _losses(run: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(run)
     return {r["step"]: r["loss"] for r in records if r.get("event") == "train"}

@@ -9,7 +9,6 @@ batch kept, its step 4 matches the two-node run's step 4 within fp32 rounding (s
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 
 import ckpt_tools
 from helpers.launch import CKPT_CLI, run_torchrun, run_torchrun_nodes
+from helpers.run_outputs import metrics, model_file
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -27,7 +27,7 @@ RTOL = 1e-5
 
 
 def losses(out: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(out)
     return {r["step"]: r["loss"] for r in records if r.get("event") == "train"}
 
 
@@ -54,7 +54,7 @@ def test_two_nodes_hsdp_then_resume_on_one_node_fsdp2(tmp_path):
     two_nodes_step4 = ckpt_tools.load_model_state_dict(out / "checkpoints" / "000004")
     two_nodes_losses = losses(out)
 
-    config = out / "checkpoints" / "000002" / "pretrained_model" / "train_config.json"
+    config = model_file(out, 2, "train_config.json")
     fsdp2 = ["--parallelism.dp_replicate=1", "--parallelism.dp_shard=2", "--batch_size=16"]
     result = run_torchrun(SCRIPT, 2, "--resume=true", f"--config_path={config}", *fsdp2)
     assert f"resuming from {out / 'checkpoints' / '000002'} at step 2" in result.stdout, result.stdout

@@ -18,7 +18,9 @@ import pytest
 import torch
 
 from helpers.launch import CKPT_CLI, launch_env, no_traceback_from_us, run_torchrun, torchrun_command
+from helpers.run_outputs import metrics, metrics_so_far, model_file
 from helpers.train_flags import tiny_args
+from helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -57,11 +59,6 @@ def verifies(path: Path) -> bool:
     )
 
 
-def events(out: Path, name: str) -> list[dict]:
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in records if r.get("event") == name]
-
-
 # ------------------------------------------------------------------------------------------- signals
 
 
@@ -81,7 +78,7 @@ def test_sigterm_on_one_rank_stops_both_at_one_step(tmp_path, cache):
     assert "exitcode  : 143" in log, log  # torchrun's summary: 128 + SIGTERM
     assert no_traceback_from_us(log), log
     assert last(out) == "000003" and verifies(out / "checkpoints" / "last")
-    assert [e["step"] for e in events(out, "interrupted")] == [3]
+    assert [e["step"] for e in metrics(out, "interrupted")] == [3]
     assert not (out / "trainer.lock").exists()
 
 
@@ -93,13 +90,13 @@ def test_sigterm_to_torchrun_alone_saves_on_every_rank_and_resume_agrees_on_the_
     interrupted step: both ranks still resume from that step (the main rank's choice is broadcast)."""
     out = tmp_path / "run"
     args = flags(out, cache, "--steps=8", "--parallelism.dp_shard=2", "--checkpoint_format=dcp")
-    # 0.5 s steps: the forwarded signal arrives long before the run could end by itself
-    hooks = ["--hook-step-sleep=0.5", f"--hook-signal-launcher=0:3:{int(signal.SIGTERM)}"]
+    # from step 4 on, each rank waits for the forwarded signal: the run cannot end by itself before it
+    hooks = ["--hook-until-signalled=4", f"--hook-signal-launcher=0:3:{int(signal.SIGTERM)}"]
     stopped = run_torchrun(SCRIPT, 2, *hooks, *args, check=False)
     log = stopped.stdout
     assert stopped.returncode != 0, log  # torchrun's own status once it has stopped its ranks
     assert f"Received {int(signal.SIGTERM)} death signal, shutting down workers" in log, log
-    [stop] = events(out, "interrupted")
+    [stop] = metrics(out, "interrupted")
     step = stop["step"]
     assert 3 <= step < 8, log
     checkpoint = out / "checkpoints" / f"{step:06d}"
@@ -139,9 +136,7 @@ def test_sigint_in_one_process_saves_the_current_step_and_keep_last_holds_across
     assert f"resuming from {out / 'checkpoints' / '000005'} at step 5" in resumed.stdout
     assert f"every 2 steps in {out}\n" in resumed.stdout  # the banner names the directory it writes to
     assert sorted(os.listdir(out / "checkpoints")) == ["000008", "last"]
-    saved = json.loads(
-        (out / "checkpoints" / "000008" / "pretrained_model" / "train_config.json").read_text()
-    )
+    saved = json.loads(model_file(out, 8, "train_config.json").read_text())
     assert saved["resume"] is False and saved["output_dir"] == str(out)  # reproduces, not resumes
 
 
@@ -160,14 +155,14 @@ def test_second_signal_aborts_at_once_without_a_checkpoint(tmp_path, cache):
 
 
 def test_a_stalled_rank_ends_the_other_within_the_collective_timeout(tmp_path, cache):
-    """Rank 1 stalls 16 s in step 3; rank 0 waits in the step's metric reduction for at most
-    --collective_timeout_s=8, then stops with one line; `last` names the step-2 checkpoint. (The timeout
-    also bounds the process group's start: on a loaded machine the ranks' imports can end more than 3 s
-    apart.)"""
+    """Rank 1 stalls in step 3 until the launcher stops it; rank 0 waits in the step's metric reduction
+    for at most --collective_timeout_s=8, then stops with one line; `last` names the step-2 checkpoint.
+    (The timeout also bounds the process group's start: on a loaded machine the ranks' imports can end
+    more than 3 s apart.)"""
     out = tmp_path / "run"
     args = flags(out, cache, "--log_freq=1", "--collective_timeout_s=8")
     started = time.monotonic()
-    failed = run_torchrun(SCRIPT, 2, "--hook-stall=1:3:16.0", *args, check=False)
+    failed = run_torchrun(SCRIPT, 2, "--hook-stall=1:3", *args, check=False)
     log = failed.stdout
     assert failed.returncode != 0
     errors = [line for line in log.splitlines() if line.startswith("error: rank 0: a collective")]
@@ -256,13 +251,14 @@ def test_async_save_writes_the_state_of_its_step(shard_root, cache):
 
 
 def test_async_save_commits_only_when_written_and_a_kill_mid_write_keeps_last(tmp_path, cache):
-    """Step 4's background write is slowed on rank 1; rank 0 is killed at step 5: `last` was still on
-    step 2 then (not committed before the write finished), and stays there; step 4 never appears."""
+    """Step 4's background write on rank 1 waits until rank 0 has killed itself at step 5: `last` was
+    still on step 2 then (not committed before the write finished), and stays there; step 4 never
+    appears."""
     out = tmp_path / "run"
     args = flags(
         out, cache, "--steps=8", "--parallelism.dp_shard=2", "--checkpoint_format=dcp", "--async_save=true"
     )
-    hooks = ["--hook-slow-shard=1:4:30.0", f"--hook-signal=0:5:{int(signal.SIGKILL)}"]
+    hooks = ["--hook-shard-after-signal=1:4:0", f"--hook-signal=0:5:{int(signal.SIGKILL)}"]
     killed = run_torchrun(SCRIPT, 2, *hooks, *args, check=False, timeout=300)
     assert killed.returncode != 0
     assert "hook: rank 0 sends itself signal 9 x1 at step call 5 (last -> 000002)" in killed.stdout, (
@@ -308,10 +304,7 @@ def test_second_launch_on_a_held_dir_is_refused_while_the_first_finishes(tmp_pat
         for _ in range(2)
     ]
     try:
-        deadline = time.monotonic() + 120
-        while all(run.poll() is None for run in runs):
-            assert time.monotonic() < deadline, "neither run was refused"
-            time.sleep(0.2)
+        wait_for(lambda: any(run.poll() is not None for run in runs), "exit of the refused run")
         [refused] = [run for run in runs if run.poll() is not None]
         [holder] = [run for run in runs if run is not refused]
         refusal, _ = refused.communicate()
@@ -329,7 +322,7 @@ def test_second_launch_on_a_held_dir_is_refused_while_the_first_finishes(tmp_pat
                 run.kill()
     assert holder.returncode == 0, log
     assert (
-        len(events(out, "start")) == 1 and len(events(out, "summary")) == 1
+        len(metrics(out, "start")) == 1 and len(metrics(out, "summary")) == 1
     )  # the refused run wrote nothing
     assert not (out / "trainer.lock").exists()
 
@@ -342,25 +335,19 @@ def test_ranks_stop_and_save_when_their_launcher_is_killed(tmp_path, cache):
     log_path = tmp_path / "torchrun.log"
     with log_path.open("w") as log_file:
         launcher = subprocess.Popen(
-            torchrun_command(SCRIPT, 2, "--hook-step-sleep=0.5", *args),
+            torchrun_command(SCRIPT, 2, "--hook-until-signalled=2", *args),
             env=launch_env(),
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )
     pids: list[int] = []
     try:
-        deadline = time.monotonic() + 120
-        while not (out / "metrics.jsonl").exists() or not events(out, "train"):
-            assert launcher.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
+        wait_for(lambda: metrics_so_far(out, "train"), "first training record", process=launcher)
         pids = [int(line.split()[-1]) for line in log_path.read_text().splitlines() if " pid " in line]
         assert len(pids) == 2
         launcher.kill()
         launcher.wait()
-        deadline = time.monotonic() + 60
-        while any(_alive(pid) for pid in pids):
-            assert time.monotonic() < deadline, "orphaned ranks kept running"
-            time.sleep(0.2)
+        wait_for(lambda: not any(_alive(pid) for pid in pids), "stop of the orphaned ranks")
     finally:
         for pid in pids:
             if _alive(pid):
@@ -369,7 +356,7 @@ def test_ranks_stop_and_save_when_their_launcher_is_killed(tmp_path, cache):
             launcher.kill()
     log = log_path.read_text()
     assert "the launcher (pid" in log and "died: stopping" in log
-    [stop] = events(out, "interrupted")
+    [stop] = metrics(out, "interrupted")
     assert 1 <= stop["step"] < 60
     assert last(out) == f"{stop['step']:06d}" and verifies(out / "checkpoints" / "last")
     assert not (out / "trainer.lock").exists()

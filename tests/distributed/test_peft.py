@@ -20,6 +20,7 @@ import ckpt_tools
 from ckpt_tools.state.adapters import PEFT_PREFIX, peft_key
 from ckpt_tools.tensors.tensor_io import read_dcp_full, read_safetensors
 from helpers.launch import run_torchrun
+from helpers.run_outputs import metrics
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
@@ -68,7 +69,7 @@ def saved_adapter(runs: Path, case: str, run: str, step: int) -> dict[str, dict[
 
 
 def losses(runs: Path, case: str, run: str) -> dict[int, float]:
-    records = [json.loads(line) for line in (runs / case / run / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(runs / case / run)
     return {r["step"]: r["loss"] for r in records if r.get("event") == "train"}
 
 

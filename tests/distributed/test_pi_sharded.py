@@ -28,6 +28,7 @@ from safetensors.torch import load, save
 import ckpt_tools
 from helpers.fixtures import fixture_dir
 from helpers.launch import run_torchrun
+from helpers.run_outputs import metrics, saved_model
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(400)]
 
@@ -47,7 +48,7 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _train_records(run: Path) -> list[dict]:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(run)
     return [r for r in records if r.get("event") == "train"]
 
 
@@ -114,7 +115,7 @@ def test_a_frozen_paligemma_is_never_gathered_in_the_backward_pass(out: Path) ->
 def test_lora_under_fsdp2_trains_lerobots_default_targets(out: Path) -> None:
     """The expert's q/v projections and the action projections (LeRobot's pattern names pi0's time MLP,
     `action_time_mlp_*`, which pi0.5 lacks), PaliGemma untouched."""
-    model_dir = out / "lora" / "checkpoints" / "last" / "pretrained_model"
+    model_dir = saved_model(out / "lora")
     with safe_open(str(model_dir / "adapter_model.safetensors"), "pt") as handle:
         names = list(handle.keys())
         lora_b = [handle.get_tensor(n) for n in names if ".lora_B." in n]
@@ -152,7 +153,7 @@ def test_the_sharded_save_writes_the_gathered_tables_bytes(out: Path) -> None:
     """The FSDP2 run's model.safetensors, each rank's rows sent to the main rank in pieces (the token
     embedding's 483 rows split 242 / 241), has the bytes the safetensors library writes for its tensors
     and the values of the same step's DCP shards."""
-    model_dir = out / "fsdp2" / "checkpoints" / "last" / "pretrained_model"
+    model_dir = saved_model(out / "fsdp2")
     written = (model_dir / "model.safetensors").read_bytes()
     tensors = load(written)
     assert written == save(tensors, metadata={"format": "pt"})

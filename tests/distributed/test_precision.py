@@ -26,6 +26,7 @@ import torch
 
 from ckpt_tools import layout
 from helpers.launch import run_torchrun
+from helpers.run_outputs import metrics
 from helpers.stored_state import assert_bit_identical
 from helpers.train_flags import tiny_args
 
@@ -93,8 +94,8 @@ def test_fp16_overflow_on_one_rank_is_skipped_on_every_rank_with_the_scale_halve
 
 
 def test_clipping_engages_and_every_update_sees_the_clipped_norm(runs) -> None:
-    metrics = (runs["fp16"]["dir"] / "metrics.jsonl").read_text().splitlines()
-    logged = [r["grad_norm"] for r in map(json.loads, metrics) if math.isfinite(r.get("grad_norm", math.nan))]
+    records = metrics(runs["fp16"]["dir"])
+    logged = [r["grad_norm"] for r in records if math.isfinite(r.get("grad_norm", math.nan))]
     assert logged and min(logged) > 10 * CLIP  # the norm before clipping, as logged (nan at the overflow)
     for record in runs["fp16"]["ranks"]:
         assert record["norms"] == pytest.approx([CLIP] * 3, rel=1e-4)

@@ -30,6 +30,7 @@ import torch
 import ckpt_tools
 from ckpt_tools import layout
 from helpers.launch import CKPT_CLI, run_torchrun
+from helpers.run_outputs import metrics, model_file, saved_step
 from helpers.stored_state import assert_bit_identical
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
@@ -113,23 +114,17 @@ def runs(tmp_path_factory) -> Runs:
 
 
 def resume_from(out: Path, step: int) -> list[str]:
-    config = out / "checkpoints" / f"{step:06d}" / "pretrained_model" / "train_config.json"
+    config = model_file(out, step, "train_config.json")
     return ["--resume=true", f"--config_path={config}"]
 
 
-def step_dir(out: Path, step: int) -> Path:
-    return out / "checkpoints" / f"{step:06d}"
-
-
-def metrics(out: Path) -> dict[int, dict]:
+def train_records(out: Path) -> dict[int, dict]:
     """Each step's training record; a step logged again after a resume keeps the later record."""
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r for r in records if r.get("event") == "train"}
+    return {r["step"]: r for r in metrics(out, "train")}
 
 
 def resume_notes(out: Path) -> list[dict]:
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in records if r.get("event") == "resume"]
+    return metrics(out, "resume")
 
 
 def ckpt_verify(path: Path) -> subprocess.CompletedProcess[str]:
@@ -138,7 +133,7 @@ def ckpt_verify(path: Path) -> subprocess.CompletedProcess[str]:
 
 def assert_same_losses(got: Path, want: Path, steps: range, rtol: float = 0.0) -> None:
     """Per-step losses (exactly, or within rtol) and learning rates (exactly: the scheduler resumed)."""
-    a, b = metrics(got), metrics(want)
+    a, b = train_records(got), train_records(want)
     for step in steps:
         assert a[step]["lr"] == b[step]["lr"], step
         if rtol == 0.0:
@@ -154,7 +149,7 @@ def test_slow_rank0_save_completes_and_verifies(runs):
     out = runs.reference()
     assert runs.logs["R"].count("hook: rank 0 writes the side files") == 2
     for step in (3, 6):
-        assert ckpt_verify(step_dir(out, step)).returncode == 0
+        assert ckpt_verify(saved_step(out, step)).returncode == 0
     assert os.readlink(out / "checkpoints" / "last") == "000006"
 
 
@@ -167,9 +162,9 @@ def test_crash_in_training_then_auto_resume_is_bit_exact(runs):
     assert os.readlink(crashed / "checkpoints" / "last") == "000003"
 
     runs.launch("A1", 4, "--resume=true", out=crashed)  # and --output_dir: the saved config is found
-    assert f"resuming from {step_dir(crashed, 3)} at step 3" in runs.logs["A1"]
+    assert f"resuming from {saved_step(crashed, 3)} at step 3" in runs.logs["A1"]
     assert "warning:" not in runs.logs["A1"]  # same topology and batch: nothing to warn about
-    assert_bit_identical(step_dir(crashed, 6), step_dir(reference, 6))
+    assert_bit_identical(saved_step(crashed, 6), saved_step(reference, 6))
     assert_same_losses(crashed, reference, range(1, 7))
 
 
@@ -181,12 +176,12 @@ def test_crash_inside_save_keeps_last_and_resumes_bit_exact(runs):
     assert "no checkpoint under" in log and "starting a fresh run" in log
     assert "hook: rank 1 killed inside the save of step 6" in log
     assert (crashed / "checkpoints" / ".tmp-000006").is_dir()  # the interrupted save, never committed
-    assert not step_dir(crashed, 6).exists()
+    assert not saved_step(crashed, 6).exists()
     assert os.readlink(crashed / "checkpoints" / "last") == "000003"
     assert ckpt_verify(crashed / "checkpoints" / "last").returncode == 0
 
     runs.launch("A2", 4, *args, out=crashed)
-    assert_bit_identical(step_dir(crashed, 6), step_dir(reference, 6))
+    assert_bit_identical(saved_step(crashed, 6), saved_step(reference, 6))
     assert_same_losses(crashed, reference, range(1, 7))
     assert not (crashed / "checkpoints" / ".tmp-000006").exists()
 
@@ -207,9 +202,9 @@ def test_torchrun_max_restarts_recovers_without_a_person(runs, monkeypatch):
     out = runs.launch("restarts", 2, "--hook-kill-save=1:6", *flags, torchrun_args=["--max-restarts=1"])
     log = runs.logs["restarts"]
     assert "hook: rank 1 killed inside the save of step 6" in log
-    assert f"resuming from {step_dir(out, 3)} at step 3" in log
-    assert (step_dir(out, 3) / "pretrained_model" / "model.safetensors").is_file()
-    assert (step_dir(out, 3) / "training_state" / "optimizer_0").is_dir()
+    assert f"resuming from {saved_step(out, 3)} at step 3" in log
+    assert model_file(out, 3).is_file()
+    assert (saved_step(out, 3) / "training_state" / "optimizer_0").is_dir()
     assert os.readlink(out / "checkpoints" / "last") == "000006"
     assert ckpt_verify(out / "checkpoints" / "last").returncode == 0
     assert_same_losses(out, runs.reference(), range(1, 7), rtol=RTOL)  # FSDP2 x2 vs the x4 reference
@@ -223,8 +218,8 @@ def test_torchrun_max_restarts_recovers_without_a_person(runs, monkeypatch):
 def test_changed_topology_matches_uninterrupted_run(runs, name):
     out = runs.from_reference(name)
     assert_same_losses(out, runs.reference(), range(4, 7), rtol=RTOL)
-    got = ckpt_tools.load_model_state_dict(step_dir(out, 6))
-    want = ckpt_tools.load_model_state_dict(step_dir(runs.reference(), 6))
+    got = ckpt_tools.load_model_state_dict(saved_step(out, 6))
+    want = ckpt_tools.load_model_state_dict(saved_step(runs.reference(), 6))
     for key, tensor in want.items():
         torch.testing.assert_close(got[key], tensor, rtol=1e-4, atol=1e-6)
     [note] = resume_notes(out)
@@ -233,10 +228,10 @@ def test_changed_topology_matches_uninterrupted_run(runs, name):
     assert "global batch changed" not in runs.logs[name]
     switched = "--checkpoint_format=dcp of the saved config needs a sharded run" in runs.logs[name]
     assert switched == (name in ("ddp2", "single"))
-    assert ckpt_tools.read_training_step(step_dir(out, 6)).checkpoint_format == TOPOLOGY_FORMATS[name]
+    assert ckpt_tools.read_training_step(saved_step(out, 6)).checkpoint_format == TOPOLOGY_FORMATS[name]
     settled = "the saved --parallelism.dp_replicate=1 --parallelism.dp_shard=4 does not fit 2 processes"
     assert (settled in runs.logs[name]) == (name == "fsdp2x2ranks")
-    saved = json.loads((step_dir(out, 6) / "pretrained_model" / "train_config.json").read_text())
+    saved = json.loads(model_file(out, 6, "train_config.json").read_text())
     assert saved["checkpoint_format"] == TOPOLOGY_FORMATS[name]  # what the plan settled, not the saved dcp
     assert (saved["resume"], saved["output_dir"]) == (False, str(out))
     if name == "fsdp2x2ranks":
@@ -246,7 +241,7 @@ def test_changed_topology_matches_uninterrupted_run(runs, name):
 @pytest.mark.numerics
 def test_hsdp_ddp_fsdp2_loss_parity(runs):
     """Same global batch, same samples: the three data-parallel engines agree step by step."""
-    fsdp2, hsdp, ddp = (metrics(runs.from_reference(n)) for n in ("fsdp2x2ranks", "hsdp2x2", "ddp2"))
+    fsdp2, hsdp, ddp = (train_records(runs.from_reference(n)) for n in ("fsdp2x2ranks", "hsdp2x2", "ddp2"))
     for step in range(4, 7):
         losses = [fsdp2[step]["loss"], hsdp[step]["loss"], ddp[step]["loss"]]
         assert max(losses) - min(losses) <= RTOL * abs(losses[0]), (step, losses)
@@ -260,16 +255,16 @@ def test_safetensors_dcp_resumes_bit_exact(runs):
     DCP optimizer) in the max-restarts test, non-sharded safetensors in the DDP -> FSDP2 test, and
     safetensors_dcp (weights read from its DCP shards) here, from the FSDP2 x2 run's step 4."""
     origin = runs.from_reference("fsdp2x2ranks")
-    assert (step_dir(origin, 4) / "pretrained_model" / "model.safetensors").is_file()
+    assert model_file(origin, 4).is_file()
     out = runs.launch("fsdp2x2ranks-again", 2, *resume_from(origin, 4))
-    assert_bit_identical(step_dir(out, 6), step_dir(origin, 6))
+    assert_bit_identical(saved_step(out, 6), saved_step(origin, 6))
     assert_same_losses(out, origin, range(5, 7))
 
 
 def test_ddp_checkpoint_resumes_into_fsdp2(runs):
     """A non-sharded checkpoint (model.safetensors + optimizer_state.safetensors) into FSDP2."""
     origin = runs.from_reference("ddp2")
-    assert (step_dir(origin, 4) / "training_state" / "optimizer_state.safetensors").is_file()
+    assert (saved_step(origin, 4) / "training_state" / "optimizer_state.safetensors").is_file()
     flags = ["--parallelism.dp_replicate=1", "--parallelism.dp_shard=2"]
     out = runs.launch("ddp2-to-fsdp2", 2, *resume_from(origin, 4), *flags)
     assert "topology DDP 2 -> FSDP2 2" in runs.logs["ddp2-to-fsdp2"]
@@ -288,7 +283,7 @@ def test_bf16_with_dropout_resumes_bit_exact(runs):
     ]
     straight = runs.launch("bf16", 2, *flags)
     out = runs.launch("bf16-resumed", 2, *resume_from(straight, 3))
-    assert_bit_identical(step_dir(out, 6), step_dir(straight, 6))
+    assert_bit_identical(saved_step(out, 6), saved_step(straight, 6))
     assert_same_losses(out, straight, range(4, 7))
 
 
@@ -300,7 +295,7 @@ def test_fp16_loss_scaler_state_resumes_bit_exact(runs):
     out = runs.launch("fp16-resumed", 2, *resume_from(straight, 3))
 
     def scaler(run: Path, step: int) -> dict:
-        return json.loads((step_dir(run, step) / "training_state" / layout.SCALER_STATE).read_text())
+        return json.loads((saved_step(run, step) / "training_state" / layout.SCALER_STATE).read_text())
 
     # one update per step: an overflow (fp16's first steps may have one) halves the scale from 2**16
     # and restarts the count of good updates; none after step 3
@@ -308,5 +303,5 @@ def test_fp16_loss_scaler_state_resumes_bit_exact(runs):
     assert skipped <= 1 and scaler(straight, 3)["scale"] == 2.0 ** (16 - skipped)
     assert scaler(out, 6) == scaler(straight, 6) and scaler(out, 6)["_growth_tracker"] == 6 - skipped
     assert "mixed precision fp16" in runs.logs["fp16-resumed"]
-    assert_bit_identical(step_dir(out, 6), step_dir(straight, 6))
+    assert_bit_identical(saved_step(out, 6), saved_step(straight, 6))
     assert_same_losses(out, straight, range(4, 7))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import fsspec
@@ -25,6 +24,7 @@ import ckpt_tools
 import trainer
 from ckpt_tools import layout
 from helpers.launch import CKPT_CLI, run_torchrun
+from helpers.waiting import wait_for
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -108,9 +108,7 @@ def _watch_scores_the_bucket_and_resumes_after_being_killed(store, out: str) -> 
     step2 = f"{out}/checkpoints/000002"
     first = subprocess.Popen(watch, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 90
-        while not store.exists(f"{step2}/eval.json") and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: store.exists(f"{step2}/eval.json"), "score of step 2", process=first)
     finally:
         first.kill()
         first.wait(timeout=30)

@@ -20,6 +20,7 @@ import ckpt_tools
 import trainer
 from helpers.fixtures import fixture_dir
 from helpers.launch import run_torchrun
+from helpers.run_outputs import metrics, saved_model
 from trainer.data.dataset import task_bytes
 from trainer.evaluation.lerobot_export import export_lerobot
 from trainer.policies.act import lerobot as act_lerobot
@@ -56,7 +57,7 @@ def _headers(path: Path) -> dict[str, tuple[str, list[int]]]:
 
 
 def _losses(run: Path) -> list[float]:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(run)
     return [r["loss"] for r in records if r.get("event") == "train"]
 
 
@@ -90,8 +91,7 @@ def test_the_fsdp2_run_resumed_on_ddp_trains_the_step_ddp_trains(runs) -> None:
     """A changed-topology resume (docs/resume.md): FSDP2 x2's step 2 resumed on DDP x2 takes the third
     step's loss within fp32 rounding of the DDP run's (the same samples, noise and flow time)."""
     work, _ = runs
-    lines = (work / "out" / "fsdp2_to_ddp" / "metrics.jsonl").read_text().splitlines()
-    resumed = [record for record in map(json.loads, lines) if record.get("event") == "train"]
+    resumed = metrics(work / "out" / "fsdp2_to_ddp", "train")
     assert [record["step"] for record in resumed] == [3]
     np.testing.assert_allclose([resumed[0]["loss"]], _losses(work / "out" / "ddp")[2:], rtol=1e-5)
 
@@ -118,7 +118,7 @@ def test_the_sharded_run_saves_lerobots_tensors_and_acts_as_ddps(runs, monkeypat
 def test_lora_under_fsdp2_trains_lerobots_default_targets(runs) -> None:
     """The expert's q/v projections and the state/action/time projections, the VLM untouched."""
     work, _ = runs
-    model_dir = work / "out" / "lora" / "checkpoints" / "last" / "pretrained_model"
+    model_dir = saved_model(work / "out" / "lora")
     with safe_open(str(model_dir / "adapter_model.safetensors"), "pt") as handle:
         names = list(handle.keys())
         lora_b = [handle.get_tensor(n) for n in names if ".lora_B." in n]

@@ -6,7 +6,6 @@ exit code, banner, checkpoints (through ckpt_tools), metrics.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 import ckpt_tools
 from helpers.launch import run_torchrun
+from helpers.run_outputs import metrics, saved_model
 from helpers.train_flags import tiny_args
 from trainer.data.embedded import sim
 from trainer.evaluation.rollouts import EVAL_SEED_BASE
@@ -72,7 +72,7 @@ def test_run_trains_and_checkpoints(train_runs, name: str) -> None:
     assert (step.topology.dp_replicate, step.topology.dp_shard) == (replicate, shard)
     assert (step.sampler.epoch, step.sampler.offset) == (0, 4 * 8 * replicate * shard)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["000002", "000004", "last"]
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(out)
     assert [r["step"] for r in records if r.get("event") == "train"] == [2, 4]  # main rank only
 
 
@@ -112,7 +112,7 @@ def test_ddp_writes_plain_safetensors(train_runs) -> None:
 
 
 def test_checkpoint_formats(train_runs) -> None:
-    model = {name: train_runs[name][0] / "checkpoints" / "000004" / "pretrained_model" for name in RUNS}
+    model = {name: saved_model(train_runs[name][0], 4) for name in RUNS}
     assert (model["fsdp2_bf16"] / "pytorch_model_fsdp_0" / ".metadata").is_file()
     assert not (model["fsdp2_bf16"] / "model.safetensors").exists()
     assert (model["fsdp4"] / "pytorch_model_fsdp_0" / ".metadata").is_file()
@@ -122,7 +122,7 @@ def test_checkpoint_formats(train_runs) -> None:
 def test_sharded_select_action_evaluates_on_every_rank(train_runs) -> None:
     out, log = train_runs["fsdp2_bf16"]
     assert "evaluation over 2 episodes: policy return" in log and "(2 processes, FSDP, device cpu" in log
-    summary = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
+    summary = metrics(out)[-1]
     assert summary["event"] == "summary" and math.isfinite(summary["policy_return"])
     # 2 episodes over 2 ranks: rank r rolls out seed EVAL_SEED_BASE + r; the reduced mean holds both
     seeds = (EVAL_SEED_BASE, EVAL_SEED_BASE + 1)

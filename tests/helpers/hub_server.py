@@ -3,7 +3,8 @@
 It implements the endpoints huggingface_hub uses to create a model repo and commit files to it (the
 requests of `HfApi.create_repo`, `create_commit`, `preupload_lfs_files`, `create_tag` and `delete_tag`),
 keeps repos, commits (each with the files it left), tags and LFS objects in memory, and can be told to
-fail a route with a given status (for ever, or the next N requests) or to answer it slowly. It also serves
+fail a route with a given status (for ever, or the next N requests), to answer it slowly, or to hold it
+after a number of commits until released (a push stalled for as long as a test needs). It also serves
 dataset repos seeded with `add_dataset` through the endpoints huggingface_hub's `HfFileSystem` reads
 (`repo_info`, `tree`, `paths-info`, and `resolve` with HTTP Range requests answered 206, as the Hub
 does), with the Hub's `X-Error-Code` on a missing repo, revision or file. It runs on 127.0.0.1 with
@@ -69,6 +70,8 @@ class HubState:
     failures: dict[str, int] = field(default_factory=dict)
     failures_left: dict[str, int] = field(default_factory=dict)  # route -> forced failures still to answer
     delays: dict[str, float] = field(default_factory=dict)
+    holds: dict[str, int] = field(default_factory=dict)  # route -> commits after which it is held
+    held: list[str] = field(default_factory=list)  # the route of each request held so far
     released: threading.Event = field(default_factory=threading.Event)  # ends the waits of `slow`
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -153,7 +156,11 @@ class _Handler(BaseHTTPRequestHandler):
                 state.failures_left[route] -= 1
                 forced = 500
             delay, released = state.delays.get(route, 0.0), state.released
-        released.wait(delay)  # outside the lock: other requests go on meanwhile
+            commits = sum(len(repo.commits) for repo in state.repos.values())
+            hold = route in state.holds and commits >= state.holds[route]
+            if hold:
+                state.held.append(route)
+        released.wait(None if hold else delay)  # outside the lock: other requests go on meanwhile
         try:
             if forced is not None:
                 raise HubError(forced, f"forced {forced} on {route}")
@@ -449,12 +456,25 @@ class HubServer:
 
     def slow(self, route: str, seconds: float) -> None:
         """Wait `seconds` before answering each request to `route` (an upload in flight, for longer);
-        0 also ends the waits in progress."""
+        0 also ends the waits in progress and the `hold` of `route`."""
         with self.state.lock:
             self.state.delays[route] = seconds
             if not seconds:
+                self.state.holds.pop(route, None)
                 self.state.released.set()
                 self.state.released = threading.Event()
+
+    def hold(self, route: str, after_commits: int) -> None:
+        """Hold every request to `route` made once the server has taken `after_commits` commits, until
+        `slow(route, 0)`: a push stalled there for as long as the test needs, on a machine of any speed
+        (the client sets no timeout). `held` counts the requests held."""
+        with self.state.lock:
+            self.state.holds[route] = after_commits
+
+    def held(self, route: str) -> int:
+        """How many requests to `route` a `hold` has stopped (answered or not)."""
+        with self.state.lock:
+            return self.state.held.count(route)
 
     def add_dataset(self, repo_id: str, files: dict[str, bytes]) -> str:
         """A dataset repo holding `files` (path in the repo -> bytes) in one commit on main; its oid."""

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 import trainer
 from helpers import toy_policy
+from helpers.run_outputs import model_file
 from helpers.toy_policy import policy as toy
 from helpers.train_flags import tiny_args
 from trainer.cli.parse import parse_config
@@ -23,7 +24,7 @@ TOY = ("--policy.type=toy", "--save_freq=2")
 
 
 def _weights(out: Path, step: int) -> dict[str, torch.Tensor]:
-    return load_file(out / "checkpoints" / f"{step:06d}" / "pretrained_model" / "model.safetensors")
+    return load_file(model_file(out, step))
 
 
 @pytest.fixture(scope="module")

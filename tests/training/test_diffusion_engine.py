@@ -17,6 +17,7 @@ import trainer
 from helpers.engine_run import rewound_copy, train_in
 from helpers.fixtures import copy_fixture
 from helpers.processor_files import same_as_lerobots
+from helpers.run_outputs import metrics, model_file, saved_model
 from trainer.cli import main
 from trainer.data.pipeline.sampler import GlobalOrderSampler, sampled_frames
 from trainer.errors import ConfigError
@@ -55,12 +56,12 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_it_trains_with_a_finite_loss_and_saves_lerobots_names(workdir: Path) -> None:
-    records = [json.loads(line) for line in (workdir / "straight" / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(workdir / "straight")
     losses = [r["loss"] for r in records if r.get("event") == "train"]
     banner = next(r["banner"] for r in records if r.get("event") == "start")
     assert "--policy.drop_n_last_frames=7: 52 of the 80 frames are drawn as samples" in " ".join(banner)
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
-    model = workdir / "straight" / "checkpoints" / "last" / "pretrained_model"
+    model = saved_model(workdir / "straight")
     ours = load_file(str(model / "model.safetensors"))
     theirs = load_file(str(workdir / "lerobot_diffusion_tiny" / "pretrained_model" / "model.safetensors"))
     # the same features and sizes but batch norm (the default): LeRobot's names, plus its running stats
@@ -75,7 +76,7 @@ def test_state_and_action_are_normalized_min_max_from_stats_json(workdir: Path) 
     """LeRobot's default for Diffusion Policy: the saved normalizer holds stats.json's min/max for the
     state and action (LeRobot's MIN_MAX onto [-1, 1]), the cameras ImageNet's mean/std."""
     stats = json.loads((workdir / "dataset_video" / "meta" / "stats.json").read_text())
-    model = workdir / "straight" / "checkpoints" / "last" / "pretrained_model"
+    model = saved_model(workdir / "straight")
     saved = load_file(str(model / "policy_preprocessor_step_3_normalizer_processor.safetensors"))
     for key in ("observation.state", "action"):
         for stat in ("min", "max"):
@@ -89,10 +90,7 @@ def test_a_resumed_run_is_bit_exact(workdir: Path) -> None:
     bit (the random crop, the noise and the timesteps come from the restored RNG)."""
     checkpoints = rewound_copy(workdir / "straight", workdir / "resumed", 2) / "checkpoints"
     train_in(workdir, ["--resume=true", "--steps=4", "--output_dir=resumed", "--num_workers=2"])
-    straight, resumed = (
-        load_file(str(workdir / run / "checkpoints" / "000004" / "pretrained_model" / "model.safetensors"))
-        for run in ("straight", "resumed")
-    )
+    straight, resumed = (load_file(str(model_file(workdir / run, 4))) for run in ("straight", "resumed"))
     at_two = load_file(str(checkpoints / "000002" / "pretrained_model" / "model.safetensors"))
     assert straight.keys() == resumed.keys()
     assert all(torch.equal(straight[name], resumed[name]) for name in straight)
@@ -106,9 +104,7 @@ def test_lerobots_checkpoint_loads_strictly_and_fine_tunes(workdir: Path) -> Non
     train_in(workdir, [f"--policy.path={base}", "--dataset.root=dataset_video", "--batch_size=2",
                      "--num_workers=0", "--steps=2", "--output_dir=tuned"])  # fmt: skip
     before = load_file(str(base / "model.safetensors"))
-    after = load_file(
-        str(workdir / "tuned" / "checkpoints" / "last" / "pretrained_model" / "model.safetensors")
-    )
+    after = load_file(str(model_file(workdir / "tuned")))
     assert after.keys() == before.keys() and len(after) == 213
     assert not torch.equal(
         after["diffusion.unet.final_conv.1.weight"], before["diffusion.unet.final_conv.1.weight"]
@@ -263,7 +259,7 @@ def test_its_processor_files_are_lerobots(workdir: Path) -> None:
     """lerobot-train's Diffusion Policy on the same dataset wrote the fixture's processor files: ours are
     equal field by field, and their statistics are its numbers (the same stats.json and ImageNet camera
     statistics; the MIN_MAX bounds written back from our centre and half-range)."""
-    ours = workdir / "straight" / "checkpoints" / "last" / "pretrained_model"
+    ours = saved_model(workdir / "straight")
     theirs = workdir / "lerobot_diffusion_tiny" / "pretrained_model"
     same_as_lerobots(ours, theirs)
     for name in (

@@ -3,7 +3,6 @@ a real run's log and metrics when the disk cannot hold the checkpoints still to 
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections import namedtuple
 from types import SimpleNamespace
@@ -12,6 +11,7 @@ import pytest
 
 from ckpt_tools import Ranking
 from helpers.fixtures import copy_fixture
+from helpers.run_outputs import metrics
 from trainer.cli import main
 from trainer.engine.checkpoint import disk_forecast
 from trainer.engine.checkpoint.disk_forecast import forecast, more_on_disk, saves_after
@@ -88,7 +88,7 @@ def _run(root, output_dir, capsys, *extra: str) -> tuple[str, list[dict]]:
         main([*args, f"--output_dir={output_dir}"])
     err = capsys.readouterr().err
     assert exit_info.value.code in (0, None), err
-    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(output_dir)
     return err, [r for r in records if r.get("event") == "disk_forecast"]
 
 

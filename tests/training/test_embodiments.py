@@ -26,6 +26,7 @@ from helpers.engine_run import TINY_SMOLVLA, train_in
 from helpers.fixtures import copy_fixture, fixture_dir
 from helpers.lerobot_data import write_dataset
 from helpers.processor_files import same_as_lerobots
+from helpers.run_outputs import saved_model
 from trainer.cli.eval_command import run_eval
 from trainer.cli.export_command import run as export_command
 from trainer.cli.parse import parse_config
@@ -186,7 +187,7 @@ def test_padded_action_dims_get_exactly_zero_gradient(workdir: Path, monkeypatch
 def trained(workdir: Path) -> Path:
     """2 steps of a tiny SmolVLA on the two robots; its final step's pretrained_model/."""
     train_in(workdir, [*SMOLVLA, "--dataset.mixture=mixture.json", "--steps=2", "--output_dir=trained"])
-    return workdir / "trained" / "checkpoints" / "last" / "pretrained_model"
+    return saved_model(workdir / "trained")
 
 
 def test_the_checkpoint_keeps_each_robots_statistics(workdir: Path, trained: Path) -> None:
@@ -369,7 +370,7 @@ def test_diffusion_trains_on_robots_that_differ_in_fps_and_statistics_only(workd
              "--policy.use_separate_rgb_encoder_per_camera=false", "--dataset.mixture=fps.json",
              "--batch_size=2", "--num_workers=0", "--steps=1", "--output_dir=diffusion"]  # fmt: skip
     train_in(workdir, flags)
-    model = workdir / "diffusion" / "checkpoints" / "last" / "pretrained_model"
+    model = saved_model(workdir / "diffusion")
     preprocessor = json.loads((model / "policy_preprocessor.json").read_text())
     assert [e["name"] for e in preprocessor["embodiments"]] == [VIDEO, "dataset_images"]
     state = load_file(str(model / preprocessor["steps"][-1]["state_file"]))

@@ -16,6 +16,7 @@ import ckpt_tools
 from ckpt_tools import layout
 from ckpt_tools.training import Topology
 from helpers.numerics import EPS, U
+from helpers.run_outputs import metrics, saved_model
 from helpers.train_flags import tiny_args
 from trainer.cli.parse import parse_config
 from trainer.config.sections import ParallelismSection
@@ -58,11 +59,11 @@ def test_single_process_run_writes_checkpoints_and_metrics(
         "safetensors",
     )
     assert (step.sampler.epoch, step.sampler.offset) == (2, 60 * 32 - 2 * 800 // 32 * 32)
-    model_dir = out / "checkpoints" / "000060" / "pretrained_model"
+    model_dir = saved_model(out, 60)
     for name in ("model.safetensors", "config.json", "train_config.json", "policy_preprocessor.json"):
         assert (model_dir / name).is_file(), name
     assert json.loads((model_dir / "config.json").read_text())["obs_dim"] == 3
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(out)
     losses = [r["loss"] for r in records if r.get("event") == "train"]
     assert len(losses) == 3 and losses[-1] < 0.85 * losses[0]
     windows = [r["losses"] for r in records if r.get("event") == "step_losses"]
@@ -171,7 +172,7 @@ def test_gradient_accumulation_gives_the_same_update(tmp_path, dataset_cache, cl
         warnings.simplefilter("always")
         two = train(parse_config(tiny_args(str(tmp_path / "b"), dataset_cache, *common, *accum)))
     assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
-    records = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(tmp_path / "b")
     logged = [r for r in records if r.get("event") == "train"]
     assert "grad_norm" not in logged[0]  # step 1: no update yet, so no norm (never nan)
     assert math.isfinite(logged[1]["grad_norm"]) and logged[1]["grad_norm"] > 0

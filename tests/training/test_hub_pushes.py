@@ -3,12 +3,11 @@ slow, failing for a while, refusing, and the trainer killed mid-push."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,9 @@ import torch
 from safetensors.torch import load
 
 from helpers.hub_server import HubServer
+from helpers.run_outputs import committed_step, metrics, metrics_so_far, model_file, saved_step
 from helpers.train_flags import tiny_args
+from helpers.waiting import wait_for
 from trainer.cli.parse import parse_config
 from trainer.engine.checkpoint import hub_pushes
 from trainer.engine.plan import train
@@ -39,17 +40,11 @@ def hub(monkeypatch: pytest.MonkeyPatch, clean_accelerate) -> Iterator[HubServer
         yield server
 
 
-def _records(out: Path, event: str) -> list[dict]:
-    lines = (out / "metrics.jsonl").read_text().splitlines()
-    return [record for record in map(json.loads, lines) if record.get("event") == event]
-
-
 def _assert_step_pushed(hub: HubServer, out: Path, step: str) -> None:
     """The tag of `step` names a commit holding that step's model, byte for byte, and nothing else."""
     tagged = hub.tagged(REPO, f"step-{step}")
-    model_dir = out / "checkpoints" / step / "pretrained_model"
     assert set(tagged) >= MODEL_FILES, sorted(tagged)
-    assert tagged["model.safetensors"] == (model_dir / "model.safetensors").read_bytes()
+    assert tagged["model.safetensors"] == model_file(out, step).read_bytes()
 
 
 def test_each_checkpoint_is_one_tagged_commit_pushed_while_training(
@@ -67,15 +62,15 @@ def test_each_checkpoint_is_one_tagged_commit_pushed_while_training(
     for step in ("000002", "000004"):
         _assert_step_pushed(hub, out, step)
         tagged = hub.tagged(REPO, f"step-{step}")
-        step_json = (out / "checkpoints" / step / "training_state" / "training_step.json").read_bytes()
+        step_json = (saved_step(out, step) / "training_state" / "training_step.json").read_bytes()
         assert tagged["training_state/training_step.json"] == step_json  # --push_training_state
-    assert [r["tag"] for r in _records(out, "hub_push")] == ["step-000002", "step-000004"]
+    assert [r["tag"] for r in metrics(out, "hub_push")] == ["step-000002", "step-000004"]
     downloaded = tmp_path / "step-000002"  # what `hf download REPO --revision step-000002` gives
     for name, data in hub.tagged(REPO, "step-000002").items():
         (downloaded / name).parent.mkdir(parents=True, exist_ok=True)
         (downloaded / name).write_bytes(data)
     policy = load_policy(str(downloaded)).policy.state_dict()
-    saved = load((out / "checkpoints/000002/pretrained_model/model.safetensors").read_bytes())
+    saved = load(model_file(out, 2).read_bytes())
     assert set(policy) == set(saved) and all(torch.equal(policy[k], saved[k]) for k in saved)
     err = capsys.readouterr().err
     assert f"pushed step 000004 (model weights) to {REPO} as step-000004" in err
@@ -92,18 +87,31 @@ def test_without_training_state_only_the_model_is_pushed(tmp_path, dataset_cache
 def test_a_slow_hub_skips_a_waiting_step_and_retention_keeps_the_one_in_flight(
     tmp_path, dataset_cache, hub, capsys
 ) -> None:
-    """Step 2 uploads for seconds while steps 4 and 6 are saved: 4 waits, 6 replaces it (one line says
-    so), and --keep_last=1 does not delete step 2 under its push."""
-    hub.slow("preupload", 2.0)
+    """Step 2's push is held until steps 4 and 6 are saved: 4 waits, 6 replaces it (one line says so),
+    and --keep_last=1 does not delete step 2 under its push. The hold ends at that line, not after a
+    time a busy machine could outlast."""
     out = tmp_path / "run"
+    hub.hold("preupload", after_commits=0)
+    release = threading.Thread(target=_release_when_skipped, args=(hub, out), daemon=True)
+    release.start()
     train(parse_config(tiny_args(str(out), dataset_cache, *PUSHES, "--steps=6", "--keep_last=1")))
+    release.join()
 
     assert set(hub.repo(REPO).tags) == {"step-000002", "step-000006"}
     _assert_step_pushed(hub, out, "000002")  # retention spared it while it was pushed
     _assert_step_pushed(hub, out, "000006")
     err = capsys.readouterr().err
     assert "not pushing step 000004: step 000006 is newer and step 000002 is still uploading" in err
-    assert not (out / "checkpoints" / "000004").exists()  # nothing pinned it: retention went on
+    assert not saved_step(out, 4).exists()  # nothing pinned it: retention went on
+
+
+def _release_when_skipped(hub: HubServer, out: Path) -> None:
+    """End the hold of step 2's push once the run has said which waiting step it skipped (or, failing
+    that, at the deadline: the run then ends and the test fails on what it asserts)."""
+    try:
+        wait_for(lambda: metrics_so_far(out, "hub_push_skipped"), "skipped push")
+    finally:
+        hub.slow("preupload", 0.0)
 
 
 def test_transient_failures_are_retried(tmp_path, dataset_cache, hub, capsys) -> None:
@@ -111,7 +119,7 @@ def test_transient_failures_are_retried(tmp_path, dataset_cache, hub, capsys) ->
     out = tmp_path / "run"
     train(parse_config(tiny_args(str(out), dataset_cache, *PUSHES)))
     assert set(hub.repo(REPO).tags) == {"step-000002", "step-000004"}
-    assert [r["attempt"] for r in _records(out, "hub_push_retry")] == [1, 2]
+    assert [r["attempt"] for r in metrics(out, "hub_push_retry")] == [1, 2]
     assert "warning" not in capsys.readouterr().err
 
 
@@ -128,9 +136,9 @@ def test_a_hub_that_keeps_failing_warns_once_and_training_goes_on(
     assert "pushing step 000002 to acme/pendulum-pushes failed: Hub server error (HTTP 503)" in err
     assert "training goes on, later steps are still pushed" in err
     assert "2 checkpoint push(es) to acme/pendulum-pushes failed (steps 000002, 000004)" in err
-    assert [r["step_dir"][-6:] for r in _records(out, "hub_push_failed")] == ["000002", "000004"]
+    assert [r["step_dir"][-6:] for r in metrics(out, "hub_push_failed")] == ["000002", "000004"]
     assert hub.routes().count("commit") == 2 * hub_pushes.PUSH_ATTEMPTS
-    assert (out / "checkpoints" / "000004" / "pretrained_model" / "model.safetensors").is_file()
+    assert model_file(out, 4).is_file()
 
 
 def test_a_refusal_stops_the_pushes_after_one_attempt(tmp_path, dataset_cache, hub, capsys) -> None:
@@ -168,18 +176,22 @@ def test_bad_push_flags_are_refused_before_training(flags, message) -> None:
 def test_a_kill_mid_push_leaves_a_consistent_repo_and_the_resumed_run_pushes_on(
     tmp_path, dataset_cache, hub
 ) -> None:
-    """SIGKILL while step 4's files upload: the repo still holds step 2's complete commit and nothing
-    half-made; the resumed run pushes the step it resumes from (never pushed) and the steps after it."""
+    """SIGKILL while a push after step 2's uploads its files and step 6, the last, is committed: the
+    repo still holds step 2's complete commit and nothing half-made; the resumed run pushes the step it
+    resumes from (never pushed) and the steps after it.
+
+    The kill waits for both states, whatever the machine's speed: the uploads after step 2's are held
+    (a fast machine has saved step 6 before step 2 is pushed, a slow one is still training), and the
+    resumed run starts from step 6 only if step 6 was committed before the kill."""
     out = tmp_path / "run"
     args = tiny_args(str(out), dataset_cache, *PUSHES, "--steps=6")
     env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN}
     command = [sys.executable, "-m", "trainer.cli", "train", *args]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    hub.hold("lfs_upload", after_commits=1)  # step 2's files upload; the next push stalls in its upload
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_for(lambda: len(hub.repo(REPO).commits) == 1 if REPO in hub.state.repos else False)
-        hub.slow("lfs_upload", 30.0)  # the next push stalls in its upload
-        uploads = hub.routes().count("lfs_upload")
-        _wait_for(lambda: hub.routes().count("lfs_upload") > uploads)
+        wait_for(lambda: hub.held("lfs_upload"), "upload after step 2's commit", process=process)
+        wait_for(lambda: committed_step(out) == 6, "commit of step 6", process=process)
         process.send_signal(signal.SIGKILL)
     finally:
         process.kill()
@@ -200,10 +212,3 @@ def test_a_kill_mid_push_leaves_a_consistent_repo_and_the_resumed_run_pushes_on(
     for step in ("000006", "000008"):
         _assert_step_pushed(hub, out, step)
     assert hub.files(REPO) == hub.tagged(REPO, "step-000008")
-
-
-def _wait_for(condition, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)

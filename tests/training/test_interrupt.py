@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from helpers.waiting import wait_for
 from trainer.distributed import interrupt
 from trainer.distributed.interrupt import Interrupts, hold_until_signal
 
@@ -44,7 +45,15 @@ def test_a_signal_delivered_twice_at_once_is_one_request(monkeypatch):
 
 
 def test_the_hold_ends_at_a_signal_and_then_ignores_signals():
-    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    """The signal is sent once the hold has put its handler in place, whatever the machine's speed (a
+    signal sent before would end pytest itself)."""
+    before = signal.getsignal(signal.SIGTERM)
+
+    def signal_the_hold() -> None:
+        wait_for(lambda: signal.getsignal(signal.SIGTERM) is not before, "handler of the hold")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=signal_the_hold, daemon=True).start()
     started = time.monotonic()
     hold_until_signal(30.0)
     assert time.monotonic() - started < 10

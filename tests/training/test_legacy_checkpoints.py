@@ -14,6 +14,7 @@ import torch
 import trainer
 from helpers.fixtures import copy_fixture, fixture_dir
 from helpers.numerics import EPS, largest_magnitude
+from helpers.run_outputs import saved_model
 from trainer.cli.eval_command import run_eval
 from trainer.cli.parse import parse_config
 from trainer.engine.plan import train
@@ -93,7 +94,7 @@ def test_old_checkpoint_starts_a_run_and_resumes(kind, tmp_path, dataset_cache, 
     assert resumed.policy.type == ("act_state" if kind == "act" else "mlp")
     summary = train(resumed)
     assert summary.steps == 3 and summary.last_checkpoint is not None
-    model_dir = run / "checkpoints" / "000003" / "pretrained_model"
+    model_dir = saved_model(run, 3)
     assert json.loads((model_dir / "config.json").read_text())["type"] == resumed.policy.type
     saved = json.loads((model_dir / "train_config.json").read_text())  # written before presets: its own
     assert saved["use_policy_training_preset"] is False

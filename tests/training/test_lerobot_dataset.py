@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from helpers.fixtures import copy_fixture
 from helpers.lerobot_data import IMAGE, STATE, VELOCITY, write_dataset
+from helpers.run_outputs import metrics
 from trainer.cli.parse import parse_config
 from trainer.config.train import encode_config
 from trainer.data.sources.lerobot import LeRobotConfig
@@ -193,7 +194,7 @@ def test_training_logs_falling_val_loss_and_records_the_inputs(
         f"--output_dir={out}",
     ]
     summary = train(parse_config(args))
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(out)
     val = [(r["step"], r["val_loss"]) for r in records if r.get("event") == "val"]
     assert [step for step, _ in val] == [10, 20, 30] and val[-1][1] < 0.8 * val[0][1]
     banner = next(r["banner"] for r in records if r.get("event") == "start")

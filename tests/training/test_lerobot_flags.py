@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from helpers.fixtures import copy_fixture
 from helpers.lerobot_data import STATE, VELOCITY, write_dataset
+from helpers.run_outputs import model_file, saved_model
 from helpers.train_flags import TINY_LEROBOT_ACT
 from trainer.cli.eval_command import run_eval
 from trainer.cli.parse import parse_config
@@ -65,9 +66,7 @@ def test_a_lerobot_command_runs_unchanged(root, tmp_path, clean_accelerate, caps
     err = capsys.readouterr().err
     assert "job act_lerobot: act policy" in err
     assert summary.last_checkpoint == str(out / "checkpoints" / "000002")
-    saved = json.loads(
-        (out / "checkpoints" / "000002" / "pretrained_model" / "train_config.json").read_text()
-    )
+    saved = json.loads(model_file(out, 2, "train_config.json").read_text())
     assert saved["trackio"]["enable"] and saved["policy"]["device"] == "cpu"
 
 
@@ -81,7 +80,7 @@ def test_rename_map_renames_the_features_the_policy_reads_and_is_recorded(
             lerobot_command(root, out, f"--rename_map={json.dumps(rename)}", policy=("--policy.type=mlp",))
         )
     )
-    model_dir = out / "checkpoints" / "000002" / "pretrained_model"
+    model_dir = saved_model(out, 2)
     assert json.loads((model_dir / "config.json").read_text())["input_features"] == [
         STATE,
         "observation.speed",

@@ -19,6 +19,7 @@ import ckpt_tools
 import trainer
 from helpers.fixtures import copy_fixture, fixture_dir
 from helpers.processor_files import same_as_lerobots
+from helpers.run_outputs import saved_model
 from trainer.cli.parse import parse_config
 from trainer.data.pipeline.processors import Processor
 from trainer.engine.plan import train
@@ -45,7 +46,7 @@ def _train(work: Path, dataset: str, flags: list[str]) -> Path:
         AcceleratorState._reset_state(reset_partial_state=True)
         train(parse_config([*flags, *COMMON, f"--dataset.root={dataset}", f"--output_dir={work / 'run'}"]))
         AcceleratorState._reset_state(reset_partial_state=True)
-    return work / "run" / "checkpoints" / "last" / "pretrained_model"
+    return saved_model(work / "run")
 
 
 @pytest.fixture(scope="module")

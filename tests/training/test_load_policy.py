@@ -20,6 +20,7 @@ from ckpt_tools.cli import app as cli_app
 from helpers.fixtures import REPO
 from helpers.hf_cache import put_in_hub_cache
 from helpers.lerobot_data import STATE, VELOCITY, write_dataset
+from helpers.run_outputs import saved_model
 from trainer.cli import app as cli
 from trainer.cli.eval_command import run_eval
 from trainer.cli.parse import parse_config
@@ -227,7 +228,7 @@ print("loaded")
 
 def _edited_model(run: dict[str, Path], tmp_path: Path, edit) -> Path:
     model = tmp_path / "model"
-    shutil.copytree(run["base"] / "checkpoints" / "000008" / "pretrained_model", model)
+    shutil.copytree(saved_model(run["base"], 8), model)
     edit(model)
     return model
 

@@ -16,6 +16,7 @@ import ckpt_tools
 from ckpt_tools.format.meta import Topology, TrainingStep
 from ckpt_tools.state.adapters import peft_key
 from helpers import tiny_run
+from helpers.run_outputs import model_file
 from helpers.train_flags import tiny_args
 from trainer.cli.parse import parse_config
 from trainer.config.peft import PeftConfig
@@ -272,7 +273,7 @@ def test_lora_run_on_mlp_resumes_exactly(tmp_path, dataset_cache, clean_accelera
     ]
     first = train(parse_config(tiny_args(str(tmp_path / "a"), dataset_cache, f"--policy.path={base}", *lora)))
     AcceleratorState._reset_state(reset_partial_state=True)
-    saved = tmp_path / "a" / "checkpoints" / "000002" / "pretrained_model" / "train_config.json"
+    saved = model_file(tmp_path / "a", 2, "train_config.json")
     resumed = train(
         parse_config([f"--config_path={saved}", "--resume=true", f"--output_dir={tmp_path / 'b'}"])
     )

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 import trainer
 from helpers.engine_run import rewound_copy, train_in
 from helpers.fixtures import copy_fixture
+from helpers.run_outputs import metrics, model_file
 from trainer.cli import main
 from trainer.cli.parse import parse_config
 from trainer.config.sections import PolicySection
@@ -133,16 +134,13 @@ def test_a_resumed_run_is_bit_exact(workdir: Path, tuned: Path) -> None:
     flow-matching noise and time come from the restored RNG)."""
     rewound_copy(workdir / "tuned", workdir / "resumed", 1)
     train_in(workdir, ["--resume=true", "--steps=2", "--output_dir=resumed"])
-    straight, resumed = (
-        load_file(str(workdir / run / "checkpoints" / "000002" / "pretrained_model" / "model.safetensors"))
-        for run in ("tuned", "resumed")
-    )
+    straight, resumed = (load_file(str(model_file(workdir / run, 2))) for run in ("tuned", "resumed"))
     assert straight.keys() == resumed.keys()
     assert all(torch.equal(straight[name], resumed[name]) for name in straight)
 
 
 def _train_losses(run: Path) -> list[float]:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(run)
     return [r["loss"] for r in records if r.get("event") == "train"]
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.run_outputs import saved_model
 from helpers.train_flags import tiny_args
 from trainer.cli.parse import parse_config
 from trainer.config.accelerator import MixedPrecisionPolicyConfig
@@ -79,7 +80,7 @@ def test_train_leaves_the_callers_config_unchanged(resumed) -> None:
 
 def test_train_config_json_records_the_resolved_plan(resumed) -> None:
     _, _, out, err = resumed
-    model_dir = out / "checkpoints" / "last" / "pretrained_model"
+    model_dir = saved_model(out)
     saved = json.loads((model_dir / "train_config.json").read_text())
     assert saved["output_dir"] == str(out) and os.path.isabs(saved["output_dir"])
     assert saved["resume"] is False

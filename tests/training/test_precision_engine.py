@@ -17,6 +17,7 @@ import pytest
 import trainer.engine.plan
 import trainer.engine.startup
 from ckpt_tools import layout
+from helpers.run_outputs import metrics
 from helpers.train_flags import tiny_args
 from trainer.cli.parse import parse_config
 from trainer.distributed.factory import prepare
@@ -65,6 +66,6 @@ def test_fp16_overflow_is_skipped_with_the_scale_halved_and_clipping_engages(
     scaler_file = tmp_path / "checkpoints" / "000004" / layout.TRAINING_STATE_DIR / layout.SCALER_STATE
     scaler = json.loads(scaler_file.read_text())
     assert (scaler["scale"], scaler["_growth_tracker"]) == (32768.0, 2)
-    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = metrics(tmp_path)
     trained = [r for r in logged if r.get("event") == "train"]
     assert next(r["grad_norm"] for r in trained if r["step"] == 4) > 10 * CLIP  # before clipping

@@ -12,6 +12,7 @@ from huggingface_hub import ModelCard
 
 import ckpt_tools
 from helpers.hub_server import HubServer
+from helpers.run_outputs import metrics, model_file
 from helpers.train_flags import tiny_args
 from trainer.cli import main as cli_main
 from trainer.cli.parse import parse_config
@@ -70,7 +71,7 @@ def test_the_final_checkpoint_is_published_in_one_commit(tmp_path, dataset_cache
     assert train_config["policy"]["push_to_hub"] is True and train_config["policy"]["repo_id"] == REPO
     assert "push_to_hub" not in json.loads(arrived["config.json"])
     assert all(r.authorization == f"Bearer {TOKEN}" for r in hub.state.requests if r.route != "lfs_upload")
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(out)
     assert [r["commit"] for r in records if r.get("event") == "publish"] == [hub.repo(REPO).commits[0].oid]
     assert TOKEN not in capsys.readouterr().err
 
@@ -129,7 +130,7 @@ def test_a_resumed_run_publishes_when_it_finishes(tmp_path, dataset_cache, clean
     push = ["--policy.type=mlp", "--policy.push_to_hub=true", f"--policy.repo_id={target}"]
     train(parse_config(tiny_args(str(out), dataset_cache, *push, "--steps=2")))
     AcceleratorState._reset_state(reset_partial_state=True)
-    saved = out / "checkpoints" / "000002" / "pretrained_model" / "train_config.json"
+    saved = model_file(out, 2, "train_config.json")
 
     resume = [f"--config_path={saved}", "--resume=true", "--steps=4", "--dataset.eval_episodes=2"]
     resumed = train(parse_config(resume))  # no push flag

@@ -22,6 +22,7 @@ import torch
 from ckpt_tools.tensors.tensor_io import read_safetensors
 from ckpt_tools.training import Topology
 from helpers.pickle_payload import malicious_dcp_metadata
+from helpers.run_outputs import model_file
 from trainer.cli.parse import parse_config
 from trainer.config.train import encode_config
 from trainer.data.pipeline.processors import build_processors
@@ -144,9 +145,7 @@ def test_resume_with_only_output_dir_uses_the_saved_config_and_flags_override(sa
 
 def test_config_path_through_last_names_the_step(saved):
     parts, step_dir = saved
-    via_last = (
-        Path(parts.config.output_dir) / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
-    )
+    via_last = model_file(Path(parts.config.output_dir), name="train_config.json")
     config = parse_config(["--resume=true", f"--config_path={via_last}"])
     assert resume.find_checkpoint(config.config_path, config.output_dir) == step_dir
 
@@ -588,7 +587,7 @@ def test_every_resume_input_is_checked_in_one_line(saved, tmp_path, keep_rng, ca
 @pytest.mark.parametrize("text", ["[" * 100_000, '{"steps": 1' + "0" * 5000 + "}"], ids=["deep", "digits"])
 def test_a_damaged_saved_train_config_is_one_line(saved, tmp_path, text):
     out = copy_run(saved[1], tmp_path)
-    (out / "checkpoints" / "000003" / "pretrained_model" / "train_config.json").write_text(text)
+    model_file(out, 3, "train_config.json").write_text(text)
     with pytest.raises(ConfigError) as caught:
         parse_config(["--resume=true", f"--output_dir={out}"])
     assert "\n" not in str(caught.value) and "train_config.json" in str(caught.value)

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 import trainer
 from helpers.engine_run import TINY_SMOLVLA, rewound_copy
 from helpers.fixtures import copy_fixture
+from helpers.run_outputs import metrics, model_file, saved_model
 from trainer.cli.parse import parse_config
 from trainer.engine.plan import train
 from trainer.errors import ConfigError
@@ -74,7 +75,7 @@ def test_saved_weights_and_config_are_lerobots_schema(trained: Path, workdir: Pa
 def test_the_training_preset_follows_lerobots_learning_rates(trained: Path, workdir: Path) -> None:
     """SmolVLA's preset (AdamW, cosine decay with warmup from the optimizer_*/scheduler_* fields)
     gives the rates lerobot-train logged for the same command, as it prints them."""
-    records = [json.loads(line) for line in (workdir / "scratch" / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(workdir / "scratch")
     ours = [f"{r['lr']:.1e}" for r in records if r.get("event") == "train"]
     log = (workdir / "lerobot_smolvla_tiny" / "train_log.txt").read_text().split()
     assert ours == [field.removeprefix("lr:") for field in log if field.startswith("lr:")]
@@ -121,7 +122,7 @@ def test_lerobots_checkpoint_fine_tunes_here(workdir: Path, monkeypatch) -> None
     flags = [f"--policy.path={base}", "--dataset.root=dataset_video", "--batch_size=2", "--num_workers=0"]
     train(parse_config([*flags, "--steps=1", "--output_dir=tuned"]))
     AcceleratorState._reset_state(reset_partial_state=True)
-    step = workdir / "tuned" / "checkpoints" / "last" / "pretrained_model"
+    step = saved_model(workdir / "tuned")
     with (
         safe_open(str(step / "model.safetensors"), "pt") as ours,
         safe_open(str(base / "model.safetensors"), "pt") as theirs,
@@ -145,10 +146,7 @@ def test_a_resumed_run_is_bit_exact(workdir: Path, monkeypatch) -> None:
     AcceleratorState._reset_state(reset_partial_state=True)
     train(parse_config(["--resume=true", "--steps=3", "--output_dir=resumed"]))
     AcceleratorState._reset_state(reset_partial_state=True)
-    weights = [
-        workdir / run / "checkpoints" / "000003" / "pretrained_model" / "model.safetensors"
-        for run in ("straight", "resumed")
-    ]
+    weights = [model_file(workdir / run, 3) for run in ("straight", "resumed")]
     with safe_open(str(weights[0]), "pt") as straight, safe_open(str(weights[1]), "pt") as resumed:
         assert all(torch.equal(straight.get_tensor(k), resumed.get_tensor(k)) for k in straight.keys())  # noqa: SIM118
 
@@ -175,7 +173,7 @@ def test_checkpointed_units_and_ema_train_the_plain_runs_weights(workdir: Path, 
         "activation checkpointing: " in banner
         and "(by class: SmolVLMEncoderLayer, LlamaMLP, Linear, Embedding)" in banner
     )
-    saved = {run: workdir / run / "checkpoints" / "last" / "pretrained_model" for run in extra}
+    saved = {run: saved_model(workdir / run) for run in extra}
     plain, checkpointed = (load_file(str(saved[run] / "model.safetensors")) for run in extra)
     assert plain.keys() == checkpointed.keys()
     assert all(torch.equal(plain[name], checkpointed[name]) for name in plain)

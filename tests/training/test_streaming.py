@@ -25,6 +25,7 @@ import torch
 import trainer
 from helpers.fixtures import copy_fixture, fixture_dir
 from helpers.hub_server import HubServer
+from helpers.run_outputs import metrics, model_file
 from trainer.cli import main
 from trainer.cli.parse import parse_config
 from trainer.data.format import remote
@@ -93,12 +94,9 @@ def test_a_streamed_run_trains_and_resumes_to_the_local_runs_bytes(
         train(parse_config([*flags, *extra, f"--output_dir={tmp_path / name}"]))
         AcceleratorState._reset_state(reset_partial_state=True)
     train(parse_config(["--resume=true", "--steps=4", f"--output_dir={tmp_path / 'resumed'}"]))
-    weights = [
-        (tmp_path / name / "checkpoints" / "000004" / "pretrained_model" / "model.safetensors").read_bytes()
-        for name in runs
-    ]
+    weights = [model_file(tmp_path / name, 4).read_bytes() for name in runs]
     assert weights[1] == weights[0] and weights[2] == weights[0]
-    logged = [json.loads(line) for line in (tmp_path / "streamed" / "metrics.jsonl").read_text().splitlines()]
+    logged = metrics(tmp_path / "streamed")
     assert [r["stream_retries"] for r in logged if "loss" in r] == [0, 0]
 
 
@@ -154,7 +152,7 @@ def test_retries_in_dataloader_workers_are_counted_in_the_log(url, tmp_path, cle
     flags += ["--num_workers=2", "--steps=2", "--log_freq=2", "--batch_size=8", f"--output_dir={tmp_path}"]
     train(parse_config(flags))
     s3fs.S3FileSystem.clear_instance_cache()  # no client bound to the patched method outlives the test
-    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = metrics(tmp_path)
     assert [r["stream_retries"] - before for r in logged if "loss" in r] == [3]
 
 
@@ -216,7 +214,7 @@ def trained_weights(flags: list[str], out: Path) -> bytes:
     base += ["--scheduler.type=constant", "--batch_size=8", "--steps=2", "--save_freq=2", "--seed=3"]
     train(parse_config([*base, "--num_workers=0", *flags, f"--output_dir={out}"]))
     AcceleratorState._reset_state(reset_partial_state=True)
-    return (out / "checkpoints" / "000002" / "pretrained_model" / "model.safetensors").read_bytes()
+    return model_file(out, 2).read_bytes()
 
 
 def test_a_streamed_mixture_trains_to_the_local_mixtures_bytes(

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from helpers.fixtures import copy_fixture
+from helpers.run_outputs import metrics, model_file
 from helpers.train_flags import TINY_LEROBOT_ACT, tiny_args
 from trainer.cli.parse import parse_config
 from trainer.config.optim import CosineDecayWithWarmupConfig
@@ -38,13 +39,11 @@ def _act_command(root: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _lrs(out: Path) -> dict[int, float]:
-    lines = (out / "metrics.jsonl").read_text().splitlines()
-    return {r["step"]: r["lr"] for r in map(json.loads, lines) if "lr" in r}
+    return {r["step"]: r["lr"] for r in metrics(out) if "lr" in r}
 
 
 def _saved(out: Path, step: int) -> dict:
-    path = out / "checkpoints" / f"{step:06d}" / "pretrained_model" / "train_config.json"
-    return json.loads(path.read_text())
+    return json.loads(model_file(out, step, "train_config.json").read_text())
 
 
 @pytest.fixture
@@ -123,7 +122,7 @@ def test_a_config_written_before_presets_resumes_with_its_own_schedule(
     train(parse_config(tiny_args(str(straight), dataset_cache, *ours)))
     split = tmp_path / "split"
     train(parse_config(tiny_args(str(split), dataset_cache, *ours, "--steps=2")))
-    saved_path = split / "checkpoints" / "000002" / "pretrained_model" / "train_config.json"
+    saved_path = model_file(split, 2, "train_config.json")
     old = {k: v for k, v in json.loads(saved_path.read_text()).items() if k != "use_policy_training_preset"}
     saved_path.write_text(json.dumps(old))
     resumed = parse_config(["--resume=true", f"--output_dir={split}", "--steps=4"])

@@ -2,21 +2,25 @@
 patched in here so the trainer carries no test code. Runs under torchrun or as one plain process.
 
 Hook flags come first and are removed before the trainer parses the rest:
-  --hook-step-sleep=SECONDS      every rank sleeps this long in each training step (a run slow enough
-                                 to be signalled, locked or orphaned while it trains).
   --hook-hold=PATH               every rank waits at its second training step until PATH exists.
   --hook-hold-step=STEP:DIR      in torchrun's first attempt (TORCHELASTIC_RESTART_COUNT=0), every rank
                                  writes DIR/rank<R> ("pid parent-pid world-size") before loop step STEP
                                  and waits (at most 120 s) until DIR/release exists: a test can kill a
                                  node while every rank is at a known step.
+  --hook-until-signalled=CALL    from its CALL-th training step on, every rank waits at the start of each
+                                 step until it has got SIGTERM or SIGINT (a run that cannot end by
+                                 itself before the signal it is sent reaches it, on a machine of any speed).
   --hook-signal=RANK:CALL:SIGNUM[:TIMES[:GAP]]  RANK sends itself SIGNUM (TIMES times, default 1,
                                  GAP seconds apart, default 0.2) at the start of its CALL-th training step.
   --hook-signal-launcher=RANK:CALL:SIGNUM  RANK sends SIGNUM to its parent, the launcher (torchrun), and
                                  to nothing else, at the start of its CALL-th training step.
-  --hook-stall=RANK:CALL:SECONDS RANK sleeps SECONDS at the start of its CALL-th training step.
+  --hook-stall=RANK:CALL         RANK waits at the start of its CALL-th training step until it gets SIGTERM
+                                 or SIGINT (the launcher's, once the other ranks failed): a stall longer
+                                 than any timeout, on a machine of any speed.
   --hook-fail-commit=STEP        the main rank's commit of STEP raises OSError (a rename refused).
   --hook-fail-shard=RANK:STEP    RANK's DCP shard write into STEP raises OSError (disk full).
-  --hook-slow-shard=RANK:STEP:SECONDS  RANK's DCP shard write into STEP sleeps SECONDS first.
+  --hook-shard-after-signal=RANK:STEP:SENDER  RANK's DCP shard write into STEP waits until rank SENDER
+                                 has sent its --hook-signal (the write is still in flight when it lands).
   --hook-delay-start=RANK:SECONDS  RANK sleeps SECONDS before the trainer starts parsing.
   --hook-tag-errors              every error line the CLI prints ends with ` [hook: rank R]`.
   --hook-flip-last=STEP          the main rank repoints `checkpoints/last` to STEP right after it read it
@@ -30,6 +34,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 from hook_flags import install_hooks
 
@@ -38,6 +43,7 @@ import trainer.engine.checkpoint.resume as resume
 import trainer.engine.loop as loop
 from ckpt_tools import layout
 from ckpt_tools.files import commit as ckpt_commit
+from trainer.distributed import interrupt
 
 RANK = int(os.environ.get("RANK", "0"))
 OUTPUT_DIR = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--output_dir=")), "")
@@ -62,10 +68,6 @@ def before_step(action) -> None:
         return train_step(*args, **kwargs)
 
     loop._train_step = step
-
-
-def step_sleep(seconds: float) -> None:
-    before_step(lambda call: time.sleep(seconds))
 
 
 def hold(path: str) -> None:
@@ -106,6 +108,25 @@ def hold_step(step: int, directory: str) -> None:
     before_step(wait)
 
 
+# Hooks that wait for a state give up after this long: a stuck run fails its test instead of hanging.
+WAIT_S = 240.0
+
+
+def wait_until(condition) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def until_signalled(call: int) -> None:
+    before_step(lambda now: wait_until(lambda: bool(interrupt._signalled)) if now >= call else None)
+
+
+def _signal_mark(rank: int) -> Path:
+    """The file rank `rank` leaves just before its --hook-signal, for the hooks that wait for it."""
+    return Path(OUTPUT_DIR) / f".hook-signal-rank{rank}"
+
+
 def send_signal(rank: int, call: int, signum: int, times: int = 1, gap: float = 0.2) -> None:
     def send(now: int) -> None:
         if rank == RANK and now == call:
@@ -114,6 +135,7 @@ def send_signal(rank: int, call: int, signum: int, times: int = 1, gap: float = 
             say(
                 f"hook: rank {RANK} sends itself signal {signum} x{times} at step call {call} (last -> {pointed})"
             )
+            _signal_mark(RANK).touch()
             for _ in range(times):
                 os.kill(os.getpid(), signum)
                 time.sleep(gap)
@@ -130,13 +152,13 @@ def signal_launcher(rank: int, call: int, signum: int) -> None:
     before_step(send)
 
 
-def stall(rank: int, call: int, seconds: float) -> None:
-    def sleep(now: int) -> None:
+def stall(rank: int, call: int) -> None:
+    def wait(now: int) -> None:
         if rank == RANK and now == call:
-            say(f"hook: rank {RANK} stalls {seconds} s at step call {call}")
-            time.sleep(seconds)
+            say(f"hook: rank {RANK} stalls at step call {call} until it is signalled")
+            wait_until(lambda: bool(interrupt._signalled))
 
-    before_step(sleep)
+    before_step(wait)
 
 
 def fail_commit(step: int) -> None:
@@ -150,18 +172,18 @@ def fail_commit(step: int) -> None:
     ckpt_commit.commit_step_dir = failing
 
 
-def slow_shard(rank: int, step: int, seconds: float) -> None:
+def shard_after_signal(rank: int, step: int, sender: int) -> None:
     from torch.distributed.checkpoint import FileSystemWriter
 
     write_data = FileSystemWriter.write_data
     tmp_name = layout.TMP_PREFIX + layout.step_dir_name(step)
 
-    def slow(self, plan, planner):
+    def held(self, plan, planner):
         if rank == RANK and tmp_name in str(self.path):
-            time.sleep(seconds)
+            wait_until(_signal_mark(sender).exists)
         return write_data(self, plan, planner)
 
-    FileSystemWriter.write_data = slow
+    FileSystemWriter.write_data = held
 
 
 def fail_shard(rank: int, step: int) -> None:
@@ -215,9 +237,9 @@ def report_resume() -> None:
 
 
 HOOKS = {
-    "--hook-step-sleep": step_sleep,
     "--hook-hold": hold,
     "--hook-hold-step": hold_step,
+    "--hook-until-signalled": until_signalled,
     "--hook-signal": send_signal,
     "--hook-signal-launcher": signal_launcher,
     "--hook-delay-start": delay_start,
@@ -226,7 +248,7 @@ HOOKS = {
     "--hook-stall": stall,
     "--hook-fail-commit": fail_commit,
     "--hook-fail-shard": fail_shard,
-    "--hook-slow-shard": slow_shard,
+    "--hook-shard-after-signal": shard_after_signal,
 }
 
 
