@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 import ckpt_tools
-import ckpt_tools.training
 from ckpt_tools import layout, storage
+from ckpt_tools.training import read_named_optimizer_state, write_lerobot_training_state
 from trainer.errors import ConfigError
 from trainer.evaluation.inference import load_policy
 from trainer.evaluation.lerobot_export import export_lerobot, lerobot_adapter
@@ -47,7 +47,7 @@ def export_lerobot_step(path: str, output_dir: str) -> list[str]:
         saved = ckpt_tools.read_training_step(path)
         model_dir = ckpt_tools.open_checkpoint(path).model_dir
         train_config = ckpt_tools.read_config_json(layout.join(model_dir, layout.TRAIN_CONFIG))
-        osd = ckpt_tools.training.read_named_optimizer_state(path)
+        osd = read_named_optimizer_state(path)
     except ckpt_tools.CheckpointError as exc:
         raise ConfigError(f"--policy.path={path}: {exc}; give a step directory of a run") from None
     _check_schedule(train_config, path)
@@ -75,7 +75,7 @@ def export_lerobot_step(path: str, output_dir: str) -> list[str]:
         layout.join(out_model_dir, layout.TRAIN_CONFIG),
         lerobot_train_config(train_config, adapter.config_to_lerobot(loaded.config), saved),
     )
-    state_files = ckpt_tools.training.write_lerobot_training_state(
+    state_files = write_lerobot_training_state(
         output_dir,
         source_step=path,
         weights={name: tensor.contiguous() for name, tensor in weights.items()},
