@@ -168,12 +168,29 @@ def lerobot_side(session: nox.Session) -> None:
     `make_pre_post_processors(pretrained_path=export)` around them on a raw observation
     (benchmarks/lerobot_side.py check), then the training step time of our SmolVLA, ACT, Diffusion Policy
     and pi0.5 against LeRobot's on the same checkpoint and batch (benchmarks/bench_smolvla_lerobot.py;
-    options after `--` go to the bench, e.g. `-- --repeat 5`)."""
+    options after `--` go to the bench, e.g. `-- --repeat 5`). When LEROBOT_MAIN_PYTHON names the Python of
+    a venv with LeRobot main installed from its source, first the way back: LeRobot main's own
+    `lerobot-train --resume=true` continues a step of ours exported with `trainer export --lerobot_step=true`
+    (benchmarks/lerobot_main_resume.py)."""
+    lerobot_main_python = os.environ.get("LEROBOT_MAIN_PYTHON")
     lerobot_python = os.environ.get("LEROBOT_PYTHON")
-    if not lerobot_python:
-        session.log("lerobot_side: LEROBOT_PYTHON is not set; set it to a venv's Python with lerobot==0.6.1")
+    if not lerobot_python and not lerobot_main_python:
+        session.log(
+            "lerobot_side: neither LEROBOT_PYTHON (a venv's Python with lerobot==0.6.1) nor LEROBOT_MAIN_PYTHON "
+            "(a venv's Python with LeRobot main installed from its source) is set"
+        )
         return
     install(session)
+    if lerobot_main_python:
+        session.run(
+            "python",
+            "benchmarks/lerobot_side.py",
+            "main-resume",
+            f"--lerobot-main-python={lerobot_main_python}",
+        )
+    if not lerobot_python:
+        session.log("lerobot_side: LEROBOT_PYTHON is not set: LeRobot 0.6.1's checks skipped")
+        return
     session.run("python", "benchmarks/lerobot_side.py", "check", f"--lerobot-python={lerobot_python}")
     bench = ("benchmarks/bench_smolvla_lerobot.py", f"--lerobot-python={lerobot_python}")
     for policy in ("smolvla", "act", "diffusion", "pi05"):

@@ -51,7 +51,13 @@ processors 1.49e-7; the two-robot SmolVLA's exports, each loaded strictly, chunk
 LeRobot's processors 0 for both robots; the pi0.5's (fine-tuned on FSDP2 x2 since 2026-12-04) chunk 0, its actions through LeRobot's processors
 (QUANTILES normalizer, the state written into the prompt, the tokenizer) 2.98e-8 and 1.49e-8 on two runs.
 
+`main-resume` is the way back, against LeRobot main (installed from its source in another venv):
+a step of ours exported with `trainer export --lerobot_step=true` and continued by LeRobot main's own
+`lerobot-train --resume=true` on FSDP2 x2; what LeRobot restored equals our step bit for bit and it
+trains on (benchmarks/lerobot_main_resume.py, where the measured numbers are).
+
 Usage:
+  python benchmarks/lerobot_side.py main-resume --lerobot-main-python /path/to/lerobot-main-venv/bin/python
   python benchmarks/lerobot_side.py check --lerobot-python /path/to/lerobot-venv/bin/python [--atol 1e-5]
   python benchmarks/lerobot_side.py ours --policy.path=outputs/run/checkpoints/last WORKDIR [--batch 3]
       [--embodiment=NAME]
@@ -69,6 +75,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import lerobot_main_resume  # the way back, against LeRobot main (a sibling: benchmarks/ is on sys.path)
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -403,7 +410,11 @@ def main() -> int:
     both = sub.add_parser("check", help="train each policy of TRAIN here, then both halves (this venv)")
     both.add_argument("--lerobot-python", required=True, help="the Python of a venv with lerobot==0.6.1")
     both.add_argument("--atol", type=float, default=1e-5)
+    back = sub.add_parser("main-resume", help="LeRobot main resumes a step of ours (this venv)")
+    back.add_argument("--lerobot-main-python", required=True, help="the Python of LeRobot main's venv")
     args = parser.parse_args()
+    if args.side == "main-resume":
+        return lerobot_main_resume.check(os.path.abspath(args.lerobot_main_python))
     if args.side == "check":
         return check(os.path.abspath(args.lerobot_python), args.atol)  # the halves run elsewhere
     if args.side == "ours":

@@ -101,6 +101,9 @@ TRAINING = {
     "read_lerobot_training_step",
     "load_lerobot_rng_state",
     "load_lerobot_training_state",
+    # the way back: a step of ours as LeRobot main's (trainer export --lerobot_step)
+    "read_named_optimizer_state",
+    "write_lerobot_training_state",
 }
 
 TIERS = {"ckpt_tools": (ckpt_tools, PUBLIC), "ckpt_tools.training": (ckpt_tools.training, TRAINING)}

@@ -143,6 +143,17 @@ def test_the_command_writes_the_directory_and_refuses_a_used_one(trained, tmp_pa
     assert "exists and is not empty: choose a new directory" in capsys.readouterr().err
 
 
+def test_a_step_of_a_non_sharded_run_is_no_lerobot_main_step(trained, tmp_path, capsys) -> None:
+    """LeRobot main resumes DCP steps on sharded runs only, and refuses to cross from a non-sharded one:
+    `--lerobot_step=true` of a one-process step is one line, and nothing is written."""
+    step, _ = trained
+    with pytest.raises(SystemExit) as done:
+        main(["export", f"--policy.path={step}", f"--output_dir={tmp_path / 'x'}", "--lerobot_step=true"])
+    err = capsys.readouterr().err
+    assert done.value.code == 1 and "is a step of a non-sharded run (single process)" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
+
+
 def test_what_lerobot_cannot_read_is_one_line() -> None:
     state_only = act.ACTConfig(obs_dim=4, action_dim=2, input_features=["observation.state"])
     with pytest.raises(ConfigError, match=r"LeRobot's ACT needs a camera or observation\.environment_state"):

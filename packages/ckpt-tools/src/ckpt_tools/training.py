@@ -43,6 +43,10 @@ if TYPE_CHECKING:
         load_lerobot_training_state as load_lerobot_training_state,
         read_lerobot_training_step as read_lerobot_training_step,
     )
+    from ckpt_tools.state.lerobot_save import (
+        read_named_optimizer_state as read_named_optimizer_state,
+        write_lerobot_training_state as write_lerobot_training_state,
+    )
     from ckpt_tools.state.resume_plan import (
         ResumePlan as ResumePlan,
         RunShape as RunShape,
@@ -93,6 +97,9 @@ _EXPORTS: dict[str, str] = {
     "read_lerobot_training_step": "ckpt_tools.state.lerobot_load",
     "load_lerobot_rng_state": "ckpt_tools.state.lerobot_load",
     "load_lerobot_training_state": "ckpt_tools.state.lerobot_load",
+    # the way back: a step of ours as LeRobot main's (trainer export --lerobot_step)
+    "read_named_optimizer_state": "ckpt_tools.state.lerobot_save",
+    "write_lerobot_training_state": "ckpt_tools.state.lerobot_save",
 }
 _MODULES: dict[str, str] = {}
 

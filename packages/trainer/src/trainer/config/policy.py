@@ -285,3 +285,18 @@ class LeRobotAdapter(abc.ABC, Generic[Config]):
         """`policy`'s weights under LeRobot's tensor names and shapes, as its
         `from_pretrained(strict=True)` reads them (`trainer export`)."""
         return policy.state_dict()
+
+    def tensors_to_lerobot(self, config: Config, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Per-weight tensors under our names (one kind of an optimizer's state: AdamW's `exp_avg`) under
+        LeRobot's policy-level names and shapes, as `state_to_lerobot` maps the weights they belong to
+        (`trainer export --lerobot_step`)."""
+        return tensors
+
+    def lerobot_param_groups(
+        self, config: Config, names: list[str]
+    ) -> list[tuple[list[str], dict[str, Any]]] | None:
+        """LeRobot's optimizer param groups over its trained parameters `names` (LeRobot's names), as its
+        policy's `get_optim_params` makes them: each group's names and the hyperparameters it sets apart
+        (ACT's backbone rate). None, this base: the policy's optimizer has no LeRobot main form here, and
+        `trainer export --lerobot_step` refuses it in one line."""
+        return None

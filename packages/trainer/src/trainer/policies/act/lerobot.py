@@ -214,3 +214,18 @@ class ACTAdapter(LeRobotAdapter[ACTConfig]):
         buffer ours does not save)."""
         pos_enc = dict(policy.named_buffers())["vae_encoder_pos_enc"] if config.use_vae else None
         return state_to_lerobot(policy.state_dict(), pos_enc)
+
+    def tensors_to_lerobot(
+        self, config: ACTConfig, tensors: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Moments renamed and fused as their weights are; no CVAE table (a buffer has none)."""
+        return state_to_lerobot(tensors, None)
+
+    def lerobot_param_groups(
+        self, config: ACTConfig, names: list[str]
+    ) -> list[tuple[list[str], dict[str, Any]]]:
+        """LeRobot's ACT: every parameter but the trunk's, then the trunk's at `optimizer_lr_backbone`
+        (its second group is there, empty, for an ACT without a camera)."""
+        trunk = [name for name in names if name.startswith(_PREFIX + "backbone")]
+        rest = [name for name in names if name not in trunk]
+        return [(rest, {}), (trunk, {"lr": config.optimizer_lr_backbone})]
