@@ -12,6 +12,7 @@ LeRobot's config.json both ways lives in lerobot.py.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, TASK_KEY
 from trainer.data.pipeline import lerobot_schema
 from trainer.data.pipeline.processors import stats_by_type
 from trainer.errors import ConfigError
+from trainer.policies.fastwam import lerobot
 from trainer.policies.vla import features as vla_features
 
 WAN22_MODEL_ID = "Wan-AI/Wan2.2-TI2V-5B"
@@ -279,9 +281,10 @@ class FastWAMConfig(PolicyConfig):
         )
 
     def policy_class(self) -> Callable[..., Any]:
-        from trainer.policies.fastwam.policy import FastWAMPolicy
-
-        return FastWAMPolicy
+        """`FastWAMPolicy`, imported when a policy is built: the policy's modules read this config, so
+        this module imports none of them."""
+        policy: Callable[..., Any] = importlib.import_module("trainer.policies.fastwam.policy").FastWAMPolicy
+        return policy
 
     @property
     def chunk_size(self) -> int:
@@ -334,17 +337,11 @@ class FastWAMConfig(PolicyConfig):
         return stats_by_type(stats, self.normalization_mapping)
 
     def lerobot_pipeline(self) -> lerobot_schema.LeRobotPipeline:
-        from trainer.policies.fastwam import lerobot
-
         return lerobot.pipeline(self)
 
     @classmethod
     def from_saved(cls, saved: dict[str, Any], preprocessor: dict[str, Any] | None = None) -> dict[str, Any]:
-        from trainer.policies.fastwam import lerobot
-
         return lerobot.config_from_lerobot(saved)
 
     def lerobot_config(self) -> dict[str, Any]:
-        from trainer.policies.fastwam import lerobot
-
         return lerobot.config_to_lerobot(self)

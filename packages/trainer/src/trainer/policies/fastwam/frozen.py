@@ -5,7 +5,7 @@ there, the repo `text_encoder_model_id` names by default).
 
 A name is a directory (relative to the working directory, as LeRobot reads it, else to the checkpoint
 `--policy.path` names) or a Hub repo id read through the Hugging Face cache; one that does not resolve
-is one line naming the field (`check`, when the policy is built). They are loaded on first use on the
+is one line naming the field (`locate_all`, when the policy is built). They are loaded on first use on the
 batch's device, in the policy's dtype, in eval mode, outside the module tree (so `state_dict`,
 `train()`, FSDP and the optimizer never see them).
 """
@@ -37,7 +37,7 @@ def locate(config: FastWAMConfig, what: str) -> Path:
     if not os.path.isabs(name) and not os.path.exists(name) and config.path and os.path.isdir(config.path):
         beside = Path(config.path, name)
         name = str(beside) if beside.exists() else name
-    directory = Path(resolve_pretrained(name, f"--policy.{field}", weights=True), subfolder)
+    directory = Path(resolve_pretrained(name, f"--policy.{field}", weights=True), subfolder).absolute()
     if not any((directory / file).is_file() for file in files):
         raise ConfigError(
             f"--policy.{field}={getattr(config, field)}: {directory} holds no {what} ({files[0]}); give the "
@@ -46,10 +46,10 @@ def locate(config: FastWAMConfig, what: str) -> Path:
     return directory
 
 
-def check(config: FastWAMConfig) -> None:
-    """Every frozen part resolves (before anything is built or trained)."""
-    for what in PARTS:
-        locate(config, what)
+def locate_all(config: FastWAMConfig) -> dict[str, Path]:
+    """Every frozen part's directory, resolved when the policy is built (later loads do not depend on
+    the working directory)."""
+    return {what: locate(config, what) for what in PARTS}
 
 
 @dataclass
@@ -88,8 +88,10 @@ class FrozenParts:
         return (mu - self.latents_mean.to(mu.device)) / self.latents_std.to(mu.device)
 
 
-def load(config: FastWAMConfig, device: torch.device, dtype: torch.dtype) -> FrozenParts:
-    """The frozen parts the config names, frozen, in eval mode, on `device` in `dtype`."""
+def load(
+    config: FastWAMConfig, directories: dict[str, Path], device: torch.device, dtype: torch.dtype
+) -> FrozenParts:
+    """The frozen parts in `directories` (`locate_all`), frozen, in eval mode, on `device` in `dtype`."""
     transformers = import_transformers("fastwam", "fastwam")
     try:
         from diffusers import AutoencoderKLWan
@@ -97,9 +99,9 @@ def load(config: FastWAMConfig, device: torch.device, dtype: torch.dtype) -> Fro
         raise ConfigError(
             "--policy.type=fastwam needs diffusers: pip install 'ckpt-trainer[fastwam]'"
         ) from None
-    tokenizer = transformers.AutoTokenizer.from_pretrained(locate(config, "tokenizer"))
-    encoder = transformers.UMT5EncoderModel.from_pretrained(locate(config, "text encoder"), torch_dtype=dtype)
-    vae = AutoencoderKLWan.from_pretrained(locate(config, "VAE"), torch_dtype=dtype)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directories["tokenizer"])
+    encoder = transformers.UMT5EncoderModel.from_pretrained(directories["text encoder"], torch_dtype=dtype)
+    vae = AutoencoderKLWan.from_pretrained(directories["VAE"], torch_dtype=dtype)
     text_dim = config.video_size().text_dim
     if encoder.config.d_model != text_dim:
         raise ConfigError(

@@ -5,11 +5,10 @@ weights need no renaming either way."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Protocol
 
 from trainer.config.policy import LEROBOT_RUN_FIELDS
 from trainer.data.pipeline import lerobot_schema
-from trainer.policies.fastwam.config import FastWAMConfig
 from trainer.policies.vla import features as vla_features
 
 # Our fields LeRobot's FastWAMConfig lacks: kept in our config.json, left out of an export's.
@@ -19,6 +18,25 @@ OURS_ONLY = (
 )  # fmt: skip
 
 
+class FastWAMFields(Protocol):
+    """What these functions read of a FastWAMConfig (config.py calls them, so this module imports it not)."""
+
+    n_obs_steps: int
+    image_size: tuple[int, int]
+    action_dim: int
+    device: str | None
+    normalization_mapping: dict[str, str]
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def cameras(self) -> list[str]: ...
+
+    @property
+    def state_dim(self) -> int | None: ...
+
+
 def config_from_lerobot(saved: dict[str, Any]) -> dict[str, Any]:
     """A LeRobot FastWAM config.json (its typed features) as our fields; ours as it is."""
     if not isinstance(saved.get("input_features"), dict):
@@ -26,7 +44,7 @@ def config_from_lerobot(saved: dict[str, Any]) -> dict[str, Any]:
     return vla_features.fields_from_lerobot(saved)
 
 
-def typed_features(config: FastWAMConfig) -> dict[str, dict[str, Any]]:
+def typed_features(config: FastWAMFields) -> dict[str, dict[str, Any]]:
     """LeRobot's typed features: each camera at its share of `image_size` (what LeRobot's
     `set_dataset_feature_metadata` declares), the state at the proprio width, the action."""
     height, width = config.image_size
@@ -35,10 +53,10 @@ def typed_features(config: FastWAMConfig) -> dict[str, dict[str, Any]]:
     return vla_features.typed_features(config.state_dim or 0, cameras, shapes, config.action_dim)
 
 
-def config_to_lerobot(config: FastWAMConfig) -> dict[str, Any]:
+def config_to_lerobot(config: FastWAMFields) -> dict[str, Any]:
     """LeRobot 0.6.1's FastWAMConfig schema (`trainer export`): its fields, the typed features, its
     run fields at their defaults."""
-    own = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in OURS_ONLY}
+    own = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in OURS_ONLY}  # type: ignore[arg-type]
     return {
         "type": config.type,
         "n_obs_steps": config.n_obs_steps,
@@ -51,7 +69,7 @@ def config_to_lerobot(config: FastWAMConfig) -> dict[str, Any]:
     }
 
 
-def pipeline(config: FastWAMConfig) -> lerobot_schema.LeRobotPipeline:
+def pipeline(config: FastWAMFields) -> lerobot_schema.LeRobotPipeline:
     """LeRobot's `make_fastwam_pre_post_processors`: rename, batch axis, device, then the normalizer
     (cameras IDENTITY: the policy resizes them); after the unnormalizer, the device step alone."""
     typed = typed_features(config)

@@ -94,7 +94,8 @@ class FastWAMPolicy(Policy):
             raise ConfigError(
                 "--policy.proprio_dim: the dataset has no observation.state; set --policy.proprio_dim=null"
             )
-        frozen.check(config)  # before the model: a frozen part that does not resolve is one line
+        # before the model: a frozen part that does not resolve is one line
+        self.frozen_directories = frozen.locate_all(config)
         self.model = FastWAM(config)
         if config.freeze_video_expert:
             self.model.mot.video.requires_grad_(False)
@@ -114,7 +115,7 @@ class FastWAMPolicy(Policy):
     def frozen_parts(self, device: torch.device) -> frozen.FrozenParts:
         """The frozen tokenizer, text encoder and VAE, loaded on first use."""
         if self._frozen is None:
-            self._frozen = frozen.load(self.config, device, self.dtype)
+            self._frozen = frozen.load(self.config, self.frozen_directories, device, self.dtype)
         return self._frozen
 
     def video(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
