@@ -283,3 +283,19 @@ def test_a_video_expert_that_does_not_fit_the_checkpoint_is_refused_in_one_line(
     ) as raised:
         pretrained.fit_weights(policy, saved, "elsewhere")
     assert "\n" not in str(raised.value)
+
+
+def test_export_gives_lerobots_files_back(folder: Path, tmp_path: Path, monkeypatch) -> None:
+    """`trainer export` of LeRobot's checkpoint writes its config.json, its 139 tensors and its
+    processor files back (as JSON, the statistics bit for bit): the schema both ways, nothing renamed.
+    That LeRobot loads a fine-tuned export strictly and acts as ours is docs/fastwam.md's check."""
+    from trainer.evaluation.lerobot_export import export_lerobot
+
+    monkeypatch.chdir(folder)
+    export_lerobot("pretrained_model", str(tmp_path / "export"))
+    theirs, ours = folder / "pretrained_model", tmp_path / "export"
+    for name in ("config.json", "policy_preprocessor.json", "policy_postprocessor.json"):
+        assert json.loads((ours / name).read_text()) == json.loads((theirs / name).read_text()), name
+    for name in ("model.safetensors", "policy_preprocessor_step_3_normalizer_processor.safetensors"):
+        written, saved = load_file(str(ours / name)), load_file(str(theirs / name))
+        assert written.keys() == saved.keys() and all(torch.equal(written[k], saved[k]) for k in saved), name
