@@ -27,21 +27,22 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return work / "out", launch.stdout
 
 
-def _losses(run: Path) -> list[float]:
+def _logged(run: Path, key: str) -> list[float]:
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in records if r.get("event") == "train"]
+    return [r[key] for r in records if r.get("event") == "train"]
 
 
 def test_fsdp2_fine_tunes_lerobots_fastwam_as_ddp_does(runs) -> None:
-    """One unit per MoT layer, the embeddings and the heads; the same losses as DDP; every one of the
-    139 tensors trained under LeRobot's name, nothing of the frozen parts saved."""
+    """One unit per MoT layer, the embeddings and the heads; the same losses and gradient norms as DDP;
+    every one of the 139 tensors trained under LeRobot's name, nothing of the frozen parts saved."""
     out, stdout = runs
     assert (
         stdout.count("FSDP units by class: MoTLayer, VideoExpert, ActionExpert, VideoHead, ActionHead") == 1
     )
-    fsdp2, ddp = _losses(out / "fsdp2"), _losses(out / "ddp")
-    assert len(fsdp2) == 2
-    np.testing.assert_allclose(fsdp2, ddp, rtol=1e-5)
+    for key in ("loss", "grad_norm"):
+        fsdp2, ddp = _logged(out / "fsdp2", key), _logged(out / "ddp", key)
+        assert len(fsdp2) == 2
+        np.testing.assert_allclose(fsdp2, ddp, rtol=1e-5)
     base = load_file(str(fixture_dir("lerobot_fastwam_tiny", "pretrained_model", "model.safetensors")))
     tuned = load_file(
         str(out / "fsdp2" / "checkpoints" / "000002" / "pretrained_model" / "model.safetensors")
