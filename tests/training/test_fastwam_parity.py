@@ -269,6 +269,18 @@ def test_frozen_parts_and_cameras_that_do_not_fit_are_refused_in_one_line(folder
     FastWAMPolicy(dataclasses.replace(config, input_features=["observation.state", *cameras[:3], "task"]))
 
 
+def test_freeze_video_expert_trains_the_action_expert_and_the_proprio_encoder_only(
+    folder: Path, monkeypatch
+) -> None:
+    """LeRobot's `freeze_video_expert`: the video expert's embeddings, head and every layer's video block
+    frozen, the action expert (23,947 here) and the proprio encoder (96) trained."""
+    monkeypatch.chdir(folder)
+    policy = FastWAMPolicy(dataclasses.replace(_tiny(folder), freeze_video_expert=True))
+    trained = {n for n, p in policy.named_parameters() if p.requires_grad}
+    assert sum(p.numel() for p in policy.parameters() if p.requires_grad) == 23_947 + 96
+    assert trained and not any(".video." in n or "mixtures.video" in n for n in trained)
+
+
 def test_a_video_expert_that_does_not_fit_the_checkpoint_is_refused_in_one_line(
     folder: Path, monkeypatch
 ) -> None:

@@ -104,9 +104,11 @@ class FastWAMConfig(PolicyConfig):
     image_size: tuple[int, int] = (224, 448)
     """(height, width) of the cameras concatenated side by side (each camera width / cameras wide)."""
     context_len: int = 128
-    """LeRobot's field (the prompt length is tokenizer_max_len); kept for its config.json."""
+    """LeRobot's field, which its FastWAM never reads either (the prompt length is tokenizer_max_len);
+    kept for its config.json."""
     model_id: str = WAN22_MODEL_ID
-    """LeRobot's Wan2.2 DiT repo (read only to build a base from Wan's weights, which we do not)."""
+    """LeRobot's Wan2.2 DiT repo, which its policy never reads either (only its offline base builder);
+    kept for its config.json."""
     tokenizer_model_id: str = UMT5_TOKENIZER_ID
     """The UMT5 tokenizer: a directory (relative to the working directory) or a Hub repo id."""
     text_encoder_model_id: str = WAN22_DIFFUSERS_MODEL_ID

@@ -35,7 +35,7 @@ from trainer.policies.fastwam.flow import Schedule
 from trainer.policies.fastwam.modules import Embedded, MoT, Stream, rope_table, video_rope
 
 PAD_KEY = "action_is_pad"
-VAE_SPATIAL, VAE_TEMPORAL = 16, 4  # Wan2.2's VAE: 16x spatial, 4x temporal compression
+VAE_SPATIAL = 16  # Wan2.2's VAE compresses height and width 16x
 
 
 class FastWAM(nn.Module):
