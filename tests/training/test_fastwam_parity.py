@@ -128,6 +128,27 @@ def test_the_frozen_parts_encode_as_lerobots(policy, reference, meta) -> None:
 
 
 @pytest.mark.numerics
+def test_each_task_is_encoded_once(policy, reference, meta) -> None:
+    """The frozen UMT5 runs once per distinct prompt: a second batch of the same tasks (in another
+    order) takes the kept embeddings, which are LeRobot's."""
+    parts = policy.frozen_parts(torch.device("cpu"))
+    parts.prompts.clear()
+    calls = []
+    hook = parts.text_encoder.register_forward_pre_hook(
+        lambda _, args, kwargs: calls.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+    try:
+        batch = _batch(reference, meta)
+        first = policy.context(batch, torch.device("cpu"))
+        again = policy.context({**batch, "task": batch["task"][::-1]}, torch.device("cpu"))
+    finally:
+        hook.remove()
+    assert calls == [torch.Size([2, 32])] and len(parts.prompts) == 2
+    _close(first, reference["loss.context"])
+    assert torch.equal(again[:, :-1], first.flip(0)[:, :-1])
+
+
+@pytest.mark.numerics
 def test_the_action_chunk_is_lerobots(policy, reference, meta) -> None:
     """The chunk from the current frame with the initial noise drawn from `inference_seed`, and
     select_action serving it one step at a time."""

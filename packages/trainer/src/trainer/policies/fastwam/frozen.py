@@ -13,7 +13,7 @@ batch's device, in the policy's dtype, in eval mode, outside the module tree (so
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,9 @@ from trainer.errors import ConfigError
 from trainer.policies.fastwam.config import FastWAMConfig
 from trainer.policies.vla.hub import TOKENIZER_FILES, import_transformers, resolve_pretrained
 
+# Distinct prompts whose embeddings are kept (one (tokenizer_max_len, d_model) row each: about 1 MB in
+# bfloat16 at LeRobot's size); a dataset with more distinct tasks encodes the others at every use.
+PROMPT_CACHE = 1024
 PARTS = {  # field, subfolder, the file it must hold
     "tokenizer": ("tokenizer_model_id", "", TOKENIZER_FILES),
     "text encoder": ("text_encoder_model_id", "text_encoder", ("config.json",)),
@@ -54,15 +57,28 @@ def locate_all(config: FastWAMConfig) -> dict[str, Path]:
 
 @dataclass
 class FrozenParts:
-    """The loaded tokenizer, text encoder and VAE with its latent standardization (mean, std)."""
+    """The loaded tokenizer, text encoder and VAE with its latent standardization (mean, std), and the
+    embeddings of the prompts seen so far: a prompt depends on its task only, and a dataset has a
+    handful, so the frozen encoder runs once per distinct task instead of at every step."""
 
     tokenizer: Any
     text_encoder: Any  # transformers' UMT5EncoderModel
     vae: Any  # diffusers' AutoencoderKLWan
     latents_mean: torch.Tensor
     latents_std: torch.Tensor
+    prompts: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def encode_prompts(self, prompts: list[str], max_length: int, device: torch.device) -> torch.Tensor:
+        """(B, max_length, d_model), each prompt's embeddings: kept ones as they are, the others
+        encoded together (`encode`) and kept while fewer than PROMPT_CACHE are."""
+        missing = list(dict.fromkeys(p for p in prompts if p not in self.prompts))
+        fresh = dict(zip(missing, self.encode(missing, max_length, device), strict=True)) if missing else {}
+        for prompt, rows in fresh.items():
+            if len(self.prompts) < PROMPT_CACHE:
+                self.prompts[prompt] = rows
+        return torch.stack([fresh[p] if p in fresh else self.prompts[p].to(device) for p in prompts])
+
+    def encode(self, prompts: list[str], max_length: int, device: torch.device) -> torch.Tensor:
         """(B, max_length, d_model): UMT5 on the padded prompts with their real mask, then every padded
         position zeroed (LeRobot's `encode_prompt`; its context mask is all ones)."""
         encoded = self.tokenizer(
