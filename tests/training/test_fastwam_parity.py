@@ -219,6 +219,34 @@ def test_every_fsdp_unit_runs_its_forward(policy, reference, meta) -> None:
     assert len(layers) == 2 and in_layers and all(id(p) in owned for p in in_layers)
 
 
+@pytest.mark.numerics
+def test_gradient_checkpointing_recomputes_each_mot_layer_with_the_same_gradients(
+    folder: Path, reference, meta, monkeypatch
+) -> None:
+    """`use_gradient_checkpointing` (and `mot_checkpoint_mixed_attn`) run every MoT layer again in the
+    backward pass; the loss and the gradients are those of the plain run."""
+    monkeypatch.chdir(folder)
+    noise, time = _draws(reference)
+    grads, runs = [], []
+    for flags in ({}, {"use_gradient_checkpointing": True}, {"mot_checkpoint_mixed_attn": True}):
+        policy = trainer.load_policy("pretrained_model", **flags).policy
+        policy.train()
+        layers = [m for m in policy.modules() if type(m).__name__ == "MoTLayer"]
+        calls: list[int] = []
+        hooks = [m.register_forward_pre_hook(lambda *_, seen=calls: seen.append(1)) for m in layers]
+        loss, _ = policy.forward(_batch(reference, meta), noise=noise, time=time)
+        loss.backward()
+        for hook in hooks:
+            hook.remove()
+        _close(loss.detach(), reference["loss.total"])
+        grads.append({n: p.grad for n, p in policy.named_parameters()})
+        runs.append(len(calls))
+    assert runs == [2, 4, 4]
+    for recomputed in grads[1:]:
+        for name, grad in grads[0].items():
+            torch.testing.assert_close(recomputed[name], grad, atol=1e-6, rtol=1e-5)
+
+
 def test_bfloat16_runs_on_the_cpu_and_stays_near(folder: Path, reference, meta, monkeypatch) -> None:
     """LeRobot's default torch_dtype=bfloat16 does not run on a CPU (its float32 time embedding meets
     bfloat16 weights outside CUDA autocast); ours does, near the float32 reference."""
