@@ -301,7 +301,8 @@ def _tiny(folder: Path) -> FastWAMConfig:
 
 def test_frozen_parts_and_cameras_that_do_not_fit_are_refused_in_one_line(folder: Path, monkeypatch) -> None:
     """A text encoder or VAE that does not resolve names its field; cameras the width cannot be split
-    between are refused before anything is built."""
+    between and a state of another width than the proprio encoder's are refused before anything is
+    built."""
     monkeypatch.chdir(folder)
     config = _tiny(folder)
     with pytest.raises(ConfigError, match=r"^--policy.text_encoder_model_id=./nowhere: no such directory"):
@@ -316,6 +317,8 @@ def test_frozen_parts_and_cameras_that_do_not_fit_are_refused_in_one_line(folder
     ):
         FastWAMPolicy(dataclasses.replace(config, input_features=["observation.state", *cameras, "task"]))
     FastWAMPolicy(dataclasses.replace(config, input_features=["observation.state", *cameras[:3], "task"]))
+    with pytest.raises(ConfigError, match=r"^--policy.proprio_dim=5, but the state has 6 values"):
+        FastWAMPolicy(dataclasses.replace(config, obs_dim=6))
 
 
 def test_freeze_video_expert_trains_the_action_expert_and_the_proprio_encoder_only(

@@ -90,6 +90,11 @@ class FastWAMPolicy(Policy):
                 f"--policy.image_size={list(config.image_size)}: the Wan VAE needs a height and width "
                 f"divisible by {VAE_SPATIAL}"
             )
+        if config.proprio_dim and config.obs_dim and config.proprio_dim != config.obs_dim:
+            raise ConfigError(
+                f"--policy.proprio_dim={config.proprio_dim}, but the state has {config.obs_dim} values: give "
+                f"--policy.proprio_dim={config.obs_dim} (a checkpoint's proprio encoder reads its own width)"
+            )
         if config.proprio_dim is not None and config.state_dim == 0:
             raise ConfigError(
                 "--policy.proprio_dim: the dataset has no observation.state; set --policy.proprio_dim=null"
