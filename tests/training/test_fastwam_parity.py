@@ -260,6 +260,23 @@ def test_bfloat16_runs_on_the_cpu_and_stays_near(folder: Path, reference, meta, 
     torch.testing.assert_close(chunk, reference["actions.normalized"], atol=0.1, rtol=0.05)
 
 
+def test_lerobots_default_size_is_built() -> None:
+    """At LeRobot's default size (built on meta): its 6,020,710,599 trainable parameters in 1,651 tensors,
+    video expert 4,999,787,712, action expert 1,020,886,023, proprio encoder 36,864 (the fixture's count
+    with LeRobot's own classes)."""
+    from trainer.policies.fastwam.policy import FastWAM
+
+    with torch.device("meta"):
+        model = FastWAM(FastWAMConfig(base_model_id=None, action_dim=7, proprio_dim=8))
+    state = model.state_dict()
+    count = {
+        part: sum(v.numel() for k, v in state.items() if part in k)
+        for part in (".video", ".action", "proprio")
+    }
+    assert len(state) == 1651 and sum(v.numel() for v in state.values()) == 6_020_710_599
+    assert count == {".video": 4_999_787_712, ".action": 1_020_886_023, "proprio": 36_864}
+
+
 def test_defaults_are_lerobots() -> None:
     """LeRobot 0.6.1's FastWAMConfig defaults, its window and its preset."""
     config = FastWAMConfig(base_model_id=None)
