@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 import trainer
 from helpers.fixtures import copy_fixture
+from helpers.processor_files import read_processors
 from trainer.data.dataset import task_bytes
 from trainer.errors import ConfigError
 from trainer.policies import pretrained
@@ -161,22 +162,11 @@ def test_the_action_chunk_is_lerobots(policy, reference, meta) -> None:
     policy.reset()
 
 
-def _processors(folder: Path):
-    import ckpt_tools
-    from trainer.data.pipeline.processors import Processor
-
-    saved = ckpt_tools.load_processors(str(folder / "pretrained_model"))
-    return [
-        Processor.from_state(saved[name].config, saved[name].step_tensors)
-        for name in ("policy_preprocessor", "policy_postprocessor")
-    ]
-
-
 def test_the_processors_are_lerobots(folder: Path, reference) -> None:
     """The checkpoint's normalizer read by the engine's processor reader: the state and the action
     (x - mean) / (std + 1e-8) to the bit, the camera unchanged; the postprocessor gives LeRobot's
     unnormalized actions."""
-    preprocessor, postprocessor = _processors(folder)
+    preprocessor, postprocessor = read_processors(folder / "pretrained_model")
     raw = {k.removeprefix("raw."): v for k, v in reference.items() if k.startswith("raw.")}
     raw[CAMERA] = raw.pop(f"{CAMERA}.uint8").float() / 255
     ours = preprocessor({k: raw[k] for k in ("observation.state", "action", CAMERA)})
