@@ -151,11 +151,15 @@ def test_each_task_is_encoded_once(policy, reference, meta) -> None:
 
 @pytest.mark.numerics
 def test_the_action_chunk_is_lerobots(policy, reference, meta) -> None:
-    """The chunk from the current frame with the initial noise drawn from `inference_seed`, and
-    select_action serving it one step at a time."""
+    """The chunk from the current frame with the initial noise drawn from `inference_seed` (or the noise
+    given), and select_action serving it one step at a time."""
     observation = _observation(_batch(reference, meta))
     chunk = policy.predict_action_chunk(observation)
     _close(chunk, reference["actions.normalized"])
+    given = policy.predict_action_chunk(observation, noise=reference["inference.noise"].expand(2, -1, -1))
+    assert torch.equal(given, chunk)
+    other = policy.predict_action_chunk(observation, noise=torch.zeros(2, 8, 3))
+    assert not torch.allclose(other, chunk, atol=1e-3)
     policy.reset()
     steps = [policy.select_action(observation) for _ in range(policy.config.n_action_steps)]
     _close(torch.stack(steps, dim=1), reference["actions.normalized"])

@@ -19,7 +19,6 @@ Tensor names are LeRobot's (`model.mot.mixtures.*`, `model.mot.layers.{i}.blocks
 
 from __future__ import annotations
 
-import collections
 from typing import ClassVar
 
 import torch
@@ -28,11 +27,11 @@ from torch.nn import functional
 
 from trainer.data.dataset import ACTION_KEY, OBS_KEY, TASK_KEY, task_texts
 from trainer.errors import ConfigError
-from trainer.policies.base import Policy
 from trainer.policies.fastwam import frozen
 from trainer.policies.fastwam.config import FastWAMConfig
 from trainer.policies.fastwam.flow import Schedule
 from trainer.policies.fastwam.modules import Embedded, MoT, Stream, rope_table, video_rope
+from trainer.policies.vla.policy import VLAPolicy
 
 PAD_KEY = "action_is_pad"
 VAE_SPATIAL = 16  # Wan2.2's VAE compresses height and width 16x
@@ -61,8 +60,9 @@ def joint_mask(video_len: int, action_len: int, per_frame: int, device: torch.de
     return mask
 
 
-class FastWAMPolicy(Policy):
-    """LeRobot's FastWAM (`--policy.type=fastwam`), built from its config alone."""
+class FastWAMPolicy(VLAPolicy):
+    """LeRobot's FastWAM (`--policy.type=fastwam`), built from its config alone; acting serves LeRobot's
+    action queue (`VLAPolicy.select_action`, `n_action_steps` per chunk)."""
 
     # One unit per MoT layer (both experts' blocks: the joint attention reads them together), each
     # expert's embeddings and each head: every one runs its own forward(), where FSDP gathers it.
@@ -72,7 +72,7 @@ class FastWAMPolicy(Policy):
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action", "predict_action_chunk")
 
     def __init__(self, config: FastWAMConfig) -> None:
-        super().__init__(config)
+        super().__init__(config, config.n_action_steps)
         self.config: FastWAMConfig = config
         cameras = config.cameras
         height, width = config.image_size
@@ -109,7 +109,6 @@ class FastWAMPolicy(Policy):
         self.video_schedule = Schedule.of(config.video_scheduler)
         self.action_schedule = Schedule.of(config.action_scheduler)
         self._frozen: frozen.FrozenParts | None = None
-        self._queue: collections.deque[torch.Tensor] = collections.deque(maxlen=config.n_action_steps)
 
     # ---------------------------------------------------------------- inputs
 
@@ -272,9 +271,16 @@ class FastWAMPolicy(Policy):
         draw = torch.randn(shape, generator=generator, device=self.config.rand_device, dtype=torch.float32)
         return draw.to(device, self.dtype).expand(batch_size, -1, -1)
 
+    def initializer_of(self, module: nn.Module) -> None:
+        """None: every module is plain torch, initialized by its own `reset_parameters()`."""
+        return None
+
     @torch.no_grad()
-    def predict_action_chunk(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """A normalized action chunk (B, action_horizon, action_dim) from the current frame."""
+    def predict_action_chunk(
+        self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """A normalized action chunk (B, action_horizon, action_dim) from the current frame, denoised
+        from `noise` (B, action_horizon, action_dim) when given, else from LeRobot's seeded draw."""
         first = {name: batch[name][:, 0] if batch[name].ndim == 5 else batch[name] for name in self.config.cameras if name in batch}  # fmt: skip
         image = self.video({**batch, **first})
         device = image.device
@@ -284,7 +290,7 @@ class FastWAMPolicy(Policy):
         video_expert, action_expert = self.model.mot.video, self.model.mot.action
         video_in = video_expert(latents, torch.zeros(batch_size, device=device), context)
         video_len = video_in.tokens.shape[1]
-        actions = self.initial_noise(batch_size, device)
+        actions = self.initial_noise(batch_size, device) if noise is None else noise.to(device, self.dtype)
         mask = joint_mask(video_len, actions.shape[1], video_len, device)
         video_stream = self.streams(video_in, None, context.shape[1], device)
         cache = []
@@ -304,14 +310,3 @@ class FastWAMPolicy(Policy):
             velocity = action_expert.head(stream["action"].tokens)
             actions = actions + velocity * delta.to(actions.dtype)
         return actions.float()
-
-    @torch.no_grad()
-    def select_action(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The next action of LeRobot's action queue: a chunk sampled every `n_action_steps` calls."""
-        if not self._queue:
-            chunk = self.predict_action_chunk(batch)[:, : self.config.n_action_steps]
-            self._queue.extend(chunk.transpose(0, 1))
-        return self._queue.popleft()
-
-    def reset(self) -> None:
-        self._queue.clear()
