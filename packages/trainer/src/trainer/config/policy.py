@@ -217,7 +217,7 @@ class PolicyConfig(draccus.ChoiceRegistry):
         Diffusion Policy and pi0/pi0.5 map their fields, SmolVLA's `to_dict` is LeRobot's already); a
         type LeRobot lacks is one line."""
         raise ConfigError(
-            f"a {self.type} policy has no LeRobot counterpart: only act, diffusion, smolvla, pi0 and pi05 "
+            f"a {self.type} policy has no LeRobot counterpart: only act, diffusion, smolvla, pi0, pi05 and fastwam "
             "export to LeRobot"
         )
 
