@@ -7,7 +7,9 @@ LeRobot resolves them from the working directory: the tests run from a private c
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
+import weakref
 from pathlib import Path
 
 import pytest
@@ -147,6 +149,31 @@ def test_each_task_is_encoded_once(policy, reference, meta) -> None:
     assert calls == [torch.Size([2, 32])] and len(parts.prompts) == 2
     _close(first, reference["loss.context"])
     assert torch.equal(again[:, :-1], first.flip(0)[:, :-1])
+
+
+@pytest.mark.numerics
+def test_the_text_encoder_is_released_before_training_with_the_same_loss(
+    folder: Path, reference, meta
+) -> None:
+    """`prepare_tasks` (the engine's call before step 1) keeps each task's prompt embeddings and frees
+    the frozen UMT5: nothing holds its parameters any more, and the loss is bit for bit the one computed
+    with the encoder beside training."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        beside, released = (trainer.load_policy("pretrained_model").policy for _ in range(2))
+    assert isinstance(beside, FastWAMPolicy) and isinstance(released, FastWAMPolicy)
+    batch, (noise, time) = _batch(reference, meta), _draws(reference)
+    expected, expected_parts = beside.forward(batch, noise=noise, time=time)
+
+    cpu = torch.device("cpu")
+    encoder = weakref.ref(released.frozen_parts(cpu).text_encoder)
+    released.prepare_tasks(list(dict.fromkeys(meta["task"])), cpu)
+    gc.collect()
+    assert released.frozen_parts(cpu).text_encoder is None and encoder() is None
+    loss, parts = released.forward(batch, noise=noise, time=time)
+    assert released.frozen_parts(cpu).text_encoder is None  # every prompt was kept: never reloaded
+    assert torch.equal(loss, expected)
+    assert all(torch.equal(parts[k], expected_parts[k]) for k in ("loss_video", "loss_action"))
 
 
 @pytest.mark.numerics

@@ -1,7 +1,8 @@
 """`trainer train --policy.type=fastwam` from scratch on the dataset LeRobot trained its fixture on
 (tests/fixtures/lerobot_fastwam_tiny/dataset): the video window arrives through the observation-history
 contract (a batch of another frame count is refused by the policy), its loss parts reach metrics.jsonl,
-the checkpoint holds the trainable tensors only, and it acts."""
+its frozen text encoder is released before step 1, the checkpoint holds the trainable tensors only, and it
+acts."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from safetensors.torch import load_file
 import trainer
 from helpers.engine_run import train_in
 from helpers.fixtures import copy_fixture
+from trainer.policies.fastwam.policy import FastWAMPolicy
 
 TINY = [
     "--policy.type=fastwam", "--policy.torch_dtype=float32", "--policy.base_model_id=null",
@@ -31,7 +33,17 @@ TINY = [
 
 def test_fastwam_trains_from_scratch_and_acts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     work = copy_fixture(tmp_path, "lerobot_fastwam_tiny")
+    prepared = []  # (the tasks the engine handed over, whether the text encoder was held after)
+
+    def prepare_tasks(self: FastWAMPolicy, tasks: list[str], device: torch.device) -> None:
+        original(self, tasks, device)
+        prepared.append((list(tasks), self.frozen_parts(device).text_encoder is not None))
+
+    original = FastWAMPolicy.prepare_tasks
+    monkeypatch.setattr(FastWAMPolicy, "prepare_tasks", prepare_tasks)
     train_in(work, [*TINY, "--output_dir=out"])
+    # once, before step 1, with the dataset's distinct tasks: the encoder gone for the whole run
+    assert prepared == [(["push the red block to the goal", "open the drawer"], False)]
     run = work / "out"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r.get("event") == "train"]

@@ -13,6 +13,7 @@ batch's device, in the policy's dtype, in eval mode, outside the module tree (so
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,13 +60,19 @@ def locate_all(config: FastWAMConfig) -> dict[str, Path]:
 class FrozenParts:
     """The loaded tokenizer, text encoder and VAE with its latent standardization (mean, std), and the
     embeddings of the prompts seen so far: a prompt depends on its task only, and a dataset has a
-    handful, so the frozen encoder runs once per distinct task instead of at every step."""
+    handful, so the frozen encoder runs once per distinct task instead of at every step.
+
+    `keep_prompts_only` drops the encoder once every prompt a run will read is kept (the engine's
+    `Policy.prepare_tasks`, before step 1): at LeRobot's size that is 5.68 B parameters (11 GB in
+    bfloat16) no longer beside training. A prompt met later (a rollout's own task) loads it again
+    through `load_text_encoder`."""
 
     tokenizer: Any
-    text_encoder: Any  # transformers' UMT5EncoderModel
+    text_encoder: Any | None  # transformers' UMT5EncoderModel; None once released
     vae: Any  # diffusers' AutoencoderKLWan
     latents_mean: torch.Tensor
     latents_std: torch.Tensor
+    load_text_encoder: Callable[[], Any]
     prompts: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def encode_prompts(self, prompts: list[str], max_length: int, device: torch.device) -> torch.Tensor:
@@ -78,6 +85,17 @@ class FrozenParts:
                 self.prompts[prompt] = rows
         return torch.stack([fresh[p] if p in fresh else self.prompts[p].to(device) for p in prompts])
 
+    def keep_prompts_only(self, prompts: list[str], max_length: int, device: torch.device) -> bool:
+        """Encode `prompts` and release the text encoder when all of them are kept; False (the encoder
+        kept) when there are more distinct prompts than PROMPT_CACHE."""
+        distinct = list(dict.fromkeys(prompts))
+        if len(distinct) > PROMPT_CACHE:
+            return False
+        self.prompts.clear()
+        self.encode_prompts(distinct, max_length, device)
+        self.text_encoder = None
+        return True
+
     def encode(self, prompts: list[str], max_length: int, device: torch.device) -> torch.Tensor:
         """(B, max_length, d_model): UMT5 on the padded prompts with their real mask, then every padded
         position zeroed (LeRobot's `encode_prompt`; its context mask is all ones)."""
@@ -85,6 +103,8 @@ class FrozenParts:
             prompts, padding="max_length", truncation=True, max_length=max_length, return_tensors="pt"
         )
         ids, mask = encoded.input_ids.to(device), encoded.attention_mask.to(device)
+        if self.text_encoder is None:
+            self.text_encoder = self.load_text_encoder()
         with torch.no_grad():
             out = self.text_encoder(input_ids=ids, attention_mask=mask.long()).last_hidden_state
         return out * (torch.arange(max_length, device=device) < mask.sum(dim=1, keepdim=True))[..., None].to(
@@ -116,19 +136,30 @@ def load(
             "--policy.type=fastwam needs diffusers: pip install 'ckpt-trainer[fastwam]'"
         ) from None
     tokenizer = transformers.AutoTokenizer.from_pretrained(directories["tokenizer"])
-    encoder = transformers.UMT5EncoderModel.from_pretrained(directories["text encoder"], torch_dtype=dtype)
-    vae = AutoencoderKLWan.from_pretrained(directories["VAE"], torch_dtype=dtype)
-    text_dim = config.video_size().text_dim
-    if encoder.config.d_model != text_dim:
-        raise ConfigError(
-            f"--policy.text_encoder_model_id={config.text_encoder_model_id}: its encoder gives {encoder.config.d_model} "
-            f"values per token, the experts read --policy.video_dit_config text_dim={text_dim}"
+
+    def load_text_encoder() -> Any:
+        encoder = transformers.UMT5EncoderModel.from_pretrained(
+            directories["text encoder"], torch_dtype=dtype
         )
-    for module in (encoder, vae):
-        module.requires_grad_(False)
-        module.eval()
-        module.to(device)
+        text_dim = config.video_size().text_dim
+        if encoder.config.d_model != text_dim:
+            raise ConfigError(
+                f"--policy.text_encoder_model_id={config.text_encoder_model_id}: its encoder gives "
+                f"{encoder.config.d_model} values per token, the experts read --policy.video_dit_config "
+                f"text_dim={text_dim}"
+            )
+        return _frozen(encoder, device)
+
+    encoder = load_text_encoder()
+    vae = _frozen(AutoencoderKLWan.from_pretrained(directories["VAE"], torch_dtype=dtype), device)
     z_dim = int(vae.config.z_dim)
     mean = torch.tensor(vae.config.latents_mean, dtype=torch.float32).view(1, z_dim, 1, 1, 1)
     std = torch.tensor(vae.config.latents_std, dtype=torch.float32).view(1, z_dim, 1, 1, 1)
-    return FrozenParts(tokenizer, encoder, vae, mean.to(device), std.to(device))
+    return FrozenParts(tokenizer, encoder, vae, mean.to(device), std.to(device), load_text_encoder)
+
+
+def _frozen(module: Any, device: torch.device) -> Any:
+    """`module` without gradients, in eval mode, on `device`."""
+    module.requires_grad_(False)
+    module.eval()
+    return module.to(device)

@@ -9,6 +9,9 @@ after the first (weighted per sample by the video timestep) plus on the valid ac
 action timestep); `noise=` and `time=` ({"video": ..., "action": ...}, timesteps on the 0..1000 scale
 after the shift) fix the draws LeRobot makes inside. Padded video frames are not masked, as in LeRobot.
 
+The engine hands the policy its data's tasks before step 1 (`prepare_tasks`): each task's prompt is
+encoded then and kept, and the frozen text encoder released, so it never sits beside training.
+
 Acting reads the current frame only: the video expert runs once on the first frame's latents
 (timestep 0), each layer's video keys and values are cached, and the action expert alone denoises
 `num_inference_steps` Euler steps from noise drawn with `inference_seed` (the same for every sample).
@@ -19,6 +22,7 @@ Tensor names are LeRobot's (`model.mot.mixtures.*`, `model.mot.layers.{i}.blocks
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
@@ -121,6 +125,13 @@ class FastWAMPolicy(VLAPolicy):
         if self._frozen is None:
             self._frozen = frozen.load(self.config, self.frozen_directories, device, self.dtype)
         return self._frozen
+
+    def prepare_tasks(self, tasks: Sequence[str], device: torch.device) -> None:
+        """Every task's prompt encoded now and kept, then the frozen text encoder released: a prompt
+        depends on its task alone, so training never runs the 5.68 B encoder (LeRobot keeps it beside
+        training and encodes every prompt in `forward`)."""
+        prompts = [self.config.prompt_template.format(task=task) for task in tasks]
+        self.frozen_parts(device).keep_prompts_only(prompts, self.config.tokenizer_max_len, device)
 
     def video(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The cameras resized to (H, W / cameras) and concatenated along the width in sorted order:
