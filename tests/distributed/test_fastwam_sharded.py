@@ -33,12 +33,11 @@ def _logged(run: Path, key: str) -> list[float]:
 
 
 def test_fsdp2_fine_tunes_lerobots_fastwam_as_ddp_does(runs) -> None:
-    """One unit per MoT layer, the embeddings and the heads; the same losses and gradient norms as DDP;
+    """One unit per MoT layer and per projection in it, the embeddings and the heads; the same losses and gradient norms as DDP;
     every one of the 139 tensors trained under LeRobot's name, nothing of the frozen parts saved."""
     out, stdout = runs
-    assert (
-        stdout.count("FSDP units by class: MoTLayer, VideoExpert, ActionExpert, VideoHead, ActionHead") == 1
-    )
+    units = "MoTLayer, Projection, VideoExpert, ActionExpert, VideoHead, ActionHead"
+    assert stdout.count(f"FSDP units by class: {units}") == 1
     for key in ("loss", "grad_norm"):
         fsdp2, ddp = _logged(out / "fsdp2", key), _logged(out / "ddp", key)
         assert len(fsdp2) == 2

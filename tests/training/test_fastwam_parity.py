@@ -210,7 +210,8 @@ def test_the_processors_are_lerobots(folder: Path, reference) -> None:
 
 def test_every_fsdp_unit_runs_its_forward(policy, reference, meta) -> None:
     """The units' forward() is what runs: each MoT layer in the loss, the prefill and at every Euler
-    step; each expert's embedding and head; and every block weight belongs to one MoT layer."""
+    step; each projection inside it; each expert's embedding and head; and every block weight belongs
+    to one MoT layer."""
     units = [m for m in policy.modules() if type(m).__name__ in FastWAMPolicy._fsdp_wrap_modules]
     calls = {id(m): 0 for m in units}
     hooks = [
@@ -227,6 +228,8 @@ def test_every_fsdp_unit_runs_its_forward(policy, reference, meta) -> None:
     by_class: dict[str, set[int]] = {}
     for m in units:
         by_class.setdefault(type(m).__name__, set()).add(calls[id(m)])
+    projections = by_class.pop("Projection")
+    assert projections and 0 not in projections
     assert by_class == {
         "MoTLayer": {2 + steps},
         "VideoExpert": {2},

@@ -114,14 +114,26 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
     return x * (1 + scale) + shift
 
 
+class Projection(nn.Linear):
+    """One of a block's linear projections (an attention's q, k, v, o; the FFN's two), an FSDP unit of
+    its own inside its MoT layer's: FSDP2 holds a unit's gathered weights twice while it gathers them,
+    so the largest unit sets what a step adds to the peak. A whole MoT layer at LeRobot's widths is 182 M
+    parameters (the video block's FFN alone 88 M); its largest projection is 44 M (as pi's
+    `MLPProjection`)."""
+
+
 class Projections(nn.Module):
     """An attention's q/k/v/o projections between the expert's width and the joint attention width,
     with q and k RMS-normalized over the whole attention width."""
 
     def __init__(self, hidden: int, width: int, eps: float) -> None:
         super().__init__()
-        self.q, self.k, self.v = nn.Linear(hidden, width), nn.Linear(hidden, width), nn.Linear(hidden, width)
-        self.o = nn.Linear(width, hidden)
+        self.q, self.k, self.v = (
+            Projection(hidden, width),
+            Projection(hidden, width),
+            Projection(hidden, width),
+        )
+        self.o = Projection(width, hidden)
         self.norm_q, self.norm_k = RMSNorm(width, eps), RMSNorm(width, eps)
 
 
@@ -150,7 +162,9 @@ class Block(nn.Module):
         self.norm3 = LayerNorm(hidden, eps, elementwise_affine=True)
         self.cross_attn = Projections(hidden, width, eps)
         self.norm2 = LayerNorm(hidden, eps, elementwise_affine=False)
-        self.ffn = nn.Sequential(nn.Linear(hidden, ffn), nn.GELU(approximate="tanh"), nn.Linear(ffn, hidden))
+        self.ffn = nn.Sequential(
+            Projection(hidden, ffn), nn.GELU(approximate="tanh"), Projection(ffn, hidden)
+        )
         self.modulation = nn.Parameter(torch.empty(1, 6, hidden))
         self.reset_parameters()
 

@@ -68,10 +68,11 @@ class FastWAMPolicy(VLAPolicy):
     """LeRobot's FastWAM (`--policy.type=fastwam`), built from its config alone; acting serves LeRobot's
     action queue (`VLAPolicy.select_action`, `n_action_steps` per chunk)."""
 
-    # One unit per MoT layer (both experts' blocks: the joint attention reads them together), each
-    # expert's embeddings and each head: every one runs its own forward(), where FSDP gathers it.
+    # One unit per MoT layer (both experts' blocks: the joint attention reads them together) and one per
+    # linear projection inside it, each expert's embeddings and each head: every one runs its own
+    # forward(), where FSDP gathers it.
     _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = (
-        "MoTLayer", "VideoExpert", "ActionExpert", "VideoHead", "ActionHead",
+        "MoTLayer", "Projection", "VideoExpert", "ActionExpert", "VideoHead", "ActionHead",
     )  # fmt: skip
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("select_action", "predict_action_chunk")
 
