@@ -117,7 +117,7 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
 class Projection(nn.Linear):
     """One of a block's linear projections (an attention's q, k, v, o; the FFN's two), an FSDP unit of
     its own inside its MoT layer's: FSDP2 holds a unit's gathered weights twice while it gathers them,
-    so the largest unit sets what a step adds to the peak. A whole MoT layer at LeRobot's widths is 182 M
+    so the largest unit sets what a step adds to the peak. A whole MoT layer at LeRobot's widths is 197 M
     parameters (the video block's FFN alone 88 M); its largest projection is 44 M (as pi's
     `MLPProjection`)."""
 
