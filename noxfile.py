@@ -18,7 +18,7 @@ PACKAGES = (
     "-e",
     "packages/ckpt-tools[test]",
     "-e",
-    "packages/trainer[test,tracking,augment,smolvla,pi,diffusion,pusht]",
+    "packages/trainer[test,tracking,augment,smolvla,pi,diffusion,fastwam,pusht]",
 )
 
 
@@ -163,7 +163,7 @@ def lerobot_side(session: nox.Session) -> None:
     """LeRobot 0.6.1 itself beside this trainer, when LEROBOT_PYTHON names the Python of a venv with
     `lerobot[smolvla,diffusion,pi]==0.6.1` (says so and exits 0 otherwise): an ACT with cameras, a SmolVLA,
     a Diffusion Policy (with cameras, and with an environment state) trained here, LeRobot's Diffusion
-    checkpoint fine-tuned on FSDP2 x2 with an EMA and LeRobot's tiny pi0.5 fine-tuned on FSDP2 x2, exported, load
+    checkpoint fine-tuned on FSDP2 x2 with an EMA, LeRobot's tiny pi0.5 and tiny FastWAM fine-tuned on FSDP2 x2, exported, load
     in LeRobot's `from_pretrained(dir, strict=True)` and act as ours within 1e-5, and so do LeRobot's
     `make_pre_post_processors(pretrained_path=export)` around them on a raw observation
     (benchmarks/lerobot_side.py check), then the training step time of our SmolVLA, ACT, Diffusion Policy

@@ -32,9 +32,19 @@ adapter) then runs again from its own checkpoint (`--policy.path`), the fine-tun
 run needs about 5.3 GB per rank on 4 ranks (21 GB in all): run it where that fits (`BENCH_THREADS=4`
 gives each rank 4 torch threads on a machine with cores to spare).
 
-Usage: python benchmarks/bench_memory.py [--policy act_state|smolvla|pi0|pi05] [--layouts 1,2,4,2x2]
+`--policy fastwam` measures LeRobot's FastWAM at its widths (video expert hidden 3072, FFN 14336; action
+expert 1024 / 4096; 24 heads of 128; text width 4096) cut to `--depth N` MoT layers (default 1), at its
+frame window (33 frames every 4), image size (224 x 448) and 32-step chunk, on the embedded camera task
+with its instruction, one `--mode`: `freeze-bf16` (--policy.freeze_video_expert=true with
+loss.lambda_video=0, bfloat16: the action expert and the proprio encoder train) or `full` (everything
+trains, float32). The frozen VAE is the tiny fixture's (its latents have LeRobot's 48 channels and 16x
+reduction), the UMT5 encoder a one-layer random one of LeRobot's width 4096, released before step 1;
+the ideal counts each tensor in its own dtype as for pi, plus the same command at the fixture's tiny
+sizes. The run is not restarted from its checkpoint (`--policy.path` streams as pi's does).
+
+Usage: python benchmarks/bench_memory.py [--policy act_state|smolvla|pi0|pi05|fastwam] [--layouts 1,2,4,2x2]
        [--blocks 16] [--dim 1024] [--ffn 4096] [--mode expert-bf16|expert-fp32|lora|full] [--depth N]
-       [--vision-depth N] [--workdir DIR]
+       [--vision-depth N] [--workdir DIR]   (fastwam: [--mode freeze-bf16|full] [--depth N])
 Each large configuration runs once, one at a time (at 470 M parameters a rank of the 1-process run
 peaks near 8 GB; check `free -g` first).
 """
@@ -223,6 +233,72 @@ def pi(work: Path, kind: str, mode: str, depth: int | None, vision_depth: int | 
     return Subject(title, run, large, tiny, trainable, frozen, weights, trained, reload=mode != "lora")
 
 
+# What a FastWAM run fine-tunes: the action expert alone in bfloat16 (LeRobot's storage), or everything.
+FASTWAM_MODES = {
+    "freeze-bf16": [
+        "--policy.freeze_video_expert=true",
+        '--policy.loss={"lambda_video": 0.0, "lambda_action": 1.0}',
+        "--policy.torch_dtype=bfloat16",
+    ],
+    "full": ["--policy.torch_dtype=float32"],
+}
+
+
+def fastwam(work: Path, mode: str, depth: int) -> Subject:
+    """LeRobot's FastWAM at its widths, `depth` MoT layers, on the embedded camera task with its
+    instruction; the baseline is the same run at the fixture's tiny sizes (tests/test_fastwam_train.py)."""
+    from trainer.policies.fastwam import FastWAMConfig
+
+    fixture = HERE.parent / "tests" / "fixtures" / "lerobot_fastwam_tiny" / "tiny_wan"
+    wide = _wide_text_encoder(fixture, work / "wide_wan")
+    base = [
+        "--policy.type=fastwam", "--policy.base_model_id=null", f"--policy.tokenizer_model_id={fixture / 'tokenizer'}",
+        "--policy.tokenizer_max_len=32", *FASTWAM_MODES[mode],
+    ]  # fmt: skip
+    tiny = [
+        *base, f"--policy.text_encoder_model_id={fixture}", "--policy.num_video_frames=9",
+        "--policy.action_video_freq_ratio=2", "--policy.action_horizon=8", "--policy.n_action_steps=8",
+        "--policy.image_size=[64,96]",
+        '--policy.video_dit_config={"hidden_dim": 32, "ffn_dim": 64, "freq_dim": 16, "text_dim": 16, "num_heads": 2, "attn_head_dim": 16, "num_layers": 2}',
+        '--policy.action_dit_config={"hidden_dim": 24, "ffn_dim": 48, "num_heads": 2, "attn_head_dim": 16, "num_layers": 2, "text_dim": 16, "freq_dim": 16}',
+    ]  # fmt: skip
+    layers = {"num_layers": depth}
+    large = [
+        *base, f"--policy.text_encoder_model_id={wide}",
+        f"--policy.video_dit_config={json.dumps(layers)}", f"--policy.action_dit_config={json.dumps(layers)}",
+    ]  # fmt: skip
+    config = FastWAMConfig(
+        base_model_id=None,
+        tokenizer_model_id=str(fixture / "tokenizer"),
+        text_encoder_model_id=str(wide),
+        freeze_video_expert=mode == "freeze-bf16",
+        torch_dtype="bfloat16" if mode == "freeze-bf16" else "float32",
+        video_dit_config=layers,
+        action_dit_config=layers,
+        input_features=["observation.state", "observation.images.top", "task"],
+    )
+    title = f"fastwam, LeRobot's widths, {depth} MoT layer(s), {mode}"
+    run = ["--dataset.camera=true", "--batch_size=2"]
+    return Subject(title, run, large, tiny, *measured(config), reload=False)
+
+
+def _wide_text_encoder(fixture: Path, out: Path) -> Path:
+    """The tiny fixture's Wan directory with a one-layer random UMT5 encoder of LeRobot's width (4096),
+    so the experts' text embeddings keep theirs; the tokenizer and the VAE are the fixture's."""
+    import torch
+    import transformers
+
+    if not (out / "text_encoder" / "config.json").is_file():
+        shutil.copytree(fixture / "vae", out / "vae", dirs_exist_ok=True)
+        tiny = json.loads((fixture / "text_encoder" / "config.json").read_text())
+        config = transformers.UMT5Config(
+            **{**tiny, "d_model": 4096, "num_layers": 1, "num_decoder_layers": 1}
+        )
+        torch.manual_seed(0)
+        transformers.UMT5EncoderModel(config).save_pretrained(out / "text_encoder")
+    return out
+
+
 def _with_sizes(variants: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     """LeRobot's two variants with some sizes replaced (an overrides file names every size)."""
     from dataclasses import asdict
@@ -266,12 +342,20 @@ def main() -> None:
     parser.add_argument(
         "--layouts", default=None, help="N: FSDP2 over N ranks; RxS: HSDP (default 1,2,4,2x2; smolvla: 4)"
     )
-    parser.add_argument("--policy", choices=("act_state", "smolvla", "pi0", "pi05"), default="act_state")
     parser.add_argument(
-        "--mode", choices=tuple(PI_MODES), default="expert-bf16", help="pi0 / pi05: what trains"
+        "--policy", choices=("act_state", "smolvla", "pi0", "pi05", "fastwam"), default="act_state"
     )
     parser.add_argument(
-        "--depth", type=int, default=None, help="pi0 / pi05: layer pairs (default: LeRobot's 18)"
+        "--mode",
+        choices=(*PI_MODES, *FASTWAM_MODES),
+        default=None,
+        help="pi0 / pi05: what trains (default expert-bf16); fastwam: freeze-bf16 (default) or full",
+    )
+    parser.add_argument(
+        "--depth",
+        type=int,
+        default=None,
+        help="pi0 / pi05: layer pairs (default: LeRobot's 18); fastwam: MoT layers (default 1)",
     )
     parser.add_argument(
         "--vision-depth", type=int, default=None, help="pi0 / pi05: SigLIP layers (default: LeRobot's 27)"
@@ -284,8 +368,13 @@ def main() -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-memory-"))
     work.mkdir(parents=True, exist_ok=True)
     cache = work / "cache"
+    modes = PI_MODES if args.policy in ("pi0", "pi05") else FASTWAM_MODES if args.policy == "fastwam" else {}
+    if modes and args.mode is not None and args.mode not in modes:
+        parser.error(f"--mode {args.mode} is not a {args.policy} mode: choose one of {', '.join(modes)}")
     if args.policy in ("pi0", "pi05"):
-        subject = pi(work, args.policy, args.mode, args.depth, args.vision_depth)
+        subject = pi(work, args.policy, args.mode or "expert-bf16", args.depth, args.vision_depth)
+    elif args.policy == "fastwam":
+        subject = fastwam(work, args.mode or "freeze-bf16", args.depth or 1)
     else:
         subject = smolvla(work) if args.policy == "smolvla" else act_state(args.blocks, args.dim, args.ffn)
     frozen = f" + {subject.frozen / 1e6:.0f} M frozen" if subject.frozen else ""
@@ -295,7 +384,7 @@ def main() -> None:
         "| ratio | sum over ranks (GB) | time to first step (s) |"
     )
     print("|---|---|---|---|---|---|---|", flush=True)
-    layouts = args.layouts or ("1,2,4,2x2" if args.policy == "act_state" else "4")
+    layouts = args.layouts or {"act_state": "1,2,4,2x2", "fastwam": "1,2,4"}.get(args.policy, "4")
     for layout in layouts.split(","):
         nproc = layout_flags(layout)[0]
         tiny_dir = work / f"tiny{layout}"

@@ -36,7 +36,9 @@ with two cameras, a SmolVLA on the tiny backbone and a small Diffusion Policy he
 conditioned on its `observation.environment_state` (no camera), and fine-tunes LeRobot's own Diffusion checkpoint
 (`tests/fixtures/lerobot_diffusion_tiny`) for 3 steps on FSDP2 x2 with an EMA in one torchrun launch
 (2 gloo ranks; its export holds the EMA's weights), and fine-tunes LeRobot's own tiny pi0.5 checkpoint
-(`tests/fixtures/lerobot_pi05_tiny`) for 3 steps on FSDP2 x2, then runs `ours` in this venv and `lerobot` in
+(`tests/fixtures/lerobot_pi05_tiny`) for 3 steps on FSDP2 x2, and LeRobot's own tiny FastWAM
+(`tests/fixtures/lerobot_fastwam_tiny`, on its dataset, with its frozen `tiny_wan/` and its launcher
+`tiny_fastwam.py` imported on LeRobot's side) for 3 steps on FSDP2 x2, then runs `ours` in this venv and `lerobot` in
 --lerobot-python's on each. It also trains the SmolVLA on two robots that differ (`dataset_video` beside
 `dataset_arm6`: state 4/6, action 2/3, two video cameras vs one image camera, 10/15 fps) and checks each
 robot's export (`ours --embodiment=NAME`), against our `load_policy(checkpoint, embodiment=NAME)` on that
@@ -88,7 +90,7 @@ NOISE = "expected.noise"  # SmolVLA's flow-matching noise, passed to both
 TOKENS, TOKEN_MASK = "observation.language.tokens", "observation.language.attention_mask"
 TASKS = ["pick up the red block", "push"]
 PI = ("pi0", "pi05")
-LANGUAGE = ("smolvla", *PI)  # the policies whose observation holds the task
+LANGUAGE = ("smolvla", "fastwam", *PI)  # the policies whose observation holds the task
 FIXTURES = Path(__file__).parents[1] / "tests" / "fixtures"
 # What `check` trains here (from its scratch directory, which holds the dataset and the backbone)
 RUN = ["--batch_size=2", "--num_workers=0", "--steps=3", "--save_freq=3"]
@@ -127,6 +129,12 @@ TRAIN = {
 # LeRobot's own tiny pi0.5 checkpoint (tests/fixtures/lerobot_pi05_tiny) fine-tuned at its sizes on FSDP2 x2
 PI05_SHARDED_TUNE = [
     "--policy.path=pi05_base", "--policy.size_overrides=tiny_paligemma/tiny_pi_overrides.json",
+    "--parallelism.dp_shard=2",
+]  # fmt: skip
+# LeRobot's own tiny FastWAM checkpoint (tests/fixtures/lerobot_fastwam_tiny) fine-tuned on its dataset on
+# FSDP2 x2 (its config names the frozen parts `./tiny_wan`, copied beside it)
+FASTWAM_SHARDED_TUNE = [
+    "--policy.path=fastwam_base", "--dataset.root=fastwam_dataset", "--dataset.repo_id=local/fastwam_tiny",
     "--parallelism.dp_shard=2",
 ]  # fmt: skip
 # LeRobot's own Diffusion checkpoint (tests/fixtures/lerobot_diffusion_tiny) fine-tuned here on 2 gloo
@@ -200,6 +208,10 @@ def _write_expected(
         torch.manual_seed(SEED)  # DDPM's steps draw their variance noise: LeRobot's draws it alike
         chunk = policy.predict_action_chunk(one_state_vector(inputs, config), noise=noise)
         inputs[NOISE] = noise
+    elif config["type"] == "fastwam":  # the current frame and the task; the noise from inference_seed
+        chunk = policy.predict_action_chunk(
+            {**inputs, "task": [TASKS[i % len(TASKS)] for i in range(batch_size)]}
+        )
     else:  # SmolVLA, pi0, pi0.5: the prompt's tokens (pi0.5's hold the normalized state) and the noise
         prompts = [TASKS[i % len(TASKS)] for i in range(batch_size)]
         state = (inputs["observation.state"],) if config["type"] in PI else ()
@@ -277,6 +289,14 @@ def lerobot(workdir: Path, atol: float) -> int:
         policy.eval()
         torch.manual_seed(SEED)
         actions = policy.predict_action_chunk(saved, noise=noise)
+    elif kind == "fastwam":
+        sys.path.insert(0, os.getcwd())
+        import tiny_fastwam  # noqa: F401  (the fixture's launcher: LeRobot's hard-coded VAE repo -> ./tiny_wan)
+        from lerobot.policies.fastwam.modeling_fastwam import FastWAMPolicy
+
+        policy = FastWAMPolicy.from_pretrained(str(workdir / MODEL_DIR), strict=True)
+        _check_loaded(policy, workdir)
+        actions = policy.predict_action_chunk({**saved, "task": list(tasks)})
     elif kind in PI:
         if Path("tiny_pi.py").is_file():  # the LeRobot fixture's launcher: LeRobot's sizes shrunk to its own
             sys.path.insert(0, os.getcwd())
@@ -347,7 +367,8 @@ def _processors_round(policy, workdir: Path, raw, tasks, kind: str, selected, at
 def check(lerobot_python: str, atol: float) -> int:
     """Train each policy of TRAIN here, a SmolVLA on two robots that differ (MIXED), and fine-tune
     LeRobot's Diffusion checkpoint on FSDP2 x2 with an EMA (SHARDED_TUNE) and LeRobot's tiny pi0.5 on
-    FSDP2 x2 (PI05_SHARDED_TUNE), then run both halves on each
+    FSDP2 x2 (PI05_SHARDED_TUNE) and LeRobot's tiny FastWAM on FSDP2 x2 (FASTWAM_SHARDED_TUNE), then run
+    both halves on each
     (on each robot's export for the mixed one); 0 when LeRobot agrees on all."""
     failed = 0
     with tempfile.TemporaryDirectory(prefix="lerobot_side_") as tmp:
@@ -361,6 +382,11 @@ def check(lerobot_python: str, atol: float) -> int:
         shutil.copytree(pi05 / "pretrained_model", work / "pi05_base")
         shutil.copytree(pi05 / "tiny_paligemma", work / "tiny_paligemma")
         shutil.copy(pi05 / "tiny_pi.py", work / "tiny_pi.py")
+        fastwam = FIXTURES / "lerobot_fastwam_tiny"  # its checkpoint, dataset, frozen parts, VAE launcher
+        shutil.copytree(fastwam / "pretrained_model", work / "fastwam_base")
+        shutil.copytree(fastwam / "dataset", work / "fastwam_dataset")
+        shutil.copytree(fastwam / "tiny_wan", work / "tiny_wan")
+        shutil.copy(fastwam / "tiny_fastwam.py", work / "tiny_fastwam.py")
         (work / "mixture.json").write_text(json.dumps([{"root": name} for name in MIXED_ROBOTS]))
         trainer_cli = [sys.executable, "-m", "trainer.cli", "train"]
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
@@ -370,6 +396,7 @@ def check(lerobot_python: str, atol: float) -> int:
         sharded = [*torchrun, "--rdzv-endpoint=localhost:0", *trainer_cli[1:]]
         runs.append(("diffusion_fsdp2_ema", sharded, [*COMMON, *SHARDED_TUNE], [None]))
         runs.append(("pi05_fsdp2", sharded, [*COMMON, *PI05_SHARDED_TUNE], [None]))
+        runs.append(("fastwam_fsdp2", sharded, [*COMMON, *FASTWAM_SHARDED_TUNE], [None]))
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         script = str(Path(__file__).resolve())
         for kind, command, flags, robots in runs:

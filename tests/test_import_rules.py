@@ -107,7 +107,7 @@ LAYERS = {
 # room or the rooms below it (the layer's root modules are rooms of their own). A tuple is a level of
 # peer rooms that never import each other (one folder per policy above their shared blocks).
 ROOMS: dict[str, tuple[str | tuple[str, ...], ...]] = {
-    "trainer.policies": ("common", ("act", "diffusion", "mlp", "pi", "smolvla")),
+    "trainer.policies": ("common", ("act", "diffusion", "fastwam", "mlp", "pi", "smolvla")),
     "trainer.data": ("dataset", "format", "pipeline", "embedded", "sources"),
     "trainer.engine": (
         "host_memory",

@@ -35,3 +35,15 @@ def same_as_lerobots(ours: Path, theirs: Path) -> None:
             }
             assert needed and needed <= mine.keys() <= lerobots.keys(), (step["state_file"], sorted(mine))
             assert {key: lerobots[key] for key in mine} == mine
+
+
+def read_processors(directory: Path) -> list:
+    """(pre-, postprocessor) a checkpoint directory saved (ours or LeRobot's), as the engine reads them."""
+    import ckpt_tools
+    from trainer.data.pipeline.processors import Processor
+
+    saved = ckpt_tools.load_processors(str(directory))
+    return [
+        Processor.from_state(saved[name].config, saved[name].step_tensors)
+        for name in ("policy_preprocessor", "policy_postprocessor")
+    ]

@@ -168,4 +168,6 @@ def test_an_export_of_a_policy_without_an_adapter_is_one_line(config) -> None:
         lerobot_adapter(config)
     message = str(caught.value)
     assert "\n" not in message
-    assert message.endswith("the policies that export to LeRobot: act, diffusion, pi0, pi05, smolvla")
+    assert message.endswith(
+        "the policies that export to LeRobot: act, diffusion, fastwam, pi0, pi05, smolvla"
+    )

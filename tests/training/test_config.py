@@ -28,6 +28,7 @@ from trainer.errors import ConfigError, WrapPlanError
 from trainer.policies import build_policy
 from trainer.policies.act import ACTConfig
 from trainer.policies.diffusion.config import DiffusionConfig
+from trainer.policies.fastwam import FastWAMConfig
 from trainer.policies.mlp import MLPConfig
 from trainer.policies.pi import PI05Config
 from trainer.policies.smolvla import SmolVLAConfig
@@ -38,7 +39,7 @@ from trainer.policies.smolvla import SmolVLAConfig
     [
         (
             ["--policy.type=nope"],
-            r"--policy.type='nope' is unknown: choose one of act, act_state, diffusion, mlp",
+            r"--policy.type='nope' is unknown: choose one of act, act_state, diffusion, fastwam, mlp",
         ),
         (["--policy.type=no.such.module:Cfg"], r"cannot import Cfg from no.such.module"),
         (["--parallelism.cp_size=2"], r"--parallelism.cp_size=2 is not supported"),
@@ -283,6 +284,7 @@ def test_every_config_field_is_a_documented_flag() -> None:
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(SmolVLAConfig)}
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(DiffusionConfig)}
     leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(PI05Config)}
+    leaves |= {f"--policy.{field.name}" for field in dataclasses.fields(FastWAMConfig)}
     leaves |= {f"--dataset.{field.name}" for field in dataclasses.fields(MixtureConfig)} - {
         "--dataset.image_transforms"
     }

@@ -101,6 +101,11 @@ class Dataset(Protocol):
 
     def episode_bounds(self) -> torch.Tensor: ...
 
+    def distinct_tasks(self) -> list[str]:
+        """The distinct task texts of its frames, in first-seen order ([] when `task` is not among
+        `input_features`): what a policy computes once per task before step 1 (`Policy.prepare_tasks`)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Embodiment:

@@ -19,6 +19,7 @@ outside one). Its config is a `DatasetConfig` subclass whose `load()` returns an
   shaped (C, 1, 1), on the [0, 1] scale), and min/max and q01/q99 where the data has them (a policy
   that normalizes by range or quantiles, `normalization_stats`, refuses data without them);
 - `episode_bounds()`: one `[start, end)` frame range per episode;
+- `distinct_tasks()`: the distinct task texts (with `task` among `input_features`; else []);
 - `gather_in_workers`: True when `gather` decodes (cameras), so the input pipeline runs it in
   DataLoader workers (data/pipeline/loader.py); in-memory data is gathered in the training process;
 - `weighted_order`: a mixture's draw order by weight (data/pipeline/sampler.py), None for one dataset.
@@ -199,6 +200,9 @@ class ArrayDataset:
 
     def episode_bounds(self) -> torch.Tensor:
         return self._bounds
+
+    def distinct_tasks(self) -> list[str]:
+        return list(dict.fromkeys(self.tasks)) if self.tasks is not None else []
 
 
 def task_bytes(texts: Sequence[str]) -> torch.Tensor:

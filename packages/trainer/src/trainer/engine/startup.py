@@ -1,6 +1,7 @@
 """What a run builds before its first step, in order: the policy (on the meta device where it can be),
 the processors, the accelerator and the process group, the run lock, the data feed, the optimizer and
-schedule, then the two resume phases around `prepare()`. Each part takes its own section of the plan.
+schedule, then the two resume phases around `prepare()` (and between them, what the policy computes
+from the data's tasks: `Policy.prepare_tasks`). Each part takes its own section of the plan.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ def start_run(plan: RunPlan, data: RunData, lock: RunLock, notes: list[str]) -> 
 
     model, optimizer, scheduler = prepare(accelerator, policy, optimizer, scheduler, wrap_plan)
     model_build.after_prepare(built, section, accelerator.device)  # a sharded policy's shards are real now
+    if built.base.takes_tasks():
+        built.base.prepare_tasks(_distinct_tasks(dataset, data.val_dataset), accelerator.device)
 
     # ---- Resume, phase 2 (after prepare): load model/optimizer/scheduler/EMA state (ckpt_tools). ----
     unwrapped = accelerator.unwrap_model(model)
@@ -107,6 +110,12 @@ def start_run(plan: RunPlan, data: RunData, lock: RunLock, notes: list[str]) -> 
         ema=ema,
     )
     return Started(run, wrap_plan, resume_point)
+
+
+def _distinct_tasks(dataset: Dataset, val_dataset: Dataset | None) -> list[str]:
+    """The task texts the run's batches can carry: the training data's, then the held-out data's."""
+    held_out = val_dataset.distinct_tasks() if val_dataset is not None else []
+    return list(dict.fromkeys([*dataset.distinct_tasks(), *held_out]))
 
 
 def _processors(policy: PolicyConfig, dataset: Dataset) -> tuple[Processor, Processor]:

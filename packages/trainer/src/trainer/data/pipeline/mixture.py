@@ -84,6 +84,9 @@ class Mixture:
         starts = self.weighted_order.starts
         return torch.cat([m.episode_bounds() + starts[k] for k, m in enumerate(self.members)])
 
+    def distinct_tasks(self) -> list[str]:
+        return list(dict.fromkeys(task for m in self.members for task in m.distinct_tasks()))
+
 
 def pool_stats(stats: Sequence[Stats], frames: Sequence[int]) -> Stats:
     """The statistics of the members' frames taken together (see the module docstring), for every key

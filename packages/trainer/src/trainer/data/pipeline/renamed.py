@@ -113,3 +113,6 @@ class RenamedDataset:
 
     def episode_bounds(self) -> torch.Tensor:
         return self.inner.episode_bounds()
+
+    def distinct_tasks(self) -> list[str]:
+        return self.inner.distinct_tasks()

@@ -8,7 +8,8 @@ as `observation.images.<name>` (B, C, H, W). `reset()` starts a new episode (ACT
 Every hook the engine reads of a policy is declared on `Policy` with its default: how it shards
 (`_fsdp_wrap_modules`, `_fsdp_forward_methods`), its LoRA targets (`peft_target_modules`), how its
 modules are initialized on the meta device (`initializes`, `initialize_module`), the weights of its
-pretrained parts and its parameter groups. What a policy decides from its config alone (the frames it
+pretrained parts, its parameter groups and what it computes from the data's tasks before step 1
+(`prepare_tasks`). What a policy decides from its config alone (the frames it
 reads: `observation_delta_indices` / `action_delta_indices`, its training preset, its normalization, its
 LeRobot form: `lerobot_adapter`) is declared on `PolicyConfig` (config/policy.py). The engine reaches a policy's
 hooks through `policy_of`, also inside a PEFT wrapper, never by `getattr`.
@@ -17,6 +18,7 @@ hooks through `policy_of`, also inside a PEFT wrapper, never by `getattr`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -83,6 +85,17 @@ class Policy(nn.Module):
         """Submodules trained at their own learning rate, by name (ACT's camera trunk): each becomes an
         optimizer parameter group; the rest uses --optimizer.lr."""
         return {}
+
+    def prepare_tasks(self, tasks: Sequence[str], device: torch.device) -> None:
+        """The distinct task texts of the run's data (training and held-out), given once before step 1
+        on every rank: a policy whose input for a task depends on the task alone computes it now and
+        may release what computed it (FastWAM's frozen text encoder). Nothing by default."""
+
+    def takes_tasks(self) -> bool:
+        """Whether `prepare_tasks()` uses the tasks: only then does the engine ask the data for them,
+        so a dataset plug-in that never serves such a policy need not list its tasks. By default,
+        whether the class overrides `prepare_tasks`."""
+        return type(self).prepare_tasks is not Policy.prepare_tasks
 
 
 def policy_of(model: nn.Module) -> Policy | None:

@@ -1,0 +1,406 @@
+"""FastWAM against what LeRobot 0.6.1 wrote and computed (tests/fixtures/lerobot_fastwam_tiny).
+
+The checkpoint names its frozen parts by relative paths (`./tiny_wan`, `./tiny_wan/tokenizer`), as
+LeRobot resolves them from the working directory: the tests run from a private copy of the fixture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import trainer
+from helpers.fixtures import copy_fixture
+from helpers.processor_files import read_processors
+from trainer.data.dataset import task_bytes
+from trainer.errors import ConfigError
+from trainer.policies.common import pretrained
+from trainer.policies.fastwam import FastWAMConfig
+from trainer.policies.fastwam.policy import FastWAMPolicy
+
+TOL = 1e-5  # LeRobot's reruns are bit-identical; its typical mistakes move the loss by 8e-5 or more
+CAMERA = "observation.images.front"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_fixture(tmp_path_factory.mktemp("fastwam"), "lerobot_fastwam_tiny")
+
+
+@pytest.fixture(scope="module")
+def policy(folder: Path) -> FastWAMPolicy:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        loaded = trainer.load_policy("pretrained_model").policy
+    assert isinstance(loaded, FastWAMPolicy)
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def reference(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "reference.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def meta(folder: Path) -> dict:
+    return json.loads((folder / "reference.json").read_text())
+
+
+def _batch(reference: dict[str, torch.Tensor], meta: dict) -> dict:
+    """The preprocessed training batch: `pre.*`, the camera (which LeRobot's normalizer leaves as it is)
+    from `raw.*`, the task strings."""
+    batch: dict = {k.removeprefix("pre."): v for k, v in reference.items() if k.startswith("pre.")}
+    batch[CAMERA] = reference[f"raw.{CAMERA}.uint8"].float() / 255
+    batch["task"] = list(meta["task"])
+    return batch
+
+
+def _observation(batch: dict) -> dict:
+    """The current frame of the window, as a live observation gives it."""
+    return {
+        "observation.state": batch["observation.state"][:, 0],
+        CAMERA: batch[CAMERA][:, 0],
+        "task": batch["task"],
+    }
+
+
+def _draws(reference: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    noise = {"video": reference["loss.noise_video"], "action": reference["loss.noise_action"]}
+    time = {"video": reference["loss.timestep_video"], "action": reference["loss.timestep_action"]}
+    return noise, time
+
+
+def _close(ours: torch.Tensor, theirs: torch.Tensor) -> None:
+    torch.testing.assert_close(ours, theirs, atol=TOL, rtol=TOL)
+
+
+def test_lerobots_checkpoint_loads_strictly_without_its_frozen_parts(policy, folder: Path) -> None:
+    """Every one of the 139 tensors of model.safetensors is what the model holds, nothing more: the
+    frozen UMT5 and VAE are read from tiny_wan/ and never part of the state dict."""
+    saved = load_file(str(folder / "pretrained_model" / "model.safetensors"))
+    state = policy.state_dict()
+    assert len(saved) == 139 and state.keys() == saved.keys()
+    assert all(torch.equal(state[k], saved[k]) for k in saved)
+    assert sum(p.numel() for p in policy.parameters()) == 72_203
+    parts = policy.frozen_parts(torch.device("cpu"))
+    assert sum(p.numel() for p in parts.text_encoder.parameters()) == 7_552
+    assert sum(p.numel() for p in parts.vae.parameters()) == 101_832
+    assert not parts.text_encoder.training and not parts.vae.training
+
+
+@pytest.mark.numerics
+def test_the_loss_and_its_parts_are_lerobots(policy, reference, meta) -> None:
+    """LeRobot's training loss from its preprocessed batch, its noises and its shifted timesteps: the
+    total and both parts (the lambdas applied), in train mode as lerobot-train runs it."""
+    noise, time = _draws(reference)
+    policy.train()
+    try:
+        loss, parts = policy.forward(_batch(reference, meta), noise=noise, time=time)
+    finally:
+        policy.eval()
+    _close(loss, reference["loss.total"])
+    _close(parts["loss_video"], torch.tensor(meta["loss_dict"]["loss_video"]))
+    _close(parts["loss_action"], torch.tensor(meta["loss_dict"]["loss_action"]))
+
+
+@pytest.mark.numerics
+def test_the_task_gathered_as_bytes_gives_lerobots_loss(policy, reference, meta) -> None:
+    """The engine's batches carry the task as UTF-8 bytes: the prompt is built in the policy."""
+    batch = {**_batch(reference, meta), "task": task_bytes(meta["task"])}
+    noise, time = _draws(reference)
+    loss, _ = policy.forward(batch, noise=noise, time=time)
+    _close(loss, reference["loss.total"])
+
+
+@pytest.mark.numerics
+def test_the_frozen_parts_encode_as_lerobots(policy, reference, meta) -> None:
+    """The prompt's UMT5 embeddings with padding zeroed, the proprio token after them, and the VAE's
+    standardized latents of the window (the intermediates that locate a mismatch)."""
+    batch = _batch(reference, meta)
+    context = policy.context(batch, torch.device("cpu"))
+    _close(context, reference["loss.context"])
+    latents = policy.frozen_parts(torch.device("cpu")).encode_video(policy.video(batch))
+    _close(latents, reference["loss.input_latents"])
+
+
+@pytest.mark.numerics
+def test_each_task_is_encoded_once(policy, reference, meta) -> None:
+    """The frozen UMT5 runs once per distinct prompt: a second batch of the same tasks (in another
+    order) takes the kept embeddings, which are LeRobot's."""
+    parts = policy.frozen_parts(torch.device("cpu"))
+    parts.prompts.clear()
+    calls = []
+    hook = parts.text_encoder.register_forward_pre_hook(
+        lambda _, args, kwargs: calls.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+    try:
+        batch = _batch(reference, meta)
+        first = policy.context(batch, torch.device("cpu"))
+        again = policy.context({**batch, "task": batch["task"][::-1]}, torch.device("cpu"))
+    finally:
+        hook.remove()
+    assert calls == [torch.Size([2, 32])] and len(parts.prompts) == 2
+    _close(first, reference["loss.context"])
+    assert torch.equal(again[:, :-1], first.flip(0)[:, :-1])
+
+
+@pytest.mark.numerics
+def test_the_text_encoder_is_released_before_training_with_the_same_loss(
+    folder: Path, reference, meta
+) -> None:
+    """`prepare_tasks` (the engine's call before step 1) keeps each task's prompt embeddings and frees
+    the frozen UMT5: nothing holds its parameters any more, and the loss is bit for bit the one computed
+    with the encoder beside training."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        beside, released = (trainer.load_policy("pretrained_model").policy for _ in range(2))
+    assert isinstance(beside, FastWAMPolicy) and isinstance(released, FastWAMPolicy)
+    batch, (noise, time) = _batch(reference, meta), _draws(reference)
+    expected, expected_parts = beside.forward(batch, noise=noise, time=time)
+
+    cpu = torch.device("cpu")
+    encoder = weakref.ref(released.frozen_parts(cpu).text_encoder)
+    released.prepare_tasks(list(dict.fromkeys(meta["task"])), cpu)
+    gc.collect()
+    assert released.frozen_parts(cpu).text_encoder is None and encoder() is None
+    loss, parts = released.forward(batch, noise=noise, time=time)
+    assert released.frozen_parts(cpu).text_encoder is None  # every prompt was kept: never reloaded
+    assert torch.equal(loss, expected)
+    assert all(torch.equal(parts[k], expected_parts[k]) for k in ("loss_video", "loss_action"))
+
+
+@pytest.mark.numerics
+def test_the_action_chunk_is_lerobots(policy, reference, meta) -> None:
+    """The chunk from the current frame with the initial noise drawn from `inference_seed` (or the noise
+    given), and select_action serving it one step at a time."""
+    observation = _observation(_batch(reference, meta))
+    chunk = policy.predict_action_chunk(observation)
+    _close(chunk, reference["actions.normalized"])
+    given = policy.predict_action_chunk(observation, noise=reference["inference.noise"].expand(2, -1, -1))
+    assert torch.equal(given, chunk)
+    other = policy.predict_action_chunk(observation, noise=torch.zeros(2, 8, 3))
+    assert not torch.allclose(other, chunk, atol=1e-3)
+    policy.reset()
+    steps = [policy.select_action(observation) for _ in range(policy.config.n_action_steps)]
+    _close(torch.stack(steps, dim=1), reference["actions.normalized"])
+    policy.reset()
+
+
+def test_the_processors_are_lerobots(folder: Path, reference) -> None:
+    """The checkpoint's normalizer read by the engine's processor reader: the state and the action
+    (x - mean) / (std + 1e-8) to the bit, the camera unchanged; the postprocessor gives LeRobot's
+    unnormalized actions."""
+    preprocessor, postprocessor = read_processors(folder / "pretrained_model")
+    raw = {k.removeprefix("raw."): v for k, v in reference.items() if k.startswith("raw.")}
+    raw[CAMERA] = raw.pop(f"{CAMERA}.uint8").float() / 255
+    ours = preprocessor({k: raw[k] for k in ("observation.state", "action", CAMERA)})
+    for key in ("observation.state", "action"):
+        torch.testing.assert_close(ours[key], reference[f"pre.{key}"], atol=0, rtol=0)
+    assert torch.equal(ours[CAMERA], raw[CAMERA])
+    actions = postprocessor({"action": reference["actions.normalized"]})["action"]
+    torch.testing.assert_close(actions, reference["actions.unnormalized"], atol=TOL, rtol=0)
+
+
+def test_every_fsdp_unit_runs_its_forward(policy, reference, meta) -> None:
+    """The units' forward() is what runs: each MoT layer in the loss, the prefill and at every Euler
+    step; each projection inside it; each expert's embedding and head; and every block weight belongs
+    to one MoT layer."""
+    units = [m for m in policy.modules() if type(m).__name__ in FastWAMPolicy._fsdp_wrap_modules]
+    calls = {id(m): 0 for m in units}
+    hooks = [
+        m.register_forward_pre_hook(lambda m, *_: calls.__setitem__(id(m), calls[id(m)] + 1)) for m in units
+    ]
+    noise, time = _draws(reference)
+    try:
+        policy.forward(_batch(reference, meta), noise=noise, time=time)
+        policy.predict_action_chunk(_observation(_batch(reference, meta)))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    steps = policy.config.num_inference_steps
+    by_class: dict[str, set[int]] = {}
+    for m in units:
+        by_class.setdefault(type(m).__name__, set()).add(calls[id(m)])
+    projections = by_class.pop("Projection")
+    assert projections and 0 not in projections
+    assert by_class == {
+        "MoTLayer": {2 + steps},
+        "VideoExpert": {2},
+        "ActionExpert": {1 + steps},
+        "VideoHead": {1},
+        "ActionHead": {1 + steps},
+    }
+    layers = [m for m in units if type(m).__name__ == "MoTLayer"]
+    owned = {id(p) for m in layers for p in m.parameters()}
+    in_layers = [p for n, p in policy.named_parameters() if ".layers." in n]
+    assert len(layers) == 2 and in_layers and all(id(p) in owned for p in in_layers)
+
+
+@pytest.mark.numerics
+def test_gradient_checkpointing_recomputes_each_mot_layer_with_the_same_gradients(
+    folder: Path, reference, meta, monkeypatch
+) -> None:
+    """`use_gradient_checkpointing` (and `mot_checkpoint_mixed_attn`) run every MoT layer again in the
+    backward pass; the loss and the gradients are those of the plain run."""
+    monkeypatch.chdir(folder)
+    noise, time = _draws(reference)
+    grads, runs = [], []
+    for flags in ({}, {"use_gradient_checkpointing": True}, {"mot_checkpoint_mixed_attn": True}):
+        policy = trainer.load_policy("pretrained_model", **flags).policy
+        policy.train()
+        layers = [m for m in policy.modules() if type(m).__name__ == "MoTLayer"]
+        calls: list[int] = []
+        hooks = [m.register_forward_pre_hook(lambda *_, seen=calls: seen.append(1)) for m in layers]
+        loss, _ = policy.forward(_batch(reference, meta), noise=noise, time=time)
+        loss.backward()
+        for hook in hooks:
+            hook.remove()
+        _close(loss.detach(), reference["loss.total"])
+        grads.append({n: p.grad for n, p in policy.named_parameters()})
+        runs.append(len(calls))
+    assert runs == [2, 4, 4]
+    for recomputed in grads[1:]:
+        for name, grad in grads[0].items():
+            torch.testing.assert_close(recomputed[name], grad, atol=1e-6, rtol=1e-5)
+
+
+def test_bfloat16_runs_on_the_cpu_and_stays_near(folder: Path, reference, meta, monkeypatch) -> None:
+    """LeRobot's default torch_dtype=bfloat16 does not run on a CPU (its float32 time embedding meets
+    bfloat16 weights outside CUDA autocast); ours does, near the float32 reference."""
+    monkeypatch.chdir(folder)
+    policy = trainer.load_policy("pretrained_model", torch_dtype="bfloat16").policy
+    assert {p.dtype for p in policy.parameters()} == {torch.bfloat16}
+    noise, time = _draws(reference)
+    loss, _ = policy.forward(_batch(reference, meta), noise=noise, time=time)
+    chunk = policy.predict_action_chunk(_observation(_batch(reference, meta)))
+    torch.testing.assert_close(loss, reference["loss.total"], atol=0.05, rtol=0.02)
+    torch.testing.assert_close(chunk, reference["actions.normalized"], atol=0.1, rtol=0.05)
+
+
+def test_lerobots_default_size_is_built() -> None:
+    """At LeRobot's default size (built on meta): its 6,020,710,599 trainable parameters in 1,651 tensors,
+    video expert 4,999,787,712, action expert 1,020,886,023, proprio encoder 36,864 (the fixture's count
+    with LeRobot's own classes)."""
+    from trainer.policies.fastwam.policy import FastWAM
+
+    with torch.device("meta"):
+        model = FastWAM(FastWAMConfig(base_model_id=None, action_dim=7, proprio_dim=8))
+    state = model.state_dict()
+    count = {
+        part: sum(v.numel() for k, v in state.items() if part in k)
+        for part in (".video", ".action", "proprio")
+    }
+    assert len(state) == 1651 and sum(v.numel() for v in state.values()) == 6_020_710_599
+    assert count == {".video": 4_999_787_712, ".action": 1_020_886_023, "proprio": 36_864}
+
+
+def test_defaults_are_lerobots() -> None:
+    """LeRobot 0.6.1's FastWAMConfig defaults, its window and its preset."""
+    config = FastWAMConfig(base_model_id=None)
+    assert (config.action_horizon, config.n_action_steps, config.num_video_frames) == (32, 32, 33)
+    assert config.observation_delta_indices == list(range(0, 33, 4))
+    assert config.action_delta_indices == list(range(32))
+    assert config.image_size == (224, 448) and config.torch_dtype == "bfloat16"
+    assert config.video_size().hidden_dim == 3072 and config.action_size().hidden_dim == 1024
+    optimizer = config.get_optimizer_preset()
+    assert (optimizer.lr, optimizer.weight_decay, optimizer.betas, optimizer.grad_clip_norm) == (
+        1e-4, 1e-2, (0.9, 0.999), 10.0,
+    )  # fmt: skip
+    assert config.get_scheduler_preset().warmup_steps == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"num_video_frames": 10}, r"^--policy.num_video_frames=10: num_video_frames - 1 must be a positive multiple"),
+        ({"num_video_frames": 13, "action_video_freq_ratio": 4}, r"^--policy.num_video_frames=13 gives 4 model frames: the Wan VAE needs 4k \+ 1"),
+        ({"action_horizon": 6, "n_action_steps": 6, "num_video_frames": 9, "action_video_freq_ratio": 2}, r"^--policy.action_horizon=6 must be a multiple"),
+        ({"video_dit_config": {"hidden": 3}}, r"^--policy.video_dit_config: unknown key 'hidden'"),
+        ({"action_dit_config": {"num_heads": 2}}, r"^--policy.video_dit_config and --policy.action_dit_config attend jointly"),
+        ({"base_model_id": "lerobot/fastwam_base"}, r"^--policy.base_model_id=lerobot/fastwam_base: LeRobot starts"),
+        ({"dtype": "float32"}, r"^--policy.dtype=float32: FastWAM's dtype is --policy.torch_dtype"),
+    ],
+)  # fmt: skip
+def test_bad_configs_are_refused_in_one_line(fields: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as raised:
+        FastWAMConfig(**{"base_model_id": None, **fields})
+    assert "\n" not in str(raised.value)
+
+
+def _tiny(folder: Path) -> FastWAMConfig:
+    saved = json.loads((folder / "pretrained_model" / "config.json").read_text())
+    fields = FastWAMConfig.lerobot_adapter().config_from_lerobot(saved)
+    return FastWAMConfig(**{k: v for k, v in fields.items() if k != "type"})
+
+
+def test_frozen_parts_and_cameras_that_do_not_fit_are_refused_in_one_line(folder: Path, monkeypatch) -> None:
+    """A text encoder or VAE that does not resolve names its field; cameras the width cannot be split
+    between and a state of another width than the proprio encoder's are refused before anything is
+    built."""
+    monkeypatch.chdir(folder)
+    config = _tiny(folder)
+    with pytest.raises(ConfigError, match=r"^--policy.text_encoder_model_id=./nowhere: no such directory"):
+        FastWAMPolicy(dataclasses.replace(config, text_encoder_model_id="./nowhere"))
+    with pytest.raises(
+        ConfigError, match=r"^--policy.tokenizer_model_id=./tiny_wan/vae: .* holds no tokenizer"
+    ):
+        FastWAMPolicy(dataclasses.replace(config, tokenizer_model_id="./tiny_wan/vae"))
+    cameras = [f"observation.images.{name}" for name in "abcde"]
+    with pytest.raises(
+        ConfigError, match=r"^--policy.image_size=\[64, 96\]: its width 96 does not split into 5"
+    ):
+        FastWAMPolicy(dataclasses.replace(config, input_features=["observation.state", *cameras, "task"]))
+    FastWAMPolicy(dataclasses.replace(config, input_features=["observation.state", *cameras[:3], "task"]))
+    with pytest.raises(ConfigError, match=r"^--policy.proprio_dim=5, but the state has 6 values"):
+        FastWAMPolicy(dataclasses.replace(config, obs_dim=6))
+
+
+def test_freeze_video_expert_trains_the_action_expert_and_the_proprio_encoder_only(
+    folder: Path, monkeypatch
+) -> None:
+    """LeRobot's `freeze_video_expert`: the video expert's embeddings, head and every layer's video block
+    frozen, the action expert (23,947 here) and the proprio encoder (96) trained."""
+    monkeypatch.chdir(folder)
+    policy = FastWAMPolicy(dataclasses.replace(_tiny(folder), freeze_video_expert=True))
+    trained = {n for n, p in policy.named_parameters() if p.requires_grad}
+    assert sum(p.numel() for p in policy.parameters() if p.requires_grad) == 23_947 + 96
+    assert trained and not any(".video." in n or "mixtures.video" in n for n in trained)
+
+
+def test_a_video_expert_that_does_not_fit_the_checkpoint_is_refused_in_one_line(
+    folder: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(folder)
+    config = _tiny(folder)
+    video = {**(config.video_dit_config or {}), "ffn_dim": 96}
+    policy = FastWAMPolicy(dataclasses.replace(config, video_dit_config=video))
+    saved = load_file(str(folder / "pretrained_model" / "model.safetensors"))
+    with pytest.raises(
+        ConfigError,
+        match=r"^--policy.path=elsewhere: its tensor model.mot.layers.0.blocks.video.ffn.0.bias is \[64\]",
+    ) as raised:
+        pretrained.fit_weights(policy, saved, "elsewhere")
+    assert "\n" not in str(raised.value)
+
+
+def test_export_gives_lerobots_files_back(folder: Path, tmp_path: Path, monkeypatch) -> None:
+    """`trainer export` of LeRobot's checkpoint writes its config.json, its 139 tensors and its
+    processor files back (as JSON, the statistics bit for bit): the schema both ways, nothing renamed.
+    That LeRobot loads a fine-tuned export strictly and acts as ours is docs/fastwam.md's check."""
+    from trainer.evaluation.lerobot_export import export_lerobot
+
+    monkeypatch.chdir(folder)
+    export_lerobot("pretrained_model", str(tmp_path / "export"))
+    theirs, ours = folder / "pretrained_model", tmp_path / "export"
+    for name in ("config.json", "policy_preprocessor.json", "policy_postprocessor.json"):
+        assert json.loads((ours / name).read_text()) == json.loads((theirs / name).read_text()), name
+    for name in ("model.safetensors", "policy_preprocessor_step_3_normalizer_processor.safetensors"):
+        written, saved = load_file(str(ours / name)), load_file(str(theirs / name))
+        assert written.keys() == saved.keys() and all(torch.equal(written[k], saved[k]) for k in saved), name
