@@ -79,3 +79,19 @@ def test_a_camera_the_policy_does_not_read_is_named_at_start(tmp_path: Path) -> 
         "the policy does not read observation.image of the dataset; name them in --policy.input_features "
         "to use them"
     ]
+
+
+def test_diffusion_trains_its_image_encoder_on_observation_image(tmp_path: Path, clean_accelerate) -> None:
+    from accelerate.state import AcceleratorState
+
+    root = copy_fixture(tmp_path, "lerobot", "dataset_pusht_image")
+    flags = [f"--dataset.root={root}", "--policy.type=diffusion", "--policy.pretrained_backbone_weights=null"]
+    flags += ["--policy.horizon=8", "--policy.n_action_steps=4", "--policy.down_dims=[8,16]"]
+    flags += ["--policy.num_inference_steps=2", "--batch_size=2", "--num_workers=0", "--steps=1"]
+    flags += ["--save_freq=1", f"--output_dir={tmp_path / 'run'}"]
+    train(parse_config(flags))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    trained = trainer.load_policy(str(tmp_path / "run" / "checkpoints" / "last"))
+    assert trained.policy.config.input_features == ["observation.state", CAMERA]
+    assert trained.policy.config.image_shapes == {CAMERA: [3, 96, 96]}
+    assert any("rgb_encoder" in name for name in trained.policy.state_dict())
