@@ -57,5 +57,8 @@ def test_the_third_party_fixtures_are_committed() -> None:
         "tests/fixtures/lerobot_pi05_tiny/reference_padded_task.safetensors",
         "tests/fixtures/lerobot_diffusion_tiny/pretrained_model/model.safetensors",
         "tests/fixtures/lerobot_diffusion_tiny/reference.safetensors",
+        "tests/fixtures/lerobot/dataset_pusht_image/meta/info.json",
+        "tests/fixtures/lerobot_pusht_act/pretrained_model/model.safetensors",
+        "tests/fixtures/lerobot_pusht_act/reference_action.safetensors",
     ):
         assert required in names, f"{required} is not committed"

@@ -244,7 +244,7 @@ def _taller_top_camera(tmp_path: Path) -> str:
         (lambda t: _edited(t, "dataset_images", fps=30), [], "the mixture's members disagree on fps (dataset_tiny 10, dataset_images 30)"),
         (lambda t: _edited(t, "dataset_images", features__action__shape=[3]), [], "the mixture's members disagree on action size (dataset_tiny 2, dataset_images 3)"),
         (lambda t: _edited(t, "dataset_images", codebase_version="v2.1"), [], "mixture member 1 (dataset_images): "),
-        (_taller_top_camera, [ALL_CAMERAS], "the mixture's members disagree on the size of observation.images.top (dataset_video 3x24x40, dataset_images 3x48x40)"),
+        (_taller_top_camera, [ALL_CAMERAS], "mixture member 1 (dataset_images): its camera observation.images.top is 3x48x40, another member's 3x24x40: this policy reads frames at their recorded size"),
     ],
 )  # fmt: skip
 def test_members_that_disagree_are_refused_in_one_line(tmp_path, second, features, message) -> None:

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     import torch
 
 Stats = dict[str, dict[str, "torch.Tensor"]]
+# How a policy brings camera frames, (N, C, H, W) floats in [0, 1], to its input size
+# (`PolicyConfig.frame_resize`; a mixture whose members record one camera at different sizes uses it).
+FrameResize = Callable[["torch.Tensor"], "torch.Tensor"]
 """Mean and std (and the like) per batch key, for the normalization processors."""
 
 PAD_SUFFIX = "_is_pad"  # `<key>_is_pad`: which of a key's frames lie outside the sample's episode
@@ -162,11 +165,15 @@ class DatasetConfig(draccus.ChoiceRegistry):
         """Held-out data for `val_loss`, or None when the config holds none out."""
         return None
 
-    def serving(self, mixed_members: bool, padded: bool = True) -> DatasetConfig:
+    def serving(
+        self, mixed_members: bool, padded: bool = True, resize: FrameResize | None = None
+    ) -> DatasetConfig:
         """This config as it serves a policy that does (`mixed_members`) or does not take a mixture whose
         members differ (`PolicyConfig.takes_mixed_members`); `padded`: whether their state and action
-        sizes and cameras may differ too (`PolicyConfig.pads_mixed_members`). Only a mixture answers
-        otherwise than itself, so a dataset plugin implements `load` alone."""
+        sizes and cameras may differ too (`PolicyConfig.pads_mixed_members`); `resize`: how the policy
+        resizes its frames, so members may record a camera at different sizes
+        (`PolicyConfig.frame_resize`). Only a mixture answers otherwise than itself, so a dataset plugin
+        implements `load` alone."""
         return self
 
     def banner(self) -> list[str]:

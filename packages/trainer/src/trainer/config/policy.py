@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 import draccus
 
 from trainer.config.accelerator import dtype_flag
-from trainer.config.dataset import Embodiment, Frames
+from trainer.config.dataset import Embodiment, FrameResize, Frames
 from trainer.config.optim import AdamWConfig, CosineConfig, OptimizerConfig, SchedulerConfig
 from trainer.errors import ConfigError
 
@@ -170,6 +170,14 @@ class PolicyConfig(draccus.ChoiceRegistry):
         masked: SmolVLA), or in fps and statistics only (False: a policy of one layout, Diffusion
         Policy, whose members must agree on every size and camera). Default: `takes_mixed_members`."""
         return self.takes_mixed_members
+
+    def frame_resize(self) -> FrameResize | None:
+        """How the policy brings every camera frame to its own input size before reading it, when that
+        equals doing it in the data (cameras normalized IDENTITY): SmolVLA's and pi0/pi0.5's resize
+        with padding. A mixture whose members record one camera at different sizes is then served
+        through it (data/pipeline/resized.py); None (the default, ACT, Diffusion Policy, the MLPs):
+        the policy reads frames at their recorded size, so such a mixture is refused."""
+        return None
 
     def for_embodiment(self, embodiment: Embodiment) -> PolicyConfig:
         """This config for one robot of the mixture it was trained on (`load_policy(embodiment=)`,

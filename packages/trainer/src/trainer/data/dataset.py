@@ -11,7 +11,7 @@ outside one). Its config is a `DatasetConfig` subclass whose `load()` returns an
 - `gather(indices, frames)`: a batch `{observation.state, action, action_is_pad}` with the frames
   `config.dataset.Frames` names around each sample (the action chunk, the observation history), none
   taken across its episode's bounds (`<key>_is_pad` flags the padded ones), plus each camera among
-  `input_features` as `observation.images.<name>`: uint8 frames (B, C, H, W), or (B, T, C, H, W) with
+  `input_features` as `observation.images.<name>` (or `observation.image`, `is_camera`): uint8 frames (B, C, H, W), or (B, T, C, H, W) with
   a history, normalized by the policy's preprocessor;
 - with `task` among `input_features`, each frame's task text as UTF-8 bytes (`task_bytes`), for a
   policy that reads the language instruction;
@@ -54,6 +54,8 @@ CAMERA_MASK_SUFFIX = "_padding_mask"
 EMBODIMENT_KEY = "embodiment"
 CAMERA_PREFIX = "observation.images."
 ALL_CAMERAS = CAMERA_PREFIX + "*"  # in --policy.input_features: every camera of the dataset
+# LeRobot's name for a robot's only camera (its OBS_IMAGE: PushT's datasets, environment and policies).
+SINGLE_CAMERA = "observation.image"
 # In --policy.input_features: the frame's task text, gathered as UTF-8 bytes (B, longest) zero-padded
 # (a batch holds tensors only; a language policy decodes them with `task_texts`).
 TASK_KEY = "task"
@@ -66,7 +68,11 @@ IMAGENET_STATS = {
 
 
 def is_camera(feature: str) -> bool:
-    return feature.startswith(CAMERA_PREFIX)
+    """Whether a batch or policy feature holds a camera's frames. The data tells a camera by its
+    dtype (`image` or `video`, LeRobot's rule: `metadata.Info.cameras`); past the data only names
+    travel (a batch, a saved config.json), so a camera is served under one of LeRobot's two camera
+    names: `observation.images.<name>`, or `observation.image` for a robot's only camera (PushT)."""
+    return feature.startswith(CAMERA_PREFIX) or feature == SINGLE_CAMERA
 
 
 class ArrayDataset:

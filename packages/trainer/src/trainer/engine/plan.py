@@ -116,6 +116,7 @@ def resolve_plan(config: TrainConfig, world_size: int) -> tuple[RunPlan, RunData
         held_out=True,
         mixed_members=config.policy.takes_mixed_members,
         padded=config.policy.pads_mixed_members,
+        resize=config.policy.frame_resize(),
     )
     config = config.derive(policy=resolve_policy_features(config.policy, dataset))
     policy_note = config.policy.data_note()

@@ -64,8 +64,9 @@ class Info:
 
     @property
     def cameras(self) -> list[str]:
-        """`observation.images.*` image/video features: every one is a camera."""
-        return [n for n in self.visual_features if n.startswith("observation.images.")]
+        """Every image/video feature, whatever its name: LeRobot knows a camera by its dtype
+        (`observation.image` in its PushT datasets, `observation.images.<name>` elsewhere)."""
+        return self.visual_features
 
     def camera_shape(self, name: str) -> tuple[int, int, int]:
         """(C, H, W) of a camera, from info.json's `shape` in the layout its `names` declare:

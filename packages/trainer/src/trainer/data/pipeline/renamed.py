@@ -19,6 +19,7 @@ from trainer.config.dataset import (
     DatasetConfig,
     EmbodiedDataset,
     Embodiment,
+    FrameResize,
     Frames,
     Stats,
     embodiments_of,
@@ -34,14 +35,15 @@ def load_renamed(
     held_out: bool,
     mixed_members: bool = False,
     padded: bool = True,
+    resize: FrameResize | None = None,
 ) -> tuple[Dataset, Dataset | None, str]:
     """The data (and with `held_out` the held-out data) for a policy that reads `input_features`
     under `rename`: the dataset is asked for its own names and served under the policy's. Returns the
     note naming the renames that matched no feature the run reads ("" if none). `mixed_members`: the
-    policy's `takes_mixed_members`, `padded` its `pads_mixed_members`."""
+    policy's `takes_mixed_members`, `padded` its `pads_mixed_members`, `resize` its `frame_resize`."""
     dataset_name = {new: old for old, new in rename.items()}
     asked = [dataset_name.get(name, name) for name in input_features]
-    serving = config.serving(mixed_members, padded)
+    serving = config.serving(mixed_members, padded, resize)
     dataset = serving.load(asked)
     validation = serving.load_validation(dataset.input_features) if held_out else None
     unused = [old for old in rename if old not in dataset.input_features]

@@ -34,6 +34,7 @@ from trainer.data.dataset import (
     TASK_KEY,
     ArrayDataset,
     check_input_features,
+    is_camera,
 )
 from trainer.data.format import metadata as fmt
 from trainer.data.format import validate
@@ -218,6 +219,7 @@ def _load(
     columns = [*features, ACTION_KEY, *extra]
     frames, lengths = fmt.read_frames(info, episodes, ranges, columns)
     saved, notes = fmt.read_stats(info)
+    notes += _unread_note(info, [*features, *cameras])
     skipped = validate.nonfinite_episodes(
         root,
         {n: frames[n] for n in [*features, ACTION_KEY]},
@@ -252,6 +254,18 @@ def _load(
     return dataset
 
 
+def _unread_note(info: fmt.Info, read: Sequence[str]) -> list[str]:
+    """The banner's line naming the dataset's cameras and observation vectors the policy does not
+    read, so none is left out without a word."""
+    unread = [n for n in (*info.cameras, *info.observation_features) if n not in read]
+    if not unread:
+        return []
+    return [
+        f"the policy does not read {', '.join(unread)} of the dataset; name them in "
+        "--policy.input_features to use them"
+    ]
+
+
 def _task_texts(root: DatasetPath, task_index: np.ndarray) -> list[str]:
     """Each frame's task text (meta/tasks.parquet); a frame whose task is not listed is refused."""
     table = fmt.read_tasks(root)
@@ -265,13 +279,13 @@ def _task_texts(root: DatasetPath, task_index: np.ndarray) -> list[str]:
 
 
 def _requested_cameras(info: fmt.Info, requested: Sequence[str]) -> list[str]:
-    """The cameras among the requested features (`observation.images.*` names every camera: how a
-    camera policy's config asks for them by default); a depth map, audio or a non-camera image is
-    refused."""
+    """The cameras among the requested features (`observation.images.*` names every camera, whatever
+    its name: how a camera policy's config asks for them by default); a depth map, audio, or a camera
+    the batch cannot carry under its name (`is_camera`) is refused rather than dropped."""
     cameras = []
     for name in requested:
         if name == ALL_CAMERAS:
-            cameras += [n for n in info.cameras if n not in cameras]
+            cameras += [_servable(info, n) for n in info.cameras if n not in cameras]
             continue
         feature = info.features.get(name, {})
         if feature.get("dtype") == "audio" or feature.get("info", {}).get("is_depth_map"):
@@ -280,13 +294,19 @@ def _requested_cameras(info: fmt.Info, requested: Sequence[str]) -> list[str]:
                 f"--policy.input_features names {name!r}, a {kind}: the trainer reads RGB cameras only; drop it"
             )
         if feature.get("dtype") in fmt.VISUAL_DTYPES:
-            if name not in info.cameras:
-                raise ConfigError(
-                    f"--policy.input_features names {name!r}, a {feature['dtype']} feature outside "
-                    "observation.images.*: only cameras are decoded; rename it or drop it"
-                )
-            cameras.append(name)
+            cameras.append(_servable(info, name))
     return cameras
+
+
+def _servable(info: fmt.Info, camera: str) -> str:
+    """`camera`, when a batch can carry it under its name (`is_camera`: LeRobot's camera names)."""
+    if not is_camera(camera):
+        raise ConfigError(
+            f"{info.root}: camera {camera!r} ({info.features[camera]['dtype']} feature) has a name the "
+            "trainer cannot serve a camera under; rename the feature in meta/info.json to "
+            "observation.images.<name> (or observation.image, a robot's only camera)"
+        )
+    return camera
 
 
 def open_dataset(

@@ -40,12 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_tools import layout
-from trainer.config.dataset import Dataset, DatasetConfig
+from trainer.config.dataset import Dataset, DatasetConfig, FrameResize
 from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, TASK_KEY, is_camera
 from trainer.data.format import metadata as fmt
 from trainer.data.pipeline.embodiments import MixedMixture
 from trainer.data.pipeline.mixture import Mixture
 from trainer.data.pipeline.renamed import RenamedDataset
+from trainer.data.pipeline.resized import ResizedFrames, resized_shape
 from trainer.data.sources.lerobot import LeRobotConfig
 from trainer.errors import ConfigError
 
@@ -91,8 +92,9 @@ class MixtureConfig(LeRobotConfig):
 
     def __post_init__(self) -> None:
         # set per copy by `serving` (the policy's, not the run's: not fields, so not saved): the policy
-        # takes members that differ, and pads their sizes and cameras
+        # takes members that differ, pads their sizes and cameras, resizes its frames (FrameResize)
         self.mixed_members, self.padded = False, True
+        self.resize: FrameResize | None = None
         given = _given_members(self)
         if given and self.members:
             raise ConfigError(
@@ -146,12 +148,15 @@ class MixtureConfig(LeRobotConfig):
         except ConfigError as exc:
             raise ConfigError(f"mixture member {index} ({self.labels()[index]}): {exc}") from None
 
-    def serving(self, mixed_members: bool, padded: bool = True) -> MixtureConfig:
+    def serving(
+        self, mixed_members: bool, padded: bool = True, resize: FrameResize | None = None
+    ) -> MixtureConfig:
         """A copy that loads members that differ as a `MixedMixture` when the policy takes them (with
         `padded` false, when they differ in fps and statistics only), and refuses them in one line
-        otherwise (the flags are the policy's, not the run's: they are not saved)."""
+        otherwise; with `resize`, members may record one camera at different sizes (the flags are the
+        policy's, not the run's: they are not saved)."""
         copy = dataclasses.replace(self, members=list(self.members))
-        copy.mixed_members, copy.padded = mixed_members, padded
+        copy.mixed_members, copy.padded, copy.resize = mixed_members, padded, resize
         return copy
 
     def load(self, input_features: Sequence[str] = ()) -> Mixture:
@@ -185,11 +190,13 @@ class MixtureConfig(LeRobotConfig):
                 data = config.load_validation(asked) if held_out else config.load(asked)
                 assert data is not None  # held out: every member holds some out (eval_split)
                 datasets.append(RenamedDataset(data, member.rename_map) if member.rename_map else data)
-        check_sizes(infos, self.members, self.labels(), datasets[0].input_features)
+        datasets, shapes = self._fit_frames(infos, datasets)
+        vectors = [n for n in datasets[0].input_features if n not in shapes and n != TASK_KEY]
+        check_sizes(infos, self.members, self.labels(), vectors)  # the cameras' sizes: _fit_frames
         # held out: every frame counts once, so val_loss is over the held-out frames as they are
         weights = [float(len(d)) for d in datasets] if held_out else [m.weight for m in self.members]
         if mixed:  # one layout, each member at its own fps with its own statistics
-            return MixedMixture(datasets, weights, self.labels(), self._camera_shapes(infos, datasets))
+            return MixedMixture(datasets, weights, self.labels(), shapes)
         return Mixture(datasets, weights, self.labels())
 
     def _load_mixed(self, infos: Sequence[fmt.Info], requested: Sequence[str], held_out: bool) -> Mixture:
@@ -206,7 +213,7 @@ class MixtureConfig(LeRobotConfig):
                 data = config.load_validation(asked) if held_out else config.load(asked)
                 assert data is not None  # held out: every member holds some out (eval_split)
             datasets.append(RenamedDataset(data, rename) if rename else data)
-        shapes = self._camera_shapes(infos, datasets)
+        datasets, shapes = self._fit_frames(infos, datasets)
         missing = [n for n in requested if _named(n) and not any(n in d.input_features for d in datasets)]
         if missing:
             raise ConfigError(
@@ -215,25 +222,42 @@ class MixtureConfig(LeRobotConfig):
         weights = [float(len(d)) for d in datasets] if held_out else [m.weight for m in self.members]
         return MixedMixture(datasets, weights, self.labels(), shapes)
 
-    def _camera_shapes(
+    def _fit_frames(
         self, infos: Sequence[fmt.Info], datasets: Sequence[Dataset]
-    ) -> dict[str, tuple[int, int, int]]:
-        """(C, H, W) of every camera a member serves, under the mixture's names: one frame size per
-        name (a second one is refused in one line naming the member)."""
-        shapes: dict[str, tuple[int, int, int]] = {}
+    ) -> tuple[list[Dataset], dict[str, tuple[int, int, int]]]:
+        """The members as served, and (C, H, W) of every camera a member serves, under the mixture's
+        names. A camera the members record at different sizes goes through the policy's own resize
+        (`ResizedFrames`) when it has one, and is refused in one line naming the member otherwise."""
+        sizes: dict[str, dict[tuple[int, int, int], int]] = {}  # camera -> its sizes, each's first member
         for index, (member, info, data) in enumerate(zip(self.members, infos, datasets, strict=True)):
-            rename = member.rename_map
             for camera in info.cameras:
-                name, shape = rename.get(camera, camera), info.camera_shape(camera)
-                if name not in data.input_features:  # a camera it records but does not serve
-                    continue
-                if shapes.setdefault(name, shape) != shape:
-                    raise ConfigError(
-                        f"mixture member {index} ({self.labels()[index]}): its camera {name} is "
-                        f"{'x'.join(map(str, shape))}, another member's {'x'.join(map(str, shapes[name]))}: "
-                        "give one name one frame size (map it to another name in the member's rename_map)"
-                    )
-        return shapes
+                name = member.rename_map.get(camera, camera)
+                if name in data.input_features:  # not a camera it records but does not serve
+                    sizes.setdefault(name, {}).setdefault(info.camera_shape(camera), index)
+        differ = [name for name, seen in sizes.items() if len(seen) > 1]
+        if differ and self.resize is None:
+            self._refuse_sizes(differ[0], sizes[differ[0]])
+        shapes = {name: next(iter(seen)) for name, seen in sizes.items()}
+        if not differ:
+            return list(datasets), shapes
+        assert self.resize is not None
+        resize = self.resize
+        shapes.update({name: resized_shape(resize, shapes[name]) for name in differ})
+        served: list[Dataset] = []
+        for data in datasets:
+            own = [name for name in differ if name in data.input_features]
+            served.append(ResizedFrames(data, own, resize) if own else data)
+        return served, shapes
+
+    def _refuse_sizes(self, name: str, seen: dict[tuple[int, int, int], int]) -> None:
+        """One camera at two sizes, for a policy that reads frames at their recorded size."""
+        (first, _), (shape, index) = list(seen.items())[:2]
+        raise ConfigError(
+            f"mixture member {index} ({self.labels()[index]}): its camera {name} is "
+            f"{'x'.join(map(str, shape))}, another member's {'x'.join(map(str, first))}: this policy reads "
+            "frames at their recorded size; give one name one frame size (map it to another name in the "
+            "member's rename_map), or train a policy that resizes its frames (--policy.type=smolvla, pi0, pi05)"
+        )
 
     def banner(self) -> list[str]:
         total = sum(member.weight for member in self.members)
@@ -436,7 +460,7 @@ def check_features(info: fmt.Info, rename: dict[str, str], features: Sequence[st
                 f"has no camera {name} (its cameras: {', '.join(cameras) or 'none'}): map one of its cameras "
                 f"to it in the member's rename_map, or leave {name} out of --policy.input_features{DIFFER_HINT}"
             )
-        if not is_camera(name) and name not in vectors:
+        if not is_camera(name) and name != TASK_KEY and name not in vectors:  # every dataset has tasks
             raise ConfigError(
                 f"has no feature {name} (its observation features: {', '.join(vectors) or 'none'}): map one "
                 "of its features to it in the member's rename_map, or name the features to train on in "
@@ -450,12 +474,12 @@ def check_sizes(
     labels: Sequence[str],
     features: Sequence[str],
 ) -> None:
-    """Each feature the run reads has one size (a camera one shape) across the members."""
+    """Each observation vector the run reads has one size across the members."""
     for name in features:
         sizes = []
         for info, member in zip(infos, members, strict=True):
             own = {new: old for old, new in member.rename_map.items()}.get(name, name)
-            sizes.append(info.camera_shape(own) if is_camera(name) else (info.size(own),))
+            sizes.append((info.size(own),))
         if len(set(sizes)) > 1:
             listed = ", ".join(
                 f"{label} {'x'.join(map(str, size))}" for label, size in zip(labels, sizes, strict=True)

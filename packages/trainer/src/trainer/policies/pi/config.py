@@ -13,11 +13,13 @@ refused in `__post_init__` with one line naming the flag.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainer.config.dataset import FrameResize
 from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
 from trainer.config.policy import LeRobotAdapter, PolicyConfig
 from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, TASK_KEY
@@ -25,6 +27,7 @@ from trainer.data.pipeline.normalization import stats_by_type
 from trainer.errors import ConfigError
 from trainer.policies.common.vla import features as vla_features
 from trainer.policies.common.vla import presets
+from trainer.policies.common.vla.images import resize_with_pad
 
 if TYPE_CHECKING:
     from trainer.policies.common.base import Policy
@@ -227,6 +230,14 @@ class PI0Config(PolicyConfig):
     def cast_dtype(self) -> None:
         """None: the policy places LeRobot's dtypes itself (bfloat16 keeps its float32 parts)."""
         return None
+
+    def frame_resize(self) -> FrameResize | None:
+        """openpi's resize with centred padding to `image_resolution` (policy.py), for cameras left
+        unnormalized (IDENTITY, LeRobot's default): `PolicyConfig.frame_resize`."""
+        if self.normalization_mapping.get("VISUAL") != "IDENTITY":
+            return None
+        height, width = self.image_resolution
+        return functools.partial(resize_with_pad, height=height, width=width, centred=True)
 
     def policy_class(self) -> type[Policy]:
         from trainer.policies.pi.policy import PI0Policy

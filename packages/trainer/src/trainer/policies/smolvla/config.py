@@ -9,16 +9,18 @@ its adapter (`lerobot.py`) maps that schema back onto this dataclass when a LeRo
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trainer.config.dataset import Embodiment
+from trainer.config.dataset import Embodiment, FrameResize
 from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
 from trainer.config.policy import LEROBOT_RUN_FIELDS, LeRobotAdapter, PolicyConfig
 from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, TASK_KEY
 from trainer.data.pipeline.normalization import NORMALIZATION_MODES, stats_by_type
 from trainer.errors import ConfigError
 from trainer.policies.common.vla import features, presets
+from trainer.policies.common.vla.images import resize_with_pad
 
 if TYPE_CHECKING:
     from trainer.policies.common.base import Policy
@@ -174,6 +176,14 @@ class SmolVLAConfig(PolicyConfig):
         """SmolVLA pads state and action to max_state_dim / max_action_dim and masks empty camera slots:
         members of different shapes fit (the loss skips the padded action dims, policy.py)."""
         return True
+
+    def frame_resize(self) -> FrameResize | None:
+        """SmolVLA's own resize with left/top padding to `resize_imgs_with_padding` (policy.py), for
+        cameras left unnormalized (IDENTITY, LeRobot's default): `PolicyConfig.frame_resize`."""
+        if self.resize_imgs_with_padding is None or self.normalization_mapping.get("VISUAL") != "IDENTITY":
+            return None
+        width, height = self.resize_imgs_with_padding
+        return functools.partial(resize_with_pad, height=height, width=width)
 
     def for_embodiment(self, embodiment: Embodiment) -> SmolVLAConfig:
         """One robot's sizes and features (`PolicyConfig.for_embodiment`), and its cameras' frame shapes
