@@ -25,6 +25,7 @@ from trainer.config.dataset import (
     embodiments_of,
 )
 from trainer.data.dataset import CAMERA_MASK_SUFFIX
+from trainer.data.pipeline.view import DatasetView
 
 
 def load_renamed(
@@ -59,18 +60,14 @@ def load_renamed(
     return RenamedDataset(dataset, rename), renamed_validation, note
 
 
-class RenamedDataset:
+class RenamedDataset(DatasetView):
     """`inner` with its keys renamed by `rename` (dataset name -> policy name); other keys unchanged."""
 
     def __init__(self, inner: Dataset, rename: Mapping[str, str]) -> None:
-        self.inner, self.rename = inner, dict(rename)
+        super().__init__(inner)
+        self.rename = dict(rename)
         self.input_features = [self.rename.get(name, name) for name in inner.input_features]
         self.vector_widths = {self.rename.get(n, n): w for n, w in inner.vector_widths.items()}
-        # decoding datasets (cameras) gather in the loader's workers; the wrapper pickles with them
-        self.gather_in_workers = inner.gather_in_workers
-        # a mixture's draw order by weight (data/pipeline/mixture.py), which the sampler follows
-        self.weighted_order = inner.weighted_order
-        self.notes: list[str] = list(getattr(inner, "notes", []))  # the banner's lines about the data
         # a mixture's robots (members that differ), their features renamed too; [] for one robot's data
         self.embodiments = [
             Embodiment(
@@ -78,17 +75,6 @@ class RenamedDataset:
             )
             for e in embodiments_of(inner)
         ]
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    @property
-    def obs_dim(self) -> int:
-        return self.inner.obs_dim
-
-    @property
-    def action_dim(self) -> int:
-        return self.inner.action_dim
 
     def gather(self, indices: torch.Tensor, frames: Frames | int) -> dict[str, torch.Tensor]:
         return {self._renamed(k): v for k, v in self.inner.gather(indices, frames).items()}
@@ -112,9 +98,3 @@ class RenamedDataset:
 
     def _renamed_stats(self, stats: Stats) -> Stats:
         return {self.rename.get(k, k): v for k, v in stats.items()}
-
-    def episode_bounds(self) -> torch.Tensor:
-        return self.inner.episode_bounds()
-
-    def distinct_tasks(self) -> list[str]:
-        return self.inner.distinct_tasks()

@@ -15,8 +15,9 @@ from collections.abc import Sequence
 
 import torch
 
-from trainer.config.dataset import Dataset, FrameResize, Frames, Stats
+from trainer.config.dataset import Dataset, FrameResize, Frames
 from trainer.data.dataset import frames_as_float
+from trainer.data.pipeline.view import DatasetView
 
 
 def resized_shape(resize: FrameResize, shape: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -25,28 +26,12 @@ def resized_shape(resize: FrameResize, shape: tuple[int, int, int]) -> tuple[int
     return int(channels), int(height), int(width)
 
 
-class ResizedFrames:
+class ResizedFrames(DatasetView):
     """`inner` with the frames of `cameras` passed through `resize` (float, any leading axes)."""
 
     def __init__(self, inner: Dataset, cameras: Sequence[str], resize: FrameResize) -> None:
-        self.inner, self.cameras, self.resize = inner, list(cameras), resize
-        self.input_features = list(inner.input_features)
-        self.vector_widths = dict(inner.vector_widths)
-        # decoding datasets (cameras) gather in the loader's workers; the wrapper pickles with them
-        self.gather_in_workers = inner.gather_in_workers
-        self.weighted_order = inner.weighted_order
-        self.notes: list[str] = list(getattr(inner, "notes", []))  # the banner's lines about the data
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    @property
-    def obs_dim(self) -> int:
-        return self.inner.obs_dim
-
-    @property
-    def action_dim(self) -> int:
-        return self.inner.action_dim
+        super().__init__(inner)
+        self.cameras, self.resize = list(cameras), resize
 
     def gather(self, indices: torch.Tensor, frames: Frames | int) -> dict[str, torch.Tensor]:
         batch = self.inner.gather(indices, frames)
@@ -55,12 +40,3 @@ class ResizedFrames:
             flat = self.resize(frames_of.reshape(-1, *frames_of.shape[-3:]))
             batch[name] = flat.reshape(*frames_of.shape[:-3], *flat.shape[1:])
         return batch
-
-    def stats(self) -> Stats:
-        return self.inner.stats()
-
-    def episode_bounds(self) -> torch.Tensor:
-        return self.inner.episode_bounds()
-
-    def distinct_tasks(self) -> list[str]:
-        return self.inner.distinct_tasks()
