@@ -19,6 +19,7 @@ from ckpt_tools import Ranking, Topology
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import Dataset, DatasetConfig
 from trainer.config.ema import EmaConfig
+from trainer.config.fault_tolerance import FaultToleranceSection
 from trainer.config.optim import OptimizerConfig, SchedulerConfig
 from trainer.config.peft import PeftConfig
 from trainer.config.policy import PolicyConfig
@@ -192,3 +193,5 @@ class RunPlan:
     notes: tuple[str, ...]
     dataset: Dataset
     val_dataset: Dataset | None
+    fault_tolerance: FaultToleranceSection | None = None
+    """The replica group's wiring with --fault_tolerance.enable (None: a run without torchft)."""

@@ -31,6 +31,7 @@ from ckpt_tools import Ranking, Topology, default_mode
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import Dataset
 from trainer.config.environment import check_installed
+from trainer.config.fault_tolerance import check_composition, resolve_fault_tolerance
 from trainer.config.optim import OptimizerConfig, SchedulerConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.sections import (
@@ -89,6 +90,10 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
     config = copy.deepcopy(config)  # nothing the plan holds is reachable from the caller's object
     parallelism, layout_note = settle_parallelism(config, world_size)
     topology = resolve_topology(parallelism, world_size)
+    check_composition(
+        config.fault_tolerance, topology.dp_replicate, config.accelerator.gradient_accumulation.steps
+    )
+    fault_tolerance = resolve_fault_tolerance(config.fault_tolerance, os.environ, config.collective_timeout_s)
     checkpoint_format, format_note = settle_checkpoint_format(config, topology)
     wandb, trackio = resolve_run_ids(config.wandb, config.trackio, config.resume, config.run_name)
     optimizer, scheduler, source = resolve_optimization(config)
@@ -136,6 +141,7 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
         notes=notes,
         dataset=dataset,
         val_dataset=val_dataset,
+        fault_tolerance=fault_tolerance,
     )
 
 
