@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from trainer.config.sections import RunPlan
+from trainer.distributed.fault_tolerance import Membership
 from trainer.distributed.interrupt import Agreement, Interrupted, Interrupts
 from trainer.distributed.runlock import RunLock, watch_launcher
 from trainer.engine.banner import run_banner
@@ -72,6 +73,7 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
         logger.close()
         raise
     last_checkpoint = checkpoints.finish()
+    run.replicas.close()
     evaluation = plan.evaluation
     with _evaluated_weights(run, plan, logger):
         returns = score_at_end(run.accelerator, run.model, run.preprocessor, run.postprocessor, evaluation)
@@ -140,7 +142,10 @@ def _run_steps(
         boundary = step % accum == 0 or step == total
         agreement: list[Agreement] = []
         check = partial(_start_agreement, agreement, interrupts, accelerator.device, checkpoints)
-        loss, norm = _train_step(run, run.preprocessor(next(batches)), clip, check if boundary else None)
+        _log_membership(logger, step, run.replicas.start_step(step))
+        loss, norm = _train_step(
+            run, step, run.preprocessor(next(batches)), clip, check if boundary else None
+        )
         if norm is not None:  # an optimizer update: the schedule catches up with the loop steps
             grad_norm = norm
             _advance_schedule(run.scheduler, step)
@@ -182,6 +187,18 @@ def _log_window(
     return loss
 
 
+def _log_membership(logger: Logger, step: int, membership: Membership | None) -> None:
+    """A fault-tolerant run's change of live replica groups, on the console and in metrics.jsonl."""
+    if membership is not None:
+        logger.note(
+            f"step {step}: quorum of {membership.replicas} replica groups",
+            event="quorum",
+            step=step,
+            replicas=membership.replicas,
+            replica_rank=membership.replica_rank,
+        )
+
+
 def _log_val_loss(run: Run, batch_size: int, logger: Logger, step: int) -> float:
     """Collective. The held-out loss, on the console and in metrics.jsonl (`"event": "val"`); for a
     mixture each member's too (`val_loss/<member>`). Returns it."""
@@ -193,6 +210,7 @@ def _log_val_loss(run: Run, batch_size: int, logger: Logger, step: int) -> float
 
 def _train_step(
     run: Run,
+    step: int,
     batch: dict[str, torch.Tensor],
     clip: float,
     before_update: Callable[[], None] | None = None,
@@ -208,8 +226,10 @@ def _train_step(
         loss, _ = model(batch)
         accelerator.backward(loss)
         if accelerator.sync_gradients:  # an infinite threshold measures the norm without clipping
+            run.replicas.average_gradients(model)  # over the live replica groups (fault tolerance)
             norm = accelerator.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))
             grad_norm = norm.detach()
+            run.replicas.commit(step)
         if before_update is not None:
             before_update()
         run.optimizer.step()

@@ -15,6 +15,7 @@ from trainer.config.sections import RunPlan
 from trainer.data.pipeline.feed import DataFeed
 from trainer.data.pipeline.processors import Processor, build_processors, embodied_processors
 from trainer.distributed.factory import build_accelerator, prepare
+from trainer.distributed.fault_tolerance import data_split, join_replica_group
 from trainer.distributed.runlock import RunLock
 from trainer.distributed.wrap import WrapPlan
 from trainer.engine import build as model_build
@@ -54,13 +55,16 @@ def start_run(plan: RunPlan, lock: RunLock, notes: list[str]) -> Started:
     )  # before anything is written to output_dir
     if lock_note:
         notes.append(lock_note)
+    data_world, data_rank = data_split(
+        plan.fault_tolerance, topology.dp_world_size, accelerator.process_index
+    )
     feed = DataFeed(
         plan.data,
         dataset,
         plan.val_dataset,
         section.policy.frames,
-        dp_world_size=topology.dp_world_size,
-        rank=accelerator.process_index,
+        dp_world_size=data_world,
+        rank=data_rank,
         device=accelerator.device,
         drop_last_frames=section.policy.drop_n_last_frames,
     )
@@ -105,6 +109,9 @@ def start_run(plan: RunPlan, lock: RunLock, notes: list[str]) -> Started:
         start_step=resume_point.start_step,
         check_lock=lock.check,
         ema=ema,
+        replicas=join_replica_group(
+            plan.fault_tolerance, accelerator.process_index, accelerator.num_processes, unwrapped
+        ),
     )
     return Started(run, wrap_plan, resume_point)
 
