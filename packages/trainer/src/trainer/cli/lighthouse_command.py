@@ -15,13 +15,13 @@ from trainer.distributed.fault_tolerance import serve_lighthouse
 from trainer.errors import ConfigError
 
 USAGE = (
-    "usage: trainer lighthouse [--bind=[::]:29510] [--min_replicas=1] [--join_timeout_ms=60000] "
+    "usage: trainer lighthouse [--bind=[::]:29510] [--min_replicas=1] [--join_timeout_ms=10000] "
     "[--quorum_tick_ms=100] [--heartbeat_timeout_ms=5000]"
 )
 _DEFAULTS = {
     "bind": "[::]:29510",
     "min_replicas": "1",
-    "join_timeout_ms": "60000",
+    "join_timeout_ms": "10000",
     "quorum_tick_ms": "100",
     "heartbeat_timeout_ms": "5000",
 }

@@ -35,8 +35,8 @@ class FaultToleranceConfig:
     group_size: int = 1
     """Replica groups the job is made of (each one launch); the data is split over all of them."""
     min_replica_size: int = 1
-    """Fewest live groups a step is applied with; with fewer, nothing of the step is applied and the
-    group stops with one line."""
+    """Fewest live groups a step is applied with; with fewer, nothing of the step is applied and it is
+    trained again after the next quorum."""
     lighthouse: str | None = None
     """The Lighthouse's address (http://host:port); unset: the TORCHFT_LIGHTHOUSE environment
     variable, as torchft reads it."""
@@ -109,12 +109,20 @@ def resolve_fault_tolerance(
     )
 
 
-def check_composition(config: FaultToleranceConfig, dp_replicate: int, grad_accum_steps: int) -> None:
+def check_composition(
+    config: FaultToleranceConfig, dp_replicate: int, grad_accum_steps: int, evaluator: bool
+) -> None:
     """What fault tolerance composes with in this first slice. The replicas are torchft's replica groups
-    (one launch each), never a fixed-size mesh dimension inside one launch; and a step is one optimizer
-    update (gradient accumulation under a quorum per window is not built yet)."""
+    (one launch each), never a fixed-size mesh dimension inside one launch; a step is one optimizer
+    update (gradient accumulation under a quorum per window is not built yet); the evaluator beside
+    the run is not shared by the groups yet."""
     if not config.enable:
         return
+    if evaluator:
+        raise ConfigError(
+            "--env.type with --env_eval_freq > 0 (the evaluator beside the run) and --fault_tolerance.enable=true "
+            "is not supported yet: set --env_eval_freq=0 and score the checkpoints with `trainer eval --watch`"
+        )
     if dp_replicate > 1:
         raise ConfigError(
             f"--parallelism.dp_replicate={dp_replicate} with --fault_tolerance.enable=true: the replicas are "
@@ -126,3 +134,10 @@ def check_composition(config: FaultToleranceConfig, dp_replicate: int, grad_accu
             f"--accelerator.gradient_accumulation.steps={grad_accum_steps} with --fault_tolerance.enable=true "
             "is not supported yet: use 1 (raise --batch_size instead)"
         )
+
+
+def group_dir(output_dir: str, config: FaultToleranceConfig) -> str:
+    """Where a replica group keeps what is its own: its run lock and its metrics.jsonl
+    (`<output_dir>/replica_<id>`); the checkpoints are the job's, in `output_dir`. Without fault
+    tolerance, `output_dir` itself."""
+    return f"{output_dir.rstrip('/')}/replica_{config.replica_id}" if config.enable else output_dir

@@ -16,8 +16,8 @@ a run or the Lighthouse asks for it.
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.config.fault_tolerance import FaultToleranceSection
+from trainer.distributed.heal_state import GroupState
 from trainer.errors import ConfigError, RunFailedError
 
 if TYPE_CHECKING:
@@ -62,29 +63,44 @@ def serve_lighthouse(
 
 
 @dataclass(frozen=True)
-class Membership:
-    """Who took part in a step, as the quorum said: the live groups and this group's rank among them."""
+class Quorum:
+    """A step's quorum as this group sees it."""
 
     replicas: int
+    """The live groups taking part."""
     replica_rank: int | None
-    """None: this group is a spare (fixed_with_spares) or healing, and contributes zero gradients."""
+    """This group's rank among them (0: the lowest live replica id, the one that saves); None: a spare
+    (fixed_with_spares), contributing zero gradients."""
+    changed: bool
+    """The membership differs from the previous step's (a metrics.jsonl record)."""
+    trained: bool
+    """The live peers have trained this step already: this group healed from them and skips it."""
 
 
 class SingleGroup:
     """A run without fault tolerance: one group, every step committed, nothing exchanged."""
 
-    def start_step(self, step: int) -> Membership | None:
-        """No quorum: membership never changes."""
-        return None
+    saves = True
+    """Whether this group writes the checkpoints (the lowest live replica id)."""
+
+    def join(self, start_step: int) -> int:
+        """The step the loop starts after: where the run resumed."""
+        return start_step
+
+    def start_step(self, step: int) -> Quorum:
+        """No quorum: the membership never changes."""
+        return Quorum(1, 0, changed=False, trained=False)
 
     def average_gradients(self, model: torch.nn.Module) -> None:
         """The launch's own reduction (DDP, FSDP2) is the whole average."""
 
-    def commit(self, step: int) -> None:
+    def commit(self, step: int) -> bool:
         """Every step is applied."""
+        return True
 
-    def close(self) -> None:
-        """Nothing to shut down."""
+    def finish(self, step: int, model: torch.nn.Module) -> dict[str, Any] | None:
+        """At the end of the run: nothing to shut down, nothing to report."""
+        return None
 
 
 SINGLE_GROUP = SingleGroup()
@@ -94,12 +110,7 @@ class ReplicaGroup(SingleGroup):
     """This launch as one replica group of a torchft job (its Manager on every rank of the launch)."""
 
     def __init__(
-        self,
-        section: FaultToleranceSection,
-        group_rank: int,
-        group_world: int,
-        state_dict: Callable[[], dict[str, Any]],
-        load_state_dict: Callable[[dict[str, Any]], None],
+        self, section: FaultToleranceSection, group_rank: int, group_world: int, state: GroupState
     ) -> None:
         _require_torchft("--fault_tolerance.enable=true")
         from torchft import Manager, ProcessGroupGloo
@@ -110,8 +121,8 @@ class ReplicaGroup(SingleGroup):
         self._store, store_addr, store_port = _group_store(group_world)
         self._manager: Manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout),
-            load_state_dict=load_state_dict,
-            state_dict=state_dict,
+            load_state_dict=state.load_state_dict,
+            state_dict=state.state_dict,
             min_replica_size=section.min_replica_size,
             use_async_quorum=False,  # a healing group loads its peer's state before its forward pass
             timeout=timeout,
@@ -123,30 +134,62 @@ class ReplicaGroup(SingleGroup):
             store_addr=store_addr,
             store_port=store_port,
             lighthouse_addr=section.lighthouse,
-            replica_id=f"replica_{section.replica_id}",
+            # the quorum ranks groups by this id as a string: zero-padded, rank 0 is the lowest id
+            replica_id=f"replica_{section.replica_id:06d}",
             init_sync=False,  # every group initializes the same weights from --seed
         )
-        self._membership: Membership | None = None
+        self._members: tuple[int, int | None] | None = None
+        self._joined: Quorum | None = None
+        self.saves = False
 
-    def start_step(self, step: int) -> Membership | None:
-        """Collective over the group. The quorum of this step (healing from a peer first, when this
-        group is behind); returns the membership when it changed since the last step, else None."""
-        self._manager.start_quorum(timeout=timedelta(seconds=self._section.quorum_timeout_s))
-        membership = Membership(self._manager.num_participants(), self._manager.participating_rank())
-        if membership.replicas > self._section.group_size:
+    def join(self, start_step: int) -> int:
+        """Collective over the group, before the loop. This group's first quorum, at `start_step`
+        (where it resumed): when live peers are further on, it heals from one of them (model,
+        optimizer, schedule, EMA, sampler, RNG) and the loop starts after their step. The quorum
+        serves the loop's first step, which the live groups take together with this one."""
+        self._manager.load_state_dict({"step": start_step, "batches_committed": 0})
+        self._joined = self._quorum(start_step + 1, joining=True)
+        return self._manager.current_step()
+
+    def start_step(self, step: int) -> Quorum:
+        """Collective over the group. This step's quorum (the one taken at `join` for the first step),
+        healing first when this group is behind its live peers."""
+        joined, self._joined = self._joined, None
+        return joined if joined is not None else self._quorum(step)
+
+    def _quorum(self, step: int, joining: bool = False) -> Quorum:
+        """The quorum of loop step `step`; a group behind its peers heals first. Only a joining group
+        may heal past more than this step: the loop has not started its data feed yet."""
+        timeout = self._section.quorum_timeout_s
+        try:
+            self._manager.start_quorum(timeout=timedelta(seconds=timeout))
+        except (RuntimeError, TimeoutError) as exc:
             raise RunFailedError(
-                f"the quorum at step {step} holds {membership.replicas} replica groups, more than "
+                f"no quorum for step {step} within --fault_tolerance.quorum_timeout_s={timeout} (is the "
+                f"Lighthouse {self._section.lighthouse} up, with --min_replicas groups alive?): "
+                f"{' '.join(str(exc).split())[:160]}"
+            ) from None
+        members = (self._manager.num_participants(), self._manager.participating_rank())
+        if members[0] > self._section.group_size:
+            raise RunFailedError(
+                f"the quorum at step {step} holds {members[0]} replica groups, more than "
                 f"--fault_tolerance.group_size={self._section.group_size}: give every group the same "
                 "--fault_tolerance.group_size (the groups of the job) and a distinct --fault_tolerance.replica_id"
             )
-        changed = membership != self._membership
-        self._membership = membership
-        return membership if changed else None
+        done = self._manager.current_step()
+        if done > step and not joining:
+            raise RunFailedError(
+                f"replica group {self._section.replica_id} healed to step {done} while at step {step}: "
+                "its data feed cannot skip ahead mid-run; relaunch it with --resume=true"
+            )
+        changed, self._members = members != self._members, members
+        self.saves = members[1] == 0
+        return Quorum(*members, changed=changed, trained=done == step and not joining)
 
     def average_gradients(self, model: torch.nn.Module) -> None:
         """Collective across the live groups: each gradient (this rank's shard of it under FSDP2)
         averaged with the same rank of every other group; a failed exchange marks the step, which
-        `should_commit` then refuses."""
+        `commit` then refuses."""
         works = [
             self._manager.allreduce(_local(param.grad))
             for param in model.parameters()
@@ -155,21 +198,28 @@ class ReplicaGroup(SingleGroup):
         for work in works:
             work.wait()
 
-    def commit(self, step: int) -> None:
+    def commit(self, step: int) -> bool:
         """Collective over the group, before the optimizer steps: torchft's `should_commit` (enough
         live groups, no failed exchange on any rank of the group). A step not committed is never
-        applied: the run stops with one line (retrying it is not built yet)."""
-        if self._manager.should_commit():
-            return
-        raise RunFailedError(
-            f"step {step} was not committed by the replica groups (fewer than "
-            f"--fault_tolerance.min_replica_size={self._section.min_replica_size} live, or a peer failed "
-            "during the gradient exchange): nothing of it was applied; relaunch this group"
-        )
+        applied; the loop trains it again after a new quorum."""
+        return bool(self._manager.should_commit())
 
-    def close(self) -> None:
-        """Stop the Manager (its server on the group's rank 0) and its checkpoint server."""
+    def finish(self, step: int, model: torch.nn.Module) -> dict[str, Any] | None:
+        """Stop the Manager (its server on the group's rank 0) and its checkpoint server. Returns the
+        group's last record for metrics.jsonl: the step it finished at and a digest of its weights
+        (this rank's part), which equals every other group's when they trained in step."""
         self._manager.shutdown(wait=False)
+        digest = hashlib.sha256()
+        for value in model.state_dict().values():
+            digest.update(
+                _local(value).detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            )
+        return {
+            "event": "replica_finished",
+            "step": step,
+            "replica_id": self._section.replica_id,
+            "weights_sha256": digest.hexdigest(),
+        }
 
 
 def _local(grad: torch.Tensor) -> torch.Tensor:
@@ -203,21 +253,10 @@ def data_split(section: FaultToleranceSection | None, dp_world_size: int, dp_ran
 
 
 def join_replica_group(
-    section: FaultToleranceSection | None, group_rank: int, group_world: int, model: torch.nn.Module
+    section: FaultToleranceSection | None, group_rank: int, group_world: int, state: GroupState
 ) -> SingleGroup:
-    """Collective over the launch. This launch's replica group (`SINGLE_GROUP` without fault
-    tolerance). Healing from a peer is not built yet: a group that would have to is stopped with one
-    line when the peer's state arrives, before it trains on stale weights."""
+    """This launch's replica group (`SINGLE_GROUP` without fault tolerance); `state` is what a healing
+    peer fetches from it, and what it takes over when it heals."""
     if section is None:
         return SINGLE_GROUP
-
-    def state_dict() -> dict[str, Any]:
-        return {"model": model.state_dict()}
-
-    def load_state_dict(state: dict[str, Any]) -> None:
-        raise RunFailedError(
-            f"replica group {section.replica_id} is behind its live peers and healing from them is not built "
-            "yet: stop every group and relaunch the job with --resume=true"
-        )
-
-    return ReplicaGroup(section, group_rank, group_world, state_dict, load_state_dict)
+    return ReplicaGroup(section, group_rank, group_world, state)

@@ -13,14 +13,13 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 
 from trainer.config.sections import RunPlan
-from trainer.distributed.fault_tolerance import Membership
 from trainer.distributed.interrupt import Agreement, Interrupted, Interrupts
 from trainer.distributed.runlock import RunLock, watch_launcher
 from trainer.engine.banner import run_banner
@@ -41,7 +40,7 @@ def train(plan: RunPlan) -> RunSummary:
 
     Raises `Interrupted` after a SIGTERM/SIGINT (the checkpoint of the step every rank stopped at is
     saved first), and `ConfigError` on every rank when the run directory is held by another run."""
-    interrupts, lock = Interrupts(), RunLock(plan.saving.output_dir)
+    interrupts, lock = Interrupts(), RunLock(plan.tracking.output_dir)  # a replica group's own
     interrupts.install()
     watch_launcher(_stop_orphan)
     try:
@@ -57,7 +56,7 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
     run, resume_point = started.run, started.resume_point
     steps = plan.optimization.steps
     logger = make_logger(
-        run.accelerator.is_main_process, plan.saving.output_dir, steps, run.start_step, plan.tracking
+        run.accelerator.is_main_process, plan.tracking.output_dir, steps, run.start_step, plan.tracking
     )
     logger.banner(run_banner(plan, started.wrap_plan, run.accelerator, run.model))
     if resume_point.message:
@@ -73,7 +72,9 @@ def _train(plan: RunPlan, interrupts: Interrupts, lock: RunLock) -> RunSummary:
         logger.close()
         raise
     last_checkpoint = checkpoints.finish()
-    run.replicas.close()
+    finished = run.replicas.finish(steps, run.model)  # a fault-tolerant group's weights digest
+    if finished is not None:
+        logger.record(finished)
     evaluation = plan.evaluation
     with _evaluated_weights(run, plan, logger):
         returns = score_at_end(run.accelerator, run.model, run.preprocessor, run.postprocessor, evaluation)
@@ -142,22 +143,21 @@ def _run_steps(
         boundary = step % accum == 0 or step == total
         agreement: list[Agreement] = []
         check = partial(_start_agreement, agreement, interrupts, accelerator.device, checkpoints)
-        _log_membership(logger, step, run.replicas.start_step(step))
-        loss, norm = _train_step(
-            run, step, run.preprocessor(next(batches)), clip, check if boundary else None
-        )
+        loss, norm = _committed_step(run, logger, step, batches, clip, check if boundary else None)
         if norm is not None:  # an optimizer update: the schedule catches up with the loop steps
             grad_norm = norm
             _advance_schedule(run.scheduler, step)
             if run.ema is not None:  # after the update, once per update (not per micro-batch)
                 run.ema.update(step // accum)
-        window.add(loss)
+        if loss is not None:
+            window.add(loss)
         logger.advance()
-        if step % log_freq == 0 or step == total:
+        if (step % log_freq == 0 or step == total) and window.steps:
             losses.append(_log_window(run, logger, step, window, grad_norm))
         if run.feed.val_dataset is not None and (step == total or (val_freq and step % val_freq == 0)):
             checkpoints.scored(step, _log_val_loss(run, plan.data.batch_size, logger, step))
-        checkpoints.after_step(step)
+        if run.replicas.saves:  # a fault-tolerant run's lowest live replica group alone
+            checkpoints.after_step(step)
         if boundary:
             checkpoints.at_boundary(step, agreement[0])
     return losses
@@ -187,16 +187,37 @@ def _log_window(
     return loss
 
 
-def _log_membership(logger: Logger, step: int, membership: Membership | None) -> None:
-    """A fault-tolerant run's change of live replica groups, on the console and in metrics.jsonl."""
-    if membership is not None:
-        logger.note(
-            f"step {step}: quorum of {membership.replicas} replica groups",
-            event="quorum",
-            step=step,
-            replicas=membership.replicas,
-            replica_rank=membership.replica_rank,
-        )
+def _committed_step(
+    run: Run,
+    logger: Logger,
+    step: int,
+    batches: Iterator[dict[str, torch.Tensor]],
+    clip: float,
+    before_update: Callable[[], None] | None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """One loop step as the replica groups agree on it (docs/fault_tolerance.md): after each quorum the
+    step is trained on its batch, again until it is committed (the first time, without fault
+    tolerance); when this group healed from live peers that trained it, it is skipped (no loss). The
+    batch is drawn after the first quorum, so the sampler a peer heals from stands at the step's start."""
+    batch = None
+    while True:
+        quorum = run.replicas.start_step(step)
+        if quorum.changed:
+            logger.note(
+                f"step {step}: quorum of {quorum.replicas} replica groups",
+                event="quorum",
+                step=step,
+                replicas=quorum.replicas,
+                replica_rank=quorum.replica_rank,
+            )
+        if quorum.trained:
+            if before_update is not None:
+                before_update()
+            return None, None
+        batch = run.preprocessor(next(batches)) if batch is None else batch
+        loss, norm = _train_step(run, step, batch, clip, before_update)
+        if loss is not None:
+            return loss, norm
 
 
 def _log_val_loss(run: Run, batch_size: int, logger: Logger, step: int) -> float:
@@ -214,12 +235,13 @@ def _train_step(
     batch: dict[str, torch.Tensor],
     clip: float,
     before_update: Callable[[], None] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """One micro-batch; the optimizer updates when accelerate says the accumulation is complete.
     Returns the loss and, on a step that updated, the global gradient norm before clipping at `clip`
     (<= 0: no clipping), both as tensors: reading a value back waits for the device, so the loop does
     it only when it logs. `before_update()` (the boundary's signal check) is called after the backward,
-    so its all-reduce completes while the optimizer steps instead of adding a synchronization point."""
+    so its all-reduce completes while the optimizer steps instead of adding a synchronization point.
+    A step the replica groups do not commit is not applied: (None, None)."""
     accelerator, model = run.accelerator, run.model
     grad_norm = None
     with accelerator.accumulate(model):
@@ -229,7 +251,9 @@ def _train_step(
             run.replicas.average_gradients(model)  # over the live replica groups (fault tolerance)
             norm = accelerator.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))
             grad_norm = norm.detach()
-            run.replicas.commit(step)
+            if not run.replicas.commit(step):
+                run.optimizer.zero_grad()
+                return None, None
         if before_update is not None:
             before_update()
         run.optimizer.step()

@@ -24,6 +24,11 @@ class LossWindow:
         self._total += loss.detach()
         self._losses.append(loss.detach().reshape(1))
 
+    @property
+    def steps(self) -> int:
+        """The steps added since the window opened."""
+        return len(self._losses)
+
     def close(self, accelerator: Accelerator, global_batch: int) -> tuple[float, list[float], float]:
         """Collective. The window's mean loss over every rank, each step's mean over the ranks (the loss
         curve draws every step, not only the logged ones) and the samples per second; the next window

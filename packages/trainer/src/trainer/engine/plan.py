@@ -31,7 +31,7 @@ from ckpt_tools import Ranking, Topology, default_mode
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import Dataset
 from trainer.config.environment import check_installed
-from trainer.config.fault_tolerance import check_composition, resolve_fault_tolerance
+from trainer.config.fault_tolerance import check_composition, group_dir, resolve_fault_tolerance
 from trainer.config.optim import OptimizerConfig, SchedulerConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.sections import (
@@ -91,7 +91,10 @@ def resolve_plan(config: TrainConfig, world_size: int) -> RunPlan:
     parallelism, layout_note = settle_parallelism(config, world_size)
     topology = resolve_topology(parallelism, world_size)
     check_composition(
-        config.fault_tolerance, topology.dp_replicate, config.accelerator.gradient_accumulation.steps
+        config.fault_tolerance,
+        topology.dp_replicate,
+        config.accelerator.gradient_accumulation.steps,
+        config.env_evaluates,
     )
     fault_tolerance = resolve_fault_tolerance(config.fault_tolerance, os.environ, config.collective_timeout_s)
     checkpoint_format, format_note = settle_checkpoint_format(config, topology)
@@ -246,7 +249,7 @@ def tracking_section(config: TrainConfig) -> TrackingSection:
     """The metrics logger's and the trackers' section of a resolved config."""
     return TrackingSection(
         job_name=config.run_name,
-        output_dir=config.output_dir,
+        output_dir=group_dir(config.output_dir, config.fault_tolerance),  # a replica group's own logs
         log_freq=config.log_freq,
         wandb=config.wandb,
         trackio=config.trackio,

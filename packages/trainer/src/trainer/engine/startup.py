@@ -16,6 +16,7 @@ from trainer.data.pipeline.feed import DataFeed
 from trainer.data.pipeline.processors import Processor, build_processors, embodied_processors
 from trainer.distributed.factory import build_accelerator, prepare
 from trainer.distributed.fault_tolerance import data_split, join_replica_group
+from trainer.distributed.heal_state import GroupState
 from trainer.distributed.runlock import RunLock
 from trainer.distributed.wrap import WrapPlan
 from trainer.engine import build as model_build
@@ -94,9 +95,18 @@ def start_run(plan: RunPlan, lock: RunLock, notes: list[str]) -> Started:
     if ema is not None and resume_point.step_dir is not None and "ema" not in loaded:
         ema = Ema(optimization.ema, unwrapped)  # from the resumed weights
         notes.append(f"{resume_point.step_dir} holds no EMA weights: the EMA starts from its weights")
+    replicas = join_replica_group(
+        plan.fault_tolerance,
+        accelerator.process_index,
+        accelerator.num_processes,
+        GroupState(unwrapped, optimizer, scheduler, feed.sampler, extra_weights(ema)),
+    )
+    start_step = replicas.join(resume_point.start_step)  # a fault-tolerant group may heal from a peer
+    if start_step != resume_point.start_step:
+        notes.append(f"healed from a live replica group: continuing after its step {start_step}")
     # accelerate counts accumulation windows from its own start: count them from step 0 instead, so a
     # resumed run's windows end where the uninterrupted run's do (docs/resume.md).
-    accelerator.step = resume_point.start_step
+    accelerator.step = start_step
     run = Run(
         topology=topology,
         accelerator=accelerator,
@@ -106,12 +116,10 @@ def start_run(plan: RunPlan, lock: RunLock, notes: list[str]) -> Started:
         feed=feed,
         preprocessor=preprocessor,
         postprocessor=postprocessor,
-        start_step=resume_point.start_step,
+        start_step=start_step,
         check_lock=lock.check,
         ema=ema,
-        replicas=join_replica_group(
-            plan.fault_tolerance, accelerator.process_index, accelerator.num_processes, unwrapped
-        ),
+        replicas=replicas,
     )
     return Started(run, wrap_plan, resume_point)
 
