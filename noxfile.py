@@ -18,7 +18,7 @@ PACKAGES = (
     "-e",
     "packages/ckpt-tools[test]",
     "-e",
-    "packages/trainer[test,tracking,augment,smolvla,pi,diffusion,pusht]",
+    "packages/trainer[test,tracking,augment,smolvla,pi,diffusion,pusht,ft]",
 )
 
 
