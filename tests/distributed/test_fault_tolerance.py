@@ -283,3 +283,110 @@ def test_only_the_lowest_live_replica_id_writes_checkpoints(late_joiner) -> None
     assert last is not None and last.endswith(f"{HEAL_STEPS:06d}")
     verified = subprocess.run([CKPT_CLI, "verify", last], capture_output=True, text=True, timeout=120)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+KILL_STEPS = 3000
+
+
+def lock_pid(run_dir: Path) -> int | None:
+    """The pid holding a group's run lock (None before any lock is written)."""
+    lock = run_dir / "trainer.lock"
+    return json.loads(lock.read_text())["pid"] if lock.exists() else None
+
+
+def quorum_records(run_dir: Path) -> list[dict]:
+    return (
+        [r for r in records(run_dir) if r.get("event") == "quorum"]
+        if (run_dir / "metrics.jsonl").exists()
+        else []
+    )
+
+
+def trained_together(run_dir: Path) -> int:
+    """The steps a group logged since its quorum last grew to two groups (-1 while it is not in one)."""
+    changes = quorum_records(run_dir)
+    if not changes or changes[-1]["replicas"] != 2:
+        return -1
+    return logged_step(run_dir) - changes[-1]["step"]
+
+
+@pytest.fixture(scope="module")
+def killed_and_healed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], int]:
+    """Two replica groups train together (the Lighthouse's --min_replicas=1, so that one group can go
+    on alone: the first to start trains alone until the other heals from it and joins); once group 1
+    logged 20 steps in a quorum of both it is SIGKILLed. Group
+    0's exchange with it fails, the step is not committed, and once the Lighthouse stops hearing group 1
+    (--heartbeat_timeout_ms) group 0 trains on alone. Once it logged 30 more steps it is paused
+    (SIGSTOP) while group 1 is relaunched as its launcher would (--resume=true, same flags); it goes on
+    once the new group 1 holds its run lock, before that group's first quorum, which finds group 0 alive:
+    group 1 heals from it. Returns the output_dir, the groups' logs (group 1's two launches) and the
+    last step the killed group 1 logged."""
+    root = tmp_path_factory.mktemp("ft_kill")
+    out = root / "run"
+    args = (
+        *TINY,
+        f"--dataset.cache_dir={root / 'cache'}",
+        f"--steps={KILL_STEPS}",
+        "--log_freq=10",
+        f"--save_freq={KILL_STEPS // 3}",
+        "--resume=true",
+        f"--output_dir={out}",
+    )
+    flags = ("--heartbeat_timeout_ms=2000", "--join_timeout_ms=1000")
+    logs = [root / "group0.log", root / "group1.log", root / "group1_restarted.log"]
+    with lighthouse(1, *flags) as (_, address):
+        groups = [start_group(logs[r], *args, *group_flags(address, r)) for r in (0, 1)]
+        try:
+            wait_for(lambda: trained_together(out / "replica_1") >= 20, "20 steps together", groups, 180)
+            groups[1].kill()  # SIGKILL: no handler, no checkpoint, no goodbye to the Lighthouse
+            assert groups[1].wait(timeout=30) == -signal.SIGKILL
+            killed_at = logged_step(out / "replica_1")
+            alive = logged_step(out / "replica_0")
+            wait_for(lambda: logged_step(out / "replica_0") >= alive + 30, "group 0 alone", groups[:1], 120)
+            groups[0].send_signal(signal.SIGSTOP)
+            groups[1] = start_group(logs[2], *args, *group_flags(address, 1))
+            wait_for(lambda: lock_pid(out / "replica_1") == groups[1].pid, "group 1's lock", groups[1:], 120)
+        finally:
+            groups[0].send_signal(signal.SIGCONT)
+            codes = finish(groups, timeout=300)
+    texts = [log.read_text() for log in logs]
+    assert codes == [0, 0], "\n".join(texts)
+    return out, texts, killed_at
+
+
+def test_a_killed_group_s_peer_trains_on_and_the_group_heals_from_it(killed_and_healed) -> None:
+    """After the SIGKILL group 0's quorum shrinks to itself and its step counter keeps advancing (its
+    records between the shrink and the regrowth, timestamped); the relaunched group 1 heals from it at
+    the step group 0 is at, holding group 0's weights bit for bit as that step starts, and both finish at
+    --steps with equal weights."""
+    out, logs, killed_at = killed_and_healed
+    survivor = quorum_records(out / "replica_0")
+    # before them, at most the quorum of group 0 alone when it started first (group 1 then healed from it)
+    assert [(q["replicas"], q["replica_rank"]) for q in survivor][-3:] == [(2, 0), (1, 0), (2, 0)], survivor
+    assert len(survivor) == 3 or survivor[0]["replicas"] == 1
+    _, alone, back = survivor[-3:]
+    assert killed_at <= alone["step"] < back["step"] < KILL_STEPS
+    trained_alone = [
+        r["step"]
+        for r in records(out / "replica_0")
+        if r.get("event") == "train" and alone["step"] <= r["step"] < back["step"]
+    ]
+    assert len(trained_alone) >= 3 and back["step"] - alone["step"] >= 30  # it never waited for group 1
+    assert alone["time"] < back["time"]
+    assert f"healed from a live replica group: continuing after its step {back['step'] - 1}" in logs[2]
+    healed = quorum_records(out / "replica_1")[-1]
+    assert (healed["step"], healed["replicas"], healed["replica_rank"]) == (back["step"], 2, 1)
+    assert healed["weights_sha256"] == back["weights_sha256"]  # the peer's weights, bit for bit
+    digests = finished_digests(out, 2)
+    assert digests[0] == digests[1] and [step for step, _ in digests[0]] == [KILL_STEPS]
+
+
+def test_the_survivor_alone_saved_and_last_verifies(killed_and_healed) -> None:
+    """Group 0, the lowest live id throughout, wrote every checkpoint, in the usual format."""
+    out, logs, _ = killed_and_healed
+    saves = [[line for line in log.splitlines() if line.startswith("checkpoint ")] for log in logs]
+    assert [len(group) for group in saves] == [3, 0, 0]
+    last = ckpt_tools.latest_step_dir(str(out))
+    assert last is not None and last.endswith(f"{KILL_STEPS:06d}")
+    verified = subprocess.run([CKPT_CLI, "verify", last], capture_output=True, text=True, timeout=120)
+    assert verified.returncode == 0, verified.stdout + verified.stderr

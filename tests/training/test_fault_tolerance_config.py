@@ -33,6 +33,11 @@ def test_off_by_default_and_recorded_in_the_config() -> None:
         (("--fault_tolerance.min_replica_size=3",), "--fault_tolerance.min_replica_size=3 must be between"),
         (("--fault_tolerance.group_size=0",), "--fault_tolerance.group_size must be >= 1"),
         (("--fault_tolerance.quorum_timeout_s=0",), "--fault_tolerance.quorum_timeout_s must be >= 1"),
+        (
+            ("--fault_tolerance.process_group_timeout_ms=60000",),
+            "--fault_tolerance.process_group_timeout_ms=60000 must be >= 1 and below "
+            "--fault_tolerance.quorum_timeout_s=60",
+        ),
         (("--fault_tolerance.world_size_mode=elastic",), "--fault_tolerance.world_size_mode='elastic'"),
     ],
 )

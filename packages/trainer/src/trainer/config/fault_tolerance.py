@@ -42,6 +42,10 @@ class FaultToleranceConfig:
     variable, as torchft reads it."""
     quorum_timeout_s: int = 60
     """Seconds a step waits for the quorum (the groups joining) before this group stops with one line."""
+    process_group_timeout_ms: int = 10000
+    """Milliseconds one gradient exchange across the groups may wait for a peer before it fails and the
+    step is trained again after a new quorum; below the quorum timeout, so a group waiting on a dead
+    peer through a live one gives up before that live one stops waiting for it in the next quorum."""
     world_size_mode: str = "dynamic"
     """dynamic (average over every live group) or fixed_with_spares (over min_replica_size groups;
     the others are spares contributing zero gradients), torchft's two modes."""
@@ -63,6 +67,12 @@ class FaultToleranceConfig:
             )
         if self.quorum_timeout_s < 1:
             raise ConfigError(f"--fault_tolerance.quorum_timeout_s must be >= 1, got {self.quorum_timeout_s}")
+        if not 1 <= self.process_group_timeout_ms < self.quorum_timeout_s * 1000:
+            raise ConfigError(
+                f"--fault_tolerance.process_group_timeout_ms={self.process_group_timeout_ms} must be >= 1 and "
+                f"below --fault_tolerance.quorum_timeout_s={self.quorum_timeout_s} (in ms): a group stuck in "
+                "an exchange with a dead peer must give up before its live peers stop waiting for it"
+            )
         if self.world_size_mode not in WORLD_SIZE_MODES:
             raise ConfigError(
                 f"--fault_tolerance.world_size_mode={self.world_size_mode!r} is not one of "
@@ -80,9 +90,10 @@ class FaultToleranceSection:
     lighthouse: str
     """The Lighthouse address, from the flag or TORCHFT_LIGHTHOUSE."""
     quorum_timeout_s: int
+    process_group_timeout_ms: int
     world_size_mode: str
     timeout_s: int
-    """How long a cross-group collective or a heal's transfer may take (--collective_timeout_s)."""
+    """How long a heal's transfer or the group's commit vote may take (--collective_timeout_s)."""
 
 
 def resolve_fault_tolerance(
@@ -104,6 +115,7 @@ def resolve_fault_tolerance(
         min_replica_size=config.min_replica_size,
         lighthouse=lighthouse,
         quorum_timeout_s=config.quorum_timeout_s,
+        process_group_timeout_ms=config.process_group_timeout_ms,
         world_size_mode=config.world_size_mode,
         timeout_s=timeout_s,
     )

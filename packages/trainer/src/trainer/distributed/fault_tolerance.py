@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -66,6 +67,7 @@ def serve_lighthouse(
 class Quorum:
     """A step's quorum as this group sees it."""
 
+    step: int
     replicas: int
     """The live groups taking part."""
     replica_rank: int | None
@@ -75,6 +77,24 @@ class Quorum:
     """The membership differs from the previous step's (a metrics.jsonl record)."""
     trained: bool
     """The live peers have trained this step already: this group healed from them and skips it."""
+    weights_sha256: str = ""
+    """On a membership change: the digest of this rank's weights as the step starts (a group that
+    healed holds its peer's, bit for bit, so both groups record the same)."""
+
+    def line(self) -> str:
+        return f"step {self.step}: quorum of {self.replicas} replica groups"
+
+    def record(self) -> dict[str, Any]:
+        """The membership change as a metrics.jsonl record, with the time it was formed (how long a
+        group was away is the time between two of them)."""
+        return {
+            "event": "quorum",
+            "step": self.step,
+            "replicas": self.replicas,
+            "replica_rank": self.replica_rank,
+            "weights_sha256": self.weights_sha256,
+            "time": time.time(),
+        }
 
 
 class SingleGroup:
@@ -89,7 +109,7 @@ class SingleGroup:
 
     def start_step(self, step: int) -> Quorum:
         """No quorum: the membership never changes."""
-        return Quorum(1, 0, changed=False, trained=False)
+        return Quorum(step, 1, 0, changed=False, trained=False)
 
     def average_gradients(self, model: torch.nn.Module) -> None:
         """The launch's own reduction (DDP, FSDP2) is the whole average."""
@@ -117,10 +137,11 @@ class ReplicaGroup(SingleGroup):
         from torchft.manager import WorldSizeMode
 
         timeout = timedelta(seconds=section.timeout_s)
-        self._section = section
+        self._section, self._model = section, state.model
         self._store, store_addr, store_port = _group_store(group_world)
         self._manager: Manager = Manager(
-            pg=ProcessGroupGloo(timeout=timeout),
+            # an exchange with a dead peer fails within this, before the live peers' quorum gives up
+            pg=ProcessGroupGloo(timeout=timedelta(milliseconds=section.process_group_timeout_ms)),
             load_state_dict=state.load_state_dict,
             state_dict=state.state_dict,
             min_replica_size=section.min_replica_size,
@@ -184,7 +205,13 @@ class ReplicaGroup(SingleGroup):
             )
         changed, self._members = members != self._members, members
         self.saves = members[1] == 0
-        return Quorum(*members, changed=changed, trained=done == step and not joining)
+        return Quorum(
+            done + 1 if joining else step,  # a joining group's loop starts after the step it healed to
+            *members,
+            changed=changed,
+            trained=done == step and not joining,
+            weights_sha256=weights_digest(self._model) if changed else "",
+        )
 
     def average_gradients(self, model: torch.nn.Module) -> None:
         """Collective across the live groups: each gradient (this rank's shard of it under FSDP2)
@@ -209,17 +236,23 @@ class ReplicaGroup(SingleGroup):
         group's last record for metrics.jsonl: the step it finished at and a digest of its weights
         (this rank's part), which equals every other group's when they trained in step."""
         self._manager.shutdown(wait=False)
-        digest = hashlib.sha256()
-        for value in model.state_dict().values():
-            digest.update(
-                _local(value).detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-            )
         return {
             "event": "replica_finished",
             "step": step,
             "replica_id": self._section.replica_id,
-            "weights_sha256": digest.hexdigest(),
+            "weights_sha256": weights_digest(model),
         }
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """The sha256 of this rank's part of the model's weights, bit for bit (equal in every group that
+    trained in step)."""
+    digest = hashlib.sha256()
+    for value in model.state_dict().values():
+        digest.update(
+            _local(value).detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        )
+    return digest.hexdigest()
 
 
 def _local(grad: torch.Tensor) -> torch.Tensor:

@@ -199,13 +199,7 @@ def _committed_step(
     while True:
         quorum = run.replicas.start_step(step)
         if quorum.changed:
-            logger.note(
-                f"step {step}: quorum of {quorum.replicas} replica groups",
-                event="quorum",
-                step=step,
-                replicas=quorum.replicas,
-                replica_rank=quorum.replica_rank,
-            )
+            logger.note(quorum.line(), **quorum.record())
         if quorum.trained:
             if before_update is not None:
                 before_update()
