@@ -390,3 +390,59 @@ def test_the_survivor_alone_saved_and_last_verifies(killed_and_healed) -> None:
     assert last is not None and last.endswith(f"{KILL_STEPS:06d}")
     verified = subprocess.run([CKPT_CLI, "verify", last], capture_output=True, text=True, timeout=120)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+OPS_SCRIPT = Path(__file__).parent / "scripts" / "ops_train.py"
+SAVE_KILLED = 200
+
+
+def test_the_saving_group_killed_mid_save_leaves_last_valid_and_its_peer_saves_on(tmp_path: Path) -> None:
+    """Group 0, the lowest live id and so the one saving, is SIGKILLed while it writes step 200's
+    checkpoint (its commit held for a minute: the state waited for is the temporary step directory).
+    `last` still names step 150 and verifies; group 1 never comes back to a peer: it trains on alone, is
+    now the lowest live id, and writes the later checkpoints itself, up to --steps. Every step sleeps
+    0.1 s so that the group that starts first trains alone for fewer than 200 steps before the other
+    joins (checked)."""
+    out, cache = tmp_path / "run", f"--dataset.cache_dir={tmp_path / 'cache'}"
+    args = [*TINY, cache, "--steps=260", "--log_freq=10", "--save_freq=50"]
+    args += ["--resume=true", f"--output_dir={out}"]
+    hooks = [["--hook-step-sleep=0.1", f"--hook-slow-commit={SAVE_KILLED}:60"], ["--hook-step-sleep=0.1"]]
+    logs = [tmp_path / f"group{r}.log" for r in (0, 1)]
+    with lighthouse(1, "--heartbeat_timeout_ms=2000", "--join_timeout_ms=1000") as (_, address):
+        groups = []
+        for r in (0, 1):
+            with logs[r].open("w") as log:
+                groups.append(
+                    subprocess.Popen(
+                        [sys.executable, str(OPS_SCRIPT), *hooks[r], *args, *group_flags(address, r)],
+                        env={**launch_env(), "RUST_LOG": "warn"},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                    )
+                )
+        try:
+            writing = out / "checkpoints" / f".tmp-{SAVE_KILLED:06d}"
+            wait_for(writing.exists, f"group 0 writing step {SAVE_KILLED}", groups, 180)
+            groups[0].kill()
+            assert groups[0].wait(timeout=30) == -signal.SIGKILL
+            # group 1 is still held at step 201's quorum, which waited for group 0 in its save
+            last_then = ckpt_tools.latest_step_dir(str(out))
+        finally:
+            codes = finish(groups, timeout=240)
+    texts = [log.read_text() for log in logs]
+    assert codes[1] == 0, texts[1]
+    joined = [q["step"] for q in quorum_records(out / "replica_1") if q["replicas"] == 2]
+    assert joined and joined[0] < SAVE_KILLED, f"the groups met only at step {joined}: start-up too slow"
+    assert [(q["replicas"], q["replica_rank"]) for q in quorum_records(out / "replica_1")][-1] == (1, 0)
+    assert last_then is not None and last_then.endswith("000150")
+    assert not (out / "checkpoints" / f"{SAVE_KILLED:06d}").exists()
+    saved_by_1 = [line.split()[1] for line in texts[1].splitlines() if line.startswith("checkpoint ")]
+    assert [Path(path).name for path in saved_by_1] == ["000250", "000260"]
+    last = ckpt_tools.latest_step_dir(str(out))
+    assert last is not None and last.endswith("000260")
+    for step in ("000150", "000260"):
+        verified = subprocess.run(
+            [CKPT_CLI, "verify", str(out / "checkpoints" / step)], capture_output=True, text=True, timeout=120
+        )
+        assert verified.returncode == 0, verified.stdout + verified.stderr

@@ -15,6 +15,8 @@ Hook flags come first and are removed before the trainer parses the rest:
                                  to nothing else, at the start of its CALL-th training step.
   --hook-stall=RANK:CALL:SECONDS RANK sleeps SECONDS at the start of its CALL-th training step.
   --hook-fail-commit=STEP        the main rank's commit of STEP raises OSError (a rename refused).
+  --hook-slow-commit=STEP:SECONDS  the main rank's commit of STEP sleeps SECONDS first (its files are
+                                 written into the temporary step directory, `last` not moved yet).
   --hook-fail-shard=RANK:STEP    RANK's DCP shard write into STEP raises OSError (disk full).
   --hook-slow-shard=RANK:STEP:SECONDS  RANK's DCP shard write into STEP sleeps SECONDS first.
   --hook-delay-start=RANK:SECONDS  RANK sleeps SECONDS before the trainer starts parsing.
@@ -150,6 +152,17 @@ def fail_commit(step: int) -> None:
     ckpt_commit.commit_step_dir = failing
 
 
+def slow_commit(step: int, seconds: float) -> None:
+    commit_step_dir = ckpt_commit.commit_step_dir
+
+    def slow(tmp_dir, root, at, **kwargs):
+        if at == step:
+            time.sleep(seconds)
+        return commit_step_dir(tmp_dir, root, at, **kwargs)
+
+    ckpt_commit.commit_step_dir = slow
+
+
 def slow_shard(rank: int, step: int, seconds: float) -> None:
     from torch.distributed.checkpoint import FileSystemWriter
 
@@ -225,6 +238,7 @@ HOOKS = {
     "--hook-flip-last": flip_last,
     "--hook-stall": stall,
     "--hook-fail-commit": fail_commit,
+    "--hook-slow-commit": slow_commit,
     "--hook-fail-shard": fail_shard,
     "--hook-slow-shard": slow_shard,
 }
