@@ -18,7 +18,7 @@ PACKAGES = (
     "-e",
     "packages/ckpt-tools[test]",
     "-e",
-    "packages/trainer[test,tracking,augment,smolvla,pi,diffusion,fastwam,pusht]",
+    "packages/trainer[test,tracking,augment,smolvla,pi,diffusion,fastwam,pusht,ft]",
 )
 
 
@@ -122,7 +122,9 @@ def bench(session: nox.Session) -> None:
     benchmark (a 470 M-parameter policy built on meta on 1, 2 and 4 gloo ranks and HSDP 2x2: per-rank peak RSS at
     build, first step and save against 16 B/param / N + a tiny run's; then the default-size SmolVLA on 4 ranks),
     then the evaluation benchmark (training steps/s with the evaluator on its own core vs without it, and
-    PushT / ALOHA seconds per episode).
+    PushT / ALOHA seconds per episode), then the fault-tolerance benchmark (steps/s of two torchft replica
+    groups vs plain 2-rank DDP; with one group SIGKILLed and relaunched: the survivor's steps while it was
+    down, the time until it is back in the quorum, the steps lost vs a restart from `last`).
 
     Options after `--` go to the conversion benchmark, e.g. `nox -s bench -- --size-mb 1600 --repeat 3`.
     """
@@ -145,6 +147,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_memory.py")
     session.run("python", "benchmarks/bench_memory.py", "--policy", "smolvla")
     session.run("python", "benchmarks/bench_eval.py")
+    session.run("python", "benchmarks/bench_ft.py")
 
 
 @nox.session

@@ -108,13 +108,27 @@ def test_gpu_runs_the_smoke_script_without_the_cpu_torch_pin(noxfile) -> None:
 
 
 def test_lerobot_side_runs_only_beside_a_lerobot_venv(noxfile, monkeypatch) -> None:
-    """Without LEROBOT_PYTHON the session says how to give it and runs nothing (exit 0); with it, the
-    check, then the step-time bench of SmolVLA, ACT, Diffusion Policy and pi0.5, each in LeRobot's venv
-    beside ours."""
+    """Without LEROBOT_PYTHON or LEROBOT_MAIN_PYTHON the session names both and runs nothing (exit 0);
+    with LeRobot main's alone, the way back only; with LeRobot 0.6.1's, the check, then the step-time
+    bench of SmolVLA, ACT, Diffusion Policy and pi0.5, each in LeRobot's venv beside ours."""
     monkeypatch.delenv("LEROBOT_PYTHON", raising=False)
+    monkeypatch.delenv("LEROBOT_MAIN_PYTHON", raising=False)
     session = _Session()
     noxfile.lerobot_side(session)
-    assert session.calls == [] and "LEROBOT_PYTHON is not set" in session.logged[0]
+    assert session.calls == [] and all(
+        v in session.logged[0] for v in ("LEROBOT_PYTHON", "LEROBOT_MAIN_PYTHON")
+    )
+    monkeypatch.setenv("LEROBOT_MAIN_PYTHON", "/venvs/main/bin/python")
+    noxfile.lerobot_side(session)
+    main_resume = (
+        "python",
+        "benchmarks/lerobot_side.py",
+        "main-resume",
+        "--lerobot-main-python=/venvs/main/bin/python",
+    )
+    assert session.calls == [main_resume]
+    monkeypatch.delenv("LEROBOT_MAIN_PYTHON")
+    session = _Session()
     monkeypatch.setenv("LEROBOT_PYTHON", "/venvs/lerobot/bin/python")
     session.posargs = ["--steps=5"]
     noxfile.lerobot_side(session)

@@ -2,6 +2,8 @@
 patched in here so the trainer carries no test code. Runs under torchrun or as one plain process.
 
 Hook flags come first and are removed before the trainer parses the rest:
+  --hook-step-sleep=SECONDS      every rank sleeps this long in each training step: a floor under a step's
+                                 time (a run long enough for a peer to start beside it), never a wait for a state.
   --hook-hold=PATH               every rank waits at its second training step until PATH exists.
   --hook-hold-step=STEP:DIR      in torchrun's first attempt (TORCHELASTIC_RESTART_COUNT=0), every rank
                                  writes DIR/rank<R> ("pid parent-pid world-size") before loop step STEP
@@ -18,6 +20,8 @@ Hook flags come first and are removed before the trainer parses the rest:
                                  or SIGINT (the launcher's, once the other ranks failed): a stall longer
                                  than any timeout, on a machine of any speed.
   --hook-fail-commit=STEP        the main rank's commit of STEP raises OSError (a rename refused).
+  --hook-slow-commit=STEP:SECONDS  the main rank's commit of STEP sleeps SECONDS first (its files are
+                                 written into the temporary step directory, `last` not moved yet).
   --hook-fail-shard=RANK:STEP    RANK's DCP shard write into STEP raises OSError (disk full).
   --hook-shard-after-signal=RANK:STEP:SENDER  RANK's DCP shard write into STEP waits until rank SENDER
                                  has sent its --hook-signal (the write is still in flight when it lands).
@@ -68,6 +72,10 @@ def before_step(action) -> None:
         return train_step(*args, **kwargs)
 
     loop._train_step = step
+
+
+def step_sleep(seconds: float) -> None:
+    before_step(lambda call: time.sleep(seconds))
 
 
 def hold(path: str) -> None:
@@ -172,6 +180,17 @@ def fail_commit(step: int) -> None:
     ckpt_commit.commit_step_dir = failing
 
 
+def slow_commit(step: int, seconds: float) -> None:
+    commit_step_dir = ckpt_commit.commit_step_dir
+
+    def slow(tmp_dir, root, at, **kwargs):
+        if at == step:
+            time.sleep(seconds)
+        return commit_step_dir(tmp_dir, root, at, **kwargs)
+
+    ckpt_commit.commit_step_dir = slow
+
+
 def shard_after_signal(rank: int, step: int, sender: int) -> None:
     from torch.distributed.checkpoint import FileSystemWriter
 
@@ -239,6 +258,7 @@ def report_resume() -> None:
 HOOKS = {
     "--hook-hold": hold,
     "--hook-hold-step": hold_step,
+    "--hook-step-sleep": step_sleep,
     "--hook-until-signalled": until_signalled,
     "--hook-signal": send_signal,
     "--hook-signal-launcher": signal_launcher,
@@ -247,6 +267,7 @@ HOOKS = {
     "--hook-flip-last": flip_last,
     "--hook-stall": stall,
     "--hook-fail-commit": fail_commit,
+    "--hook-slow-commit": slow_commit,
     "--hook-fail-shard": fail_shard,
     "--hook-shard-after-signal": shard_after_signal,
 }

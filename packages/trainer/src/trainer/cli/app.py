@@ -16,7 +16,8 @@ USAGE = (
     "       trainer eval --watch OUTPUT_DIR   (the evaluator: scores a run's checkpoints as they land)\n"
     "       trainer dataset info|show --dataset.root=DIR [--json | --episode=N]\n"
     "       trainer export --policy.path=PATH --output_dir=DIR [--weights=model|ema] [--embodiment=NAME]"
-    "   (for LeRobot)"
+    "   (for LeRobot)\n"
+    "       trainer lighthouse [--bind=HOST:PORT] [--min_replicas=N]   (torchft's, for --fault_tolerance.*)"
 )
 HELP_FLAGS = ("-h", "--help")
 
@@ -40,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         print(HELP)
         raise SystemExit(0)
-    if not args or args[0] not in ("train", "eval", "dataset", "export"):
+    if not args or args[0] not in ("train", "eval", "dataset", "export", "lighthouse"):
         print(USAGE + "\nFlags: trainer train --help, or docs/training.md.", file=sys.stderr)
         raise SystemExit(2)
     from trainer.distributed.interrupt import Interrupted
@@ -57,6 +58,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             from trainer.cli.export_command import run as export_command
 
             print(export_command(args[1:]))
+        elif args[0] == "lighthouse":
+            from trainer.cli.lighthouse_command import run as lighthouse_command
+
+            lighthouse_command(args[1:])
         else:
             from trainer.cli.parse import parse_config
             from trainer.engine.plan import train

@@ -20,6 +20,7 @@ from ckpt_tools.training import Topology
 from trainer.config.accelerator import AcceleratorConfig, UnitSettings
 from trainer.config.dataset import DatasetConfig
 from trainer.config.ema import EmaConfig
+from trainer.config.fault_tolerance import FaultToleranceSection
 from trainer.config.optim import OptimizerConfig, SchedulerConfig
 from trainer.config.peft import PeftConfig
 from trainer.config.policy import PolicyConfig
@@ -203,3 +204,5 @@ class RunPlan:
     tracking: TrackingSection
     evaluation: EvaluationSection
     notes: tuple[str, ...]
+    fault_tolerance: FaultToleranceSection | None = None
+    """The replica group's wiring with --fault_tolerance.enable (None: a run without torchft)."""

@@ -16,6 +16,7 @@ from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import DatasetConfig
 from trainer.config.ema import EmaConfig
 from trainer.config.environment import EnvConfig, EnvEvalConfig
+from trainer.config.fault_tolerance import FaultToleranceConfig
 from trainer.config.optim import AdamWConfig, CosineConfig, OptimizerConfig, SchedulerConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.peft import PeftConfig
@@ -45,6 +46,7 @@ class TrainConfig:
     accelerator: AcceleratorConfig = field(default_factory=AcceleratorConfig)
     peft: PeftConfig = field(default_factory=PeftConfig)
     ema: EmaConfig = field(default_factory=EmaConfig)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     trackio: TrackioConfig = field(default_factory=TrackioConfig)
     rename_map: dict[str, str] = field(default_factory=dict)

@@ -14,7 +14,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -42,7 +42,7 @@ def train(plan: RunPlan, data: RunData) -> RunSummary:
 
     Raises `Interrupted` after a SIGTERM/SIGINT (the checkpoint of the step every rank stopped at is
     saved first), and `ConfigError` on every rank when the run directory is held by another run."""
-    interrupts, lock = Interrupts(), RunLock(plan.saving.output_dir)
+    interrupts, lock = Interrupts(), RunLock(plan.tracking.output_dir)  # a replica group's own
     interrupts.install()
     watch_launcher(_stop_orphan)
     try:
@@ -58,7 +58,9 @@ def _train(plan: RunPlan, data: RunData, interrupts: Interrupts, lock: RunLock) 
     run, resume_point = started.run, started.resume_point
     steps = plan.loop.steps
     main, saving = run.accelerator.is_main_process, plan.saving
-    logger = make_logger(main, saving.output_dir, steps, run.start_step, plan.tracking, saving.train_config)
+    logger = make_logger(
+        main, plan.tracking.output_dir, steps, run.start_step, plan.tracking, saving.train_config
+    )
     logger.banner(run_banner(plan, data, started.wrap_plan, run.accelerator, run.model))
     if resume_point.message:
         logger.note(resume_point.message, **resume_point.record())
@@ -73,6 +75,9 @@ def _train(plan: RunPlan, data: RunData, interrupts: Interrupts, lock: RunLock) 
         logger.close()
         raise
     last_checkpoint = checkpoints.finish()
+    finished = run.replicas.finish(steps, run.model)  # a fault-tolerant group's weights digest
+    if finished is not None:
+        logger.record(finished)
     evaluation = plan.evaluation
     with _evaluated_weights(run, plan, logger):
         returns = score_at_end(run.accelerator, run.model, run.preprocessor, run.postprocessor, evaluation)
@@ -130,21 +135,21 @@ def _run_steps(
         boundary = step % accum == 0 or step == total
         agreement: list[Agreement] = []
         check = partial(_start_agreement, agreement, interrupts, accelerator.device, checkpoints)
-        loss, metrics, norm = _train_step(
-            run, run.preprocessor(next(batches)), clip, check if boundary else None
-        )
+        loss, metrics, norm = _committed_step(run, logger, step, batches, clip, check if boundary else None)
         if norm is not None:  # an optimizer update: the schedule catches up with the loop steps
             grad_norm = norm
             _advance_schedule(run.scheduler, step)
             if run.ema is not None:  # after the update, once per update (not per micro-batch)
                 run.ema.update(step // accum)
-        window.add(loss, metrics)
+        if loss is not None:
+            window.add(loss, metrics)
         logger.advance()
-        if step % log_freq == 0 or step == total:
+        if (step % log_freq == 0 or step == total) and window.steps:
             losses.append(_log_window(run, logger, step, window, grad_norm))
         if run.feed.val_dataset is not None and (step == total or (val_freq and step % val_freq == 0)):
             checkpoints.scored(step, _log_val_loss(run, section.val_batch_size, logger, step))
-        checkpoints.after_step(step)
+        if run.replicas.saves:  # a fault-tolerant run's lowest live replica group alone
+            checkpoints.after_step(step)
         if boundary:
             checkpoints.at_boundary(step, agreement[0])
     return losses
@@ -178,6 +183,33 @@ def _log_window(
     return means.loss
 
 
+def _committed_step(
+    run: Run,
+    logger: Logger,
+    step: int,
+    batches: Iterator[dict[str, torch.Tensor]],
+    clip: float,
+    before_update: Callable[[], None] | None,
+) -> tuple[torch.Tensor | None, dict[str, torch.Tensor], torch.Tensor | None]:
+    """One loop step as the replica groups agree on it (docs/fault_tolerance.md): after each quorum the
+    step is trained on its batch, again until it is committed (the first time, without fault
+    tolerance); when this group healed from live peers that trained it, it is skipped (no loss). The
+    batch is drawn after the first quorum, so the sampler a peer heals from stands at the step's start."""
+    batch = None
+    while True:
+        quorum = run.replicas.start_step(step)
+        if quorum.changed:
+            logger.note(quorum.line(), **quorum.record())
+        if quorum.trained:
+            if before_update is not None:
+                before_update()
+            return None, {}, None
+        batch = run.preprocessor(next(batches)) if batch is None else batch
+        loss, metrics, norm = _train_step(run, step, batch, clip, before_update)
+        if loss is not None:
+            return loss, metrics, norm
+
+
 def _log_val_loss(run: Run, batch_size: int, logger: Logger, step: int) -> float:
     """Collective. The held-out loss, on the console and in metrics.jsonl (`"event": "val"`); for a
     mixture each member's too (`val_loss/<member>`), and the policy's own metrics (`val_<name>`).
@@ -197,24 +229,30 @@ def _log_val_loss(run: Run, batch_size: int, logger: Logger, step: int) -> float
 
 def _train_step(
     run: Run,
+    step: int,
     batch: dict[str, torch.Tensor],
     clip: float,
     before_update: Callable[[], None] | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
+) -> tuple[torch.Tensor | None, dict[str, torch.Tensor], torch.Tensor | None]:
     """One micro-batch; the optimizer updates when accelerate says the accumulation is complete.
     Returns the loss, what the policy reported beside it and, on a step that updated, the global
     gradient norm before clipping at `clip` (<= 0: no clipping), all as tensors: reading a value back
     waits for the device, so the loop does it only when it logs. `before_update()` (the boundary's
     signal check) is called after the backward, so its all-reduce completes while the optimizer steps
-    instead of adding a synchronization point."""
+    instead of adding a synchronization point. A step the replica groups do not commit is not applied:
+    (None, {}, None)."""
     accelerator, model = run.accelerator, run.model
     grad_norm = None
     with accelerator.accumulate(model):
         loss, metrics = model(batch)
         accelerator.backward(loss)
         if accelerator.sync_gradients:  # an infinite threshold measures the norm without clipping
+            run.replicas.average_gradients(model)  # over the live replica groups (fault tolerance)
             norm = accelerator.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))
             grad_norm = norm.detach()
+            if not run.replicas.commit(step):
+                run.optimizer.zero_grad()
+                return None, {}, None
         if before_update is not None:
             before_update()
         run.optimizer.step()

@@ -58,6 +58,11 @@ class LossWindow:
             total = self._metrics[name]
             total += value.detach().reshape(()).to(total.dtype) if isinstance(value, torch.Tensor) else value
 
+    @property
+    def steps(self) -> int:
+        """The steps added since the window opened."""
+        return len(self._losses)
+
     def close(self, accelerator: Accelerator, global_batch: int) -> WindowMeans:
         """Collective. The window's means over every rank (the loss, the policy's metrics, each step's
         loss) and the samples per second; the next window starts now. The mean loss is the running sum's

@@ -33,6 +33,7 @@ from ckpt_tools.training import Topology
 from trainer.config.accelerator import AcceleratorConfig
 from trainer.config.dataset import Dataset
 from trainer.config.environment import check_installed
+from trainer.config.fault_tolerance import check_composition, group_dir, resolve_fault_tolerance
 from trainer.config.optim import OptimizerConfig, SchedulerConfig
 from trainer.config.parallelism import ParallelismConfig
 from trainer.config.sections import (
@@ -94,6 +95,13 @@ def resolve_plan(config: TrainConfig, world_size: int) -> tuple[RunPlan, RunData
     config = copy.deepcopy(config)  # nothing the plan holds is reachable from the caller's object
     parallelism, layout_note = settle_parallelism(config, world_size)
     topology = resolve_topology(parallelism, world_size)
+    check_composition(
+        config.fault_tolerance,
+        topology.dp_replicate,
+        config.accelerator.gradient_accumulation.steps,
+        config.env_evaluates,
+    )
+    fault_tolerance = resolve_fault_tolerance(config.fault_tolerance, os.environ, config.collective_timeout_s)
     checkpoint_format, format_note = settle_checkpoint_format(config, topology)
     batch_size, batch_note = settle_batch_size(config, topology.dp_world_size)
     wandb, trackio = resolve_run_ids(config.wandb, config.trackio, config.resume, config.run_name)
@@ -138,6 +146,7 @@ def resolve_plan(config: TrainConfig, world_size: int) -> tuple[RunPlan, RunData
             env_evaluation(config),
         ),
         notes=notes,
+        fault_tolerance=fault_tolerance,
     )
     return plan, RunData(dataset, val_dataset)
 
@@ -254,7 +263,7 @@ def tracking_section(config: TrainConfig) -> TrackingSection:
     """The metrics logger's and the trackers' section of a resolved config."""
     return TrackingSection(
         job_name=config.run_name,
-        output_dir=config.output_dir,
+        output_dir=group_dir(config.output_dir, config.fault_tolerance),  # a replica group's own logs
         wandb=config.wandb,
         trackio=config.trackio,
         wandb_mode=run_wandb_mode(config),

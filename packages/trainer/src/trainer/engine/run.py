@@ -14,6 +14,7 @@ import ckpt_tools
 from trainer.config.dataset import Dataset
 from trainer.data.pipeline.feed import DataFeed
 from trainer.data.pipeline.processors import Processor
+from trainer.distributed.fault_tolerance import SINGLE_GROUP, SingleGroup
 from trainer.engine.ema import Ema
 
 if TYPE_CHECKING:
@@ -48,6 +49,9 @@ class Run:
     check_lock: Callable[[], None] = lambda: None
     """Raises once another run took the output_dir over (the run lock's `check`, main rank)."""
     ema: Ema | None = None  # --ema.enable: the shadow of the trained parameters
+    replicas: SingleGroup = SINGLE_GROUP
+    """The replica group of a fault-tolerant run (--fault_tolerance.enable): quorum, the gradient average
+    across groups, the commit; a run without it is one group that commits every step."""
 
 
 def extra_weights(ema: Ema | None) -> dict[str, dict[str, torch.Tensor]]:

@@ -16,6 +16,8 @@ from trainer.config.sections import RunPlan
 from trainer.data.pipeline.feed import DataFeed
 from trainer.data.pipeline.processors import Processor, build_processors, embodied_processors
 from trainer.distributed.factory import build_accelerator, prepare
+from trainer.distributed.fault_tolerance import data_split, join_replica_group
+from trainer.distributed.heal_state import GroupState
 from trainer.distributed.runlock import RunLock
 from trainer.distributed.wrap import WrapPlan
 from trainer.engine import build as model_build
@@ -55,13 +57,16 @@ def start_run(plan: RunPlan, data: RunData, lock: RunLock, notes: list[str]) -> 
     )  # before anything is written to output_dir
     if lock_note:
         notes.append(lock_note)
+    data_world, data_rank = data_split(
+        plan.fault_tolerance, topology.dp_world_size, accelerator.process_index
+    )
     feed = DataFeed(
         plan.data,
         dataset,
         data.val_dataset,
         section.policy.frames,
-        dp_world_size=topology.dp_world_size,
-        rank=accelerator.process_index,
+        dp_world_size=data_world,
+        rank=data_rank,
         device=accelerator.device,
         drop_last_frames=section.policy.drop_n_last_frames,
     )
@@ -93,9 +98,18 @@ def start_run(plan: RunPlan, data: RunData, lock: RunLock, notes: list[str]) -> 
     if ema is not None and resume_point.step_dir is not None and "ema" not in loaded:
         ema = Ema(optimization.ema, unwrapped)  # from the resumed weights
         notes.append(f"{resume_point.step_dir} holds no EMA weights: the EMA starts from its weights")
+    replicas = join_replica_group(
+        plan.fault_tolerance,
+        accelerator.process_index,
+        accelerator.num_processes,
+        GroupState(unwrapped, optimizer, scheduler, feed.sampler, extra_weights(ema)),
+    )
+    start_step = replicas.join(resume_point.start_step)  # a fault-tolerant group may heal from a peer
+    if start_step != resume_point.start_step:
+        notes.append(f"healed from a live replica group: continuing after its step {start_step}")
     # accelerate counts accumulation windows from its own start: count them from step 0 instead, so a
     # resumed run's windows end where the uninterrupted run's do (docs/resume.md).
-    accelerator.step = resume_point.start_step
+    accelerator.step = start_step
     run = Run(
         topology=topology,
         accelerator=accelerator,
@@ -105,9 +119,10 @@ def start_run(plan: RunPlan, data: RunData, lock: RunLock, notes: list[str]) -> 
         feed=feed,
         preprocessor=preprocessor,
         postprocessor=postprocessor,
-        start_step=resume_point.start_step,
+        start_step=start_step,
         check_lock=lock.check,
         ema=ema,
+        replicas=replicas,
     )
     return Started(run, wrap_plan, resume_point)
 

@@ -1,0 +1,448 @@
+"""Fault tolerance with real processes (gloo on CPU, docs/fault_tolerance.md): torchft's Lighthouse as
+`trainer lighthouse` starts it, and replica groups of `trainer train` under torchrun meeting on it.
+
+Every wait is for a state (a line printed, a process exited), bounded; every process started here is
+stopped by the fixture that started it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import ckpt_tools
+from helpers.launch import CKPT_CLI, launch_env, run_torchrun
+
+pytestmark = pytest.mark.distributed
+
+TRAINER = Path(sys.executable).with_name("trainer")
+SCRIPT = Path(__file__).parent / "scripts" / "train_cli.py"
+
+
+@contextlib.contextmanager
+def lighthouse(min_replicas: int, *flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`trainer lighthouse` on a free port: the process and the address it printed; stopped at exit."""
+    process = subprocess.Popen(
+        [TRAINER, "lighthouse", "--bind=127.0.0.1:0", f"--min_replicas={min_replicas}", *flags],
+        env=launch_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        yield process, _read_address(process)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+
+
+def _read_address(process: subprocess.Popen[str]) -> str:
+    """The address line, waiting at most 60 s for it (the import of the CLI, the bind)."""
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], 60)
+    line = process.stdout.readline() if ready else ""
+    assert line.startswith("lighthouse: http://"), f"no address from trainer lighthouse: {line!r}"
+    return line.split()[1]
+
+
+def test_trainer_lighthouse_serves_quorums_until_sigterm() -> None:
+    """The command prints an address a torchft client forms a quorum at, and SIGTERM stops it (exit 0)."""
+    from torchft._torchft import LighthouseClient
+
+    with lighthouse(1) as (process, address):
+        client = LighthouseClient(address, connect_timeout=timedelta(seconds=30))
+        quorum = client.quorum(replica_id="probe", timeout=timedelta(seconds=30), step=3, world_size=1)
+        assert [(member.replica_id, member.step) for member in quorum.participants] == [("probe", 3)]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+
+
+def test_trainer_lighthouse_refuses_a_bad_flag_in_one_line() -> None:
+    result = subprocess.run(
+        [TRAINER, "lighthouse", "--min_replicas=0"],
+        env={**os.environ},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: --min_replicas must be a whole number >= 1, got '0'"
+
+
+TINY = (
+    "--policy.type=mlp",
+    "--dataset.episodes=4",
+    "--dataset.eval_episodes=0",
+    "--steps=4",
+    "--log_freq=1",
+    "--save_freq=4",
+    "--batch_size=8",
+)
+
+
+def group_flags(address: str, replica_id: int, group_size: int = 2) -> list[str]:
+    return [
+        "--fault_tolerance.enable=true",
+        f"--fault_tolerance.group_size={group_size}",
+        f"--fault_tolerance.replica_id={replica_id}",
+        f"--fault_tolerance.lighthouse={address}",
+    ]
+
+
+def start_group(log: Path, *args: str) -> subprocess.Popen[str]:
+    """One replica group: a `trainer train` process of its own (a group of one rank), output to `log`."""
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [TRAINER, "train", *args],
+            env={**launch_env(), "RUST_LOG": "warn"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+
+def finish(groups: list[subprocess.Popen[str]], timeout: float) -> list[int]:
+    """Every group's exit code, killing those still running after `timeout` seconds in all."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [group.wait(timeout=max(1.0, deadline - time.monotonic())) for group in groups]
+    finally:
+        for group in groups:
+            if group.poll() is None:
+                group.kill()
+                group.wait()
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_losses(run: Path) -> list[float]:
+    return [r["loss"] for r in records(run) if r.get("event") == "train"]
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "checkpoints" / "000004" / "pretrained_model" / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def two_groups(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two replica groups of one process each sharing an output_dir (ft/) and meeting on a Lighthouse
+    that waits for both, without a failure; and the same run as plain 2-rank DDP (ddp/)."""
+    root = tmp_path_factory.mktemp("ft_two_groups")
+    cache = f"--dataset.cache_dir={root / 'cache'}"
+    run_torchrun(SCRIPT, 2, *TINY, cache, f"--output_dir={root / 'ddp'}", timeout=240)
+    with lighthouse(2) as (_, address):
+        groups = [
+            start_group(
+                root / f"group{r}.log", *TINY, cache, f"--output_dir={root / 'ft'}", *group_flags(address, r)
+            )
+            for r in (0, 1)
+        ]
+        codes = finish(groups, timeout=240)
+    logs = "\n".join((root / f"group{r}.log").read_text() for r in (0, 1))
+    assert codes == [0, 0], logs
+    return root
+
+
+def finished_digests(run: Path, groups: int) -> list[list[tuple[int, str]]]:
+    """Each group's (step, weights digest) records of the end of its run."""
+    return [
+        [
+            (r["step"], r["weights_sha256"])
+            for r in records(run / f"replica_{g}")
+            if r.get("event") == "replica_finished"
+        ]
+        for g in range(groups)
+    ]
+
+
+def test_two_groups_train_as_plain_ddp_does(two_groups: Path) -> None:
+    """The gradients are averaged over the groups and each reads its replica id's share of the data:
+    the weights equal 2-rank DDP's (group 0's checkpoint; group 1's digest is group 0's), and the
+    groups' mean loss is DDP's loss at every step."""
+    torch.testing.assert_close(final_weights(two_groups / "ft"), final_weights(two_groups / "ddp"))
+    digests = finished_digests(two_groups / "ft", 2)
+    assert digests[0] == digests[1] and [step for step, _ in digests[0]] == [4]
+    per_group = [train_losses(two_groups / "ft" / f"replica_{r}") for r in (0, 1)]
+    assert len(per_group[0]) == 4
+    mean = [(a + b) / 2 for a, b in zip(*per_group, strict=True)]
+    assert mean == pytest.approx(train_losses(two_groups / "ddp"))
+    assert per_group[0] != per_group[1]  # each group read its own half of every global batch
+    step = ckpt_tools.read_training_step(str(two_groups / "ft" / "checkpoints" / "000004"))
+    assert (step.sampler.epoch, step.sampler.offset) == (0, 4 * 8 * 2)  # the global order, both groups' share
+
+
+def test_the_quorum_is_recorded_in_metrics(two_groups: Path) -> None:
+    """The membership is logged once, at the first step: both groups, each with its rank in the quorum."""
+    changes = [
+        [r for r in records(two_groups / "ft" / f"replica_{g}") if r.get("event") == "quorum"] for g in (0, 1)
+    ]
+    assert [[(q["step"], q["replicas"], q["replica_rank"]) for q in group] for group in changes] == [
+        [(1, 2, 0)],
+        [(1, 2, 1)],
+    ]
+
+
+def wait_for(
+    predicate: Callable[[], bool], what: str, processes: list[subprocess.Popen[str]], timeout: float
+) -> None:
+    """Poll `predicate` until it holds; fail naming `what` when `timeout` passes or a process exits."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        exited = [p.args for p in processes if p.poll() is not None]
+        assert not exited and time.monotonic() < deadline, f"gave up waiting for {what} (exited: {exited})"
+        time.sleep(0.1)
+
+
+def logged_step(run_dir: Path) -> int:
+    """The last training step a group's metrics.jsonl records (0 before any)."""
+    if not (run_dir / "metrics.jsonl").exists():
+        return 0
+    steps = [r["step"] for r in records(run_dir) if r.get("event") == "train"]
+    return steps[-1] if steps else 0
+
+
+HEAL_STEPS = 2100
+
+
+@pytest.fixture(scope="module")
+def late_joiner(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """Group 0 trains alone (the Lighthouse forms quorums of one); once it logged step 30 it is paused
+    (SIGSTOP) and group 1 is launched into the same output_dir (--resume=true, as a restarted group
+    is); group 0 goes on once group 1 holds its run lock, so group 1's first quorum finds it alive
+    and group 1 heals from it. The Lighthouse's long heartbeat and join timeouts keep a paused group 0
+    in the quorum. Returns the output_dir and both groups' logs."""
+    root = tmp_path_factory.mktemp("ft_heal")
+    out = root / "run"
+    args = (
+        *TINY,
+        f"--dataset.cache_dir={root / 'cache'}",
+        f"--steps={HEAL_STEPS}",
+        "--log_freq=10",
+        f"--save_freq={HEAL_STEPS // 3}",
+        "--resume=true",
+        f"--output_dir={out}",
+    )
+    with lighthouse(1, "--heartbeat_timeout_ms=120000", "--join_timeout_ms=120000") as (_, address):
+        groups = [start_group(root / "group0.log", *args, *group_flags(address, 0))]
+        try:
+            wait_for(lambda: logged_step(out / "replica_0") >= 30, "group 0 at step 30", groups, 180)
+            groups[0].send_signal(signal.SIGSTOP)
+            groups.append(start_group(root / "group1.log", *args, *group_flags(address, 1)))
+            wait_for(lambda: (out / "replica_1" / "trainer.lock").exists(), "group 1's lock", groups[1:], 120)
+        finally:
+            groups[0].send_signal(signal.SIGCONT)
+            codes = finish(groups, timeout=300)
+    logs = [(root / f"group{r}.log").read_text() for r in (0, 1)]
+    assert codes == [0, 0], "\n".join(logs)
+    return out, logs
+
+
+def quorums(run_dir: Path) -> list[tuple[int, int]]:
+    """(step, live groups) of each membership change a group logged."""
+    return [(r["step"], r["replicas"]) for r in records(run_dir) if r.get("event") == "quorum"]
+
+
+def test_a_group_that_joins_late_heals_from_its_peer_and_both_end_equal(late_joiner) -> None:
+    """Group 0 trains alone, then its quorum grows to two when group 1 joins: group 1 takes group 0's
+    state over at that step (model, optimizer, schedule, sampler, RNG; no checkpoint decides where it
+    continues) and both finish at --steps with the same weights, bit for bit."""
+    out, logs = late_joiner
+    changes = quorums(out / "replica_0")
+    assert changes[0] == (1, 1) and changes[-1][1] == 2, changes
+    joined = changes[-1][0]
+    assert 30 < joined < HEAL_STEPS, f"group 1 joined at step {joined}: the launch came too late"
+    assert f"healed from a live replica group: continuing after its step {joined - 1}" in logs[1]
+    assert quorums(out / "replica_1") == [(joined, 2)]
+    digests = finished_digests(out, 2)
+    assert digests[0] == digests[1] and [step for step, _ in digests[0]] == [HEAL_STEPS]
+
+
+def test_only_the_lowest_live_replica_id_writes_checkpoints(late_joiner) -> None:
+    """Group 0 (the lowest id, alive throughout) saves every checkpoint into the shared output_dir, in
+    the usual format: `ckpt verify` passes on the last one; group 1 keeps its own lock and metrics."""
+    out, logs = late_joiner
+    saves = [[line for line in log.splitlines() if line.startswith("checkpoint ")] for log in logs]
+    assert [len(group) for group in saves] == [3, 0]
+    last = ckpt_tools.latest_step_dir(str(out))
+    assert last is not None and last.endswith(f"{HEAL_STEPS:06d}")
+    verified = subprocess.run([CKPT_CLI, "verify", last], capture_output=True, text=True, timeout=120)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+KILL_STEPS = 3000
+
+
+def lock_pid(run_dir: Path) -> int | None:
+    """The pid holding a group's run lock (None before any lock is written)."""
+    lock = run_dir / "trainer.lock"
+    return json.loads(lock.read_text())["pid"] if lock.exists() else None
+
+
+def quorum_records(run_dir: Path) -> list[dict]:
+    return (
+        [r for r in records(run_dir) if r.get("event") == "quorum"]
+        if (run_dir / "metrics.jsonl").exists()
+        else []
+    )
+
+
+def trained_together(run_dir: Path) -> int:
+    """The steps a group logged since its quorum last grew to two groups (-1 while it is not in one)."""
+    changes = quorum_records(run_dir)
+    if not changes or changes[-1]["replicas"] != 2:
+        return -1
+    return logged_step(run_dir) - changes[-1]["step"]
+
+
+@pytest.fixture(scope="module")
+def killed_and_healed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], int]:
+    """Two replica groups train together (the Lighthouse's --min_replicas=1, so that one group can go
+    on alone: the first to start trains alone until the other heals from it and joins); once group 1
+    logged 20 steps in a quorum of both it is SIGKILLed. Group
+    0's exchange with it fails, the step is not committed, and once the Lighthouse stops hearing group 1
+    (--heartbeat_timeout_ms) group 0 trains on alone. Once it logged 30 more steps it is paused
+    (SIGSTOP) while group 1 is relaunched as its launcher would (--resume=true, same flags); it goes on
+    once the new group 1 holds its run lock, before that group's first quorum, which finds group 0 alive:
+    group 1 heals from it. Returns the output_dir, the groups' logs (group 1's two launches) and the
+    last step the killed group 1 logged."""
+    root = tmp_path_factory.mktemp("ft_kill")
+    out = root / "run"
+    args = (
+        *TINY,
+        f"--dataset.cache_dir={root / 'cache'}",
+        f"--steps={KILL_STEPS}",
+        "--log_freq=10",
+        f"--save_freq={KILL_STEPS // 3}",
+        "--resume=true",
+        f"--output_dir={out}",
+    )
+    flags = ("--heartbeat_timeout_ms=2000", "--join_timeout_ms=1000")
+    logs = [root / "group0.log", root / "group1.log", root / "group1_restarted.log"]
+    with lighthouse(1, *flags) as (_, address):
+        groups = [start_group(logs[r], *args, *group_flags(address, r)) for r in (0, 1)]
+        try:
+            wait_for(lambda: trained_together(out / "replica_1") >= 20, "20 steps together", groups, 180)
+            groups[1].kill()  # SIGKILL: no handler, no checkpoint, no goodbye to the Lighthouse
+            assert groups[1].wait(timeout=30) == -signal.SIGKILL
+            killed_at = logged_step(out / "replica_1")
+            alive = logged_step(out / "replica_0")
+            wait_for(lambda: logged_step(out / "replica_0") >= alive + 30, "group 0 alone", groups[:1], 120)
+            groups[0].send_signal(signal.SIGSTOP)
+            groups[1] = start_group(logs[2], *args, *group_flags(address, 1))
+            wait_for(lambda: lock_pid(out / "replica_1") == groups[1].pid, "group 1's lock", groups[1:], 120)
+        finally:
+            groups[0].send_signal(signal.SIGCONT)
+            codes = finish(groups, timeout=300)
+    texts = [log.read_text() for log in logs]
+    assert codes == [0, 0], "\n".join(texts)
+    return out, texts, killed_at
+
+
+def test_a_killed_group_s_peer_trains_on_and_the_group_heals_from_it(killed_and_healed) -> None:
+    """After the SIGKILL group 0's quorum shrinks to itself and its step counter keeps advancing (its
+    records between the shrink and the regrowth, timestamped); the relaunched group 1 heals from it at
+    the step group 0 is at, holding group 0's weights bit for bit as that step starts, and both finish at
+    --steps with equal weights."""
+    out, logs, killed_at = killed_and_healed
+    survivor = quorum_records(out / "replica_0")
+    # before them, at most the quorum of group 0 alone when it started first (group 1 then healed from it)
+    assert [(q["replicas"], q["replica_rank"]) for q in survivor][-3:] == [(2, 0), (1, 0), (2, 0)], survivor
+    assert len(survivor) == 3 or survivor[0]["replicas"] == 1
+    _, alone, back = survivor[-3:]
+    assert killed_at <= alone["step"] < back["step"] < KILL_STEPS
+    trained_alone = [
+        r["step"]
+        for r in records(out / "replica_0")
+        if r.get("event") == "train" and alone["step"] <= r["step"] < back["step"]
+    ]
+    assert len(trained_alone) >= 3 and back["step"] - alone["step"] >= 30  # it never waited for group 1
+    assert alone["time"] < back["time"]
+    assert f"healed from a live replica group: continuing after its step {back['step'] - 1}" in logs[2]
+    healed = quorum_records(out / "replica_1")[-1]
+    assert (healed["step"], healed["replicas"], healed["replica_rank"]) == (back["step"], 2, 1)
+    assert healed["weights_sha256"] == back["weights_sha256"]  # the peer's weights, bit for bit
+    digests = finished_digests(out, 2)
+    assert digests[0] == digests[1] and [step for step, _ in digests[0]] == [KILL_STEPS]
+
+
+def test_the_survivor_alone_saved_and_last_verifies(killed_and_healed) -> None:
+    """Group 0, the lowest live id throughout, wrote every checkpoint, in the usual format."""
+    out, logs, _ = killed_and_healed
+    saves = [[line for line in log.splitlines() if line.startswith("checkpoint ")] for log in logs]
+    assert [len(group) for group in saves] == [3, 0, 0]
+    last = ckpt_tools.latest_step_dir(str(out))
+    assert last is not None and last.endswith(f"{KILL_STEPS:06d}")
+    verified = subprocess.run([CKPT_CLI, "verify", last], capture_output=True, text=True, timeout=120)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+OPS_SCRIPT = Path(__file__).parent / "scripts" / "ops_train.py"
+SAVE_KILLED = 200
+
+
+def test_the_saving_group_killed_mid_save_leaves_last_valid_and_its_peer_saves_on(tmp_path: Path) -> None:
+    """Group 0, the lowest live id and so the one saving, is SIGKILLed while it writes step 200's
+    checkpoint (its commit held for a minute: the state waited for is the temporary step directory).
+    `last` still names step 150 and verifies; group 1 never comes back to a peer: it trains on alone, is
+    now the lowest live id, and writes the later checkpoints itself, up to --steps. Every step sleeps
+    0.1 s so that the group that starts first trains alone for fewer than 200 steps before the other
+    joins (checked)."""
+    out, cache = tmp_path / "run", f"--dataset.cache_dir={tmp_path / 'cache'}"
+    args = [*TINY, cache, "--steps=260", "--log_freq=10", "--save_freq=50"]
+    args += ["--resume=true", f"--output_dir={out}"]
+    hooks = [["--hook-step-sleep=0.1", f"--hook-slow-commit={SAVE_KILLED}:60"], ["--hook-step-sleep=0.1"]]
+    logs = [tmp_path / f"group{r}.log" for r in (0, 1)]
+    with lighthouse(1, "--heartbeat_timeout_ms=2000", "--join_timeout_ms=1000") as (_, address):
+        groups = []
+        for r in (0, 1):
+            with logs[r].open("w") as log:
+                groups.append(
+                    subprocess.Popen(
+                        [sys.executable, str(OPS_SCRIPT), *hooks[r], *args, *group_flags(address, r)],
+                        env={**launch_env(), "RUST_LOG": "warn"},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                    )
+                )
+        try:
+            writing = out / "checkpoints" / f".tmp-{SAVE_KILLED:06d}"
+            wait_for(writing.exists, f"group 0 writing step {SAVE_KILLED}", groups, 180)
+            groups[0].kill()
+            assert groups[0].wait(timeout=30) == -signal.SIGKILL
+            # group 1 is still held at step 201's quorum, which waited for group 0 in its save
+            last_then = ckpt_tools.latest_step_dir(str(out))
+        finally:
+            codes = finish(groups, timeout=240)
+    texts = [log.read_text() for log in logs]
+    assert codes[1] == 0, texts[1]
+    joined = [q["step"] for q in quorum_records(out / "replica_1") if q["replicas"] == 2]
+    assert joined and joined[0] < SAVE_KILLED, f"the groups met only at step {joined}: start-up too slow"
+    assert [(q["replicas"], q["replica_rank"]) for q in quorum_records(out / "replica_1")][-1] == (1, 0)
+    assert last_then is not None and last_then.endswith("000150")
+    assert not (out / "checkpoints" / f"{SAVE_KILLED:06d}").exists()
+    saved_by_1 = [line.split()[1] for line in texts[1].splitlines() if line.startswith("checkpoint ")]
+    assert [Path(path).name for path in saved_by_1] == ["000250", "000260"]
+    last = ckpt_tools.latest_step_dir(str(out))
+    assert last is not None and last.endswith("000260")
+    for step in ("000150", "000260"):
+        verified = subprocess.run(
+            [CKPT_CLI, "verify", str(out / "checkpoints" / step)], capture_output=True, text=True, timeout=120
+        )
+        assert verified.returncode == 0, verified.stdout + verified.stderr
