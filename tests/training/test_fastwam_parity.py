@@ -184,7 +184,9 @@ def test_the_action_chunk_is_lerobots(policy, reference, meta) -> None:
     chunk = policy.predict_action_chunk(observation)
     _close(chunk, reference["actions.normalized"])
     given = policy.predict_action_chunk(observation, noise=reference["inference.noise"].expand(2, -1, -1))
-    assert torch.equal(given, chunk)
+    torch.testing.assert_close(
+        given, chunk, atol=1e-6, rtol=1e-6
+    )  # the seeded draw is that noise (to the bit on one ISA)
     other = policy.predict_action_chunk(observation, noise=torch.zeros(2, 8, 3))
     assert not torch.allclose(other, chunk, atol=1e-3)
     policy.reset()
