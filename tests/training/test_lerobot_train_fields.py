@@ -33,6 +33,17 @@ POLICY_TYPES = sorted(
 )
 
 
+# What a policy type needs typed beside LeRobot's defaults to be built offline: LeRobot's FastWAM starts
+# from the Hub's `lerobot/fastwam_base` weights (`base_model_id`), which a run here takes as
+# --policy.path instead and refuses in one line naming `--policy.base_model_id` (tests/training/test_fastwam_parity.py).
+OFFLINE = {"fastwam": ["--policy.base_model_id=null"]}
+
+
+def _typed_type(flag: str, choice: str) -> list[str]:
+    """`--policy.type=<choice>` (or another choice flag) with what that type needs offline."""
+    return [f"{flag}={choice}", *(OFFLINE.get(choice, []) if flag == "--policy.type" else [])]
+
+
 def _cli(value: Any) -> str:
     """A default as typed on the command line (draccus's JSON form)."""
     if value is None or isinstance(value, bool):
@@ -48,10 +59,12 @@ def _cases() -> list[tuple[str, list[str], Any]]:
         if row["kind"] == "group" or row["kind"] == "choice" or not row["draccus_flag"]:
             continue  # a group takes its fields; `--checkpoint_path` is no flag in LeRobot either
         if row["kind"] == "choice_type":
-            cases += [(row["flag"], [f"{row['flag']}={c}"], c) for c in row["choices"]]
+            cases += [(row["flag"], _typed_type(row["flag"], c), c) for c in row["choices"]]
         elif row["owner"] == "PreTrainedConfig":  # a policy base field: typed after each policy type
             typed = f"{row['flag']}={_cli(row['default'])}"
-            cases += [(row["flag"], [f"--policy.type={t}", typed], row["default"]) for t in POLICY_TYPES]
+            cases += [
+                (row["flag"], [*_typed_type("--policy.type", t), typed], row["default"]) for t in POLICY_TYPES
+            ]
         elif row["default_kind"] == "value":
             cases.append((row["flag"], [f"{row['flag']}={_cli(row['default'])}"], row["default"]))
         for choice, fields in row.get("choice_fields", {}).items():
@@ -98,7 +111,7 @@ def test_the_walk_covers_the_flags_refused_as_unknown_before() -> None:
     walked = {flag for flag, _, _ in _cases()}
     assert len(FIELDS) == 108 and {"--env_eval_freq", "--eval.n_episodes", "--tolerance_s"} <= walked
     assert {"--policy.use_amp", "--policy.use_peft", "--policy.license"} <= walked
-    assert POLICY_TYPES == ["act", "diffusion", "pi0", "pi05", "smolvla"]
+    assert POLICY_TYPES == ["act", "diffusion", "fastwam", "pi0", "pi05", "smolvla"]
 
 
 def test_lerobots_smolvla_command_line_parses(tmp_path) -> None:
