@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Collection
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import draccus
 
 from trainer.errors import ConfigError
 
 ALLOW_TYPES_FLAG = "--allow_types"
+
+
+def imported(module: str, name: str) -> Any:
+    """`name` of `module`, imported when called: how a policy's config reaches its class and its
+    LeRobot adapter, which import the config themselves (by a name, so imports flow one way)."""
+    return getattr(importlib.import_module(module), name)
 
 
 def register_import_path(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from trainer.config import registry
 from trainer.config.optim import AdamWConfig, ConstantConfig
 from trainer.config.policy import LeRobotAdapter, PolicyConfig
 from trainer.data.dataset import ALL_CAMERAS, ENV_KEY, OBS_KEY
@@ -113,16 +114,12 @@ class ACTConfig(PolicyConfig):
         return ConstantConfig(warmup_steps=0)
 
     def policy_class(self) -> type[Policy]:
-        from trainer.policies.act.policy import ACTPolicy
-
-        return ACTPolicy
+        return registry.imported("trainer.policies.act.policy", "ACTPolicy")
 
     @classmethod
     def lerobot_adapter(cls) -> LeRobotAdapter[Any]:
         """LeRobot's ACT schema, tensor names and processors (policies/act/lerobot.py)."""
-        from trainer.policies.act.lerobot import ACTAdapter
-
-        return ACTAdapter()
+        return registry.imported("trainer.policies.act.lerobot", "ACTAdapter")()
 
     def normalization_stats(self, stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """The environment state at the end of `observation.state` left as it is (mean 0, std 1), as

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.config import registry
 from trainer.config.optim import AdamConfig, CosineConfig
 from trainer.config.policy import LeRobotAdapter, PolicyConfig
 from trainer.data.dataset import ACTION_KEY, ALL_CAMERAS, ENV_KEY, OBS_KEY, is_camera
@@ -197,16 +198,12 @@ class DiffusionConfig(PolicyConfig):
         ])  # fmt: skip
 
     def policy_class(self) -> type[Policy]:
-        from trainer.policies.diffusion.policy import DiffusionPolicy
-
-        return DiffusionPolicy
+        return registry.imported("trainer.policies.diffusion.policy", "DiffusionPolicy")
 
     @classmethod
     def lerobot_adapter(cls) -> LeRobotAdapter[Any]:
         """LeRobot's DiffusionConfig schema and processors (policies/diffusion/lerobot.py)."""
-        from trainer.policies.diffusion.lerobot import DiffusionAdapter
-
-        return DiffusionAdapter()
+        return registry.imported("trainer.policies.diffusion.lerobot", "DiffusionAdapter")()
 
     @property
     def vectors(self) -> list[str]:

@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from trainer.config import registry
 from trainer.config.optim import AdamWConfig, ConstantConfig
 from trainer.config.policy import LeRobotAdapter, PolicyConfig
 from trainer.data.dataset import ALL_CAMERAS, OBS_KEY, TASK_KEY
@@ -281,16 +282,12 @@ class FastWAMConfig(PolicyConfig):
         )
 
     def policy_class(self) -> type[Policy]:
-        from trainer.policies.fastwam.policy import FastWAMPolicy
-
-        return FastWAMPolicy
+        return registry.imported("trainer.policies.fastwam.policy", "FastWAMPolicy")
 
     @classmethod
     def lerobot_adapter(cls) -> LeRobotAdapter[Any]:
         """LeRobot's FastWAMConfig schema and processors (policies/fastwam/lerobot.py)."""
-        from trainer.policies.fastwam.lerobot import FastWAMAdapter
-
-        return FastWAMAdapter()
+        return registry.imported("trainer.policies.fastwam.lerobot", "FastWAMAdapter")()
 
     @property
     def chunk_size(self) -> int:

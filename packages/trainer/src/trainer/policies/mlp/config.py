@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from trainer.config import registry
 from trainer.config.policy import PolicyConfig
 from trainer.errors import ConfigError
 
@@ -28,6 +29,4 @@ class MLPConfig(PolicyConfig):
             raise ConfigError("--policy.blocks and --policy.hidden_dim must be >= 1")
 
     def policy_class(self) -> type[Policy]:
-        from trainer.policies.mlp.policy import MLPPolicy
-
-        return MLPPolicy
+        return registry.imported("trainer.policies.mlp.policy", "MLPPolicy")

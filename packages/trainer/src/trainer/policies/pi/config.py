@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainer.config import registry
 from trainer.config.dataset import FrameResize
 from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
 from trainer.config.policy import LeRobotAdapter, PolicyConfig
@@ -240,16 +241,13 @@ class PI0Config(PolicyConfig):
         return functools.partial(resize_with_pad, height=height, width=width, centred=True)
 
     def policy_class(self) -> type[Policy]:
-        from trainer.policies.pi.policy import PI0Policy
-
-        return PI0Policy
+        return registry.imported("trainer.policies.pi.policy", "PI0Policy")
 
     @classmethod
     def lerobot_adapter(cls) -> LeRobotAdapter[Any]:
         """LeRobot's PI0Config / PI05Config schema, tensor names and processors (policies/pi/lerobot.py)."""
-        from trainer.policies.pi.lerobot import PiAdapter
-
-        return PiAdapter(cls.pi05)
+        adapter: LeRobotAdapter[Any] = registry.imported("trainer.policies.pi.lerobot", "PiAdapter")(cls.pi05)
+        return adapter
 
     @property
     def cameras(self) -> list[str]:
@@ -294,9 +292,7 @@ class PI05Config(PI0Config):
     pi05: ClassVar[bool] = True
 
     def policy_class(self) -> type[Policy]:
-        from trainer.policies.pi.policy import PI05Policy
-
-        return PI05Policy
+        return registry.imported("trainer.policies.pi.policy", "PI05Policy")
 
 
 def _read_sizes(config: PI0Config) -> Sizes:

@@ -13,6 +13,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from trainer.config import registry
 from trainer.config.dataset import Embodiment, FrameResize
 from trainer.config.optim import AdamWConfig, CosineDecayWithWarmupConfig
 from trainer.config.policy import LEROBOT_RUN_FIELDS, LeRobotAdapter, PolicyConfig
@@ -160,16 +161,12 @@ class SmolVLAConfig(PolicyConfig):
         return presets.cosine_decay(self)
 
     def policy_class(self) -> type[Policy]:
-        from trainer.policies.smolvla.policy import SmolVLAPolicy
-
-        return SmolVLAPolicy
+        return registry.imported("trainer.policies.smolvla.policy", "SmolVLAPolicy")
 
     @classmethod
     def lerobot_adapter(cls) -> LeRobotAdapter[Any]:
         """LeRobot's SmolVLA: config.json read back, processors, the backbone flag (policies/smolvla/lerobot.py)."""
-        from trainer.policies.smolvla.lerobot import SmolVLAAdapter
-
-        return SmolVLAAdapter()
+        return registry.imported("trainer.policies.smolvla.lerobot", "SmolVLAAdapter")()
 
     @property
     def takes_mixed_members(self) -> bool:
