@@ -58,7 +58,7 @@ def test_the_third_party_fixtures_are_committed() -> None:
         "tests/fixtures/lerobot_diffusion_tiny/pretrained_model/model.safetensors",
         "tests/fixtures/lerobot_diffusion_tiny/reference.safetensors",
         "tests/fixtures/lerobot/dataset_pusht_image/meta/info.json",
-        "tests/fixtures/lerobot_pusht_act/pretrained_model/model.safetensors",
-        "tests/fixtures/lerobot_pusht_act/reference_action.safetensors",
+        "tests/fixtures/lerobot_pusht_act/pretrained_model/config.json",
+        "tests/fixtures/lerobot_pusht_act/tensor_shapes.json",
     ):
         assert required in names, f"{required} is not committed"
