@@ -26,9 +26,9 @@ def install(session: nox.Session, *extra: str) -> None:
     session.install(*CONSTRAINTS, *PACKAGES, *extra)
 
 
-# Two pytest-xdist workers, grouped by test file with every process-launching file in one group
-# (tests/conftest.py): an in-process test beside one launch at a time. `-- -n 0` runs in one process.
-XDIST = ("-n", "2", "--dist", "loadgroup")
+# Two pytest-xdist workers, each taking whole test files (a module's fixture is built once), the files
+# that launch processes first (tests/conftest.py orders them). `-- -n 0` runs in one process.
+XDIST = ("-n", "2", "--dist", "loadfile", "--no-loadscope-reorder")
 
 
 @nox.session

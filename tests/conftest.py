@@ -26,20 +26,22 @@ for _name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
     os.environ.pop(_name, None)
 
 
-LAUNCH_GROUP = "launch"
+def launches_processes(item: pytest.Item) -> bool:
+    """Whether a test starts processes of its own (torchrun launches): the files of
+    `tests/distributed/` and any test marked `distributed`."""
+    return "distributed" in item.path.parts or item.get_closest_marker("distributed") is not None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for `pytest -n 2 --dist loadgroup` (pytest-xdist; what `nox -s tests` runs): the two
-    workers split the suite by test file, so a module fixture (a training run) is built once, and every
-    file that launches processes (`tests/distributed/`, or any test marked `distributed`) is in one
-    group, run one launch at a time. On 2 cores one torchrun launch and one in-process test then share
-    the machine, never two launches of 2-4 ranks each, whose time bounds (a stalled rank, a worker that
-    stops delivering) were written for a machine that is at most that busy."""
-    launching = {item.path for item in items if item.get_closest_marker("distributed") is not None}
-    for item in items:
-        launches = item.path in launching or "distributed" in item.path.parts
-        item.add_marker(pytest.mark.xdist_group(LAUNCH_GROUP if launches else str(item.path)))
+    """The order `pytest -n 2 --dist loadfile --no-loadscope-reorder` (pytest-xdist; what `nox -s
+    tests` runs) hands files out in: the two workers split the suite by test file, so a module fixture
+    (a training run) is built once, and the files that launch processes go first, so the suite ends on
+    short in-process files that keep both workers busy to the last (the order is otherwise collection's,
+    the same on every worker, as xdist requires). Two launches may share the machine then, as may a
+    launch and an in-process test: the time bounds of every launch (a stalled rank, a worker that stops
+    delivering) are written for a 2-core machine that busy."""
+    launching = {item.path for item in items if launches_processes(item)}
+    items.sort(key=lambda item: item.path not in launching)
 
 
 PYTEST_TIMEOUT = re.compile(r"Timeout \(>(?P<limit>[0-9.]+)s\) from pytest-timeout")

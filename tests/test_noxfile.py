@@ -199,3 +199,26 @@ def test_the_numerics_marker_selects_stored_references_and_summation_orders() ->
     assert not [
         line for line in selected if "test_old_checkpoint_evaluates" in line or "test_defaults" in line
     ]
+
+
+def test_the_suites_workers_build_each_module_fixture_once(noxfile, tmp_path: Path) -> None:
+    """`nox -s tests` splits the suite by file (its XDIST flags), so a module fixture (a training run in
+    tests/distributed/) is built by one worker, once. Red on `--dist loadgroup` under pytest 9.2, whose
+    items no longer carry xdist's group suffix: each test was its own group, and both workers built it."""
+    log = tmp_path / "setups.log"
+    for name in ("a", "b", "c"):
+        (tmp_path / f"test_{name}.py").write_text(
+            "import os, pytest\n"
+            "@pytest.fixture(scope='module')\n"
+            "def run():\n"
+            f"    with open({str(log)!r}, 'a') as f:\n"
+            f"        f.write('{name} %d\\n' % os.getpid())\n"
+            "@pytest.mark.parametrize('n', range(6))\n"
+            "def test_x(run, n):\n"
+            "    pass\n"
+        )
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *noxfile.XDIST, str(tmp_path)]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    setups = sorted(line.split()[0] for line in log.read_text().splitlines())
+    assert setups == ["a", "b", "c"]
