@@ -1,9 +1,8 @@
 """The layering rules of the two packages, read from their source with `ast` (nothing is imported):
 
 - inside each package, imports flow one way: no module reaches itself again through its imports,
-  counting every import statement, those inside functions included, but a policy config's two ways to
-  the code it names: the imports inside `policy_class()` (its class) and `lerobot_adapter()` (its
-  LeRobot form), which import the config in turn; they run only when a policy is built or converted;
+  counting every import statement, those inside functions included (a policy config names its class
+  and LeRobot adapter by module name, `config/registry.py: imported`, so it imports neither);
 - each package's folders are its layers (`LAYERS`, lowest first): a module imports only from its own
   layer or the layers below it;
   imports under `if TYPE_CHECKING:` count too (an annotation is a dependency of the reader);
@@ -44,27 +43,12 @@ def _modules(package: str) -> dict[str, Path]:
     return found
 
 
-def _lazy_policy_imports(tree: ast.AST) -> set[ast.stmt]:
-    """The import statements inside a config's `policy_class()` and `lerobot_adapter()` methods."""
-    return {
-        node
-        for function in ast.walk(tree)
-        if isinstance(function, ast.FunctionDef) and function.name in ("policy_class", "lerobot_adapter")
-        for node in ast.walk(function)
-        if isinstance(node, ast.Import | ast.ImportFrom)
-    }
-
-
-def _imports(module: str, path: Path, *, lazy: bool = True) -> Iterator[tuple[ast.stmt, list[str]]]:
+def _imports(module: str, path: Path) -> Iterator[tuple[ast.stmt, list[str]]]:
     """Every import statement of a module (at any depth) and the dotted names it imports: for
-    `from a.b import c` both `a.b.c` and `a.b`, since `c` may be a module or a name in `a.b`.
-    `lazy=False` leaves out the imports inside `policy_class()` and `lerobot_adapter()`."""
+    `from a.b import c` both `a.b.c` and `a.b`, since `c` may be a module or a name in `a.b`."""
     is_package = path.name == "__init__.py"
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skipped = set() if lazy else _lazy_policy_imports(tree)
     for node in ast.walk(tree):
-        if node in skipped:
-            continue
         if isinstance(node, ast.Import):
             yield node, [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -76,14 +60,14 @@ def _imports(module: str, path: Path, *, lazy: bool = True) -> Iterator[tuple[as
             yield node, [f"{base}.{alias.name}" for alias in node.names] + [base]
 
 
-def _edges(package: str, *, lazy: bool = True) -> dict[str, set[str]]:
+def _edges(package: str) -> dict[str, set[str]]:
     """Module -> the modules of the same package it imports. `from pkg import name` counts as an edge
     to `pkg.name` when that is a module, else to `pkg`; a package's `__init__` is left out as a target
     when the name is a module of it (the lazy export table is not layering)."""
     modules = _modules(package)
     edges: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        for node, targets in _imports(name, path, lazy=lazy):
+        for node, targets in _imports(name, path):
             if isinstance(node, ast.ImportFrom):
                 names = targets[:-1]
                 dotted = [t for t in names if t in modules]
@@ -329,7 +313,7 @@ def test_the_metadata_path_never_imports_torch() -> None:
 
 @pytest.mark.parametrize("package", ["ckpt_tools", "trainer"])
 def test_imports_flow_one_way(package: str) -> None:
-    cycles = _cycles(_edges(package, lazy=False))
+    cycles = _cycles(_edges(package))
     assert not cycles, f"import cycles in {package}: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
