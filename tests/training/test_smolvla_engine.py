@@ -82,9 +82,13 @@ def test_the_training_preset_follows_lerobots_learning_rates(trained: Path, work
 
 
 def test_our_checkpoint_acts_on_a_raw_observation_with_its_task(
-    trained: Path, workdir: Path, monkeypatch
+    trained: Path, workdir: Path, tmp_path: Path, monkeypatch
 ) -> None:
-    monkeypatch.chdir(workdir)
+    """From any working directory: the run was given `--policy.vlm_model_name=tiny_smolvlm` relative to
+    its own, and its checkpoint names the backbone absolute."""
+    saved = json.loads((trained / "pretrained_model" / "train_config.json").read_text())["policy"]
+    assert saved["vlm_model_name"] == str(workdir / "tiny_smolvlm")
+    monkeypatch.chdir(tmp_path)
     loaded = trainer.load_policy(str(trained))
     frame = torch.zeros(24, 40, 3, dtype=torch.uint8).numpy()
     observation = {
@@ -199,7 +203,7 @@ def test_a_backbone_without_a_tokenizer_is_one_line(workdir: Path, monkeypatch) 
     bare.mkdir(exist_ok=True)
     shutil.copy(workdir / "tiny_smolvlm" / "config.json", bare / "config.json")
     message = _refused(workdir, monkeypatch, ["--policy.vlm_model_name=bare_smolvlm"])
-    assert message.startswith("--policy.vlm_model_name=bare_smolvlm: bare_smolvlm holds no tokenizer")
+    assert message.startswith(f"--policy.vlm_model_name={bare}: {bare} holds no tokenizer")  # absolute
 
 
 def test_a_missing_backbone_is_one_line(workdir: Path, monkeypatch) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainer.config import registry
 from trainer.config.dataset import Embodiment, FrameResize
@@ -88,8 +88,8 @@ class SmolVLAConfig(PolicyConfig):
     scheduler_decay_lr: float = 2.5e-6
     """LeRobot's preset: learning rate at the end of the decay."""
     vlm_model_name: str = "HuggingFaceTB/SmolVLM2-500M-Video-Instruct"
-    """The SmolVLM backbone: a local directory (relative to the working directory) or a Hub repo id
-    read through the Hugging Face cache; it gives the VLM's config and the tokenizer."""
+    """The SmolVLM backbone: a local directory (relative to the working directory; recorded absolute) or
+    a Hub repo id read through the Hugging Face cache; it gives the VLM's config and the tokenizer."""
     load_vlm_weights: bool = False
     """Start the VLM from the backbone's pretrained weights (else its random init from the config)."""
     add_image_special_tokens: bool = False
@@ -122,6 +122,8 @@ class SmolVLAConfig(PolicyConfig):
     shapes, in LeRobot's schema."""
     image_shapes: dict[str, list[int]] = field(default_factory=dict)
     """Frame shape (C, H, W) of each camera, taken from the dataset."""
+
+    path_fields: ClassVar[tuple[str, ...]] = ("vlm_model_name",)
 
     def __post_init__(self) -> None:
         super().__post_init__()
