@@ -172,8 +172,9 @@ def lerobot_side(session: nox.Session) -> None:
     in LeRobot's `from_pretrained(dir, strict=True)` and act as ours within 1e-5, and so do LeRobot's
     `make_pre_post_processors(pretrained_path=export)` around them on a raw observation
     (benchmarks/lerobot_side.py check), then the training step time of our SmolVLA, ACT, Diffusion Policy
-    and pi0.5 against LeRobot's on the same checkpoint and batch (benchmarks/bench_smolvla_lerobot.py;
-    options after `--` go to the bench, e.g. `-- --repeat 5`). When LEROBOT_MAIN_PYTHON names the Python of
+    and pi0.5 against LeRobot's on the same checkpoint and batch (benchmarks/bench_smolvla_lerobot.py),
+    and of our FastWAM against LeRobot's, tiny and mid-sized, step by step in one process
+    (benchmarks/bench_fastwam_lerobot.py); options after `--` go to each bench, e.g. `-- --repeat 5`. When LEROBOT_MAIN_PYTHON names the Python of
     a venv with LeRobot main installed from its source, first the way back: LeRobot main's own
     `lerobot-train --resume=true` continues a step of ours exported with `trainer export --lerobot_step=true`
     (benchmarks/lerobot_main_resume.py)."""
@@ -200,6 +201,12 @@ def lerobot_side(session: nox.Session) -> None:
     bench = ("benchmarks/bench_smolvla_lerobot.py", f"--lerobot-python={lerobot_python}")
     for policy in ("smolvla", "act", "diffusion", "pi05"):
         session.run("python", *bench, f"--policy={policy}", *session.posargs)
+    session.run(
+        "python",
+        "benchmarks/bench_fastwam_lerobot.py",
+        f"--lerobot-python={lerobot_python}",
+        *session.posargs,
+    )
 
 
 DEMO_OUTPUT = "outputs/demo"

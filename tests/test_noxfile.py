@@ -110,7 +110,7 @@ def test_gpu_runs_the_smoke_script_without_the_cpu_torch_pin(noxfile) -> None:
 def test_lerobot_side_runs_only_beside_a_lerobot_venv(noxfile, monkeypatch) -> None:
     """Without LEROBOT_PYTHON or LEROBOT_MAIN_PYTHON the session names both and runs nothing (exit 0);
     with LeRobot main's alone, the way back only; with LeRobot 0.6.1's, the check, then the step-time
-    bench of SmolVLA, ACT, Diffusion Policy and pi0.5, each in LeRobot's venv beside ours."""
+    bench of SmolVLA, ACT, Diffusion Policy and pi0.5, each in LeRobot's venv beside ours, and FastWAM's."""
     monkeypatch.delenv("LEROBOT_PYTHON", raising=False)
     monkeypatch.delenv("LEROBOT_MAIN_PYTHON", raising=False)
     session = _Session()
@@ -139,6 +139,7 @@ def test_lerobot_side_runs_only_beside_a_lerobot_venv(noxfile, monkeypatch) -> N
         ("python", "benchmarks/bench_smolvla_lerobot.py", lerobot, "--policy=act", "--steps=5"),
         ("python", "benchmarks/bench_smolvla_lerobot.py", lerobot, "--policy=diffusion", "--steps=5"),
         ("python", "benchmarks/bench_smolvla_lerobot.py", lerobot, "--policy=pi05", "--steps=5"),
+        ("python", "benchmarks/bench_fastwam_lerobot.py", lerobot, "--steps=5"),
     ]
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch import nn
 
 import trainer
 from helpers.fixtures import copy_fixture
@@ -303,6 +304,76 @@ def test_lerobots_default_size_is_built() -> None:
     assert count == {".video": 4_999_787_712, ".action": 1_020_886_023, "proprio": 36_864}
 
 
+# A fresh FastWAM's tensors as LeRobot's classes start them, by name: (pattern, rule, expected std).
+# "xavier": Wan's init_weights, uniform within sqrt(6 / (fan_in + fan_out)) (the patch embedding's over its
+# flattened kernel); "torch": nn.Linear's own, uniform within 1 / sqrt(fan_in) (LeRobot's ActionDiT and
+# proprio encoder keep it); "normal": Wan's text and time embeddings; "zero", "one": constant.
+INITIAL = [
+    (r"video\.head\.head\.(weight|bias)$", "zero"),
+    (r"\.modulation$", "normal"),  # 1 / sqrt(hidden)
+    (r"norm\w*\.weight$", "one"),
+    (r"norm3\.bias$", "zero"),
+    (r"video\.(text|time)_embedding\.\d\.weight$", "normal"),  # 0.02
+    (r"video\.patch_embedding\.weight$", "xavier"),
+    (r"video\.patch_embedding\.bias$", "torch"),  # the Conv3d's own (Wan re-draws the kernel only)
+    (r"(mixtures\.video|blocks\.video)\..*\.weight$", "xavier"),
+    (r"(mixtures\.video|blocks\.video)\..*\.bias$", "zero"),
+    (r"(mixtures\.action\.|blocks\.action\.|proprio_encoder\.).*(weight|bias)$", "torch"),
+]
+
+
+def _initial_std(name: str, tensor: torch.Tensor, rule: str, hidden: dict[str, int], fan_in: int) -> float:
+    if rule == "normal":
+        return 0.02 if "embedding" in name else hidden["video" if "video" in name else "action"] ** -0.5
+    if rule == "xavier":
+        fan_out = tensor.shape[0]
+        return (2 / (fan_in + fan_out)) ** 0.5
+    return (3 * fan_in) ** -0.5  # torch's uniform within 1 / sqrt(fan_in)
+
+
+def test_a_fresh_policy_starts_as_lerobots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built without weights, eagerly or on meta then materialized module by module (the engine's meta
+    build calls each module's `reset_parameters()`), every tensor starts as LeRobot's classes start it
+    (INITIAL): the video expert as Wan's `init_weights` leaves it (Xavier-uniform Linears with zero
+    biases, its text and time embeddings normal(0, 0.02), the patch kernel Xavier-uniform over its
+    flattened fan-in, a zero head), the action expert and the proprio encoder as torch's, the
+    modulations normal(0, 1 / hidden)."""
+    import re
+
+    from trainer.policies.fastwam.policy import FastWAM
+
+    sizes = {"num_heads": 2, "attn_head_dim": 128, "num_layers": 1, "text_dim": 64, "freq_dim": 64}
+    config = FastWAMConfig(
+        base_model_id=None, action_dim=7, proprio_dim=8, torch_dtype="float32",
+        video_dit_config={**sizes, "hidden_dim": 256, "ffn_dim": 512},
+        action_dit_config={**sizes, "hidden_dim": 128, "ffn_dim": 256},
+    )  # fmt: skip
+    hidden = {"video": 256, "action": 128}
+    torch.manual_seed(0)
+    eager = FastWAM(config)
+    with torch.device("meta"):
+        on_meta = FastWAM(config)
+    for module in on_meta.modules():
+        module.to_empty(device="cpu", recurse=False)
+        if callable(getattr(module, "reset_parameters", None)):
+            module.reset_parameters()
+    for model in (eager, on_meta):
+        fan_ins = {name: m.weight[0].numel() for name, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv3d))}  # fmt: skip
+        for name, tensor in model.state_dict().items():
+            rule = next((rule for pattern, rule in INITIAL if re.search(pattern, name)), None)
+            assert rule is not None, f"{name}: no rule of INITIAL says how it starts"
+            if rule in ("zero", "one"):
+                assert torch.all(tensor == (rule == "one")), f"{name} should start {rule}"
+                continue
+            fan_in = fan_ins.get(name.rsplit(".", 1)[0], 0)  # of the Linear or Conv3d holding it
+            expected = _initial_std(name, tensor, rule, hidden, fan_in)
+            assert tensor.std().item() == pytest.approx(
+                expected, rel=0.05 if tensor.numel() > 4000 else 0.2
+            ), name
+            if rule in ("xavier", "torch"):  # uniform: within sqrt(3) std
+                assert tensor.abs().max().item() <= expected * 3**0.5 * (1 + 1e-6), name
+
+
 def test_defaults_are_lerobots() -> None:
     """LeRobot 0.6.1's FastWAMConfig defaults, its window and its preset."""
     config = FastWAMConfig(base_model_id=None)
@@ -328,6 +399,7 @@ def test_defaults_are_lerobots() -> None:
         ({"action_dit_config": {"num_heads": 2}}, r"^--policy.video_dit_config and --policy.action_dit_config attend jointly"),
         ({"base_model_id": "lerobot/fastwam_base"}, r"^--policy.base_model_id=lerobot/fastwam_base: LeRobot starts"),
         ({"dtype": "float32"}, r"^--policy.dtype=float32: FastWAM's dtype is --policy.torch_dtype"),
+        ({"toggle_action_dimensions": [6]}, r"^--policy.toggle_action_dimensions is not supported yet: leave it empty"),
     ],
 )  # fmt: skip
 def test_bad_configs_are_refused_in_one_line(fields: dict, message: str) -> None:

@@ -1,15 +1,16 @@
 """LeRobot's FastWAM checkpoint fine-tuned by the real trainer on gloo ranks, in one launch.
 
-usage: fastwam_run.py OUT WORKDIR RUN...   (RUN: fsdp2 and ddp on 2 ranks, hsdp on 4)
+usage: fastwam_run.py OUT WORKDIR RUN...   (on 4 ranks: RUN among fsdp2, hsdp, ddp)
 
 WORKDIR is a copy of tests/fixtures/lerobot_fastwam_tiny: LeRobot's checkpoint (`pretrained_model/`,
 whose config names the frozen parts `./tiny_wan`, read from the working directory), its dataset
 (`dataset/`). Every run starts from that checkpoint (`--policy.path`) and takes 2 steps of 1 sample
-per rank with its 5-frame video window, at a constant rate.
-`fsdp2`  FSDP2 on 2 ranks (the policy's units: one per MoT layer, the embeddings, the heads).
-`ddp`    DDP on 2 ranks: the same samples and draws per rank, so the same losses.
-`hsdp`   HSDP 2 replicas x 2 shards on 4 ranks, and `ddp4` DDP on the same 4 (run by hand:
-         docs/fastwam.md).
+per rank with its 5-frame video window, at a constant rate, on every rank of the launch: the same
+samples and draws per rank in each run, so the same losses.
+`fsdp2`  FSDP2 over all 4 ranks (the policy's units: one per MoT layer and per projection in it, the
+         embeddings, the heads).
+`hsdp`   HSDP: 2 replicas x FSDP2 over 2 shards.
+`ddp`    DDP on the same 4 ranks: the reference.
 """
 
 from __future__ import annotations
@@ -31,10 +32,9 @@ TUNE = [
     "--optimizer.lr=1e-3", "--scheduler.type=constant", "--scheduler.warmup_steps=0",
 ]  # fmt: skip
 TOPOLOGY = {
-    "fsdp2": ["--parallelism.dp_shard=2"],
-    "ddp": ["--parallelism.dp_shard=1"],
+    "fsdp2": ["--parallelism.dp_shard=4"],
     "hsdp": ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"],
-    "ddp4": ["--parallelism.dp_shard=1"],
+    "ddp": ["--parallelism.dp_shard=1"],
 }
 
 

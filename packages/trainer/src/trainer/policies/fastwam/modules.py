@@ -6,6 +6,13 @@ because their joint attention reads both at once, so it is the one FSDP unit tha
 module whose weights are read runs its own `forward()` (`VideoEmbedding`, `ActionEmbedding`,
 `VideoHead`, `ActionHead`, `MoTLayer`): those are the units FSDP's hooks see.
 
+A fresh build starts as LeRobot's does: the video expert's weights as Wan's `init_weights` leaves them
+(every Linear Xavier-uniform with a zero bias, the text and time embeddings normal(0, 0.02), the patch
+embedding Xavier-uniform over its flattened kernel, the head's Linear zero), the action expert and the
+proprio encoder with torch's own initializers (LeRobot's `ActionDiT` has no `init_weights`), every
+block's and head's modulation normal(0, 1 / hidden). Each module does it in its `reset_parameters()`,
+which the engine's meta build calls too.
+
 Numerics follow LeRobot's (the fixture's README lists them): the timestep sinusoid in float64
 (`[cos, sin]`), RoPE in complex128, layer norms and the q/k RMSNorms (over the whole attention width) in
 float32, attention in float32 under `fp32_attention`; video tokens modulated per token (latent frame 0
@@ -114,26 +121,64 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
     return x * (1 + scale) + shift
 
 
+XAVIER = None  # `wan_init`'s std for Xavier-uniform weights
+
+
+def wan_init(linear: nn.Linear, std: float | None) -> None:
+    """Wan's `init_weights` for a Linear of the video DiT: a zero bias and the weight Xavier-uniform
+    (`std` None), normal(0, std), or zero (`std` 0: the head)."""
+    with torch.no_grad():
+        if std is XAVIER:
+            nn.init.xavier_uniform_(linear.weight)
+        elif std == 0:
+            nn.init.zeros_(linear.weight)
+        else:
+            nn.init.normal_(linear.weight, std=std)
+        if linear.bias is not None:
+            nn.init.zeros_(linear.bias)
+
+
+class WanLinear(nn.Linear):
+    """A Linear of the video expert's embeddings and head, initialized by `wan_init` with `std`."""
+
+    def __init__(self, in_features: int, out_features: int, std: float | None) -> None:
+        self.std = std  # read by reset_parameters(), which nn.Linear's constructor calls
+        super().__init__(in_features, out_features)
+
+    def reset_parameters(self) -> None:
+        wan_init(self, self.std)
+
+
 class Projection(nn.Linear):
     """One of a block's linear projections (an attention's q, k, v, o; the FFN's two), an FSDP unit of
     its own inside its MoT layer's: FSDP2 holds a unit's gathered weights twice while it gathers them,
     so the largest unit sets what a step adds to the peak. A whole MoT layer at LeRobot's widths is 197 M
     parameters (the video block's FFN alone 88 M); its largest projection is 44 M (as pi's
-    `MLPProjection`)."""
+    `MLPProjection`). The video expert's start Xavier-uniform (`wan`), the action expert's as torch's."""
+
+    def __init__(self, in_features: int, out_features: int, wan: bool) -> None:
+        self.wan = wan  # read by reset_parameters(), which nn.Linear's constructor calls
+        super().__init__(in_features, out_features)
+
+    def reset_parameters(self) -> None:
+        if self.wan:
+            wan_init(self, XAVIER)
+        else:
+            super().reset_parameters()
 
 
 class Projections(nn.Module):
     """An attention's q/k/v/o projections between the expert's width and the joint attention width,
     with q and k RMS-normalized over the whole attention width."""
 
-    def __init__(self, hidden: int, width: int, eps: float) -> None:
+    def __init__(self, hidden: int, width: int, eps: float, wan: bool) -> None:
         super().__init__()
         self.q, self.k, self.v = (
-            Projection(hidden, width),
-            Projection(hidden, width),
-            Projection(hidden, width),
+            Projection(hidden, width, wan),
+            Projection(hidden, width, wan),
+            Projection(hidden, width, wan),
         )
-        self.o = Projection(width, hidden)
+        self.o = Projection(width, hidden, wan)
         self.norm_q, self.norm_k = RMSNorm(width, eps), RMSNorm(width, eps)
 
 
@@ -151,19 +196,22 @@ class Modulation:
 
 class Block(nn.Module):
     """One expert's transformer block: modulated self-attention (joint with the other expert, run by
-    `MoTLayer`), cross-attention to the prompt context, modulated FFN."""
+    `MoTLayer`), cross-attention to the prompt context, modulated FFN. `wan`: the video expert's (its
+    projections start as Wan's)."""
 
-    def __init__(self, hidden: int, ffn: int, num_heads: int, head_dim: int, eps: float, fp32: bool) -> None:
+    def __init__(
+        self, hidden: int, ffn: int, num_heads: int, head_dim: int, eps: float, fp32: bool, wan: bool
+    ) -> None:
         super().__init__()
         width = num_heads * head_dim
         self.num_heads, self.fp32 = num_heads, fp32
         self.norm1 = LayerNorm(hidden, eps, elementwise_affine=False)
-        self.self_attn = Projections(hidden, width, eps)
+        self.self_attn = Projections(hidden, width, eps, wan)
         self.norm3 = LayerNorm(hidden, eps, elementwise_affine=True)
-        self.cross_attn = Projections(hidden, width, eps)
+        self.cross_attn = Projections(hidden, width, eps, wan)
         self.norm2 = LayerNorm(hidden, eps, elementwise_affine=False)
         self.ffn = nn.Sequential(
-            Projection(hidden, ffn), nn.GELU(approximate="tanh"), Projection(ffn, hidden)
+            Projection(hidden, ffn, wan), nn.GELU(approximate="tanh"), Projection(ffn, hidden, wan)
         )
         self.modulation = nn.Parameter(torch.empty(1, 6, hidden))
         self.reset_parameters()
@@ -269,15 +317,29 @@ class MoTLayer(nn.Module):
         return out, video_kv
 
 
-def time_modules(freq_dim: int, hidden: int) -> tuple[nn.Sequential, nn.Sequential]:
+EMBEDDING_STD = 0.02  # Wan's text and time embeddings' weights
+
+
+def linear(in_features: int, out_features: int, wan: bool, std: float | None) -> nn.Linear:
+    """The video expert's Linear, initialized as Wan's with `std` (`wan`), else torch's."""
+    return WanLinear(in_features, out_features, std) if wan else nn.Linear(in_features, out_features)
+
+
+def time_modules(freq_dim: int, hidden: int, wan: bool) -> tuple[nn.Sequential, nn.Sequential]:
     """Wan's `time_embedding` (Linear, SiLU, Linear) and `time_projection` (SiLU, Linear to 6 x hidden)."""
-    embedding = nn.Sequential(nn.Linear(freq_dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
-    return embedding, nn.Sequential(nn.SiLU(), nn.Linear(hidden, hidden * 6))
+    embedding = nn.Sequential(
+        linear(freq_dim, hidden, wan, EMBEDDING_STD), nn.SiLU(), linear(hidden, hidden, wan, EMBEDDING_STD)
+    )
+    return embedding, nn.Sequential(nn.SiLU(), linear(hidden, hidden * 6, wan, XAVIER))
 
 
-def text_embedding(text_dim: int, hidden: int) -> nn.Sequential:
+def text_embedding(text_dim: int, hidden: int, wan: bool) -> nn.Sequential:
     """Wan's `text_embedding`: Linear, GELU(tanh), Linear."""
-    return nn.Sequential(nn.Linear(text_dim, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, hidden))
+    return nn.Sequential(
+        linear(text_dim, hidden, wan, EMBEDDING_STD),
+        nn.GELU(approximate="tanh"),
+        linear(hidden, hidden, wan, EMBEDDING_STD),
+    )
 
 
 class Embedded(NamedTuple):
@@ -291,13 +353,26 @@ class Embedded(NamedTuple):
     grid: tuple[int, int, int]
 
 
+class PatchEmbedding(nn.Conv3d):
+    """The video expert's patch embedding: torch's Conv3d, its kernel then Xavier-uniform over its
+    flattened (in x patch) fan-in, as Wan's `init_weights` leaves it."""
+
+    def __init__(self, in_dim: int, hidden: int, patch: tuple[int, int, int]) -> None:
+        super().__init__(in_dim, hidden, kernel_size=patch, stride=patch)
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        with torch.no_grad():
+            nn.init.xavier_uniform_(self.weight.view(self.weight.shape[0], -1))
+
+
 class VideoHead(nn.Module):
     """Wan's head: LayerNorm modulated by `modulation + t` (per token), Linear to patch x channels."""
 
     def __init__(self, hidden: int, out_dim: int, patch: tuple[int, int, int], eps: float) -> None:
         super().__init__()
         self.norm = LayerNorm(hidden, eps, elementwise_affine=False)
-        self.head = nn.Linear(hidden, math.prod(patch) * out_dim)
+        self.head = WanLinear(hidden, math.prod(patch) * out_dim, std=0.0)
         self.modulation = nn.Parameter(torch.empty(1, 2, hidden))
         self.reset_parameters()
 
@@ -318,11 +393,9 @@ class VideoExpert(nn.Module):
     def __init__(self, size: VideoSize) -> None:
         super().__init__()
         self.size = size
-        self.patch_embedding = nn.Conv3d(
-            size.in_dim, size.hidden_dim, kernel_size=size.patch_size, stride=size.patch_size
-        )
-        self.text_embedding = text_embedding(size.text_dim, size.hidden_dim)
-        self.time_embedding, self.time_projection = time_modules(size.freq_dim, size.hidden_dim)
+        self.patch_embedding = PatchEmbedding(size.in_dim, size.hidden_dim, size.patch_size)
+        self.text_embedding = text_embedding(size.text_dim, size.hidden_dim, wan=True)
+        self.time_embedding, self.time_projection = time_modules(size.freq_dim, size.hidden_dim, wan=True)
         self.head = VideoHead(size.hidden_dim, size.out_dim, size.patch_size, size.eps)
 
     def forward(self, latents: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor) -> Embedded:
@@ -359,8 +432,8 @@ class ActionExpert(nn.Module):
         super().__init__()
         self.size = size
         self.action_encoder = nn.Linear(size.action_dim, size.hidden_dim)
-        self.text_embedding = text_embedding(size.text_dim, size.hidden_dim)
-        self.time_embedding, self.time_projection = time_modules(size.freq_dim, size.hidden_dim)
+        self.text_embedding = text_embedding(size.text_dim, size.hidden_dim, wan=False)
+        self.time_embedding, self.time_projection = time_modules(size.freq_dim, size.hidden_dim, wan=False)
         self.head = ActionHead(size.hidden_dim, size.action_dim)
 
     def forward(self, actions: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor) -> Embedded:
@@ -381,8 +454,8 @@ class MoT(nn.Module):
         self.layers = nn.ModuleList(
             MoTLayer(
                 {
-                    "video": Block(video.hidden_dim, video.ffn_dim, video.num_heads, video.attn_head_dim, video.eps, video.fp32_attention),
-                    "action": Block(action.hidden_dim, action.ffn_dim, action.num_heads, action.attn_head_dim, action.eps, action.fp32_attention),
+                    "video": Block(video.hidden_dim, video.ffn_dim, video.num_heads, video.attn_head_dim, video.eps, video.fp32_attention, wan=True),
+                    "action": Block(action.hidden_dim, action.ffn_dim, action.num_heads, action.attn_head_dim, action.eps, action.fp32_attention, wan=False),
                 },
                 video.num_heads,
                 video.fp32_attention,
