@@ -24,9 +24,10 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from trainer.config.fault_tolerance import FaultToleranceSection
-from trainer.distributed.heal_state import GroupState
+from trainer.distributed.heal_state import GroupState, local_part
 from trainer.errors import ConfigError, RunFailedError
 
 if TYPE_CHECKING:
@@ -78,8 +79,10 @@ class Quorum:
     trained: bool
     """The live peers have trained this step already: this group healed from them and skips it."""
     weights_sha256: str = ""
-    """On a membership change: the digest of this rank's weights as the step starts (a group that
-    healed holds its peer's, bit for bit, so both groups record the same)."""
+    """On a membership change: the digest of the group's weights (every rank's shard of the model and
+    the EMA) as the step starts (a group that healed holds its peer's, bit for bit, so both groups record the same)."""
+    optimizer_sha256: str = ""
+    """The same of the optimizer's state (moments, step counters), on a membership change."""
 
     def line(self) -> str:
         return f"step {self.step}: quorum of {self.replicas} replica groups"
@@ -93,6 +96,7 @@ class Quorum:
             "replicas": self.replicas,
             "replica_rank": self.replica_rank,
             "weights_sha256": self.weights_sha256,
+            "optimizer_sha256": self.optimizer_sha256,
             "time": time.time(),
         }
 
@@ -118,7 +122,7 @@ class SingleGroup:
         """Every step is applied."""
         return True
 
-    def finish(self, step: int, model: torch.nn.Module) -> dict[str, Any] | None:
+    def finish(self, step: int) -> dict[str, Any] | None:
         """At the end of the run: nothing to shut down, nothing to report."""
         return None
 
@@ -137,7 +141,7 @@ class ReplicaGroup(SingleGroup):
         from torchft.manager import WorldSizeMode
 
         timeout = timedelta(seconds=section.timeout_s)
-        self._section, self._model = section, state.model
+        self._section, self._state = section, state
         self._store, store_addr, store_port = _group_store(group_world)
         self._manager: Manager = Manager(
             # an exchange with a dead peer fails within this, before the live peers' quorum gives up
@@ -210,7 +214,8 @@ class ReplicaGroup(SingleGroup):
             *members,
             changed=changed,
             trained=done == step and not joining,
-            weights_sha256=weights_digest(self._model) if changed else "",
+            weights_sha256=group_digest(self._state.weights()) if changed else "",
+            optimizer_sha256=group_digest(self._state.optimizer_tensors()) if changed else "",
         )
 
     def average_gradients(self, model: torch.nn.Module) -> None:
@@ -218,7 +223,7 @@ class ReplicaGroup(SingleGroup):
         averaged with the same rank of every other group; a failed exchange marks the step, which
         `commit` then refuses."""
         works = [
-            self._manager.allreduce(_local(param.grad))
+            self._manager.allreduce(local_part(param.grad))
             for param in model.parameters()
             if param.grad is not None
         ]
@@ -231,33 +236,32 @@ class ReplicaGroup(SingleGroup):
         applied; the loop trains it again after a new quorum."""
         return bool(self._manager.should_commit())
 
-    def finish(self, step: int, model: torch.nn.Module) -> dict[str, Any] | None:
-        """Stop the Manager (its server on the group's rank 0) and its checkpoint server. Returns the
-        group's last record for metrics.jsonl: the step it finished at and a digest of its weights
-        (this rank's part), which equals every other group's when they trained in step."""
+    def finish(self, step: int) -> dict[str, Any] | None:
+        """Collective over the group. Stop the Manager (its server on the group's rank 0) and its
+        checkpoint server. Returns the group's last record for metrics.jsonl: the step it finished at
+        and a digest of its weights (every rank's shard, the EMA's too), which equals every other
+        group's when they trained in step."""
         self._manager.shutdown(wait=False)
         return {
             "event": "replica_finished",
             "step": step,
             "replica_id": self._section.replica_id,
-            "weights_sha256": weights_digest(model),
+            "weights_sha256": group_digest(self._state.weights()),
         }
 
 
-def weights_digest(model: torch.nn.Module) -> str:
-    """The sha256 of this rank's part of the model's weights, bit for bit (equal in every group that
-    trained in step)."""
+def group_digest(tensors: list[torch.Tensor]) -> str:
+    """Collective over the group. The sha256 of each rank's `tensors` (its parts), bit for bit, gathered
+    over the group's ranks in rank order and hashed again: equal in two groups exactly when every rank
+    holds what the same rank of the other holds."""
     digest = hashlib.sha256()
-    for value in model.state_dict().values():
-        digest.update(
-            _local(value).detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        )
-    return digest.hexdigest()
-
-
-def _local(grad: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a gradient: the local shard of an FSDP2 DTensor, else the tensor itself."""
-    return grad.to_local() if hasattr(grad, "to_local") else grad
+    for tensor in tensors:
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    ranks = [digest.hexdigest()]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        ranks = [""] * dist.get_world_size()
+        dist.all_gather_object(ranks, digest.hexdigest())
+    return hashlib.sha256("".join(ranks).encode()).hexdigest()
 
 
 def _group_store(group_world: int) -> tuple[TCPStore | None, str | None, int | None]:

@@ -75,7 +75,7 @@ def _train(plan: RunPlan, data: RunData, interrupts: Interrupts, lock: RunLock) 
         logger.close()
         raise
     last_checkpoint = checkpoints.finish()
-    finished = run.replicas.finish(steps, run.model)  # a fault-tolerant group's weights digest
+    finished = run.replicas.finish(steps)  # a fault-tolerant group's weights digest
     if finished is not None:
         logger.record(finished)
     evaluation = plan.evaluation
