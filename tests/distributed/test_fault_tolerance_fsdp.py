@@ -2,7 +2,8 @@
 each group a `torchrun --nproc-per-node=2` of `trainer train --parallelism.dp_shard=2`, meeting on a
 `trainer lighthouse`. A group that joins late heals from its live peer rank by rank: every rank takes
 the same rank's shards over (the model, the EMA, the optimizer's sharded moments as DTensors on its
-own mesh, the step counters) and the two groups then train as one.
+own mesh, the step counters) and the two groups then train as one. And gradient accumulation under
+fault tolerance: a quorum per window, the groups' average once per window, equal to plain DDP.
 
 Every wait is for a state (a line printed, a process exited), bounded; every process started here is
 stopped by the fixture that started it.
@@ -19,18 +20,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from test_fault_tolerance import (
     TINY,
+    final_weights,
     finish,
     finished_digests,
     group_flags,
     lighthouse,
     logged_step,
     quorum_records,
+    start_group,
+    train_losses,
     wait_for,
 )
 
-from helpers.launch import launch_env, torchrun_command
+from helpers.launch import launch_env, run_torchrun, torchrun_command
 
 pytestmark = pytest.mark.distributed
 
@@ -128,3 +133,29 @@ def test_a_sharded_group_heals_rank_by_rank_from_its_peer_and_both_end_equal(sha
     assert healed[0]["optimizer_sha256"] == joined["optimizer_sha256"]
     digests = finished_digests(out, 2)
     assert digests[0] == digests[1] and [step for step, _ in digests[0]] == [HEAL_STEPS]
+
+
+def test_two_groups_accumulating_train_as_plain_ddp_accumulating_does(tmp_path: Path) -> None:
+    """Two replica groups of one process with --accelerator.gradient_accumulation.steps=2 train to
+    2-rank DDP's weights and losses with the same accumulation: each group sums its window's two
+    micro-batches, the groups average the sum once per window and commit it, and each reads its replica
+    id's share of every loop step's global batch. A quorum opens each window (steps 1 and 3), not
+    each micro-batch: both groups' records show one membership, at step 1, and the same digests."""
+    cache, accumulate = (
+        f"--dataset.cache_dir={tmp_path / 'cache'}",
+        "--accelerator.gradient_accumulation.steps=2",
+    )
+    run_torchrun(SCRIPT, 2, *TINY, cache, accumulate, f"--output_dir={tmp_path / 'ddp'}", timeout=240)
+    logs = [tmp_path / f"group{r}.log" for r in (0, 1)]
+    with lighthouse(2) as (_, address):
+        args = (*TINY, cache, accumulate, f"--output_dir={tmp_path / 'ft'}")
+        groups = [start_group(logs[r], *args, *group_flags(address, r)) for r in (0, 1)]
+        codes = finish(groups, timeout=240)
+    assert codes == [0, 0], "\n".join(log.read_text() for log in logs)
+    torch.testing.assert_close(final_weights(tmp_path / "ft"), final_weights(tmp_path / "ddp"))
+    per_group = [train_losses(tmp_path / "ft" / f"replica_{r}") for r in (0, 1)]
+    mean = [(a + b) / 2 for a, b in zip(*per_group, strict=True)]
+    assert len(mean) == 4 and mean == pytest.approx(train_losses(tmp_path / "ddp"))
+    records = [quorum_records(tmp_path / "ft" / f"replica_{r}") for r in (0, 1)]
+    assert [[(q["step"], q["replicas"]) for q in group] for group in records] == [[(1, 2)], [(1, 2)]]
+    assert finished_digests(tmp_path / "ft", 2)[0] == finished_digests(tmp_path / "ft", 2)[1]

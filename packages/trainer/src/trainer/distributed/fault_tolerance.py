@@ -2,8 +2,8 @@
 
 A fault-tolerant job is several replica groups (each one launch: one process, or FSDP2 over the
 launch's ranks) and a Lighthouse (`serve_lighthouse`, the `trainer lighthouse` command). At the start
-of each step every group asks the Lighthouse for a quorum of the live groups (`ReplicaGroup.start_step`);
-after the backward pass each rank averages its gradients with the same rank of every live group over
+of each optimizer step (each accumulation window) every group asks the Lighthouse for a quorum of the
+live groups (`ReplicaGroup.start_step`); after the window's last backward pass each rank averages its gradients with the same rank of every live group over
 torchft's reconfigurable gloo process group (`average_gradients`, after the group's own reduction by
 FSDP2), and the optimizer steps only when the group's ranks agree the step is sound (`commit`, torchft's
 `should_commit`). A run
@@ -106,13 +106,15 @@ class SingleGroup:
 
     saves = True
     """Whether this group writes the checkpoints (the lowest live replica id)."""
+    may_retry = False
+    """Whether a window can go uncommitted and be trained again (the loop then keeps its batches)."""
 
     def join(self, start_step: int) -> int:
         """The step the loop starts after: where the run resumed."""
         return start_step
 
     def start_step(self, step: int) -> Quorum:
-        """No quorum: the membership never changes."""
+        """No quorum for the window starting at loop step `step`: the membership never changes."""
         return Quorum(step, 1, 0, changed=False, trained=False)
 
     def average_gradients(self, model: torch.nn.Module) -> None:
@@ -133,8 +135,15 @@ SINGLE_GROUP = SingleGroup()
 class ReplicaGroup(SingleGroup):
     """This launch as one replica group of a torchft job (its Manager on every rank of the launch)."""
 
+    may_retry = True
+
     def __init__(
-        self, section: FaultToleranceSection, group_rank: int, group_world: int, state: GroupState
+        self,
+        section: FaultToleranceSection,
+        group_rank: int,
+        group_world: int,
+        state: GroupState,
+        window: int,
     ) -> None:
         _require_torchft("--fault_tolerance.enable=true")
         from torchft import Manager, ProcessGroupGloo
@@ -142,6 +151,7 @@ class ReplicaGroup(SingleGroup):
 
         timeout = timedelta(seconds=section.timeout_s)
         self._section, self._state = section, state
+        self._window = window  # loop steps per optimizer update: torchft's Manager counts updates
         self._store, store_addr, store_port = _group_store(group_world)
         self._manager: Manager = Manager(
             # an exchange with a dead peer fails within this, before the live peers' quorum gives up
@@ -169,22 +179,28 @@ class ReplicaGroup(SingleGroup):
 
     def join(self, start_step: int) -> int:
         """Collective over the group, before the loop. This group's first quorum, at `start_step`
-        (where it resumed): when live peers are further on, it heals from one of them (model,
-        optimizer, schedule, EMA, sampler, RNG) and the loop starts after their step. The quorum
-        serves the loop's first step, which the live groups take together with this one."""
-        self._manager.load_state_dict({"step": start_step, "batches_committed": 0})
+        (where it resumed, the end of a window): when live peers are further on, it heals from one of
+        them (model, optimizer, schedule, EMA, sampler, RNG) and the loop starts after their step. The
+        quorum serves the loop's first window, which the live groups take together with this one."""
+        if start_step % self._window:
+            raise ConfigError(
+                f"resumed at step {start_step}, inside a window of --accelerator.gradient_accumulation.steps="
+                f"{self._window}: under fault tolerance resume with the accumulation the run saved with"
+            )
+        self._manager.load_state_dict({"step": start_step // self._window, "batches_committed": 0})
         self._joined = self._quorum(start_step + 1, joining=True)
-        return self._manager.current_step()
+        return self._manager.current_step() * self._window
 
     def start_step(self, step: int) -> Quorum:
-        """Collective over the group. This step's quorum (the one taken at `join` for the first step),
-        healing first when this group is behind its live peers."""
+        """Collective over the group. The quorum of the window starting at loop step `step` (the one
+        taken at `join` for the first window), healing first when this group is behind its live peers."""
         joined, self._joined = self._joined, None
         return joined if joined is not None else self._quorum(step)
 
     def _quorum(self, step: int, joining: bool = False) -> Quorum:
-        """The quorum of loop step `step`; a group behind its peers heals first. Only a joining group
-        may heal past more than this step: the loop has not started its data feed yet."""
+        """The quorum of the window starting at loop step `step`; a group behind its peers heals first.
+        Only a joining group may heal past more than this window: the loop has not started its data
+        feed yet."""
         timeout = self._section.quorum_timeout_s
         try:
             self._manager.start_quorum(timeout=timedelta(seconds=timeout))
@@ -201,8 +217,8 @@ class ReplicaGroup(SingleGroup):
                 f"--fault_tolerance.group_size={self._section.group_size}: give every group the same "
                 "--fault_tolerance.group_size (the groups of the job) and a distinct --fault_tolerance.replica_id"
             )
-        done = self._manager.current_step()
-        if done > step and not joining:
+        done, last = self._manager.current_step() * self._window, step + self._window - 1
+        if done > last and not joining:
             raise RunFailedError(
                 f"replica group {self._section.replica_id} healed to step {done} while at step {step}: "
                 "its data feed cannot skip ahead mid-run; relaunch it with --resume=true"
@@ -213,7 +229,7 @@ class ReplicaGroup(SingleGroup):
             done + 1 if joining else step,  # a joining group's loop starts after the step it healed to
             *members,
             changed=changed,
-            trained=done == step and not joining,
+            trained=done == last and not joining,
             weights_sha256=group_digest(self._state.weights()) if changed else "",
             optimizer_sha256=group_digest(self._state.optimizer_tensors()) if changed else "",
         )
@@ -290,10 +306,11 @@ def data_split(section: FaultToleranceSection | None, dp_world_size: int, dp_ran
 
 
 def join_replica_group(
-    section: FaultToleranceSection | None, group_rank: int, group_world: int, state: GroupState
+    section: FaultToleranceSection | None, group_rank: int, group_world: int, state: GroupState, window: int
 ) -> SingleGroup:
     """This launch's replica group (`SINGLE_GROUP` without fault tolerance); `state` is what a healing
-    peer fetches from it, and what it takes over when it heals."""
+    peer fetches from it, and what it takes over when it heals; `window` the loop steps per optimizer
+    update (--accelerator.gradient_accumulation.steps), the steps each quorum serves."""
     if section is None:
         return SINGLE_GROUP
-    return ReplicaGroup(section, group_rank, group_world, state)
+    return ReplicaGroup(section, group_rank, group_world, state, window)

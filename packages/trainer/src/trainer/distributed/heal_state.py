@@ -56,7 +56,7 @@ class GroupState:
                 name: {key: local_part(value) for key, value in weights.items()}
                 for name, weights in self.extra_weights.items()
             },
-            "rng": _rng_state(),
+            "rng": rng_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -71,7 +71,7 @@ class GroupState:
         self.optimizer.load_state_dict(_sharded_optimizer_state(state["optimizer"], self.optimizer))
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.set_position(*state["sampler"])
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
 
     def weights(self) -> list[torch.Tensor]:
         """This rank's part of each of the model's tensors (the state dict's order), then of each
@@ -154,7 +154,8 @@ def _on_mesh_of(param: torch.Tensor, shard: torch.Tensor) -> DTensor:
     )
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
+    """The process's random number generators' states (torch, CUDA, numpy, Python)."""
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "numpy": np.random.get_state(),
@@ -165,7 +166,8 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Set the generators back to a `rng_state()`."""
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
