@@ -119,6 +119,7 @@ ROOMS: dict[str, tuple[str | tuple[str, ...], ...]] = {
         "build",
         "checkpoint",
         "startup",
+        "committed_step",
         "loop",
         "plan",
     ),

@@ -4,8 +4,8 @@ Nothing here branches on the rank or the topology. Collectives (prepare, metric 
 saves, the evaluation rollouts of a sharded policy) run on every rank; main-rank output goes through
 the logger that `make_logger` hands out. `train(plan, data)` runs a resolved plan (engine/plan.py) on the
 data it read: the run is
-built by startup.py (the resume phases included), the data comes from the feed, the saves go through
-the checkpoint wing.
+built by startup.py (the resume phases included), the data comes from the feed, each step is trained
+and committed by committed_step.py, the saves go through the checkpoint wing.
 """
 
 from __future__ import annotations
@@ -14,19 +14,17 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from trainer.config.sections import LoopSection, RunPlan
-from trainer.distributed.heal_state import rng_state, set_rng_state
 from trainer.distributed.interrupt import Agreement, Interrupted, Interrupts
 from trainer.distributed.runlock import RunLock, watch_launcher
 from trainer.engine.banner import run_banner
 from trainer.engine.checkpoint.wing import Checkpoints
+from trainer.engine.committed_step import AccumulationWindow, committed_step
 from trainer.engine.loss_window import LossWindow
 from trainer.engine.run import Run, RunData
 from trainer.engine.startup import start_run
@@ -133,14 +131,14 @@ def _run_steps(
     run.model.train()
     steps = range(run.start_step + 1, total + 1)
     batches = run.feed.batches(steps)
-    accumulating = _AccumulationWindow(run.start_step + 1)
+    accumulating = AccumulationWindow(run.start_step + 1)
     for step in steps:
         boundary = step % accum == 0 or step == total
         if (step - 1) % accum == 0:  # the first loop step of an accumulation window
-            accumulating = _AccumulationWindow(step)
+            accumulating = AccumulationWindow(step)
         agreement: list[Agreement] = []
         check = partial(_start_agreement, agreement, interrupts, accelerator.device, checkpoints)
-        loss, metrics, norm = _committed_step(
+        loss, metrics, norm = committed_step(
             run, logger, step, accumulating, batches, clip, check if boundary else None
         )
         if norm is not None:  # an optimizer update: the schedule catches up with the loop steps
@@ -190,85 +188,6 @@ def _log_window(
     return means.loss
 
 
-@dataclass
-class _AccumulationWindow:
-    """The accumulation window being trained (one optimizer update; one loop step without
-    accumulation), as the replica groups agree on it."""
-
-    first: int
-    """Its first loop step: where its quorum is taken."""
-    micro_batches: list[tuple[dict[str, Any], dict[str, torch.Tensor]]] = field(default_factory=list)
-    """The micro-batches drawn for it so far, each with the random generators' state its forward pass
-    started from, kept only when the window may go uncommitted and be trained again on them, the same
-    way (fault tolerance)."""
-    skipped: bool = False
-    """Live peers trained it already: this group healed from them and skips its steps."""
-
-
-def _committed_step(
-    run: Run,
-    logger: Logger,
-    step: int,
-    window: _AccumulationWindow,
-    batches: Iterator[dict[str, torch.Tensor]],
-    clip: float,
-    before_update: Callable[[], None] | None,
-) -> tuple[torch.Tensor | None, dict[str, torch.Tensor], torch.Tensor | None]:
-    """One loop step of `window` as the replica groups agree on it (docs/fault_tolerance.md): a quorum
-    opens each window; the window's last step commits it, or, when the groups do not, the whole window
-    is trained again on its micro-batches after a new quorum, until it is committed (the first time,
-    without fault tolerance). When this group healed from live peers that trained the window, its
-    steps are skipped (no loss). The batch is drawn after the window's quorum, so the sampler a peer
-    heals from stands at the window's start."""
-    if step == window.first:
-        window.skipped = _quorum_trained(run, logger, step)
-    if window.skipped:
-        return _skipped(before_update)
-    batch = run.preprocessor(next(batches))
-    if run.replicas.may_retry:
-        window.micro_batches.append((rng_state(), batch))
-    while True:
-        loss, metrics, norm = _train_step(run, step, batch, clip, before_update)
-        if loss is not None:
-            return loss, metrics, norm
-        if _quorum_trained(run, logger, window.first):  # not committed: the window again, or healed
-            return _skipped(before_update)
-        _train_again(run, window)
-
-
-def _quorum_trained(run: Run, logger: Logger, step: int) -> bool:
-    """Collective over the group. The quorum of the window starting at loop step `step` (a membership
-    change noted); True when this group healed from live peers that trained the window already."""
-    quorum = run.replicas.start_step(step)
-    if quorum.changed:
-        logger.note(quorum.line(), **quorum.record())
-    return quorum.trained
-
-
-def _skipped(
-    before_update: Callable[[], None] | None,
-) -> tuple[torch.Tensor | None, dict[str, torch.Tensor], torch.Tensor | None]:
-    """A step this group does not train; its window's end still takes the boundary's signal check."""
-    if before_update is not None:
-        before_update()
-    return None, {}, None
-
-
-def _train_again(run: Run, window: _AccumulationWindow) -> None:
-    """Collective. The forward and backward passes of the window's micro-batches before its last one
-    again, each from the random state it had (the gradients of the uncommitted window were zeroed; the
-    weights are those it started from): the same gradients, bit for bit. The random state is then set
-    to the last one's, which the caller trains again: those are a whole window of accelerate's count
-    of micro-batches, so the last one syncs and updates, as the first time."""
-    accelerator, model = run.accelerator, run.model
-    for state, batch in window.micro_batches[:-1]:
-        set_rng_state(state)
-        with accelerator.accumulate(model):
-            loss, _ = model(batch)
-            accelerator.backward(loss)
-    set_rng_state(window.micro_batches[-1][0])
-
-
 def _log_val_loss(run: Run, batch_size: int, logger: Logger, step: int) -> float:
     """Collective. The held-out loss, on the console and in metrics.jsonl (`"event": "val"`); for a
     mixture each member's too (`val_loss/<member>`), and the policy's own metrics (`val_<name>`).
@@ -284,39 +203,6 @@ def _log_val_loss(run: Run, batch_size: int, logger: Logger, step: int) -> float
         **values,
     )
     return held_out.loss
-
-
-def _train_step(
-    run: Run,
-    step: int,
-    batch: dict[str, torch.Tensor],
-    clip: float,
-    before_update: Callable[[], None] | None = None,
-) -> tuple[torch.Tensor | None, dict[str, torch.Tensor], torch.Tensor | None]:
-    """One micro-batch; the optimizer updates when accelerate says the accumulation is complete.
-    Returns the loss, what the policy reported beside it and, on a step that updated, the global
-    gradient norm before clipping at `clip` (<= 0: no clipping), all as tensors: reading a value back
-    waits for the device, so the loop does it only when it logs. `before_update()` (the boundary's
-    signal check) is called after the backward, so its all-reduce completes while the optimizer steps
-    instead of adding a synchronization point. A step the replica groups do not commit is not applied:
-    (None, {}, None)."""
-    accelerator, model = run.accelerator, run.model
-    grad_norm = None
-    with accelerator.accumulate(model):
-        loss, metrics = model(batch)
-        accelerator.backward(loss)
-        if accelerator.sync_gradients:  # an infinite threshold measures the norm without clipping
-            run.replicas.average_gradients(model)  # over the live replica groups (fault tolerance)
-            norm = accelerator.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))
-            grad_norm = norm.detach()
-            if not run.replicas.commit(step):
-                run.optimizer.zero_grad()
-                return None, {}, None
-        if before_update is not None:
-            before_update()
-        run.optimizer.step()
-        run.optimizer.zero_grad()
-    return loss.detach().float(), metrics, grad_norm
 
 
 def _read_norm(norm: torch.Tensor) -> float:
