@@ -103,6 +103,7 @@ ROOMS: dict[str, tuple[str | tuple[str, ...], ...]] = {
         "build",
         "checkpoint",
         "startup",
+        "committed_step",
         "loop",
         "plan",
     ),

@@ -21,7 +21,7 @@ from helpers.slow_env import FEATURES_MAP
 from helpers.tracker_stores import trackio_logs
 from helpers.train_flags import tiny_args
 from helpers.waiting import wait_for
-from trainer.engine import loop
+from trainer.engine import committed_step
 
 pytestmark = pytest.mark.distributed
 
@@ -99,7 +99,7 @@ def test_an_evaluator_that_dies_costs_the_run_one_line(tmp_path, capsys, monkeyp
     """The environment ends the evaluator's process while it scores step 2; training is held at its
     third step until the process is gone, then goes on to the end: one warning line, no score."""
     monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
-    train_step = loop._train_step
+    train_step = committed_step._train_step
     calls: list[int] = []
 
     def held(*args, **kwargs):
@@ -108,7 +108,7 @@ def test_an_evaluator_that_dies_costs_the_run_one_line(tmp_path, capsys, monkeyp
             wait_for(lambda: _exited(calls[0]), "end of the evaluator")
         return train_step(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "_train_step", held)
+    monkeypatch.setattr(committed_step, "_train_step", held)
     out = tmp_path / "run"
     flags = tiny_args(str(out), str(tmp_path / "cache"), "--steps=6", "--save_freq=6", "--env_eval_freq=2")
     train_in(tmp_path, [*flags, *SLOW, *ONE_EPISODE, '--env.kwargs={"exit_at": 1}', "--eval.n_episodes=1"])

@@ -75,11 +75,6 @@ def test_the_lighthouse_address_comes_from_the_flag_or_torchft_s_variable() -> N
             "--parallelism.dp_replicate=2 with",
         ),
         ((), 2, "--parallelism.dp_replicate=2 with"),  # a launch's default DDP is a replicate dimension too
-        (
-            ("--accelerator.gradient_accumulation.steps=2", "--steps=4"),
-            1,
-            "--accelerator.gradient_accumulation",
-        ),
     ],
 )
 def test_the_plan_refuses_what_fault_tolerance_does_not_compose_with(
@@ -88,6 +83,13 @@ def test_the_plan_refuses_what_fault_tolerance_does_not_compose_with(
     config = parse_config([*ENABLED, LIGHTHOUSE, "--policy.type=mlp", *flags])
     with pytest.raises(ConfigError, match="^" + named):
         resolve_plan(config, world)
+
+
+def test_gradient_accumulation_composes_with_fault_tolerance() -> None:
+    """A quorum per accumulation window (tests/distributed/test_fault_tolerance_fsdp.py trains it)."""
+    flags = ("--accelerator.gradient_accumulation.steps=2", "--steps=4", "--parallelism.dp_shard=2")
+    plan, _ = resolve_plan(parse_config([*ENABLED, LIGHTHOUSE, "--policy.type=mlp", *flags]), 2)
+    assert plan.loop.grad_accum_steps == 2 and plan.fault_tolerance is not None
 
 
 def test_the_plan_refuses_a_missing_lighthouse(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -44,7 +44,7 @@ from hook_flags import install_hooks
 
 import trainer.cli.app as cli
 import trainer.engine.checkpoint.resume as resume
-import trainer.engine.loop as loop
+import trainer.engine.committed_step as committed_step
 from ckpt_tools import layout
 from ckpt_tools.files import commit as ckpt_commit
 from trainer.distributed import interrupt
@@ -62,7 +62,7 @@ def say(line: str) -> None:
 
 def before_step(action) -> None:
     """Run `action(call)` on this rank before each training step; `call` counts from 1."""
-    train_step = loop._train_step
+    train_step = committed_step._train_step
     count = 0
 
     def step(*args, **kwargs):
@@ -71,7 +71,7 @@ def before_step(action) -> None:
         action(count)
         return train_step(*args, **kwargs)
 
-    loop._train_step = step
+    committed_step._train_step = step
 
 
 def step_sleep(seconds: float) -> None:

@@ -21,7 +21,7 @@ import time
 from hook_flags import install_hooks
 
 import ckpt_tools.state.save as save
-import trainer.engine.loop as loop
+import trainer.engine.committed_step as committed_step
 from trainer.cli import main
 
 RANK = int(os.environ.get("RANK", "0"))
@@ -46,7 +46,7 @@ def slow_save(seconds: float) -> None:
 
 
 def kill_in_training(rank: int, calls: int) -> None:
-    train_step = loop._train_step
+    train_step = committed_step._train_step
     count = 0
 
     def step(*args, **kwargs):
@@ -57,7 +57,7 @@ def kill_in_training(rank: int, calls: int) -> None:
             _die()
         return train_step(*args, **kwargs)
 
-    loop._train_step = step
+    committed_step._train_step = step
 
 
 def kill_in_save(rank: int, step: int) -> None:

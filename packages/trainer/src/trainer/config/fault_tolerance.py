@@ -121,13 +121,10 @@ def resolve_fault_tolerance(
     )
 
 
-def check_composition(
-    config: FaultToleranceConfig, dp_replicate: int, grad_accum_steps: int, evaluator: bool
-) -> None:
-    """What fault tolerance composes with in this first slice. The replicas are torchft's replica groups
-    (one launch each), never a fixed-size mesh dimension inside one launch; a step is one optimizer
-    update (gradient accumulation under a quorum per window is not built yet); the evaluator beside
-    the run is not shared by the groups yet."""
+def check_composition(config: FaultToleranceConfig, dp_replicate: int, evaluator: bool) -> None:
+    """What fault tolerance composes with. The replicas are torchft's replica groups (one launch each),
+    never a fixed-size mesh dimension inside one launch; the evaluator beside the run is not shared by
+    the groups yet."""
     if not config.enable:
         return
     if evaluator:
@@ -140,11 +137,6 @@ def check_composition(
             f"--parallelism.dp_replicate={dp_replicate} with --fault_tolerance.enable=true: the replicas are "
             "the replica groups (one launch each, --fault_tolerance.group_size); inside a group use "
             "--parallelism.dp_replicate=1 with --parallelism.dp_shard=-1 (FSDP2) or one process"
-        )
-    if grad_accum_steps > 1:
-        raise ConfigError(
-            f"--accelerator.gradient_accumulation.steps={grad_accum_steps} with --fault_tolerance.enable=true "
-            "is not supported yet: use 1 (raise --batch_size instead)"
         )
 
 

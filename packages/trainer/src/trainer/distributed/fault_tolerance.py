@@ -2,8 +2,8 @@
 
 A fault-tolerant job is several replica groups (each one launch: one process, or FSDP2 over the
 launch's ranks) and a Lighthouse (`serve_lighthouse`, the `trainer lighthouse` command). At the start
-of each step every group asks the Lighthouse for a quorum of the live groups (`ReplicaGroup.start_step`);
-after the backward pass each rank averages its gradients with the same rank of every live group over
+of each optimizer step (each accumulation window) every group asks the Lighthouse for a quorum of the
+live groups (`ReplicaGroup.start_step`); after the window's last backward pass each rank averages its gradients with the same rank of every live group over
 torchft's reconfigurable gloo process group (`average_gradients`, after the group's own reduction by
 FSDP2), and the optimizer steps only when the group's ranks agree the step is sound (`commit`, torchft's
 `should_commit`). A run
@@ -24,9 +24,10 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from trainer.config.fault_tolerance import FaultToleranceSection
-from trainer.distributed.heal_state import GroupState
+from trainer.distributed.heal_state import GroupState, local_part
 from trainer.errors import ConfigError, RunFailedError
 
 if TYPE_CHECKING:
@@ -78,8 +79,10 @@ class Quorum:
     trained: bool
     """The live peers have trained this step already: this group healed from them and skips it."""
     weights_sha256: str = ""
-    """On a membership change: the digest of this rank's weights as the step starts (a group that
-    healed holds its peer's, bit for bit, so both groups record the same)."""
+    """On a membership change: the digest of the group's weights (every rank's shard of the model and
+    the EMA) as the step starts (a group that healed holds its peer's, bit for bit, so both groups record the same)."""
+    optimizer_sha256: str = ""
+    """The same of the optimizer's state (moments, step counters), on a membership change."""
 
     def line(self) -> str:
         return f"step {self.step}: quorum of {self.replicas} replica groups"
@@ -93,6 +96,7 @@ class Quorum:
             "replicas": self.replicas,
             "replica_rank": self.replica_rank,
             "weights_sha256": self.weights_sha256,
+            "optimizer_sha256": self.optimizer_sha256,
             "time": time.time(),
         }
 
@@ -102,13 +106,15 @@ class SingleGroup:
 
     saves = True
     """Whether this group writes the checkpoints (the lowest live replica id)."""
+    may_retry = False
+    """Whether a window can go uncommitted and be trained again (the loop then keeps its batches)."""
 
     def join(self, start_step: int) -> int:
         """The step the loop starts after: where the run resumed."""
         return start_step
 
     def start_step(self, step: int) -> Quorum:
-        """No quorum: the membership never changes."""
+        """No quorum for the window starting at loop step `step`: the membership never changes."""
         return Quorum(step, 1, 0, changed=False, trained=False)
 
     def average_gradients(self, model: torch.nn.Module) -> None:
@@ -118,7 +124,7 @@ class SingleGroup:
         """Every step is applied."""
         return True
 
-    def finish(self, step: int, model: torch.nn.Module) -> dict[str, Any] | None:
+    def finish(self, step: int) -> dict[str, Any] | None:
         """At the end of the run: nothing to shut down, nothing to report."""
         return None
 
@@ -129,15 +135,23 @@ SINGLE_GROUP = SingleGroup()
 class ReplicaGroup(SingleGroup):
     """This launch as one replica group of a torchft job (its Manager on every rank of the launch)."""
 
+    may_retry = True
+
     def __init__(
-        self, section: FaultToleranceSection, group_rank: int, group_world: int, state: GroupState
+        self,
+        section: FaultToleranceSection,
+        group_rank: int,
+        group_world: int,
+        state: GroupState,
+        window: int,
     ) -> None:
         _require_torchft("--fault_tolerance.enable=true")
         from torchft import Manager, ProcessGroupGloo
         from torchft.manager import WorldSizeMode
 
         timeout = timedelta(seconds=section.timeout_s)
-        self._section, self._model = section, state.model
+        self._section, self._state = section, state
+        self._window = window  # loop steps per optimizer update: torchft's Manager counts updates
         self._store, store_addr, store_port = _group_store(group_world)
         self._manager: Manager = Manager(
             # an exchange with a dead peer fails within this, before the live peers' quorum gives up
@@ -165,22 +179,28 @@ class ReplicaGroup(SingleGroup):
 
     def join(self, start_step: int) -> int:
         """Collective over the group, before the loop. This group's first quorum, at `start_step`
-        (where it resumed): when live peers are further on, it heals from one of them (model,
-        optimizer, schedule, EMA, sampler, RNG) and the loop starts after their step. The quorum
-        serves the loop's first step, which the live groups take together with this one."""
-        self._manager.load_state_dict({"step": start_step, "batches_committed": 0})
+        (where it resumed, the end of a window): when live peers are further on, it heals from one of
+        them (model, optimizer, schedule, EMA, sampler, RNG) and the loop starts after their step. The
+        quorum serves the loop's first window, which the live groups take together with this one."""
+        if start_step % self._window:
+            raise ConfigError(
+                f"resumed at step {start_step}, inside a window of --accelerator.gradient_accumulation.steps="
+                f"{self._window}: under fault tolerance resume with the accumulation the run saved with"
+            )
+        self._manager.load_state_dict({"step": start_step // self._window, "batches_committed": 0})
         self._joined = self._quorum(start_step + 1, joining=True)
-        return self._manager.current_step()
+        return self._manager.current_step() * self._window
 
     def start_step(self, step: int) -> Quorum:
-        """Collective over the group. This step's quorum (the one taken at `join` for the first step),
-        healing first when this group is behind its live peers."""
+        """Collective over the group. The quorum of the window starting at loop step `step` (the one
+        taken at `join` for the first window), healing first when this group is behind its live peers."""
         joined, self._joined = self._joined, None
         return joined if joined is not None else self._quorum(step)
 
     def _quorum(self, step: int, joining: bool = False) -> Quorum:
-        """The quorum of loop step `step`; a group behind its peers heals first. Only a joining group
-        may heal past more than this step: the loop has not started its data feed yet."""
+        """The quorum of the window starting at loop step `step`; a group behind its peers heals first.
+        Only a joining group may heal past more than this window: the loop has not started its data
+        feed yet."""
         timeout = self._section.quorum_timeout_s
         try:
             self._manager.start_quorum(timeout=timedelta(seconds=timeout))
@@ -197,8 +217,8 @@ class ReplicaGroup(SingleGroup):
                 f"--fault_tolerance.group_size={self._section.group_size}: give every group the same "
                 "--fault_tolerance.group_size (the groups of the job) and a distinct --fault_tolerance.replica_id"
             )
-        done = self._manager.current_step()
-        if done > step and not joining:
+        done, last = self._manager.current_step() * self._window, step + self._window - 1
+        if done > last and not joining:
             raise RunFailedError(
                 f"replica group {self._section.replica_id} healed to step {done} while at step {step}: "
                 "its data feed cannot skip ahead mid-run; relaunch it with --resume=true"
@@ -209,8 +229,9 @@ class ReplicaGroup(SingleGroup):
             done + 1 if joining else step,  # a joining group's loop starts after the step it healed to
             *members,
             changed=changed,
-            trained=done == step and not joining,
-            weights_sha256=weights_digest(self._model) if changed else "",
+            trained=done == last and not joining,
+            weights_sha256=group_digest(self._state.weights()) if changed else "",
+            optimizer_sha256=group_digest(self._state.optimizer_tensors()) if changed else "",
         )
 
     def average_gradients(self, model: torch.nn.Module) -> None:
@@ -218,7 +239,7 @@ class ReplicaGroup(SingleGroup):
         averaged with the same rank of every other group; a failed exchange marks the step, which
         `commit` then refuses."""
         works = [
-            self._manager.allreduce(_local(param.grad))
+            self._manager.allreduce(local_part(param.grad))
             for param in model.parameters()
             if param.grad is not None
         ]
@@ -231,33 +252,32 @@ class ReplicaGroup(SingleGroup):
         applied; the loop trains it again after a new quorum."""
         return bool(self._manager.should_commit())
 
-    def finish(self, step: int, model: torch.nn.Module) -> dict[str, Any] | None:
-        """Stop the Manager (its server on the group's rank 0) and its checkpoint server. Returns the
-        group's last record for metrics.jsonl: the step it finished at and a digest of its weights
-        (this rank's part), which equals every other group's when they trained in step."""
+    def finish(self, step: int) -> dict[str, Any] | None:
+        """Collective over the group. Stop the Manager (its server on the group's rank 0) and its
+        checkpoint server. Returns the group's last record for metrics.jsonl: the step it finished at
+        and a digest of its weights (every rank's shard, the EMA's too), which equals every other
+        group's when they trained in step."""
         self._manager.shutdown(wait=False)
         return {
             "event": "replica_finished",
             "step": step,
             "replica_id": self._section.replica_id,
-            "weights_sha256": weights_digest(model),
+            "weights_sha256": group_digest(self._state.weights()),
         }
 
 
-def weights_digest(model: torch.nn.Module) -> str:
-    """The sha256 of this rank's part of the model's weights, bit for bit (equal in every group that
-    trained in step)."""
+def group_digest(tensors: list[torch.Tensor]) -> str:
+    """Collective over the group. The sha256 of each rank's `tensors` (its parts), bit for bit, gathered
+    over the group's ranks in rank order and hashed again: equal in two groups exactly when every rank
+    holds what the same rank of the other holds."""
     digest = hashlib.sha256()
-    for value in model.state_dict().values():
-        digest.update(
-            _local(value).detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        )
-    return digest.hexdigest()
-
-
-def _local(grad: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a gradient: the local shard of an FSDP2 DTensor, else the tensor itself."""
-    return grad.to_local() if hasattr(grad, "to_local") else grad
+    for tensor in tensors:
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    ranks = [digest.hexdigest()]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        ranks = [""] * dist.get_world_size()
+        dist.all_gather_object(ranks, digest.hexdigest())
+    return hashlib.sha256("".join(ranks).encode()).hexdigest()
 
 
 def _group_store(group_world: int) -> tuple[TCPStore | None, str | None, int | None]:
@@ -286,10 +306,11 @@ def data_split(section: FaultToleranceSection | None, dp_world_size: int, dp_ran
 
 
 def join_replica_group(
-    section: FaultToleranceSection | None, group_rank: int, group_world: int, state: GroupState
+    section: FaultToleranceSection | None, group_rank: int, group_world: int, state: GroupState, window: int
 ) -> SingleGroup:
     """This launch's replica group (`SINGLE_GROUP` without fault tolerance); `state` is what a healing
-    peer fetches from it, and what it takes over when it heals."""
+    peer fetches from it, and what it takes over when it heals; `window` the loop steps per optimizer
+    update (--accelerator.gradient_accumulation.steps), the steps each quorum serves."""
     if section is None:
         return SINGLE_GROUP
-    return ReplicaGroup(section, group_rank, group_world, state)
+    return ReplicaGroup(section, group_rank, group_world, state, window)

@@ -4,8 +4,8 @@ Nothing here branches on the rank or the topology. Collectives (prepare, metric 
 saves, the evaluation rollouts of a sharded policy) run on every rank; main-rank output goes through
 the logger that `make_logger` hands out. `train(plan, data)` runs a resolved plan (engine/plan.py) on the
 data it read: the run is
-built by startup.py (the resume phases included), the data comes from the feed, the saves go through
-the checkpoint wing.
+built by startup.py (the resume phases included), the data comes from the feed, each step is trained
+and committed by committed_step.py, the saves go through the checkpoint wing.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -25,6 +24,7 @@ from trainer.distributed.interrupt import Agreement, Interrupted, Interrupts
 from trainer.distributed.runlock import RunLock, watch_launcher
 from trainer.engine.banner import run_banner
 from trainer.engine.checkpoint.wing import Checkpoints
+from trainer.engine.committed_step import AccumulationWindow, committed_step
 from trainer.engine.loss_window import LossWindow
 from trainer.engine.run import Run, RunData
 from trainer.engine.startup import start_run
@@ -75,7 +75,7 @@ def _train(plan: RunPlan, data: RunData, interrupts: Interrupts, lock: RunLock) 
         logger.close()
         raise
     last_checkpoint = checkpoints.finish()
-    finished = run.replicas.finish(steps, run.model)  # a fault-tolerant group's weights digest
+    finished = run.replicas.finish(steps)  # a fault-tolerant group's weights digest
     if finished is not None:
         logger.record(finished)
     evaluation = plan.evaluation
@@ -131,11 +131,16 @@ def _run_steps(
     run.model.train()
     steps = range(run.start_step + 1, total + 1)
     batches = run.feed.batches(steps)
+    accumulating = AccumulationWindow(run.start_step + 1)
     for step in steps:
         boundary = step % accum == 0 or step == total
+        if (step - 1) % accum == 0:  # the first loop step of an accumulation window
+            accumulating = AccumulationWindow(step)
         agreement: list[Agreement] = []
         check = partial(_start_agreement, agreement, interrupts, accelerator.device, checkpoints)
-        loss, metrics, norm = _committed_step(run, logger, step, batches, clip, check if boundary else None)
+        loss, metrics, norm = committed_step(
+            run, logger, step, accumulating, batches, clip, check if boundary else None
+        )
         if norm is not None:  # an optimizer update: the schedule catches up with the loop steps
             grad_norm = norm
             _advance_schedule(run.scheduler, step)
@@ -183,33 +188,6 @@ def _log_window(
     return means.loss
 
 
-def _committed_step(
-    run: Run,
-    logger: Logger,
-    step: int,
-    batches: Iterator[dict[str, torch.Tensor]],
-    clip: float,
-    before_update: Callable[[], None] | None,
-) -> tuple[torch.Tensor | None, dict[str, torch.Tensor], torch.Tensor | None]:
-    """One loop step as the replica groups agree on it (docs/fault_tolerance.md): after each quorum the
-    step is trained on its batch, again until it is committed (the first time, without fault
-    tolerance); when this group healed from live peers that trained it, it is skipped (no loss). The
-    batch is drawn after the first quorum, so the sampler a peer heals from stands at the step's start."""
-    batch = None
-    while True:
-        quorum = run.replicas.start_step(step)
-        if quorum.changed:
-            logger.note(quorum.line(), **quorum.record())
-        if quorum.trained:
-            if before_update is not None:
-                before_update()
-            return None, {}, None
-        batch = run.preprocessor(next(batches)) if batch is None else batch
-        loss, metrics, norm = _train_step(run, step, batch, clip, before_update)
-        if loss is not None:
-            return loss, metrics, norm
-
-
 def _log_val_loss(run: Run, batch_size: int, logger: Logger, step: int) -> float:
     """Collective. The held-out loss, on the console and in metrics.jsonl (`"event": "val"`); for a
     mixture each member's too (`val_loss/<member>`), and the policy's own metrics (`val_<name>`).
@@ -225,39 +203,6 @@ def _log_val_loss(run: Run, batch_size: int, logger: Logger, step: int) -> float
         **values,
     )
     return held_out.loss
-
-
-def _train_step(
-    run: Run,
-    step: int,
-    batch: dict[str, torch.Tensor],
-    clip: float,
-    before_update: Callable[[], None] | None = None,
-) -> tuple[torch.Tensor | None, dict[str, torch.Tensor], torch.Tensor | None]:
-    """One micro-batch; the optimizer updates when accelerate says the accumulation is complete.
-    Returns the loss, what the policy reported beside it and, on a step that updated, the global
-    gradient norm before clipping at `clip` (<= 0: no clipping), all as tensors: reading a value back
-    waits for the device, so the loop does it only when it logs. `before_update()` (the boundary's
-    signal check) is called after the backward, so its all-reduce completes while the optimizer steps
-    instead of adding a synchronization point. A step the replica groups do not commit is not applied:
-    (None, {}, None)."""
-    accelerator, model = run.accelerator, run.model
-    grad_norm = None
-    with accelerator.accumulate(model):
-        loss, metrics = model(batch)
-        accelerator.backward(loss)
-        if accelerator.sync_gradients:  # an infinite threshold measures the norm without clipping
-            run.replicas.average_gradients(model)  # over the live replica groups (fault tolerance)
-            norm = accelerator.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))
-            grad_norm = norm.detach()
-            if not run.replicas.commit(step):
-                run.optimizer.zero_grad()
-                return None, {}, None
-        if before_update is not None:
-            before_update()
-        run.optimizer.step()
-        run.optimizer.zero_grad()
-    return loss.detach().float(), metrics, grad_norm
 
 
 def _read_norm(norm: torch.Tensor) -> float:

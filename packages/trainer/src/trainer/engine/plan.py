@@ -95,12 +95,7 @@ def resolve_plan(config: TrainConfig, world_size: int) -> tuple[RunPlan, RunData
     config = copy.deepcopy(config)  # nothing the plan holds is reachable from the caller's object
     parallelism, layout_note = settle_parallelism(config, world_size)
     topology = resolve_topology(parallelism, world_size)
-    check_composition(
-        config.fault_tolerance,
-        topology.dp_replicate,
-        config.accelerator.gradient_accumulation.steps,
-        config.env_evaluates,
-    )
+    check_composition(config.fault_tolerance, topology.dp_replicate, config.env_evaluates)
     fault_tolerance = resolve_fault_tolerance(config.fault_tolerance, os.environ, config.collective_timeout_s)
     checkpoint_format, format_note = settle_checkpoint_format(config, topology)
     batch_size, batch_note = settle_batch_size(config, topology.dp_world_size)

@@ -103,6 +103,7 @@ def start_run(plan: RunPlan, data: RunData, lock: RunLock, notes: list[str]) -> 
         accelerator.process_index,
         accelerator.num_processes,
         GroupState(unwrapped, optimizer, scheduler, feed.sampler, extra_weights(ema)),
+        plan.loop.grad_accum_steps,
     )
     start_step = replicas.join(resume_point.start_step)  # a fault-tolerant group may heal from a peer
     if start_step != resume_point.start_step:
