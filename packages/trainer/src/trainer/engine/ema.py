@@ -17,9 +17,9 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from trainer.config.ema import EmaConfig
+from trainer.distributed.heal_state import local_part
 
 
 class Ema:
@@ -60,9 +60,4 @@ class Ema:
         """This rank's storage of the shadow and of the parameters, pair by pair (taken at each call:
         the wrapper owns the parameters' storage)."""
         with torch.no_grad():
-            return [_local(v) for v in self.shadow.values()], [_local(p) for p in self._params]
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor this rank stores: a DTensor's local shard (a view of its storage), else itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+            return [local_part(v) for v in self.shadow.values()], [local_part(p) for p in self._params]
