@@ -3,8 +3,8 @@
 `MoT` holds `mixtures.video` (the Wan2.2 video DiT's embeddings and head), `mixtures.action` (the action
 DiT's) and `layers.{i}.blocks.{video,action}` (layer i of each expert): a `MoTLayer` owns both blocks
 because their joint attention reads both at once, so it is the one FSDP unit that gathers them. Every
-module whose weights are read runs its own `forward()` (`VideoEmbedding`, `ActionEmbedding`,
-`VideoHead`, `ActionHead`, `MoTLayer`): those are the units FSDP's hooks see.
+module whose weights are read runs its own `forward()` (`VideoExpert`, `ActionExpert`, `VideoHead`,
+`ActionHead`, `MoTLayer`, and each large Linear, a `Projection`): those are the units FSDP's hooks see.
 
 Numerics follow LeRobot's (the fixture's README lists them): the timestep sinusoid in float64
 (`[cos, sin]`), RoPE in complex128, layer norms and the q/k RMSNorms (over the whole attention width) in
@@ -115,11 +115,13 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
 
 
 class Projection(nn.Linear):
-    """One of a block's linear projections (an attention's q, k, v, o; the FFN's two), an FSDP unit of
-    its own inside its MoT layer's: FSDP2 holds a unit's gathered weights twice while it gathers them,
-    so the largest unit sets what a step adds to the peak. A whole MoT layer at LeRobot's widths is 197 M
-    parameters (the video block's FFN alone 88 M); its largest projection is 44 M (as pi's
-    `MLPProjection`)."""
+    """A large linear layer that is an FSDP unit of its own: a block's projections (an attention's q, k,
+    v, o; the FFN's two) inside its MoT layer's unit, and the Linears of each expert's text and time
+    embeddings inside its expert's. FSDP2 holds a unit's gathered weights twice while it gathers them,
+    so the largest unit sets what a step adds to the peak. At LeRobot's widths a whole MoT layer is
+    197 M parameters (the video block's FFN alone 88 M) and the video expert's embeddings 89 M; the
+    largest projection is the video time projection's 57 M (3072 x 18432), then the FFN's 44 M (as
+    pi's `MLPProjection`)."""
 
 
 class Projections(nn.Module):
@@ -270,14 +272,17 @@ class MoTLayer(nn.Module):
 
 
 def time_modules(freq_dim: int, hidden: int) -> tuple[nn.Sequential, nn.Sequential]:
-    """Wan's `time_embedding` (Linear, SiLU, Linear) and `time_projection` (SiLU, Linear to 6 x hidden)."""
-    embedding = nn.Sequential(nn.Linear(freq_dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
-    return embedding, nn.Sequential(nn.SiLU(), nn.Linear(hidden, hidden * 6))
+    """Wan's `time_embedding` (Linear, SiLU, Linear) and `time_projection` (SiLU, Linear to 6 x hidden),
+    each Linear a `Projection` unit."""
+    embedding = nn.Sequential(Projection(freq_dim, hidden), nn.SiLU(), Projection(hidden, hidden))
+    return embedding, nn.Sequential(nn.SiLU(), Projection(hidden, hidden * 6))
 
 
 def text_embedding(text_dim: int, hidden: int) -> nn.Sequential:
-    """Wan's `text_embedding`: Linear, GELU(tanh), Linear."""
-    return nn.Sequential(nn.Linear(text_dim, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, hidden))
+    """Wan's `text_embedding`: Linear, GELU(tanh), Linear, each Linear a `Projection` unit."""
+    return nn.Sequential(
+        Projection(text_dim, hidden), nn.GELU(approximate="tanh"), Projection(hidden, hidden)
+    )
 
 
 class Embedded(NamedTuple):

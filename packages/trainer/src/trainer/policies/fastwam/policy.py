@@ -69,8 +69,8 @@ class FastWAMPolicy(VLAPolicy):
     action queue (`VLAPolicy.select_action`, `n_action_steps` per chunk)."""
 
     # One unit per MoT layer (both experts' blocks: the joint attention reads them together) and one per
-    # linear projection inside it, each expert's embeddings and each head: every one runs its own
-    # forward(), where FSDP gathers it.
+    # linear projection inside it, each expert's embeddings (and one per Linear of its text and time
+    # embeddings) and each head: every one runs its own forward(), where FSDP gathers it.
     _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = (
         "MoTLayer", "Projection", "VideoExpert", "ActionExpert", "VideoHead", "ActionHead",
     )  # fmt: skip
