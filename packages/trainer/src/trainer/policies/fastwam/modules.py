@@ -229,8 +229,10 @@ class Stream(NamedTuple):
 class MoTLayer(nn.Module):
     """Layer i of both experts and their joint attention: queries, keys and values of the streams it is
     given concatenated (video first), one masked attention, each stream finished by its own block.
-    Inference runs the video stream alone once (`prefill`: its keys and values are returned) and the
-    action stream against that cache."""
+    The policy runs the video stream alone (its keys and values are returned; `finish=False` stops
+    there) and the action stream against them (`cached`): the joint mask lets no video query read an
+    action key, so that is the joint attention's result, and the backward pass never reaches a video
+    block through the mask's zeros."""
 
     def __init__(self, blocks: dict[str, Block], num_heads: int, fp32: bool) -> None:
         super().__init__()
@@ -245,8 +247,10 @@ class MoTLayer(nn.Module):
         streams: dict[str, Stream],
         mask: torch.Tensor,
         cached: tuple[torch.Tensor, torch.Tensor] | None = None,
+        finish: bool = True,
     ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]:
-        """(each stream's new tokens, the video keys and values when the video stream ran)."""
+        """(each stream's new tokens, none unless `finish`; the video keys and values when the video
+        stream ran)."""
         names: list[str] = [name for name in ("video", "action") if name in streams]
         mods: dict[str, Modulation] = {}
         qs, ks, vs = [], [], []
@@ -258,6 +262,8 @@ class MoTLayer(nn.Module):
             ks.append(k)
             vs.append(v)
         video_kv = (ks[0], vs[0]) if names[0] == "video" else None
+        if not finish:
+            return {}, video_kv
         if cached is not None:
             ks, vs = [cached[0], *ks], [cached[1], *vs]
         q, k, v = (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0] for parts in (qs, ks, vs))
