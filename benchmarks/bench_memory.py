@@ -324,8 +324,9 @@ def _lora(config: PolicyConfig, base_params: int) -> tuple[int, int, int]:
 
 
 def row(layout: str, start: str, records: list[dict[str, float]], subject: Subject, baseline: float) -> str:
-    """One table row: the largest rank's peak per phase, its ratio to the ideal, the ranks' sum."""
-    shards = layout_flags(layout)[1]
+    """One table row: the largest rank's peak per phase, its ratio to the ideal, the ranks' sum and its
+    ratio to N ideals."""
+    nproc, shards, _ = layout_flags(layout)
     ideal = subject.ideal(shards, baseline)
     built, first, end = (max(r[phase] for r in records) / GB for phase in PHASES)
     total = sum(r["end"] for r in records) / GB
@@ -333,7 +334,7 @@ def row(layout: str, start: str, records: list[dict[str, float]], subject: Subje
     return (
         f"| {layout} | {start} | {built:.2f} / {first:.2f} / {end:.2f} | {ideal / GB:.2f} "
         f"{subject.ideal_terms(shards, baseline)} | {end * GB / ideal:.2f}x "
-        f"| {total:.2f} | {first_step_s:.0f} |"
+        f"| {total:.2f} | {total * GB / (nproc * ideal):.2f}x | {first_step_s:.0f} |"
     )
 
 
@@ -381,9 +382,9 @@ def main() -> None:
     print(f"{subject.title}: {subject.trainable / 1e6:.0f} M parameters trained{frozen}")
     print(
         "\n| layout | start | per-rank peak: built / first step / after save (GB) | ideal per rank (GB) "
-        "| ratio | sum over ranks (GB) | time to first step (s) |"
+        "| ratio | sum over ranks (GB) | sum / summed ideal | time to first step (s) |"
     )
-    print("|---|---|---|---|---|---|---|", flush=True)
+    print("|---|---|---|---|---|---|---|---|", flush=True)
     layouts = args.layouts or {"act_state": "1,2,4,2x2", "fastwam": "1,2,4"}.get(args.policy, "4")
     for layout in layouts.split(","):
         nproc = layout_flags(layout)[0]

@@ -92,7 +92,8 @@ def test_lerobots_checkpoint_loads_strictly_without_its_frozen_parts(policy, fol
     assert sum(p.numel() for p in policy.parameters()) == 72_203
     parts = policy.frozen_parts(torch.device("cpu"))
     assert sum(p.numel() for p in parts.text_encoder.parameters()) == 7_552
-    assert sum(p.numel() for p in parts.vae.parameters()) == 101_832
+    # the VAE's encoder alone is kept: 56,574 of its 101,832 parameters (FastWAM never decodes)
+    assert parts.vae.decoder is None and sum(p.numel() for p in parts.vae.parameters()) == 56_574
     assert not parts.text_encoder.training and not parts.vae.training
 
 
@@ -212,8 +213,9 @@ def test_the_processors_are_lerobots(folder: Path, reference) -> None:
 
 
 def test_every_fsdp_unit_runs_its_forward(policy, reference, meta) -> None:
-    """The units' forward() is what runs: each MoT layer in the loss, the prefill and at every Euler
-    step; each projection inside it; each expert's embedding and head; and every block weight belongs
+    """The units' forward() is what runs: each MoT layer twice in the loss (the video stream, then the
+    action stream against its keys and values), in the prefill and at every Euler step; each projection
+    inside it or inside an embedding; each expert's embedding and head; and every block weight belongs
     to one MoT layer."""
     units = [m for m in policy.modules() if type(m).__name__ in FastWAMPolicy._fsdp_wrap_modules]
     calls = {id(m): 0 for m in units}
@@ -234,7 +236,7 @@ def test_every_fsdp_unit_runs_its_forward(policy, reference, meta) -> None:
     projections = by_class.pop("Projection")
     assert projections and 0 not in projections
     assert by_class == {
-        "MoTLayer": {2 + steps},
+        "MoTLayer": {3 + steps},
         "VideoExpert": {2},
         "ActionExpert": {1 + steps},
         "VideoHead": {1},
@@ -268,10 +270,40 @@ def test_gradient_checkpointing_recomputes_each_mot_layer_with_the_same_gradient
         _close(loss.detach(), reference["loss.total"])
         grads.append({n: p.grad for n, p in policy.named_parameters()})
         runs.append(len(calls))
-    assert runs == [2, 4, 4]
+    assert runs == [4, 8, 8]  # 2 layers, each run by the video stream, then the action stream
     for recomputed in grads[1:]:
         for name, grad in grads[0].items():
             torch.testing.assert_close(recomputed[name], grad, atol=1e-6, rtol=1e-5)
+
+
+def test_a_frozen_video_expert_without_video_loss_runs_no_video_head(
+    folder: Path, reference, meta, monkeypatch
+) -> None:
+    """freeze_video_expert with lambda_video=0 (LeRobot's recipe) neither runs the video head nor the
+    last MoT layer's video block after its keys and values (the video loss is zero whatever they give):
+    the loss and every trained gradient are those of the same weights with the video expert trained,
+    where the whole video path runs."""
+    monkeypatch.chdir(folder)
+    noise, time = _draws(reference)
+    loss_weights = {"lambda_video": 0.0, "lambda_action": 1.0}
+    runs = []
+    for freeze in (False, True):
+        policy = trainer.load_policy("pretrained_model", freeze_video_expert=freeze, loss=loss_weights).policy
+        policy.train()
+        head = policy.model.mot.video.head
+        calls: list[int] = []
+        hook = head.register_forward_pre_hook(lambda *_, seen=calls: seen.append(1))
+        loss, parts = policy.forward(_batch(reference, meta), noise=noise, time=time)
+        loss.backward()
+        hook.remove()
+        grads = {n: p.grad for n, p in policy.named_parameters() if p.requires_grad}
+        runs.append((loss.detach(), float(parts["loss_video"]), len(calls), grads))
+    (trained_loss, _, trained_calls, trained_grads), (loss, video_part, calls, grads) = runs
+    assert (trained_calls, calls, video_part) == (1, 0, 0.0)
+    torch.testing.assert_close(loss, trained_loss, atol=0, rtol=0)
+    assert grads and set(grads) < set(trained_grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, trained_grads[name], atol=1e-7, rtol=1e-6)
 
 
 def test_bfloat16_runs_on_the_cpu_and_stays_near(folder: Path, reference, meta, monkeypatch) -> None:

@@ -7,7 +7,7 @@ A name is a directory (relative to the working directory, as LeRobot reads it, e
 `--policy.path` names) or a Hub repo id read through the Hugging Face cache; one that does not resolve
 is one line naming the field (`locate_all`, when the policy is built). They are loaded on first use on the
 batch's device, in the policy's dtype, in eval mode, outside the module tree (so `state_dict`,
-`train()`, FSDP and the optimizer never see them).
+`train()`, FSDP and the optimizer never see them). Of the VAE only the encoder is kept.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class FrozenParts:
 
     tokenizer: Any
     text_encoder: Any | None  # transformers' UMT5EncoderModel; None once released
-    vae: Any  # diffusers' AutoencoderKLWan
+    vae: Any  # diffusers' AutoencoderKLWan, its encoder only
     latents_mean: torch.Tensor
     latents_std: torch.Tensor
     load_text_encoder: Callable[[], Any]
@@ -151,7 +151,11 @@ def load(
         return _frozen(encoder, device)
 
     encoder = load_text_encoder()
-    vae = _frozen(AutoencoderKLWan.from_pretrained(directories["VAE"], torch_dtype=dtype), device)
+    vae = AutoencoderKLWan.from_pretrained(directories["VAE"], torch_dtype=dtype)
+    # FastWAM only encodes (the video is never imagined): Wan2.2's decoder, 555 M of the VAE's 705 M
+    # parameters, is released (diffusers counted its convolutions at construction; `encode` reads none)
+    vae.decoder = None
+    vae = _frozen(vae, device)
     z_dim = int(vae.config.z_dim)
     mean = torch.tensor(vae.config.latents_mean, dtype=torch.float32).view(1, z_dim, 1, 1, 1)
     std = torch.tensor(vae.config.latents_std, dtype=torch.float32).view(1, z_dim, 1, 1, 1)

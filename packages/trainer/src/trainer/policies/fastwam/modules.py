@@ -3,8 +3,8 @@
 `MoT` holds `mixtures.video` (the Wan2.2 video DiT's embeddings and head), `mixtures.action` (the action
 DiT's) and `layers.{i}.blocks.{video,action}` (layer i of each expert): a `MoTLayer` owns both blocks
 because their joint attention reads both at once, so it is the one FSDP unit that gathers them. Every
-module whose weights are read runs its own `forward()` (`VideoEmbedding`, `ActionEmbedding`,
-`VideoHead`, `ActionHead`, `MoTLayer`): those are the units FSDP's hooks see.
+module whose weights are read runs its own `forward()` (`VideoExpert`, `ActionExpert`, `VideoHead`,
+`ActionHead`, `MoTLayer`, and each large Linear, a `Projection`): those are the units FSDP's hooks see.
 
 A fresh build starts as LeRobot's does: the video expert's weights as Wan's `init_weights` leaves them
 (every Linear Xavier-uniform with a zero bias, the text and time embeddings normal(0, 0.02), the patch
@@ -139,32 +139,30 @@ def wan_init(linear: nn.Linear, std: float | None) -> None:
 
 
 class WanLinear(nn.Linear):
-    """A Linear of the video expert's embeddings and head, initialized by `wan_init` with `std`."""
+    """A Linear that starts as LeRobot's does: the video expert's (`wan`) as Wan's `init_weights` leaves
+    it (`wan_init` with `std`), the action expert's with torch's own initializer."""
 
-    def __init__(self, in_features: int, out_features: int, std: float | None) -> None:
-        self.std = std  # read by reset_parameters(), which nn.Linear's constructor calls
-        super().__init__(in_features, out_features)
-
-    def reset_parameters(self) -> None:
-        wan_init(self, self.std)
-
-
-class Projection(nn.Linear):
-    """One of a block's linear projections (an attention's q, k, v, o; the FFN's two), an FSDP unit of
-    its own inside its MoT layer's: FSDP2 holds a unit's gathered weights twice while it gathers them,
-    so the largest unit sets what a step adds to the peak. A whole MoT layer at LeRobot's widths is 197 M
-    parameters (the video block's FFN alone 88 M); its largest projection is 44 M (as pi's
-    `MLPProjection`). The video expert's start Xavier-uniform (`wan`), the action expert's as torch's."""
-
-    def __init__(self, in_features: int, out_features: int, wan: bool) -> None:
-        self.wan = wan  # read by reset_parameters(), which nn.Linear's constructor calls
+    def __init__(
+        self, in_features: int, out_features: int, wan: bool = True, std: float | None = XAVIER
+    ) -> None:
+        self.wan, self.std = wan, std  # read by reset_parameters(), which nn.Linear's constructor calls
         super().__init__(in_features, out_features)
 
     def reset_parameters(self) -> None:
         if self.wan:
-            wan_init(self, XAVIER)
+            wan_init(self, self.std)
         else:
             super().reset_parameters()
+
+
+class Projection(WanLinear):
+    """A large linear layer that is an FSDP unit of its own: a block's projections (an attention's q, k,
+    v, o; the FFN's two) inside its MoT layer's unit, and the Linears of each expert's text and time
+    embeddings inside its expert's. FSDP2 holds a unit's gathered weights twice while it gathers them,
+    so the largest unit sets what a step adds to the peak. At LeRobot's widths a whole MoT layer is
+    197 M parameters (the video block's FFN alone 88 M) and the video expert's embeddings 89 M; the
+    largest projection is the video time projection's 57 M (3072 x 18432), then the FFN's 44 M (as
+    pi's `MLPProjection`)."""
 
 
 class Projections(nn.Module):
@@ -275,8 +273,10 @@ class Stream(NamedTuple):
 class MoTLayer(nn.Module):
     """Layer i of both experts and their joint attention: queries, keys and values of the streams it is
     given concatenated (video first), one masked attention, each stream finished by its own block.
-    Inference runs the video stream alone once (`prefill`: its keys and values are returned) and the
-    action stream against that cache."""
+    The policy runs the video stream alone (its keys and values are returned; `finish=False` stops
+    there) and the action stream against them (`cached`): the joint mask lets no video query read an
+    action key, so that is the joint attention's result, and the backward pass never reaches a video
+    block through the mask's zeros."""
 
     def __init__(self, blocks: dict[str, Block], num_heads: int, fp32: bool) -> None:
         super().__init__()
@@ -291,8 +291,10 @@ class MoTLayer(nn.Module):
         streams: dict[str, Stream],
         mask: torch.Tensor,
         cached: tuple[torch.Tensor, torch.Tensor] | None = None,
+        finish: bool = True,
     ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]:
-        """(each stream's new tokens, the video keys and values when the video stream ran)."""
+        """(each stream's new tokens, none unless `finish`; the video keys and values when the video
+        stream ran)."""
         names: list[str] = [name for name in ("video", "action") if name in streams]
         mods: dict[str, Modulation] = {}
         qs, ks, vs = [], [], []
@@ -304,6 +306,8 @@ class MoTLayer(nn.Module):
             ks.append(k)
             vs.append(v)
         video_kv = (ks[0], vs[0]) if names[0] == "video" else None
+        if not finish:
+            return {}, video_kv
         if cached is not None:
             ks, vs = [cached[0], *ks], [cached[1], *vs]
         q, k, v = (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0] for parts in (qs, ks, vs))
@@ -320,25 +324,23 @@ class MoTLayer(nn.Module):
 EMBEDDING_STD = 0.02  # Wan's text and time embeddings' weights
 
 
-def linear(in_features: int, out_features: int, wan: bool, std: float | None) -> nn.Linear:
-    """The video expert's Linear, initialized as Wan's with `std` (`wan`), else torch's."""
-    return WanLinear(in_features, out_features, std) if wan else nn.Linear(in_features, out_features)
-
-
 def time_modules(freq_dim: int, hidden: int, wan: bool) -> tuple[nn.Sequential, nn.Sequential]:
-    """Wan's `time_embedding` (Linear, SiLU, Linear) and `time_projection` (SiLU, Linear to 6 x hidden)."""
+    """Wan's `time_embedding` (Linear, SiLU, Linear) and `time_projection` (SiLU, Linear to 6 x hidden),
+    each Linear a `Projection` unit."""
     embedding = nn.Sequential(
-        linear(freq_dim, hidden, wan, EMBEDDING_STD), nn.SiLU(), linear(hidden, hidden, wan, EMBEDDING_STD)
+        Projection(freq_dim, hidden, wan, EMBEDDING_STD),
+        nn.SiLU(),
+        Projection(hidden, hidden, wan, EMBEDDING_STD),
     )
-    return embedding, nn.Sequential(nn.SiLU(), linear(hidden, hidden * 6, wan, XAVIER))
+    return embedding, nn.Sequential(nn.SiLU(), Projection(hidden, hidden * 6, wan, XAVIER))
 
 
 def text_embedding(text_dim: int, hidden: int, wan: bool) -> nn.Sequential:
-    """Wan's `text_embedding`: Linear, GELU(tanh), Linear."""
+    """Wan's `text_embedding`: Linear, GELU(tanh), Linear, each Linear a `Projection` unit."""
     return nn.Sequential(
-        linear(text_dim, hidden, wan, EMBEDDING_STD),
+        Projection(text_dim, hidden, wan, EMBEDDING_STD),
         nn.GELU(approximate="tanh"),
-        linear(hidden, hidden, wan, EMBEDDING_STD),
+        Projection(hidden, hidden, wan, EMBEDDING_STD),
     )
 
 

@@ -8,6 +8,10 @@ the prompt by the frozen UMT5. `forward` returns LeRobot's loss: flow matching o
 after the first (weighted per sample by the video timestep) plus on the valid actions (weighted by the
 action timestep); `noise=` and `time=` ({"video": ..., "action": ...}, timesteps on the 0..1000 scale
 after the shift) fix the draws LeRobot makes inside. Padded video frames are not masked, as in LeRobot.
+The joint attention runs as its mask allows: the video stream through every MoT layer first (no video
+query reads an action key), then the action stream against each layer's video keys and values; with
+`freeze_video_expert` and `lambda_video=0` the last layer's video block stops at its keys and values and
+the video head does not run (the loss and the trained gradients are the same).
 
 The engine hands the policy its data's tasks before step 1 (`prepare_tasks`): each task's prompt is
 encoded then and kept, and the frozen text encoder released, so it never sits beside training.
@@ -23,7 +27,7 @@ Tensor names are LeRobot's (`model.mot.mixtures.*`, `model.mot.layers.{i}.blocks
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 from torch import nn
@@ -35,7 +39,7 @@ from trainer.policies.common.vla.policy import VLAPolicy
 from trainer.policies.fastwam import frozen
 from trainer.policies.fastwam.config import FastWAMConfig
 from trainer.policies.fastwam.flow import Schedule
-from trainer.policies.fastwam.modules import Embedded, MoT, Stream, rope_table, video_rope
+from trainer.policies.fastwam.modules import Embedded, MoT, MoTLayer, Stream, rope_table, video_rope
 
 PAD_KEY = "action_is_pad"
 VAE_SPATIAL = 16  # Wan2.2's VAE compresses height and width 16x
@@ -69,8 +73,8 @@ class FastWAMPolicy(VLAPolicy):
     action queue (`VLAPolicy.select_action`, `n_action_steps` per chunk)."""
 
     # One unit per MoT layer (both experts' blocks: the joint attention reads them together) and one per
-    # linear projection inside it, each expert's embeddings and each head: every one runs its own
-    # forward(), where FSDP gathers it.
+    # linear projection inside it, each expert's embeddings (and one per Linear of its text and time
+    # embeddings) and each head: every one runs its own forward(), where FSDP gathers it.
     _fsdp_wrap_modules: ClassVar[tuple[str, ...]] = (
         "MoTLayer", "Projection", "VideoExpert", "ActionExpert", "VideoHead", "ActionHead",
     )  # fmt: skip
@@ -190,18 +194,58 @@ class FastWAMPolicy(VLAPolicy):
             out["action"] = Stream(action.tokens, action.t_mod, action.context, ones.expand(action.tokens.shape[0], -1), rotations, torch.float32)  # fmt: skip
         return out
 
-    def run_layers(self, streams: dict[str, Stream], mask: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Every MoT layer on the streams (recomputed in the backward pass under the checkpointing flags)."""
-        recompute = self.training and (
+    def video_pass(
+        self, video: Embedded, mask: torch.Tensor, context_len: int, finish_last: bool
+    ) -> tuple[torch.Tensor | None, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """The video stream alone through every MoT layer (`mask`: the joint mask's video rows and
+        columns): its tokens after the last layer (None unless `finish_last`: only the video loss reads
+        them) and each layer's keys and values, which the action stream reads."""
+        stream = self.streams(video, None, context_len, video.tokens.device)
+        layers = self.model.mot.paired()
+        cache = []
+        for i, layer in enumerate(layers):
+            tokens, kv = self.run_layer(layer, stream, mask, None, finish_last or i < len(layers) - 1)
+            assert kv is not None  # the video stream ran
+            cache.append(kv)
+            if tokens:
+                stream = {"video": stream["video"]._replace(tokens=tokens["video"])}
+        return (stream["video"].tokens if finish_last else None), cache
+
+    def action_pass(
+        self,
+        action: Embedded,
+        mask: torch.Tensor,
+        context_len: int,
+        cache: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """The action stream through every MoT layer against the video keys and values of
+        `video_pass` (`mask`: the joint mask's action rows): its tokens after the last layer."""
+        stream = self.streams(None, action, context_len, action.tokens.device)
+        for layer, kv in zip(self.model.mot.paired(), cache, strict=True):
+            tokens, _ = self.run_layer(layer, stream, mask, kv, True)
+            stream = {"action": stream["action"]._replace(tokens=tokens["action"])}
+        return stream["action"].tokens
+
+    def run_layer(
+        self,
+        layer: MoTLayer,
+        stream: dict[str, Stream],
+        mask: torch.Tensor,
+        cached: tuple[torch.Tensor, torch.Tensor] | None,
+        finish: bool,
+    ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]:
+        """One MoT layer on one stream, recomputed in the backward pass under the checkpointing flags."""
+        if self.training and (
             self.config.use_gradient_checkpointing or self.config.mot_checkpoint_mixed_attn
+        ):
+            return cast(
+                tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None],
+                torch.utils.checkpoint.checkpoint(layer, stream, mask, cached, finish, use_reentrant=False),
+            )
+        return cast(
+            tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None],
+            layer(stream, mask, cached, finish),
         )
-        for layer in self.model.mot.paired():
-            if recompute:
-                out, _ = torch.utils.checkpoint.checkpoint(layer, streams, mask, use_reentrant=False)
-            else:
-                out, _ = layer(streams, mask)
-            streams = {name: stream._replace(tokens=out[name]) for name, stream in streams.items()}
-        return {name: stream.tokens for name, stream in streams.items()}
 
     def forward(
         self,
@@ -240,21 +284,31 @@ class FastWAMPolicy(VLAPolicy):
         noisy_action = self.action_schedule.noisy(actions, noise_action, t_action)
 
         video_expert, action_expert = self.model.mot.video, self.model.mot.action
+        weights = self.config.loss
+        lambda_video, lambda_action = float(weights["lambda_video"]), float(weights["lambda_action"])
         video_in = video_expert(noisy, t_video, context)
-        action_in = action_expert(noisy_action, t_action, context)
-        per_frame = video_in.grid[1] * video_in.grid[2]
-        mask = joint_mask(video_in.tokens.shape[1], action_in.tokens.shape[1], per_frame, device)
-        out = self.run_layers(self.streams(video_in, action_in, context.shape[1], device), mask)
-        pred_video = video_expert.unpatchify(video_expert.head(out["video"], video_in.t), video_in.grid)
-        pred_action = action_expert.head(out["action"])
-
-        target_video = noise_video - latents
-        video_error = functional.mse_loss(
-            pred_video[:, :, 1:].float(), target_video[:, :, 1:].float(), reduction="none"
+        video_len, per_frame = video_in.tokens.shape[1], video_in.grid[1] * video_in.grid[2]
+        mask = joint_mask(video_len, actions.shape[1], per_frame, device)
+        # freeze_video_expert with lambda_video=0 (LeRobot's recipe): the video loss is zero whatever the
+        # prediction and nothing after the last layer's video keys and values trains, so neither the
+        # rest of that layer's video block nor the head runs (a trained one would still be decayed)
+        read_video = lambda_video != 0 or not self.config.freeze_video_expert
+        video_out, cache = self.video_pass(
+            video_in, mask[:video_len, :video_len], context.shape[1], read_video
         )
-        video_loss = (
-            video_error.mean(dim=(1, 3, 4)).mean(dim=1) * self.video_schedule.loss_weight(t_video)
-        ).mean()
+        action_in = action_expert(noisy_action, t_action, context)
+        action_out = self.action_pass(action_in, mask[video_len:], context.shape[1], cache)
+        pred_action = action_expert.head(action_out)
+
+        video_loss = torch.zeros((), device=device)
+        if video_out is not None:
+            pred_video = video_expert.unpatchify(video_expert.head(video_out, video_in.t), video_in.grid)
+            video_error = functional.mse_loss(
+                pred_video[:, :, 1:].float(), (noise_video - latents)[:, :, 1:].float(), reduction="none"
+            )
+            video_loss = (
+                video_error.mean(dim=(1, 3, 4)).mean(dim=1) * self.video_schedule.loss_weight(t_video)
+            ).mean()
         action_error = functional.mse_loss(
             pred_action.float(), (noise_action - actions).float(), reduction="none"
         ).mean(dim=2)
@@ -262,11 +316,7 @@ class FastWAMPolicy(VLAPolicy):
         valid = valid.to(action_error.dtype)
         per_sample = (action_error * valid).sum(dim=1) / valid.sum(dim=1).clamp(min=1.0)
         action_loss = (per_sample * self.action_schedule.loss_weight(t_action)).mean()
-        weights = self.config.loss
-        video_part, action_part = (
-            float(weights["lambda_video"]) * video_loss,
-            float(weights["lambda_action"]) * action_loss,
-        )
+        video_part, action_part = lambda_video * video_loss, lambda_action * action_loss
         return video_part + action_part, {
             "loss_video": video_part.detach(),
             "loss_action": action_part.detach(),
@@ -304,21 +354,14 @@ class FastWAMPolicy(VLAPolicy):
         video_len = video_in.tokens.shape[1]
         actions = self.initial_noise(batch_size, device) if noise is None else noise.to(device, self.dtype)
         mask = joint_mask(video_len, actions.shape[1], video_len, device)
-        video_stream = self.streams(video_in, None, context.shape[1], device)
-        cache = []
-        for layer in self.model.mot.paired():
-            out, kv = layer(video_stream, mask[:video_len, :video_len])
-            cache.append(kv)
-            video_stream = {"video": video_stream["video"]._replace(tokens=out["video"])}
+        _, cache = self.video_pass(video_in, mask[:video_len, :video_len], context.shape[1], False)
         timesteps, deltas = self.action_schedule.sampling(
             self.config.num_inference_steps, self.config.sigma_shift
         )
         for timestep, delta in zip(timesteps.to(device), deltas.to(device), strict=True):
             action_in = action_expert(actions, timestep.view(1).to(self.dtype), context)
-            stream = self.streams(None, action_in, context.shape[1], device)
-            for layer, kv in zip(self.model.mot.paired(), cache, strict=True):
-                out, _ = layer(stream, mask[video_len:], cached=kv)
-                stream = {"action": stream["action"]._replace(tokens=out["action"])}
-            velocity = action_expert.head(stream["action"].tokens)
+            velocity = action_expert.head(
+                self.action_pass(action_in, mask[video_len:], context.shape[1], cache)
+            )
             actions = actions + velocity * delta.to(actions.dtype)
         return actions.float()
