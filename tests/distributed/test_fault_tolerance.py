@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -30,13 +31,17 @@ pytestmark = pytest.mark.distributed
 
 TRAINER = Path(sys.executable).with_name("trainer")
 SCRIPT = Path(__file__).parent / "scripts" / "train_cli.py"
+OPS_SCRIPT = Path(__file__).parent / "scripts" / "ops_train.py"
 
 
 @contextlib.contextmanager
-def lighthouse(min_replicas: int, *flags: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """`trainer lighthouse` on a free port: the process and the address it printed; stopped at exit."""
+def lighthouse(
+    min_replicas: int, *flags: str, bind: str = "127.0.0.1:0"
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`trainer lighthouse` on `bind` (a free port unless told): the process and the address it printed;
+    stopped at exit."""
     process = subprocess.Popen(
-        [TRAINER, "lighthouse", "--bind=127.0.0.1:0", f"--min_replicas={min_replicas}", *flags],
+        [TRAINER, "lighthouse", f"--bind={bind}", f"--min_replicas={min_replicas}", *flags],
         env=launch_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -175,7 +180,8 @@ def test_two_groups_train_as_plain_ddp_does(two_groups: Path) -> None:
     """The gradients are averaged over the groups and each reads its replica id's share of the data:
     the weights equal 2-rank DDP's (group 0's checkpoint; group 1's digest is group 0's), and the
     groups' mean loss is DDP's loss at every step."""
-    torch.testing.assert_close(final_weights(two_groups / "ft"), final_weights(two_groups / "ddp"))
+    ft, ddp = final_weights(two_groups / "ft"), final_weights(two_groups / "ddp")
+    assert ft.keys() == ddp.keys() and all(torch.equal(ft[name], ddp[name]) for name in ft)  # bit for bit
     digests = finished_digests(two_groups / "ft", 2)
     assert digests[0] == digests[1] and [step for step, _ in digests[0]] == [4]
     per_group = [train_losses(two_groups / "ft" / f"replica_{r}") for r in (0, 1)]
@@ -303,24 +309,74 @@ def quorum_records(run_dir: Path) -> list[dict]:
 
 
 def trained_together(run_dir: Path) -> int:
-    """The steps a group logged since its quorum last grew to two groups (-1 while it is not in one)."""
-    changes = quorum_records(run_dir)
+    """The steps a group's latest launch logged since its quorum last grew to two groups (-1 while it is
+    not in one): the records of an earlier launch of the group, in the same metrics.jsonl, do not count."""
+    found = records(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    starts = [i for i, r in enumerate(found) if r.get("event") == "start"]
+    latest = found[starts[-1] :] if starts else []
+    changes = [r for r in latest if r.get("event") == "quorum"]
     if not changes or changes[-1]["replicas"] != 2:
         return -1
-    return logged_step(run_dir) - changes[-1]["step"]
+    steps = [r["step"] for r in latest if r.get("event") == "train"]
+    return (steps[-1] if steps else 0) - changes[-1]["step"]
+
+
+def start_ops_group(log: Path, hooks: list[str], *args: str) -> subprocess.Popen[str]:
+    """One replica group run by the hook script (tests/distributed/scripts/ops_train.py), output to `log`."""
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, str(OPS_SCRIPT), *hooks, *args],
+            env={**launch_env(), "RUST_LOG": "warn"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+
+def relaunch_beside(
+    pause: Path, run_dir: Path, relaunch: Callable[[], subprocess.Popen[str]]
+) -> subprocess.Popen[str]:
+    """Relaunch a group while its live peer is paused between two steps (`pause` exists: the peer's
+    --hook-pause-while; its heartbeats go on), so that the peer cannot finish first; the peer goes on
+    once the new group holds its run lock, before that group's first quorum, which finds the peer alive
+    and in step: the new group heals from it."""
+    pause.touch()
+    try:
+        group = relaunch()
+        wait_for(lambda: lock_pid(run_dir) == group.pid, "the relaunched group's lock", [group], 120)
+    finally:
+        pause.unlink()
+    return group
+
+
+@dataclass
+class KillRun:
+    """What `killed_and_healed` saw: the output_dir, each launch's log (group 0; group 1's first launch,
+    its launch killed mid-heal, its launch that healed), and the steps the groups had logged at the kills."""
+
+    out: Path
+    logs: list[str]
+    killed_at: int
+    """The last step group 1 logged before its SIGKILL."""
+    heal_killed_at: int
+    """Group 0's last logged step when group 1 was killed in the middle of healing."""
 
 
 @pytest.fixture(scope="module")
-def killed_and_healed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], int]:
-    """Two replica groups train together (the Lighthouse's --min_replicas=1, so that one group can go
-    on alone: the first to start trains alone until the other heals from it and joins); once group 1
-    logged 20 steps in a quorum of both it is SIGKILLed. Group
-    0's exchange with it fails, the step is not committed, and once the Lighthouse stops hearing group 1
-    (--heartbeat_timeout_ms) group 0 trains on alone. Once it logged 30 more steps it is paused
-    (SIGSTOP) while group 1 is relaunched as its launcher would (--resume=true, same flags); it goes on
-    once the new group 1 holds its run lock, before that group's first quorum, which finds group 0 alive:
-    group 1 heals from it. Returns the output_dir, the groups' logs (group 1's two launches) and the
-    last step the killed group 1 logged."""
+def killed_and_healed(tmp_path_factory: pytest.TempPathFactory) -> KillRun:
+    """One launch, two failures, each at a state waited for. Two replica groups train together (the
+    Lighthouse's --min_replicas=1, so that one group can go on alone: the first to start trains alone
+    until the other heals from it and joins).
+
+    1. Once group 1 logged 20 steps in a quorum of both it is SIGKILLed. Group 0's exchange with it
+       fails, the step is not committed, and once the Lighthouse stops hearing group 1
+       (--heartbeat_timeout_ms) group 0 trains on alone.
+    2. Once group 0 logged 30 steps alone, group 1 is relaunched as its launcher would (--resume=true,
+       same flags) and joins; as its fetch of group 0's state begins (--hook-hold-heal) it is
+       SIGKILLed again. Group 0's step with it is not committed either, and it trains on alone.
+    3. Once group 0 logged 30 more steps, group 1 is relaunched once more, heals from group 0 and both
+       finish together.
+    """
     root = tmp_path_factory.mktemp("ft_kill")
     out = root / "run"
     args = (
@@ -333,66 +389,134 @@ def killed_and_healed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, l
         f"--output_dir={out}",
     )
     flags = ("--heartbeat_timeout_ms=2000", "--join_timeout_ms=1000")
-    logs = [root / "group0.log", root / "group1.log", root / "group1_restarted.log"]
+    logs = [root / f"{name}.log" for name in ("group0", "group1", "group1_heal_killed", "group1_healed")]
+    healing, pause = root / "healing", root / "pause"
     with lighthouse(1, *flags) as (_, address):
-        groups = [start_group(logs[r], *args, *group_flags(address, r)) for r in (0, 1)]
+        groups = [
+            start_ops_group(logs[0], [f"--hook-pause-while={pause}"], *args, *group_flags(address, 0)),
+            start_group(logs[1], *args, *group_flags(address, 1)),
+        ]
         try:
             wait_for(lambda: trained_together(out / "replica_1") >= 20, "20 steps together", groups, 180)
-            groups[1].kill()  # SIGKILL: no handler, no checkpoint, no goodbye to the Lighthouse
-            assert groups[1].wait(timeout=30) == -signal.SIGKILL
-            killed_at = logged_step(out / "replica_1")
-            alive = logged_step(out / "replica_0")
-            wait_for(lambda: logged_step(out / "replica_0") >= alive + 30, "group 0 alone", groups[:1], 120)
-            groups[0].send_signal(signal.SIGSTOP)
-            groups[1] = start_group(logs[2], *args, *group_flags(address, 1))
-            wait_for(lambda: lock_pid(out / "replica_1") == groups[1].pid, "group 1's lock", groups[1:], 120)
+            killed_at = kill(groups[1], out / "replica_1")
+            alone = logged_step(out / "replica_0")
+            wait_for(lambda: logged_step(out / "replica_0") >= alone + 30, "group 0 alone", groups[:1], 120)
+            groups[1] = relaunch_beside(
+                pause,
+                out / "replica_1",
+                lambda: start_ops_group(
+                    logs[2], [f"--hook-hold-heal={healing}"], *args, *group_flags(address, 1)
+                ),
+            )
+            wait_for(healing.exists, "group 1 fetching group 0's state", groups, 120)
+            kill(groups[1], out / "replica_1")
+            heal_killed_at = logged_step(out / "replica_0")
+            wait_for(
+                lambda: logged_step(out / "replica_0") >= heal_killed_at + 30,
+                "group 0 alone",
+                groups[:1],
+                120,
+            )
+            groups[1] = relaunch_beside(
+                pause, out / "replica_1", lambda: start_group(logs[3], *args, *group_flags(address, 1))
+            )
         finally:
-            groups[0].send_signal(signal.SIGCONT)
             codes = finish(groups, timeout=300)
     texts = [log.read_text() for log in logs]
     assert codes == [0, 0], "\n".join(texts)
-    return out, texts, killed_at
+    return KillRun(out, texts, killed_at, heal_killed_at)
 
 
-def test_a_killed_group_s_peer_trains_on_and_the_group_heals_from_it(killed_and_healed) -> None:
-    """After the SIGKILL group 0's quorum shrinks to itself and its step counter keeps advancing (its
-    records between the shrink and the regrowth, timestamped); the relaunched group 1 heals from it at
-    the step group 0 is at, holding group 0's weights bit for bit as that step starts, and both finish at
-    --steps with equal weights."""
-    out, logs, killed_at = killed_and_healed
-    survivor = quorum_records(out / "replica_0")
+def kill(group: subprocess.Popen[str], run_dir: Path) -> int:
+    """SIGKILL a group (no handler, no checkpoint, no goodbye to the Lighthouse); its last logged step."""
+    group.kill()
+    assert group.wait(timeout=30) == -signal.SIGKILL
+    return logged_step(run_dir)
+
+
+def test_a_killed_group_s_peer_trains_on_and_the_group_heals_from_it(killed_and_healed: KillRun) -> None:
+    """After each SIGKILL group 0's quorum shrinks to itself and its step counter keeps advancing (its
+    records between the shrink and the regrowth, timestamped), the second time after group 1 was killed
+    in the middle of fetching its state (no record in group 1: it never trained); the relaunched group 1
+    heals from it at the step group 0 is at, holding group 0's weights bit for bit as that step starts,
+    and both finish at --steps with equal weights."""
+    run = killed_and_healed
+    survivor = quorum_records(run.out / "replica_0")
     # before them, at most the quorum of group 0 alone when it started first (group 1 then healed from it)
-    assert [(q["replicas"], q["replica_rank"]) for q in survivor][-3:] == [(2, 0), (1, 0), (2, 0)], survivor
-    assert len(survivor) == 3 or survivor[0]["replicas"] == 1
-    _, alone, back = survivor[-3:]
-    assert killed_at <= alone["step"] < back["step"] < KILL_STEPS
-    trained_alone = [
-        r["step"]
-        for r in records(out / "replica_0")
-        if r.get("event") == "train" and alone["step"] <= r["step"] < back["step"]
-    ]
-    assert len(trained_alone) >= 3 and back["step"] - alone["step"] >= 30  # it never waited for group 1
-    assert alone["time"] < back["time"]
-    assert f"healed from a live replica group: continuing after its step {back['step'] - 1}" in logs[2]
-    healed = quorum_records(out / "replica_1")[-1]
+    membership = [(q["replicas"], q["replica_rank"]) for q in survivor]
+    assert membership[-5:] == [(2, 0), (1, 0), (2, 0), (1, 0), (2, 0)], survivor
+    assert len(survivor) == 5 or survivor[0]["replicas"] == 1
+    _, alone, with_healer, alone_again, back = survivor[-5:]
+    assert run.killed_at <= alone["step"] < with_healer["step"] < back["step"] < KILL_STEPS
+    assert alone_again["step"] == with_healer["step"]  # the step with the killed healer: not committed, again
+    for start, end in ((alone, with_healer), (alone_again, back)):
+        trained_alone = [
+            r["step"]
+            for r in records(run.out / "replica_0")
+            if r.get("event") == "train" and start["step"] <= r["step"] < end["step"]
+        ]
+        assert len(trained_alone) >= 3 and end["step"] - start["step"] >= 30  # it never waited for group 1
+        assert start["time"] < end["time"]
+    assert "hook: rank 0 holds its fetch of a peer's state" in run.logs[2]
+    assert "healed from a live replica group" not in run.logs[2]
+    assert f"healed from a live replica group: continuing after its step {back['step'] - 1}" in run.logs[3]
+    healed = quorum_records(run.out / "replica_1")[-1]
     assert (healed["step"], healed["replicas"], healed["replica_rank"]) == (back["step"], 2, 1)
     assert healed["weights_sha256"] == back["weights_sha256"]  # the peer's weights, bit for bit
-    digests = finished_digests(out, 2)
+    digests = finished_digests(run.out, 2)
     assert digests[0] == digests[1] and [step for step, _ in digests[0]] == [KILL_STEPS]
 
 
-def test_the_survivor_alone_saved_and_last_verifies(killed_and_healed) -> None:
+def test_the_survivor_alone_saved_and_last_verifies(killed_and_healed: KillRun) -> None:
     """Group 0, the lowest live id throughout, wrote every checkpoint, in the usual format."""
-    out, logs, _ = killed_and_healed
+    out, logs = killed_and_healed.out, killed_and_healed.logs
     saves = [[line for line in log.splitlines() if line.startswith("checkpoint ")] for log in logs]
-    assert [len(group) for group in saves] == [3, 0, 0]
+    assert [len(group) for group in saves] == [3, 0, 0, 0]
     last = ckpt_tools.latest_step_dir(str(out))
     assert last is not None and last.endswith(f"{KILL_STEPS:06d}")
     verified = subprocess.run([CKPT_CLI, "verify", last], capture_output=True, text=True, timeout=120)
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
-OPS_SCRIPT = Path(__file__).parent / "scripts" / "ops_train.py"
+def test_the_lighthouse_killed_stops_the_groups_in_one_line_and_a_relaunch_resumes(tmp_path: Path) -> None:
+    """The Lighthouse SIGKILLed under a training group (held between two steps meanwhile, so that its
+    next quorum is asked of no Lighthouse): torchft 0.2.0's manager leaves a quorum the Lighthouse
+    failed unanswered, so the group waits --fault_tolerance.quorum_timeout_s, then stops with one line
+    naming the Lighthouse and the flag, exit 1, its `last` checkpoint valid. The Lighthouse started again
+    on its port and the group relaunched with --resume=true, it resumes from `last` and finishes."""
+    out, pause = tmp_path / "run", tmp_path / "pause"
+    logs = [tmp_path / "group0.log", tmp_path / "group0_relaunched.log"]
+    args = [*TINY, f"--dataset.cache_dir={tmp_path / 'cache'}", "--steps=200", "--log_freq=10"]
+    args += ["--save_freq=20", "--resume=true", f"--output_dir={out}", "--fault_tolerance.quorum_timeout_s=2"]
+    args += ["--fault_tolerance.process_group_timeout_ms=1000"]
+    with lighthouse(1) as (process, address):
+        flags = [*args, *group_flags(address, 0, group_size=1)]
+        group = start_ops_group(logs[0], [f"--hook-pause-while={pause}"], *flags)
+        try:
+            wait_for(lambda: logged_step(out / "replica_0") >= 30, "step 30", [group], 180)
+            pause.touch()
+            process.kill()
+            process.wait(timeout=30)
+            pause.unlink()
+        finally:
+            codes = finish([group], timeout=120)
+    lines = logs[0].read_text().splitlines()
+    assert codes == [1], "\n".join(lines)
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: no quorum for step "), errors
+    assert f"--fault_tolerance.quorum_timeout_s=2 (is the Lighthouse {address} up" in errors[0]
+    last = ckpt_tools.latest_step_dir(str(out))
+    assert last is not None and int(Path(last).name) < 200
+    verified = subprocess.run([CKPT_CLI, "verify", last], capture_output=True, text=True, timeout=120)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    with lighthouse(1, bind=f"127.0.0.1:{address.rsplit(':', 1)[1]}"):
+        codes = finish([start_ops_group(logs[1], [], *flags)], timeout=180)
+    relaunched = logs[1].read_text()
+    assert codes == [0], relaunched
+    assert f"hook: rank 0 resumes from {last}" in relaunched
+    assert str(ckpt_tools.latest_step_dir(str(out))).endswith("000200")
+
+
 SAVE_KILLED = 200
 
 

@@ -26,6 +26,12 @@ Hook flags come first and are removed before the trainer parses the rest:
   --hook-shard-after-signal=RANK:STEP:SENDER  RANK's DCP shard write into STEP waits until rank SENDER
                                  has sent its --hook-signal (the write is still in flight when it lands).
   --hook-delay-start=RANK:SECONDS  RANK sleeps SECONDS before the trainer starts parsing.
+  --hook-pause-while=PATH        before each training step, every rank waits while PATH exists (at most 240 s
+                                 at a time): a run paused with its processes alive (a fault-tolerant group
+                                 keeps its heartbeats to the Lighthouse, which SIGSTOP would stop).
+  --hook-hold-heal=PATH          a replica group that heals from a live peer (fault tolerance) writes PATH
+                                 as its fetch of the peer's state begins (torchft's checkpoint transport),
+                                 and waits there (at most 240 s) before fetching: a test can kill it mid-heal.
   --hook-tag-errors              every error line the CLI prints ends with ` [hook: rank R]`.
   --hook-flip-last=STEP          the main rank repoints `checkpoints/last` to STEP right after it read it
                                  for `--resume=true --output_dir` (the saved config, at parse); the other
@@ -239,6 +245,24 @@ def delay_start(rank: int, seconds: float) -> None:
         time.sleep(seconds)
 
 
+def pause_while(path: str) -> None:
+    before_step(lambda call: wait_until(lambda: not os.path.exists(path)))
+
+
+def hold_heal(path: str) -> None:
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    recv_checkpoint = HTTPTransport.recv_checkpoint
+
+    def held(self, *args, **kwargs):
+        say(f"hook: rank {RANK} holds its fetch of a peer's state")
+        Path(path).touch()
+        wait_until(lambda: False)
+        return recv_checkpoint(self, *args, **kwargs)
+
+    HTTPTransport.recv_checkpoint = held
+
+
 def tag_errors() -> None:
     print_line = cli._print_line
     cli._print_line = lambda line: print_line(f"{line} [hook: rank {RANK}]")
@@ -263,6 +287,8 @@ HOOKS = {
     "--hook-signal": send_signal,
     "--hook-signal-launcher": signal_launcher,
     "--hook-delay-start": delay_start,
+    "--hook-hold-heal": hold_heal,
+    "--hook-pause-while": pause_while,
     "--hook-tag-errors": tag_errors,
     "--hook-flip-last": flip_last,
     "--hook-stall": stall,

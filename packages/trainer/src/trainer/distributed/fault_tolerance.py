@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -235,16 +236,21 @@ class ReplicaGroup(SingleGroup):
         )
 
     def average_gradients(self, model: torch.nn.Module) -> None:
-        """Collective across the live groups: each gradient (this rank's shard of it under FSDP2)
-        averaged with the same rank of every other group; a failed exchange marks the step, which
-        `commit` then refuses."""
-        works = [
-            self._manager.allreduce(local_part(param.grad))
-            for param in model.parameters()
-            if param.grad is not None
-        ]
-        for work in works:
-            work.wait()
+        """Collective across the live groups: the gradients (this rank's shards of them under FSDP2)
+        averaged with the same rank of every other group, a few flat buckets per step rather than one
+        exchange per parameter (each of torchft's exchanges has a fixed cost: a future, its timeout, a
+        callback); the average of a flat bucket is the per-tensor one, element for element. A failed
+        exchange marks the step, which `commit` then refuses."""
+        grads = [local_part(param.grad) for param in model.parameters() if param.grad is not None]
+        in_flight: tuple[Any, torch.Tensor, list[torch.Tensor]] | None = None
+        for bucket in _buckets(grads):
+            flat = torch.cat([grad.reshape(-1) for grad in bucket])
+            work = self._manager.allreduce(flat)
+            if in_flight is not None:  # at most two buckets' copies alive at once
+                _unflatten(*in_flight)
+            in_flight = (work, flat, bucket)
+        if in_flight is not None:
+            _unflatten(*in_flight)
 
     def commit(self, step: int) -> bool:
         """Collective over the group, before the optimizer steps: torchft's `should_commit` (enough
@@ -278,6 +284,35 @@ def group_digest(tensors: list[torch.Tensor]) -> str:
         ranks = [""] * dist.get_world_size()
         dist.all_gather_object(ranks, digest.hexdigest())
     return hashlib.sha256("".join(ranks).encode()).hexdigest()
+
+
+BUCKET_BYTES = 256 * 2**20
+"""The most gradient bytes one exchange across the groups carries (a copy of them is held meanwhile)."""
+
+
+def _buckets(grads: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
+    """The gradients in runs of one dtype and device, each at most `BUCKET_BYTES` (or one tensor)."""
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for grad in grads:
+        nbytes = grad.numel() * grad.element_size()
+        kind = (grad.dtype, grad.device)
+        if bucket and (size + nbytes > BUCKET_BYTES or kind != (bucket[0].dtype, bucket[0].device)):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(grad)
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def _unflatten(work: Any, flat: torch.Tensor, bucket: list[torch.Tensor]) -> None:
+    """Wait for a bucket's exchange and copy its average back into the gradients it was made of."""
+    work.wait()
+    offset = 0
+    for grad in bucket:
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
 
 
 def _group_store(group_world: int) -> tuple[TCPStore | None, str | None, int | None]:
