@@ -8,6 +8,7 @@ exchange with a dead peer makes torchft's `should_commit` do.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,31 +43,43 @@ class FirstCommitRefused(SingleGroup):
         return len(self.commits) > 1
 
 
-def _train(out: Path, cache: str) -> dict[str, torch.Tensor]:
+def _train(out: Path, cache: str, *flags: str) -> dict[str, torch.Tensor]:
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)
     train(
-        parse_config(tiny_args(str(out), cache, "--policy.type=mlp", "--policy.hidden_dim=16", *ACCUMULATE))
+        parse_config(
+            tiny_args(str(out), cache, "--policy.type=mlp", "--policy.hidden_dim=16", *ACCUMULATE, *flags)
+        )
     )
     step = out / "checkpoints" / "000004"
     model = load_file(step / layout.PRETRAINED_MODEL_DIR / layout.MODEL_SAFETENSORS)
     optimizer = load_file(step / layout.TRAINING_STATE_DIR / layout.OPTIMIZER_SAFETENSORS)
-    return {**{f"model.{k}": v for k, v in model.items()}, **{f"optim.{k}": v for k, v in optimizer.items()}}
+    scaler = step / layout.TRAINING_STATE_DIR / layout.SCALER_STATE  # fp16's loss scaler
+    scale = json.loads(scaler.read_text()) if scaler.exists() else {}
+    return {
+        **{f"model.{k}": v for k, v in model.items()},
+        **{f"optim.{k}": v for k, v in optimizer.items()},
+        **{f"scaler.{k}": torch.tensor(v) for k, v in scale.items()},
+    }
 
 
+@pytest.mark.parametrize("precision", ["no", "fp16"])
 def test_an_uncommitted_window_is_trained_again_whole(
-    tmp_path: Path, dataset_cache: str, clean_accelerate, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, dataset_cache: str, clean_accelerate, monkeypatch: pytest.MonkeyPatch, precision: str
 ) -> None:
     """Steps 1-2 are one window: its commit refused, a new quorum is taken at its first step and both
     micro-batches are trained again (not the last alone), so the weights and the optimizer state after
-    4 steps equal, bit for bit, those of the same run whose every window was committed at once. A
-    quorum opens each window, not each micro-batch."""
-    committed = _train(tmp_path / "committed", dataset_cache)
+    4 steps equal, bit for bit, those of the same run whose every window was committed at once, and
+    so does fp16's loss scaler (its scale and growth count). A quorum opens each window, not each
+    micro-batch."""
+    flags = () if precision == "no" else (f"--accelerator.mixed_precision={precision}",)
+    committed = _train(tmp_path / "committed", dataset_cache, *flags)
     group = FirstCommitRefused()
     monkeypatch.setattr(startup, "join_replica_group", lambda *args: group)
-    retried = _train(tmp_path / "retried", dataset_cache)
+    retried = _train(tmp_path / "retried", dataset_cache, *flags)
     assert (group.quorums, group.commits) == ([1, 1, 3], [2, 2, 4])
     assert retried.keys() == committed.keys()
+    assert any(key.startswith("scaler.") for key in committed) == (precision == "fp16")
     for key, tensor in committed.items():
         assert torch.equal(retried[key], tensor), key

@@ -122,6 +122,7 @@ def _train_step(
             norm = accelerator.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))
             grad_norm = norm.detach()
             if not run.replicas.commit(step):
+                _drop_unscaled_step(accelerator.scaler)
                 run.optimizer.zero_grad()
                 return None, {}, None
         if before_update is not None:
@@ -129,3 +130,15 @@ def _train_step(
         run.optimizer.step()
         run.optimizer.zero_grad()
     return loss.detach().float(), metrics, grad_norm
+
+
+def _drop_unscaled_step(scaler: torch.amp.GradScaler | None) -> None:
+    """The fp16 loss scaler as if the uncommitted step never ran. Clipping unscaled its gradients, and
+    GradScaler refuses a second `unscale_()` before an `update()`: `update()` ends the step, and its
+    scale and growth count, which the step would have moved, are put back (the scale moves only at
+    `update()`, so the state before it is the window's)."""
+    if scaler is None or not scaler.is_enabled():
+        return
+    before = scaler.state_dict()
+    scaler.update()
+    scaler.load_state_dict(before)
