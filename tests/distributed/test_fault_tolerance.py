@@ -7,61 +7,41 @@ stopped by the fixture that started it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import ckpt_tools
+from helpers.fault_tolerance import (
+    TINY,
+    TRAINER,
+    final_weights,
+    finish,
+    finished_digests,
+    group_flags,
+    lighthouse,
+    logged_step,
+    quorum_records,
+    records,
+    start_group,
+    train_losses,
+)
 from helpers.launch import CKPT_CLI, launch_env, run_torchrun
+from helpers.waiting import wait_for
 
 pytestmark = pytest.mark.distributed
 
-TRAINER = Path(sys.executable).with_name("trainer")
 SCRIPT = Path(__file__).parent / "scripts" / "train_cli.py"
 OPS_SCRIPT = Path(__file__).parent / "scripts" / "ops_train.py"
-
-
-@contextlib.contextmanager
-def lighthouse(
-    min_replicas: int, *flags: str, bind: str = "127.0.0.1:0"
-) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """`trainer lighthouse` on `bind` (a free port unless told): the process and the address it printed;
-    stopped at exit."""
-    process = subprocess.Popen(
-        [TRAINER, "lighthouse", f"--bind={bind}", f"--min_replicas={min_replicas}", *flags],
-        env=launch_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        yield process, _read_address(process)
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
-
-
-def _read_address(process: subprocess.Popen[str]) -> str:
-    """The address line, waiting at most 60 s for it (the import of the CLI, the bind)."""
-    assert process.stdout is not None
-    ready, _, _ = select.select([process.stdout], [], [], 60)
-    line = process.stdout.readline() if ready else ""
-    assert line.startswith("lighthouse: http://"), f"no address from trainer lighthouse: {line!r}"
-    return line.split()[1]
 
 
 def test_trainer_lighthouse_serves_quorums_until_sigterm() -> None:
@@ -88,62 +68,6 @@ def test_trainer_lighthouse_refuses_a_bad_flag_in_one_line() -> None:
     assert result.stderr.strip() == "error: --min_replicas must be a whole number >= 1, got '0'"
 
 
-TINY = (
-    "--policy.type=mlp",
-    "--dataset.episodes=4",
-    "--dataset.eval_episodes=0",
-    "--steps=4",
-    "--log_freq=1",
-    "--save_freq=4",
-    "--batch_size=8",
-)
-
-
-def group_flags(address: str, replica_id: int, group_size: int = 2) -> list[str]:
-    return [
-        "--fault_tolerance.enable=true",
-        f"--fault_tolerance.group_size={group_size}",
-        f"--fault_tolerance.replica_id={replica_id}",
-        f"--fault_tolerance.lighthouse={address}",
-    ]
-
-
-def start_group(log: Path, *args: str) -> subprocess.Popen[str]:
-    """One replica group: a `trainer train` process of its own (a group of one rank), output to `log`."""
-    with log.open("w") as out:
-        return subprocess.Popen(
-            [TRAINER, "train", *args],
-            env={**launch_env(), "RUST_LOG": "warn"},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-
-
-def finish(groups: list[subprocess.Popen[str]], timeout: float) -> list[int]:
-    """Every group's exit code, killing those still running after `timeout` seconds in all."""
-    deadline = time.monotonic() + timeout
-    try:
-        return [group.wait(timeout=max(1.0, deadline - time.monotonic())) for group in groups]
-    finally:
-        for group in groups:
-            if group.poll() is None:
-                group.kill()
-                group.wait()
-
-
-def records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def train_losses(run: Path) -> list[float]:
-    return [r["loss"] for r in records(run) if r.get("event") == "train"]
-
-
-def final_weights(run: Path) -> dict[str, torch.Tensor]:
-    return load_file(run / "checkpoints" / "000004" / "pretrained_model" / "model.safetensors")
-
-
 @pytest.fixture(scope="module")
 def two_groups(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two replica groups of one process each sharing an output_dir (ft/) and meeting on a Lighthouse
@@ -162,18 +86,6 @@ def two_groups(tmp_path_factory: pytest.TempPathFactory) -> Path:
     logs = "\n".join((root / f"group{r}.log").read_text() for r in (0, 1))
     assert codes == [0, 0], logs
     return root
-
-
-def finished_digests(run: Path, groups: int) -> list[list[tuple[int, str]]]:
-    """Each group's (step, weights digest) records of the end of its run."""
-    return [
-        [
-            (r["step"], r["weights_sha256"])
-            for r in records(run / f"replica_{g}")
-            if r.get("event") == "replica_finished"
-        ]
-        for g in range(groups)
-    ]
 
 
 def test_two_groups_train_as_plain_ddp_does(two_groups: Path) -> None:
@@ -204,25 +116,6 @@ def test_the_quorum_is_recorded_in_metrics(two_groups: Path) -> None:
     ]
 
 
-def wait_for(
-    predicate: Callable[[], bool], what: str, processes: list[subprocess.Popen[str]], timeout: float
-) -> None:
-    """Poll `predicate` until it holds; fail naming `what` when `timeout` passes or a process exits."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        exited = [p.args for p in processes if p.poll() is not None]
-        assert not exited and time.monotonic() < deadline, f"gave up waiting for {what} (exited: {exited})"
-        time.sleep(0.1)
-
-
-def logged_step(run_dir: Path) -> int:
-    """The last training step a group's metrics.jsonl records (0 before any)."""
-    if not (run_dir / "metrics.jsonl").exists():
-        return 0
-    steps = [r["step"] for r in records(run_dir) if r.get("event") == "train"]
-    return steps[-1] if steps else 0
-
-
 HEAL_STEPS = 2100
 
 
@@ -247,10 +140,10 @@ def late_joiner(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[st
     with lighthouse(1, "--heartbeat_timeout_ms=120000", "--join_timeout_ms=120000") as (_, address):
         groups = [start_group(root / "group0.log", *args, *group_flags(address, 0))]
         try:
-            wait_for(lambda: logged_step(out / "replica_0") >= 30, "group 0 at step 30", groups, 180)
+            wait_for(lambda: logged_step(out / "replica_0") >= 30, "group 0 at step 30", 180, groups)
             groups[0].send_signal(signal.SIGSTOP)
             groups.append(start_group(root / "group1.log", *args, *group_flags(address, 1)))
-            wait_for(lambda: (out / "replica_1" / "trainer.lock").exists(), "group 1's lock", groups[1:], 120)
+            wait_for(lambda: (out / "replica_1" / "trainer.lock").exists(), "group 1's lock", 120, groups[1:])
         finally:
             groups[0].send_signal(signal.SIGCONT)
             codes = finish(groups, timeout=300)
@@ -300,14 +193,6 @@ def lock_pid(run_dir: Path) -> int | None:
     return json.loads(lock.read_text())["pid"] if lock.exists() else None
 
 
-def quorum_records(run_dir: Path) -> list[dict]:
-    return (
-        [r for r in records(run_dir) if r.get("event") == "quorum"]
-        if (run_dir / "metrics.jsonl").exists()
-        else []
-    )
-
-
 def trained_together(run_dir: Path) -> int:
     """The steps a group's latest launch logged since its quorum last grew to two groups (-1 while it is
     not in one): the records of an earlier launch of the group, in the same metrics.jsonl, do not count."""
@@ -343,7 +228,7 @@ def relaunch_beside(
     pause.touch()
     try:
         group = relaunch()
-        wait_for(lambda: lock_pid(run_dir) == group.pid, "the relaunched group's lock", [group], 120)
+        wait_for(lambda: lock_pid(run_dir) == group.pid, "the relaunched group's lock", 120, [group])
     finally:
         pause.unlink()
     return group
@@ -397,10 +282,10 @@ def killed_and_healed(tmp_path_factory: pytest.TempPathFactory) -> KillRun:
             start_group(logs[1], *args, *group_flags(address, 1)),
         ]
         try:
-            wait_for(lambda: trained_together(out / "replica_1") >= 20, "20 steps together", groups, 180)
+            wait_for(lambda: trained_together(out / "replica_1") >= 20, "20 steps together", 180, groups)
             killed_at = kill(groups[1], out / "replica_1")
             alone = logged_step(out / "replica_0")
-            wait_for(lambda: logged_step(out / "replica_0") >= alone + 30, "group 0 alone", groups[:1], 120)
+            wait_for(lambda: logged_step(out / "replica_0") >= alone + 30, "group 0 alone", 120, groups[:1])
             groups[1] = relaunch_beside(
                 pause,
                 out / "replica_1",
@@ -408,14 +293,14 @@ def killed_and_healed(tmp_path_factory: pytest.TempPathFactory) -> KillRun:
                     logs[2], [f"--hook-hold-heal={healing}"], *args, *group_flags(address, 1)
                 ),
             )
-            wait_for(healing.exists, "group 1 fetching group 0's state", groups, 120)
+            wait_for(healing.exists, "group 1 fetching group 0's state", 120, groups)
             kill(groups[1], out / "replica_1")
             heal_killed_at = logged_step(out / "replica_0")
             wait_for(
                 lambda: logged_step(out / "replica_0") >= heal_killed_at + 30,
                 "group 0 alone",
-                groups[:1],
                 120,
+                groups[:1],
             )
             groups[1] = relaunch_beside(
                 pause, out / "replica_1", lambda: start_group(logs[3], *args, *group_flags(address, 1))
@@ -493,7 +378,7 @@ def test_the_lighthouse_killed_stops_the_groups_in_one_line_and_a_relaunch_resum
         flags = [*args, *group_flags(address, 0, group_size=1)]
         group = start_ops_group(logs[0], [f"--hook-pause-while={pause}"], *flags)
         try:
-            wait_for(lambda: logged_step(out / "replica_0") >= 30, "step 30", [group], 180)
+            wait_for(lambda: logged_step(out / "replica_0") >= 30, "step 30", 180, [group])
             pause.touch()
             process.kill()
             process.wait(timeout=30)
@@ -547,7 +432,7 @@ def test_the_saving_group_killed_mid_save_leaves_last_valid_and_its_peer_saves_o
                 )
         try:
             writing = out / "checkpoints" / f".tmp-{SAVE_KILLED:06d}"
-            wait_for(writing.exists, f"group 0 writing step {SAVE_KILLED}", groups, 180)
+            wait_for(writing.exists, f"group 0 writing step {SAVE_KILLED}", 180, groups)
             groups[0].kill()
             assert groups[0].wait(timeout=30) == -signal.SIGKILL
             # group 1 is still held at step 201's quorum, which waited for group 0 in its save

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_fault_tolerance import (
+
+from helpers.fault_tolerance import (
     TINY,
     final_weights,
     finish,
@@ -33,10 +34,9 @@ from test_fault_tolerance import (
     quorum_records,
     start_group,
     train_losses,
-    wait_for,
 )
-
 from helpers.launch import launch_env, run_torchrun, torchrun_command
+from helpers.waiting import wait_for
 
 pytestmark = pytest.mark.distributed
 
@@ -106,10 +106,10 @@ def sharded_late_joiner(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
     with lighthouse(1, "--heartbeat_timeout_ms=120000", "--join_timeout_ms=120000") as (_, address):
         groups = [start_sharded_group(logs[0], *args, *group_flags(address, 0))]
         try:
-            wait_for(lambda: logged_step(out / "replica_0") >= 20, "group 0 at step 20", groups, 240)
+            wait_for(lambda: logged_step(out / "replica_0") >= 20, "group 0 at step 20", 240, groups)
             with paused(groups[0]):
                 groups.append(start_sharded_group(logs[1], *args, *group_flags(address, 1)))
-                wait_for(lambda: heard_by(address, 1), "group 1's Manager", groups[1:], 240)
+                wait_for(lambda: heard_by(address, 1), "group 1's Manager", 240, groups[1:])
         finally:
             codes = finish(groups, timeout=300)
     texts = [log.read_text() for log in logs]

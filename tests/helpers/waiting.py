@@ -6,28 +6,32 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
 DEADLINE_S = 240.0  # a tiny run's step on 2 busy cores takes seconds: this is minutes
 
 
+Process = subprocess.Popen[str] | subprocess.Popen[bytes]
+
+
 def wait_for(
     condition: Callable[[], object],
     what: str,
     timeout: float = DEADLINE_S,
-    process: subprocess.Popen[str] | subprocess.Popen[bytes] | None = None,
+    process: Process | Sequence[Process] | None = None,
 ) -> None:
     """Poll `condition` until it is true. Fails the test naming `what` after `timeout` seconds, or as
-    soon as `process` (the run the state is awaited from) has exited without reaching it, with the end
-    of its output when it writes to a pipe."""
+    soon as `process` (the run the state is awaited from, or each of several) has exited without
+    reaching it, with the end of its output when it writes to a pipe."""
+    watched = [] if process is None else [process] if isinstance(process, subprocess.Popen) else list(process)
     deadline = time.monotonic() + timeout
     while not condition():
-        if process is not None and process.poll() is not None:
-            output = process.communicate()[0] if process.stdout is not None else ""
+        for exited in (p for p in watched if p.poll() is not None):
+            output = exited.communicate()[0] if exited.stdout is not None else ""
             tail = output[-3000:] if isinstance(output, str) else output[-3000:].decode(errors="replace")
-            pytest.fail(f"the process exited ({process.returncode}) before {what}\n{tail}".rstrip())
+            pytest.fail(f"{exited.args} exited ({exited.returncode}) before {what}\n{tail}".rstrip())
         if time.monotonic() > deadline:
             pytest.fail(f"no {what} within {timeout:.0f} s")
         time.sleep(0.05)
