@@ -17,12 +17,17 @@ def headers(path: Path) -> dict[str, tuple[str, list[int]]]:
         return {k: (handle.get_slice(k).get_dtype(), handle.get_slice(k).get_shape()) for k in handle.keys()}  # noqa: SIM118
 
 
-def same_as_lerobots(ours: Path, theirs: Path) -> None:
+def same_as_lerobots(ours: Path, theirs: Path, backbone: Path | None = None) -> None:
     """Every processor JSON equal; each state file named as LeRobot's, holding the tensors LeRobot's
-    step reads for its features' modes (of its shapes and dtypes) and no tensor LeRobot's file lacks."""
+    step reads for its features' modes (of its shapes and dtypes) and no tensor LeRobot's file lacks.
+    `backbone`: the local SmolVLM directory our run was given as `tiny_smolvlm`, relative, as LeRobot's
+    run was: LeRobot's tokenizer step names it so, ours by its absolute path (any directory reads it)."""
     for name in ("policy_preprocessor.json", "policy_postprocessor.json"):
-        config = json.loads((ours / name).read_text())
-        assert config == json.loads((theirs / name).read_text()), name
+        config, lerobots = json.loads((ours / name).read_text()), json.loads((theirs / name).read_text())
+        for step in lerobots["steps"] if backbone is not None else ():
+            if step["config"].get("tokenizer_name") == backbone.name:
+                step["config"]["tokenizer_name"] = str(backbone)
+        assert config == lerobots, name
         for step in config["steps"]:
             if "state_file" not in step:
                 continue

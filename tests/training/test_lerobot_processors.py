@@ -87,14 +87,10 @@ def test_the_acts_files_read_back_normalize_as_lerobots(act_model: Path) -> None
     )
 
 
-def test_a_smolvla_writes_lerobots_processor_files(smolvla_model: Path, tmp_path: Path) -> None:
+def test_a_smolvla_writes_lerobots_processor_files(smolvla_model: Path) -> None:
     """LeRobot's files, but for the tokenizer's name: the run was given the backbone `tiny_smolvlm`
     relative to its directory, as LeRobot's was, and records it absolute (any directory reads it)."""
-    lerobots = shutil.copytree(LEROBOT_SMOLVLA, tmp_path / "lerobot")
-    preprocessor = lerobots / "policy_preprocessor.json"
-    backbone = json.dumps(str(smolvla_model.parents[3] / "tiny_smolvlm"))
-    preprocessor.write_text(preprocessor.read_text().replace('"tiny_smolvlm"', backbone))
-    same_as_lerobots(smolvla_model, lerobots)
+    same_as_lerobots(smolvla_model, LEROBOT_SMOLVLA, backbone=smolvla_model.parents[3] / "tiny_smolvlm")
     names = sorted(p.name for p in smolvla_model.glob("policy_*processor*"))
     assert names == sorted(p.name for p in LEROBOT_SMOLVLA.glob("policy_*processor*"))
 
