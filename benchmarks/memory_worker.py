@@ -20,7 +20,7 @@ START = time.monotonic()
 
 import trainer.cli.app  # noqa: E402
 import trainer.engine.build  # noqa: E402
-import trainer.engine.loop  # noqa: E402
+import trainer.engine.committed_step  # noqa: E402
 from trainer.cli import main  # noqa: E402
 
 RECORD: dict[str, float] = {}
@@ -62,6 +62,8 @@ def written_before(exit_process, out: str):
 if __name__ == "__main__":
     out, flags = sys.argv[1], sys.argv[2:]
     trainer.engine.build.after_prepare = after_phase(trainer.engine.build.after_prepare, "built")
-    trainer.engine.loop._train_step = after_phase(trainer.engine.loop._train_step, "first_step", once=True)
+    trainer.engine.committed_step._train_step = after_phase(
+        trainer.engine.committed_step._train_step, "first_step", once=True
+    )
     trainer.cli.app._exit = written_before(trainer.cli.app._exit, out)
     main(["train", *flags])
