@@ -1,5 +1,5 @@
 """The gradients a replica group exchanges across groups travel in flat buckets
-(trainer.distributed.fault_tolerance): runs of one dtype and device, bounded in size, each averaged
+(trainer.distributed.gradient_buckets): runs of one dtype and device, bounded in size, each averaged
 tensor copied back where it came from."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.distributed import fault_tolerance
-from trainer.distributed.fault_tolerance import _buckets, _unflatten
+from trainer.distributed import gradient_buckets
+from trainer.distributed.gradient_buckets import _buckets, _unflatten
 
 
 class _Done:
@@ -19,7 +19,7 @@ class _Done:
 
 
 def test_buckets_split_at_a_dtype_change_and_at_the_size_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fault_tolerance, "BUCKET_BYTES", 64)
+    monkeypatch.setattr(gradient_buckets, "BUCKET_BYTES", 64)
     f64 = torch.float64
     grads = [
         torch.zeros(4),

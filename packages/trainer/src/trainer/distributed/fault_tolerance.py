@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -28,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.config.fault_tolerance import FaultToleranceSection
+from trainer.distributed.gradient_buckets import exchange_after_backward
 from trainer.distributed.heal_state import GroupState, local_part
 from trainer.errors import ConfigError, RunFailedError
 
@@ -242,15 +242,7 @@ class ReplicaGroup(SingleGroup):
         callback); the average of a flat bucket is the per-tensor one, element for element. A failed
         exchange marks the step, which `commit` then refuses."""
         grads = [local_part(param.grad) for param in model.parameters() if param.grad is not None]
-        in_flight: tuple[Any, torch.Tensor, list[torch.Tensor]] | None = None
-        for bucket in _buckets(grads):
-            flat = torch.cat([grad.reshape(-1) for grad in bucket])
-            work = self._manager.allreduce(flat)
-            if in_flight is not None:  # at most two buckets' copies alive at once
-                _unflatten(*in_flight)
-            in_flight = (work, flat, bucket)
-        if in_flight is not None:
-            _unflatten(*in_flight)
+        exchange_after_backward(grads, self._manager.allreduce)
 
     def commit(self, step: int) -> bool:
         """Collective over the group, before the optimizer steps: torchft's `should_commit` (enough
@@ -284,35 +276,6 @@ def group_digest(tensors: list[torch.Tensor]) -> str:
         ranks = [""] * dist.get_world_size()
         dist.all_gather_object(ranks, digest.hexdigest())
     return hashlib.sha256("".join(ranks).encode()).hexdigest()
-
-
-BUCKET_BYTES = 256 * 2**20
-"""The most gradient bytes one exchange across the groups carries (a copy of them is held meanwhile)."""
-
-
-def _buckets(grads: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
-    """The gradients in runs of one dtype and device, each at most `BUCKET_BYTES` (or one tensor)."""
-    bucket: list[torch.Tensor] = []
-    size = 0
-    for grad in grads:
-        nbytes = grad.numel() * grad.element_size()
-        kind = (grad.dtype, grad.device)
-        if bucket and (size + nbytes > BUCKET_BYTES or kind != (bucket[0].dtype, bucket[0].device)):
-            yield bucket
-            bucket, size = [], 0
-        bucket.append(grad)
-        size += nbytes
-    if bucket:
-        yield bucket
-
-
-def _unflatten(work: Any, flat: torch.Tensor, bucket: list[torch.Tensor]) -> None:
-    """Wait for a bucket's exchange and copy its average back into the gradients it was made of."""
-    work.wait()
-    offset = 0
-    for grad in bucket:
-        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-        offset += grad.numel()
 
 
 def _group_store(group_world: int) -> tuple[TCPStore | None, str | None, int | None]:
