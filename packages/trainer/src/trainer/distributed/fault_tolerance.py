@@ -25,9 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from trainer.config.fault_tolerance import FaultToleranceSection
-from trainer.distributed.gradient_buckets import exchange_after_backward
+from trainer.distributed.gradient_buckets import (
+    OVERLAPPED_BUCKET_BYTES,
+    Allreduce,
+    OverlappedExchange,
+    exchange_after_backward,
+)
 from trainer.distributed.heal_state import GroupState, local_part
 from trainer.errors import ConfigError, RunFailedError
 
@@ -118,6 +124,9 @@ class SingleGroup:
         """No quorum for the window starting at loop step `step`: the membership never changes."""
         return Quorum(step, 1, 0, changed=False, trained=False)
 
+    def exchange_during_backward(self) -> None:
+        """Before the backward pass that ends a window: nothing is exchanged across groups."""
+
     def average_gradients(self, model: torch.nn.Module) -> None:
         """The launch's own reduction (DDP, FSDP2) is the whole average."""
 
@@ -174,6 +183,7 @@ class ReplicaGroup(SingleGroup):
             replica_id=f"replica_{section.replica_id:06d}",
             init_sync=False,  # every group initializes the same weights from --seed
         )
+        self._overlapped = _overlapped_exchange(state.model, group_world, self._manager.allreduce)
         self._members: tuple[int, int | None] | None = None
         self._joined: Quorum | None = None
         self.saves = False
@@ -235,12 +245,23 @@ class ReplicaGroup(SingleGroup):
             optimizer_sha256=group_digest(self._state.optimizer_tensors()) if changed else "",
         )
 
+    def exchange_during_backward(self) -> None:
+        """Before the backward pass that ends a window: in a group of one process, each bucket of
+        gradients is sent across the groups as soon as the backward pass has produced it, as DDP does
+        (`average_gradients` then waits for them)."""
+        if self._overlapped is not None:
+            self._overlapped.arm()
+
     def average_gradients(self, model: torch.nn.Module) -> None:
-        """Collective across the live groups: the gradients (this rank's shards of them under FSDP2)
-        averaged with the same rank of every other group, a few flat buckets per step rather than one
-        exchange per parameter (each of torchft's exchanges has a fixed cost: a future, its timeout, a
-        callback); the average of a flat bucket is the per-tensor one, element for element. A failed
-        exchange marks the step, which `commit` then refuses."""
+        """Collective across the live groups, after the window's last backward pass: the gradients
+        (this rank's shards of them under FSDP2) averaged with the same rank of every other group, in
+        a few flat buckets (distributed/gradient_buckets.py). In a group of one process they were sent
+        during the backward pass: the last bucket is sent now, then all are waited for; under FSDP2
+        they are sent now, after the group's own reduce-scatter. A failed exchange marks the step,
+        which `commit` then refuses."""
+        if self._overlapped is not None:
+            self._overlapped.finish()
+            return
         grads = [local_part(param.grad) for param in model.parameters() if param.grad is not None]
         exchange_after_backward(grads, self._manager.allreduce)
 
@@ -276,6 +297,19 @@ def group_digest(tensors: list[torch.Tensor]) -> str:
         ranks = [""] * dist.get_world_size()
         dist.all_gather_object(ranks, digest.hexdigest())
     return hashlib.sha256("".join(ranks).encode()).hexdigest()
+
+
+def _overlapped_exchange(
+    model: torch.nn.Module, group_world: int, allreduce: Allreduce
+) -> OverlappedExchange | None:
+    """The exchange overlapped with the backward pass where a gradient is final once the backward
+    pass accumulated it: a group of one process holding whole tensors. Under FSDP2 (DTensor
+    parameters) a rank's gradient shard is final only after the group's reduce-scatter, and with
+    several unsharded processes only after their all-reduce: those groups exchange after the backward
+    pass (None)."""
+    if group_world > 1 or any(isinstance(param, DTensor) for param in model.parameters()):
+        return None
+    return OverlappedExchange(model, allreduce, OVERLAPPED_BUCKET_BYTES)
 
 
 def _group_store(group_world: int) -> tuple[TCPStore | None, str | None, int | None]:
