@@ -3,12 +3,12 @@
 A fault-tolerant job is several replica groups (each one launch: one process, or FSDP2 over the
 launch's ranks) and a Lighthouse (`serve_lighthouse`, the `trainer lighthouse` command). At the start
 of each optimizer step (each accumulation window) every group asks the Lighthouse for a quorum of the
-live groups (`ReplicaGroup.start_step`); after the window's last backward pass each rank averages its gradients with the same rank of every live group over
-torchft's reconfigurable gloo process group (`average_gradients`, after the group's own reduction by
-FSDP2), and the optimizer steps only when the group's ranks agree the step is sound (`commit`, torchft's
-`should_commit`). A run
-without `--fault_tolerance.enable` holds `SINGLE_GROUP`, which does none of this, so the loop has one
-code path.
+live groups (`ReplicaGroup.start_step`); each rank averages the window's gradients with the same rank
+of every live group over torchft's reconfigurable gloo process group, during the window's last backward
+pass in a group of one process (`exchange_during_backward`), after it under FSDP2, which reduces inside
+the group first (`average_gradients`), and the optimizer steps only when the group's ranks agree the
+step is sound (`commit`, torchft's `should_commit`). A run without `--fault_tolerance.enable` holds
+`SINGLE_GROUP`, which does none of this (and registers no hook), so the loop has one code path.
 
 torchft is an optional dependency (`pip install 'ckpt-trainer[ft]'`), imported only here and only when
 a run or the Lighthouse asks for it.
@@ -256,7 +256,7 @@ class ReplicaGroup(SingleGroup):
         """Collective across the live groups, after the window's last backward pass: the gradients
         (this rank's shards of them under FSDP2) averaged with the same rank of every other group, in
         a few flat buckets (distributed/gradient_buckets.py). In a group of one process they were sent
-        during the backward pass: the last bucket is sent now, then all are waited for; under FSDP2
+        during the backward pass: any bucket still waiting is sent now, then all are waited for; under FSDP2
         they are sent now, after the group's own reduce-scatter. A failed exchange marks the step,
         which `commit` then refuses."""
         if self._overlapped is not None:

@@ -8,7 +8,7 @@ Two ways to run the exchange, the same average either way:
 - `OverlappedExchange`, as DDP does: on the backward pass that ends an accumulation window, each bucket
   is sent as soon as the backward has produced its gradients (the parameters in reverse order, the
   order the backward produces them), so the exchange runs beside the rest of the backward and only the
-  last bucket is sent after it. For a group of one process holding whole tensors: a gradient is final
+  last bucket's exchange follows it. For a group of one process holding whole tensors: a gradient is final
   once accumulated.
 - `exchange_after_backward`, for FSDP2 groups: a rank's gradient shard is final only after the group's
   own reduce-scatter, so the exchange follows the backward pass.
