@@ -17,23 +17,24 @@ class _Done:
         pass
 
 
-def test_buckets_split_at_a_dtype_change_and_at_the_size_bound() -> None:
+def test_buckets_split_at_a_dtype_change_and_close_at_the_size_bound() -> None:
     f64 = torch.float64
     grads = [
         torch.zeros(4),
         torch.zeros(2, dtype=f64),
         torch.zeros(8),
         torch.zeros(8),
-        torch.zeros(40),
         torch.zeros(3),
+        torch.zeros(40),
+        torch.zeros(1),
     ]
     sizes = [[(g.numel(), g.dtype) for g in bucket] for bucket in _buckets(grads, 64)]
     assert sizes == [
         [(4, torch.float32)],
         [(2, f64)],  # another dtype, though it would fit
-        [(8, torch.float32), (8, torch.float32)],  # 64 bytes: full
-        [(40, torch.float32)],  # alone over the bound: a bucket of its own
-        [(3, torch.float32)],
+        [(8, torch.float32), (8, torch.float32)],  # 64 bytes: closed
+        [(3, torch.float32), (40, torch.float32)],  # the one that crosses the bound rides along
+        [(1, torch.float32)],
     ]
 
 

@@ -28,9 +28,9 @@ Allreduce = Callable[[torch.Tensor], Any]
 
 
 OVERLAPPED_BUCKET_BYTES = 4 * 2**20
-"""The bucket bound of the overlapped exchange: small enough that the last bucket, the one sent after
-the backward pass, is a small part of the gradients; large enough that the exchanges' fixed cost stays
-small (see docs/fault_tolerance.md, "Measured")."""
+"""The bucket bound of the overlapped exchange: small enough that the last bucket, the one whose
+exchange follows the backward pass, is a small part of the gradients; large enough that the exchanges'
+fixed cost stays small (see docs/fault_tolerance.md, "Measured")."""
 
 
 class OverlappedExchange:
@@ -99,23 +99,25 @@ def exchange_after_backward(grads: list[torch.Tensor], allreduce: Allreduce) -> 
 
 
 BUCKET_BYTES = 256 * 2**20
-"""The most gradient bytes one exchange after the backward pass carries (a copy of them is held
-meanwhile): few exchanges for the large sharded models FSDP2 groups train."""
+"""The bucket bound of the exchange after the backward pass (a copy of two buckets is held meanwhile):
+few exchanges for the large sharded models FSDP2 groups train."""
 
 
 def _buckets(tensors: Sequence[torch.Tensor], bound: int) -> Iterator[list[torch.Tensor]]:
     """The tensors (gradients, or the parameters they belong to) in runs of one dtype and device, each
-    at most `bound` bytes (or one tensor)."""
+    closed once it holds `bound` bytes or more, as DDP closes its buckets: the tensor that crosses the
+    bound rides along, so a bias does not travel alone after its weight filled a bucket."""
     bucket: list[torch.Tensor] = []
     size = 0
     for tensor in tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        kind = (tensor.dtype, tensor.device)
-        if bucket and (size + nbytes > bound or kind != (bucket[0].dtype, bucket[0].device)):
+        if bucket and (tensor.dtype, tensor.device) != (bucket[0].dtype, bucket[0].device):
             yield bucket
             bucket, size = [], 0
         bucket.append(tensor)
-        size += nbytes
+        size += tensor.numel() * tensor.element_size()
+        if size >= bound:
+            yield bucket
+            bucket, size = [], 0
     if bucket:
         yield bucket
 
