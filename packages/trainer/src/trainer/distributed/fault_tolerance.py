@@ -3,12 +3,12 @@
 A fault-tolerant job is several replica groups (each one launch: one process, or FSDP2 over the
 launch's ranks) and a Lighthouse (`serve_lighthouse`, the `trainer lighthouse` command). At the start
 of each optimizer step (each accumulation window) every group asks the Lighthouse for a quorum of the
-live groups (`ReplicaGroup.start_step`); after the window's last backward pass each rank averages its gradients with the same rank of every live group over
-torchft's reconfigurable gloo process group (`average_gradients`, after the group's own reduction by
-FSDP2), and the optimizer steps only when the group's ranks agree the step is sound (`commit`, torchft's
-`should_commit`). A run
-without `--fault_tolerance.enable` holds `SINGLE_GROUP`, which does none of this, so the loop has one
-code path.
+live groups (`ReplicaGroup.start_step`); each rank averages the window's gradients with the same rank
+of every live group over torchft's reconfigurable gloo process group, during the window's last backward
+pass in a group of one process (`exchange_during_backward`), after it under FSDP2, which reduces inside
+the group first (`average_gradients`), and the optimizer steps only when the group's ranks agree the
+step is sound (`commit`, torchft's `should_commit`). A run without `--fault_tolerance.enable` holds
+`SINGLE_GROUP`, which does none of this (and registers no hook), so the loop has one code path.
 
 torchft is an optional dependency (`pip install 'ckpt-trainer[ft]'`), imported only here and only when
 a run or the Lighthouse asks for it.
@@ -19,15 +19,21 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from trainer.config.fault_tolerance import FaultToleranceSection
+from trainer.distributed.gradient_buckets import (
+    OVERLAPPED_BUCKET_BYTES,
+    Allreduce,
+    OverlappedExchange,
+    exchange_after_backward,
+)
 from trainer.distributed.heal_state import GroupState, local_part
 from trainer.errors import ConfigError, RunFailedError
 
@@ -118,6 +124,9 @@ class SingleGroup:
         """No quorum for the window starting at loop step `step`: the membership never changes."""
         return Quorum(step, 1, 0, changed=False, trained=False)
 
+    def exchange_during_backward(self) -> None:
+        """Before the backward pass that ends a window: nothing is exchanged across groups."""
+
     def average_gradients(self, model: torch.nn.Module) -> None:
         """The launch's own reduction (DDP, FSDP2) is the whole average."""
 
@@ -174,6 +183,7 @@ class ReplicaGroup(SingleGroup):
             replica_id=f"replica_{section.replica_id:06d}",
             init_sync=False,  # every group initializes the same weights from --seed
         )
+        self._overlapped = _overlapped_exchange(state.model, group_world, self._manager.allreduce)
         self._members: tuple[int, int | None] | None = None
         self._joined: Quorum | None = None
         self.saves = False
@@ -235,22 +245,25 @@ class ReplicaGroup(SingleGroup):
             optimizer_sha256=group_digest(self._state.optimizer_tensors()) if changed else "",
         )
 
+    def exchange_during_backward(self) -> None:
+        """Before the backward pass that ends a window: in a group of one process, each bucket of
+        gradients is sent across the groups as soon as the backward pass has produced it, as DDP does
+        (`average_gradients` then waits for them)."""
+        if self._overlapped is not None:
+            self._overlapped.arm()
+
     def average_gradients(self, model: torch.nn.Module) -> None:
-        """Collective across the live groups: the gradients (this rank's shards of them under FSDP2)
-        averaged with the same rank of every other group, a few flat buckets per step rather than one
-        exchange per parameter (each of torchft's exchanges has a fixed cost: a future, its timeout, a
-        callback); the average of a flat bucket is the per-tensor one, element for element. A failed
-        exchange marks the step, which `commit` then refuses."""
+        """Collective across the live groups, after the window's last backward pass: the gradients
+        (this rank's shards of them under FSDP2) averaged with the same rank of every other group, in
+        a few flat buckets (distributed/gradient_buckets.py). In a group of one process they were sent
+        during the backward pass: any bucket still waiting is sent now, then all are waited for; under FSDP2
+        they are sent now, after the group's own reduce-scatter. A failed exchange marks the step,
+        which `commit` then refuses."""
+        if self._overlapped is not None:
+            self._overlapped.finish()
+            return
         grads = [local_part(param.grad) for param in model.parameters() if param.grad is not None]
-        in_flight: tuple[Any, torch.Tensor, list[torch.Tensor]] | None = None
-        for bucket in _buckets(grads):
-            flat = torch.cat([grad.reshape(-1) for grad in bucket])
-            work = self._manager.allreduce(flat)
-            if in_flight is not None:  # at most two buckets' copies alive at once
-                _unflatten(*in_flight)
-            in_flight = (work, flat, bucket)
-        if in_flight is not None:
-            _unflatten(*in_flight)
+        exchange_after_backward(grads, self._manager.allreduce)
 
     def commit(self, step: int) -> bool:
         """Collective over the group, before the optimizer steps: torchft's `should_commit` (enough
@@ -286,33 +299,17 @@ def group_digest(tensors: list[torch.Tensor]) -> str:
     return hashlib.sha256("".join(ranks).encode()).hexdigest()
 
 
-BUCKET_BYTES = 256 * 2**20
-"""The most gradient bytes one exchange across the groups carries (a copy of them is held meanwhile)."""
-
-
-def _buckets(grads: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
-    """The gradients in runs of one dtype and device, each at most `BUCKET_BYTES` (or one tensor)."""
-    bucket: list[torch.Tensor] = []
-    size = 0
-    for grad in grads:
-        nbytes = grad.numel() * grad.element_size()
-        kind = (grad.dtype, grad.device)
-        if bucket and (size + nbytes > BUCKET_BYTES or kind != (bucket[0].dtype, bucket[0].device)):
-            yield bucket
-            bucket, size = [], 0
-        bucket.append(grad)
-        size += nbytes
-    if bucket:
-        yield bucket
-
-
-def _unflatten(work: Any, flat: torch.Tensor, bucket: list[torch.Tensor]) -> None:
-    """Wait for a bucket's exchange and copy its average back into the gradients it was made of."""
-    work.wait()
-    offset = 0
-    for grad in bucket:
-        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-        offset += grad.numel()
+def _overlapped_exchange(
+    model: torch.nn.Module, group_world: int, allreduce: Allreduce
+) -> OverlappedExchange | None:
+    """The exchange overlapped with the backward pass where a gradient is final once the backward
+    pass accumulated it: a group of one process holding whole tensors. Under FSDP2 (DTensor
+    parameters) a rank's gradient shard is final only after the group's reduce-scatter, and with
+    several unsharded processes only after their all-reduce: those groups exchange after the backward
+    pass (None)."""
+    if group_world > 1 or any(isinstance(param, DTensor) for param in model.parameters()):
+        return None
+    return OverlappedExchange(model, allreduce, OVERLAPPED_BUCKET_BYTES)
 
 
 def _group_store(group_world: int) -> tuple[TCPStore | None, str | None, int | None]:

@@ -116,6 +116,8 @@ def _train_step(
     grad_norm = None
     with accelerator.accumulate(model):
         loss, metrics = model(batch)
+        if accelerator.sync_gradients:  # the window's last backward: the exchange runs beside it
+            run.replicas.exchange_during_backward()
         accelerator.backward(loss)
         if accelerator.sync_gradients:  # an infinite threshold measures the norm without clipping
             run.replicas.average_gradients(model)  # over the live replica groups (fault tolerance)
