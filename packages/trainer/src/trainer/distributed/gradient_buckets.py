@@ -80,8 +80,7 @@ class OverlappedExchange:
         grads = [param.grad for param in self._buckets[self._sent] if param.grad is not None]
         self._sent += 1
         if grads:
-            flat = torch.cat([grad.reshape(-1) for grad in grads])
-            self._in_flight.append((self._allreduce(flat), flat, grads))
+            self._in_flight.append(_send(grads, self._allreduce))
 
 
 def exchange_after_backward(grads: list[torch.Tensor], allreduce: Allreduce) -> None:
@@ -89,11 +88,10 @@ def exchange_after_backward(grads: list[torch.Tensor], allreduce: Allreduce) -> 
     bucket is on its way while the previous one is copied back, at most two buckets' copies alive."""
     in_flight: tuple[Any, torch.Tensor, list[torch.Tensor]] | None = None
     for bucket in _buckets(grads, BUCKET_BYTES):
-        flat = torch.cat([grad.reshape(-1) for grad in bucket])
-        work = allreduce(flat)
+        sent = _send(bucket, allreduce)
         if in_flight is not None:
             _unflatten(*in_flight)
-        in_flight = (work, flat, bucket)
+        in_flight = sent
     if in_flight is not None:
         _unflatten(*in_flight)
 
@@ -120,6 +118,13 @@ def _buckets(tensors: Sequence[torch.Tensor], bound: int) -> Iterator[list[torch
             bucket, size = [], 0
     if bucket:
         yield bucket
+
+
+def _send(grads: list[torch.Tensor], allreduce: Allreduce) -> tuple[Any, torch.Tensor, list[torch.Tensor]]:
+    """Start a bucket's exchange: its gradients flattened into one copy, averaged in place. Returns what
+    `_unflatten` takes: the exchange's Work, the copy and the gradients it was made of."""
+    flat = torch.cat([grad.reshape(-1) for grad in grads])
+    return allreduce(flat), flat, grads
 
 
 def _unflatten(work: Any, flat: torch.Tensor, bucket: list[torch.Tensor]) -> None:
