@@ -24,7 +24,9 @@ SCRIPT = Path(__file__).parent / "scripts" / "fastwam_run.py"
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     work = copy_fixture(tmp_path_factory.mktemp("fastwam_sharded"), "lerobot_fastwam_tiny")
-    launch = run_torchrun(SCRIPT, 4, str(work / "out"), str(work), "fsdp2", "hsdp", "ddp", timeout=450)
+    launch = run_torchrun(
+        SCRIPT, 4, str(work / "out"), str(work), "fsdp2", "hsdp", "ddp", "recompute", timeout=450
+    )
     return work / "out", launch.stdout
 
 
@@ -40,7 +42,7 @@ def test_sharded_runs_fine_tune_lerobots_fastwam_as_ddp_does(runs, sharded: str)
     nothing of the frozen parts saved."""
     out, stdout = runs
     units = "MoTLayer, Projection, VideoExpert, ActionExpert, VideoHead, ActionHead"
-    assert stdout.count(f"FSDP units by class: {units}") == 2  # fsdp2's and hsdp's, not ddp's
+    assert stdout.count(f"FSDP units by class: {units}") == 3  # fsdp2, hsdp and recompute, not ddp
     for key in ("loss", "grad_norm"):
         tuned_run, ddp = _logged(out / sharded, key), _logged(out / "ddp", key)
         assert len(tuned_run) == 2
@@ -51,3 +53,17 @@ def test_sharded_runs_fine_tune_lerobots_fastwam_as_ddp_does(runs, sharded: str)
     )
     assert tuned.keys() == base.keys() and len(tuned) == 139
     assert all(not torch.equal(tuned[name], base[name]) for name in base)
+
+
+def test_a_recomputed_layer_holds_one_projection_gathered_at_a_time(runs) -> None:
+    """Under `use_gradient_checkpointing` each MoT layer runs again in the backward pass. FSDP2 would
+    keep every unit of that recompute gathered until its own backward (a whole block's projections at
+    once); on CPU the engine ungathers each as its recomputed forward ends and gathers it again for its
+    backward (distributed/factory.py). The losses and gradient norms stay DDP's."""
+    out, _ = runs
+    for key in ("loss", "grad_norm"):
+        np.testing.assert_allclose(_logged(out / "recompute", key), _logged(out / "ddp", key), rtol=1e-5)
+    for rank in range(4):
+        seen = json.loads((out / "recompute" / f"gathered.rank{rank}.json").read_text())
+        assert seen["projections"] == 2 * 2 * 10  # 2 layers x 2 blocks x (4 + 4 attention, 2 FFN)
+        assert seen["most_gathered"] == 1, seen
