@@ -36,15 +36,17 @@ gives each rank 4 torch threads on a machine with cores to spare).
 expert 1024 / 4096; 24 heads of 128; text width 4096) cut to `--depth N` MoT layers (default 1), at its
 frame window (33 frames every 4), image size (224 x 448) and 32-step chunk, on the embedded camera task
 with its instruction, one `--mode`: `freeze-bf16` (--policy.freeze_video_expert=true with
-loss.lambda_video=0, bfloat16: the action expert and the proprio encoder train) or `full` (everything
-trains, float32). The frozen VAE is the tiny fixture's (its latents have LeRobot's 48 channels and 16x
+loss.lambda_video=0, bfloat16: the action expert and the proprio encoder train), `freeze-bf16-recompute`
+(the same with --policy.use_gradient_checkpointing=true: the frozen video stream's activations, which
+the proprio token's gradient crosses, are recomputed instead of kept) or `full` (everything trains,
+float32). The frozen VAE is the tiny fixture's (its latents have LeRobot's 48 channels and 16x
 reduction), the UMT5 encoder a one-layer random one of LeRobot's width 4096, released before step 1;
 the ideal counts each tensor in its own dtype as for pi, plus the same command at the fixture's tiny
 sizes. The run is not restarted from its checkpoint (`--policy.path` streams as pi's does).
 
 Usage: python benchmarks/bench_memory.py [--policy act_state|smolvla|pi0|pi05|fastwam] [--layouts 1,2,4,2x2]
        [--blocks 16] [--dim 1024] [--ffn 4096] [--mode expert-bf16|expert-fp32|lora|full] [--depth N]
-       [--vision-depth N] [--workdir DIR]   (fastwam: [--mode freeze-bf16|full] [--depth N])
+       [--vision-depth N] [--workdir DIR]   (fastwam: [--mode freeze-bf16|freeze-bf16-recompute|full] [--depth N])
 Each large configuration runs once, one at a time (at 470 M parameters a rank of the 1-process run
 peaks near 8 GB; check `free -g` first).
 """
@@ -233,13 +235,16 @@ def pi(work: Path, kind: str, mode: str, depth: int | None, vision_depth: int | 
     return Subject(title, run, large, tiny, trainable, frozen, weights, trained, reload=mode != "lora")
 
 
-# What a FastWAM run fine-tunes: the action expert alone in bfloat16 (LeRobot's storage), or everything.
+# What a FastWAM run fine-tunes: the action expert alone in bfloat16 (LeRobot's storage), the same with
+# every MoT layer recomputed in the backward pass, or everything.
+FASTWAM_FROZEN_VIDEO = [
+    "--policy.freeze_video_expert=true",
+    '--policy.loss={"lambda_video": 0.0, "lambda_action": 1.0}',
+    "--policy.torch_dtype=bfloat16",
+]
 FASTWAM_MODES = {
-    "freeze-bf16": [
-        "--policy.freeze_video_expert=true",
-        '--policy.loss={"lambda_video": 0.0, "lambda_action": 1.0}',
-        "--policy.torch_dtype=bfloat16",
-    ],
+    "freeze-bf16": FASTWAM_FROZEN_VIDEO,
+    "freeze-bf16-recompute": [*FASTWAM_FROZEN_VIDEO, "--policy.use_gradient_checkpointing=true"],
     "full": ["--policy.torch_dtype=float32"],
 }
 
@@ -271,8 +276,8 @@ def fastwam(work: Path, mode: str, depth: int) -> Subject:
         base_model_id=None,
         tokenizer_model_id=str(fixture / "tokenizer"),
         text_encoder_model_id=str(wide),
-        freeze_video_expert=mode == "freeze-bf16",
-        torch_dtype="bfloat16" if mode == "freeze-bf16" else "float32",
+        freeze_video_expert=mode != "full",
+        torch_dtype="float32" if mode == "full" else "bfloat16",
         video_dit_config=layers,
         action_dit_config=layers,
         input_features=["observation.state", "observation.images.top", "task"],
@@ -350,7 +355,7 @@ def main() -> None:
         "--mode",
         choices=(*PI_MODES, *FASTWAM_MODES),
         default=None,
-        help="pi0 / pi05: what trains (default expert-bf16); fastwam: freeze-bf16 (default) or full",
+        help="pi0 / pi05: what trains (default expert-bf16); fastwam: freeze-bf16 (default), freeze-bf16-recompute or full",
     )
     parser.add_argument(
         "--depth",
