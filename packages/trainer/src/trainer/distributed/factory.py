@@ -289,14 +289,16 @@ def _release_each_unit_after_its_recompute(model: Any) -> None:
     backward, so that on a GPU no second gather waits: recomputing a region that holds several units
     (FastWAM's MoT layer and its projections) holds all of them gathered at once, the video block's
     163 M parameters at LeRobot's widths (0.33 GB per rank in bfloat16, 4 ranks: peak 1.73 GB against
-    1.20 GB ideal). A unit FSDP2 left idle after that forward (not the unit whose backward started the
-    recompute) has its pre-backward hook still to run, which gathers it again when its backward starts:
-    one more gather of it per step, one unit gathered at a time."""
+    1.20 GB ideal). A unit whose backward is not under way (its parameter group not in pre-backward:
+    not the unit whose backward started the recompute) has its pre-backward hook still to run, which
+    gathers it again when its backward starts: one more gather of it per step, one unit gathered at a
+    time."""
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState, is_bw
 
     def release(unit: Any, _args: Any, _output: Any) -> None:
-        if is_bw() and unit._get_fsdp_state()._training_state == TrainingState.IDLE:
+        group = unit._get_fsdp_state()._fsdp_param_group
+        if is_bw() and group is not None and group._training_state != TrainingState.PRE_BACKWARD:
             unit.reshard()
 
     for unit in model.modules():
