@@ -132,10 +132,11 @@ PI05_SHARDED_TUNE = [
     "--parallelism.dp_shard=2",
 ]  # fmt: skip
 # LeRobot's own tiny FastWAM checkpoint (tests/fixtures/lerobot_fastwam_tiny) fine-tuned on its dataset on
-# FSDP2 x2 (its config names the frozen parts `./tiny_wan`, copied beside it)
+# FSDP2 x2 (its config names the frozen parts `./tiny_wan`, copied beside it), with the gripper toggle on its
+# last action dimension: LeRobot's postprocessor step for it acts on our export as ours does
 FASTWAM_SHARDED_TUNE = [
     "--policy.path=fastwam_base", "--dataset.root=fastwam_dataset", "--dataset.repo_id=local/fastwam_tiny",
-    "--parallelism.dp_shard=2",
+    "--parallelism.dp_shard=2", "--policy.toggle_action_dimensions=[-1]",
 ]  # fmt: skip
 # LeRobot's own Diffusion checkpoint (tests/fixtures/lerobot_diffusion_tiny) fine-tuned here on 2 gloo
 # ranks, FSDP2 with an EMA, in one torchrun launch: its export holds the EMA's weights.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import shutil
 import weakref
 from pathlib import Path
 
@@ -431,7 +432,6 @@ def test_defaults_are_lerobots() -> None:
         ({"action_dit_config": {"num_heads": 2}}, r"^--policy.video_dit_config and --policy.action_dit_config attend jointly"),
         ({"base_model_id": "lerobot/fastwam_base"}, r"^--policy.base_model_id=lerobot/fastwam_base: LeRobot starts"),
         ({"dtype": "float32"}, r"^--policy.dtype=float32: FastWAM's dtype is --policy.torch_dtype"),
-        ({"toggle_action_dimensions": [6]}, r"^--policy.toggle_action_dimensions is not supported yet: leave it empty"),
     ],
 )  # fmt: skip
 def test_bad_configs_are_refused_in_one_line(fields: dict, message: str) -> None:
@@ -493,6 +493,50 @@ def test_a_video_expert_that_does_not_fit_the_checkpoint_is_refused_in_one_line(
         match=r"^--policy.path=elsewhere: its tensor model.mot.layers.0.blocks.video.ffn.0.bias is \[64\]",
     ) as raised:
         pretrained.fit_weights(policy, saved, "elsewhere")
+    assert "\n" not in str(raised.value)
+
+
+def test_the_gripper_toggle_is_lerobots_postprocessor_step(
+    folder: Path, reference, meta, tmp_path: Path, monkeypatch
+) -> None:
+    """`toggle_action_dimensions` (LeRobot's LIBERO gripper toggle, a step of its postprocessor after
+    the unnormalizer): each named dimension's acted value v becomes sign(1 - 2v), in turn, the others
+    stay. A LeRobot checkpoint that sets it acts so here, and LeRobot's step is what an export of ours
+    writes; a dimension outside the action is one line. That LeRobot's own step gives the same actions is
+    `benchmarks/lerobot_side.py check`'s FastWAM row."""
+    from trainer.data.pipeline.processors import Processor
+
+    monkeypatch.chdir(folder)
+    toggling = tmp_path / "toggling"
+    shutil.copytree("pretrained_model", toggling)
+    saved = json.loads((toggling / "config.json").read_text())
+    (toggling / "config.json").write_text(json.dumps({**saved, "toggle_action_dimensions": [-1, 0]}))
+    observation = _observation(_batch(reference, meta))
+    actions = trainer.load_policy("pretrained_model").select_action(observation)
+    loaded = trainer.load_policy(str(toggling))
+    toggled = loaded.select_action(observation)
+    assert torch.equal(toggled[:, 1], actions[:, 1])
+    assert torch.equal(toggled[:, [0, 2]], torch.sign(1 - 2 * actions[:, [0, 2]]))
+    values = torch.tensor([[0.2, 0.5, 0.9], [-3.0, 0.0, 0.5]])
+    assert torch.equal(
+        loaded.policy.finish_actions(values), torch.tensor([[1.0, 0.5, -1.0], [1.0, 0.0, 0.0]])
+    )
+    twice = trainer.load_policy("pretrained_model", toggle_action_dimensions=[1, 1]).policy
+    assert torch.equal(twice.finish_actions(values)[:, 1], torch.tensor([1.0, -1.0]))  # 0.5->0->1, 0->1->-1
+
+    # what `trainer export` writes for a checkpoint of ours (one in LeRobot's schema is copied as it is)
+    adapter = loaded.config.lerobot_adapter()
+    written, _ = Processor(loaded.postprocessor.steps, adapter.pipeline(loaded.config)).state()
+    steps = written["steps"]
+    assert [step["registry_name"] for step in steps] == [
+        "unnormalizer_processor", "fastwam_action_toggle_processor", "device_processor"
+    ]  # fmt: skip
+    assert steps[1]["config"] == {"toggle_dimensions": [-1, 0]}
+    assert adapter.config_to_lerobot(loaded.config)["toggle_action_dimensions"] == [-1, 0]
+    with pytest.raises(
+        ConfigError, match=r"^--policy.toggle_action_dimensions=\[3\]: 3 is no dimension"
+    ) as raised:
+        trainer.load_policy("pretrained_model", toggle_action_dimensions=[3])
     assert "\n" not in str(raised.value)
 
 

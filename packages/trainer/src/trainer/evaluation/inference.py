@@ -67,7 +67,7 @@ class LoadedPolicy:
         normalized = self.preprocessor(raw)
         dtype = _param_dtype(self.policy)
         action = self.policy.select_action({k: v.to(dtype) for k, v in normalized.items()}).float()
-        return self.postprocessor({ACTION_KEY: action})[ACTION_KEY]
+        return self.policy.finish_actions(self.postprocessor({ACTION_KEY: action})[ACTION_KEY])
 
     def reset(self) -> None:
         """Start a new episode (empties ACT's action queue and temporal ensemble)."""

@@ -54,6 +54,12 @@ class Policy(nn.Module):
     def reset(self) -> None:
         """Forget what earlier steps of an episode left behind (a policy without memory has nothing)."""
 
+    def finish_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """Actions in the dataset's units (after the unnormalizer) as the robot takes them: what the
+        policy's LeRobot postprocessor does after its unnormalizer (FastWAM's gripper toggle). As they
+        are by default."""
+        return actions
+
     def peft_target_modules(self) -> tuple[str, ...]:
         """The modules (names or suffixes) `--peft` adds adapters to when --peft.target_modules is
         unset; none by default (such a policy needs the flag)."""

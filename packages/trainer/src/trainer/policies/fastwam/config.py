@@ -147,7 +147,9 @@ class FastWAMConfig(PolicyConfig):
     freeze_video_expert: bool = False
     """Train the action expert and the proprio encoder only (then set loss.lambda_video=0)."""
     toggle_action_dimensions: list[int] = field(default_factory=list)
-    """LeRobot's LIBERO gripper toggle in the postprocessor (not supported yet: must stay empty)."""
+    """Action dimensions (negative from the end) whose acted value v becomes sign(1 - 2v) after the
+    unnormalizer: LeRobot's LIBERO gripper toggle (its postprocessor's `fastwam_action_toggle_processor`).
+    Training never reads it."""
     video_scheduler: dict[str, float] = field(
         default_factory=lambda: {"train_shift": 5.0, "infer_shift": 5.0, "num_train_timesteps": 1000}
     )
@@ -201,7 +203,6 @@ class FastWAMConfig(PolicyConfig):
             (self.load_text_encoder, "--policy.load_text_encoder=false: FastWAM here encodes every prompt with the frozen UMT5; leave it true"),
             (self.text_cfg_scale == 1.0 and self.negative_prompt == "", "--policy.text_cfg_scale / --policy.negative_prompt: LeRobot's action inference never reads them; leave 1.0 and \"\""),
             (not self.tiled, "--policy.tiled=true: tiled VAE encoding is not implemented (LeRobot's neither); leave it false"),
-            (not self.toggle_action_dimensions, "--policy.toggle_action_dimensions is not supported yet: leave it empty"),
             (modes <= set(NORMALIZATION_MODES), f"--policy.normalization_mapping={self.normalization_mapping}: each mode must be one of {', '.join(NORMALIZATION_MODES)}"),
             (self.optimizer_lr > 0, f"--policy.optimizer_lr must be > 0, got {self.optimizer_lr}"),
             (self.proprio_dim is None or self.proprio_dim >= 0, f"--policy.proprio_dim={self.proprio_dim} must be >= 0 (0: the dataset's) or null"),

@@ -49,11 +49,16 @@ class FastWAMAdapter(LeRobotAdapter[FastWAMConfig]):
 
     def pipeline(self, config: FastWAMConfig) -> lerobot_schema.LeRobotPipeline:
         """LeRobot's `make_fastwam_pre_post_processors`: rename, batch axis, device, then the normalizer
-        (cameras IDENTITY: the policy resizes them); after the unnormalizer, the device step alone."""
+        (cameras IDENTITY: the policy resizes them); after the unnormalizer, the gripper toggle when
+        `toggle_action_dimensions` names any (`FastWAMPolicy.finish_actions`), then the device step."""
         typed = _typed_features(config)
         before = (lerobot_schema.rename(), lerobot_schema.to_batch(), lerobot_schema.device())
         features = {**typed["input_features"], **typed["output_features"]}
-        return lerobot_schema.LeRobotPipeline(before, features, dict(config.normalization_mapping))
+        dimensions = [int(dim) for dim in config.toggle_action_dimensions]
+        toggle = lerobot_schema.step("fastwam_action_toggle_processor", toggle_dimensions=dimensions)
+        return lerobot_schema.LeRobotPipeline(
+            before, features, dict(config.normalization_mapping), unnormalized=(toggle,) if dimensions else ()
+        )
 
 
 def _typed_features(config: FastWAMConfig) -> dict[str, dict[str, Any]]:

@@ -108,6 +108,13 @@ class FastWAMPolicy(VLAPolicy):
             raise ConfigError(
                 "--policy.proprio_dim: the dataset has no observation.state; set --policy.proprio_dim=null"
             )
+        action_dim = config.action_size().action_dim
+        for dim in config.toggle_action_dimensions:
+            if not -action_dim <= int(dim) < action_dim:
+                raise ConfigError(
+                    f"--policy.toggle_action_dimensions={list(config.toggle_action_dimensions)}: {dim} is no "
+                    f"dimension of the {action_dim}-dimensional action; give indices in [-{action_dim}, {action_dim - 1}]"
+                )
         # before the model: a frozen part that does not resolve is one line
         self.frozen_directories = frozen.locate_all(config)
         self.model = FastWAM(config)
@@ -332,6 +339,17 @@ class FastWAMPolicy(VLAPolicy):
         shape = (1, self.config.action_horizon, self.config.action_size().action_dim)
         draw = torch.randn(shape, generator=generator, device=self.config.rand_device, dtype=torch.float32)
         return draw.to(device, self.dtype).expand(batch_size, -1, -1)
+
+    def finish_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """LeRobot's gripper toggle (`toggle_action_dimensions`, its postprocessor's step after the
+        unnormalizer): each such dimension's value v in the dataset's units becomes sign(1 - 2v), an
+        open / close command of -1 or 1 (0 at exactly 0.5, as LeRobot's `torch.sign`)."""
+        if not self.config.toggle_action_dimensions:
+            return actions
+        toggled = actions.clone()
+        for dim in self.config.toggle_action_dimensions:
+            toggled[..., dim] = torch.sign(-(toggled[..., dim] * 2.0 - 1.0))  # in turn, as LeRobot
+        return toggled
 
     def initializer_of(self, module: nn.Module) -> None:
         """None: every module is plain torch, initialized by its own `reset_parameters()`."""
