@@ -228,12 +228,13 @@ class Block(nn.Module):
         return Modulation(*terms)
 
     def qkv(
-        self, x: torch.Tensor, mod: Modulation, rotations: torch.Tensor, precision: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This block's rotated queries and keys and its values for the joint attention."""
+        self, x: torch.Tensor, mod: Modulation, rotations: torch.Tensor, precision: torch.dtype, queries: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """This block's rotated queries (None unless `queries`) and keys and its values for the joint
+        attention."""
         attn = self.self_attn
         h = modulate(self.norm1(x), mod.shift_msa, mod.scale_msa)
-        q = rotate(attn.norm_q(attn.q(h)), rotations, self.num_heads, precision)
+        q = rotate(attn.norm_q(attn.q(h)), rotations, self.num_heads, precision) if queries else None
         k = rotate(attn.norm_k(attn.k(h)), rotations, self.num_heads, precision)
         return q, k, attn.v(h)
 
@@ -301,7 +302,7 @@ class MoTLayer(nn.Module):
         for name in names:
             stream, block = streams[name], self.block(name)
             mods[name] = block.modulation_terms(stream.t_mod)
-            q, k, v = block.qkv(stream.tokens, mods[name], stream.rotations, stream.precision)
+            q, k, v = block.qkv(stream.tokens, mods[name], stream.rotations, stream.precision, finish)
             qs.append(q)
             ks.append(k)
             vs.append(v)
@@ -310,7 +311,8 @@ class MoTLayer(nn.Module):
             return {}, video_kv
         if cached is not None:
             ks, vs = [cached[0], *ks], [cached[1], *vs]
-        q, k, v = (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0] for parts in (qs, ks, vs))
+        queries = [q for q in qs if q is not None]
+        q, k, v = (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0] for parts in (queries, ks, vs))
         mixed = attention(q, k, v, self.num_heads, mask, self.fp32).split(
             [streams[name].tokens.shape[1] for name in names], dim=1
         )
