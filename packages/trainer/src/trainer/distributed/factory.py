@@ -6,7 +6,7 @@ code that reaches into accelerate's state; tests/training/test_accelerate_canari
 they rely on. On CPU, `_free_each_gather_at_copy_out` turns on FSDP2's own (underscored) async unshard
 , `_gather_each_unit_when_its_backward_starts` turns off its backward prefetch and
 `_release_each_unit_after_its_recompute` ungathers a unit recomputed inside a checkpointed region;
-tests/distributed/test_gather_memory.py pins what they buy.
+tests/distributed/test_gather_memory.py and test_fastwam_sharded.py pin what they buy.
 """
 
 from __future__ import annotations
