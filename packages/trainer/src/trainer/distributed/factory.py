@@ -15,7 +15,7 @@ import contextlib
 import os
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 from ckpt_tools.training import Topology
 from trainer.config.sections import ParallelismSection
@@ -293,6 +293,7 @@ def _release_each_unit_after_its_recompute(model: Any) -> None:
     not the unit whose backward started the recompute) has its pre-backward hook still to run, which
     gathers it again when its backward starts: one more gather of it per step, one unit gathered at a
     time."""
+    import torch
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState, is_bw
 
@@ -301,9 +302,9 @@ def _release_each_unit_after_its_recompute(model: Any) -> None:
         if is_bw() and group is not None and group._training_state != TrainingState.PRE_BACKWARD:
             unit.reshard()
 
-    for unit in model.modules():
-        if isinstance(unit, FSDPModule):
-            unit.register_forward_hook(release)  # after FSDP2's own post-forward hook
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            cast(torch.nn.Module, module).register_forward_hook(release)  # after FSDP2's own hook
 
 
 def _average_ignored_gradients(model: Any) -> None:
