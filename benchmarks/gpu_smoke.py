@@ -8,7 +8,9 @@ step and a safetensors save): `max_memory_allocated` against the ideal of 16 byt
 much host memory the build took (none of the model should pass through the host); the same for LeRobot's
 pi0.5 at its default size (3.35 B parameters, an expert-only fine-tune in LeRobot's bfloat16, batch 2 of
 the embedded camera task: benchmarks/bench_memory.py's run on one device), whose ideal counts each
-tensor in its own dtype (the weights, then the trained parameters' gradients and Adam moments).
+tensor in its own dtype (the weights, then the trained parameters' gradients and Adam moments); and
+the same for LeRobot's FastWAM at its widths and full depth (6.0 B parameters) in its frozen-video
+recipe (bfloat16, the action expert trained: bench_memory's run on one device).
 
 Without CUDA it says so in one line and exits 0 (it is no part of CPU CI). `--device cpu` runs the same
 checks at toy sizes on the CPU (gloo), so the lane itself is tested where no GPU is
@@ -74,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stalls = check_dcp(workdir, args.device, sizes)
     memory = check_large_model(workdir, args.device)
     pi05 = check_pi05(workdir, args.device)
+    fastwam = check_fastwam(workdir, args.device)
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (dry run: figures mean nothing)"
     print(f"gpu_smoke on {name}: all checks passed in {time.perf_counter() - started:.0f} s")
     print(
@@ -87,15 +90,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"| {memory['peak'] / GB:.2f} GB max_memory_allocated | {memory['peak'] / memory['ideal']:.2f} x ideal "
         f"(16 B/param = {memory['ideal'] / GB:.2f} GB) | host memory grew {memory['host_growth'] / GB:.2f} GB |"
     )
-    against = (
-        f"{pi05['peak'] / pi05['ideal']:.2f} x ideal ({pi05['ideal'] / GB:.2f} GB)"
-        if pi05["ideal"]
-        else "no ideal"
-    )
-    print(
-        f"| pi0.5 built on meta ({pi05['size']}, expert-only, bfloat16) | {pi05['peak'] / GB:.2f} GB "
-        f"max_memory_allocated | {against} | host memory grew {pi05['host_growth'] / GB:.2f} GB |"
-    )
+    rows = (("pi0.5", pi05, "expert-only"), ("FastWAM", fastwam, "freeze_video_expert, lambda_video=0"))
+    for label, run, mode in rows:
+        against = (
+            f"{run['peak'] / run['ideal']:.2f} x ideal ({run['ideal'] / GB:.2f} GB)"
+            if run["ideal"]
+            else "no ideal"
+        )
+        print(
+            f"| {label} built on meta ({run['size']}, {mode}, bfloat16) | {run['peak'] / GB:.2f} GB "
+            f"max_memory_allocated | {against} | host memory grew {run['host_growth'] / GB:.2f} GB |"
+        )
     return 0
 
 
@@ -336,6 +341,40 @@ def check_pi05(workdir: Path, device: str) -> dict[str, Any]:
     train(parse_config([*flags, f"--policy.device={device}"]))
     AcceleratorState._reset_state(reset_partial_state=True)
     parameters = f"LeRobot's default size, {(subject.trainable + subject.frozen) / 1e6:.0f} M parameters"
+    return {
+        "size": parameters if on_cuda else "the fixture's tiny sizes",
+        "peak": torch.cuda.max_memory_allocated() if on_cuda else 0,
+        "ideal": subject.weight_bytes + subject.trained_bytes if on_cuda else 0,
+        "host_growth": max(0, vmhwm() - host_before),
+    }
+
+
+def check_fastwam(workdir: Path, device: str) -> dict[str, Any]:
+    """LeRobot's FastWAM built on the meta device and materialized on the device, LeRobot's frozen-video
+    recipe (`freeze_video_expert`, `lambda_video=0`, bfloat16): one step and one safetensors save, at
+    LeRobot's widths and full depth (30 MoT layers, 6.0 B parameters) on CUDA, the fixture's tiny sizes
+    on the CPU. The frozen parts are bench_memory's (a one-layer UMT5 of LeRobot's width, released
+    before step 1; the fixture's tiny VAE). Returns what check_pi05 returns."""
+    from accelerate.state import AcceleratorState
+    from bench_memory import fastwam, train_flags
+    from memory_worker import vmhwm
+
+    from trainer.cli.parse import parse_config
+    from trainer.engine.plan import train
+
+    on_cuda = device == "cuda"
+    subject = fastwam(workdir, "freeze-bf16", depth=30)
+    sizes = subject.large if on_cuda else subject.tiny
+    flags = train_flags(workdir / "fastwam", workdir / "cache", "1", [*subject.run, *sizes])
+    host_before = vmhwm()
+    if on_cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    train(parse_config([*flags, f"--policy.device={device}"]))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    parameters = (
+        f"LeRobot's widths, 30 MoT layers, {(subject.trainable + subject.frozen) / 1e6:.0f} M parameters"
+    )
     return {
         "size": parameters if on_cuda else "the fixture's tiny sizes",
         "peak": torch.cuda.max_memory_allocated() if on_cuda else 0,

@@ -1,7 +1,7 @@
 """The GPU smoke lane (benchmarks/gpu_smoke.py) where there is no GPU: it says so in one line and exits
 0, and its `--device cpu` dry run passes every check of the lane (bf16 training, the bit-exact resume,
-synchronous and background DCP saves, conversion, load_policy, the large act_state and pi0.5 built on
-meta) at toy sizes."""
+synchronous and background DCP saves, conversion, load_policy, the large act_state, pi0.5 and FastWAM
+built on meta) at toy sizes."""
 
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ def test_the_cpu_dry_run_passes_every_check(tmp_path, clean_accelerate, capsys, 
         "| save stall: ckpt_tools background save",
         "| large policy built on meta (",
         "| pi0.5 built on meta (the fixture's tiny sizes, expert-only, bfloat16) |",
+        "| FastWAM built on meta (the fixture's tiny sizes, freeze_video_expert, lambda_video=0, bfloat16) |",
     ):
         assert line in out
     assert model_file(tmp_path / "dcp", 2).is_file()
-    for run in ("large", "pi05"):
+    for run in ("large", "pi05", "fastwam"):
         assert model_file(tmp_path / run, 1).is_file()
