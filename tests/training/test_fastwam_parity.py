@@ -133,6 +133,33 @@ def test_the_frozen_parts_encode_as_lerobots(policy, reference, meta) -> None:
     _close(latents, reference["loss.input_latents"])
 
 
+def test_the_vaes_decoder_is_never_read(policy, reference, meta, tmp_path: Path) -> None:
+    """Only the VAE's encoder is read: a vae/ whose weights hold no decoder encodes LeRobot's latents,
+    and one that lacks a tensor of the encoder is one line naming it."""
+    from safetensors.torch import save_file
+
+    from trainer.policies.fastwam import frozen
+
+    source = Path(policy.frozen_directories["VAE"])
+    weights = load_file(str(source / "diffusion_pytorch_model.safetensors"))
+    encoder = {k: v for k, v in weights.items() if not k.startswith(("decoder.", "post_quant_conv."))}
+    assert len(encoder) < len(weights)
+    for name, kept in (("encoder_only", encoder), ("broken", dict(list(encoder.items())[1:]))):
+        (tmp_path / name).mkdir()
+        shutil.copy(source / "config.json", tmp_path / name / "config.json")
+        save_file(kept, str(tmp_path / name / "diffusion_pytorch_model.safetensors"))
+    directories = {**policy.frozen_directories, "VAE": tmp_path / "encoder_only"}
+    parts = frozen.load(policy.config, directories, torch.device("cpu"), torch.float32)
+    assert parts.vae.decoder is None
+    _close(parts.encode_video(policy.video(_batch(reference, meta))), reference["loss.input_latents"])
+    missing = next(iter(encoder))
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / 'broken'}: its weights lack {missing} ") as raised:
+        frozen.load(
+            policy.config, {**directories, "VAE": tmp_path / "broken"}, torch.device("cpu"), torch.float32
+        )
+    assert "\n" not in str(raised.value)
+
+
 @pytest.mark.numerics
 def test_each_task_is_encoded_once(policy, reference, meta) -> None:
     """The frozen UMT5 runs once per distinct prompt: a second batch of the same tasks (in another

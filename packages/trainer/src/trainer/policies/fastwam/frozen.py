@@ -7,7 +7,7 @@ A name is a directory (relative to the working directory, as LeRobot reads it, e
 `--policy.path` names) or a Hub repo id read through the Hugging Face cache; one that does not resolve
 is one line naming the field (`locate_all`, when the policy is built). They are loaded on first use on the
 batch's device, in the policy's dtype, in eval mode, outside the module tree (so `state_dict`,
-`train()`, FSDP and the optimizer never see them). Of the VAE only the encoder is kept.
+`train()`, FSDP and the optimizer never see them). Of the VAE only the encoder is read.
 """
 
 from __future__ import annotations
@@ -151,15 +151,43 @@ def load(
         return _frozen(encoder, device)
 
     encoder = load_text_encoder()
-    vae = AutoencoderKLWan.from_pretrained(directories["VAE"], torch_dtype=dtype)
-    # FastWAM only encodes (the video is never imagined): Wan2.2's decoder, 555 M of the VAE's 705 M
-    # parameters, is released (diffusers counted its convolutions at construction; `encode` reads none)
-    vae.decoder = None
-    vae = _frozen(vae, device)
+    vae = _frozen(_vae_encoder(AutoencoderKLWan, directories["VAE"], dtype), device)
     z_dim = int(vae.config.z_dim)
     mean = torch.tensor(vae.config.latents_mean, dtype=torch.float32).view(1, z_dim, 1, 1, 1)
     std = torch.tensor(vae.config.latents_std, dtype=torch.float32).view(1, z_dim, 1, 1, 1)
     return FrozenParts(tokenizer, encoder, vae, mean.to(device), std.to(device), load_text_encoder)
+
+
+def _vae_encoder(vae_class: Any, directory: Path, dtype: torch.dtype) -> Any:
+    """diffusers' Wan VAE with its encoder alone, its weights in `dtype`. FastWAM only encodes (the
+    video is never imagined): Wan2.2's decoder, 555 M of the VAE's 705 M parameters (1.11 GB in
+    bfloat16), is never read. The VAE is built on the meta device (diffusers counts the decoder's
+    convolutions at construction; `encode` reads none) and the encoder's tensors are read from the
+    directory's safetensors files (one, or the shards its index names); a directory without them is
+    read whole by diffusers and its decoder dropped."""
+    from safetensors import safe_open
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        vae = vae_class.from_pretrained(directory, torch_dtype=dtype)
+        vae.decoder = vae.post_quant_conv = None
+        return vae
+    with torch.device("meta"):
+        vae = vae_class.from_config(vae_class.load_config(directory))
+    vae.decoder = vae.post_quant_conv = None
+    wanted, state = set(vae.state_dict()), {}
+    for file in files:
+        with safe_open(str(file), "pt") as weights:
+            for name in wanted.intersection(weights.keys()):
+                state[name] = weights.get_tensor(name).to(dtype)
+    missing = sorted(wanted - set(state))
+    if missing:
+        raise ConfigError(
+            f"{directory}: its weights lack {missing[0]} (and {len(missing) - 1} more) of the Wan VAE's "
+            "encoder its config.json describes; give the diffusers Wan2.2 repo's vae/"
+        )
+    vae.load_state_dict(state, strict=True, assign=True)
+    return vae
 
 
 def _frozen(module: Any, device: torch.device) -> Any:
