@@ -93,8 +93,10 @@ def test_lerobots_checkpoint_loads_strictly_without_its_frozen_parts(policy, fol
     assert sum(p.numel() for p in policy.parameters()) == 72_203
     parts = policy.frozen_parts(torch.device("cpu"))
     assert sum(p.numel() for p in parts.text_encoder.parameters()) == 7_552
-    # the VAE's encoder alone is kept: 56,574 of its 101,832 parameters (FastWAM never decodes)
-    assert parts.vae.decoder is None and sum(p.numel() for p in parts.vae.parameters()) == 56_574
+    # the VAE's encoder (and quant_conv) alone is read: 54,222 of its 101,832 parameters (FastWAM never
+    # decodes)
+    assert parts.vae.decoder is None and parts.vae.post_quant_conv is None
+    assert sum(p.numel() for p in parts.vae.parameters()) == 54_222
     assert not parts.text_encoder.training and not parts.vae.training
 
 

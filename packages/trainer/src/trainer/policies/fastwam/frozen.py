@@ -12,6 +12,7 @@ batch's device, in the policy's dtype, in eval mode, outside the module tree (so
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from trainer.policies.fastwam.config import FastWAMConfig
 # Distinct prompts whose embeddings are kept (one (tokenizer_max_len, d_model) row each: about 1 MB in
 # bfloat16 at LeRobot's size); a dataset with more distinct tasks encodes the others at every use.
 PROMPT_CACHE = 1024
+VAE_WEIGHTS = "diffusion_pytorch_model.safetensors"  # diffusers' weights file (or its shards' index)
 PARTS = {  # field, subfolder, the file it must hold
     "tokenizer": ("tokenizer_model_id", "", TOKENIZER_FILES),
     "text encoder": ("text_encoder_model_id", "text_encoder", ("config.json",)),
@@ -163,11 +165,15 @@ def _vae_encoder(vae_class: Any, directory: Path, dtype: torch.dtype) -> Any:
     video is never imagined): Wan2.2's decoder, 555 M of the VAE's 705 M parameters (1.11 GB in
     bfloat16), is never read. The VAE is built on the meta device (diffusers counts the decoder's
     convolutions at construction; `encode` reads none) and the encoder's tensors are read from the
-    directory's safetensors files (one, or the shards its index names); a directory without them is
-    read whole by diffusers and its decoder dropped."""
+    directory's safetensors weights (diffusers' file, or the shards its index names); a directory
+    without them (a variant, .bin weights) is read whole by diffusers and its decoder dropped."""
     from safetensors import safe_open
 
-    files = sorted(directory.glob("*.safetensors"))
+    index = directory / f"{VAE_WEIGHTS}.index.json"
+    if index.is_file():
+        files = sorted({directory / shard for shard in json.loads(index.read_text())["weight_map"].values()})
+    else:
+        files = [directory / VAE_WEIGHTS] if (directory / VAE_WEIGHTS).is_file() else []
     if not files:
         vae = vae_class.from_pretrained(directory, torch_dtype=dtype)
         vae.decoder = vae.post_quant_conv = None
