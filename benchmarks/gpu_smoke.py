@@ -319,34 +319,12 @@ def check_large_model(workdir: Path, device: str) -> dict[str, float]:
 def check_pi05(workdir: Path, device: str) -> dict[str, Any]:
     """LeRobot's pi0.5 built on the meta device and materialized on the device, an expert-only
     fine-tune in bfloat16: one step and one safetensors save, at LeRobot's default size on CUDA (the
-    fixture's tiny sizes on the CPU, where there is nothing to measure). Returns the size it ran, the
-    device's peak allocation, the ideal at LeRobot's size (bench_memory's: the weights' bytes plus each
-    trained parameter's gradient and Adam moments, in their dtypes; 0 on the CPU) and the growth of the
-    host's peak resident memory."""
-    from accelerate.state import AcceleratorState
-    from bench_memory import pi, train_flags
-    from memory_worker import vmhwm
+    fixture's tiny sizes on the CPU, where there is nothing to measure). Returns `run_subject`'s
+    figures."""
+    from bench_memory import pi
 
-    from trainer.cli.parse import parse_config
-    from trainer.engine.plan import train
-
-    on_cuda = device == "cuda"
     subject = pi(workdir, "pi05", "expert-bf16", depth=None, vision_depth=None)
-    sizes = subject.large if on_cuda else subject.tiny
-    flags = train_flags(workdir / "pi05", workdir / "cache", "1", [*subject.run, *sizes])
-    host_before = vmhwm()
-    if on_cuda:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    train(parse_config([*flags, f"--policy.device={device}"]))
-    AcceleratorState._reset_state(reset_partial_state=True)
-    parameters = f"LeRobot's default size, {(subject.trainable + subject.frozen) / 1e6:.0f} M parameters"
-    return {
-        "size": parameters if on_cuda else "the fixture's tiny sizes",
-        "peak": torch.cuda.max_memory_allocated() if on_cuda else 0,
-        "ideal": subject.weight_bytes + subject.trained_bytes if on_cuda else 0,
-        "host_growth": max(0, vmhwm() - host_before),
-    }
+    return run_subject(workdir / "pi05", device, subject, "LeRobot's default size")
 
 
 def check_fastwam(workdir: Path, device: str) -> dict[str, Any]:
@@ -354,27 +332,35 @@ def check_fastwam(workdir: Path, device: str) -> dict[str, Any]:
     recipe (`freeze_video_expert`, `lambda_video=0`, bfloat16): one step and one safetensors save, at
     LeRobot's widths and full depth (30 MoT layers, 6.0 B parameters) on CUDA, the fixture's tiny sizes
     on the CPU. The frozen parts are bench_memory's (a one-layer UMT5 of LeRobot's width, released
-    before step 1; the fixture's tiny VAE). Returns what check_pi05 returns."""
+    before step 1; the fixture's tiny VAE). Returns `run_subject`'s figures."""
+    from bench_memory import fastwam
+
+    subject = fastwam(workdir, "freeze-bf16", depth=30)
+    return run_subject(workdir / "fastwam", device, subject, "LeRobot's widths, 30 MoT layers")
+
+
+def run_subject(out: Path, device: str, subject: Any, size: str) -> dict[str, Any]:
+    """One step and one save of a bench_memory subject on one device, at its large sizes on CUDA and
+    its tiny ones on the CPU. Returns the size it ran, the device's peak allocation, the ideal at the
+    large size (bench_memory's: the weights' bytes plus each trained parameter's gradient and Adam
+    moments, in their dtypes; 0 on the CPU) and the growth of the host's peak resident memory."""
     from accelerate.state import AcceleratorState
-    from bench_memory import fastwam, train_flags
+    from bench_memory import train_flags
     from memory_worker import vmhwm
 
     from trainer.cli.parse import parse_config
     from trainer.engine.plan import train
 
     on_cuda = device == "cuda"
-    subject = fastwam(workdir, "freeze-bf16", depth=30)
     sizes = subject.large if on_cuda else subject.tiny
-    flags = train_flags(workdir / "fastwam", workdir / "cache", "1", [*subject.run, *sizes])
+    flags = train_flags(out, out.parent / "cache", "1", [*subject.run, *sizes])
     host_before = vmhwm()
     if on_cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     train(parse_config([*flags, f"--policy.device={device}"]))
     AcceleratorState._reset_state(reset_partial_state=True)
-    parameters = (
-        f"LeRobot's widths, 30 MoT layers, {(subject.trainable + subject.frozen) / 1e6:.0f} M parameters"
-    )
+    parameters = f"{size}, {(subject.trainable + subject.frozen) / 1e6:.0f} M parameters"
     return {
         "size": parameters if on_cuda else "the fixture's tiny sizes",
         "peak": torch.cuda.max_memory_allocated() if on_cuda else 0,
