@@ -25,6 +25,7 @@ from trainer.data.pipeline.processors import Processor, observation_batch
 from trainer.errors import ConfigError
 from trainer.policies import Policy, PolicyConfig, build_policy, upgrade_policy_config
 from trainer.policies.common import pretrained
+from trainer.policies.common.base import policy_of
 
 
 @dataclass
@@ -67,7 +68,9 @@ class LoadedPolicy:
         normalized = self.preprocessor(raw)
         dtype = _param_dtype(self.policy)
         action = self.policy.select_action({k: v.to(dtype) for k, v in normalized.items()}).float()
-        return self.policy.finish_actions(self.postprocessor({ACTION_KEY: action})[ACTION_KEY])
+        unnormalized = self.postprocessor({ACTION_KEY: action})[ACTION_KEY]
+        hooks = policy_of(self.policy)  # the policy itself, or the one inside a PEFT wrapper
+        return unnormalized if hooks is None else hooks.finish_actions(unnormalized)
 
     def reset(self) -> None:
         """Start a new episode (empties ACT's action queue and temporal ensemble)."""
