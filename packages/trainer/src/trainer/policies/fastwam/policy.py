@@ -11,7 +11,9 @@ after the shift) fix the draws LeRobot makes inside. Padded video frames are not
 The joint attention runs as its mask allows: the video stream through every MoT layer first (no video
 query reads an action key), then the action stream against each layer's video keys and values; with
 `freeze_video_expert` and `lambda_video=0` the last layer's video block stops at its keys and values and
-the video head does not run (the loss and the trained gradients are the same).
+the video head does not run (the loss and the trained gradients are the same). Under either checkpointing
+flag every layer runs again in the backward pass, the action stream's from the layer's video input
+(its video keys and values computed again rather than kept).
 
 The engine hands the policy its data's tasks before step 1 (`prepare_tasks`): each task's prompt is
 encoded then and kept, and the frozen text encoder released, so it never sits beside training.
