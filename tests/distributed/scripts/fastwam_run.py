@@ -15,7 +15,7 @@ samples and draws per rank in each run, so the same losses.
          backward pass. Each rank writes OUT/recompute/gathered.rank<R>.json: the most projection units
          of the MoT layers (a block's q, k, v, o and FFN Linears, each a unit inside its layer's)
          gathered at once during the backward pass, counted after each gather FSDP2 completes (torch
-         internals).
+         internals; the counting stays installed, so give this run last).
 """
 
 from __future__ import annotations
