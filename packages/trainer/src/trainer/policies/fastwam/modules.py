@@ -220,12 +220,15 @@ class Block(nn.Module):
             self.modulation.normal_(0.0, self.modulation.shape[-1] ** -0.5)
 
     def modulation_terms(self, t_mod: torch.Tensor) -> Modulation:
-        """`modulation + t_mod` split six ways: per token for (B, S, 6, C), per sample for (B, 6, C)."""
+        """`modulation + t_mod` split six ways: per token for (B, S, 6, C), per sample for (B, 6, C).
+        Each term is a tensor of its own, not a view of one sum: the backward pass keeps the two gates,
+        and a view would keep all six (the video stream's per-token sum: 21.7 MB per layer at LeRobot's
+        size and batch 2, where a layer keeps 74 MB in all)."""
         per_token = t_mod.ndim == 4
-        terms = (self.modulation.to(t_mod.dtype) + t_mod).chunk(6, dim=2 if per_token else 1)
+        modulation = self.modulation.to(t_mod.dtype)
         if per_token:
-            terms = tuple(term.squeeze(2) for term in terms)
-        return Modulation(*terms)
+            return Modulation(*(modulation[:, i] + t_mod[:, :, i] for i in range(6)))
+        return Modulation(*(modulation[:, i : i + 1] + t_mod[:, i : i + 1] for i in range(6)))
 
     def qkv(
         self, x: torch.Tensor, mod: Modulation, rotations: torch.Tensor, precision: torch.dtype, queries: bool
