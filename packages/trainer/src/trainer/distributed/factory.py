@@ -3,8 +3,8 @@
 Everything accelerate-specific that the loop needs is built here from the config, so the loop has no
 branch on the topology. The CPU adapters (`_engage_fsdp_on_cpu`, `_engage_fp16_on_cpu`) are the only
 code that reaches into accelerate's state; tests/training/test_accelerate_canaries.py pins the internals
-they rely on. On CPU, `_free_each_gather_at_copy_out` turns on FSDP2's own (underscored) async unshard
-, `_gather_each_unit_when_its_backward_starts` turns off its backward prefetch and
+they rely on. On CPU, `_free_each_gather_at_copy_out` turns on FSDP2's own (underscored) async
+unshard, `_gather_each_unit_when_its_backward_starts` turns off its backward prefetch and
 `_release_each_unit_after_its_recompute` ungathers a unit recomputed inside a checkpointed region;
 tests/distributed/test_gather_memory.py and test_fastwam_sharded.py pin what they buy.
 """

@@ -28,8 +28,8 @@ Tensor names are LeRobot's (`model.mot.mixtures.*`, `model.mot.layers.{i}.blocks
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar, cast
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -70,6 +70,12 @@ def joint_mask(video_len: int, action_len: int, per_frame: int, device: torch.de
     mask[video_len:, video_len:] = True
     mask[video_len:, :per_frame] = True
     return mask
+
+
+def _recomputed(function: Callable[..., Any], *args: Any) -> Any:
+    """`function(*args)`, its activations recomputed in the backward pass rather than kept (torch's
+    non-reentrant checkpoint, which FSDP2's hooks run inside)."""
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)
 
 
 def _action_layer_from_video(
@@ -233,14 +239,15 @@ class FastWAMPolicy(VLAPolicy):
         stream = self.streams(video, None, context_len, video.tokens.device)
         layers = self.model.mot.paired()
         keys: list[VideoKeys] = []
+        recomputes = self.recomputes()
         for i, layer in enumerate(layers):
             finish = finish_last or i < len(layers) - 1
-            if self.recomputes():
+            if recomputes:
                 keys.append(stream["video"])
                 if not finish:
                     break  # the last layer's keys and values are all the action stream needs of it
             tokens, kv = self.run_layer(layer, stream, mask, None, finish)
-            if not self.recomputes():
+            if not recomputes:
                 assert kv is not None  # the video stream ran
                 keys.append(kv)
             if tokens:
@@ -256,10 +263,7 @@ class FastWAMPolicy(VLAPolicy):
         for layer, video in zip(self.model.mot.paired(), keys, strict=True):
             if isinstance(video, Stream):
                 tokens = cast(
-                    dict[str, torch.Tensor],
-                    torch.utils.checkpoint.checkpoint(
-                        _action_layer_from_video, layer, video, stream, mask, use_reentrant=False
-                    ),
+                    dict[str, torch.Tensor], _recomputed(_action_layer_from_video, layer, video, stream, mask)
                 )
             else:
                 tokens, _ = self.run_layer(layer, stream, mask, video, True)
@@ -278,7 +282,7 @@ class FastWAMPolicy(VLAPolicy):
         if self.recomputes():
             return cast(
                 tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None],
-                torch.utils.checkpoint.checkpoint(layer, stream, mask, cached, finish, use_reentrant=False),
+                _recomputed(layer, stream, mask, cached, finish),
             )
         return layer(stream, mask, cached, finish)
 
