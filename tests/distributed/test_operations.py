@@ -156,11 +156,12 @@ def test_second_signal_aborts_at_once_without_a_checkpoint(tmp_path, cache):
 
 def test_a_stalled_rank_ends_the_other_within_the_collective_timeout(tmp_path, cache):
     """Rank 1 stalls in step 3 until the launcher stops it; rank 0 waits in the step's metric reduction
-    for at most --collective_timeout_s=8, then stops with one line; `last` names the step-2 checkpoint.
-    (The timeout also bounds the process group's start: on a loaded machine the ranks' imports can end
-    more than 3 s apart.)"""
+    for at most --collective_timeout_s=30, then stops with one line; `last` names the step-2 checkpoint.
+    (The timeout also bounds the process group's start: on a 2-core machine at load 8 the ranks'
+    imports ended more than 8 s apart. The bound on the whole run is far from any machine's speed and
+    far below torch's own 30 minutes.)"""
     out = tmp_path / "run"
-    args = flags(out, cache, "--log_freq=1", "--collective_timeout_s=8")
+    args = flags(out, cache, "--log_freq=1", "--collective_timeout_s=30")
     started = time.monotonic()
     failed = run_torchrun(SCRIPT, 2, "--hook-stall=1:3", *args, check=False)
     log = failed.stdout
@@ -169,7 +170,7 @@ def test_a_stalled_rank_ends_the_other_within_the_collective_timeout(tmp_path, c
     assert len(errors) == 1, log
     assert "--collective_timeout_s passed" in errors[0]
     assert no_traceback_from_us(log), log
-    assert time.monotonic() - started < 120
+    assert time.monotonic() - started < 600
     assert last(out) == "000002" and verifies(out / "checkpoints" / "last")
 
 
